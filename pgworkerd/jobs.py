@@ -1,0 +1,392 @@
+"""Typed wrappers, one per job statement in sql/queries.sql, and the enqueue API.
+
+Every function takes a psycopg connection owned by the caller: enqueue joins the caller's
+transaction (the job commits or rolls back with it); the others are single statements
+that commit at once on an autocommit connection.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from pgworkerd.queries import DEFAULT_SCHEMA, query
+
+STATUSES = ("pending", "running", "completed", "dead", "cancelled")
+FINAL_STATUSES = ("completed", "dead", "cancelled")
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_QUEUE = "default"
+_INT32 = 2**31 - 1
+
+
+class InvalidJob(ValueError):
+    """A job that cannot be enqueued; nothing was written."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to enqueue. Priority: lower runs sooner (0 is the default)."""
+
+    handler: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    run_at: datetime | None = None
+    delay: float | timedelta | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    dedupe_key: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """Validated JSON form for enqueue_many; raises InvalidJob on bad input."""
+        if not isinstance(self.handler, str) or not self.handler:
+            raise InvalidJob("handler must be a non-empty string")
+        if not isinstance(self.payload, Mapping):
+            raise InvalidJob(f"payload must be a JSON object, not {type(self.payload).__name__}")
+        try:
+            payload = json.loads(json.dumps(self.payload, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
+        if not isinstance(self.queue, str) or not self.queue:
+            raise InvalidJob("queue must be a non-empty string")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int) or not (
+            -_INT32 <= self.priority <= _INT32
+        ):
+            raise InvalidJob(f"priority must be an integer, not {self.priority!r}")
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or not (
+            1 <= self.max_attempts <= _INT32
+        ):
+            raise InvalidJob(f"max_attempts must be a positive integer, not {self.max_attempts!r}")
+        if self.run_at is not None and self.delay is not None:
+            raise InvalidJob("give run_at or delay, not both")
+        if self.dedupe_key is not None and not isinstance(self.dedupe_key, str):
+            raise InvalidJob("dedupe_key must be a string")
+        job: dict[str, Any] = {
+            "handler": self.handler,
+            "payload": payload,
+            "queue": self.queue,
+            "priority": self.priority,
+            "max_attempts": self.max_attempts,
+        }
+        if self.run_at is not None:
+            if not isinstance(self.run_at, datetime) or self.run_at.tzinfo is None:
+                raise InvalidJob("run_at must be a timezone-aware datetime")
+            job["run_at"] = self.run_at.isoformat()
+        if self.delay is not None:
+            seconds = (
+                self.delay.total_seconds() if isinstance(self.delay, timedelta) else self.delay
+            )
+            if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0:
+                raise InvalidJob(f"delay must be a non-negative number of seconds, not {self.delay!r}")
+            job["delay"] = f"{seconds} seconds"
+        if self.dedupe_key is not None:
+            job["dedupe_key"] = self.dedupe_key
+        return job
+
+
+def enqueue(
+    conn: psycopg.Connection,
+    handler: str,
+    payload: Mapping[str, Any] | None = None,
+    *,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+    run_at: datetime | None = None,
+    delay: float | timedelta | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    dedupe_key: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> int:
+    """Enqueue one job inside the caller's current transaction; returns its id.
+
+    With a dedupe key equal to a pending or running job's, that job's id comes back and
+    nothing is inserted.
+    """
+    spec = JobSpec(handler, {} if payload is None else payload, queue, priority, run_at, delay,
+                   max_attempts, dedupe_key)
+    return enqueue_many(conn, [spec], schema=schema)[0]
+
+
+def enqueue_many(
+    conn: psycopg.Connection, specs: Iterable[JobSpec], *, schema: str = DEFAULT_SCHEMA
+) -> list[int]:
+    """Enqueue many jobs in one round trip; ids come back in input order.
+
+    Everything is validated before the database sees it, so bad input never aborts the
+    caller's transaction.
+    """
+    jobs = []
+    for n, spec in enumerate(specs, 1):
+        try:
+            jobs.append(spec.as_json())
+        except InvalidJob as exc:
+            raise InvalidJob(f"job {n}: {exc}") from None
+    if not jobs:
+        return []
+    row = conn.execute(query("job_enqueue_many", schema), {"jobs": Jsonb(jobs)}).fetchone()
+    assert row is not None
+    return list(row[0])
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """What a child needs to run a job, as the claim returned it."""
+
+    id: int
+    queue: str
+    handler: str
+    payload: dict[str, Any]
+    priority: int
+    attempt: int
+    max_attempts: int
+    token: int
+    checkpoint: Any
+    run_at: datetime
+    created_at: datetime
+    locked_until: datetime
+    rescued: bool
+
+
+@dataclass(frozen=True)
+class HandlerCapacity:
+    """A handler a worker serves in one claim: its lease and how many more it may take."""
+
+    lease_seconds: float
+    free: int
+
+
+def claim(
+    conn: psycopg.Connection,
+    worker: str,
+    *,
+    queues: Sequence[str],
+    handlers: Mapping[str, HandlerCapacity],
+    limit: int,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[ClaimedJob]:
+    """Claim up to `limit` due jobs (and rescue expired leases) in one statement."""
+    served = {name: cap for name, cap in handlers.items() if cap.free > 0}
+    if limit <= 0 or not served or not queues:
+        return []
+    params = {
+        "worker": worker,
+        "queues": list(queues),
+        "handlers": list(served),
+        "lease_seconds": [cap.lease_seconds for cap in served.values()],
+        "handler_free": [cap.free for cap in served.values()],
+        "limit": limit,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(query("job_claim", schema), params).fetchall()
+    jobs = [
+        ClaimedJob(
+            id=r["id"], queue=r["queue"], handler=r["handler"], payload=r["payload"],
+            priority=r["priority"], attempt=r["attempts"], max_attempts=r["max_attempts"],
+            token=r["lease_token"], checkpoint=r["checkpoint"], run_at=r["run_at"],
+            created_at=r["created_at"], locked_until=r["locked_until"], rescued=r["rescued"],
+        )
+        for r in rows
+    ]
+    jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
+    return jobs
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One lease to renew, with progress and checkpoint to save (None: keep)."""
+
+    id: int
+    token: int
+    lease_seconds: float
+    progress: Any = None
+    checkpoint: Any = None
+
+
+@dataclass(frozen=True)
+class RenewOutcome:
+    id: int
+    renewed: bool
+    cancel_requested: bool
+
+
+def _jsonb_or_none(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value)
+
+
+def renew(
+    conn: psycopg.Connection, worker: str, leases: Sequence[Lease], *, schema: str = DEFAULT_SCHEMA
+) -> list[RenewOutcome]:
+    """Renew many leases in one statement; lost leases come back with renewed=False."""
+    if not leases:
+        return []
+    params = {
+        "worker": worker,
+        "ids": [lease.id for lease in leases],
+        "tokens": [lease.token for lease in leases],
+        "lease_seconds": [lease.lease_seconds for lease in leases],
+        "progress": [_jsonb_or_none(lease.progress) for lease in leases],
+        "checkpoints": [_jsonb_or_none(lease.checkpoint) for lease in leases],
+    }
+    rows = conn.execute(query("job_renew", schema), params).fetchall()
+    return [RenewOutcome(id=r[0], renewed=r[1], cancel_requested=r[2]) for r in rows]
+
+
+def complete(
+    conn: psycopg.Connection,
+    worker: str,
+    job_id: int,
+    token: int,
+    result: Any = None,
+    *,
+    progress: Any = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> bool:
+    """Mark a held job completed. False: the lease was lost, nothing changed."""
+    row = conn.execute(
+        query("job_complete", schema),
+        {"id": job_id, "worker": worker, "token": token, "result": _jsonb_or_none(result),
+         "progress": _jsonb_or_none(progress)},
+    ).fetchone()
+    return row is not None
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    status: str  # pending (will retry), dead or cancelled
+    run_at: datetime
+
+
+def fail(
+    conn: psycopg.Connection,
+    worker: str,
+    job_id: int,
+    token: int,
+    error: str,
+    *,
+    backoff_base: float = 10.0,
+    backoff_max: float = 3600.0,
+    schema: str = DEFAULT_SCHEMA,
+) -> FailOutcome | None:
+    """Record a failed attempt. None: the lease was lost, nothing changed."""
+    row = conn.execute(
+        query("job_fail", schema),
+        {"id": job_id, "worker": worker, "token": token, "error": error,
+         "backoff_base": backoff_base, "backoff_max": backoff_max},
+    ).fetchone()
+    return None if row is None else FailOutcome(status=row[1], run_at=row[2])
+
+
+def release(
+    conn: psycopg.Connection, worker: str, job_id: int, token: int, *,
+    schema: str = DEFAULT_SCHEMA,
+) -> str | None:
+    """Hand a held job back without counting the attempt; returns its new status."""
+    row = conn.execute(
+        query("job_release", schema), {"id": job_id, "worker": worker, "token": token}
+    ).fetchone()
+    return None if row is None else str(row[1])
+
+
+def cancel_running(
+    conn: psycopg.Connection, worker: str, job_id: int, token: int, reason: str, *,
+    schema: str = DEFAULT_SCHEMA,
+) -> bool:
+    """The holder stopped a job whose cancel was requested: mark it cancelled."""
+    row = conn.execute(
+        query("job_cancel_running", schema),
+        {"id": job_id, "worker": worker, "token": token, "error": reason},
+    ).fetchone()
+    return row is not None
+
+
+def cancel(
+    conn: psycopg.Connection, ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
+) -> dict[int, str]:
+    """Cancel jobs: id → 'cancelled', 'cancel requested', 'already <status>' or 'not found'."""
+    rows = conn.execute(query("job_cancel", schema), {"ids": list(ids)}).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def retry(
+    conn: psycopg.Connection,
+    *,
+    ids: Sequence[int] | None = None,
+    queue: str | None = None,
+    handler: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[int]:
+    """Dead or cancelled jobs back to pending with fresh attempts; returns their ids."""
+    if ids is None and queue is None and handler is None:
+        raise ValueError("retry needs job ids, a queue or a handler")
+    rows = conn.execute(
+        query("job_retry", schema),
+        {"ids": None if ids is None else list(ids), "queue": queue, "handler": handler},
+    ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def check_statuses(statuses: Iterable[str]) -> list[str]:
+    chosen = list(statuses)
+    unknown = [s for s in chosen if s not in STATUSES]
+    if unknown:
+        raise ValueError(
+            f"unknown status {', '.join(map(repr, unknown))}: choose from {', '.join(STATUSES)}"
+        )
+    return chosen
+
+
+def prune(
+    conn: psycopg.Connection,
+    older_than: timedelta,
+    *,
+    statuses: Iterable[str] = FINAL_STATUSES,
+    batch: int = 10_000,
+    schema: str = DEFAULT_SCHEMA,
+) -> int:
+    """Delete finished jobs older than the retention, in batches; returns how many."""
+    chosen = check_statuses(statuses)
+    live = [s for s in chosen if s not in FINAL_STATUSES]
+    if live:
+        raise ValueError(f"prune only deletes finished jobs, not {', '.join(live)}")
+    total = 0
+    while True:
+        deleted = conn.execute(
+            query("job_prune", schema),
+            {"older_than": older_than.total_seconds(), "statuses": chosen, "batch": batch},
+        ).rowcount
+        total += deleted
+        if deleted < batch:
+            return total
+
+
+def get(conn: psycopg.Connection, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> dict | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("job_get", schema), {"id": job_id}).fetchone()
+
+
+def list_jobs(
+    conn: psycopg.Connection,
+    *,
+    statuses: Iterable[str] | None = None,
+    queue: str | None = None,
+    handler: str | None = None,
+    limit: int = 50,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[dict[str, Any]]:
+    params = {
+        "statuses": None if statuses is None else check_statuses(statuses),
+        "queue": queue, "handler": handler, "limit": limit,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("job_list", schema), params).fetchall()
+
+
+def counts(conn: psycopg.Connection, *, schema: str = DEFAULT_SCHEMA) -> list[tuple[str, str, int]]:
+    return [(r[0], r[1], r[2]) for r in conn.execute(query("job_counts", schema)).fetchall()]

@@ -1,0 +1,231 @@
+-- Every statement pgworkerd runs, each under a "-- name:" header with a one-line
+-- description. @schema@ is replaced by the quoted schema name; parameters are psycopg's
+-- %(name)s placeholders (so a literal percent sign is written %%).
+
+-- name: schema_version_get
+-- The highest applied migration, or NULL when the version table is empty.
+SELECT max(version) AS version FROM @schema@.schema_version;
+
+-- name: job_enqueue
+-- Enqueue one job through the SQL function (the one definition of enqueue).
+SELECT @schema@.enqueue(
+    handler => %(handler)s, payload => %(payload)s, queue => %(queue)s,
+    priority => %(priority)s, run_at => %(run_at)s,
+    delay => make_interval(secs => %(delay)s), max_attempts => %(max_attempts)s,
+    dedupe_key => %(dedupe_key)s) AS id;
+
+-- name: job_enqueue_many
+-- Enqueue a JSON array of jobs in one round trip; ids come back in input order.
+SELECT @schema@.enqueue_many(%(jobs)s) AS ids;
+
+-- name: job_claim
+-- Claim up to %(limit)s due jobs for one worker: pending jobs in (priority, run_at, id)
+-- order and running jobs whose lease ran out (the rescue path). Expired jobs that used up
+-- their attempts (or were asked to cancel) are finished instead of run again.
+WITH served AS (
+    SELECT * FROM unnest(%(handlers)s::text[], %(lease_seconds)s::float8[],
+                         %(handler_free)s::integer[]) AS s(handler, lease_seconds, free)
+), due AS (
+    SELECT j.id FROM @schema@.jobs j
+    WHERE j.status = 'pending' AND j.run_at <= now()
+      AND j.queue = ANY(%(queues)s::text[]) AND j.handler = ANY(%(handlers)s::text[])
+    ORDER BY j.priority, j.run_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), expired AS (
+    SELECT j.id, (j.attempts >= j.max_attempts OR j.cancel_requested) AS finished
+    FROM @schema@.jobs j
+    WHERE j.status = 'running' AND j.locked_until < now()
+      AND j.queue = ANY(%(queues)s::text[]) AND j.handler = ANY(%(handlers)s::text[])
+    ORDER BY j.locked_until
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), buried AS (
+    UPDATE @schema@.jobs j
+       SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                         ELSE 'dead' END::@schema@.job_status,
+           last_error = 'lease of ' || j.locked_by || ' expired during attempt '
+                        || j.attempts || ' of ' || j.max_attempts || ': the worker was lost',
+           locked_by = NULL, locked_until = NULL, finished_at = now(), updated_at = now()
+      FROM expired e
+     WHERE j.id = e.id AND e.finished
+    RETURNING j.id
+), ranked AS (
+    SELECT j.id, j.priority, j.run_at, j.status AS was, s.free,
+           row_number() OVER (PARTITION BY j.handler ORDER BY j.priority, j.run_at, j.id) AS n
+    FROM @schema@.jobs j JOIN served s USING (handler)
+    WHERE j.id IN (SELECT id FROM due UNION ALL SELECT id FROM expired WHERE NOT finished)
+), chosen AS (
+    SELECT id, was FROM ranked WHERE n <= free ORDER BY priority, run_at, id LIMIT %(limit)s
+)
+UPDATE @schema@.jobs j
+   SET status = 'running',
+       locked_by = %(worker)s,
+       locked_until = now() + make_interval(secs => s.lease_seconds),
+       attempts = j.attempts + 1,
+       lease_token = j.lease_token + 1,
+       last_error = CASE WHEN j.status = 'running'
+                         THEN 'lease of ' || j.locked_by || ' expired during attempt '
+                              || j.attempts || ': the worker was lost'
+                         ELSE j.last_error END,
+       started_at = now(),
+       updated_at = now()
+  FROM chosen c, served s
+ WHERE j.id = c.id AND s.handler = j.handler
+RETURNING j.id, j.queue, j.handler, j.payload, j.priority, j.attempts, j.max_attempts,
+          j.lease_token, j.checkpoint, j.run_at, j.created_at, j.locked_until,
+          (c.was = 'running') AS rescued;
+
+-- name: job_renew
+-- Renew many leases of one worker at once, saving progress and checkpoints sent along
+-- (NULL keeps the old value); one row per lease: renewed or lost, and cancel requests.
+WITH lease AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[],
+                         %(lease_seconds)s::float8[], %(progress)s::jsonb[],
+                         %(checkpoints)s::jsonb[])
+             AS l(id, token, lease_seconds, progress, checkpoint)
+), renewed AS (
+    UPDATE @schema@.jobs j
+       SET locked_until = now() + make_interval(secs => l.lease_seconds),
+           progress = coalesce(l.progress, j.progress),
+           checkpoint = coalesce(l.checkpoint, j.checkpoint),
+           updated_at = now()
+      FROM lease l
+     WHERE j.id = l.id AND j.lease_token = l.token
+       AND j.locked_by = %(worker)s AND j.status = 'running'
+    RETURNING j.id, j.cancel_requested, j.locked_until
+)
+SELECT l.id, r.id IS NOT NULL AS renewed,
+       coalesce(r.cancel_requested, false) AS cancel_requested, r.locked_until
+  FROM lease l LEFT JOIN renewed r USING (id);
+
+-- name: job_complete
+-- Finish a job its holder still owns: completed, with an optional JSON result.
+UPDATE @schema@.jobs
+   SET status = 'completed', result = %(result)s,
+       progress = coalesce(%(progress)s, progress),
+       locked_by = NULL, locked_until = NULL, cancel_requested = false,
+       finished_at = now(), updated_at = now()
+ WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+   AND status = 'running'
+RETURNING id, status;
+
+-- name: job_fail
+-- A failed attempt: back to pending after exponential backoff with +-25 %% jitter, or
+-- dead once max_attempts are used, or cancelled if a cancel was requested meanwhile.
+UPDATE @schema@.jobs
+   SET status = CASE WHEN cancel_requested THEN 'cancelled'
+                     WHEN attempts >= max_attempts THEN 'dead'
+                     ELSE 'pending' END::@schema@.job_status,
+       run_at = CASE WHEN cancel_requested OR attempts >= max_attempts THEN run_at
+                     ELSE now() + make_interval(secs =>
+                          least(%(backoff_max)s::float8,
+                                %(backoff_base)s::float8 * power(2, attempts - 1))
+                          * (0.75 + 0.5 * random())) END,
+       finished_at = CASE WHEN cancel_requested OR attempts >= max_attempts
+                          THEN now() END,
+       last_error = %(error)s,
+       locked_by = NULL, locked_until = NULL, cancel_requested = false,
+       updated_at = now()
+ WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+   AND status = 'running'
+RETURNING id, status, run_at;
+
+-- name: job_release
+-- Hand a job back (drain, shutdown): pending at once, the attempt not counted.
+UPDATE @schema@.jobs
+   SET status = CASE WHEN cancel_requested THEN 'cancelled'
+                     ELSE 'pending' END::@schema@.job_status,
+       finished_at = CASE WHEN cancel_requested THEN now() END,
+       attempts = attempts - 1, run_at = now(),
+       locked_by = NULL, locked_until = NULL, cancel_requested = false,
+       updated_at = now()
+ WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+   AND status = 'running'
+RETURNING id, status;
+
+-- name: job_cancel_running
+-- The holder stopped a job whose cancellation was requested: cancelled.
+UPDATE @schema@.jobs
+   SET status = 'cancelled', last_error = %(error)s,
+       locked_by = NULL, locked_until = NULL, cancel_requested = false,
+       finished_at = now(), updated_at = now()
+ WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+   AND status = 'running'
+RETURNING id, status;
+
+-- name: job_cancel
+-- Cancel jobs by id: pending ones at once, running ones by request to their daemon.
+WITH target AS (
+    SELECT id FROM @schema@.jobs WHERE id = ANY(%(ids)s::bigint[]) FOR UPDATE
+), cancelled AS (
+    UPDATE @schema@.jobs j
+       SET status = CASE WHEN j.status = 'pending' THEN 'cancelled'
+                         ELSE j.status END,
+           finished_at = CASE WHEN j.status = 'pending' THEN now() ELSE j.finished_at END,
+           cancel_requested = (j.status = 'running'),
+           updated_at = now()
+      FROM target t
+     WHERE j.id = t.id AND j.status IN ('pending', 'running')
+    RETURNING j.id, j.status
+)
+SELECT i.id,
+       CASE WHEN j.id IS NULL THEN 'not found'
+            WHEN c.status = 'cancelled' THEN 'cancelled'
+            WHEN c.status = 'running' THEN 'cancel requested'
+            ELSE 'already ' || j.status::text END AS outcome
+  FROM unnest(%(ids)s::bigint[]) AS i(id)
+  LEFT JOIN cancelled c ON c.id = i.id
+  LEFT JOIN @schema@.jobs j ON j.id = i.id;
+
+-- name: job_retry
+-- Put dead or cancelled jobs back to pending with fresh attempts, selected by ids,
+-- queue or handler (NULL filters match everything, but at least one is given).
+UPDATE @schema@.jobs j
+   SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL,
+       cancel_requested = false, updated_at = now()
+ WHERE j.status IN ('dead', 'cancelled')
+   AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
+   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
+   AND (%(handler)s::text IS NULL OR j.handler = %(handler)s)
+   -- a live job with the same dedupe key wins; retrying would duplicate it
+   AND (j.dedupe_key IS NULL OR NOT EXISTS (
+        SELECT 1 FROM @schema@.jobs live
+         WHERE live.dedupe_key = j.dedupe_key AND live.status IN ('pending', 'running')))
+RETURNING j.id;
+
+-- name: job_prune
+-- Delete up to %(batch)s finished jobs (of the given statuses) finished before the cutoff.
+DELETE FROM @schema@.jobs
+ WHERE id IN (SELECT id FROM @schema@.jobs
+               WHERE finished_at < now() - make_interval(secs => %(older_than)s)
+                 AND status = ANY(%(statuses)s::@schema@.job_status[])
+               LIMIT %(batch)s)
+RETURNING id;
+
+-- name: job_get
+-- One job, every column.
+SELECT * FROM @schema@.jobs WHERE id = %(id)s;
+
+-- name: job_list
+-- Jobs filtered by status, queue and handler (NULL matches all), newest first.
+SELECT id, queue, handler, status, priority, attempts, max_attempts, run_at, locked_by,
+       locked_until, progress, last_error, created_at, started_at, finished_at
+  FROM @schema@.jobs
+ WHERE (%(statuses)s::@schema@.job_status[] IS NULL
+        OR status = ANY(%(statuses)s::@schema@.job_status[]))
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(handler)s::text IS NULL OR handler = %(handler)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s;
+
+-- name: job_counts
+-- Number of jobs per queue and status.
+SELECT queue, status::text AS status, count(*) AS jobs
+  FROM @schema@.jobs GROUP BY queue, status ORDER BY queue, status;
+
+-- name: job_next_run_at
+-- The earliest future run_at among pending jobs this worker could claim.
+SELECT min(run_at) AS run_at FROM @schema@.jobs
+ WHERE status = 'pending' AND run_at > now()
+   AND queue = ANY(%(queues)s::text[]) AND handler = ANY(%(handlers)s::text[]);

@@ -81,8 +81,8 @@ def connect(dsn: str, *, autocommit: bool = True, **overrides: Any) -> psycopg.C
             conninfo(dsn, **overrides), autocommit=autocommit, prepare_threshold=None
         )
     except psycopg.OperationalError as exc:
-        reason = scrub(str(exc).strip(), dsn).splitlines()
-        detail = reason[-1] if reason else "no details"
+        lines = [ln.strip() for ln in scrub(str(exc), dsn).splitlines() if ln.strip()]
+        detail = "; ".join(lines) or "no details"
         raise DatabaseError(
             f"cannot connect to PostgreSQL at {describe_target(dsn)}: {detail}"
         ) from None

@@ -56,12 +56,16 @@ class JobSpec:
             raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
         if not isinstance(self.queue, str) or not self.queue:
             raise InvalidJob("queue must be a non-empty string")
-        if isinstance(self.priority, bool) or not isinstance(self.priority, int) or not (
-            -_INT32 <= self.priority <= _INT32
+        if (
+            isinstance(self.priority, bool)
+            or not isinstance(self.priority, int)
+            or not (-_INT32 <= self.priority <= _INT32)
         ):
             raise InvalidJob(f"priority must be an integer, not {self.priority!r}")
-        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) or not (
-            1 <= self.max_attempts <= _INT32
+        if (
+            isinstance(self.max_attempts, bool)
+            or not isinstance(self.max_attempts, int)
+            or not (1 <= self.max_attempts <= _INT32)
         ):
             raise InvalidJob(f"max_attempts must be a positive integer, not {self.max_attempts!r}")
         if self.run_at is not None and self.delay is not None:
@@ -84,7 +88,9 @@ class JobSpec:
                 self.delay.total_seconds() if isinstance(self.delay, timedelta) else self.delay
             )
             if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0:
-                raise InvalidJob(f"delay must be a non-negative number of seconds, not {self.delay!r}")
+                raise InvalidJob(
+                    f"delay must be a non-negative number of seconds, not {self.delay!r}"
+                )
             job["delay"] = f"{seconds} seconds"
         if self.dedupe_key is not None:
             job["dedupe_key"] = self.dedupe_key
@@ -109,8 +115,16 @@ def enqueue(
     With a dedupe key equal to a pending or running job's, that job's id comes back and
     nothing is inserted.
     """
-    spec = JobSpec(handler, {} if payload is None else payload, queue, priority, run_at, delay,
-                   max_attempts, dedupe_key)
+    spec = JobSpec(
+        handler,
+        {} if payload is None else payload,
+        queue,
+        priority,
+        run_at,
+        delay,
+        max_attempts,
+        dedupe_key,
+    )
     return enqueue_many(conn, [spec], schema=schema)[0]
 
 
@@ -187,10 +201,19 @@ def claim(
         rows = cur.execute(query("job_claim", schema), params).fetchall()
     jobs = [
         ClaimedJob(
-            id=r["id"], queue=r["queue"], handler=r["handler"], payload=r["payload"],
-            priority=r["priority"], attempt=r["attempts"], max_attempts=r["max_attempts"],
-            token=r["lease_token"], checkpoint=r["checkpoint"], run_at=r["run_at"],
-            created_at=r["created_at"], locked_until=r["locked_until"], rescued=r["rescued"],
+            id=r["id"],
+            queue=r["queue"],
+            handler=r["handler"],
+            payload=r["payload"],
+            priority=r["priority"],
+            attempt=r["attempts"],
+            max_attempts=r["max_attempts"],
+            token=r["lease_token"],
+            checkpoint=r["checkpoint"],
+            run_at=r["run_at"],
+            created_at=r["created_at"],
+            locked_until=r["locked_until"],
+            rescued=r["rescued"],
         )
         for r in rows
     ]
@@ -251,8 +274,13 @@ def complete(
     """Mark a held job completed. False: the lease was lost, nothing changed."""
     row = conn.execute(
         query("job_complete", schema),
-        {"id": job_id, "worker": worker, "token": token, "result": _jsonb_or_none(result),
-         "progress": _jsonb_or_none(progress)},
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "result": _jsonb_or_none(result),
+            "progress": _jsonb_or_none(progress),
+        },
     ).fetchone()
     return row is not None
 
@@ -277,14 +305,24 @@ def fail(
     """Record a failed attempt. None: the lease was lost, nothing changed."""
     row = conn.execute(
         query("job_fail", schema),
-        {"id": job_id, "worker": worker, "token": token, "error": error,
-         "backoff_base": backoff_base, "backoff_max": backoff_max},
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "error": error,
+            "backoff_base": backoff_base,
+            "backoff_max": backoff_max,
+        },
     ).fetchone()
     return None if row is None else FailOutcome(status=row[1], run_at=row[2])
 
 
 def release(
-    conn: psycopg.Connection, worker: str, job_id: int, token: int, *,
+    conn: psycopg.Connection,
+    worker: str,
+    job_id: int,
+    token: int,
+    *,
     schema: str = DEFAULT_SCHEMA,
 ) -> str | None:
     """Hand a held job back without counting the attempt; returns its new status."""
@@ -295,7 +333,12 @@ def release(
 
 
 def cancel_running(
-    conn: psycopg.Connection, worker: str, job_id: int, token: int, reason: str, *,
+    conn: psycopg.Connection,
+    worker: str,
+    job_id: int,
+    token: int,
+    reason: str,
+    *,
     schema: str = DEFAULT_SCHEMA,
 ) -> bool:
     """The holder stopped a job whose cancel was requested: mark it cancelled."""
@@ -382,7 +425,9 @@ def list_jobs(
 ) -> list[dict[str, Any]]:
     params = {
         "statuses": None if statuses is None else check_statuses(statuses),
-        "queue": queue, "handler": handler, "limit": limit,
+        "queue": queue,
+        "handler": handler,
+        "limit": limit,
     }
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query("job_list", schema), params).fetchall()

@@ -51,7 +51,8 @@ def _lock_key(schema: str) -> str:
 def _applied(conn: psycopg.Connection, schema: str) -> int | None:
     """Highest applied version, or None when the schema or its version table is absent."""
     row = conn.execute(
-        "SELECT to_regclass(%s) IS NOT NULL", [f"{sql.Identifier(schema).as_string(None)}.schema_version"]
+        "SELECT to_regclass(%s) IS NOT NULL",
+        [f"{sql.Identifier(schema).as_string(None)}.schema_version"],
     ).fetchone()
     if not row or not row[0]:
         return None

@@ -1,0 +1,313 @@
+"""The `pgworkerd` command line. Exit codes: pgworkerd.exitcodes.ExitCode."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta
+from typing import Any, NoReturn
+
+import click
+import psycopg
+
+from pgworkerd import jobs
+from pgworkerd.db import DatabaseError, connect, scrub
+from pgworkerd.durations import parse_duration
+from pgworkerd.exitcodes import ExitCode
+from pgworkerd.migrate import SchemaError, check_current, migrate_conn
+from pgworkerd.queries import DEFAULT_SCHEMA, check_schema_name
+
+
+class Context:
+    """Options shared by every command."""
+
+    def __init__(self, dsn: str | None, schema: str, config_path: str | None) -> None:
+        self.dsn = dsn
+        self.schema = schema
+        self.config_path = config_path
+
+    def resolved_dsn(self) -> str:
+        """--dsn, else the config file's database.dsn, else libpq's environment (PGHOST…)."""
+        if self.dsn is not None:
+            return self.dsn
+        if self.config_path:
+            from pgworkerd.config import load_config
+
+            return load_config(self.config_path).database.dsn
+        return ""
+
+
+def fail(message: str, code: ExitCode) -> NoReturn:
+    click.echo(f"pgworkerd: {message}", err=True)
+    sys.exit(int(code))
+
+
+@contextmanager
+def database(ctx: Context, *, check_schema: bool = True) -> Iterator[psycopg.Connection]:
+    """A connection for one command; user errors become messages and exit codes."""
+    dsn = ""
+    try:
+        dsn = ctx.resolved_dsn()
+        with connect(dsn) as conn:
+            if check_schema:
+                check_current(conn, ctx.schema)
+            yield conn
+    except DatabaseError as exc:
+        fail(str(exc), ExitCode.DATABASE)
+    except SchemaError as exc:
+        fail(str(exc), ExitCode.SCHEMA)
+    except psycopg.errors.InvalidParameterValue as exc:
+        fail(scrub(exc.diag.message_primary or str(exc), dsn), ExitCode.CONFIG)
+    except psycopg.OperationalError as exc:
+        fail(f"database error: {scrub(str(exc).strip(), dsn)}", ExitCode.DATABASE)
+
+
+def echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=str, sort_keys=True))
+
+
+class DurationType(click.ParamType):
+    name = "duration"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = DurationType()
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--dsn",
+    envvar="PGWORKERD_DSN",
+    help="libpq connection string or URL "
+    "[env PGWORKERD_DSN; default: the config file's, else libpq's PG* variables]",
+)
+@click.option(
+    "--schema",
+    envvar="PGWORKERD_SCHEMA",
+    default=DEFAULT_SCHEMA,
+    show_default=True,
+    help="PostgreSQL schema holding pgworkerd's tables [env PGWORKERD_SCHEMA]",
+)
+@click.option(
+    "-c",
+    "--config",
+    "config_path",
+    envvar="PGWORKERD_CONFIG",
+    type=click.Path(dir_okay=False),
+    help="TOML config file [env PGWORKERD_CONFIG]",
+)
+@click.version_option(package_name="pgworkerd")
+@click.pass_context
+def main(click_ctx: click.Context, dsn: str | None, schema: str, config_path: str | None) -> None:
+    """pgworkerd: runs long background jobs stored in PostgreSQL."""
+    try:
+        check_schema_name(schema)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--schema") from None
+    click_ctx.obj = Context(dsn, schema, config_path)
+
+
+@main.command()
+@click.pass_obj
+def migrate(ctx: Context) -> None:
+    """Create or upgrade the schema (safe to run from several hosts at once)."""
+    with database(ctx, check_schema=False) as conn:
+        applied = migrate_conn(conn, ctx.schema)
+    if applied:
+        click.echo(f"schema {ctx.schema}: applied migrations {', '.join(map(str, applied))}")
+    else:
+        click.echo(f"schema {ctx.schema}: up to date")
+
+
+def _parse_payload(text: str) -> dict[str, Any]:
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
+    if not isinstance(payload, dict):
+        raise click.BadParameter(
+            f"must be a JSON object, not {type(payload).__name__}", param_hint="--payload"
+        )
+    return payload
+
+
+@main.command()
+@click.argument("handler")
+@click.option("--payload", default="{}", show_default=True, help="JSON object for the handler")
+@click.option("--queue", default=jobs.DEFAULT_QUEUE, show_default=True)
+@click.option(
+    "--priority",
+    type=int,
+    default=0,
+    show_default=True,
+    help="lower runs sooner; negative is urgent",
+)
+@click.option(
+    "--run-at",
+    type=click.DateTime(
+        ["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]
+    ),
+    help="when to run (ISO 8601; local time if no offset)",
+)
+@click.option("--delay", type=DURATION, help="run after this long, e.g. 30s, 10m")
+@click.option("--max-attempts", type=int, default=jobs.DEFAULT_MAX_ATTEMPTS, show_default=True)
+@click.option(
+    "--dedupe-key",
+    help="while a job with this key is pending or running, return its id instead of adding another",
+)
+@click.pass_obj
+def enqueue(
+    ctx: Context,
+    handler: str,
+    payload: str,
+    queue: str,
+    priority: int,
+    run_at: datetime | None,
+    delay: float | None,
+    max_attempts: int,
+    dedupe_key: str | None,
+) -> None:
+    """Enqueue a job for HANDLER and print its id."""
+    if run_at is not None and delay is not None:
+        raise click.UsageError("give --run-at or --delay, not both")
+    if run_at is not None and run_at.tzinfo is None:
+        run_at = run_at.astimezone()
+    spec = jobs.JobSpec(
+        handler, _parse_payload(payload), queue, priority, run_at, delay, max_attempts, dedupe_key
+    )
+    try:
+        spec.as_json()
+    except jobs.InvalidJob as exc:
+        fail(str(exc), ExitCode.CONFIG)
+    with database(ctx) as conn:
+        [job_id] = jobs.enqueue_many(conn, [spec], schema=ctx.schema)
+    click.echo(job_id)
+
+
+@main.command()
+@click.argument("ids", nargs=-1, type=int, required=True)
+@click.pass_obj
+def cancel(ctx: Context, ids: tuple[int, ...]) -> None:
+    """Cancel jobs: pending ones at once, running ones by asking their daemon."""
+    with database(ctx) as conn:
+        outcomes = jobs.cancel(conn, ids, schema=ctx.schema)
+    for job_id in ids:
+        click.echo(f"{job_id}: {outcomes[job_id]}")
+    if any(outcomes[i] == "not found" for i in ids):
+        sys.exit(int(ExitCode.FAILURE))
+
+
+@main.command()
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--queue", help="every dead or cancelled job of this queue")
+@click.option("--handler", help="every dead or cancelled job of this handler")
+@click.pass_obj
+def retry(ctx: Context, ids: tuple[int, ...], queue: str | None, handler: str | None) -> None:
+    """Put dead or cancelled jobs back to pending with fresh attempts."""
+    if not ids and queue is None and handler is None:
+        raise click.UsageError("give job ids, --queue or --handler")
+    with database(ctx) as conn:
+        retried = jobs.retry(
+            conn, ids=list(ids) or None, queue=queue, handler=handler, schema=ctx.schema
+        )
+    click.echo(
+        f"retried {len(retried)} job(s)"
+        + (f": {', '.join(map(str, retried))}" if 0 < len(retried) <= 50 else "")
+    )
+
+
+@main.command()
+@click.option(
+    "--older-than",
+    type=DURATION,
+    required=True,
+    help="retention: delete jobs finished longer ago than this, e.g. 7d",
+)
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(list(jobs.FINAL_STATUSES)),
+    help="only these final statuses (repeatable; default all three)",
+)
+@click.pass_obj
+def prune(ctx: Context, older_than: float, statuses: tuple[str, ...]) -> None:
+    """Delete finished jobs older than a retention."""
+    with database(ctx) as conn:
+        deleted = jobs.prune(
+            conn,
+            timedelta(seconds=older_than),
+            statuses=statuses or jobs.FINAL_STATUSES,
+            schema=ctx.schema,
+        )
+    click.echo(f"deleted {deleted} job(s)")
+
+
+@main.command("jobs")
+@click.option(
+    "--status", "statuses", multiple=True, type=click.Choice(list(jobs.STATUSES)), help="repeatable"
+)
+@click.option("--queue")
+@click.option("--handler")
+@click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.pass_obj
+def list_jobs(
+    ctx: Context,
+    statuses: tuple[str, ...],
+    queue: str | None,
+    handler: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List jobs, newest first."""
+    with database(ctx) as conn:
+        rows = jobs.list_jobs(
+            conn,
+            statuses=statuses or None,
+            queue=queue,
+            handler=handler,
+            limit=limit,
+            schema=ctx.schema,
+        )
+    if as_json:
+        echo_json(rows)
+        return
+    for r in rows:
+        error = (r["last_error"] or "").strip().splitlines()
+        click.echo(
+            f"{r['id']:>8} {r['status']:<9} {r['queue']:<12} {r['handler']:<24} "
+            f"attempt {r['attempts']}/{r['max_attempts']}"
+            + (f"  {error[-1][:80]}" if error else "")
+        )
+
+
+@main.command("show")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.pass_obj
+def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
+    """Show one job with every column, its last error and traceback."""
+    with database(ctx) as conn:
+        row = jobs.get(conn, job_id, schema=ctx.schema)
+    if row is None:
+        fail(f"job {job_id} not found", ExitCode.FAILURE)
+    if as_json:
+        echo_json(row)
+        return
+    for key, value in row.items():
+        if key == "last_error" and value:
+            click.echo("last_error:\n  " + str(value).replace("\n", "\n  "))
+        else:
+            click.echo(
+                f"{key}: {json.dumps(value, default=str) if isinstance(value, dict | list) else value}"
+            )

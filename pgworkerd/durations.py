@@ -1,0 +1,38 @@
+"""Durations as operators write them: "30s", "10m", "1h30m", "250ms", or plain seconds."""
+
+from __future__ import annotations
+
+import re
+
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds in a duration; raises ValueError with the accepted forms."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"{value!r} is negative")
+        return float(value)
+    text = value.strip().replace(" ", "")
+    pos, total = 0, 0.0
+    for match in _PART_RE.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match[1]) * _UNIT_SECONDS[match[2]]
+        pos = match.end()
+    if not text or pos != len(text):
+        raise ValueError(f'{value!r} is not a duration: write e.g. "30s", "10m", "1h30m", "250ms"')
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    if seconds < 120:
+        return f"{seconds:g}s"
+    if seconds < 7200:
+        return f"{seconds / 60:g}m"
+    return f"{seconds / 3600:g}h"

@@ -1,0 +1,15 @@
+"""Exit codes of every pgworkerd command (documented in the README)."""
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    OK = 0
+    FAILURE = 1  # the command ran and found a failure (e.g. drain --timeout expired)
+    USAGE = 2  # bad command line (click's own code)
+    CONFIG = 3  # invalid configuration file or bad input value
+    DATABASE = 4  # database unreachable or refused us
+    SCHEMA = 5  # schema missing, older or newer than this version
+    HANDLER = 6  # a configured handler cannot be imported
+    # The daemon exits with these only when restarting cannot help (systemd's
+    # RestartPreventExitStatus lists them), so a broken config never crash-loops.

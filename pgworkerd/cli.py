@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +15,7 @@ import click
 import psycopg
 
 from pgworkerd import jobs
+from pgworkerd.config import Config, ConfigError
 from pgworkerd.db import DatabaseError, connect, scrub
 from pgworkerd.durations import parse_duration
 from pgworkerd.exitcodes import ExitCode
@@ -33,9 +36,7 @@ class Context:
         if self.dsn is not None:
             return self.dsn
         if self.config_path:
-            from pgworkerd.config import load_config
-
-            return load_config(self.config_path).database.dsn
+            return _load(self).database.dsn
         return ""
 
 
@@ -311,3 +312,100 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
             click.echo(
                 f"{key}: {json.dumps(value, default=str) if isinstance(value, dict | list) else value}"
             )
+
+
+def _load(ctx: Context) -> Config:
+    from pgworkerd.config import load_config
+
+    if not ctx.config_path:
+        return Config()
+    try:
+        return load_config(ctx.config_path)
+    except ConfigError as exc:
+        fail(str(exc), ExitCode.CONFIG)
+
+
+def _dsn_given(ctx: Context, config: Config) -> bool:
+    if ctx.dsn is not None or config.database.dsn:
+        return True
+    return any(os.environ.get(v) for v in ("PGHOST", "PGDATABASE", "PGSERVICE", "PGPORT"))
+
+
+@main.command("check-config")
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.pass_obj
+def check_config(ctx: Context, as_json: bool) -> None:
+    """Validate the config, import every handler, print the effective config."""
+    from pgworkerd.config import effective, import_handler
+
+    if not ctx.config_path:
+        raise click.UsageError("give the config file with --config (or PGWORKERD_CONFIG)")
+    config = _load(ctx)
+    for handler in config.handlers.values():
+        try:
+            import_handler(handler)
+        except ConfigError as exc:
+            fail(str(exc), ExitCode.HANDLER)
+    data = effective(config)
+    if as_json:
+        echo_json(data)
+        return
+    click.echo(f"{config.path}: OK ({len(config.handlers)} handler(s))")
+    for table in ("database", "worker", "logging"):
+        click.echo(f"[{table}]")
+        for key, value in data[table].items():
+            click.echo(f"{key} = {json.dumps(value)}")
+    for name, handler in data["handlers"].items():
+        click.echo(f"[handlers.{name}]")
+        for key, value in handler.items():
+            if key != "name" and value is not None:
+                click.echo(f"{key} = {json.dumps(value)}")
+
+
+@main.command()
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    help="log lines as text or JSON (default: the config's [logging] format)",
+)
+@click.pass_obj
+def run(ctx: Context, log_format: str | None) -> None:
+    """Run the daemon. Without any DSN it runs the demo on a throwaway PostgreSQL."""
+    from pgworkerd import logs
+    from pgworkerd.config import import_handler
+    from pgworkerd.daemon import run_daemon
+
+    config = _load(ctx)
+    logs.setup(log_format or config.logging.format, config.logging.level)
+    if not _dsn_given(ctx, config):
+        click.echo(
+            "pgworkerd: no DSN given: running the demo on a throwaway PostgreSQL "
+            "(see `pgworkerd demo --help`)",
+            err=True,
+        )
+        from pgworkerd.demo import run_demo
+
+        sys.exit(run_demo(log_format or "text", seconds=None))
+    for handler in config.handlers.values():
+        try:
+            import_handler(handler)
+        except ConfigError as exc:
+            fail(str(exc), ExitCode.HANDLER)
+    if ctx.schema != DEFAULT_SCHEMA:
+        config = dataclasses.replace(
+            config, database=dataclasses.replace(config.database, schema=ctx.schema)
+        )
+    sys.exit(run_daemon(config, dsn=ctx.dsn, config_path=ctx.config_path))
+
+
+@main.command()
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text")
+@click.option("--seconds", type=DURATION, help="drain and stop after this long")
+def demo(log_format: str, seconds: float | None) -> None:
+    """Start a throwaway PostgreSQL, enqueue example jobs and run the daemon on them.
+    Ctrl-C drains, stops and removes the database."""
+    from pgworkerd import logs
+    from pgworkerd.demo import run_demo
+
+    logs.setup(log_format, "info")
+    sys.exit(run_demo(log_format, seconds=seconds))

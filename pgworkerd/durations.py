@@ -17,6 +17,8 @@ def parse_duration(value: str | int | float) -> float:
             raise ValueError(f"{value!r} is negative")
         return float(value)
     text = value.strip().replace(" ", "")
+    if re.fullmatch(r"\d+(?:\.\d+)?", text):
+        return float(text)
     pos, total = 0, 0.0
     for match in _PART_RE.finditer(text):
         if match.start() != pos:

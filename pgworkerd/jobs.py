@@ -174,6 +174,7 @@ class HandlerCapacity:
 
     lease_seconds: float
     free: int
+    max_attempts: int | None = None  # overrides the job's own when set
 
 
 def claim(
@@ -195,6 +196,7 @@ def claim(
         "handlers": list(served),
         "lease_seconds": [cap.lease_seconds for cap in served.values()],
         "handler_free": [cap.free for cap in served.values()],
+        "max_attempts": [cap.max_attempts for cap in served.values()],
         "limit": limit,
     }
     with conn.cursor(row_factory=dict_row) as cur:

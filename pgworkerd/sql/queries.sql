@@ -24,7 +24,8 @@ SELECT @schema@.enqueue_many(%(jobs)s) AS ids;
 -- their attempts (or were asked to cancel) are finished instead of run again.
 WITH served AS (
     SELECT * FROM unnest(%(handlers)s::text[], %(lease_seconds)s::float8[],
-                         %(handler_free)s::integer[]) AS s(handler, lease_seconds, free)
+                         %(handler_free)s::integer[], %(max_attempts)s::integer[])
+             AS s(handler, lease_seconds, free, max_attempts)
 ), due AS (
     SELECT j.id FROM @schema@.jobs j
     WHERE j.status = 'pending' AND j.run_at <= now()
@@ -63,6 +64,8 @@ UPDATE @schema@.jobs j
        locked_by = %(worker)s,
        locked_until = now() + make_interval(secs => s.lease_seconds),
        attempts = j.attempts + 1,
+       -- a handler's configured max_attempts overrides the job's own
+       max_attempts = greatest(j.attempts + 1, coalesce(s.max_attempts, j.max_attempts)),
        lease_token = j.lease_token + 1,
        last_error = CASE WHEN j.status = 'running'
                          THEN 'lease of ' || j.locked_by || ' expired during attempt '
@@ -229,3 +232,34 @@ SELECT queue, status::text AS status, count(*) AS jobs
 SELECT min(run_at) AS run_at FROM @schema@.jobs
  WHERE status = 'pending' AND run_at > now()
    AND queue = ANY(%(queues)s::text[]) AND handler = ANY(%(handlers)s::text[]);
+
+-- name: worker_register
+-- Record a starting daemon in the registry (a restarted daemon starts undrained).
+INSERT INTO @schema@.workers AS w (id, host, pid, version, queues, handlers, slots, state)
+VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(queues)s, %(handlers)s, %(slots)s,
+        %(state)s)
+ON CONFLICT (id) DO UPDATE
+   SET state = excluded.state, queues = excluded.queues, handlers = excluded.handlers,
+       slots = excluded.slots, heartbeat_at = now(), stopped_at = NULL,
+       drain_requested = false;
+
+-- name: worker_heartbeat
+-- Record this daemon's state and in-flight jobs; returns whether a drain was requested.
+UPDATE @schema@.workers
+   SET state = %(state)s, in_flight = %(in_flight)s, queues = %(queues)s,
+       handlers = %(handlers)s, slots = %(slots)s, heartbeat_at = now()
+ WHERE id = %(id)s AND state <> 'gone'
+RETURNING drain_requested;
+
+-- name: worker_deregister
+-- A daemon that exits cleanly marks itself gone.
+UPDATE @schema@.workers
+   SET state = 'gone', in_flight = '{}', stopped_at = now(), heartbeat_at = now()
+ WHERE id = %(id)s;
+
+-- name: worker_mark_stale
+-- Daemons silent for longer than %(stale_after)s seconds are marked gone.
+UPDATE @schema@.workers
+   SET state = 'gone', stopped_at = now()
+ WHERE state <> 'gone' AND heartbeat_at < now() - make_interval(secs => %(stale_after)s)
+RETURNING id, host, pid;

@@ -1,0 +1,391 @@
+"""The TOML configuration: one frozen dataclass per table, validated with file:line errors.
+
+tomllib gives no positions, so errors locate keys with a small scan of the text (tables
+and `key =` lines); good enough to point an operator at the right line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import re
+import socket
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pgworkerd.db import mask_password
+from pgworkerd.durations import format_duration, parse_duration
+from pgworkerd.queries import DEFAULT_SCHEMA, check_schema_name
+
+
+class ConfigError(ValueError):
+    """An invalid configuration; the message names the file, key and line."""
+
+
+@dataclass(frozen=True)
+class DatabaseConfig:
+    dsn: str = ""  # empty: libpq's environment (PGHOST, PGUSER, ...)
+    listen_dsn: str = ""  # direct connection for LISTEN when dsn goes through PgBouncer
+    schema: str = DEFAULT_SCHEMA
+    connect_timeout: float = 5.0
+    keepalives_idle: float = 5.0
+    tcp_user_timeout: float = 10.0
+    statement_timeout: float = 10.0
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    name: str = ""  # prefix of the worker id; default: the host name
+    slots: int = 4
+    queues: tuple[str, ...] = ()  # default: the queues the handlers name
+    lease: float = 60.0
+    renew_interval: float = 10.0
+    poll_interval: float = 5.0
+    drain_timeout: float = 300.0
+    kill_grace: float = 10.0
+    max_jobs_per_child: int = 1
+    warm_children: int = 2
+    backoff: float = 10.0
+    backoff_max: float = 3600.0
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    name: str
+    target: str  # "module:function"
+    queue: str = "default"
+    max_attempts: int | None = None  # overrides the job's own when set
+    backoff: float | None = None  # base of the exponential backoff; default worker.backoff
+    backoff_max: float | None = None
+    lease: float | None = None  # default worker.lease
+    timeout: float | None = None  # whole-attempt limit; None: no limit
+    heartbeat_timeout: float | None = None  # silence limit; None: not watched
+    slots: int | None = None  # at most this many at once on this daemon
+
+    @property
+    def module(self) -> str:
+        return self.target.partition(":")[0]
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    format: str = "text"  # or "json"
+    level: str = "info"
+
+
+@dataclass(frozen=True)
+class Config:
+    path: str = "<defaults>"
+    database: DatabaseConfig = field(default_factory=DatabaseConfig)
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    handlers: dict[str, HandlerConfig] = field(default_factory=dict)
+
+    @property
+    def queues(self) -> tuple[str, ...]:
+        if self.worker.queues:
+            return self.worker.queues
+        return tuple(sorted({h.queue for h in self.handlers.values()}))
+
+    def lease_for(self, handler: HandlerConfig) -> float:
+        return handler.lease if handler.lease is not None else self.worker.lease
+
+    def worker_name(self) -> str:
+        return self.worker.name or socket.gethostname()
+
+
+# -- locating keys in the text -------------------------------------------------------------
+
+_TABLE_RE = re.compile(r"^\s*\[\s*([^\]]+?)\s*\]\s*(#.*)?$")
+_KEY_RE = re.compile(r"^\s*(\"[^\"]*\"|[A-Za-z0-9_-]+)\s*=")
+
+
+def _locate(text: str, table: str, key: str | None) -> int | None:
+    """Line number of `key` inside `[table]` (or of the table header when key is None)."""
+    current = ""
+    header_line = None
+    for number, line in enumerate(text.splitlines(), 1):
+        m = _TABLE_RE.match(line)
+        if m:
+            current = ".".join(p.strip().strip('"') for p in m[1].split("."))
+            if current == table:
+                header_line = number
+            continue
+        if key is not None and current == table:
+            k = _KEY_RE.match(line)
+            if k and k[1].strip('"') == key:
+                return number
+    return header_line
+
+
+class _Reader:
+    """Reads one table of the parsed TOML, converting and checking each key."""
+
+    def __init__(self, path: str, text: str, table: str, values: Any) -> None:
+        self.path, self.text, self.table = path, text, table
+        if not isinstance(values, dict):
+            raise self.error(None, "must be a table")
+        self.values: dict[str, Any] = values
+        self.used: set[str] = set()
+
+    def error(self, key: str | None, message: str) -> ConfigError:
+        line = _locate(self.text, self.table, key)
+        where = f"{self.path}:{line}" if line else self.path
+        name = f"{self.table}.{key}" if key else f"[{self.table}]"
+        return ConfigError(f"{where}: {name}: {message}")
+
+    def get(self, key: str, default: Any, convert: Callable[[Any], Any]) -> Any:
+        self.used.add(key)
+        if key not in self.values:
+            return default
+        try:
+            return convert(self.values[key])
+        except (TypeError, ValueError) as exc:
+            raise self.error(key, str(exc)) from None
+
+    def finish(self, known: list[str]) -> None:
+        unknown = sorted(set(self.values) - self.used)
+        if unknown:
+            raise self.error(
+                unknown[0], f"unknown key (known keys here: {', '.join(sorted(known))})"
+            )
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _nonempty(value: Any) -> str:
+    if not _string(value):
+        raise ValueError("must not be empty")
+    return value
+
+
+def _positive_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"expected an integer >= 0, got {value!r}")
+    return value
+
+
+def _duration(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise TypeError(f'expected a duration like "30s", got {type(value).__name__}')
+    return parse_duration(value)
+
+
+def _positive_duration(value: Any) -> float:
+    seconds = _duration(value)
+    if seconds <= 0:
+        raise ValueError(f"must be longer than zero, got {value!r}")
+    return seconds
+
+
+def _string_list(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise TypeError(f"expected a list of non-empty strings, got {value!r}")
+    return tuple(value)
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    def convert(value: Any) -> str:
+        if value not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+        return str(value)
+
+    return convert
+
+
+def _target(value: Any) -> str:
+    text = _string(value)
+    module, sep, function = text.partition(":")
+    ident = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+    if not sep or not all(ident.match(p) for p in module.split(".")) or not ident.match(function):
+        raise ValueError(f'expected "package.module:function", got {text!r}')
+    return text
+
+
+def _fields(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _read_table(
+    reader: _Reader, cls: type, converters: dict[str, Callable[[Any], Any]], **fixed: Any
+) -> Any:
+    defaults = cls(**fixed) if fixed else cls()
+    kwargs = {
+        name: reader.get(name, getattr(defaults, name), convert)
+        for name, convert in converters.items()
+        if name not in fixed
+    }
+    reader.used.update(fixed)
+    reader.finish(list(converters))
+    return cls(**fixed, **kwargs)
+
+
+_DATABASE = {
+    "dsn": _string,
+    "listen_dsn": _string,
+    "schema": lambda v: check_schema_name(_string(v)),
+    "connect_timeout": _positive_duration,
+    "keepalives_idle": _positive_duration,
+    "tcp_user_timeout": _duration,
+    "statement_timeout": _duration,
+}
+_WORKER = {
+    "name": _string,
+    "slots": _positive_int,
+    "queues": _string_list,
+    "lease": _positive_duration,
+    "renew_interval": _positive_duration,
+    "poll_interval": _positive_duration,
+    "drain_timeout": _duration,
+    "kill_grace": _duration,
+    "max_jobs_per_child": _positive_int,
+    "warm_children": _non_negative_int,
+    "backoff": _duration,
+    "backoff_max": _duration,
+}
+_LOGGING = {
+    "format": _choice("text", "json"),
+    "level": _choice("debug", "info", "warning", "error"),
+}
+_HANDLER = {
+    "target": _target,
+    "queue": _nonempty,
+    "max_attempts": _positive_int,
+    "backoff": _duration,
+    "backoff_max": _duration,
+    "lease": _positive_duration,
+    "timeout": _positive_duration,
+    "heartbeat_timeout": _positive_duration,
+    "slots": _positive_int,
+}
+
+
+def parse_config(text: str, path: str = "<config>") -> Config:
+    """Parse and validate a config text; raises ConfigError naming file, key and line."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    known_tables = ["database", "worker", "logging", "handlers"]
+    for table in data:
+        if table not in known_tables:
+            line = _locate(text, table, None)
+            raise ConfigError(
+                f"{path}:{line or '?'}: [{table}]: unknown table (known: {', '.join(known_tables)})"
+            )
+    database = _read_table(
+        _Reader(path, text, "database", data.get("database", {})), DatabaseConfig, _DATABASE
+    )
+    worker = _read_table(
+        _Reader(path, text, "worker", data.get("worker", {})), WorkerConfig, _WORKER
+    )
+    logging = _read_table(
+        _Reader(path, text, "logging", data.get("logging", {})), LoggingConfig, _LOGGING
+    )
+    handlers_table = data.get("handlers", {})
+    if not isinstance(handlers_table, dict):
+        raise ConfigError(f"{path}: [handlers] must be a table of [handlers.NAME] tables")
+    handlers = {}
+    for name, values in handlers_table.items():
+        reader = _Reader(path, text, f"handlers.{name}", values)
+        if "target" not in values:
+            raise reader.error(None, 'missing key "target" ("package.module:function")')
+        target = reader.get("target", None, _target)
+        handlers[name] = _read_table(reader, HandlerConfig, _HANDLER, name=name, target=target)
+    config = Config(path, database, worker, logging, handlers)
+    _cross_check(config, text)
+    return config
+
+
+def _cross_check(config: Config, text: str) -> None:
+    """Relations between keys that single values cannot show."""
+    path, w = config.path, config.worker
+
+    def error(table: str, key: str, message: str) -> ConfigError:
+        line = _locate(text, table, key)
+        return ConfigError(f"{path}:{line or '?'}: {table}.{key}: {message}")
+
+    for h in [None, *config.handlers.values()]:
+        lease = w.lease if h is None or h.lease is None else h.lease
+        table = "worker" if h is None or h.lease is None else f"handlers.{h.name}"
+        if w.renew_interval > lease / 3:
+            raise error(
+                "worker",
+                "renew_interval",
+                f"{format_duration(w.renew_interval)} must be at most a third of the lease "
+                f"({format_duration(lease)} in [{table}]) so a lease survives two missed "
+                "renewals",
+            )
+    if w.backoff_max < w.backoff:
+        raise error("worker", "backoff_max", "must not be shorter than worker.backoff")
+    for h in config.handlers.values():
+        if w.queues and h.queue not in w.queues:
+            raise error(
+                f"handlers.{h.name}",
+                "queue",
+                f"{h.queue!r} is not among worker.queues {list(w.queues)}: its jobs would "
+                "never run here",
+            )
+        if h.slots is not None and h.slots > w.slots:
+            raise error(
+                f"handlers.{h.name}", "slots", f"{h.slots} exceeds worker.slots ({w.slots})"
+            )
+        if (
+            h.heartbeat_timeout is not None
+            and h.timeout is not None
+            and (h.heartbeat_timeout > h.timeout)
+        ):
+            raise error(
+                f"handlers.{h.name}",
+                "heartbeat_timeout",
+                "is longer than timeout, so it would never apply",
+            )
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a config file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read config: {exc.strerror}") from None
+    return parse_config(text, str(p))
+
+
+def import_handler(handler: HandlerConfig) -> Callable[..., Any]:
+    """Import a handler's function; ConfigError explains what went wrong."""
+    module_name, _, function = handler.target.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any import-time failure of user code is a config error
+        raise ConfigError(
+            f"handler {handler.name!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    func = getattr(module, function, None)
+    if not callable(func):
+        raise ConfigError(f"handler {handler.name!r}: {module_name!r} has no function {function!r}")
+    return func
+
+
+def effective(config: Config) -> dict[str, Any]:
+    """The effective config as plain data, passwords masked (for check-config)."""
+    data = dataclasses.asdict(config)
+    data["database"]["dsn"] = mask_password(config.database.dsn)
+    data["database"]["listen_dsn"] = mask_password(config.database.listen_dsn)
+    data["worker"]["queues"] = list(config.queues)
+    return data

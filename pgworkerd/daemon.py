@@ -1,0 +1,943 @@
+"""The daemon's parent process: one loop that claims jobs, hands them to children,
+renews their leases and records their outcomes.
+
+The loop's tick is a fixed sequence (signals, children, limits, outcomes, leases,
+registry, claim, dispatch, warm children, status) and then one wait on a selector until
+the next deadline or wake-up. Signal handlers only record the signal. Every database call
+is bounded (connect/statement timeouts, TCP keepalives) and a failing database never
+stops the loop: children keep running, outcomes wait in memory and are written (still
+fenced by the lease token) when the database is back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import selectors
+import signal
+import socket
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+from setproctitle import setproctitle
+
+from pgworkerd import __version__, jobs, registry
+from pgworkerd.config import Config, ConfigError, HandlerConfig, load_config
+from pgworkerd.db import connect, scrub
+from pgworkerd.durations import format_duration
+from pgworkerd.exitcodes import ExitCode
+from pgworkerd.forkserver import set_child_subreaper
+from pgworkerd.migrate import SchemaError, check_current
+from pgworkerd.queries import notify_channel
+from pgworkerd.supervisor import Child, Supervisor, describe_exit
+from pgworkerd.systemd import Notifier
+
+log = logging.getLogger("pgworkerd")
+T = TypeVar("T")
+
+# The child stops itself this long before its lease runs out in the database, leaving
+# room for the kill to land and for clock-rate differences.
+FENCE_MARGIN_MIN = 1.0
+FENCE_MARGIN_FRACTION = 0.1
+MAX_RECONNECT_DELAY = 30.0
+# Progress and checkpoints reach the job row at most this often.
+PROGRESS_SAVE_INTERVAL = 1.0
+
+
+def fence_margin(lease: float) -> float:
+    return min(lease / 2, max(FENCE_MARGIN_MIN, lease * FENCE_MARGIN_FRACTION))
+
+
+@dataclass(eq=False)
+class InFlight:
+    """A claimed job this daemon holds, from claim to recorded outcome."""
+
+    job: jobs.ClaimedJob
+    handler: HandlerConfig
+    lease: float
+    claimed_at: float
+    deadline: float  # monotonic: stop the child here if no renewal came
+    child: Child | None = None
+    started_at: float | None = None
+    last_beat: float = 0.0
+    progress: Any = None
+    checkpoint: Any = None
+    unsaved: bool = False  # progress or checkpoint not yet in the row
+    stop_reason: str | None = None  # drain, terminate, timeout, stuck, cancel, lease lost
+    kill_at: float | None = None  # SIGKILL the child's group at this time
+    report: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return f"job {self.job.id} {self.job.handler} attempt {self.job.attempt}"
+
+
+@dataclass
+class Outcome:
+    """What to write for a finished attempt; kept until the database takes it."""
+
+    job: jobs.ClaimedJob
+    handler: HandlerConfig
+    kind: str  # complete, fail, release, cancel
+    duration: float
+    result: Any = None
+    error: str = ""
+    progress: Any = None
+    backoff: tuple[float, float] = (10.0, 3600.0)
+
+
+@dataclass
+class _Timers:
+    renew_at: float = 0.0
+    registry_at: float = 0.0
+    poll_at: float = 0.0
+    scheduled_at: float | None = None  # earliest future run_at among claimable jobs
+    reconnect_at: float = 0.0
+    reconnect_delay: float = 0.5
+    watchdog_at: float = 0.0
+    progress_at: float = 0.0
+    drain_deadline: float | None = None
+    exit_deadline: float | None = None
+
+
+class Daemon:
+    def __init__(
+        self, config: Config, *, dsn: str | None = None, config_path: str | None = None
+    ) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.dsn = config.database.dsn if dsn is None else dsn
+        self.schema = config.database.schema
+        self.worker_id = f"{config.worker_name()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.state = "starting"
+        self.notifier = Notifier()
+        self.selector = selectors.DefaultSelector()
+        self.supervisor = Supervisor(self.selector, self._on_message, self._on_child_exit)
+        self.in_flight: dict[int, InFlight] = {}
+        self.outcomes: deque[Outcome] = deque()
+        self.timers = _Timers()
+        self.conn: psycopg.Connection | None = None
+        self.listen_conn: psycopg.Connection | None = None
+        self.signals: deque[int] = deque()
+        self.claim_wanted = True
+        self.backlog = False
+        self.drain_requested_in_db = False
+        self.db_ok = False
+        self.exit_code = ExitCode.OK
+        self._wake_r, self._wake_w = os.pipe()
+
+    # -- start-up ----------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until drained or terminated; returns the process exit code."""
+        set_child_subreaper()
+        # The fork server first: it must come from a process with no connections.
+        modules = sorted({h.module for h in self.config.handlers.values()})
+        try:
+            self.supervisor.start_forkserver(modules, self._child_settings())
+        except RuntimeError as exc:
+            log.error("%s", exc)
+            return ExitCode.HANDLER
+        self._install_signals()
+        try:
+            if not self._start_database():
+                return self.exit_code
+            self.state = "running"
+            self._register()
+            self._listen()
+            log.info(
+                "pgworkerd %s running as %s: %d slots, queues %s, handlers %s",
+                __version__,
+                self.worker_id,
+                self.config.worker.slots,
+                ", ".join(self.config.queues),
+                ", ".join(self.config.handlers) or "none",
+            )
+            self.notifier.ready(self._status_text())
+            self._loop()
+        finally:
+            self._shutdown_processes()
+        return self.exit_code
+
+    def _child_settings(self) -> dict[str, Any]:
+        return {"max_jobs_per_child": self.config.worker.max_jobs_per_child}
+
+    def _start_database(self) -> bool:
+        """Wait for the database (bounded per try, retried with backoff) and check the
+        schema. A missing or mismatched schema is fatal: retrying cannot fix it."""
+        delay = 0.5
+        while True:
+            self._handle_signals()
+            if self.state in ("draining", "stopping"):
+                return False
+            try:
+                conn = self._connect()
+                check_current(conn, self.schema)
+                self.conn = conn
+                self.db_ok = True
+                return True
+            except SchemaError as exc:
+                log.error("%s", exc)
+                self.exit_code = ExitCode.SCHEMA
+                return False
+            except (psycopg.Error, OSError) as exc:
+                message = scrub(
+                    str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__,
+                    self.dsn,
+                )
+                log.warning("database unreachable (%s); retrying in %.1fs", message, delay)
+                self.notifier.status("database unreachable, retrying")
+                self._sleep(delay)
+                delay = min(delay * 2, MAX_RECONNECT_DELAY)
+
+    def _connect(self, dsn: str | None = None) -> psycopg.Connection:
+        db = self.config.database
+        options = f"-c statement_timeout={int(db.statement_timeout * 1000)}"
+        return connect(
+            self.dsn if dsn is None else dsn,
+            connect_timeout=max(1, round(db.connect_timeout)),
+            keepalives_idle=max(1, round(db.keepalives_idle)),
+            tcp_user_timeout=int(db.tcp_user_timeout * 1000),
+            options=options,
+        )
+
+    def _install_signals(self) -> None:
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._wake_r, False)
+        signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(sig, self._record_signal)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+
+    def _record_signal(self, signum: int, frame: Any) -> None:
+        self.signals.append(signum)  # only record: the loop acts on it
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            self._handle_signals()
+            self.supervisor.reap()
+            self._enforce_limits()
+            self._reconnect_if_due()
+            self._flush_outcomes()
+            self._renew_if_due()
+            self._registry_if_due()
+            self._claim_if_wanted()
+            self._dispatch()
+            self._keep_warm()
+            if self._finished():
+                return
+            self._report_status()
+            self._wait()
+
+    def _finished(self) -> bool:
+        if self.state not in ("draining", "stopping"):
+            return False
+        busy = bool(self.in_flight) or any(c.pid is not None for c in self.supervisor.children)
+        if not busy and not self.outcomes:
+            self._deregister()
+            return True
+        deadline = self.timers.exit_deadline
+        if deadline is not None and time.monotonic() >= deadline:
+            if self.outcomes:
+                log.error(
+                    "exiting with %d outcome(s) unwritten (database unreachable); "
+                    "those jobs will run again when their leases expire",
+                    len(self.outcomes),
+                )
+            self._deregister()
+            return True
+        return False
+
+    def _next_deadline(self) -> float:
+        t = self.timers
+        now = time.monotonic()
+        candidates = [t.renew_at, t.registry_at, now + 1.0]
+        if self.state == "running" and not self.drain_requested_in_db:
+            candidates.append(t.poll_at)
+            if t.scheduled_at is not None:
+                candidates.append(t.scheduled_at)
+        if not self.db_ok:
+            candidates.append(t.reconnect_at)
+        if self.notifier.watchdog_interval:
+            candidates.append(t.watchdog_at)
+        if t.drain_deadline is not None:
+            candidates.append(t.drain_deadline)
+        if any(j.unsaved for j in self.in_flight.values()):
+            candidates.append(t.progress_at)
+        for j in self.in_flight.values():
+            candidates.append(j.deadline)
+            if j.kill_at is not None:
+                candidates.append(j.kill_at)
+            if j.started_at is not None and j.stop_reason is None:
+                if j.handler.timeout is not None:
+                    candidates.append(j.started_at + j.handler.timeout)
+                if j.handler.heartbeat_timeout is not None:
+                    candidates.append(j.last_beat + j.handler.heartbeat_timeout)
+        return min(candidates)
+
+    def _wait(self) -> None:
+        if self.signals:
+            return
+        timeout = max(0.0, self._next_deadline() - time.monotonic())
+        for key, _ in self.selector.select(timeout):
+            kind, obj = key.data
+            if kind == "wake":
+                try:
+                    while os.read(self._wake_r, 512):
+                        pass
+                except BlockingIOError:
+                    pass
+            elif kind == "child":
+                self.supervisor.readable(obj)
+            elif kind == "listen":
+                self._read_notifications()
+
+    def _sleep(self, seconds: float) -> None:
+        """Wait that still wakes for signals (start-up only: no children yet)."""
+        end = time.monotonic() + seconds
+        while not self.signals and time.monotonic() < end:
+            self.selector.select(max(0.0, end - time.monotonic()))
+            try:
+                while os.read(self._wake_r, 512):
+                    pass
+            except (BlockingIOError, OSError):
+                pass
+
+    # -- signals and shutdown levels ---------------------------------------------------
+
+    def _handle_signals(self) -> None:
+        while self.signals:
+            sig = self.signals.popleft()
+            if sig in (signal.SIGTERM, signal.SIGINT):
+                if self.state in ("draining", "drained"):
+                    self.terminate(f"second {signal.Signals(sig).name}")
+                elif self.state != "stopping":
+                    self.drain(f"{signal.Signals(sig).name} received")
+            elif sig == signal.SIGHUP:
+                self.reload()
+
+    def drain(self, why: str) -> None:
+        """Stop claiming; let jobs finish until the drain timeout, then stop them."""
+        w = self.config.worker
+        log.info(
+            "draining (%s): %d job(s) in flight, drain timeout %s",
+            why,
+            len(self.in_flight),
+            format_duration(w.drain_timeout),
+        )
+        self.state = "draining"
+        now = time.monotonic()
+        self.timers.drain_deadline = now + w.drain_timeout
+        self.timers.exit_deadline = now + w.drain_timeout + w.kill_grace + 30.0
+        self.notifier.stopping(self._status_text())
+        # Keep systemd's stop timeout from killing jobs still inside the drain timeout.
+        self.notifier.extend_timeout(w.drain_timeout + w.kill_grace + 30.0)
+        for child in self.supervisor.idle():
+            self.supervisor.retire(child)
+        for job in list(self.in_flight.values()):
+            if job.child is None:  # claimed, never started: hand it straight back
+                self._settle(job, None)
+            else:
+                job.child.send({"t": "shutdown"})
+
+    def terminate(self, why: str) -> None:
+        """Stop every child now; their jobs are released."""
+        log.info("terminating (%s): stopping %d job(s)", why, len(self.in_flight))
+        if self.state != "draining":
+            self.drain(why)
+        self.state = "stopping"
+        for job in list(self.in_flight.values()):
+            self._stop(job, "terminate")
+
+    def reload(self) -> None:
+        """SIGHUP: new handlers, slots and queues; in-flight jobs keep running as they were."""
+        if self.config_path is None:
+            log.warning("SIGHUP ignored: no config file to reload")
+            return
+        self.notifier.reloading()
+        try:
+            new = load_config(self.config_path)
+            if (new.database.dsn, new.database.schema) != (self.dsn, self.schema):
+                log.warning("reload: database settings changed; they apply after a restart")
+            modules = sorted({h.module for h in new.handlers.values()})
+            self.supervisor.settings = self._child_settings_for(new)
+            self.supervisor.start_forkserver(modules, self._child_settings_for(new))
+        except (ConfigError, RuntimeError, OSError) as exc:
+            log.error("reload failed, keeping the old config: %s", exc)
+            self.notifier.ready(self._status_text())
+            return
+        self.config = new
+        self.claim_wanted = True
+        log.info(
+            "reloaded %s: %d slots, queues %s, handlers %s",
+            self.config_path,
+            new.worker.slots,
+            ", ".join(new.queues),
+            ", ".join(new.handlers),
+        )
+        self.notifier.ready(self._status_text())
+
+    @staticmethod
+    def _child_settings_for(config: Config) -> dict[str, Any]:
+        return {"max_jobs_per_child": config.worker.max_jobs_per_child}
+
+    def _shutdown_processes(self) -> None:
+        self.supervisor.signal_all(signal.SIGKILL)
+        self.supervisor.stop_forkserver()
+        for conn in (self.conn, self.listen_conn):
+            if conn is not None:
+                conn.close()
+
+    # -- children: messages, exits, limits ---------------------------------------------
+
+    def _on_message(self, child: Child, message: dict[str, Any]) -> None:
+        job = self.in_flight.get(child.job) if child.job is not None else None
+        if job is None or message.get("id", job.job.id) != job.job.id:
+            return
+        kind = message.get("t")
+        now = time.monotonic()
+        if kind == "started":
+            job.started_at = job.last_beat = now
+            log.debug("%s started (%.1f ms after claim)", job.name, (now - job.claimed_at) * 1000)
+        elif kind == "beat":
+            job.last_beat = now
+            if "progress" in message:
+                job.progress, job.unsaved = message["progress"], True
+            if "checkpoint" in message:
+                job.checkpoint, job.unsaved = message["checkpoint"], True
+        elif kind in ("done", "error", "interrupted"):
+            job.report = message
+            child.job = None
+            self._settle(job, message)
+
+    def _on_child_exit(self, child: Child, status: int) -> None:
+        job = self.in_flight.get(child.job) if child.job is not None else None
+        if job is not None and job.child is child:
+            self._settle(job, None, exit_description=describe_exit(status))
+        elif status != 0 and not child.exiting:
+            log.warning("idle child %s %s", child.pid, describe_exit(status))
+        self.claim_wanted = self.claim_wanted or self.backlog
+
+    def _stop(self, job: InFlight, reason: str, *, now_kill: bool = False) -> None:
+        """Stop a job's child: SIGTERM to its group, SIGKILL after the kill grace."""
+        if job.stop_reason is None:
+            job.stop_reason = reason
+        if job.child is None:
+            self._settle(job, None)
+            return
+        if now_kill:
+            job.child.signal_group(signal.SIGKILL)
+            job.kill_at = None
+        elif job.kill_at is None:
+            job.child.signal_group(signal.SIGTERM)
+            job.kill_at = time.monotonic() + self.config.worker.kill_grace
+
+    def _enforce_limits(self) -> None:
+        now = time.monotonic()
+        t = self.timers
+        if t.drain_deadline is not None and now >= t.drain_deadline and self.in_flight:
+            log.info("drain timeout reached: stopping %d job(s)", len(self.in_flight))
+            for job in list(self.in_flight.values()):
+                self._stop(job, "drain")
+            t.drain_deadline = None
+        for job in list(self.in_flight.values()):
+            h = job.handler
+            if now >= job.deadline and job.stop_reason != "lease lost":
+                # Self-fencing: the lease may be gone; the job must not run on.
+                log.error("%s: lease not renewed in time; stopping it", job.name)
+                self._stop(job, "lease lost", now_kill=True)
+            elif job.kill_at is not None and now >= job.kill_at:
+                job.child.signal_group(signal.SIGKILL) if job.child else None
+                job.kill_at = None
+            elif job.started_at is not None and job.stop_reason is None:
+                if h.timeout is not None and now - job.started_at >= h.timeout:
+                    self._stop(job, "timeout")
+                elif h.heartbeat_timeout is not None and (
+                    now - job.last_beat >= h.heartbeat_timeout
+                ):
+                    self._stop(job, "stuck")
+        self.supervisor.prune_stuck_starts(30.0)
+
+    def _settle(
+        self, job: InFlight, report: dict[str, Any] | None, exit_description: str = ""
+    ) -> None:
+        """Decide a finished attempt's outcome (once) and queue it for the database."""
+        if self.in_flight.pop(job.job.id, None) is None:
+            return
+        if job.child is not None and job.child.job == job.job.id:
+            job.child.job = None
+        now = time.monotonic()
+        duration = now - (job.started_at or job.claimed_at)
+        h = job.handler
+        reason = job.stop_reason
+        kind, error, result = "fail", "", None
+        if report is not None and report["t"] == "done":
+            kind, result = "complete", report.get("result")
+        elif reason in ("drain", "terminate"):
+            kind = "release"
+        elif reason == "cancel":
+            kind, error = "cancel", "cancelled while running"
+        elif reason == "lease lost":
+            error = "stopped: the lease could not be renewed in time"
+        elif reason == "timeout":
+            error = f"timed out after {format_duration(h.timeout or 0)}"
+        elif reason == "stuck":
+            error = f"no heartbeat for {format_duration(h.heartbeat_timeout or 0)}: stuck"
+        elif report is not None and report["t"] == "error":
+            error = report["error"] + ("\n" + report["traceback"] if report["traceback"] else "")
+        elif report is not None:
+            error = f"interrupted from outside the daemon: {report.get('error')}"
+        else:
+            error = f"child process {exit_description or 'vanished'}"
+        if reason in ("timeout", "stuck") and report is not None and report.get("traceback"):
+            error += "\n" + report["traceback"]
+        w = self.config.worker
+        backoff = (
+            h.backoff if h.backoff is not None else w.backoff,
+            h.backoff_max if h.backoff_max is not None else w.backoff_max,
+        )
+        self.outcomes.append(
+            Outcome(job.job, h, kind, duration, result, error, job.progress, backoff)
+        )
+        self.claim_wanted = self.claim_wanted or self.backlog
+
+    # -- database ----------------------------------------------------------------------
+
+    def _db(self, what: str, func: Callable[[psycopg.Connection], T]) -> T | None:
+        """Run one database call; on a connection failure mark the database down (the
+        loop reconnects with backoff) and return None."""
+        if self.conn is None:
+            return None
+        try:
+            return func(self.conn)
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            if (
+                self.conn.closed
+                or self.conn.broken
+                or isinstance(exc, psycopg.errors.AdminShutdown | psycopg.InterfaceError)
+            ):
+                self._database_lost(what, exc)
+            else:
+                log.warning("%s failed: %s", what, scrub(str(exc).strip(), self.dsn))
+            return None
+
+    def _database_lost(self, what: str, exc: BaseException) -> None:
+        detail = scrub(
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, self.dsn
+        )
+        if self.db_ok:
+            log.error("database connection lost during %s: %s; children keep running", what, detail)
+        self.db_ok = False
+        if self.conn is not None:
+            self.conn.close()
+        self.conn = None
+        self._drop_listener()
+        self.timers.reconnect_at = time.monotonic()
+        self.notifier.status("database unreachable, retrying")
+
+    def _reconnect_if_due(self) -> None:
+        t = self.timers
+        if self.db_ok or time.monotonic() < t.reconnect_at:
+            return
+        try:
+            self.conn = self._connect()
+        except (psycopg.Error, OSError) as exc:
+            t.reconnect_at = time.monotonic() + t.reconnect_delay
+            log.warning(
+                "database still unreachable (%s); next try in %.1fs",
+                scrub(str(exc).strip(), self.dsn),
+                t.reconnect_delay,
+            )
+            t.reconnect_delay = min(t.reconnect_delay * 2, MAX_RECONNECT_DELAY)
+            return
+        log.info("database connection restored")
+        self.db_ok = True
+        t.reconnect_delay = 0.5
+        t.renew_at = t.registry_at = 0.0  # renew at once: leases may be short by now
+        self.claim_wanted = True
+        self._listen()
+
+    def _flush_outcomes(self) -> None:
+        while self.outcomes and self.db_ok:
+            outcome = self.outcomes[0]
+            written = self._db("recording an outcome", lambda c: self._write(c, outcome))
+            if written is None and not self.db_ok:
+                return
+            self.outcomes.popleft()
+
+    def _write(self, conn: psycopg.Connection, o: Outcome) -> bool:
+        j, worker, s = o.job, self.worker_id, self.schema
+        fields = {
+            "job_id": j.id,
+            "handler": j.handler,
+            "attempt": j.attempt,
+            "duration": round(o.duration, 3),
+        }
+        what = f"job {j.id} {j.handler} attempt {j.attempt}"
+        took = f"{o.duration:.2f}s"
+        ok: bool
+        if o.kind == "complete":
+            ok = jobs.complete(conn, worker, j.id, j.token, o.result, progress=o.progress, schema=s)
+            message = f"{what}: completed in {took}"
+        elif o.kind == "release":
+            status = jobs.release(conn, worker, j.id, j.token, schema=s)
+            ok = status is not None
+            message = f"{what}: released after {took} (attempt not counted)"
+        elif o.kind == "cancel":
+            ok = jobs.cancel_running(conn, worker, j.id, j.token, o.error, schema=s)
+            message = f"{what}: cancelled after {took}"
+        else:
+            failed = jobs.fail(
+                conn,
+                worker,
+                j.id,
+                j.token,
+                o.error,
+                backoff_base=o.backoff[0],
+                backoff_max=o.backoff[1],
+                schema=s,
+            )
+            ok = failed is not None
+            first = o.error.splitlines()[0] if o.error else "failed"
+            if failed is None:
+                message = ""
+            elif failed.status == "pending":
+                message = f"{what}: failed after {took}: {first}; retry at {failed.run_at:%H:%M:%S}"
+            else:
+                message = f"{what}: failed after {took}: {first}; now {failed.status}"
+        if ok:
+            log.log(
+                logging.WARNING if o.kind == "fail" else logging.INFO,
+                "%s",
+                message,
+                extra={"fields": {**fields, "event": o.kind}},
+            )
+        else:
+            log.warning(
+                "%s: outcome %s rejected: the lease was lost and the job re-claimed (fenced off)",
+                what,
+                o.kind,
+                extra={"fields": {**fields, "event": "fenced"}},
+            )
+        return ok
+
+    def _renew_if_due(self, only_unsaved: bool = False) -> None:
+        now = time.monotonic()
+        t = self.timers
+        due = now >= t.renew_at
+        save_progress = any(j.unsaved for j in self.in_flight.values()) and now >= t.progress_at
+        if not self.db_ok or not (due or save_progress):
+            return
+        chosen = [j for j in self.in_flight.values() if due or j.unsaved]
+        if due:
+            t.renew_at = now + self.config.worker.renew_interval
+        t.progress_at = now + PROGRESS_SAVE_INTERVAL
+        if not chosen:
+            return
+        leases = [
+            jobs.Lease(
+                j.job.id,
+                j.job.token,
+                j.lease,
+                j.progress if j.unsaved else None,
+                j.checkpoint if j.unsaved else None,
+            )
+            for j in chosen
+        ]
+        sent_at = time.monotonic()
+        results = self._db(
+            "renewing leases", lambda c: jobs.renew(c, self.worker_id, leases, schema=self.schema)
+        )
+        if results is None:
+            return
+        by_id = {j.job.id: j for j in chosen}
+        for r in results:
+            job = by_id[r.id]
+            if job.job.id not in self.in_flight:
+                continue
+            if not r.renewed:
+                log.error(
+                    "%s: lease lost (re-claimed elsewhere or cancelled); stopping it",
+                    job.name,
+                    extra={"fields": {"job_id": job.job.id, "event": "lease_lost"}},
+                )
+                self._stop(job, "lease lost", now_kill=True)
+                continue
+            job.unsaved = False
+            job.deadline = sent_at + job.lease - fence_margin(job.lease)
+            if job.child is not None:
+                job.child.send({"t": "lease", "deadline": job.deadline})
+            if r.cancel_requested and job.stop_reason is None:
+                log.info("%s: cancel requested; stopping it", job.name)
+                if job.child is not None:
+                    job.child.send({"t": "cancel"})
+                self._stop(job, "cancel")
+
+    # -- claiming ----------------------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        return self.config.worker.slots - len(self.in_flight)
+
+    def _claim_if_wanted(self) -> None:
+        now = time.monotonic()
+        t = self.timers
+        if self.state != "running" or self.drain_requested_in_db or not self.db_ok:
+            return
+        if now >= t.poll_at or (t.scheduled_at is not None and now >= t.scheduled_at):
+            self.claim_wanted = True
+        free = self._free_slots()
+        if not self.claim_wanted or free <= 0 or not self.config.handlers:
+            return
+        self.claim_wanted = False
+        t.poll_at = now + self.config.worker.poll_interval
+        busy_per_handler: dict[str, int] = {}
+        for j in self.in_flight.values():
+            busy_per_handler[j.job.handler] = busy_per_handler.get(j.job.handler, 0) + 1
+        capacity = {
+            name: jobs.HandlerCapacity(
+                lease_seconds=self.config.lease_for(h),
+                free=(
+                    free if h.slots is None else min(free, h.slots - busy_per_handler.get(name, 0))
+                ),
+                max_attempts=h.max_attempts,
+            )
+            for name, h in self.config.handlers.items()
+        }
+        sent_at = time.monotonic()
+        claimed = self._db(
+            "claiming jobs",
+            lambda c: jobs.claim(
+                c,
+                self.worker_id,
+                queues=self.config.queues,
+                handlers=capacity,
+                limit=free,
+                schema=self.schema,
+            ),
+        )
+        if claimed is None:
+            return
+        self.backlog = len(claimed) == free
+        for job in claimed:
+            handler = self.config.handlers[job.handler]
+            lease = self.config.lease_for(handler)
+            self.in_flight[job.id] = InFlight(
+                job=job,
+                handler=handler,
+                lease=lease,
+                claimed_at=sent_at,
+                deadline=sent_at + lease - fence_margin(lease),
+            )
+            log.info(
+                "job %d %s attempt %d: claimed%s",
+                job.id,
+                job.handler,
+                job.attempt,
+                " (rescued after its lease expired)" if job.rescued else "",
+                extra={
+                    "fields": {
+                        "job_id": job.id,
+                        "handler": job.handler,
+                        "attempt": job.attempt,
+                        "event": "claimed",
+                    }
+                },
+            )
+        self._dispatch()
+        if not self.backlog:
+            self._schedule_next_run()
+
+    def _schedule_next_run(self) -> None:
+        row = self._db(
+            "looking up scheduled jobs",
+            lambda c: c.execute(
+                jobs.query("job_next_run_at", self.schema),
+                {"queues": list(self.config.queues), "handlers": list(self.config.handlers)},
+            ).fetchone(),
+        )
+        self.timers.scheduled_at = None
+        if row and row[0] is not None:
+            now_db = self._db("reading the clock", lambda c: c.execute("SELECT now()").fetchone())
+            if now_db:
+                wait = max(0.0, (row[0] - now_db[0]).total_seconds())
+                self.timers.scheduled_at = time.monotonic() + wait
+
+    def _dispatch(self) -> None:
+        waiting = [j for j in self.in_flight.values() if j.child is None and j.stop_reason is None]
+        if not waiting:
+            return
+        idle = self.supervisor.idle()
+        for job, child in zip(waiting, idle, strict=False):
+            job.child = child
+            ok = self.supervisor.assign(
+                child,
+                job.job.id,
+                {
+                    "t": "job",
+                    "id": job.job.id,
+                    "handler": job.job.handler,
+                    "target": job.handler.target,
+                    "queue": job.job.queue,
+                    "payload": job.job.payload,
+                    "attempt": job.job.attempt,
+                    "max_attempts": job.job.max_attempts,
+                    "checkpoint": job.job.checkpoint,
+                    "deadline": job.deadline,
+                },
+            )
+            if not ok:
+                job.child = None
+                child.job = None
+
+    def _keep_warm(self) -> None:
+        if self.state not in ("running",):
+            return
+        waiting = sum(1 for j in self.in_flight.values() if j.child is None)
+        target = min(self.config.worker.warm_children, self._free_slots()) + waiting
+        have = len(self.supervisor.idle()) + self.supervisor.starting()
+        for _ in range(target - have):
+            if not self.supervisor.spawn():
+                break
+
+    # -- wake-ups ----------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        if self.listen_conn is not None:
+            return
+        dsn = self.config.database.listen_dsn or self.dsn
+        try:
+            conn = self._connect(dsn)
+            conn.execute(f'LISTEN "{notify_channel(self.schema)}"')
+        except (psycopg.Error, OSError) as exc:
+            log.warning(
+                "LISTEN unavailable (%s); polling every %s",
+                scrub(str(exc).strip(), dsn),
+                format_duration(self.config.worker.poll_interval),
+            )
+            return
+        self.listen_conn = conn
+        self.selector.register(conn.fileno(), selectors.EVENT_READ, ("listen", None))
+
+    def _drop_listener(self) -> None:
+        if self.listen_conn is not None:
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self.selector.unregister(self.listen_conn.fileno())
+            self.listen_conn.close()
+            self.listen_conn = None
+
+    def _read_notifications(self) -> None:
+        conn = self.listen_conn
+        if conn is None:
+            return
+        try:
+            for _ in conn.notifies(timeout=0):
+                self.claim_wanted = True
+        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+            log.warning(
+                "LISTEN connection lost (%s); polling until it is back",
+                scrub(str(exc).strip(), self.dsn),
+            )
+            self._drop_listener()
+
+    # -- registry and status -----------------------------------------------------------
+
+    def _worker_info(self) -> registry.WorkerInfo:
+        return registry.WorkerInfo(
+            id=self.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=__version__,
+            queues=self.config.queues,
+            handlers=list(self.config.handlers),
+            slots=self.config.worker.slots,
+        )
+
+    def _register(self) -> None:
+        self._db(
+            "registering",
+            lambda c: registry.register(c, self._worker_info(), self.state, self.schema),
+        )
+
+    def _deregister(self) -> None:
+        if self.db_ok:
+            self._db("deregistering", lambda c: registry.deregister(c, self.worker_id, self.schema))
+
+    def _registry_if_due(self) -> None:
+        now = time.monotonic()
+        if not self.db_ok or now < self.timers.registry_at:
+            return
+        interval = min(1.0, self.config.worker.renew_interval)  # drains noticed within ~1s
+        self.timers.registry_at = now + interval
+        state = self._registry_state()
+        drain = self._db(
+            "heartbeat",
+            lambda c: registry.heartbeat(
+                c, self._worker_info(), state, sorted(self.in_flight), self.schema
+            ),
+        )
+        if drain is None and self.db_ok:
+            self._register()  # marked gone after a long outage: come back
+            return
+        if drain is not None and drain != self.drain_requested_in_db:
+            self.drain_requested_in_db = drain
+            log.info("drain %s through the database", "requested" if drain else "lifted")
+            if drain:
+                for child in self.supervisor.idle():
+                    self.supervisor.retire(child)
+            else:
+                self.claim_wanted = True
+        stale = self._db(
+            "marking stale daemons",
+            lambda c: registry.mark_stale(
+                c, max(60.0, 6 * self.config.worker.renew_interval), self.schema
+            ),
+        )
+        for worker_id, host, pid in stale or []:
+            log.warning(
+                "daemon %s (host %s pid %d) stopped heartbeating: marked gone", worker_id, host, pid
+            )
+
+    def _registry_state(self) -> str:
+        if self.state == "running" and self.drain_requested_in_db:
+            return "drained" if not self.in_flight else "draining"
+        return self.state
+
+    def _status_text(self) -> str:
+        slots = self.config.worker.slots
+        busy = len(self.in_flight)
+        if not self.db_ok:
+            return f"database unreachable, retrying ({busy} jobs running)"
+        state = self._registry_state()
+        if state == "running":
+            return f"running: {busy}/{slots} busy"
+        if state in ("draining", "stopping"):
+            return f"{state}: {busy} jobs left"
+        return state
+
+    def _report_status(self) -> None:
+        status = self._status_text()
+        setproctitle(f"pgworkerd: {status} [{self.worker_id}]")
+        self.notifier.status(status)
+        now = time.monotonic()
+        if self.notifier.watchdog_interval and now >= self.timers.watchdog_at:
+            # Only while the loop ticks and the database answers.
+            if self.db_ok and self._db("watchdog check", lambda c: c.execute("SELECT 1")):
+                self.notifier.watchdog()
+            self.timers.watchdog_at = now + self.notifier.watchdog_interval
+
+
+def run_daemon(config: Config, *, dsn: str | None = None, config_path: str | None = None) -> int:
+    try:
+        return Daemon(config, dsn=dsn, config_path=config_path).run()
+    except Exception:
+        log.critical("daemon crashed:\n%s", scrub(traceback.format_exc(), dsn))
+        return ExitCode.FAILURE

@@ -309,9 +309,8 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         if key == "last_error" and value:
             click.echo("last_error:\n  " + str(value).replace("\n", "\n  "))
         else:
-            click.echo(
-                f"{key}: {json.dumps(value, default=str) if isinstance(value, dict | list) else value}"
-            )
+            shown = json.dumps(value, default=str) if isinstance(value, dict | list) else value
+            click.echo(f"{key}: {shown}")
 
 
 def _load(ctx: Context) -> Config:
@@ -409,3 +408,156 @@ def demo(log_format: str, seconds: float | None) -> None:
 
     logs.setup(log_format, "info")
     sys.exit(run_demo(log_format, seconds=seconds))
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.pass_obj
+def status(ctx: Context, as_json: bool) -> None:
+    """Daemons, running jobs, counts per queue, and jobs no daemon serves.
+
+    Exit code 0; 1 when a drain is left in place or jobs wait for a handler nobody serves.
+    """
+    from pgworkerd import fleet
+
+    with database(ctx) as conn:
+        snap = fleet.snapshot(conn, ctx.schema)
+    live = [d for d in snap["daemons"] if d["state"] != "gone"]
+    drained = [d for d in live if d["drain_requested"]]
+    if as_json:
+        echo_json(snap)
+    else:
+        for d in drained:
+            click.secho(
+                f"WARNING: daemon {d['id']} on {d['host']} is DRAINED and takes no jobs; "
+                f"`pgworkerd resume --worker {d['id']}` (or --all) undoes it",
+                fg="red",
+                bold=True,
+                err=True,
+            )
+        click.echo(f"daemons ({len(live)} live):")
+        for d in snap["daemons"]:
+            click.echo(
+                f"  {d['id']:<32} {d['host']:<16} pid {d['pid']:<7} {d['state']:<9} "
+                f"{d['busy']}/{d['slots']} busy  up {_age(d['uptime_seconds'])}  "
+                f"heartbeat {_age(d['heartbeat_age_seconds'])} ago"
+            )
+        click.echo(f"running jobs ({len(snap['running_jobs'])}):")
+        for j in snap["running_jobs"]:
+            progress = json.dumps(j["progress"]) if j["progress"] is not None else ""
+            click.echo(
+                f"  {j['id']:>8} {j['handler']:<24} attempt {j['attempts']}/"
+                f"{j['max_attempts']}  {_age(j['age_seconds'])}  on {j['locked_by']}"
+                f"  {progress}"
+            )
+        click.echo("jobs per queue:")
+        for queue, by_status in sorted(snap["counts"].items()):
+            parts = ", ".join(f"{s} {n}" for s, n in sorted(by_status.items()))
+            click.echo(f"  {queue}: {parts}")
+        click.echo(f"oldest due pending job: {_age(snap['oldest_pending_seconds'])}")
+        for u in snap["unserved"]:
+            click.secho(
+                f"WARNING: {u['jobs']} pending job(s) of handler {u['handler']!r} on "
+                f"queue {u['queue']!r} have no live daemon serving them (oldest "
+                f"{_age(u['oldest_seconds'])})",
+                fg="yellow",
+                err=True,
+            )
+    if drained or snap["unserved"]:
+        sys.exit(int(ExitCode.FAILURE))
+
+
+def _drain_target(worker: str | None, all_hosts: bool) -> str:
+    if worker and all_hosts:
+        raise click.UsageError("give --worker or --all, not both")
+    return f"daemon {worker}" if worker else ("all daemons" if all_hosts else "this host's daemons")
+
+
+@main.command()
+@click.option("--all", "all_hosts", is_flag=True, help="every daemon on every host")
+@click.option("--worker", help="one daemon, by the id `status` shows")
+@click.option("--wait", is_flag=True, help="wait until their running jobs have finished")
+@click.option(
+    "--timeout",
+    type=DURATION,
+    help="with --wait: give up after this long (exit 1, listing the jobs still running)",
+)
+@click.pass_obj
+def drain(
+    ctx: Context, all_hosts: bool, worker: str | None, wait: bool, timeout: float | None
+) -> None:
+    """Ask daemons to stop claiming jobs (they stay up until stopped or resumed).
+
+    Exit code 0 when drained; 1 when --timeout expired; 4/5 for database/schema trouble.
+    """
+    import time
+
+    from pgworkerd import fleet
+
+    target = _drain_target(worker, all_hosts)
+    with database(ctx) as conn:
+        affected = fleet.request_drain(
+            conn, ctx.schema, drain=True, worker_id=worker, all_hosts=all_hosts
+        )
+        if not affected:
+            fail(f"no live daemon matches ({target})", ExitCode.FAILURE)
+        click.echo(
+            f"drain requested for {len(affected)} daemon(s): "
+            + ", ".join(a["id"] for a in affected)
+        )
+        if not wait:
+            return
+        ids = {a["id"] for a in affected}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = ""
+        while True:
+            busy = fleet.daemons_still_busy(conn, ctx.schema, ids)
+            if not busy:
+                click.echo("drained: no jobs running on " + target)
+                return
+            jobs_left = sorted(j for d in busy for j in d["in_flight"])
+            line = f"waiting for {len(busy)} daemon(s), {len(jobs_left)} job(s) running" + (
+                f": {', '.join(map(str, jobs_left[:20]))}" if jobs_left else ""
+            )
+            if line != last:
+                click.echo(line)
+                last = line
+            if deadline is not None and time.monotonic() >= deadline:
+                click.echo(
+                    f"timed out; still running: {', '.join(map(str, jobs_left)) or '-'}"
+                    " (the drain stays requested; `pgworkerd resume` undoes it)",
+                    err=True,
+                )
+                sys.exit(int(ExitCode.FAILURE))
+            time.sleep(0.5)
+
+
+@main.command()
+@click.option("--all", "all_hosts", is_flag=True, help="every daemon on every host")
+@click.option("--worker", help="one daemon, by the id `status` shows")
+@click.pass_obj
+def resume(ctx: Context, all_hosts: bool, worker: str | None) -> None:
+    """Undo a drain: the daemons claim jobs again."""
+    from pgworkerd import fleet
+
+    target = _drain_target(worker, all_hosts)
+    with database(ctx) as conn:
+        affected = fleet.request_drain(
+            conn, ctx.schema, drain=False, worker_id=worker, all_hosts=all_hosts
+        )
+    if not affected:
+        fail(f"no live daemon matches ({target})", ExitCode.FAILURE)
+    click.echo(f"resumed {len(affected)} daemon(s): " + ", ".join(a["id"] for a in affected))

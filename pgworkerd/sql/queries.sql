@@ -263,3 +263,48 @@ UPDATE @schema@.workers
    SET state = 'gone', stopped_at = now()
  WHERE state <> 'gone' AND heartbeat_at < now() - make_interval(secs => %(stale_after)s)
 RETURNING id, host, pid;
+
+-- name: worker_request_drain
+-- Set or clear drain_requested on live daemons: one id, one host, or all (NULL filters).
+UPDATE @schema@.workers
+   SET drain_requested = %(drain)s
+ WHERE state <> 'gone'
+   AND (%(id)s::text IS NULL OR id = %(id)s)
+   AND (%(host)s::text IS NULL OR host = %(host)s)
+RETURNING id, host, pid, state;
+
+-- name: worker_list
+-- Live daemons, and those gone within the last hour, with their in-flight job counts.
+SELECT id, host, pid, version, queues, handlers, slots, in_flight, state, drain_requested,
+       started_at, heartbeat_at, stopped_at,
+       extract(epoch FROM now() - started_at)::float8 AS uptime_seconds,
+       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds
+  FROM @schema@.workers
+ WHERE state <> 'gone' OR stopped_at > now() - interval '1 hour'
+ ORDER BY host, started_at;
+
+-- name: job_running_list
+-- Running jobs with their holder, age and progress.
+SELECT id, queue, handler, attempts, max_attempts, locked_by, progress, cancel_requested,
+       extract(epoch FROM now() - started_at)::float8 AS age_seconds,
+       extract(epoch FROM locked_until - now())::float8 AS lease_left_seconds
+  FROM @schema@.jobs
+ WHERE status = 'running'
+ ORDER BY started_at;
+
+-- name: job_oldest_pending
+-- Age of the oldest due pending job (seconds), NULL when none is due.
+SELECT extract(epoch FROM now() - min(run_at))::float8 AS age_seconds
+  FROM @schema@.jobs WHERE status = 'pending' AND run_at <= now();
+
+-- name: job_unserved_list
+-- Pending jobs whose handler (on their queue) no live daemon serves.
+SELECT j.queue, j.handler, count(*) AS jobs,
+       extract(epoch FROM now() - min(j.created_at))::float8 AS oldest_seconds
+  FROM @schema@.jobs j
+ WHERE j.status = 'pending'
+   AND NOT EXISTS (SELECT 1 FROM @schema@.workers w
+                    WHERE w.state <> 'gone' AND j.handler = ANY(w.handlers)
+                      AND j.queue = ANY(w.queues))
+ GROUP BY j.queue, j.handler
+ ORDER BY j.queue, j.handler;

@@ -1,0 +1,64 @@
+"""What `status`, `drain` and `resume` read and write: the fleet of daemons, seen through
+the database (so they work across hosts and need no signal rights)."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgworkerd.queries import query
+
+
+def _rows(
+    conn: psycopg.Connection, name: str, schema: str, params: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query(name, schema), params or {}).fetchall()
+
+
+def request_drain(
+    conn: psycopg.Connection,
+    schema: str,
+    *,
+    drain: bool,
+    worker_id: str | None = None,
+    all_hosts: bool = False,
+) -> list[dict[str, Any]]:
+    """Set (or with drain=False clear) the drain flag of this host's daemons, of one
+    daemon, or of all; returns the daemons affected."""
+    host = None if (all_hosts or worker_id) else socket.gethostname()
+    return _rows(
+        conn, "worker_request_drain", schema, {"drain": drain, "id": worker_id, "host": host}
+    )
+
+
+def snapshot(conn: psycopg.Connection, schema: str) -> dict[str, Any]:
+    """Everything `pgworkerd status` shows, as plain data (also its --json shape)."""
+    counts: dict[str, dict[str, int]] = {}
+    for queue, status, n in conn.execute(query("job_counts", schema)).fetchall():
+        counts.setdefault(queue, {})[status] = n
+    oldest = conn.execute(query("job_oldest_pending", schema)).fetchone()
+    workers = _rows(conn, "worker_list", schema)
+    for w in workers:
+        w["busy"] = len(w["in_flight"])
+    return {
+        "daemons": workers,
+        "running_jobs": _rows(conn, "job_running_list", schema),
+        "counts": counts,
+        "oldest_pending_seconds": oldest[0] if oldest else None,
+        "unserved": _rows(conn, "job_unserved_list", schema),
+    }
+
+
+def daemons_still_busy(
+    conn: psycopg.Connection, schema: str, ids: set[str]
+) -> list[dict[str, Any]]:
+    """Of the given daemons, those not yet drained (state) or still holding jobs."""
+    return [
+        w
+        for w in _rows(conn, "worker_list", schema)
+        if w["id"] in ids and w["state"] != "gone" and (w["state"] != "drained" or w["in_flight"])
+    ]

@@ -559,12 +559,6 @@ def test_claim_respects_per_handler_free_slots(q: Queue) -> None:
     assert q.count("status = 'running'") == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="job_claim's `due` CTE takes the first LIMIT due jobs of all served handlers "
-    "before the per-handler caps apply, so a capped handler with a backlog hides other "
-    "handlers' due jobs from the claim even though they have free slots",
-)
 def test_a_capped_handler_does_not_hide_other_handlers_jobs(q: Queue) -> None:
     for n in range(20):
         q.enqueue("busy", {"n": n}, priority=0)
@@ -703,12 +697,6 @@ def test_backoff_uses_the_base_and_spreads_retries(q: Queue) -> None:
     assert q.claim(limit=20) == [], "retries must wait for their backoff"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=psycopg.errors.NumericValueOutOfRange,
-    reason="job_fail computes power(2, attempts - 1) before applying backoff_max: from "
-    "attempt 1025 on it overflows float8 and the failure cannot be recorded",
-)
 def test_backoff_is_capped_for_any_attempt_number(q: Queue) -> None:
     job_id = q.enqueue(max_attempts=5000)
     q.sql("UPDATE @schema@.jobs SET attempts = 1100 WHERE id = %s", [job_id])
@@ -904,12 +892,6 @@ def test_retry_skips_a_job_whose_dedupe_key_is_live_again(q: Queue) -> None:
     assert q.row(live)["status"] == "pending"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=psycopg.errors.UniqueViolation,
-    reason="job_retry checks live dedupe keys against its snapshot only, so two dead jobs "
-    "with the same key retried together both become pending and violate jobs_dedupe_live_idx",
-)
 def test_retry_of_two_dead_jobs_with_the_same_dedupe_key(q: Queue) -> None:
     first = make_dead(q, dedupe_key="k")
     second = make_dead(q, dedupe_key="k")

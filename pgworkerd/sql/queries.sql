@@ -27,12 +27,14 @@ WITH served AS (
                          %(handler_free)s::integer[], %(max_attempts)s::integer[])
              AS s(handler, lease_seconds, free, max_attempts)
 ), due AS (
-    SELECT j.id FROM @schema@.jobs j
-    WHERE j.status = 'pending' AND j.run_at <= now()
-      AND j.queue = ANY(%(queues)s::text[]) AND j.handler = ANY(%(handlers)s::text[])
-    ORDER BY j.priority, j.run_at, j.id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
+    -- per handler, so a capped handler's backlog cannot hide another handler's jobs
+    SELECT d.id FROM served s CROSS JOIN LATERAL (
+        SELECT j.id FROM @schema@.jobs j
+        WHERE j.status = 'pending' AND j.run_at <= now() AND j.handler = s.handler
+          AND j.queue = ANY(%(queues)s::text[])
+        ORDER BY j.priority, j.run_at, j.id
+        LIMIT least(s.free, %(limit)s)
+        FOR UPDATE SKIP LOCKED) d
 ), expired AS (
     SELECT j.id, (j.attempts >= j.max_attempts OR j.cancel_requested) AS finished
     FROM @schema@.jobs j
@@ -123,7 +125,7 @@ UPDATE @schema@.jobs
        run_at = CASE WHEN cancel_requested OR attempts >= max_attempts THEN run_at
                      ELSE now() + make_interval(secs =>
                           least(%(backoff_max)s::float8,
-                                %(backoff_base)s::float8 * power(2, attempts - 1))
+                                %(backoff_base)s::float8 * power(2, least(attempts - 1, 60)))
                           * (0.75 + 0.5 * random())) END,
        finished_at = CASE WHEN cancel_requested OR attempts >= max_attempts
                           THEN now() END,
@@ -191,10 +193,17 @@ UPDATE @schema@.jobs j
    AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
    AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
    AND (%(handler)s::text IS NULL OR j.handler = %(handler)s)
-   -- a live job with the same dedupe key wins; retrying would duplicate it
-   AND (j.dedupe_key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM @schema@.jobs live
-         WHERE live.dedupe_key = j.dedupe_key AND live.status IN ('pending', 'running')))
+   -- a live job with the same dedupe key wins (retrying would duplicate it), and of
+   -- several finished jobs sharing a key only the newest comes back
+   AND (j.dedupe_key IS NULL OR (
+        NOT EXISTS (SELECT 1 FROM @schema@.jobs live
+                     WHERE live.dedupe_key = j.dedupe_key
+                       AND live.status IN ('pending', 'running'))
+        AND j.id = (SELECT max(d.id) FROM @schema@.jobs d
+                     WHERE d.dedupe_key = j.dedupe_key AND d.status IN ('dead', 'cancelled')
+                       AND (%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
+                       AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
+                       AND (%(handler)s::text IS NULL OR d.handler = %(handler)s))))
 RETURNING j.id;
 
 -- name: job_prune

@@ -70,9 +70,9 @@ CREATE TABLE @schema@.jobs (
 
 ALTER SEQUENCE @schema@.jobs_id_seq OWNED BY @schema@.jobs.id;
 
--- The claim walks this index in ORDER BY order; finished jobs are not in it, so history of
--- any size costs the claim nothing.
-CREATE INDEX jobs_pending_order_idx ON @schema@.jobs (priority, run_at, id)
+-- The claim walks this index in ORDER BY order, once per served handler; finished jobs
+-- are not in it, so history of any size costs the claim nothing.
+CREATE INDEX jobs_pending_order_idx ON @schema@.jobs (handler, priority, run_at, id)
     WHERE status = 'pending';
 -- Expired-lease lookup for the claim's rescue branch.
 CREATE INDEX jobs_running_lease_idx ON @schema@.jobs (locked_until)

@@ -274,17 +274,40 @@ def complete(
     schema: str = DEFAULT_SCHEMA,
 ) -> bool:
     """Mark a held job completed. False: the lease was lost, nothing changed."""
-    row = conn.execute(
+    return job_id in complete_many(
+        conn, worker, [Completion(job_id, token, result, progress)], schema=schema
+    )
+
+
+@dataclass(frozen=True)
+class Completion:
+    id: int
+    token: int
+    result: Any = None
+    progress: Any = None
+
+
+def complete_many(
+    conn: psycopg.Connection,
+    worker: str,
+    done: Sequence[Completion],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> set[int]:
+    """Complete many held jobs in one statement; returns the ids whose lease still held."""
+    if not done:
+        return set()
+    rows = conn.execute(
         query("job_complete", schema),
         {
-            "id": job_id,
             "worker": worker,
-            "token": token,
-            "result": _jsonb_or_none(result),
-            "progress": _jsonb_or_none(progress),
+            "ids": [d.id for d in done],
+            "tokens": [d.token for d in done],
+            "results": [_jsonb_or_none(d.result) for d in done],
+            "progress": [_jsonb_or_none(d.progress) for d in done],
         },
-    ).fetchone()
-    return row is not None
+    ).fetchall()
+    return {r[0] for r in rows}
 
 
 @dataclass(frozen=True)

@@ -105,15 +105,21 @@ SELECT l.id, r.id IS NOT NULL AS renewed,
   FROM lease l LEFT JOIN renewed r USING (id);
 
 -- name: job_complete
--- Finish a job its holder still owns: completed, with an optional JSON result.
-UPDATE @schema@.jobs
-   SET status = 'completed', result = %(result)s,
-       progress = coalesce(%(progress)s, progress),
+-- Finish jobs their holder still owns: completed, each with an optional JSON result.
+-- Returns the ids completed; a missing id means that lease was lost and nothing changed.
+WITH done AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[],
+                         %(progress)s::jsonb[]) AS d(id, token, result, progress)
+)
+UPDATE @schema@.jobs j
+   SET status = 'completed', result = d.result,
+       progress = coalesce(d.progress, j.progress),
        locked_by = NULL, locked_until = NULL, cancel_requested = false,
        finished_at = now(), updated_at = now()
- WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
-   AND status = 'running'
-RETURNING id, status;
+  FROM done d
+ WHERE j.id = d.id AND j.locked_by = %(worker)s AND j.lease_token = d.token
+   AND j.status = 'running'
+RETURNING j.id;
 
 -- name: job_fail
 -- A failed attempt: back to pending after exponential backoff with +-25 %% jitter, or

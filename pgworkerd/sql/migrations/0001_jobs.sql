@@ -70,6 +70,8 @@ CREATE INDEX jobs_finished_at_idx ON @schema@.jobs (finished_at)
 CREATE FUNCTION @schema@.enqueue_many(jobs jsonb)
 RETURNS bigint[]
 LANGUAGE plpgsql
+-- Definer's rights: enqueuers need EXECUTE only, no rights on the table.
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
@@ -168,6 +170,8 @@ CREATE FUNCTION @schema@.enqueue(
     dedupe_key text DEFAULT NULL)
 RETURNS bigint
 LANGUAGE plpgsql
+-- Definer's rights: enqueuers need EXECUTE only, no rights on the table.
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
@@ -182,3 +186,8 @@ BEGIN
         || jsonb_build_object('payload', payload))))[1];
 END;
 $$;
+
+-- Granted explicitly (see deploy/roles.sql), not to everyone.
+REVOKE EXECUTE ON FUNCTION @schema@.enqueue_many(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @schema@.enqueue(text, jsonb, text, integer, timestamptz, interval,
+                                            integer, text) FROM PUBLIC;

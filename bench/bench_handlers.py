@@ -1,0 +1,15 @@
+"""Handlers for bench/daemon_bench.py (imported by the daemon's children)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pgworkerd.child import JobContext
+
+
+def record_start(job: JobContext) -> None:
+    """Notes when the handler started; the benchmark compares it with the enqueue time."""
+    started = time.time()
+    with open(os.environ["BENCH_STARTS"], "a") as log:
+        log.write(f"{job.id} {started}\n")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import json
 import os
 import queue
@@ -31,6 +32,24 @@ PR_SET_PDEATHSIG = 1
 _MONITOR_TICK = 0.2
 # Progress-only heartbeats are coalesced to at most one message per this interval.
 _BEAT_INTERVAL = 0.25
+
+
+def _check_storable(value: Any) -> None:
+    """Raise (in the handler, not later in the daemon) for a value the job row cannot hold:
+    not JSON-serialisable, or with a NUL character in a string (jsonb rejects \\u0000)."""
+    json.dumps(value, allow_nan=False)
+    if _has_nul(value):
+        raise ValueError("a string holds a NUL character, which PostgreSQL cannot store")
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 class JobInterrupted(BaseException):
@@ -77,10 +96,10 @@ class JobContext:
         one fails). Both must be JSON-serialisable; saving is throttled."""
         message: dict[str, Any] = {"t": "beat"}
         if progress is not None:
-            json.dumps(progress, allow_nan=False)  # fail in the handler, not later
+            _check_storable(progress)  # fail in the handler, not later
             message["progress"] = progress
         if checkpoint is not None:
-            json.dumps(checkpoint, allow_nan=False)
+            _check_storable(checkpoint)
             message["checkpoint"] = checkpoint
             self.checkpoint = checkpoint
         now = time.monotonic()
@@ -183,8 +202,6 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
 
 
 def _run_one(channel: _Channel, job: dict[str, Any]) -> None:
-    from pgworkerd.config import HandlerConfig, import_handler
-
     channel.cancel_requested = channel.shutdown_requested = False
     channel.title = f"pgworkerd: job {job['id']} {job['handler']} attempt {job['attempt']}"
     channel.job_started = time.monotonic()
@@ -193,17 +210,19 @@ def _run_one(channel: _Channel, job: dict[str, Any]) -> None:
     ctx = JobContext(channel, job)
     outcome: dict[str, Any]
     try:
-        func = import_handler(HandlerConfig(name=job["handler"], target=job["target"]))
+        module_name, _, function = job["target"].partition(":")
+        # Preloaded by the fork server, so this is a dictionary look-up, not an import.
+        func = getattr(importlib.import_module(module_name), function)
         channel.send({"t": "started", "id": job["id"]})
         result = func(ctx)
         try:
-            json.dumps(result, allow_nan=False)
+            _check_storable(result)
             outcome = {"t": "done", "id": job["id"], "result": result}
         except (TypeError, ValueError) as exc:
             outcome = {
                 "t": "error",
                 "id": job["id"],
-                "error": f"handler returned a value that is not JSON-serialisable: {exc}",
+                "error": f"handler returned a value that cannot be stored as JSON: {exc}",
                 "traceback": "",
             }
     except JobInterrupted as exc:
@@ -220,6 +239,9 @@ def _run_one(channel: _Channel, job: dict[str, Any]) -> None:
             "error": f"{type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc(),
         }
+    if outcome["t"] != "done":  # PostgreSQL text cannot hold NUL: escape it for last_error
+        outcome["error"] = outcome["error"].replace("\x00", "\\x00")
+        outcome["traceback"] = outcome["traceback"].replace("\x00", "\\x00")
     channel.flush_pending_beat()
     # Ignore further SIGTERMs while reporting: the outcome must reach the parent whole.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

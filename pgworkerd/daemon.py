@@ -30,7 +30,7 @@ from setproctitle import setproctitle
 
 from pgworkerd import __version__, jobs, registry
 from pgworkerd.config import Config, ConfigError, HandlerConfig, load_config
-from pgworkerd.db import connect, scrub
+from pgworkerd.db import DatabaseError, connect, scrub
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.forkserver import set_child_subreaper
@@ -125,6 +125,7 @@ class Daemon:
         self.timers = _Timers()
         self.conn: psycopg.Connection | None = None
         self.listen_conn: psycopg.Connection | None = None
+        self._listen_fd = -1  # kept: a lost connection can no longer tell its fileno()
         self.signals: deque[int] = deque()
         self.claim_wanted = True
         self.backlog = False
@@ -187,7 +188,7 @@ class Daemon:
                 log.error("%s", exc)
                 self.exit_code = ExitCode.SCHEMA
                 return False
-            except (psycopg.Error, OSError) as exc:
+            except (psycopg.Error, DatabaseError, OSError) as exc:
                 message = scrub(
                     str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__,
                     self.dsn,
@@ -261,7 +262,8 @@ class Daemon:
         t = self.timers
         now = time.monotonic()
         candidates = [t.renew_at, t.registry_at, now + 1.0]
-        if self.state == "running" and not self.drain_requested_in_db:
+        # Claim timers only matter with a free slot; past ones would spin the loop.
+        if self._may_claim() and self._free_slots() > 0:
             candidates.append(t.poll_at)
             if t.scheduled_at is not None:
                 candidates.append(t.scheduled_at)
@@ -345,7 +347,7 @@ class Daemon:
             self.supervisor.retire(child)
         for job in list(self.in_flight.values()):
             if job.child is None:  # claimed, never started: hand it straight back
-                self._settle(job, None)
+                self._stop(job, "drain")
             else:
                 job.child.send({"t": "shutdown"})
 
@@ -550,7 +552,7 @@ class Daemon:
             return
         try:
             self.conn = self._connect()
-        except (psycopg.Error, OSError) as exc:
+        except (psycopg.Error, DatabaseError, OSError) as exc:
             t.reconnect_at = time.monotonic() + t.reconnect_delay
             log.warning(
                 "database still unreachable (%s); next try in %.1fs",
@@ -569,7 +571,7 @@ class Daemon:
     def _flush_outcomes(self) -> None:
         while self.outcomes and self.db_ok:
             outcome = self.outcomes[0]
-            written = self._db("recording an outcome", lambda c: self._write(c, outcome))
+            written = self._db("recording an outcome", lambda c, o=outcome: self._write(c, o))
             if written is None and not self.db_ok:
                 return
             self.outcomes.popleft()
@@ -684,13 +686,16 @@ class Daemon:
 
     # -- claiming ----------------------------------------------------------------------
 
+    def _may_claim(self) -> bool:
+        return self.state == "running" and not self.drain_requested_in_db and self.db_ok
+
     def _free_slots(self) -> int:
         return self.config.worker.slots - len(self.in_flight)
 
     def _claim_if_wanted(self) -> None:
         now = time.monotonic()
         t = self.timers
-        if self.state != "running" or self.drain_requested_in_db or not self.db_ok:
+        if not self._may_claim():
             return
         if now >= t.poll_at or (t.scheduled_at is not None and now >= t.scheduled_at):
             self.claim_wanted = True
@@ -817,7 +822,7 @@ class Daemon:
         try:
             conn = self._connect(dsn)
             conn.execute(f'LISTEN "{notify_channel(self.schema)}"')
-        except (psycopg.Error, OSError) as exc:
+        except (psycopg.Error, DatabaseError, OSError) as exc:
             log.warning(
                 "LISTEN unavailable (%s); polling every %s",
                 scrub(str(exc).strip(), dsn),
@@ -825,12 +830,13 @@ class Daemon:
             )
             return
         self.listen_conn = conn
-        self.selector.register(conn.fileno(), selectors.EVENT_READ, ("listen", None))
+        self._listen_fd = conn.fileno()
+        self.selector.register(self._listen_fd, selectors.EVENT_READ, ("listen", None))
 
     def _drop_listener(self) -> None:
         if self.listen_conn is not None:
             with contextlib.suppress(KeyError, ValueError, OSError):
-                self.selector.unregister(self.listen_conn.fileno())
+                self.selector.unregister(self._listen_fd)
             self.listen_conn.close()
             self.listen_conn = None
 

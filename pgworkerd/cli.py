@@ -16,7 +16,7 @@ import psycopg
 
 from pgworkerd import jobs
 from pgworkerd.config import Config, ConfigError
-from pgworkerd.db import DatabaseError, connect, scrub
+from pgworkerd.db import DatabaseError, InvalidDsn, connect, conninfo, scrub
 from pgworkerd.durations import parse_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.migrate import SchemaError, check_current, migrate_conn
@@ -55,6 +55,8 @@ def database(ctx: Context, *, check_schema: bool = True) -> Iterator[psycopg.Con
             if check_schema:
                 check_current(conn, ctx.schema)
             yield conn
+    except InvalidDsn as exc:
+        fail(str(exc), ExitCode.CONFIG)
     except DatabaseError as exc:
         fail(str(exc), ExitCode.DATABASE)
     except SchemaError as exc:
@@ -382,9 +384,15 @@ def run(ctx: Context, log_format: str | None) -> None:
             "(see `pgworkerd demo --help`)",
             err=True,
         )
-        from pgworkerd.demo import run_demo
-
-        sys.exit(run_demo(log_format or "text", seconds=None))
+        _run_demo(log_format or "text", seconds=None)
+    for dsn in (
+        ctx.dsn if ctx.dsn is not None else config.database.dsn,
+        config.database.listen_dsn,
+    ):
+        try:
+            conninfo(dsn)  # syntax only; retrying could never fix an unparsable DSN
+        except InvalidDsn as exc:
+            fail(str(exc), ExitCode.CONFIG)
     for handler in config.handlers.values():
         try:
             import_handler(handler)
@@ -404,10 +412,19 @@ def demo(log_format: str, seconds: float | None) -> None:
     """Start a throwaway PostgreSQL, enqueue example jobs and run the daemon on them.
     Ctrl-C drains, stops and removes the database."""
     from pgworkerd import logs
-    from pgworkerd.demo import run_demo
 
     logs.setup(log_format, "info")
-    sys.exit(run_demo(log_format, seconds=seconds))
+    _run_demo(log_format, seconds)
+
+
+def _run_demo(log_format: str, seconds: float | None) -> NoReturn:
+    from pgworkerd.demo import run_demo
+
+    try:
+        code = run_demo(log_format, seconds=seconds)
+    except OSError as exc:  # e.g. /tmp read-only or full: no room for the throwaway cluster
+        fail(f"cannot start a local PostgreSQL for the demo: {exc}", ExitCode.DATABASE)
+    sys.exit(code)
 
 
 def _age(seconds: float | None) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 import re
 import socket
 import tomllib
@@ -104,16 +105,24 @@ _KEY_RE = re.compile(r"^\s*(\"[^\"]*\"|[A-Za-z0-9_-]+)\s*=")
 
 
 def _locate(text: str, table: str, key: str | None) -> int | None:
-    """Line number of `key` inside `[table]` (or of the table header when key is None)."""
+    """Line number of `key` inside `[table]` (or of the table header when key is None;
+    failing that, of a `table = ...` line in the parent table, or of a `[table.sub]`)."""
     current = ""
     header_line = None
+    parent, _, last = table.rpartition(".")
     for number, line in enumerate(text.splitlines(), 1):
         m = _TABLE_RE.match(line)
         if m:
             current = ".".join(p.strip().strip('"') for p in m[1].split("."))
-            if current == table:
+            if header_line is None and (
+                current == table or (key is None and current.startswith(table + "."))
+            ):
                 header_line = number
             continue
+        if key is None and header_line is None and current == parent:
+            k = _KEY_RE.match(line)
+            if k and k[1].strip('"') == last:
+                header_line = number
         if key is not None and current == table:
             k = _KEY_RE.match(line)
             if k and k[1].strip('"') == key:
@@ -180,10 +189,26 @@ def _non_negative_int(value: Any) -> int:
     return value
 
 
+# Longer makes no sense for any setting, and now() + it must stay a valid timestamp.
+_MAX_DURATION = 100 * 365 * 86400.0
+# Settings PostgreSQL and libpq take in milliseconds as a 32-bit integer (about 24 days).
+_MAX_MILLIS_DURATION = (2**31 - 1) / 1000
+
+
 def _duration(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise TypeError(f'expected a duration like "30s", got {type(value).__name__}')
-    return parse_duration(value)
+    seconds = parse_duration(value)
+    if math.isnan(seconds) or seconds > _MAX_DURATION:
+        raise ValueError(f"{value!r} is out of range (at most 100 years)")
+    return seconds
+
+
+def _millis_duration(value: Any) -> float:
+    seconds = _duration(value)
+    if seconds > _MAX_MILLIS_DURATION:
+        raise ValueError(f"{value!r} is out of range (at most 24d: milliseconds in 32 bits)")
+    return seconds
 
 
 def _positive_duration(value: Any) -> float:
@@ -241,8 +266,8 @@ _DATABASE = {
     "schema": lambda v: check_schema_name(_string(v)),
     "connect_timeout": _positive_duration,
     "keepalives_idle": _positive_duration,
-    "tcp_user_timeout": _duration,
-    "statement_timeout": _duration,
+    "tcp_user_timeout": _millis_duration,
+    "statement_timeout": _millis_duration,
 }
 _WORKER = {
     "name": _string,
@@ -282,12 +307,14 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
     known_tables = ["database", "worker", "logging", "handlers"]
-    for table in data:
+    for table, value in data.items():
         if table not in known_tables:
             line = _locate(text, table, None)
-            raise ConfigError(
-                f"{path}:{line or '?'}: [{table}]: unknown table (known: {', '.join(known_tables)})"
-            )
+            if isinstance(value, dict):
+                what = f"[{table}]: unknown table"
+            else:
+                what = f"{table}: unknown top-level key"
+            raise ConfigError(f"{path}:{line or '?'}: {what} (known: {', '.join(known_tables)})")
     database = _read_table(
         _Reader(path, text, "database", data.get("database", {})), DatabaseConfig, _DATABASE
     )
@@ -299,7 +326,9 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     )
     handlers_table = data.get("handlers", {})
     if not isinstance(handlers_table, dict):
-        raise ConfigError(f"{path}: [handlers] must be a table of [handlers.NAME] tables")
+        line = _locate(text, "handlers", None)
+        where = f"{path}:{line}" if line else path
+        raise ConfigError(f"{where}: [handlers] must be a table of [handlers.NAME] tables")
     handlers = {}
     for name, values in handlers_table.items():
         reader = _Reader(path, text, f"handlers.{name}", values)
@@ -361,9 +390,16 @@ def load_config(path: str | Path) -> Config:
     """Read and validate a config file."""
     p = Path(path)
     try:
-        text = p.read_text()
+        data = p.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read config: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")  # TOML is UTF-8 whatever the locale says
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{p}:{line}: not UTF-8 text (TOML must be UTF-8): byte 0x{data[exc.start]:02x}"
+        ) from None
     return parse_config(text, str(p))
 
 

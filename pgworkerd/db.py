@@ -28,6 +28,10 @@ class DatabaseError(RuntimeError):
     """A database problem explained for an operator (no password inside)."""
 
 
+class InvalidDsn(DatabaseError):
+    """The DSN itself cannot be parsed: bad input, which no retry can fix."""
+
+
 def mask_password(text: str) -> str:
     """Replace any password in a DSN-like text (URL or key=value form) with ***."""
     text = _PASSWORD_IN_URL.sub(r"\1***@", text)
@@ -64,7 +68,7 @@ def conninfo(dsn: str, **overrides: Any) -> str:
     try:
         given = conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise DatabaseError(f"invalid DSN: {scrub(str(exc), dsn)}") from None
+        raise InvalidDsn(f"invalid DSN: {scrub(str(exc).strip(), dsn)}") from None
     extra = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
     extra.update(overrides)
     return make_conninfo(dsn, **extra)

@@ -1,0 +1,820 @@
+"""Bad input, one wrong thing at a time: the real `pgworkerd` command as a subprocess (or
+the SQL enqueue functions) fed a broken config, an unimportable handler, an unreachable or
+refusing database, a missing or mismatched schema, an unknown option...
+
+Every case checks, where it applies, that
+1. the message names the problem (for a config: the file, the key and the line),
+2. the exit code is the documented one (README's table, pgworkerd.exitcodes.ExitCode),
+3. a user error prints no Python traceback (and never the password),
+4. nothing was written: no job row, no registry row, the schema unchanged.
+
+Complements tests/test_config.py (parse_config errors in-process) and
+tests/test_cli_queue.py (enqueue options, migrate/enqueue/jobs against a closed port).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from pgworkerd import jobs
+from pgworkerd.config import ConfigError, load_config
+from pgworkerd.exitcodes import ExitCode
+from pgworkerd.localpg import LocalPostgres
+from pgworkerd.migrate import latest_version, migrate
+from pgworkerd.queries import render
+
+T = TypeVar("T")
+
+PGWORKERD = Path(sys.executable).with_name("pgworkerd")
+# Planted in DSNs and configs; must never be printed.
+PASSWORD = "Bad1nput-pw-never-shown"
+DEADLINE = 30.0
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The environment without the caller's PGWORKERD_*, libpq PG* and NOTIFY_SOCKET."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PGWORKERD_", "PG")) and k != "NOTIFY_SOCKET"
+    }
+    env.update(extra)
+    return env
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(PGWORKERD), *args],
+        capture_output=True,
+        text=True,
+        env=clean_env() if env is None else env,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def assert_refused(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    """The documented exit code, every needle in stderr, no traceback, no password."""
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == code, f"exit {proc.returncode}, expected {code!r}:\n{output}"
+    for needle in needles:
+        assert needle in proc.stderr, f"{needle!r} not in stderr:\n{proc.stderr}"
+    assert "Traceback" not in output, output
+    assert PASSWORD not in output, output
+
+
+def wait_for(condition: Callable[[], T], *, timeout: float = DEADLINE, what: str) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def closed_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def snapshot(conn: psycopg.Connection, schema: str) -> dict[str, Any]:
+    """What a refused command must leave as it was: the schema's existence, its
+    version rows, and how many jobs and registry rows it holds."""
+
+    def count(table: str) -> int | None:
+        exists = conn.execute("SELECT to_regclass(%s)", [f'"{schema}".{table}']).fetchone()
+        if not exists or exists[0] is None:
+            return None
+        found = conn.execute(
+            sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, table))
+        ).fetchone()
+        return int(found[0]) if found else None
+
+    versions = None
+    if count("schema_version") is not None:
+        versions = conn.execute(
+            sql.SQL("SELECT version, name FROM {} ORDER BY version").format(
+                sql.Identifier(schema, "schema_version")
+            )
+        ).fetchall()
+    exists = conn.execute(
+        "SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = %s)", [schema]
+    ).fetchone()
+    return {
+        "schema exists": bool(exists and exists[0]),
+        "versions": versions,
+        "jobs": count("jobs"),
+        "workers": count("workers"),
+    }
+
+
+def drop_schema(dsn: str, name: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+# -- configuration files: check-config and run ----------------------------------------------
+
+# (file content, fragments of the message; {path} is the config file). One of each kind
+# through both commands as subprocesses...
+CLI_CONFIG_CASES = [
+    pytest.param(
+        "[worker]\nslots = 4\nlease = \n",
+        ["{path}: invalid TOML", "at line 3"],
+        id="syntax-missing-value",
+    ),
+    pytest.param(
+        "[worker]\n# caf\xe9 in latin-1\n".encode("latin-1"),
+        ["{path}:2: not UTF-8 text"],
+        id="not-utf8",
+    ),
+    pytest.param(
+        '[handlers.h]\ntarget = "pgworkerd.examples:echo"\nmax_attempts = "3"\n',
+        ["{path}:3: handlers.h.max_attempts:", "expected an integer, got str '3'"],
+        id="type-handler-max-attempts",
+    ),
+    pytest.param(
+        '[handlers.h]\ntarget = "pgworkerd.examples:echo"\ntimout = "1m"\n',
+        ["{path}:3: handlers.h.timout: unknown key", "timeout"],
+        id="unknown-key-typo",
+    ),
+    pytest.param(
+        '[worker]\ndrain_timeout = "5 minutes"\n',
+        ["{path}:2: worker.drain_timeout:", "is not a duration", '"30s"'],
+        id="duration-words",
+    ),
+    pytest.param(
+        "[workers]\nslots = 2\n",
+        ["{path}:1: [workers]: unknown table", "known: database, worker, logging, handlers"],
+        id="unknown-table",
+    ),
+    pytest.param(None, ["{path}: cannot read config: No such file or directory"], id="missing"),
+]
+# ... and more of each kind read in-process (the same load_config the commands call).
+MORE_CONFIG_CASES = [
+    pytest.param(
+        f'[database]\ndsn = "postgresql://app:{PASSWORD}@db/app\n',
+        ["{path}: invalid TOML", "at line 2"],
+        id="syntax-unterminated-dsn-with-password",
+    ),
+    pytest.param(
+        '[worker]\nqueues = "mail"\n',
+        ["{path}:2: worker.queues:", "expected a list of non-empty strings"],
+        id="type-string-for-list",
+    ),
+    pytest.param(
+        "slots = 4\nworker = 5\n",
+        ["{path}:1: slots: unknown top-level key"],
+        id="type-top-level-key",
+    ),
+    pytest.param(
+        "worker = 5\n",
+        ["{path}:1: [worker]: must be a table"],
+        id="type-not-a-table",
+    ),
+    pytest.param(
+        "[worker]\nlease = nan\n",
+        ["{path}:2: worker.lease:", "out of range"],
+        id="duration-nan",
+    ),
+    pytest.param(
+        '[handlers.h]\ntarget = "pgworkerd.examples:echo"\nlease = "100000000000d"\n',
+        ["{path}:3: handlers.h.lease:", "out of range"],
+        id="duration-beyond-timestamps",
+    ),
+    pytest.param(
+        '[database]\nstatement_timeout = "30d"\n',
+        ["{path}:2: database.statement_timeout:", "out of range"],
+        id="duration-beyond-int-milliseconds",
+    ),
+    pytest.param(
+        '\n[handler.h]\ntarget = "pgworkerd.examples:echo"\n',
+        ["{path}:2: [handler]: unknown table"],
+        id="unknown-table-dotted",
+    ),
+]
+
+
+def write_config(path: Path, content: str | bytes | None) -> None:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+
+
+@pytest.mark.parametrize("command", ["check-config", "run"])
+@pytest.mark.parametrize(("content", "expected"), CLI_CONFIG_CASES)
+def test_bad_config_is_refused_naming_file_key_and_line(
+    tmp_path: Path,
+    test_db_dsn: str,
+    schema: str,
+    conn: psycopg.Connection,
+    command: str,
+    content: str | bytes | None,
+    expected: list[str],
+) -> None:
+    path = tmp_path / "pgworkerd.toml"
+    write_config(path, content)
+    before = snapshot(conn, schema)
+    # A real database and schema: `run` must refuse before it registers anywhere.
+    proc = cli("--dsn", test_db_dsn, "--schema", schema, "--config", str(path), command)
+    assert_refused(proc, ExitCode.CONFIG, *(e.format(path=path) for e in expected))
+    assert proc.stdout == ""
+    assert snapshot(conn, schema) == before
+
+
+@pytest.mark.parametrize(("content", "expected"), MORE_CONFIG_CASES)
+def test_more_bad_configs_name_file_key_and_line(
+    tmp_path: Path, content: str, expected: list[str]
+) -> None:
+    path = tmp_path / "pgworkerd.toml"
+    write_config(path, content)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    for needle in expected:
+        assert needle.format(path=path) in message
+    assert PASSWORD not in message
+
+
+# -- handlers that do not import --------------------------------------------------------------
+
+HANDLER_MODULES = {
+    "bi_raises_at_import": "raise RuntimeError('boom while importing')\n",
+    "bi_syntax_error": "def run(job:\n    return 1\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("target", "expected"),
+    [
+        pytest.param(
+            "bi_no_such_module:run",
+            ["handler 'h': cannot import 'bi_no_such_module'", "ModuleNotFoundError"],
+            id="missing-module",
+        ),
+        pytest.param(
+            "bi_raises_at_import:run",
+            ["cannot import 'bi_raises_at_import'", "RuntimeError: boom while importing"],
+            id="raises-at-import",
+        ),
+        pytest.param(
+            "bi_syntax_error:run",
+            ["cannot import 'bi_syntax_error'", "SyntaxError"],
+            id="syntax-error",
+        ),
+        pytest.param(
+            "pgworkerd.examples:no_such_function",
+            ["handler 'h': 'pgworkerd.examples' has no function 'no_such_function'"],
+            id="missing-function",
+        ),
+    ],
+)
+def test_run_refuses_a_handler_that_does_not_import_and_never_registers(
+    tmp_path: Path,
+    test_db_dsn: str,
+    schema: str,
+    conn: psycopg.Connection,
+    target: str,
+    expected: list[str],
+) -> None:
+    for module, source in HANDLER_MODULES.items():
+        (tmp_path / f"{module}.py").write_text(source)
+    config = tmp_path / "pgworkerd.toml"
+    config.write_text(f'[handlers.h]\ntarget = "{target}"\n')
+    before = snapshot(conn, schema)
+    proc = cli(
+        *("--dsn", test_db_dsn, "--schema", schema, "--config", str(config), "run"),
+        env=clean_env(PYTHONPATH=str(tmp_path)),
+    )
+    assert_refused(proc, ExitCode.HANDLER, *expected)
+    assert snapshot(conn, schema) == before  # no registry row
+
+
+def test_run_checks_handlers_before_touching_the_database(tmp_path: Path) -> None:
+    """Against a closed port: exit 6 at once, no connection attempt, no retrying."""
+    config = tmp_path / "pgworkerd.toml"
+    config.write_text('[handlers.h]\ntarget = "bi_no_such_module:run"\n')
+    dsn = f"postgresql://app:{PASSWORD}@127.0.0.1:{closed_port()}/app"
+    proc = cli("--dsn", dsn, "--config", str(config), "run", timeout=DEADLINE)
+    assert_refused(proc, ExitCode.HANDLER, "cannot import 'bi_no_such_module'")
+    assert "database" not in proc.stderr
+
+
+# -- a handler that returns something the job row cannot hold ---------------------------------
+
+# handler name: (its body, what last_error must say about it)
+UNSTORABLE = {
+    "returns_set": ("return {1, 2}", "Object of type set is not JSON serializable"),
+    "returns_object": ("return object()", "Object of type object is not JSON serializable"),
+    "returns_bytes": ("return {'data': b'raw'}", "Object of type bytes is not JSON serializable"),
+    "returns_nan": (
+        "return {'ratio': float('nan')}",
+        "Out of range float values are not JSON compliant",
+    ),
+    "returns_nul": ("return {'text': 'a\\x00b'}", "NUL"),
+}
+
+
+@dataclass
+class DaemonRun:
+    rows: dict[str, dict[str, Any]]  # by handler
+    exit_code: int
+    log: str
+
+
+@pytest.fixture(scope="module")
+def unstorable_run(
+    test_db_dsn: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DaemonRun]:
+    """One daemon runs one job per UNSTORABLE handler (max_attempts 1) and an echo job,
+    then is stopped with SIGTERM."""
+    workdir = tmp_path_factory.mktemp("unstorable")
+    source = ["from pgworkerd.child import JobContext", ""]
+    for name, (body, _) in UNSTORABLE.items():
+        source += ["", f"def {name}(job: JobContext) -> object:", f"    {body}", ""]
+    (workdir / "bi_unstorable.py").write_text("\n".join(source))
+    config = workdir / "pgworkerd.toml"
+    lines = [
+        "[worker]",
+        "slots = 4",
+        'lease = "6s"',
+        'renew_interval = "1s"',
+        'poll_interval = "1s"',
+        'drain_timeout = "5s"',
+        'kill_grace = "2s"',
+        "warm_children = 1",
+    ]
+    for name in UNSTORABLE:
+        lines += [f"[handlers.{name}]", f'target = "bi_unstorable:{name}"']
+    lines += ["[handlers.echo]", 'target = "pgworkerd.examples:echo"']
+    config.write_text("\n".join(lines) + "\n")
+
+    schema = f"t_{uuid.uuid4().hex[:8]}"
+    migrate(test_db_dsn, schema=schema)
+    log_path = workdir / "daemon.log"
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        with psycopg.connect(test_db_dsn, autocommit=True) as conn:
+            ids = {
+                name: jobs.enqueue(conn, name, {"n": 1}, max_attempts=1, schema=schema)
+                for name in [*UNSTORABLE, "echo"]
+            }
+            with log_path.open("wb") as out:
+                proc = subprocess.Popen(
+                    [
+                        str(PGWORKERD),
+                        *("--dsn", test_db_dsn, "--schema", schema, "--config", str(config)),
+                        "run",
+                    ],
+                    env=clean_env(PYTHONPATH=str(workdir)),
+                    cwd=workdir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+
+            def all_final() -> dict[str, dict[str, Any]] | None:
+                assert proc is not None
+                if proc.poll() is not None:
+                    pytest.fail(f"daemon exited with {proc.returncode}:\n{log_path.read_text()}")
+                rows = {name: jobs.get(conn, i, schema=schema) for name, i in ids.items()}
+                done = all(r and r["status"] in jobs.FINAL_STATUSES for r in rows.values())
+                return rows if done else None
+
+            rows = wait_for(all_final, timeout=60, what="every job to finish")
+            proc.send_signal(signal.SIGTERM)
+            exit_code = proc.wait(DEADLINE)
+        yield DaemonRun(rows, exit_code, log_path.read_text(errors="replace"))
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        drop_schema(test_db_dsn, schema)
+
+
+@pytest.mark.parametrize("handler", list(UNSTORABLE))
+def test_unstorable_return_value_is_a_failed_attempt_saying_so(
+    unstorable_run: DaemonRun, handler: str
+) -> None:
+    row = unstorable_run.rows[handler]
+    detail = UNSTORABLE[handler][1]
+    assert (row["status"], row["attempts"], row["result"]) == ("dead", 1, None), row
+    assert "handler returned a value" in row["last_error"], row["last_error"]
+    assert "JSON" in row["last_error"], row["last_error"]
+    assert detail in row["last_error"], row["last_error"]
+
+
+def test_daemon_keeps_working_after_unstorable_results(unstorable_run: DaemonRun) -> None:
+    row = unstorable_run.rows["echo"]
+    assert (row["status"], row["result"]) == ("completed", {"n": 1}), row
+    assert unstorable_run.exit_code == ExitCode.OK, unstorable_run.log
+    assert "Traceback" not in unstorable_run.log
+    assert "crashed" not in unstorable_run.log
+
+
+# -- payloads that are not JSON objects, through the SQL functions ----------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        pytest.param(
+            "@schema@.enqueue('h', '[1]')",
+            "payload must be a JSON object, not array",
+            id="enqueue-array",
+        ),
+        pytest.param(
+            "@schema@.enqueue('h', '\"text\"')",
+            "payload must be a JSON object, not string",
+            id="enqueue-string",
+        ),
+        pytest.param(
+            "@schema@.enqueue('h', 'null')",
+            "payload must be a JSON object, not null",
+            id="enqueue-json-null",
+        ),
+        pytest.param(
+            "@schema@.enqueue_many('[1]')",
+            "job 1 of 1: is not a JSON object",
+            id="enqueue_many-element-not-object",
+        ),
+        pytest.param(
+            '@schema@.enqueue_many(\'[{"handler": "h", "payload": [1]}]\')',
+            "job 1 of 1: payload must be a JSON object, not array",
+            id="enqueue_many-array",
+        ),
+        pytest.param(
+            '@schema@.enqueue_many(\'[{"handler": "h"}, {"handler": "h", "payload": null}]\')',
+            "job 2 of 2: payload must be a JSON object, not null",
+            id="enqueue_many-second-of-two",
+        ),
+    ],
+)
+def test_sql_enqueue_refuses_a_payload_that_is_not_an_object(
+    test_db_dsn: str, schema: str, conn: psycopg.Connection, call: str, message: str
+) -> None:
+    before = snapshot(conn, schema)
+    # In the caller's own transaction, as an application would.
+    with psycopg.connect(test_db_dsn) as tx:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as info:
+            tx.execute(render(f"SELECT {call}", schema))
+        tx.rollback()
+    assert message in (info.value.diag.message_primary or "")
+    assert snapshot(conn, schema) == before
+
+
+# -- the database: unreachable, refusing the password, unparsable DSN --------------------------
+
+
+@pytest.mark.parametrize(
+    ("command", "how"),
+    [
+        pytest.param(["status"], "url", id="status-dsn-url"),
+        pytest.param(["show", "1"], "config", id="show-config-dsn"),
+        pytest.param(["jobs", "--json"], "env", id="jobs-env-dsn-pgpassword"),
+    ],
+)
+def test_unreachable_database_exits_4_naming_the_target_not_the_password(
+    tmp_path: Path, command: list[str], how: str
+) -> None:
+    port = closed_port()
+    env = clean_env()
+    if how == "url":
+        args = ["--dsn", f"postgresql://app:{PASSWORD}@127.0.0.1:{port}/appdb"]
+    elif how == "config":
+        config = tmp_path / "pgworkerd.toml"
+        config.write_text(
+            f'[database]\ndsn = "host=127.0.0.1 port={port} dbname=appdb user=app '
+            f"password='{PASSWORD}'\"\n"
+        )
+        args = ["--config", str(config)]
+    else:
+        args = []
+        env.update(
+            PGWORKERD_DSN=f"host=127.0.0.1 port={port} dbname=appdb user=app",
+            PGPASSWORD=PASSWORD,
+        )
+    proc = cli(*args, *command, env=env)
+    assert_refused(
+        proc, ExitCode.DATABASE, f"cannot connect to PostgreSQL at 127.0.0.1:{port}/appdb"
+    )
+    assert proc.stdout == ""
+
+
+@pytest.fixture(scope="module")
+def password_role(pg: LocalPostgres) -> Iterator[str]:
+    """A role that must log in with a password over TCP. LocalPostgres trusts everyone
+    (initdb --auth=trust), so one pg_hba line, for this role only, asks it for scram."""
+    role = f"bi_pw_{uuid.uuid4().hex[:8]}"
+    hba = pg.data_dir / "pg_hba.conf"
+    original = hba.read_text()
+    with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                sql.Identifier(role), sql.Literal("the-right-one")
+            )
+        )
+        hba.write_text(f"host all {role} 127.0.0.1/32 scram-sha-256\n{original}")
+        admin.execute("SELECT pg_reload_conf()")
+
+        def refused(password: str) -> bool:
+            try:
+                psycopg.connect(
+                    make_conninfo(pg.tcp_dsn(), user=role, password=password), connect_timeout=5
+                ).close()
+            except psycopg.OperationalError as exc:
+                return "password authentication failed" in str(exc)
+            return False
+
+        wait_for(lambda: refused("a-wrong-one"), what="the pg_hba.conf reload")
+        assert not refused("the-right-one")
+        try:
+            yield role
+        finally:
+            hba.write_text(original)
+            admin.execute("SELECT pg_reload_conf()")
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+@pytest.mark.parametrize(
+    ("command", "how"),
+    [
+        pytest.param(["jobs"], "url", id="jobs-dsn-url"),
+        pytest.param(["status"], "pgpassword", id="status-pgpassword"),
+    ],
+)
+def test_wrong_password_exits_4_without_printing_it(
+    pg: LocalPostgres, test_db_dsn: str, password_role: str, command: list[str], how: str
+) -> None:
+    env = clean_env()
+    if how == "url":
+        dsn = f"postgresql://{password_role}:{PASSWORD}@127.0.0.1:{pg.port}/pgworkerd_test"
+    else:
+        dsn = make_conninfo(pg.tcp_dsn("pgworkerd_test"), user=password_role)
+        env["PGPASSWORD"] = PASSWORD
+    proc = cli("--dsn", dsn, *command, env=env)
+    assert_refused(
+        proc,
+        ExitCode.DATABASE,
+        f"cannot connect to PostgreSQL at 127.0.0.1:{pg.port}/pgworkerd_test",
+        f'password authentication failed for user "{password_role}"',
+    )
+
+
+@pytest.mark.parametrize("command", [["jobs"], ["run"]])
+def test_unparsable_dsn_is_bad_input_exit_3(command: list[str]) -> None:
+    """Not a connection failure: no retry could fix it, so `run` must not retry either."""
+    proc = cli("--dsn", f"password={PASSWORD} host=127.0.0.1 port", *command, timeout=DEADLINE)
+    assert_refused(proc, ExitCode.CONFIG, "invalid DSN", 'missing "=" after "port"')
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="daemon.py _start_database retries every connect failure, including libpq's "
+    "rejection of a DSN option value (sslmode=bogus), which no retry can fix; it should "
+    "exit 3 like an unparsable DSN",
+)
+def test_run_with_an_invalid_dsn_option_value_exits_3() -> None:
+    dsn = f"host=127.0.0.1 port={closed_port()} password={PASSWORD} sslmode=bogus"
+    try:
+        proc = cli("--dsn", dsn, "run", timeout=8)
+    except subprocess.TimeoutExpired:
+        pytest.fail("`run` still retrying after 8s")
+    assert_refused(proc, ExitCode.CONFIG, 'invalid sslmode value: "bogus"')
+
+
+# -- schema missing, older or newer ------------------------------------------------------------
+
+SCHEMA_COMMANDS = {
+    "run": ["run"],
+    "enqueue": ["enqueue", "h", "--payload", '{"n": 1}'],
+    "jobs": ["jobs"],
+}
+
+
+@pytest.mark.parametrize("command", list(SCHEMA_COMMANDS))
+@pytest.mark.parametrize("state", ["missing", "older", "newer"])
+def test_missing_or_mismatched_schema_exits_5_promptly_and_writes_nothing(
+    request: pytest.FixtureRequest,
+    test_db_dsn: str,
+    schema: str,
+    conn: psycopg.Connection,
+    state: str,
+    command: str,
+) -> None:
+    latest = latest_version()
+    target = schema
+    versions = sql.Identifier(schema, "schema_version")
+    if state == "missing":
+        target = f"t_{uuid.uuid4().hex[:8]}"
+        request.addfinalizer(lambda: drop_schema(test_db_dsn, target))
+        expected = f"schema '{target}' does not exist in this database: run `pgworkerd migrate`"
+    elif state == "older":
+        conn.execute(sql.SQL("DELETE FROM {} WHERE version = %s").format(versions), [latest])
+        expected = (
+            f"schema '{target}' is at version {latest - 1}, older than this pgworkerd "
+            f"expects ({latest}): run `pgworkerd migrate`"
+        )
+    else:
+        conn.execute(
+            sql.SQL("INSERT INTO {} (version, name) VALUES (%s, 'from_the_future')").format(
+                versions
+            ),
+            [latest + 1],
+        )
+        expected = (
+            f"schema '{target}' is at version {latest + 1}, newer than this pgworkerd knows "
+            f"({latest}): upgrade pgworkerd on this host"
+        )
+    before = snapshot(conn, target)
+    started = time.monotonic()
+    # A daemon that retried instead of exiting would run into the timeout.
+    proc = cli(
+        "--dsn", test_db_dsn, "--schema", target, *SCHEMA_COMMANDS[command], timeout=DEADLINE
+    )
+    elapsed = time.monotonic() - started
+    assert_refused(proc, ExitCode.SCHEMA, expected)
+    assert proc.stdout == ""
+    assert snapshot(conn, target) == before  # no job, no registry row, versions as they were
+    assert elapsed < DEADLINE / 2, f"took {elapsed:.1f}s"
+
+
+# -- a daemon that cannot reach its database never reports READY ------------------------------
+
+
+@pytest.mark.parametrize("trouble", ["closed-port", "wrong-password"])
+def test_daemon_without_its_database_never_reports_ready(
+    request: pytest.FixtureRequest, pg: LocalPostgres, tmp_path: Path, trouble: str
+) -> None:
+    if trouble == "closed-port":
+        port = closed_port()
+        dsn = f"postgresql://app:{PASSWORD}@127.0.0.1:{port}/appdb"
+        expected = [f"127.0.0.1:{port}/appdb"]
+    else:
+        role = request.getfixturevalue("password_role")
+        request.getfixturevalue("test_db_dsn")
+        dsn = f"postgresql://{role}:{PASSWORD}@127.0.0.1:{pg.port}/pgworkerd_test"
+        expected = [
+            f"127.0.0.1:{pg.port}/pgworkerd_test",
+            f'password authentication failed for user "{role}"',
+        ]
+    # A short directory: unix socket paths are limited to ~107 bytes.
+    sock_dir = tempfile.mkdtemp(prefix="pgworkerd-bi-", dir="/tmp")
+    request.addfinalizer(lambda: shutil.rmtree(sock_dir, ignore_errors=True))
+    notify_path = os.path.join(sock_dir, "notify")
+    messages: list[str] = []
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(notify_path)
+
+        def receive(seconds: float) -> None:
+            end = time.monotonic() + seconds
+            while (left := end - time.monotonic()) > 0:
+                sock.settimeout(left)
+                try:
+                    messages.append(sock.recv(65536).decode())
+                except TimeoutError:
+                    return
+
+        log_path = tmp_path / "daemon.log"
+        with log_path.open("wb") as out:
+            proc = subprocess.Popen(
+                [str(PGWORKERD), "--dsn", dsn, "run"],
+                env=clean_env(NOTIFY_SOCKET=notify_path),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+
+            def told_unreachable() -> bool:
+                if proc.poll() is not None:
+                    pytest.fail(f"daemon exited with {proc.returncode}:\n{log_path.read_text()}")
+                receive(0.1)
+                return any("STATUS=database unreachable" in m for m in messages)
+
+            wait_for(told_unreachable, what="STATUS=database unreachable")
+            receive(3.0)  # the observation window: READY=1 must not come
+            assert proc.poll() is None, log_path.read_text()
+            lines = [line for m in messages for line in m.splitlines()]
+            assert "READY=1" not in lines, messages
+            proc.send_signal(signal.SIGTERM)
+            exit_code = proc.wait(DEADLINE)
+            receive(0.2)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+    lines = [line for m in messages for line in m.splitlines()]
+    assert "READY=1" not in lines, messages
+    assert "STOPPING=1" in lines, messages
+    # SIGTERM before the database was ever reached: a clean stop, exit 0 (README: "0 success
+    # (the daemon: drained and stopped)"); there was nothing to drain.
+    assert exit_code == ExitCode.OK
+    log = log_path.read_text(errors="replace")
+    assert "database unreachable" in log
+    for needle in expected:
+        assert needle in log, log
+    assert PASSWORD not in log
+    assert "Traceback" not in log
+
+
+# -- the demo without a writable /tmp ----------------------------------------------------------
+
+
+def _can_remount_tmp() -> bool:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "true"],
+        capture_output=True,
+        check=False,
+    )
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(
+    not _can_remount_tmp(),
+    reason="needs root and unshare(1) to give the demo a read-only /tmp "
+    "(LocalPostgres always uses /tmp, never $TMPDIR)",
+)
+@pytest.mark.parametrize("args", [["demo", "--seconds", "1"], ["run"]], ids=["demo", "run-no-dsn"])
+def test_demo_without_a_writable_tmp_fails_clearly(args: list[str]) -> None:
+    """`demo` (and `run` with no DSN anywhere) put their throwaway cluster in /tmp. With /tmp
+    read-only (a private mount namespace) they must say so, not crash; TMPDIR pointing
+    nowhere changes nothing, as LocalPostgres ignores it (socket paths must stay short)."""
+    script = 'mount -t tmpfs -o ro tmpfs /tmp && exec "$0" "$@"'
+    proc = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, PGWORKERD, *args],
+        capture_output=True,
+        text=True,
+        env=clean_env(TMPDIR="/nonexistent/tmpdir"),
+        stdin=subprocess.DEVNULL,
+        timeout=DEADLINE,
+        check=False,
+    )
+    assert_refused(
+        proc,
+        ExitCode.DATABASE,
+        "cannot start a local PostgreSQL for the demo",
+        "Read-only file system",
+        "/tmp/pgworkerd-pg-",
+    )
+
+
+# -- the command line itself -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "usage", "error"),
+    [
+        (["--bogus", "jobs"], "Usage: pgworkerd [OPTIONS] COMMAND [ARGS]...", "'--bogus'"),
+        (["run", "--bogus"], "Usage: pgworkerd run [OPTIONS]", "No such option '--bogus'"),
+        (["frobnicate"], "Usage: pgworkerd [OPTIONS] COMMAND", "No such command 'frobnicate'"),
+    ],
+    ids=["global", "run", "unknown-command"],
+)
+def test_unknown_option_exits_2_with_usage(args: list[str], usage: str, error: str) -> None:
+    # A DSN nobody listens on: were the option accepted, `run` must not start the demo.
+    dsn = f"postgresql://app@127.0.0.1:{closed_port()}/app"
+    proc = cli("--dsn", dsn, *args, timeout=DEADLINE)
+    assert_refused(proc, ExitCode.USAGE, usage, error, "--help")
+    assert proc.stdout == ""
+
+
+def test_snapshot_sees_a_written_job(schema: str, conn: psycopg.Connection) -> None:
+    """Sanity for `snapshot`, which every case above compares: a job row changes it."""
+    before = snapshot(conn, schema)
+    jobs.enqueue(conn, "h", schema=schema)
+    assert snapshot(conn, schema) == {**before, "jobs": before["jobs"] + 1}

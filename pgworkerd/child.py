@@ -54,7 +54,11 @@ def _has_nul(value: Any) -> bool:
 
 class JobInterrupted(BaseException):
     """Raised inside the handler when the daemon stops the job (SIGTERM to the child):
-    drain timeout, timeout, cancellation or a lost lease. Catch it only to clean up."""
+    drain timeout, timeout, cancellation or a lost lease. Catch it only to clean up.
+
+    A handler may raise it itself when it sees `job.stop_requested`: during a drain the
+    job is then handed back (released, the attempt not counted), after a cancel it is
+    cancelled, and otherwise it is a failed attempt."""
 
 
 class JobContext:
@@ -202,7 +206,8 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
 
 
 def _run_one(channel: _Channel, job: dict[str, Any]) -> None:
-    channel.cancel_requested = channel.shutdown_requested = False
+    # (cancel/shutdown flags are cleared after a job, not before: a shutdown message can
+    # arrive right behind the job message and must not be lost)
     channel.title = f"pgworkerd: job {job['id']} {job['handler']} attempt {job['attempt']}"
     channel.job_started = time.monotonic()
     channel.deadline = job["deadline"]
@@ -247,6 +252,7 @@ def _run_one(channel: _Channel, job: dict[str, Any]) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     channel.deadline = None
     channel.send(outcome)
+    channel.cancel_requested = False
     signal.signal(signal.SIGTERM, _raise_interrupted)
     channel.title = "pgworkerd: idle child"
     setproctitle(channel.title)

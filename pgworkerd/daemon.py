@@ -30,7 +30,7 @@ from setproctitle import setproctitle
 
 from pgworkerd import __version__, jobs, registry
 from pgworkerd.config import Config, ConfigError, HandlerConfig, load_config
-from pgworkerd.db import DatabaseError, connect, scrub
+from pgworkerd.db import DatabaseError, InvalidDsn, connect, scrub
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.forkserver import set_child_subreaper
@@ -49,6 +49,9 @@ FENCE_MARGIN_FRACTION = 0.1
 MAX_RECONNECT_DELAY = 30.0
 # Progress and checkpoints reach the job row at most this often.
 PROGRESS_SAVE_INTERVAL = 1.0
+# An outcome whose write fails this often (with the database up) is dropped; the job's
+# lease then expires and the claim rescues it.
+MAX_OUTCOME_WRITES = 3
 
 
 def fence_margin(lease: float) -> float:
@@ -73,6 +76,7 @@ class InFlight:
     stop_reason: str | None = None  # drain, terminate, timeout, stuck, cancel, lease lost
     kill_at: float | None = None  # SIGKILL the child's group at this time
     report: dict[str, Any] | None = None
+    cancel_seen: bool = False  # the database asked to cancel this job
 
     @property
     def name(self) -> str:
@@ -91,6 +95,7 @@ class Outcome:
     error: str = ""
     progress: Any = None
     backoff: tuple[float, float] = (10.0, 3600.0)
+    failed_writes: int = 0
 
 
 @dataclass
@@ -188,6 +193,10 @@ class Daemon:
                 log.error("%s", exc)
                 self.exit_code = ExitCode.SCHEMA
                 return False
+            except InvalidDsn as exc:
+                log.error("%s", exc)
+                self.exit_code = ExitCode.CONFIG
+                return False
             except (psycopg.Error, DatabaseError, OSError) as exc:
                 message = scrub(
                     str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__,
@@ -195,18 +204,24 @@ class Daemon:
                 )
                 log.warning("database unreachable (%s); retrying in %.1fs", message, delay)
                 self.notifier.status("database unreachable, retrying")
+                # Not READY yet: keep systemd's start timeout from killing a daemon that
+                # is only waiting for its database.
+                self.notifier.extend_timeout(delay + self.config.database.connect_timeout + 5)
                 self._sleep(delay)
                 delay = min(delay * 2, MAX_RECONNECT_DELAY)
 
     def _connect(self, dsn: str | None = None) -> psycopg.Connection:
         db = self.config.database
-        options = f"-c statement_timeout={int(db.statement_timeout * 1000)}"
+        extra: dict[str, Any] = {}
+        if db.statement_timeout > 0:
+            # A startup option: PgBouncer does not forward it (see README), hence "0s".
+            extra["options"] = f"-c statement_timeout={int(db.statement_timeout * 1000)}"
         return connect(
             self.dsn if dsn is None else dsn,
             connect_timeout=max(1, round(db.connect_timeout)),
             keepalives_idle=max(1, round(db.keepalives_idle)),
             tcp_user_timeout=int(db.tcp_user_timeout * 1000),
-            options=options,
+            **extra,
         )
 
     def _install_signals(self) -> None:
@@ -482,11 +497,15 @@ class Daemon:
         h = job.handler
         reason = job.stop_reason
         kind, error, result = "fail", "", None
+        # the handler stopped itself (JobInterrupted) after a drain or cancel request
+        interrupted = report is not None and report["t"] == "interrupted"
         if report is not None and report["t"] == "done":
             kind, result = "complete", report.get("result")
-        elif reason in ("drain", "terminate"):
+        elif reason in ("drain", "terminate") or (
+            interrupted and self.state in ("draining", "stopping")
+        ):
             kind = "release"
-        elif reason == "cancel":
+        elif reason == "cancel" or (interrupted and job.cancel_seen):
             kind, error = "cancel", "cancelled while running"
         elif reason == "lease lost":
             error = "stopped: the lease could not be renewed in time"
@@ -515,8 +534,9 @@ class Daemon:
     # -- database ----------------------------------------------------------------------
 
     def _db(self, what: str, func: Callable[[psycopg.Connection], T]) -> T | None:
-        """Run one database call; on a connection failure mark the database down (the
-        loop reconnects with backoff) and return None."""
+        """Run one database call; None if it failed. A connection failure marks the
+        database down (the loop reconnects with backoff); any other error is logged and
+        the loop goes on: no database error takes the daemon down."""
         if self.conn is None:
             return None
         try:
@@ -530,6 +550,12 @@ class Daemon:
                 self._database_lost(what, exc)
             else:
                 log.warning("%s failed: %s", what, scrub(str(exc).strip(), self.dsn))
+            return None
+        except psycopg.Error as exc:
+            # Not the connection: a bad value, a timeout, a bug. Log it; the loop goes on.
+            log.error(
+                "%s failed: %s: %s", what, type(exc).__name__, scrub(str(exc).strip(), self.dsn)
+            )
             return None
 
     def _database_lost(self, what: str, exc: BaseException) -> None:
@@ -572,8 +598,18 @@ class Daemon:
         while self.outcomes and self.db_ok:
             outcome = self.outcomes[0]
             written = self._db("recording an outcome", lambda c, o=outcome: self._write(c, o))
-            if written is None and not self.db_ok:
-                return
+            if written is None:
+                if not self.db_ok:
+                    return  # kept: written when the database is back
+                outcome.failed_writes += 1
+                if outcome.failed_writes < MAX_OUTCOME_WRITES:
+                    return  # e.g. a statement timeout: try again next tick
+                log.error(
+                    "job %d: giving up recording its outcome (%s); it runs again "
+                    "when its lease expires",
+                    outcome.job.id,
+                    outcome.kind,
+                )
             self.outcomes.popleft()
 
     def _write(self, conn: psycopg.Connection, o: Outcome) -> bool:
@@ -679,6 +715,7 @@ class Daemon:
             if job.child is not None:
                 job.child.send({"t": "lease", "deadline": job.deadline})
             if r.cancel_requested and job.stop_reason is None:
+                job.cancel_seen = True
                 log.info("%s: cancel requested; stopping it", job.name)
                 if job.child is not None:
                     job.child.send({"t": "cancel"})
@@ -804,7 +841,11 @@ class Daemon:
                 child.job = None
 
     def _keep_warm(self) -> None:
-        if self.state not in ("running",):
+        if not self._may_claim():
+            # Children that were still starting when a drain began come up idle: retire
+            # them, or the daemon would wait for them until its exit deadline.
+            for child in self.supervisor.idle():
+                self.supervisor.retire(child)
             return
         waiting = sum(1 for j in self.in_flight.values() if j.child is None)
         target = min(self.config.worker.warm_children, self._free_slots()) + waiting
@@ -935,8 +976,10 @@ class Daemon:
         self.notifier.status(status)
         now = time.monotonic()
         if self.notifier.watchdog_interval and now >= self.timers.watchdog_at:
-            # Only while the loop ticks and the database answers.
-            if self.db_ok and self._db("watchdog check", lambda c: c.execute("SELECT 1")):
+            # The loop ticked, and every database call in a tick is bounded. Ping while
+            # the database answers or while we keep to the reconnect schedule: a daemon
+            # riding out an outage is healthy (restarting it would kill its jobs).
+            if self.db_ok or self.timers.reconnect_at > now - MAX_RECONNECT_DELAY:
                 self.notifier.watchdog()
             self.timers.watchdog_at = now + self.notifier.watchdog_interval
 

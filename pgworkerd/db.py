@@ -87,6 +87,9 @@ def connect(dsn: str, *, autocommit: bool = True, **overrides: Any) -> psycopg.C
     except psycopg.OperationalError as exc:
         lines = [ln.strip() for ln in scrub(str(exc), dsn).splitlines() if ln.strip()]
         detail = "; ".join(lines) or "no details"
+        if re.match(r"connection is bad: invalid .*value", detail):
+            # libpq rejected an option's value before trying the network: bad input.
+            raise InvalidDsn(f"invalid DSN: {detail.removeprefix('connection is bad: ')}") from None
         raise DatabaseError(
             f"cannot connect to PostgreSQL at {describe_target(dsn)}: {detail}"
         ) from None

@@ -8,7 +8,7 @@ import signal
 import time
 from typing import Any
 
-from pgworkerd.child import JobContext
+from pgworkerd.child import JobContext, JobInterrupted
 
 
 def sleep_with_progress(job: JobContext) -> dict[str, Any]:
@@ -18,8 +18,8 @@ def sleep_with_progress(job: JobContext) -> dict[str, Any]:
     steps = max(1, int(job.payload.get("steps", 10)))
     start = int((job.checkpoint or {}).get("step", 0))
     for step in range(start, steps):
-        if job.stop_requested:
-            raise RuntimeError("stopping early: cancellation or shutdown requested")
+        if job.stop_requested:  # drain or cancel: the checkpoint lets a later attempt resume
+            raise JobInterrupted(f"stopping early at step {step} of {steps}")
         time.sleep(seconds / steps)
         job.heartbeat(progress={"step": step + 1, "of": steps}, checkpoint={"step": step + 1})
     return {"slept": seconds, "resumed_from": start}

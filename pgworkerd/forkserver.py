@@ -44,7 +44,13 @@ class ForkServer:
         try:
             # setpgroup=0: its own process group, so a Ctrl-C in the terminal reaches only
             # the daemon, which then drains.
-            pid = os.posix_spawn(sys.executable, argv, dict(os.environ), setpgroup=0)
+            # systemd's notification variables are the parent's alone.
+            env = {
+                k: v
+                for k, v in os.environ.items()
+                if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+            }
+            pid = os.posix_spawn(sys.executable, argv, env, setpgroup=0)
         finally:
             server_end.close()
         server = cls(pid, parent_end)

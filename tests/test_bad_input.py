@@ -597,12 +597,6 @@ def test_unparsable_dsn_is_bad_input_exit_3(command: list[str]) -> None:
     assert_refused(proc, ExitCode.CONFIG, "invalid DSN", 'missing "=" after "port"')
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="daemon.py _start_database retries every connect failure, including libpq's "
-    "rejection of a DSN option value (sslmode=bogus), which no retry can fix; it should "
-    "exit 3 like an unparsable DSN",
-)
 def test_run_with_an_invalid_dsn_option_value_exits_3() -> None:
     dsn = f"host=127.0.0.1 port={closed_port()} password={PASSWORD} sslmode=bogus"
     try:

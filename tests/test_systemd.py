@@ -534,11 +534,6 @@ def test_watchdog_restarts_a_hung_daemon(make_service: Callable[..., Service]) -
     assert svc.status() == "running: 0/4 busy"
 
 
-@pytest.mark.xfail(
-    reason="daemon.py _report_status pings the watchdog only while the database answers, "
-    "so a daemon riding out an outage is aborted and restarted (see the systemd report)",
-    strict=False,
-)
 def test_watchdog_spares_a_daemon_waiting_for_the_database(
     make_service: Callable[..., Service], database: LocalPostgres
 ) -> None:
@@ -556,11 +551,6 @@ def test_watchdog_spares_a_daemon_waiting_for_the_database(
     assert svc.prop("MainPID") == main_pid
 
 
-@pytest.mark.xfail(
-    reason="daemon.py _start_database sends no EXTEND_TIMEOUT_USEC while it waits for the "
-    "database, so TimeoutStartSec ends the wait and systemd restarts it (see the report)",
-    strict=False,
-)
 def test_start_timeout_spares_a_daemon_waiting_for_the_database(
     make_service: Callable[..., Service], database: LocalPostgres
 ) -> None:

@@ -28,13 +28,14 @@ from typing import Any, TypeVar
 import psycopg
 from setproctitle import setproctitle
 
-from pgworkerd import __version__, jobs, registry
+from pgworkerd import __version__, jobs, outcomes, registry
 from pgworkerd.config import Config, ConfigError, HandlerConfig, load_config
 from pgworkerd.db import DatabaseError, InvalidDsn, connect, scrub
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.forkserver import set_child_subreaper
 from pgworkerd.migrate import SchemaError, check_current
+from pgworkerd.outcomes import Outcome
 from pgworkerd.queries import notify_channel
 from pgworkerd.supervisor import Child, Supervisor, describe_exit
 from pgworkerd.systemd import Notifier
@@ -81,21 +82,6 @@ class InFlight:
     @property
     def name(self) -> str:
         return f"job {self.job.id} {self.job.handler} attempt {self.job.attempt}"
-
-
-@dataclass
-class Outcome:
-    """What to write for a finished attempt; kept until the database takes it."""
-
-    job: jobs.ClaimedJob
-    handler: HandlerConfig
-    kind: str  # complete, fail, release, cancel
-    duration: float
-    result: Any = None
-    error: str = ""
-    progress: Any = None
-    backoff: tuple[float, float] = (10.0, 3600.0)
-    failed_writes: int = 0
 
 
 @dataclass
@@ -595,78 +581,29 @@ class Daemon:
         self._listen()
 
     def _flush_outcomes(self) -> None:
+        """Write what finished attempts left: all completions in one statement, the
+        other outcomes one by one. Kept in memory while the database is away."""
         while self.outcomes and self.db_ok:
-            outcome = self.outcomes[0]
-            written = self._db("recording an outcome", lambda c, o=outcome: self._write(c, o))
+            completions = [o for o in self.outcomes if o.kind == "complete"]
+            batch = completions or [self.outcomes[0]]
+            written = self._db(
+                "recording outcomes",
+                lambda c, b=batch: outcomes.write(c, self.worker_id, self.schema, b),
+            )
             if written is None:
                 if not self.db_ok:
                     return  # kept: written when the database is back
-                outcome.failed_writes += 1
-                if outcome.failed_writes < MAX_OUTCOME_WRITES:
+                for o in batch:
+                    o.failed_writes += 1
+                if batch[0].failed_writes < MAX_OUTCOME_WRITES:
                     return  # e.g. a statement timeout: try again next tick
                 log.error(
-                    "job %d: giving up recording its outcome (%s); it runs again "
-                    "when its lease expires",
-                    outcome.job.id,
-                    outcome.kind,
+                    "giving up recording the outcome of job(s) %s; they run again when "
+                    "their leases expire",
+                    ", ".join(str(o.job.id) for o in batch),
                 )
-            self.outcomes.popleft()
-
-    def _write(self, conn: psycopg.Connection, o: Outcome) -> bool:
-        j, worker, s = o.job, self.worker_id, self.schema
-        fields = {
-            "job_id": j.id,
-            "handler": j.handler,
-            "attempt": j.attempt,
-            "duration": round(o.duration, 3),
-        }
-        what = f"job {j.id} {j.handler} attempt {j.attempt}"
-        took = f"{o.duration:.2f}s"
-        ok: bool
-        if o.kind == "complete":
-            ok = jobs.complete(conn, worker, j.id, j.token, o.result, progress=o.progress, schema=s)
-            message = f"{what}: completed in {took}"
-        elif o.kind == "release":
-            status = jobs.release(conn, worker, j.id, j.token, schema=s)
-            ok = status is not None
-            message = f"{what}: released after {took} (attempt not counted)"
-        elif o.kind == "cancel":
-            ok = jobs.cancel_running(conn, worker, j.id, j.token, o.error, schema=s)
-            message = f"{what}: cancelled after {took}"
-        else:
-            failed = jobs.fail(
-                conn,
-                worker,
-                j.id,
-                j.token,
-                o.error,
-                backoff_base=o.backoff[0],
-                backoff_max=o.backoff[1],
-                schema=s,
-            )
-            ok = failed is not None
-            first = o.error.splitlines()[0] if o.error else "failed"
-            if failed is None:
-                message = ""
-            elif failed.status == "pending":
-                message = f"{what}: failed after {took}: {first}; retry at {failed.run_at:%H:%M:%S}"
-            else:
-                message = f"{what}: failed after {took}: {first}; now {failed.status}"
-        if ok:
-            log.log(
-                logging.WARNING if o.kind == "fail" else logging.INFO,
-                "%s",
-                message,
-                extra={"fields": {**fields, "event": o.kind}},
-            )
-        else:
-            log.warning(
-                "%s: outcome %s rejected: the lease was lost and the job re-claimed (fenced off)",
-                what,
-                o.kind,
-                extra={"fields": {**fields, "event": "fenced"}},
-            )
-        return ok
+            for o in batch:
+                self.outcomes.remove(o)
 
     def _renew_if_due(self, only_unsaved: bool = False) -> None:
         now = time.monotonic()

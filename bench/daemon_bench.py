@@ -68,6 +68,8 @@ class Daemon:
         lines = ["[worker]"] + [f"{k} = {json.dumps(v)}" for k, v in worker.items()]
         for name, target in handlers.items():
             lines += [f"[handlers.{name}]", f'target = "{target}"']
+        if os.environ.get("BENCH_LOG_LEVEL"):  # e.g. debug: per-job start delays
+            lines += ["[logging]", f'level = "{os.environ["BENCH_LOG_LEVEL"]}"']
         self.config = workdir / f"bench-{time.monotonic_ns()}.toml"
         self.config.write_text("\n".join(lines) + "\n")
         self.log = workdir / "daemon.log"

@@ -231,9 +231,11 @@ class Daemon:
             self._reconnect_if_due()
             self._flush_outcomes()
             self._renew_if_due()
-            self._registry_if_due()
+            # Claim and hand out before the registry heartbeat: a woken idle daemon
+            # starts the job first (latency) and does its bookkeeping after.
             self._claim_if_wanted()
             self._dispatch()
+            self._registry_if_due()
             self._keep_warm()
             if self._finished():
                 return

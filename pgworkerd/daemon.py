@@ -29,13 +29,13 @@ import psycopg
 from setproctitle import setproctitle
 
 from pgworkerd import __version__, jobs, outcomes, registry
-from pgworkerd.config import Config, ConfigError, HandlerConfig, load_config
+from pgworkerd.config import Config, ConfigError, load_config
 from pgworkerd.db import DatabaseError, InvalidDsn, connect, scrub
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.forkserver import set_child_subreaper
 from pgworkerd.migrate import SchemaError, check_current
-from pgworkerd.outcomes import Outcome
+from pgworkerd.outcomes import InFlight, Outcome, decide
 from pgworkerd.queries import notify_channel
 from pgworkerd.supervisor import Child, Supervisor, describe_exit
 from pgworkerd.systemd import Notifier
@@ -57,31 +57,6 @@ MAX_OUTCOME_WRITES = 3
 
 def fence_margin(lease: float) -> float:
     return min(lease / 2, max(FENCE_MARGIN_MIN, lease * FENCE_MARGIN_FRACTION))
-
-
-@dataclass(eq=False)
-class InFlight:
-    """A claimed job this daemon holds, from claim to recorded outcome."""
-
-    job: jobs.ClaimedJob
-    handler: HandlerConfig
-    lease: float
-    claimed_at: float
-    deadline: float  # monotonic: stop the child here if no renewal came
-    child: Child | None = None
-    started_at: float | None = None
-    last_beat: float = 0.0
-    progress: Any = None
-    checkpoint: Any = None
-    unsaved: bool = False  # progress or checkpoint not yet in the row
-    stop_reason: str | None = None  # drain, terminate, timeout, stuck, cancel, lease lost
-    kill_at: float | None = None  # SIGKILL the child's group at this time
-    report: dict[str, Any] | None = None
-    cancel_seen: bool = False  # the database asked to cancel this job
-
-    @property
-    def name(self) -> str:
-        return f"job {self.job.id} {self.job.handler} attempt {self.job.attempt}"
 
 
 @dataclass
@@ -207,6 +182,7 @@ class Daemon:
             connect_timeout=max(1, round(db.connect_timeout)),
             keepalives_idle=max(1, round(db.keepalives_idle)),
             tcp_user_timeout=int(db.tcp_user_timeout * 1000),
+            prepare=db.prepared_statements,
             **extra,
         )
 
@@ -480,43 +456,8 @@ class Daemon:
             return
         if job.child is not None and job.child.job == job.job.id:
             job.child.job = None
-        now = time.monotonic()
-        duration = now - (job.started_at or job.claimed_at)
-        h = job.handler
-        reason = job.stop_reason
-        kind, error, result = "fail", "", None
-        # the handler stopped itself (JobInterrupted) after a drain or cancel request
-        interrupted = report is not None and report["t"] == "interrupted"
-        if report is not None and report["t"] == "done":
-            kind, result = "complete", report.get("result")
-        elif reason in ("drain", "terminate") or (
-            interrupted and self.state in ("draining", "stopping")
-        ):
-            kind = "release"
-        elif reason == "cancel" or (interrupted and job.cancel_seen):
-            kind, error = "cancel", "cancelled while running"
-        elif reason == "lease lost":
-            error = "stopped: the lease could not be renewed in time"
-        elif reason == "timeout":
-            error = f"timed out after {format_duration(h.timeout or 0)}"
-        elif reason == "stuck":
-            error = f"no heartbeat for {format_duration(h.heartbeat_timeout or 0)}: stuck"
-        elif report is not None and report["t"] == "error":
-            error = report["error"] + ("\n" + report["traceback"] if report["traceback"] else "")
-        elif report is not None:
-            error = f"interrupted from outside the daemon: {report.get('error')}"
-        else:
-            error = f"child process {exit_description or 'vanished'}"
-        if reason in ("timeout", "stuck") and report is not None and report.get("traceback"):
-            error += "\n" + report["traceback"]
-        w = self.config.worker
-        backoff = (
-            h.backoff if h.backoff is not None else w.backoff,
-            h.backoff_max if h.backoff_max is not None else w.backoff_max,
-        )
-        self.outcomes.append(
-            Outcome(job.job, h, kind, duration, result, error, job.progress, backoff)
-        )
+        draining = self.state in ("draining", "stopping")
+        self.outcomes.append(decide(job, report, exit_description, draining, self.config.worker))
         self.claim_wanted = self.claim_wanted or self.backlog
 
     # -- database ----------------------------------------------------------------------

@@ -1,17 +1,21 @@
-"""Recording what a finished attempt left: one fenced statement per kind of outcome, and
-one log line per job event. Every write names the lease token, so an outcome whose lease
-was lost and re-claimed changes nothing and is logged as fenced off."""
+"""A job attempt from claim to outcome: what the daemon holds while it runs (InFlight),
+what it left (decide), and recording that (write): one fenced statement per kind of
+outcome and one log line per job event. Every write names the lease token, so an outcome
+whose lease was lost and re-claimed changes nothing and is logged as fenced off."""
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from pgworkerd import jobs
-from pgworkerd.config import HandlerConfig
+from pgworkerd.config import HandlerConfig, WorkerConfig
+from pgworkerd.durations import format_duration
+from pgworkerd.supervisor import Child
 
 log = logging.getLogger("pgworkerd")
 
@@ -44,6 +48,72 @@ class Outcome:
                 "event": event,
             }
         }
+
+
+@dataclass(eq=False)
+class InFlight:
+    """A claimed job this daemon holds, from claim to recorded outcome."""
+
+    job: jobs.ClaimedJob
+    handler: HandlerConfig
+    lease: float
+    claimed_at: float
+    deadline: float  # monotonic: stop the child here if no renewal came
+    child: Child | None = None
+    started_at: float | None = None
+    last_beat: float = 0.0
+    progress: Any = None
+    checkpoint: Any = None
+    unsaved: bool = False  # progress or checkpoint not yet in the row
+    stop_reason: str | None = None  # drain, terminate, timeout, stuck, cancel, lease lost
+    kill_at: float | None = None  # SIGKILL the child's group at this time
+    report: dict[str, Any] | None = None
+    cancel_seen: bool = False  # the database asked to cancel this job
+
+    @property
+    def name(self) -> str:
+        return f"job {self.job.id} {self.job.handler} attempt {self.job.attempt}"
+
+
+def decide(
+    job: InFlight,
+    report: dict[str, Any] | None,
+    exit_description: str,
+    draining: bool,
+    worker: WorkerConfig,
+) -> Outcome:
+    """The outcome of a finished attempt, from the child's report (None if it died
+    without one) and why the daemon stopped it, if it did. A reported result always wins."""
+    duration = time.monotonic() - (job.started_at or job.claimed_at)
+    h, reason = job.handler, job.stop_reason
+    kind, error, result = "fail", "", None
+    # the handler stopped itself (JobInterrupted) after a drain or cancel request
+    interrupted = report is not None and report["t"] == "interrupted"
+    if report is not None and report["t"] == "done":
+        kind, result = "complete", report.get("result")
+    elif reason in ("drain", "terminate") or (interrupted and draining):
+        kind = "release"
+    elif reason == "cancel" or (interrupted and job.cancel_seen):
+        kind, error = "cancel", "cancelled while running"
+    elif reason == "lease lost":
+        error = "stopped: the lease could not be renewed in time"
+    elif reason == "timeout":
+        error = f"timed out after {format_duration(h.timeout or 0)}"
+    elif reason == "stuck":
+        error = f"no heartbeat for {format_duration(h.heartbeat_timeout or 0)}: stuck"
+    elif report is not None and report["t"] == "error":
+        error = report["error"] + ("\n" + report["traceback"] if report["traceback"] else "")
+    elif report is not None:
+        error = f"interrupted from outside the daemon: {report.get('error')}"
+    else:
+        error = f"child process {exit_description or 'vanished'}"
+    if reason in ("timeout", "stuck") and report is not None and report.get("traceback"):
+        error += "\n" + report["traceback"]
+    backoff = (
+        h.backoff if h.backoff is not None else worker.backoff,
+        h.backoff_max if h.backoff_max is not None else worker.backoff_max,
+    )
+    return Outcome(job.job, h, kind, duration, result, error, job.progress, backoff)
 
 
 def write(conn: psycopg.Connection, worker: str, schema: str, batch: list[Outcome]) -> bool:

@@ -352,7 +352,7 @@ def check_config(ctx: Context, as_json: bool) -> None:
         echo_json(data)
         return
     click.echo(f"{config.path}: OK ({len(config.handlers)} handler(s))")
-    for table in ("database", "worker", "logging"):
+    for table in ("database", "worker", "logging", "metrics"):
         click.echo(f"[{table}]")
         for key, value in data[table].items():
             click.echo(f"{key} = {json.dumps(value)}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import importlib.util
 import math
 import re
 import socket
@@ -78,12 +79,28 @@ class LoggingConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    listen: str = ""  # "HOST:PORT" for the Prometheus endpoint; empty: no endpoint
+    queue_depth_interval: float = 15.0  # how often the job counts are refreshed
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.listen)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) of `listen`; host "" means every interface."""
+        return split_listen(self.listen)
+
+
+@dataclass(frozen=True)
 class Config:
     path: str = "<defaults>"
     database: DatabaseConfig = field(default_factory=DatabaseConfig)
     worker: WorkerConfig = field(default_factory=WorkerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     handlers: dict[str, HandlerConfig] = field(default_factory=dict)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -242,6 +259,30 @@ def _target(value: Any) -> str:
     return text
 
 
+_HOST_RE = re.compile(r"^[A-Za-z0-9._-]*$")
+
+
+def split_listen(text: str) -> tuple[str, int]:
+    """Split `listen`: HOST:PORT, [IPV6]:PORT or :PORT (every interface)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f'expected "HOST:PORT" (e.g. "127.0.0.1:9464"), got {text!r}')
+    if host.startswith("[") and host.endswith("]") and ":" in host:
+        host = host[1:-1]
+        if not re.fullmatch(r"[0-9A-Fa-f:.]+", host):
+            raise ValueError(f"{text!r}: not an IPv6 address in brackets")
+    elif not _HOST_RE.match(host):
+        raise ValueError(f'{text!r}: bad host (IPv6 addresses go in brackets: "[::1]:9464")')
+    return host, int(port)
+
+
+def _listen(value: Any) -> str:
+    text = _string(value)
+    if text:
+        split_listen(text)
+    return text
+
+
 def _fields(cls: type) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
@@ -287,6 +328,10 @@ _LOGGING = {
     "format": _choice("text", "json"),
     "level": _choice("debug", "info", "warning", "error"),
 }
+_METRICS = {
+    "listen": _listen,
+    "queue_depth_interval": _positive_duration,
+}
 _HANDLER = {
     "target": _target,
     "queue": _nonempty,
@@ -306,7 +351,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    known_tables = ["database", "worker", "logging", "handlers"]
+    known_tables = ["database", "worker", "logging", "metrics", "handlers"]
     for table, value in data.items():
         if table not in known_tables:
             line = _locate(text, table, None)
@@ -324,6 +369,9 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     logging = _read_table(
         _Reader(path, text, "logging", data.get("logging", {})), LoggingConfig, _LOGGING
     )
+    metrics = _read_table(
+        _Reader(path, text, "metrics", data.get("metrics", {})), MetricsConfig, _METRICS
+    )
     handlers_table = data.get("handlers", {})
     if not isinstance(handlers_table, dict):
         line = _locate(text, "handlers", None)
@@ -336,7 +384,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             raise reader.error(None, 'missing key "target" ("package.module:function")')
         target = reader.get("target", None, _target)
         handlers[name] = _read_table(reader, HandlerConfig, _HANDLER, name=name, target=target)
-    config = Config(path, database, worker, logging, handlers)
+    config = Config(path, database, worker, logging, handlers, metrics)
     _cross_check(config, text)
     return config
 
@@ -360,6 +408,13 @@ def _cross_check(config: Config, text: str) -> None:
                 f"({format_duration(lease)} in [{table}]) so a lease survives two missed "
                 "renewals",
             )
+    if config.metrics.enabled and importlib.util.find_spec("prometheus_client") is None:
+        raise error(
+            "metrics",
+            "listen",
+            "the Prometheus endpoint needs prometheus-client, which is not installed "
+            "(pip install 'pgworkerd[metrics]'); or leave listen empty",
+        )
     if w.backoff_max < w.backoff:
         raise error("worker", "backoff_max", "must not be shorter than worker.backoff")
     for h in config.handlers.values():

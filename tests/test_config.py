@@ -165,9 +165,15 @@ def test_example_config_is_valid_and_documents_every_key() -> None:
     text = example.read_text()
     import dataclasses
 
-    from pgworkerd.config import DatabaseConfig, HandlerConfig, LoggingConfig, WorkerConfig
+    from pgworkerd.config import (
+        DatabaseConfig,
+        HandlerConfig,
+        LoggingConfig,
+        MetricsConfig,
+        WorkerConfig,
+    )
 
-    for cls in (DatabaseConfig, WorkerConfig, LoggingConfig, HandlerConfig):
+    for cls in (DatabaseConfig, WorkerConfig, LoggingConfig, MetricsConfig, HandlerConfig):
         for f in dataclasses.fields(cls):
             if f.name != "name" or cls is WorkerConfig:
                 assert f"{f.name} =" in text, f"{cls.__name__}.{f.name} undocumented"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
@@ -398,11 +397,8 @@ def run(ctx: Context, log_format: str | None) -> None:
             import_handler(handler)
         except ConfigError as exc:
             fail(str(exc), ExitCode.HANDLER)
-    if ctx.schema != DEFAULT_SCHEMA:
-        config = dataclasses.replace(
-            config, database=dataclasses.replace(config.database, schema=ctx.schema)
-        )
-    sys.exit(run_daemon(config, dsn=ctx.dsn, config_path=ctx.config_path))
+    schema = ctx.schema if ctx.schema != DEFAULT_SCHEMA else None
+    sys.exit(run_daemon(config, dsn=ctx.dsn, schema=schema, config_path=ctx.config_path))
 
 
 @main.command()

@@ -12,6 +12,7 @@ fenced by the lease token) when the database is back.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import secrets
@@ -75,12 +76,18 @@ class _Timers:
 
 class Daemon:
     def __init__(
-        self, config: Config, *, dsn: str | None = None, config_path: str | None = None
+        self,
+        config: Config,
+        *,
+        dsn: str | None = None,
+        schema: str | None = None,
+        config_path: str | None = None,
     ) -> None:
+        # self.config is the file's; --dsn and --schema from the command line override it.
         self.config = config
         self.config_path = config_path
         self.dsn = config.database.dsn if dsn is None else dsn
-        self.schema = config.database.schema
+        self.schema = config.database.schema if schema is None else schema
         self.worker_id = f"{config.worker_name()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.state = "starting"
         self.notifier = Notifier()
@@ -347,8 +354,11 @@ class Daemon:
         self.notifier.reloading()
         try:
             new = load_config(self.config_path)
-            if (new.database.dsn, new.database.schema) != (self.dsn, self.schema):
-                log.warning("reload: database settings changed; they apply after a restart")
+            if new.database != self.config.database:
+                log.warning(
+                    "reload: [database] changed in %s; it applies after a restart", self.config_path
+                )
+                new = dataclasses.replace(new, database=self.config.database)
             modules = sorted({h.module for h in new.handlers.values()})
             self.supervisor.settings = self._child_settings_for(new)
             self.supervisor.start_forkserver(modules, self._child_settings_for(new))
@@ -864,9 +874,15 @@ class Daemon:
             self.timers.watchdog_at = now + self.notifier.watchdog_interval
 
 
-def run_daemon(config: Config, *, dsn: str | None = None, config_path: str | None = None) -> int:
+def run_daemon(
+    config: Config,
+    *,
+    dsn: str | None = None,
+    schema: str | None = None,
+    config_path: str | None = None,
+) -> int:
     try:
-        return Daemon(config, dsn=dsn, config_path=config_path).run()
+        return Daemon(config, dsn=dsn, schema=schema, config_path=config_path).run()
     except Exception:
         log.critical("daemon crashed:\n%s", scrub(traceback.format_exc(), dsn))
         return ExitCode.FAILURE

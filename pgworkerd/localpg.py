@@ -99,8 +99,17 @@ def _clean_env() -> dict[str, str]:
 
 
 def _run(
-    args: list[str | Path], cwd: Path, account: pwd.struct_passwd | None
+    args: list[str | Path],
+    cwd: Path,
+    account: pwd.struct_passwd | None,
+    prefix: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
+    if prefix:
+        # The prefix (e.g. `ip netns exec NAME`) runs as ourselves (it needs root), and
+        # runuser switches to the server account after it.
+        switch = ["runuser", "-u", account.pw_name, "--"] if account else []
+        args = [*prefix, *switch, *args]
+        account = None
     # subprocess's user/group switch (instead of runuser/su) needs no extra binary and
     # drops root's supplementary groups too.
     return subprocess.run(
@@ -184,7 +193,11 @@ class LocalPostgres:
         *,
         port: int | None = None,
         settings: dict[str, str] | None = None,
+        command_prefix: tuple[str, ...] = (),
     ) -> None:
+        """`command_prefix` runs pg_ctl (and so the server) under a command, e.g.
+        ("ip", "netns", "exec", "NAME") to put the server in a network namespace."""
+        self.command_prefix = tuple(command_prefix)
         self.bindir = find_server_bindir()
         self._account = _server_account()
         self._lock_fd: int | None = None
@@ -235,7 +248,10 @@ class LocalPostgres:
 
     def _pg_ctl(self, *args: str | Path) -> subprocess.CompletedProcess[str]:
         return _run(
-            [self.bindir / "pg_ctl", *args, "-D", self.data_dir], self.base_dir, self._account
+            [self.bindir / "pg_ctl", *args, "-D", self.data_dir],
+            self.base_dir,
+            self._account,
+            self.command_prefix,
         )
 
     def _log_size(self) -> int:

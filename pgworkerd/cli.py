@@ -521,6 +521,8 @@ def drain(
     from pgworkerd import fleet
 
     target = _drain_target(worker, all_hosts)
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout only applies with --wait")
     with database(ctx) as conn:
         affected = fleet.request_drain(
             conn, ctx.schema, drain=True, worker_id=worker, all_hosts=all_hosts

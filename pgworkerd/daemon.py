@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import psycopg
 from setproctitle import setproctitle
 
-from pgworkerd import __version__, jobs, outcomes, registry
+from pgworkerd import __version__, jobs, metrics, outcomes, registry
 from pgworkerd.config import Config, ConfigError, load_config
 from pgworkerd.db import DatabaseError, InvalidDsn, connect, scrub
 from pgworkerd.durations import format_duration
@@ -106,6 +106,7 @@ class Daemon:
         self.db_ok = False
         self.exit_code = ExitCode.OK
         self._wake_r, self._wake_w = os.pipe()
+        self.metrics = metrics.create(config.metrics)
 
     # -- start-up ----------------------------------------------------------------------
 
@@ -121,10 +122,16 @@ class Daemon:
             return ExitCode.HANDLER
         self._install_signals()
         try:
+            try:
+                self.metrics.start()
+            except ConfigError as exc:
+                log.error("%s", exc)
+                return ExitCode.CONFIG
             if not self._start_database():
                 return self.exit_code
             self.state = "running"
             self._register()
+            self.metrics.set_worker(self.worker_id, __version__)
             self._listen()
             log.info(
                 "pgworkerd %s running as %s: %d slots, queues %s, handlers %s",
@@ -382,6 +389,7 @@ class Daemon:
         return {"max_jobs_per_child": config.worker.max_jobs_per_child}
 
     def _shutdown_processes(self) -> None:
+        self.metrics.stop()
         self.supervisor.signal_all(signal.SIGKILL)
         self.supervisor.stop_forkserver()
         for conn in (self.conn, self.listen_conn):
@@ -399,6 +407,8 @@ class Daemon:
         if kind == "started":
             job.started_at = job.last_beat = now
             log.debug("%s started (%.1f ms after claim)", job.name, (now - job.claimed_at) * 1000)
+            if not job.job.rescued:  # a rescued job's run_at predates its lost attempt
+                self.metrics.observe_job_start(job.job.run_at, job.job.created_at)
         elif kind == "beat":
             job.last_beat = now
             if "progress" in message:
@@ -445,6 +455,7 @@ class Daemon:
             if now >= job.deadline and job.stop_reason != "lease lost":
                 # Self-fencing: the lease may be gone; the job must not run on.
                 log.error("%s: lease not renewed in time; stopping it", job.name)
+                self.metrics.lease_lost(job.handler.name)
                 self._stop(job, "lease lost", now_kill=True)
             elif job.kill_at is not None and now >= job.kill_at:
                 job.child.signal_group(signal.SIGKILL) if job.child else None
@@ -541,7 +552,7 @@ class Daemon:
             batch = completions or [self.outcomes[0]]
             written = self._db(
                 "recording outcomes",
-                lambda c, b=batch: outcomes.write(c, self.worker_id, self.schema, b),
+                lambda c, b=batch: outcomes.write(c, self.worker_id, self.schema, b, self.metrics),
             )
             if written is None:
                 if not self.db_ok:
@@ -598,9 +609,11 @@ class Daemon:
                     job.name,
                     extra={"fields": {"job_id": job.job.id, "event": "lease_lost"}},
                 )
+                self.metrics.lease_lost(job.handler.name)
                 self._stop(job, "lease lost", now_kill=True)
                 continue
             job.unsaved = False
+            self.metrics.lease_renewed()
             job.deadline = sent_at + job.lease - fence_margin(job.lease)
             if job.child is not None:
                 job.child.send({"t": "lease", "deadline": job.deadline})
@@ -660,6 +673,7 @@ class Daemon:
             return
         self.backlog = len(claimed) == free
         for job in claimed:
+            self.metrics.claimed(job.handler, rescued=job.rescued)
             handler = self.config.handlers[job.handler]
             lease = self.config.lease_for(handler)
             self.in_flight[job.id] = InFlight(
@@ -832,6 +846,10 @@ class Daemon:
                     self.supervisor.retire(child)
             else:
                 self.claim_wanted = True
+        if self.metrics.queue_depth_due():
+            rows = self._db("counting jobs", lambda c: jobs.counts(c, schema=self.schema))
+            if rows is not None:
+                self.metrics.set_queue_depth(rows)
         stale = self._db(
             "marking stale daemons",
             lambda c: registry.mark_stale(
@@ -861,6 +879,8 @@ class Daemon:
         return state
 
     def _report_status(self) -> None:
+        self.metrics.set_draining(self.drain_requested_in_db or self.state != "running")
+        self.metrics.set_in_flight(len(self.in_flight), self.config.worker.slots)
         status = self._status_text()
         setproctitle(f"pgworkerd: {status} [{self.worker_id}]")
         self.notifier.status(status)

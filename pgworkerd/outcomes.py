@@ -15,6 +15,7 @@ import psycopg
 from pgworkerd import jobs
 from pgworkerd.config import HandlerConfig, WorkerConfig
 from pgworkerd.durations import format_duration
+from pgworkerd.metrics import NullMetrics
 from pgworkerd.supervisor import Child
 
 log = logging.getLogger("pgworkerd")
@@ -116,7 +117,13 @@ def decide(
     return Outcome(job.job, h, kind, duration, result, error, job.progress, backoff)
 
 
-def write(conn: psycopg.Connection, worker: str, schema: str, batch: list[Outcome]) -> bool:
+def write(
+    conn: psycopg.Connection,
+    worker: str,
+    schema: str,
+    batch: list[Outcome],
+    metrics: NullMetrics | None = None,
+) -> bool:
     """Write a batch: completions (any number, one statement) or one other outcome."""
     if all(o.kind == "complete" for o in batch):
         done = jobs.complete_many(
@@ -126,7 +133,7 @@ def write(conn: psycopg.Connection, worker: str, schema: str, batch: list[Outcom
             schema=schema,
         )
         for o in batch:
-            _report(o, o.job.id in done, f"{o.name}: completed in {o.duration:.2f}s")
+            _report(metrics, o, o.job.id in done, f"{o.name}: completed in {o.duration:.2f}s")
         return True
     [o] = batch
     j, took = o.job, f"{o.duration:.2f}s"
@@ -156,11 +163,13 @@ def write(conn: psycopg.Connection, worker: str, schema: str, batch: list[Outcom
             if failed.status == "pending"
             else f"now {failed.status}"
         )
-    _report(o, ok, message)
+    _report(metrics, o, ok, message)
     return True
 
 
-def _report(o: Outcome, ok: bool, message: str) -> None:
+def _report(metrics: NullMetrics | None, o: Outcome, ok: bool, message: str) -> None:
+    if metrics is not None:
+        metrics.outcome(o.job.handler, o.kind, ok)
     if ok:
         level = logging.WARNING if o.kind == "fail" else logging.INFO
         log.log(level, "%s", message, extra=o.fields(o.kind))

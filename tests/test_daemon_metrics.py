@@ -1,0 +1,82 @@
+"""The daemon's Prometheus endpoint, scraped while a real daemon runs real jobs."""
+
+from __future__ import annotations
+
+import re
+import socket
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from daemon_harness import Daemons, Db, wait_for
+
+pytest.importorskip("prometheus_client")
+
+
+@pytest.fixture
+def db(conn: psycopg.Connection, schema: str) -> Db:
+    return Db.prepare(conn, schema)
+
+
+@pytest.fixture
+def daemons(tmp_path: Path, test_db_dsn: str, schema: str) -> Iterator[Daemons]:
+    started = Daemons(tmp_path, test_db_dsn, schema)
+    try:
+        yield started
+    finally:
+        started.stop_all()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        match = re.match(rf"{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if match and all(f'{k}="{v}"' in (match[1] or "") for k, v in labels.items()):
+            return float(match[2])
+    return None
+
+
+def test_metrics_follow_the_jobs(db: Db, daemons: Daemons, tmp_path: Path) -> None:
+    port = free_port()
+    config = daemons.config(
+        {
+            "work": {"target": "jobhandlers:work"},
+            "fail": {"target": "jobhandlers:fail", "max_attempts": 1},
+        }
+    )
+    config.write_text(
+        config.read_text() + f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
+        'queue_depth_interval = "1s"\n'
+    )
+    daemons.start(config)
+    ok = db.enqueue("work", {"seconds": 0.1})
+    bad = db.enqueue("fail")
+    db.wait_status(ok, "completed")
+    db.wait_status(bad, "dead")
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def settled() -> str | None:
+        text = scrape()
+        done = sample(text, "pgworkerd_jobs_completed_total", handler="work")
+        depth = sample(text, "pgworkerd_queue_jobs", queue="default", status="completed")
+        return text if done == 1 and depth == 1 else None
+
+    text = wait_for(settled, what="metrics to show the finished jobs")
+    assert sample(text, "pgworkerd_jobs_claimed_total", handler="work") == 1
+    assert sample(text, "pgworkerd_jobs_failed_total", handler="fail") == 1
+    assert sample(text, "pgworkerd_queue_jobs", queue="default", status="dead") == 1
+    assert sample(text, "pgworkerd_jobs_in_flight") == 0
+    assert sample(text, "pgworkerd_draining") == 0
+    assert (sample(text, "pgworkerd_job_start_latency_seconds_count") or 0) >= 2

@@ -179,6 +179,12 @@ def _monitor(channel: _Channel) -> None:
                     channel.jobs.put(None)
         except TimeoutError:
             pass
+        except OSError:
+            # ECONNRESET: the daemon died with messages of ours unread. Same as EOF; an
+            # uncaught error here would end this thread and with it the lease check.
+            if channel.deadline is not None:
+                _fence("the daemon is gone")
+            os._exit(0)
         if channel.deadline is not None:
             if time.monotonic() >= channel.deadline:
                 _fence("lease deadline passed without renewal")

@@ -1,0 +1,66 @@
+"""The handler of bench/chaos_soak.py (imported by the daemons' children).
+
+Every execution is recorded to the file $CHAOS_EXECS, one JSON line per event with
+time.time(): `start`, `alive` every step, then how it ended (`done`, `raise`, `crash`,
+`interrupted`); a killed execution just stops writing. File, not table: PostgreSQL is
+restarted during the soak, and a record must never depend on it. Each line is one
+O_APPEND write, so children of all daemons share the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from typing import Any
+
+from pgworkerd.child import JobContext, JobInterrupted
+
+STEP = 0.2
+
+
+def _record(job: JobContext, event: str) -> None:
+    line = {
+        "j": job.id,
+        "a": job.attempt,
+        "tag": os.environ.get("CHAOS_TAG", ""),
+        "pid": os.getpid(),
+        "e": event,
+        "t": time.time(),
+    }
+    fd = os.open(os.environ["CHAOS_EXECS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(line) + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def run(job: JobContext) -> Any:
+    """Works payload["d"] seconds with progress heartbeats, then raises with probability
+    payload["raise"], dies by os._exit with probability payload["crash"], else returns."""
+    rng = random.Random()  # seeded per child: forked children share the parent's state
+    p = job.payload
+    _record(job, "start")
+    end = time.monotonic() + float(p["d"])
+    n = 0
+    while True:
+        n += 1
+        _record(job, "alive")
+        job.heartbeat(progress={"step": n})
+        if job.stop_requested:
+            _record(job, "interrupted")
+            raise JobInterrupted("stopping early: drain or cancel")
+        left = end - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(min(STEP, left))
+    r = rng.random()
+    if r < float(p.get("crash", 0)):
+        _record(job, "crash")
+        os._exit(3)
+    if r < float(p.get("crash", 0)) + float(p.get("raise", 0)):
+        _record(job, "raise")
+        raise RuntimeError(f"chaos: attempt {job.attempt} fails")
+    _record(job, "done")
+    return {"attempt": job.attempt, "pid": os.getpid(), "tag": os.environ.get("CHAOS_TAG", "")}

@@ -1,0 +1,612 @@
+"""Chaos soak: three real daemons on a private PostgreSQL, thousands of jobs, faults at
+random intervals; then the invariants are checked and a summary printed.
+
+    .venv/bin/python bench/chaos_soak.py --short        # ~1 minute, 800 jobs (the test)
+    .venv/bin/python bench/chaos_soak.py                # ~12 minutes, 5,000 jobs
+    .venv/bin/python bench/chaos_soak.py --jobs 20000 --duration 3600 --seed 7
+
+Jobs run 0-2 s with progress heartbeats; some raise, a few die by os._exit, a few always
+fail (they end dead). Faults: kill -9 of a child, of a parent (restarted), of a fork
+server; SIGSTOP/SIGCONT of a parent (sometimes past its lease); SIGTERM and restart;
+`pgworkerd drain`/`resume`; PostgreSQL restart -m fast. Leases are 3 s, renewed every 1 s.
+
+Every execution is recorded to a file by the handler (bench/chaos_handlers.py). Checked
+at the end (exit 1 if one fails): no two executions of one job overlap; no job is lost or
+stuck (all completed or dead once the run settles); no outcome recorded twice (one
+accepted completion per completed job, matching a finished execution of its last
+attempt; none for dead jobs); attempts accounted for; no daemon exits on its own.
+Also printed: jobs per status, faults per kind, executions per job, and the time from a
+fault to the affected job running again (p50/p99).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pgworkerd import jobs
+from pgworkerd.localpg import LocalPostgres
+from pgworkerd.migrate import migrate
+
+BENCH_DIR = Path(__file__).resolve().parent
+PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
+SCHEMA = "chaos"
+LEASE = 3.0
+WORKER = {
+    "slots": 6,
+    "lease": "3s",
+    "renew_interval": "1s",
+    "poll_interval": "1s",
+    "drain_timeout": "3s",
+    "kill_grace": "1s",
+    "warm_children": 2,
+    "backoff": "0.2s",
+    "backoff_max": "2s",
+}
+# kind: weight. pg_restart is also capped per run (see Soak.pg_restarts_left).
+FAULTS = {
+    "kill_child": 4.0,
+    "kill_parent": 2.0,
+    "kill_forkserver": 1.5,
+    "sigstop": 2.0,
+    "sigterm_restart": 1.0,
+    "drain_resume": 1.0,
+    "pg_restart": 0.5,
+}
+JOB_TITLE = re.compile(r"pgworkerd: job (\d+) \S+ attempt (\d+)")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def title(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float  # time.time()
+    target: str
+    jobs: list[int] = field(default_factory=list)  # in flight there, affected
+
+
+class Daemon:
+    """One daemon slot (tag d0..d2): restarted as new processes, one log for all."""
+
+    def __init__(self, tag: str, dsn: str, config: Path, workdir: Path, execs: Path) -> None:
+        self.tag, self.dsn, self.config, self.workdir, self.execs = tag, dsn, config, workdir, execs
+        self.log_path = workdir / f"daemon-{tag}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.worker_id = ""
+        self.generation = 0
+        self.state = "down"  # up, stopped (SIGSTOP), draining (db drain), terminating, dead
+        self.unexpected_exits: list[str] = []
+
+    def start(self) -> None:
+        self.generation += 1
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(BENCH_DIR),
+            "CHAOS_EXECS": str(self.execs),
+            "CHAOS_TAG": f"{self.tag}.{self.generation}",
+        }
+        env.pop("NOTIFY_SOCKET", None)
+        with self.log_path.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [
+                    PGWORKERD,
+                    "--dsn",
+                    self.dsn,
+                    "--schema",
+                    SCHEMA,
+                    "--config",
+                    str(self.config),
+                    "run",
+                ],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + 60
+        ready = re.compile(rb"running as (\S+):")
+        while True:
+            with self.log_path.open("rb") as f:
+                f.seek(offset)
+                m = ready.search(f.read())
+            if m:
+                self.worker_id = m[1].decode()
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"daemon {self.tag} did not start; see {self.log_path}")
+            time.sleep(0.05)
+        self.state = "up"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def running_jobs(self) -> dict[int, int]:
+        """job id -> child pid, from the children's titles."""
+        found = {}
+        for pid in children_of(self.pid):
+            m = JOB_TITLE.match(title(pid))
+            if m:
+                found[int(m[1])] = pid
+        return found
+
+    def forkserver(self) -> int | None:
+        found = [p for p in children_of(self.pid) if "pgworkerd.forkserver" in title(p)]
+        return found[0] if found else None
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 30) -> int | None:
+        """SIGCONT + SIGTERM, wait, SIGKILL if it will not go; returns the exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGCONT)
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.unexpected_exits.append("did not stop within 30 s of SIGTERM")
+            return None
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.workdir = workdir
+        self.execs = workdir / "executions.jsonl"
+        self.pg = LocalPostgres(workdir / "pg" if args.keep else None)
+        self.daemons: list[Daemon] = []
+        self.faults: list[Fault] = []
+        self.actions: list[tuple[float, Callable[[], None]]] = []  # monotonic, what
+        self.pg_restarts_left = args.pg_restarts
+        # Every kind once first (in random order), so even a short run covers them all.
+        self.unseen = self.rng.sample(list(FAULTS), len(FAULTS))
+        self.ids: list[int] = []
+        self.notes: list[str] = []
+
+    # -- set-up ------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        self.pg.start()
+        self.pg.create_database("chaos")
+        self.dsn = self.pg.dsn("chaos")
+        migrate(self.dsn, schema=SCHEMA)
+        lines = ["[worker]", 'name = "chaos"']
+        lines += [f"{k} = {json.dumps(v)}" for k, v in WORKER.items()]
+        lines += ["", "[handlers.chaos]", 'target = "chaos_handlers:run"']
+        config = self.workdir / "chaos.toml"
+        config.write_text("\n".join(lines) + "\n")
+        for n in range(3):
+            d = Daemon(f"d{n}", self.dsn, config, self.workdir, self.execs)
+            d.start()
+            self.daemons.append(d)
+
+    def job_specs(self, count: int) -> list[jobs.JobSpec]:
+        specs = []
+        for _ in range(count):
+            r = self.rng.random()
+            d = self.rng.uniform(0, 0.3) if r < 0.6 else self.rng.uniform(0.3, 2.0)
+            if self.rng.random() < 0.02:  # doomed: fails every attempt, ends dead
+                specs.append(jobs.JobSpec("chaos", {"d": d, "raise": 1.0}, max_attempts=3))
+            else:
+                payload = {"d": round(d, 3), "raise": 0.08, "crash": 0.02}
+                specs.append(jobs.JobSpec("chaos", payload, max_attempts=10))
+        return specs
+
+    def enqueue(self, conn: psycopg.Connection, count: int) -> None:
+        if count > 0:
+            self.ids += jobs.enqueue_many(conn, self.job_specs(count), schema=SCHEMA)
+
+    # -- faults --------------------------------------------------------------------------
+
+    def later(self, delay: float, action: Callable[[], None]) -> None:
+        self.actions.append((time.monotonic() + delay, action))
+
+    def run_due(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        due = [a for a in self.actions if everything or a[0] <= now]
+        self.actions = [a for a in self.actions if a not in due]
+        for _, action in sorted(due, key=lambda a: a[0]):
+            action()
+
+    def check_daemons(self) -> None:
+        for d in self.daemons:
+            if d.proc is None or d.proc.poll() is None:
+                continue
+            code = d.proc.returncode
+            if d.state == "terminating":
+                if code != 0:
+                    d.unexpected_exits.append(f"exit {code} after SIGTERM")
+                d.start()
+            elif d.state in ("up", "draining", "stopped"):
+                d.unexpected_exits.append(f"exited on its own with {code}")
+                log(f"{d.tag} exited on its own with {code}; restarting")
+                d.start()
+
+    def inject(self) -> None:
+        up = [d for d in self.daemons if d.state == "up"]
+        kinds = dict(FAULTS)
+        if len(up) < 2:  # keep one daemon working; only faults that hit no daemon
+            kinds = {k: w for k, w in kinds.items() if k in ("kill_child", "pg_restart")}
+        if self.pg_restarts_left <= 0:
+            kinds.pop("pg_restart", None)
+        if not kinds:
+            return
+        first = [k for k in self.unseen if k in kinds]
+        kind = first[0] if first else self.rng.choices(list(kinds), weights=list(kinds.values()))[0]
+        count = len(self.faults)
+        target = self.rng.choice(up) if up else None
+        now = time.time()
+        if kind == "kill_child":
+            running = [(d, j, pid) for d in up for j, pid in d.running_jobs().items()]
+            if not running:
+                return
+            d, job_id, pid = self.rng.choice(running)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            self.faults.append(Fault(kind, now, d.tag, [job_id]))
+        elif kind == "pg_restart":
+            in_flight = [j for d in self.daemons for j in d.running_jobs()]
+            self.faults.append(Fault(kind, now, "postgres", in_flight))
+            self.pg_restarts_left -= 1
+            self.pg.restart("fast")
+        else:
+            assert target is not None
+            self.fault_daemon(kind, target, now)
+        if len(self.faults) > count and kind in self.unseen:
+            self.unseen.remove(kind)
+
+    def fault_daemon(self, kind: str, d: Daemon, now: float) -> None:
+        in_flight = list(d.running_jobs())
+        if kind == "kill_parent":
+            d.signal(signal.SIGKILL)
+            assert d.proc is not None
+            d.proc.wait(10)
+            d.state = "dead"
+            self.later(self.rng.uniform(0.5, 3.0), d.start)
+        elif kind == "kill_forkserver":
+            pid = d.forkserver()
+            if pid is None:
+                return
+            os.kill(pid, signal.SIGKILL)
+            in_flight = []  # must be unaffected
+        elif kind == "sigstop":
+            seconds = self.rng.uniform(1.0, 6.0)  # the child fences itself ~2 s after a renewal
+            kind = f"sigstop_{'past' if seconds > LEASE else 'within'}_lease"
+            d.signal(signal.SIGSTOP)
+            d.state = "stopped"
+
+            def cont(d: Daemon = d) -> None:
+                d.signal(signal.SIGCONT)
+                d.state = "up"
+
+            self.later(seconds, cont)
+        elif kind == "sigterm_restart":
+            d.signal(signal.SIGTERM)
+            d.state = "terminating"
+        elif kind == "drain_resume":
+            worker = d.worker_id
+            out = self.cli("drain", "--worker", worker)
+            if out.returncode != 0:
+                self.notes.append(f"drain of {worker} failed: {out.stderr.strip()}")
+                return
+            d.state = "draining"
+            in_flight = []  # drained jobs run to their end
+
+            def resume(d: Daemon = d, worker: str = worker) -> None:
+                self.cli("resume", "--worker", worker)
+                if d.state == "draining":
+                    d.state = "up"
+
+            self.later(self.rng.uniform(1.0, 4.0), resume)
+        self.faults.append(Fault(kind, now, d.tag, in_flight))
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PGWORKERD, "--dsn", self.dsn, "--schema", SCHEMA, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    # -- the run -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        a = self.args
+        up_front = a.jobs // 3
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            self.enqueue(conn, up_front)
+        start = time.monotonic()
+        end = start + a.duration
+        next_fault = start + self.rng.uniform(*a.fault_interval)
+        log(f"{a.jobs} jobs, faults for {a.duration:.0f}s")
+        while time.monotonic() < end:
+            # The rest of the jobs arrive steadily over the first 80 % of the window.
+            due = up_front + int(
+                (a.jobs - up_front) * min(1.0, (time.monotonic() - start) / (0.8 * a.duration))
+            )
+            if due > len(self.ids):
+                try:
+                    with psycopg.connect(self.dsn, autocommit=True, connect_timeout=3) as conn:
+                        self.enqueue(conn, due - len(self.ids))
+                except psycopg.OperationalError:
+                    pass  # PostgreSQL restarting: next tick
+            self.run_due()
+            self.check_daemons()
+            if time.monotonic() >= next_fault:
+                self.inject()
+                next_fault = time.monotonic() + self.rng.uniform(*a.fault_interval)
+            time.sleep(0.05)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            self.enqueue(conn, a.jobs - len(self.ids))
+        log(f"faults over ({len(self.faults)} injected); settling")
+        self.run_due(everything=True)  # SIGCONT, restarts, resumes
+        self.check_daemons()
+        for d in self.daemons:
+            if d.state == "terminating":
+                assert d.proc is not None
+                d.proc.wait(30)
+        self.check_daemons()
+        self.settle()
+
+    def settle(self) -> None:
+        deadline = time.monotonic() + self.args.settle
+        query = f"SELECT count(*) FROM {SCHEMA}.jobs WHERE status IN ('pending', 'running')"
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while True:
+                [(left,)] = conn.execute(query).fetchall()
+                self.check_daemons()
+                if left == 0 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.25)
+        self.settled_in = self.args.settle - (deadline - time.monotonic())
+        codes = {d.tag: d.stop() for d in self.daemons}
+        for tag, code in codes.items():
+            if code not in (0, None):
+                self.daemons[int(tag[1:])].unexpected_exits.append(f"final SIGTERM exit {code}")
+
+    # -- checks --------------------------------------------------------------------------
+
+    def report(self) -> bool:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            rows = conn.execute(
+                f"SELECT id, status, attempts, max_attempts, result FROM {SCHEMA}.jobs"
+            ).fetchall()
+        jobs_by_id = {r[0]: r for r in rows}
+        # executions: (job, pid) -> start, last seen, end event, attempt, tag
+        ex: dict[tuple[int, int], dict[str, Any]] = {}
+        for text in self.execs.read_text().splitlines():
+            line = json.loads(text)
+            e = ex.setdefault(
+                (line["j"], line["pid"]),
+                {"job": line["j"], "attempt": line["a"], "tag": line["tag"], "pid": line["pid"]}
+                | {"start": line["t"], "last": line["t"], "end": None},
+            )
+            e["last"] = max(e["last"], line["t"])
+            if line["e"] in ("done", "raise", "crash", "interrupted"):
+                e["end"] = line["e"]
+        per_job: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for e in ex.values():
+            per_job[e["job"]].append(e)
+        for runs in per_job.values():
+            runs.sort(key=lambda e: e["start"])
+
+        accepted: Counter[int] = Counter()
+        fenced = 0
+        crashed = 0
+        for d in self.daemons:
+            text = d.log_path.read_text(errors="replace")
+            accepted.update(
+                int(m) for m in re.findall(r"job (\d+) chaos attempt \d+: completed in", text)
+            )
+            fenced += len(re.findall(r"\(fenced off\)", text))
+            crashed += len(re.findall(r"daemon crashed|Traceback \(most recent", text))
+
+        failures: list[str] = []
+        statuses = Counter(r[1] for r in rows)
+        overlaps = []
+        for job_id, runs in per_job.items():
+            for i, later in enumerate(runs):
+                overlaps += [(job_id, a, later) for a in runs[:i] if later["start"] < a["last"]]
+        lost = [r[0] for r in rows if r[1] not in ("completed", "dead")]
+        twice = [j for j, n in accepted.items() if n > 1]
+        bad_result, bad_attempts, dead_accepted = [], [], []
+        redone = 0
+        for job_id, status, attempts, max_attempts, result in rows:
+            runs = per_job.get(job_id, [])
+            if any(e["attempt"] > attempts for e in runs) or attempts > max_attempts:
+                bad_attempts.append(job_id)
+            if status == "completed":
+                match = [e for e in runs if e["pid"] == result["pid"] and e["end"] == "done"]
+                if len(match) != 1 or result["attempt"] != attempts:
+                    bad_result.append(job_id)
+                redone += sum(1 for e in runs if e["end"] == "done") - 1
+            elif status == "dead":
+                if attempts != max_attempts:
+                    bad_attempts.append(job_id)
+                if accepted[job_id]:
+                    dead_accepted.append(job_id)
+        unexpected = [f"{d.tag}: {x}" for d in self.daemons for x in d.unexpected_exits]
+        missing = [j for j in self.ids if j not in jobs_by_id]
+
+        # time from a fault to each affected job's next start; a job is affected when its
+        # execution in flight at the fault was killed or released, or finished but its
+        # outcome was lost (it ran again); a failure of its own (raise, crash) is a retry
+        recovery: dict[str, list[float]] = defaultdict(list)
+        for f in self.faults:
+            for job_id in f.jobs:
+                runs = per_job.get(job_id, [])
+                hit = [e for e in runs if e["start"] <= f.at <= e["last"] + 0.5]
+                if hit and hit[-1]["end"] in ("raise", "crash"):
+                    continue
+                nxt = [e["start"] for e in runs if e["start"] > f.at]
+                if nxt:
+                    recovery[f.kind].append(min(nxt) - f.at)
+
+        def pct(values: list[float], p: float) -> float:
+            s = sorted(values)
+            return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
+
+        n_exec = len(ex)
+        out = [
+            "=== chaos soak summary ===",
+            f"seed {self.args.seed}; {len(self.daemons)} daemons x {WORKER['slots']} slots, "
+            f"lease {WORKER['lease']}, renew {WORKER['renew_interval']}; "
+            f"faults for {self.args.duration:.0f}s, settled in {self.settled_in:.1f}s",
+            f"jobs: {len(rows)} total; "
+            + ", ".join(f"{s} {n}" for s, n in sorted(statuses.items())),
+            f"faults injected: {len(self.faults)}; "
+            + ", ".join(
+                f"{k} {n}" for k, n in sorted(Counter(f.kind for f in self.faults).items())
+            ),
+            f"executions: {n_exec} ({n_exec / max(1, len(rows)):.2f} per job); per job: "
+            + ", ".join(
+                f"{k}x {n}" for k, n in sorted(Counter(len(r) for r in per_job.values()).items())
+            ),
+            "execution ends: "
+            + ", ".join(
+                f"{k} {n}"
+                for k, n in sorted(Counter(str(e["end"] or "killed") for e in ex.values()).items())
+            ),
+            f"attempts: {sum(r[2] for r in rows)} claimed in total; "
+            f"{sum(r[2] for r in rows) - len({(e['job'], e['attempt']) for e in ex.values()})} "
+            "claimed attempts never started (e.g. parent killed before dispatch)",
+            f"late outcomes fenced off: {fenced}; finished executions run again because "
+            f"their outcome was lost to a fault: {redone}",
+            "time from a fault to the affected job running again (queueing included):",
+        ]
+        everything = [v for vs in recovery.values() for v in vs]
+        for kind, values in [*sorted(recovery.items()), ("all", everything)]:
+            if values:
+                out.append(
+                    f"  {kind:<24} n={len(values):<4} p50 {pct(values, 50):6.2f}s  "
+                    f"p99 {pct(values, 99):6.2f}s  max {max(values):6.2f}s"
+                )
+        checks = [
+            ("overlapping executions of one job", len(overlaps), overlaps[:3]),
+            (
+                "lost or stuck jobs (not completed/dead)",
+                len(lost) + len(missing),
+                (lost + missing)[:10],
+            ),
+            ("completions accepted more than once", len(twice), twice[:10]),
+            (
+                "completed jobs whose result is not one finished execution of the last attempt",
+                len(bad_result),
+                bad_result[:10],
+            ),
+            ("dead jobs with an accepted completion", len(dead_accepted), dead_accepted[:10]),
+            ("attempts not accounted for", len(bad_attempts), bad_attempts[:10]),
+            ("daemon crashes or tracebacks in logs", crashed, []),
+            ("daemons that exited on their own", len(unexpected), unexpected[:5]),
+        ]
+        out.append("invariants:")
+        for what, n, examples in checks:
+            out.append(
+                f"  {what}: {n}"
+                + (f"  e.g. {examples}" if n else "")
+                + ("" if n == 0 else "  <-- FAIL")
+            )
+            if n:
+                failures.append(what)
+        out += [f"note: {n}" for n in self.notes]
+        out.append("RESULT: " + ("OK" if not failures else "FAILED: " + "; ".join(failures)))
+        print("\n".join(out), flush=True)
+        return not failures
+
+    def cleanup(self) -> None:
+        for d in self.daemons:
+            if d.proc is not None and d.proc.poll() is None:
+                d.proc.send_signal(signal.SIGKILL)
+                d.proc.wait(10)
+        if not self.args.keep:
+            self.pg.cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--short", action="store_true", help="~1 minute, 800 jobs (CI)")
+    parser.add_argument("--jobs", type=int, help="jobs in total (default 5000; short 800)")
+    parser.add_argument("--duration", type=float, help="seconds of faults (600; short 40)")
+    parser.add_argument("--settle", type=float, help="seconds allowed to settle (300; short 60)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    parser.add_argument("--pg-restarts", type=int, help="PostgreSQL restarts at most (20; short 2)")
+    parser.add_argument("--workdir", type=Path, help="keep logs and executions here")
+    parser.add_argument("--keep", action="store_true", help="keep the cluster (in the workdir)")
+    a = parser.parse_args()
+    a.jobs = a.jobs or (800 if a.short else 5000)
+    a.duration = a.duration or (40.0 if a.short else 600.0)
+    a.settle = a.settle or (60.0 if a.short else 300.0)
+    a.pg_restarts = a.pg_restarts if a.pg_restarts is not None else (2 if a.short else 20)
+    a.seed = a.seed if a.seed is not None else random.randrange(1_000_000)
+    a.fault_interval = (0.7, 2.0)
+    workdir = a.workdir or Path(tempfile.mkdtemp(prefix="pgworkerd-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    log(f"seed {a.seed}; workdir {workdir}")
+    soak = Soak(a, workdir)
+    ok = False
+    try:
+        soak.setup()
+        soak.run()
+        ok = soak.report()
+    finally:
+        soak.cleanup()
+        if a.workdir is None and ok:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif not ok:
+            log(f"logs kept in {workdir}")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -69,6 +69,7 @@ class _Timers:
     reconnect_at: float = 0.0
     reconnect_delay: float = 0.5
     watchdog_at: float = 0.0
+    listen_retry_at: float = 0.0
     progress_at: float = 0.0
     drain_deadline: float | None = None
     exit_deadline: float | None = None
@@ -763,6 +764,9 @@ class Daemon:
     def _listen(self) -> None:
         if self.listen_conn is not None:
             return
+        # Retried from the registry tick while the main connection is fine (a LISTEN
+        # backend can die alone); meanwhile polling covers.
+        self.timers.listen_retry_at = time.monotonic() + min(2.0, self.config.worker.poll_interval)
         dsn = self.config.database.listen_dsn or self.dsn
         try:
             conn = self._connect(dsn)
@@ -846,6 +850,8 @@ class Daemon:
                     self.supervisor.retire(child)
             else:
                 self.claim_wanted = True
+        if self.listen_conn is None and now >= self.timers.listen_retry_at:
+            self._listen()
         if self.metrics.queue_depth_due():
             rows = self._db("counting jobs", lambda c: jobs.counts(c, schema=self.schema))
             if rows is not None:

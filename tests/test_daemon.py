@@ -470,3 +470,31 @@ def test_process_titles_and_registry_row(db: Db, daemons: Daemons) -> None:
     assert gone["state"] == "gone" and gone["stopped_at"] is not None
     assert gone["in_flight"] == []
     assert db.job(job_id)["status"] == "pending"
+
+
+def test_a_lost_listen_connection_comes_back(
+    db: Db, daemons: Daemons, conn: psycopg.Connection, schema: str
+) -> None:
+    """Only the LISTEN backend dies: the daemon listens again, so wake-ups stay prompt
+    even with a long poll interval."""
+    daemon = daemons.start({"work": WORK}, {"poll_interval": "60s"})
+    first = db.enqueue("work", {"seconds": 0.1})
+    db.wait_status(first, "completed")
+    listen = f'LISTEN "{schema}.jobs"'
+    killed = conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s", [listen]
+    ).fetchall()
+    assert killed, "no LISTEN backend found"
+    daemon.wait_log("LISTEN connection lost")
+
+    def listening_again() -> bool:
+        rows = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = %s", [listen]
+        ).fetchone()
+        return bool(rows and rows[0] >= 1)
+
+    wait_for(listening_again, what="a new LISTEN connection")
+    job_id = db.enqueue("work", {"seconds": 0.1})
+    enqueued = time.monotonic()
+    db.wait_status(job_id, "completed", timeout=20)
+    assert time.monotonic() - enqueued < 15  # a NOTIFY woke it, not the 60 s poll

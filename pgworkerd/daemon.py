@@ -11,7 +11,6 @@ fenced by the lease token) when the database is back.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -22,7 +21,6 @@ import socket
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,13 +29,13 @@ from setproctitle import setproctitle
 
 from pgworkerd import __version__, jobs, metrics, outcomes, registry
 from pgworkerd.config import Config, ConfigError, load_config
-from pgworkerd.db import DatabaseError, InvalidDsn, connect, scrub
+from pgworkerd.db import DatabaseError, InvalidDsn, scrub
+from pgworkerd.dblink import MAX_RECONNECT_DELAY, DatabaseLink
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.forkserver import set_child_subreaper
 from pgworkerd.migrate import SchemaError, check_current
 from pgworkerd.outcomes import InFlight, Outcome, decide
-from pgworkerd.queries import notify_channel
 from pgworkerd.supervisor import Child, Supervisor, describe_exit
 from pgworkerd.systemd import Notifier
 
@@ -48,7 +46,6 @@ T = TypeVar("T")
 # room for the kill to land and for clock-rate differences.
 FENCE_MARGIN_MIN = 1.0
 FENCE_MARGIN_FRACTION = 0.1
-MAX_RECONNECT_DELAY = 30.0
 # Progress and checkpoints reach the job row at most this often.
 PROGRESS_SAVE_INTERVAL = 1.0
 # An outcome whose write fails this often (with the database up) is dropped; the job's
@@ -66,10 +63,7 @@ class _Timers:
     registry_at: float = 0.0
     poll_at: float = 0.0
     scheduled_at: float | None = None  # earliest future run_at among claimable jobs
-    reconnect_at: float = 0.0
-    reconnect_delay: float = 0.5
     watchdog_at: float = 0.0
-    listen_retry_at: float = 0.0
     progress_at: float = 0.0
     drain_deadline: float | None = None
     exit_deadline: float | None = None
@@ -97,14 +91,11 @@ class Daemon:
         self.in_flight: dict[int, InFlight] = {}
         self.outcomes: deque[Outcome] = deque()
         self.timers = _Timers()
-        self.conn: psycopg.Connection | None = None
-        self.listen_conn: psycopg.Connection | None = None
-        self._listen_fd = -1  # kept: a lost connection can no longer tell its fileno()
+        self.db = DatabaseLink(config.database, self.dsn, self.schema, self.selector)
         self.signals: deque[int] = deque()
         self.claim_wanted = True
         self.backlog = False
         self.drain_requested_in_db = False
-        self.db_ok = False
         self.exit_code = ExitCode.OK
         self._wake_r, self._wake_w = os.pipe()
         self.metrics = metrics.create(config.metrics)
@@ -133,7 +124,7 @@ class Daemon:
             self.state = "running"
             self._register()
             self.metrics.set_worker(self.worker_id, __version__)
-            self._listen()
+            self.db.listen(self.config.worker.poll_interval)
             log.info(
                 "pgworkerd %s running as %s: %d slots, queues %s, handlers %s",
                 __version__,
@@ -160,10 +151,9 @@ class Daemon:
             if self.state in ("draining", "stopping"):
                 return False
             try:
-                conn = self._connect()
+                conn = self.db.connect()
                 check_current(conn, self.schema)
-                self.conn = conn
-                self.db_ok = True
+                self.db.attach(conn)
                 return True
             except SchemaError as exc:
                 log.error("%s", exc)
@@ -185,21 +175,6 @@ class Daemon:
                 self.notifier.extend_timeout(delay + self.config.database.connect_timeout + 5)
                 self._sleep(delay)
                 delay = min(delay * 2, MAX_RECONNECT_DELAY)
-
-    def _connect(self, dsn: str | None = None) -> psycopg.Connection:
-        db = self.config.database
-        extra: dict[str, Any] = {}
-        if db.statement_timeout > 0:
-            # A startup option: PgBouncer does not forward it (see README), hence "0s".
-            extra["options"] = f"-c statement_timeout={int(db.statement_timeout * 1000)}"
-        return connect(
-            self.dsn if dsn is None else dsn,
-            connect_timeout=max(1, round(db.connect_timeout)),
-            keepalives_idle=max(1, round(db.keepalives_idle)),
-            tcp_user_timeout=int(db.tcp_user_timeout * 1000),
-            prepare=db.prepared_statements,
-            **extra,
-        )
 
     def _install_signals(self) -> None:
         os.set_blocking(self._wake_w, False)
@@ -261,8 +236,8 @@ class Daemon:
             candidates.append(t.poll_at)
             if t.scheduled_at is not None:
                 candidates.append(t.scheduled_at)
-        if not self.db_ok:
-            candidates.append(t.reconnect_at)
+        if not self.db.ok:
+            candidates.append(self.db.reconnect_at)
         if self.notifier.watchdog_interval:
             candidates.append(t.watchdog_at)
         if t.drain_deadline is not None:
@@ -295,7 +270,7 @@ class Daemon:
             elif kind == "child":
                 self.supervisor.readable(obj)
             elif kind == "listen":
-                self._read_notifications()
+                self.claim_wanted = self.db.notified() or self.claim_wanted
 
     def _sleep(self, seconds: float) -> None:
         """Wait that still wakes for signals (start-up only: no children yet)."""
@@ -393,9 +368,7 @@ class Daemon:
         self.metrics.stop()
         self.supervisor.signal_all(signal.SIGKILL)
         self.supervisor.stop_forkserver()
-        for conn in (self.conn, self.listen_conn):
-            if conn is not None:
-                conn.close()
+        self.db.close()
 
     # -- children: messages, exits, limits ---------------------------------------------
 
@@ -484,79 +457,18 @@ class Daemon:
 
     # -- database ----------------------------------------------------------------------
 
-    def _db(self, what: str, func: Callable[[psycopg.Connection], T]) -> T | None:
-        """Run one database call; None if it failed. A connection failure marks the
-        database down (the loop reconnects with backoff); any other error is logged and
-        the loop goes on: no database error takes the daemon down."""
-        if self.conn is None:
-            return None
-        try:
-            return func(self.conn)
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            if (
-                self.conn.closed
-                or self.conn.broken
-                or isinstance(exc, psycopg.errors.AdminShutdown | psycopg.InterfaceError)
-            ):
-                self._database_lost(what, exc)
-            else:
-                log.warning("%s failed: %s", what, scrub(str(exc).strip(), self.dsn))
-            return None
-        except psycopg.Error as exc:
-            # Not the connection: a bad value, a timeout, a bug. Log it; the loop goes on.
-            log.error(
-                "%s failed: %s: %s", what, type(exc).__name__, scrub(str(exc).strip(), self.dsn)
-            )
-            return None
-
-    def _database_lost(self, what: str, exc: BaseException) -> None:
-        detail = scrub(
-            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__, self.dsn
-        )
-        if self.db_ok:
-            log.error("database connection lost during %s: %s; children keep running", what, detail)
-        self.db_ok = False
-        if self.conn is not None:
-            self.conn.close()
-        self.conn = None
-        self._drop_listener()
-        self.timers.reconnect_at = time.monotonic()
-        self.notifier.status("database unreachable, retrying")
-
-    def _reconnect_if_due(self) -> None:
-        t = self.timers
-        if self.db_ok or time.monotonic() < t.reconnect_at:
-            return
-        try:
-            self.conn = self._connect()
-        except (psycopg.Error, DatabaseError, OSError) as exc:
-            t.reconnect_at = time.monotonic() + t.reconnect_delay
-            log.warning(
-                "database still unreachable (%s); next try in %.1fs",
-                scrub(str(exc).strip(), self.dsn),
-                t.reconnect_delay,
-            )
-            t.reconnect_delay = min(t.reconnect_delay * 2, MAX_RECONNECT_DELAY)
-            return
-        log.info("database connection restored")
-        self.db_ok = True
-        t.reconnect_delay = 0.5
-        t.renew_at = t.registry_at = 0.0  # renew at once: leases may be short by now
-        self.claim_wanted = True
-        self._listen()
-
     def _flush_outcomes(self) -> None:
         """Write what finished attempts left: all completions in one statement, the
         other outcomes one by one. Kept in memory while the database is away."""
-        while self.outcomes and self.db_ok:
+        while self.outcomes and self.db.ok:
             completions = [o for o in self.outcomes if o.kind == "complete"]
             batch = completions or [self.outcomes[0]]
-            written = self._db(
+            written = self.db.run(
                 "recording outcomes",
                 lambda c, b=batch: outcomes.write(c, self.worker_id, self.schema, b, self.metrics),
             )
             if written is None:
-                if not self.db_ok:
+                if not self.db.ok:
                     return  # kept: written when the database is back
                 for o in batch:
                     o.failed_writes += 1
@@ -575,7 +487,7 @@ class Daemon:
         t = self.timers
         due = now >= t.renew_at
         save_progress = any(j.unsaved for j in self.in_flight.values()) and now >= t.progress_at
-        if not self.db_ok or not (due or save_progress):
+        if not self.db.ok or not (due or save_progress):
             return
         chosen = [j for j in self.in_flight.values() if due or j.unsaved]
         if due:
@@ -594,7 +506,7 @@ class Daemon:
             for j in chosen
         ]
         sent_at = time.monotonic()
-        results = self._db(
+        results = self.db.run(
             "renewing leases", lambda c: jobs.renew(c, self.worker_id, leases, schema=self.schema)
         )
         if results is None:
@@ -628,7 +540,7 @@ class Daemon:
     # -- claiming ----------------------------------------------------------------------
 
     def _may_claim(self) -> bool:
-        return self.state == "running" and not self.drain_requested_in_db and self.db_ok
+        return self.state == "running" and not self.drain_requested_in_db and self.db.ok
 
     def _free_slots(self) -> int:
         return self.config.worker.slots - len(self.in_flight)
@@ -659,7 +571,7 @@ class Daemon:
             for name, h in self.config.handlers.items()
         }
         sent_at = time.monotonic()
-        claimed = self._db(
+        claimed = self.db.run(
             "claiming jobs",
             lambda c: jobs.claim(
                 c,
@@ -704,7 +616,7 @@ class Daemon:
             self._schedule_next_run()
 
     def _schedule_next_run(self) -> None:
-        row = self._db(
+        row = self.db.run(
             "looking up scheduled jobs",
             lambda c: c.execute(
                 jobs.query("job_next_run_at", self.schema),
@@ -713,7 +625,9 @@ class Daemon:
         )
         self.timers.scheduled_at = None
         if row and row[0] is not None:
-            now_db = self._db("reading the clock", lambda c: c.execute("SELECT now()").fetchone())
+            now_db = self.db.run(
+                "reading the clock", lambda c: c.execute("SELECT now()").fetchone()
+            )
             if now_db:
                 wait = max(0.0, (row[0] - now_db[0]).total_seconds())
                 self.timers.scheduled_at = time.monotonic() + wait
@@ -759,49 +673,12 @@ class Daemon:
             if not self.supervisor.spawn():
                 break
 
-    # -- wake-ups ----------------------------------------------------------------------
-
-    def _listen(self) -> None:
-        if self.listen_conn is not None:
-            return
-        # Retried from the registry tick while the main connection is fine (a LISTEN
-        # backend can die alone); meanwhile polling covers.
-        self.timers.listen_retry_at = time.monotonic() + min(2.0, self.config.worker.poll_interval)
-        dsn = self.config.database.listen_dsn or self.dsn
-        try:
-            conn = self._connect(dsn)
-            conn.execute(f'LISTEN "{notify_channel(self.schema)}"')
-        except (psycopg.Error, DatabaseError, OSError) as exc:
-            log.warning(
-                "LISTEN unavailable (%s); polling every %s",
-                scrub(str(exc).strip(), dsn),
-                format_duration(self.config.worker.poll_interval),
-            )
-            return
-        self.listen_conn = conn
-        self._listen_fd = conn.fileno()
-        self.selector.register(self._listen_fd, selectors.EVENT_READ, ("listen", None))
-
-    def _drop_listener(self) -> None:
-        if self.listen_conn is not None:
-            with contextlib.suppress(KeyError, ValueError, OSError):
-                self.selector.unregister(self._listen_fd)
-            self.listen_conn.close()
-            self.listen_conn = None
-
-    def _read_notifications(self) -> None:
-        conn = self.listen_conn
-        if conn is None:
-            return
-        try:
-            for _ in conn.notifies(timeout=0):
-                self.claim_wanted = True
-        except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-            log.warning(
-                "LISTEN connection lost (%s); polling until it is back",
-                scrub(str(exc).strip(), self.dsn),
-            )
-            self._drop_listener()
+    def _reconnect_if_due(self) -> None:
+        if self.db.reconnect_if_due():
+            t = self.timers
+            t.renew_at = t.registry_at = 0.0  # renew at once: leases may be short by now
+            self.claim_wanted = True
+            self.db.listen(self.config.worker.poll_interval)
 
     # -- registry and status -----------------------------------------------------------
 
@@ -817,29 +694,31 @@ class Daemon:
         )
 
     def _register(self) -> None:
-        self._db(
+        self.db.run(
             "registering",
             lambda c: registry.register(c, self._worker_info(), self.state, self.schema),
         )
 
     def _deregister(self) -> None:
-        if self.db_ok:
-            self._db("deregistering", lambda c: registry.deregister(c, self.worker_id, self.schema))
+        if self.db.ok:
+            self.db.run(
+                "deregistering", lambda c: registry.deregister(c, self.worker_id, self.schema)
+            )
 
     def _registry_if_due(self) -> None:
         now = time.monotonic()
-        if not self.db_ok or now < self.timers.registry_at:
+        if not self.db.ok or now < self.timers.registry_at:
             return
         interval = min(1.0, self.config.worker.renew_interval)  # drains noticed within ~1s
         self.timers.registry_at = now + interval
         state = self._registry_state()
-        drain = self._db(
+        drain = self.db.run(
             "heartbeat",
             lambda c: registry.heartbeat(
                 c, self._worker_info(), state, sorted(self.in_flight), self.schema
             ),
         )
-        if drain is None and self.db_ok:
+        if drain is None and self.db.ok:
             self._register()  # marked gone after a long outage: come back
             return
         if drain is not None and drain != self.drain_requested_in_db:
@@ -850,13 +729,13 @@ class Daemon:
                     self.supervisor.retire(child)
             else:
                 self.claim_wanted = True
-        if self.listen_conn is None and now >= self.timers.listen_retry_at:
-            self._listen()
+        if self.db.listen_due(now):
+            self.db.listen(self.config.worker.poll_interval)
         if self.metrics.queue_depth_due():
-            rows = self._db("counting jobs", lambda c: jobs.counts(c, schema=self.schema))
+            rows = self.db.run("counting jobs", lambda c: jobs.counts(c, schema=self.schema))
             if rows is not None:
                 self.metrics.set_queue_depth(rows)
-        stale = self._db(
+        stale = self.db.run(
             "marking stale daemons",
             lambda c: registry.mark_stale(
                 c, max(60.0, 6 * self.config.worker.renew_interval), self.schema
@@ -875,7 +754,7 @@ class Daemon:
     def _status_text(self) -> str:
         slots = self.config.worker.slots
         busy = len(self.in_flight)
-        if not self.db_ok:
+        if not self.db.ok:
             return f"database unreachable, retrying ({busy} jobs running)"
         state = self._registry_state()
         if state == "running":
@@ -895,7 +774,7 @@ class Daemon:
             # The loop ticked, and every database call in a tick is bounded. Ping while
             # the database answers or while we keep to the reconnect schedule: a daemon
             # riding out an outage is healthy (restarting it would kill its jobs).
-            if self.db_ok or self.timers.reconnect_at > now - MAX_RECONNECT_DELAY:
+            if self.db.ok or self.db.recently_tried(now):
                 self.notifier.watchdog()
             self.timers.watchdog_at = now + self.notifier.watchdog_interval
 

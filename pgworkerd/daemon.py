@@ -380,7 +380,21 @@ class Daemon:
         now = time.monotonic()
         if kind == "started":
             job.started_at = job.last_beat = now
-            log.debug("%s started (%.1f ms after claim)", job.name, (now - job.claimed_at) * 1000)
+            log.info(
+                "%s: started in child %s (%.1f ms after the claim)",
+                job.name,
+                child.pid,
+                (now - job.claimed_at) * 1000,
+                extra={
+                    "fields": {
+                        "job_id": job.job.id,
+                        "handler": job.job.handler,
+                        "attempt": job.job.attempt,
+                        "pid": child.pid,
+                        "event": "started",
+                    }
+                },
+            )
             if not job.job.rescued:  # a rescued job's run_at predates its lost attempt
                 self.metrics.observe_job_start(job.job.run_at, job.job.created_at)
         elif kind == "beat":

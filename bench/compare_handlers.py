@@ -1,0 +1,29 @@
+"""pgworkerd handlers for bench/compare.py (imported by the daemon's children).
+
+`record` and `hang` append "TOKEN TIME PID" to $BENCH_STARTS at their first line, like the
+peers' tasks in compare_procrastinate.py and compare_pgqueuer.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the peers' workers import note_start without loading pgworkerd
+    from pgworkerd.child import JobContext
+
+
+def note_start(token: str) -> None:
+    started = time.time()
+    with open(os.environ["BENCH_STARTS"], "a") as log:
+        log.write(f"{token} {started} {os.getpid()}\n")
+
+
+def record(job: JobContext) -> None:
+    note_start(str(job.payload["k"]))
+
+
+def hang(job: JobContext) -> None:
+    note_start(str(job.payload["k"]))
+    time.sleep(3600)

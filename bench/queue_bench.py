@@ -1,6 +1,6 @@
 """Queue-core benchmark: pgworkerd's Python API against the raw SQL ceiling measured by pgbench.
 
-    .venv/bin/python bench/queue_bench.py [--dsn DSN] [--short] [--json out.json]
+    .venv/bin/python bench/queue_bench.py [--dsn DSN] [--short] [--unprepared] [--json out.json]
 
 Every row times the same work three ways, on the same server, table and kind of connection:
 
@@ -12,8 +12,11 @@ Every row times the same work three ways, on the same server, table and kind of 
 The ratio python/raw is what the targets are about; python/same is the client's own cost.
 
 Without --dsn a private LocalPostgres is started with one set of server settings for the whole
-run. Every side uses the extended query protocol without server-side prepared statements:
-psycopg through pgworkerd.db.connect (prepare_threshold=None) and `pgbench -M extended`.
+run. Every side uses the extended query protocol, by default with server-side prepared
+statements, the way the daemon runs (database.prepared_statements = true): psycopg through
+pgworkerd.db.connect(prepare=True) and `pgbench -M prepared`. --unprepared measures the
+PgBouncer < 1.21 mode instead (prepared_statements = false): connect(prepare=False), i.e.
+prepare_threshold=None, against `pgbench -M extended`. The header says which mode ran.
 Each timed run starts from an emptied job table (TRUNCATE), pre-filled by one raw INSERT,
 VACUUM ANALYZEd and CHECKPOINTed. Runs are interleaved and, in a full run, repeated; the
 table shows medians, --json every sample. A benchmark, not a test: targets are reported,
@@ -43,7 +46,7 @@ import psycopg
 from psycopg import sql
 
 from pgworkerd import jobs
-from pgworkerd.db import connect
+from pgworkerd.db import PREPARE_THRESHOLD, connect
 from pgworkerd.localpg import LocalPostgres
 from pgworkerd.migrate import migrate
 from pgworkerd.queries import query, render
@@ -128,7 +131,8 @@ class Report:
 
 
 def claim_loop(
-    dsn: str, schema: str, worker: str, batch: int, seconds: float, many: bool = False
+    dsn: str, schema: str, worker: str, batch: int, seconds: float, many: bool = False,
+    prepare: bool = True,
 ) -> tuple[int, float, bool]:
     """claim(limit=batch), then complete() each job (many: one complete_many()), until time
     is up.
@@ -139,7 +143,7 @@ def claim_loop(
     queues = [QUEUE]
     done = 0
     drained = False
-    with connect(dsn) as conn:
+    with connect(dsn, prepare=prepare) as conn:
         start = time.perf_counter()
         deadline = start + seconds
         while time.perf_counter() < deadline:
@@ -160,10 +164,10 @@ def claim_loop(
     return done, elapsed, drained
 
 
-def enqueue_loop(dsn: str, schema: str, seconds: float) -> tuple[int, float]:
+def enqueue_loop(dsn: str, schema: str, seconds: float, prepare: bool) -> tuple[int, float]:
     """jobs.enqueue() on an autocommit connection: one job per transaction."""
     done = 0
-    with connect(dsn) as conn:
+    with connect(dsn, prepare=prepare) as conn:
         start = time.perf_counter()
         deadline = start + seconds
         while time.perf_counter() < deadline:
@@ -173,11 +177,13 @@ def enqueue_loop(dsn: str, schema: str, seconds: float) -> tuple[int, float]:
     return done, elapsed
 
 
-def enqueue_many_loop(dsn: str, schema: str, seconds: float) -> tuple[int, float]:
+def enqueue_many_loop(
+    dsn: str, schema: str, seconds: float, prepare: bool
+) -> tuple[int, float]:
     """jobs.enqueue_many() of BULK_SIZE specs per call (the specs are built before the clock)."""
     specs = [jobs.JobSpec(HANDLER, {}) for _ in range(BULK_SIZE)]
     done = 0
-    with connect(dsn) as conn:
+    with connect(dsn, prepare=prepare) as conn:
         start = time.perf_counter()
         deadline = start + seconds
         while time.perf_counter() < deadline:
@@ -188,18 +194,21 @@ def enqueue_many_loop(dsn: str, schema: str, seconds: float) -> tuple[int, float
 
 def _claim_process(
     dsn: str, schema: str, worker: str, batch: int, seconds: float, many: bool,
-    ready: Any, results: Any,
+    prepare: bool, ready: Any, results: Any,
 ) -> None:
     ready.wait(timeout=60)  # all processes start their clocks together
-    results.put(claim_loop(dsn, schema, worker, batch, seconds, many))
+    results.put(claim_loop(dsn, schema, worker, batch, seconds, many, prepare))
 
 
 def claim_parallel(
-    dsn: str, schema: str, batch: int, seconds: float, processes: int, many: bool
+    dsn: str, schema: str, batch: int, seconds: float, processes: int, many: bool,
+    prepare: bool,
 ) -> tuple[float, bool]:
     """claim_loop in `processes` OS processes (no shared GIL); returns (jobs/s, drained)."""
     if processes == 1:
-        done, elapsed, drained = claim_loop(dsn, schema, "bench-1", batch, seconds, many)
+        done, elapsed, drained = claim_loop(
+            dsn, schema, "bench-1", batch, seconds, many, prepare
+        )
         return done / elapsed, drained
     ctx = mp.get_context("spawn")
     ready = ctx.Barrier(processes + 1)
@@ -207,7 +216,7 @@ def claim_parallel(
     procs = [
         ctx.Process(
             target=_claim_process,
-            args=(dsn, schema, f"bench-{n}", batch, seconds, many, ready, results),
+            args=(dsn, schema, f"bench-{n}", batch, seconds, many, prepare, ready, results),
         )
         for n in range(1, processes + 1)
     ]
@@ -319,8 +328,8 @@ def own_statement(name: str, schema: str, values: Mapping[str, str]) -> str:
 
 
 def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
-    """job_claim, then job_complete per job (many: once for all), with the parameters the API
-    sends; returns the script and its pgbench -D variables.
+    """job_claim, then job_complete_one per job (many: job_complete once for all), with the
+    parameters the API sends; returns the script and its pgbench -D variables.
 
     Array parameters travel as pgbench variables, i.e. as extended-protocol parameters like
     psycopg's. job_claim's final UPDATE .. RETURNING becomes one more CTE so that the claimed
@@ -355,21 +364,30 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
     if many:
         script += complete(":ids", ":tokens", batch)
     else:
-        for k in range(1, batch + 1):
-            script += complete(f"ARRAY[:id{k}::bigint]", f"ARRAY[:token{k}::bigint]", 1)
+        for k in range(1, batch + 1):  # jobs.complete(): result and progress None
+            script += own_statement(
+                "job_complete_one", schema,
+                {"id": f":id{k}", "token": f":token{k}", "worker": PGBENCH_WORKER,
+                 "result": "NULL", "progress": "NULL"},
+            ) + ";\n"
     return script, variables
 
 
 def _jobs_json(count: int) -> str:
-    """What enqueue_many sends for `count` no-op jobs, made by the API's own JobSpec.as_json."""
-    return json.dumps([jobs.JobSpec(HANDLER, {}).as_json()] * count)
+    """What enqueue_many sends for `count` no-op jobs, made by the API's own jobs_json."""
+    return jobs.jobs_json([jobs.JobSpec(HANDLER, {})] * count)
 
 
 def same_enqueue_script(schema: str) -> Script:
-    """job_enqueue_many with a one-job array parameter, as jobs.enqueue sends it."""
-    return own_statement("job_enqueue_many", schema, {"jobs": ":jobs"}) + ";\n", {
-        "jobs": _jobs_json(1)
-    }
+    """job_enqueue (the SQL function enqueue) with the parameters jobs.enqueue sends for a
+    no-op job; the NULLs are literals (pgbench variables cannot be NULL)."""
+    variables = {"handler": HANDLER, "payload": "{}", "queue": QUEUE, "priority": "0",
+                 "max_attempts": str(jobs.DEFAULT_MAX_ATTEMPTS)}
+    return own_statement(
+        "job_enqueue", schema,
+        {**{k: f":{k}" for k in variables}, "run_at": "NULL::timestamptz",
+         "delay": "NULL::float8", "dedupe_key": "NULL::text"},
+    ) + ";\n", variables
 
 
 def same_bulk_script(schema: str) -> Script:
@@ -388,8 +406,11 @@ _FAILED_RE = re.compile(r"^number of failed transactions: (\d+)", re.MULTILINE)
 
 
 class Bench:
-    def __init__(self, dsn: str, schema: str, cfg: Config, workdir: Path) -> None:
+    def __init__(
+        self, dsn: str, schema: str, cfg: Config, workdir: Path, prepare: bool = True
+    ) -> None:
         self.dsn = dsn
+        self.prepare = prepare
         self.schema = schema
         self.cfg = cfg
         self.workdir = workdir
@@ -465,7 +486,8 @@ class Bench:
         path = self.workdir / f"{name}.sql"
         path.write_text(render(text, self.schema))
         before = self.count(counted)
-        args = ["pgbench", "-n", "-M", "extended", "-f", str(path), "-c", str(clients),
+        mode = "prepared" if self.prepare else "extended"
+        args = ["pgbench", "-n", "-M", mode, "-f", str(path), "-c", str(clients),
                 "-j", str(min(clients, 2)), "-T", str(self.cfg.seconds)]
         for key, value in variables.items():
             args += ["-D", f"{key}={value}"]
@@ -518,7 +540,9 @@ class Bench:
         same, why = self._same(lambda: same_claim_complete_script(self.schema, batch, many))
         tag = f"claim{batch}_c{processes}{'_many' if many else ''}"
         py, (same_rates, raw), drained, left_running = self.runs(
-            lambda: claim_parallel(self.dsn, self.schema, batch, seconds, processes, many),
+            lambda: claim_parallel(
+                self.dsn, self.schema, batch, seconds, processes, many, self.prepare
+            ),
             [
                 None if same is None else
                 lambda: self.pgbench(f"same_{tag}", same, processes, "status = 'completed'"),
@@ -544,7 +568,7 @@ class Bench:
 
     def enqueue_rows(self) -> list[Row]:
         def python() -> tuple[float, bool]:
-            done, elapsed = enqueue_loop(self.dsn, self.schema, self.cfg.seconds)
+            done, elapsed = enqueue_loop(self.dsn, self.schema, self.cfg.seconds, self.prepare)
             return done / elapsed, False
 
         same, why = self._same(lambda: same_enqueue_script(self.schema))
@@ -569,7 +593,9 @@ class Bench:
 
     def bulk_row(self) -> Row:
         def python() -> tuple[float, bool]:
-            done, elapsed = enqueue_many_loop(self.dsn, self.schema, self.cfg.seconds)
+            done, elapsed = enqueue_many_loop(
+                self.dsn, self.schema, self.cfg.seconds, self.prepare
+            )
             return done / elapsed, False
 
         same, why = self._same(lambda: same_bulk_script(self.schema))
@@ -591,7 +617,7 @@ class Bench:
 # -- report -------------------------------------------------------------------------------------
 
 
-def server_header(conn: psycopg.Connection, local: bool) -> dict[str, str]:
+def server_header(conn: psycopg.Connection, local: bool, prepare: bool) -> dict[str, str]:
     rows = conn.execute(
         "SELECT name, current_setting(name) FROM unnest(%s::text[]) AS name",
         [list(SHOWN_SETTINGS)],
@@ -601,13 +627,21 @@ def server_header(conn: psycopg.Connection, local: bool) -> dict[str, str]:
     header["machine"] = (
         f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     )
-    header["protocol"] = (
-        f"psycopg {psycopg.__version__} ({psycopg.pq.__impl__}): extended, unprepared"
-        " (prepare_threshold=None); pgbench -M extended; both over the unix socket"
-        if local else
-        f"psycopg {psycopg.__version__} ({psycopg.pq.__impl__}): extended, unprepared"
-        " (prepare_threshold=None); pgbench -M extended"
-    )
+    if prepare:
+        header["protocol"] = (
+            f"PREPARED: psycopg {psycopg.__version__} ({psycopg.pq.__impl__}) through"
+            " connect(prepare=True) (server-side prepared statements after"
+            f" {PREPARE_THRESHOLD} runs, as the daemon with prepared_statements = true);"
+            " pgbench -M prepared"
+        )
+    else:
+        header["protocol"] = (
+            f"UNPREPARED: psycopg {psycopg.__version__} ({psycopg.pq.__impl__}) through"
+            " connect(prepare=False) (prepare_threshold=None, as behind PgBouncer < 1.21);"
+            " pgbench -M extended"
+        )
+    if local:
+        header["protocol"] += "; both over the unix socket"
     return header
 
 
@@ -673,12 +707,12 @@ def evaluate_targets(rows: Mapping[str, Row]) -> list[tuple[str, str, bool]]:
     ]
 
 
-def run(dsn: str, schema: str, cfg: Config, local: bool) -> Report:
+def run(dsn: str, schema: str, cfg: Config, local: bool, prepare: bool = True) -> Report:
     migrate(dsn, schema)
     with tempfile.TemporaryDirectory(prefix="pgworkerd-bench-") as tmp:
-        bench = Bench(dsn, schema, cfg, Path(tmp))
+        bench = Bench(dsn, schema, cfg, Path(tmp), prepare)
         try:
-            report = Report(server_header(bench.conn, local))
+            report = Report(server_header(bench.conn, local, prepare))
             named: dict[str, Row] = {}
 
             def add(key: str, row: Row) -> Row:
@@ -731,6 +765,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short", action="store_true",
                         help="2 s runs, 1 repetition, 1M history rows (a few minutes)")
     parser.add_argument("--json", type=Path, help="also write every sample to this file")
+    parser.add_argument(
+        "--unprepared", action="store_true",
+        help="no server-side prepared statements on either side (the PgBouncer < 1.21 mode)",
+    )
     parser.add_argument("--seconds", type=int, help="override the length of each timed run")
     parser.add_argument("--reps", type=int, help="override the number of repetitions")
     args = parser.parse_args(argv)
@@ -742,10 +780,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     if args.dsn:
-        report = run(args.dsn, args.schema, cfg, local=False)
+        report = run(args.dsn, args.schema, cfg, local=False, prepare=not args.unprepared)
     else:
         with LocalPostgres(settings=SERVER_SETTINGS) as pg:
-            report = run(pg.dsn(), args.schema, cfg, local=True)
+            report = run(pg.dsn(), args.schema, cfg, local=True, prepare=not args.unprepared)
     report.header["wall time"] = f"{time.perf_counter() - started:.0f} s"
     report.header["load average"] = (
         f"{load_before:.1f} before the run (others' work), {os.getloadavg()[0]:.1f} at its end,"

@@ -36,6 +36,9 @@ class DatabaseConfig:
     keepalives_idle: float = 5.0
     tcp_user_timeout: float = 10.0
     statement_timeout: float = 10.0
+    # Server-side prepared statements on the daemon's connection; False behind
+    # PgBouncer < 1.21 in transaction mode.
+    prepared_statements: bool = True
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,12 @@ def _nonempty(value: Any) -> str:
     return value
 
 
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"expected true or false, got {type(value).__name__} {value!r}")
+    return value
+
+
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"expected an integer, got {type(value).__name__} {value!r}")
@@ -309,6 +318,7 @@ _DATABASE = {
     "keepalives_idle": _positive_duration,
     "tcp_user_timeout": _millis_duration,
     "statement_timeout": _millis_duration,
+    "prepared_statements": _bool,
 }
 _WORKER = {
     "name": _string,

@@ -20,6 +20,9 @@ CONNECT_DEFAULTS: dict[str, Any] = {
     "application_name": "pgworkerd",
 }
 
+# psycopg's own default: statements run this often are prepared (the hot loop's are).
+PREPARE_THRESHOLD = 5
+
 _PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
 _PASSWORD_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
 
@@ -74,15 +77,22 @@ def conninfo(dsn: str, **overrides: Any) -> str:
     return make_conninfo(dsn, **extra)
 
 
-def connect(dsn: str, *, autocommit: bool = True, **overrides: Any) -> psycopg.Connection:
+def connect(
+    dsn: str, *, autocommit: bool = True, prepare: bool = False, **overrides: Any
+) -> psycopg.Connection:
     """Open a connection or raise DatabaseError naming the target, never the password.
 
-    prepare_threshold=None: no server-side prepared statements, so the same code works
-    behind PgBouncer in transaction mode.
+    prepare=False (the default, for one-shot commands): no server-side prepared statements,
+    so the code works behind any PgBouncer in transaction mode. prepare=True: psycopg
+    prepares a statement once it has run PREPARE_THRESHOLD times, sparing the server the
+    parse and plan of every later run; long-lived connections (the daemon, see
+    database.prepared_statements) want it unless PgBouncer < 1.21 pools in transaction mode.
     """
     try:
         return psycopg.connect(
-            conninfo(dsn, **overrides), autocommit=autocommit, prepare_threshold=None
+            conninfo(dsn, **overrides),
+            autocommit=autocommit,
+            prepare_threshold=PREPARE_THRESHOLD if prepare else None,
         )
     except psycopg.OperationalError as exc:
         lines = [ln.strip() for ln in scrub(str(exc), dsn).splitlines() if ln.strip()]

@@ -45,56 +45,91 @@ class JobSpec:
     dedupe_key: str | None = None
 
     def as_json(self) -> dict[str, Any]:
-        """Validated JSON form for enqueue_many; raises InvalidJob on bad input."""
-        if not isinstance(self.handler, str) or not self.handler:
-            raise InvalidJob("handler must be a non-empty string")
-        if not isinstance(self.payload, Mapping):
-            raise InvalidJob(f"payload must be a JSON object, not {type(self.payload).__name__}")
+        """Validated JSON form, every field spelt out; raises InvalidJob on bad input.
+
+        (enqueue_many sends the shorter form of jobs_json: same jobs, defaults left out.)
+        """
+        job = self._checked()
         try:
-            payload = json.loads(json.dumps(self.payload, allow_nan=False))
+            job["payload"] = json.loads(json.dumps(self.payload, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
+        job.setdefault("payload", {})
+        job.setdefault("queue", DEFAULT_QUEUE)
+        job.setdefault("priority", 0)
+        job.setdefault("max_attempts", DEFAULT_MAX_ATTEMPTS)
+        return {k: job[k] for k in _JSON_ORDER if k in job}
+
+    def _checked(self) -> dict[str, Any]:
+        """The job as enqueue_many's SQL function takes it, checked but not serialised
+        (the payload is the caller's object): fields equal to the function's defaults are
+        left out, so the server has less JSON to parse."""
+        if not isinstance(self.handler, str) or not self.handler:
+            raise InvalidJob("handler must be a non-empty string")
+        payload = self.payload
+        if not isinstance(payload, Mapping):
+            raise InvalidJob(f"payload must be a JSON object, not {type(payload).__name__}")
         if not isinstance(self.queue, str) or not self.queue:
             raise InvalidJob("queue must be a non-empty string")
+        priority, max_attempts = self.priority, self.max_attempts
         if (
-            isinstance(self.priority, bool)
-            or not isinstance(self.priority, int)
-            or not (-_INT32 <= self.priority <= _INT32)
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not (-_INT32 <= priority <= _INT32)
         ):
-            raise InvalidJob(f"priority must be an integer, not {self.priority!r}")
+            raise InvalidJob(f"priority must be an integer, not {priority!r}")
         if (
-            isinstance(self.max_attempts, bool)
-            or not isinstance(self.max_attempts, int)
-            or not (1 <= self.max_attempts <= _INT32)
+            isinstance(max_attempts, bool)
+            or not isinstance(max_attempts, int)
+            or not (1 <= max_attempts <= _INT32)
         ):
-            raise InvalidJob(f"max_attempts must be a positive integer, not {self.max_attempts!r}")
+            raise InvalidJob(f"max_attempts must be a positive integer, not {max_attempts!r}")
         if self.run_at is not None and self.delay is not None:
             raise InvalidJob("give run_at or delay, not both")
         if self.dedupe_key is not None and not isinstance(self.dedupe_key, str):
             raise InvalidJob("dedupe_key must be a string")
-        job: dict[str, Any] = {
-            "handler": self.handler,
-            "payload": payload,
-            "queue": self.queue,
-            "priority": self.priority,
-            "max_attempts": self.max_attempts,
-        }
+        job: dict[str, Any] = {"handler": self.handler}
+        if payload or type(payload) is not dict:  # {} is the default
+            job["payload"] = payload
+        if self.queue != DEFAULT_QUEUE:
+            job["queue"] = self.queue
+        if priority != 0:
+            job["priority"] = priority
+        if max_attempts != DEFAULT_MAX_ATTEMPTS:
+            job["max_attempts"] = max_attempts
         if self.run_at is not None:
             if not isinstance(self.run_at, datetime) or self.run_at.tzinfo is None:
                 raise InvalidJob("run_at must be a timezone-aware datetime")
             job["run_at"] = self.run_at.isoformat()
         if self.delay is not None:
-            seconds = (
-                self.delay.total_seconds() if isinstance(self.delay, timedelta) else self.delay
-            )
-            if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0:
-                raise InvalidJob(
-                    f"delay must be a non-negative number of seconds, not {self.delay!r}"
-                )
-            job["delay"] = f"{seconds} seconds"
+            job["delay"] = f"{_delay_seconds(self.delay)} seconds"
         if self.dedupe_key is not None:
             job["dedupe_key"] = self.dedupe_key
         return job
+
+
+_JSON_ORDER = (
+    "handler",
+    "payload",
+    "queue",
+    "priority",
+    "max_attempts",
+    "run_at",
+    "delay",
+    "dedupe_key",
+)
+
+
+def _delay_seconds(delay: Any) -> float:
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds < 0
+    ):
+        raise InvalidJob(f"delay must be a non-negative number of seconds, not {delay!r}")
+    return seconds
 
 
 def enqueue(
@@ -125,7 +160,57 @@ def enqueue(
         max_attempts,
         dedupe_key,
     )
-    return enqueue_many(conn, [spec], schema=schema)[0]
+    try:
+        job = spec._checked()
+        payload_json = _dumps(job.get("payload", {}))
+    except InvalidJob as exc:
+        raise InvalidJob(f"job 1: {exc}") from None
+    # The SQL function enqueue: one INSERT, no JSON array to unpack.
+    row = conn.execute(
+        query("job_enqueue", schema),
+        {
+            "handler": spec.handler,
+            "payload": payload_json,
+            "queue": spec.queue,
+            "priority": spec.priority,
+            "run_at": spec.run_at,
+            "delay": None if spec.delay is None else _delay_seconds(spec.delay),
+            "max_attempts": spec.max_attempts,
+            "dedupe_key": spec.dedupe_key,
+        },
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _dumps(value: Any) -> str:
+    """JSON text of a job or payload; InvalidJob if it cannot be serialised."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
+
+
+def jobs_json(specs: Iterable[JobSpec]) -> str:
+    """The JSON array text enqueue_many sends: every job checked, serialised once.
+
+    Raises InvalidJob naming the job's position (1-based) on bad input.
+    """
+    jobs = []
+    for n, spec in enumerate(specs, 1):
+        try:
+            jobs.append(spec._checked())
+        except InvalidJob as exc:
+            raise InvalidJob(f"job {n}: {exc}") from None
+    try:
+        return json.dumps(jobs, allow_nan=False)
+    except (TypeError, ValueError):
+        for n, job in enumerate(jobs, 1):  # find the job at fault, for the message
+            try:
+                _dumps(job.get("payload", {}))
+            except InvalidJob as exc:
+                raise InvalidJob(f"job {n}: {exc}") from None
+        raise
 
 
 def enqueue_many(
@@ -136,15 +221,11 @@ def enqueue_many(
     Everything is validated before the database sees it, so bad input never aborts the
     caller's transaction.
     """
-    jobs = []
-    for n, spec in enumerate(specs, 1):
-        try:
-            jobs.append(spec.as_json())
-        except InvalidJob as exc:
-            raise InvalidJob(f"job {n}: {exc}") from None
-    if not jobs:
+    text = jobs_json(specs)
+    if text == "[]":
         return []
-    row = conn.execute(query("job_enqueue_many", schema), {"jobs": Jsonb(jobs)}).fetchone()
+    # Sent as text, parsed once by the server as jsonb (no second serialisation).
+    row = conn.execute(query("job_enqueue_many", schema), {"jobs": text}).fetchone()
     assert row is not None
     return list(row[0])
 
@@ -274,9 +355,17 @@ def complete(
     schema: str = DEFAULT_SCHEMA,
 ) -> bool:
     """Mark a held job completed. False: the lease was lost, nothing changed."""
-    return job_id in complete_many(
-        conn, worker, [Completion(job_id, token, result, progress)], schema=schema
-    )
+    row = conn.execute(
+        query("job_complete_one", schema),
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "result": _jsonb_or_none(result),
+            "progress": _jsonb_or_none(progress),
+        },
+    ).fetchone()
+    return row is not None
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ import pytest
 from psycopg import sql
 
 from pgworkerd import jobs
+from pgworkerd.config import ConfigError, parse_config
+from pgworkerd.db import connect
 from pgworkerd.jobs import ClaimedJob, HandlerCapacity, InvalidJob, JobSpec, Lease, RenewOutcome
 from pgworkerd.queries import notify_channel, query, render
 
@@ -1013,3 +1015,175 @@ def test_claim_uses_the_partial_indexes_not_a_seq_scan(q: Queue) -> None:
     assert "jobs_pending_order_idx" in index_scans, plan_text
     assert "jobs_running_lease_idx" in index_scans, plan_text
     assert seq_scans == [], plan_text
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom-plans", "generic-plans"])
+def test_finishing_and_renewing_look_jobs_up_by_primary_key(
+    q: Queue, test_db_dsn: str, generic: bool
+) -> None:
+    """Complete, renew and fail must not scan the partial index of running jobs (its size is
+    every worker's running jobs): not with statistics taken while nothing ran, not with
+    the generic plans of prepared statements."""
+    q.sql(
+        "INSERT INTO @schema@.jobs (handler, status, attempts, started_at, finished_at)"
+        " SELECT 'h', 'completed', 1, now(), now() FROM generate_series(1, 50000)"
+    )
+    jobs.enqueue_many(q.conn, [JobSpec("h") for _ in range(2100)], schema=q.schema)
+    q.sql("VACUUM ANALYZE @schema@.jobs")  # statistics from before anything runs
+    q.sql("ALTER TABLE @schema@.jobs SET (autovacuum_enabled = false)")  # ...and they stay
+    for n in range(20):
+        q.claim(f"other{n}", limit=100, lease=300)
+    mine = q.claim("w1", limit=10, lease=300)
+    assert q.count("status = 'running'") == 2010
+
+    conn = connect(test_db_dsn, prepare=True)
+    conn.prepare_threshold = 0  # every statement prepared: generic plans are possible
+    plans: list[dict[str, Any]] = []
+
+    def keep_plan(diag: psycopg.errors.Diagnostic) -> None:
+        text = diag.message_primary or ""
+        if text.startswith("duration:") and "{" in text:
+            plans.append(json.loads(text[text.index("{") :]))
+
+    with conn:
+        conn.add_notice_handler(keep_plan)
+        conn.execute("LOAD 'auto_explain'")
+        conn.execute("SET auto_explain.log_format = json")
+        conn.execute("SET auto_explain.log_level = notice")
+        conn.execute("SET auto_explain.log_nested_statements = on")
+        if generic:
+            conn.execute("SET plan_cache_mode = force_generic_plan")
+        conn.execute("SET auto_explain.log_min_duration = 0")
+        renewed = jobs.renew(
+            conn, "w1", [Lease(j.id, j.token, 60) for j in mine[:5]], schema=q.schema
+        )
+        done = jobs.complete_many(
+            conn, "w1", [jobs.Completion(j.id, j.token) for j in mine[:5]], schema=q.schema
+        )
+        one = jobs.complete(conn, "w1", mine[5].id, mine[5].token, {"r": 1}, schema=q.schema)
+        failed = jobs.fail(conn, "w1", mine[6].id, mine[6].token, "boom", schema=q.schema)
+        released = jobs.release(conn, "w1", mine[7].id, mine[7].token, schema=q.schema)
+        conn.execute("SET auto_explain.log_min_duration = -1")
+    assert all(r.renewed for r in renewed)
+    assert done == {j.id for j in mine[:5]} and one and failed and released == "pending"
+
+    assert len(plans) == 5, plans
+    for plan in plans:
+        nodes = plan_nodes(plan["Plan"])
+        on_jobs = [
+            n for n in nodes if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]
+        ]
+        text = json.dumps(plan, indent=1)
+        assert on_jobs, text
+        assert all(n.get("Index Name") == "jobs_pkey" for n in on_jobs), text
+
+
+@pytest.mark.parametrize(
+    ("jobs_json", "message"),
+    [
+        ('[{"handler": "h", "dedupe_key": 5}]', "job 1 of 1: dedupe_key must be a string"),
+        ('[{"handler": "h"}, {"handler": "h", "priority": "1"}]', "job 2 of 2: priority"),
+        ('[{"handler": "h"}, {"handler": "h", "queue": ""}]', "job 2 of 2: queue must be"),
+        ('[{"handler": "h"}, {"handler": "h", "max_attempts": 0.5}]', "job 2 of 2: max_attempts"),
+        ('[{"handler": "h", "dedupe_key": "k"}, {"handler": 1}]', "job 2 of 2: needs a non-empty"),
+        (
+            '[{"handler": "h"}, {"handler": "h", "run_at": "2030-01-01", "delay": "1s"}]',
+            "job 2 of 2: give run_at or delay",
+        ),
+    ],
+)
+def test_enqueue_many_checks_every_job_with_or_without_dedupe_keys(
+    q: Queue, jobs_json: str, message: str
+) -> None:
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as info:
+        q.sql("SELECT @schema@.enqueue_many(%s::jsonb)", [jobs_json])
+    assert message in (info.value.diag.message_primary or "")
+    assert q.count() == 0
+
+
+def test_enqueue_many_sends_short_json_and_stores_every_default(q: Queue) -> None:
+    text = jobs.jobs_json([JobSpec("h"), JobSpec("h", {"a": 1}, queue="q", priority=2)])
+    assert json.loads(text) == [
+        {"handler": "h"},
+        {"handler": "h", "payload": {"a": 1}, "queue": "q", "priority": 2},
+    ]
+    # as_json still spells every field out
+    assert JobSpec("h").as_json() == {
+        "handler": "h",
+        "payload": {},
+        "queue": "default",
+        "priority": 0,
+        "max_attempts": 5,
+    }
+    [plain, other] = jobs.enqueue_many(
+        q.conn, [JobSpec("h"), JobSpec("h", {"a": 1}, queue="q", priority=2)], schema=q.schema
+    )
+    row = q.row(plain)
+    assert (row["payload"], row["queue"], row["priority"], row["max_attempts"]) == (
+        {},
+        "default",
+        0,
+        5,
+    )
+    assert row["run_at"] == row["created_at"]
+    assert q.row(other)["payload"] == {"a": 1}
+    # ids in input order without dedupe keys too (the plain INSERT path), across queues
+    specs = [JobSpec("h", {"n": n}, queue=f"q{n % 4}") for n in range(300)]
+    ids = jobs.enqueue_many(q.conn, specs, schema=q.schema)
+    assert [q.row(i)["payload"]["n"] for i in ids[::37]] == list(range(300))[::37]
+    assert ids == sorted(ids)
+
+
+def test_enqueue_many_refuses_an_unserialisable_payload_naming_the_job(q: Queue) -> None:
+    with pytest.raises(InvalidJob, match="job 3: payload is not JSON-serialisable"):
+        jobs.enqueue_many(
+            q.conn,
+            [JobSpec("h"), JobSpec("h", {"a": 1}), JobSpec("h", {"x": {1, 2}})],
+            schema=q.schema,
+        )
+    with pytest.raises(InvalidJob, match="job 1: payload is not JSON-serialisable"):
+        jobs.enqueue(q.conn, "h", {"x": float("nan")}, schema=q.schema)
+    assert q.count() == 0
+
+
+def test_sql_enqueue_notifies_and_dedupes_in_one_insert(q: Queue, test_db_dsn: str) -> None:
+    channel = sql.Identifier(notify_channel(q.schema))
+    with psycopg.connect(test_db_dsn, autocommit=True) as listener:
+        listener.execute(sql.SQL("LISTEN {}").format(channel))
+        first = q.one("SELECT @schema@.enqueue('h', dedupe_key => 'k', queue => 'mail')")
+        again = q.one("SELECT @schema@.enqueue('h', dedupe_key => 'k', queue => 'mail')")
+        assert first == again and q.count() == 1
+        got = [n.payload for n in listener.notifies(timeout=2.0, stop_after=1)]
+        assert got == ["mail"]
+
+
+def test_connect_prepares_only_when_asked(test_db_dsn: str) -> None:
+    with connect(test_db_dsn) as plain, connect(test_db_dsn, prepare=True) as prepared:
+        assert plain.prepare_threshold is None
+        assert prepared.prepare_threshold is not None
+    config = parse_config("[database]\nprepared_statements = false\n")
+    assert config.database.prepared_statements is False
+    assert parse_config("").database.prepared_statements is True
+    with pytest.raises(ConfigError, match="prepared_statements: expected true or false"):
+        parse_config('[database]\nprepared_statements = "no"\n')
+
+
+def test_a_prepared_connection_stops_planning_the_claim(q: Queue, test_db_dsn: str) -> None:
+    """With prepare=True the plan cache must settle on the claim's generic plan: re-planning
+    it on every call cost more than running it."""
+    jobs.enqueue_many(q.conn, [JobSpec("h") for _ in range(500)], schema=q.schema)
+    q.sql("VACUUM ANALYZE @schema@.jobs")
+    with connect(test_db_dsn, prepare=True) as conn:
+        for _ in range(20):
+            held = jobs.claim(
+                conn, "w", queues=["default"], handlers=served(h=10), limit=10, schema=q.schema
+            )
+            assert len(held) == 10
+            for job in held:
+                assert jobs.complete(conn, "w", job.id, job.token, schema=q.schema)
+        rows = conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%FOR UPDATE SKIP LOCKED%%'"
+        ).fetchall()
+    [(generic, custom)] = rows
+    assert generic >= 10 and custom <= 5, rows

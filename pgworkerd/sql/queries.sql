@@ -9,39 +9,48 @@ SELECT max(version) AS version FROM @schema@.schema_version;
 -- name: job_enqueue
 -- Enqueue one job through the SQL function (the one definition of enqueue).
 SELECT @schema@.enqueue(
-    handler => %(handler)s, payload => %(payload)s, queue => %(queue)s,
+    handler => %(handler)s, payload => %(payload)s::jsonb, queue => %(queue)s,
     priority => %(priority)s, run_at => %(run_at)s,
     delay => make_interval(secs => %(delay)s), max_attempts => %(max_attempts)s,
     dedupe_key => %(dedupe_key)s) AS id;
 
 -- name: job_enqueue_many
 -- Enqueue a JSON array of jobs in one round trip; ids come back in input order.
-SELECT @schema@.enqueue_many(%(jobs)s) AS ids;
+-- %(jobs)s is JSON text (or jsonb).
+SELECT @schema@.enqueue_many(%(jobs)s::jsonb) AS ids;
 
 -- name: job_claim
 -- Claim up to %(limit)s due jobs for one worker: pending jobs in (priority, run_at, id)
 -- order and running jobs whose lease ran out (the rescue path). Expired jobs that used up
 -- their attempts (or were asked to cancel) are finished instead of run again.
+-- Every parameter the planner would look at is read through a scalar sub-select, so that
+-- a custom plan is estimated exactly like the generic one: on a prepared connection the
+-- plan cache then settles on the generic plan and stops re-planning on every call (the
+-- planning cost more than the execution). The plan is built to be safe whatever the
+-- estimates: index scans in ORDER BY order with LIMIT, primary-key look-ups for the rest.
 WITH served AS (
-    SELECT * FROM unnest(%(handlers)s::text[], %(lease_seconds)s::float8[],
-                         %(handler_free)s::integer[], %(max_attempts)s::integer[])
+    SELECT * FROM unnest((SELECT %(handlers)s::text[]), (SELECT %(lease_seconds)s::float8[]),
+                         (SELECT %(handler_free)s::integer[]),
+                         (SELECT %(max_attempts)s::integer[]))
              AS s(handler, lease_seconds, free, max_attempts)
 ), due AS (
     -- per handler, so a capped handler's backlog cannot hide another handler's jobs
-    SELECT d.id FROM served s CROSS JOIN LATERAL (
-        SELECT j.id FROM @schema@.jobs j
+    SELECT d.id, d.priority, d.run_at, s.handler FROM served s CROSS JOIN LATERAL (
+        SELECT j.id, j.priority, j.run_at FROM @schema@.jobs j
         WHERE j.status = 'pending' AND j.run_at <= now() AND j.handler = s.handler
-          AND j.queue = ANY(%(queues)s::text[])
+          AND j.queue = ANY((SELECT %(queues)s::text[])::text[])
         ORDER BY j.priority, j.run_at, j.id
-        LIMIT least(s.free, %(limit)s)
+        LIMIT least(s.free, (SELECT %(limit)s::integer))
         FOR UPDATE SKIP LOCKED) d
 ), expired AS (
-    SELECT j.id, (j.attempts >= j.max_attempts OR j.cancel_requested) AS finished
+    SELECT j.id, j.priority, j.run_at, j.handler,
+           (j.attempts >= j.max_attempts OR j.cancel_requested) AS finished
     FROM @schema@.jobs j
     WHERE j.status = 'running' AND j.locked_until < now()
-      AND j.queue = ANY(%(queues)s::text[]) AND j.handler = ANY(%(handlers)s::text[])
+      AND j.queue = ANY((SELECT %(queues)s::text[])::text[])
+      AND j.handler = ANY((SELECT %(handlers)s::text[])::text[])
     ORDER BY j.locked_until
-    LIMIT %(limit)s
+    LIMIT (SELECT %(limit)s::integer)
     FOR UPDATE SKIP LOCKED
 ), buried AS (
     UPDATE @schema@.jobs j
@@ -53,21 +62,29 @@ WITH served AS (
       FROM expired e
      WHERE j.id = e.id AND e.finished
     RETURNING j.id
-), ranked AS (
-    SELECT j.id, j.priority, j.run_at, j.status AS was, s.free,
-           row_number() OVER (PARTITION BY j.handler ORDER BY j.priority, j.run_at, j.id) AS n
-    FROM @schema@.jobs j JOIN served s USING (handler)
-    WHERE j.id IN (SELECT id FROM due UNION ALL SELECT id FROM expired WHERE NOT finished)
 ), chosen AS (
-    SELECT id, was FROM ranked WHERE n <= free ORDER BY priority, run_at, id LIMIT %(limit)s
+    -- at most `free` per handler, the best first; due and expired jobs carry what the
+    -- ranking needs, so the table is not read again here
+    SELECT id, rescued, lease_seconds, max_attempts FROM (
+        SELECT c.id, c.priority, c.run_at, c.rescued, s.free, s.lease_seconds,
+               s.max_attempts,
+               row_number() OVER (PARTITION BY c.handler
+                                  ORDER BY c.priority, c.run_at, c.id) AS n
+        FROM (SELECT id, priority, run_at, handler, false AS rescued FROM due
+              UNION ALL
+              SELECT id, priority, run_at, handler, true FROM expired WHERE NOT finished) c
+        JOIN served s USING (handler)) ranked
+    WHERE n <= free
+    ORDER BY priority, run_at, id
+    LIMIT (SELECT %(limit)s::integer)
 )
 UPDATE @schema@.jobs j
    SET status = 'running',
        locked_by = %(worker)s,
-       locked_until = now() + make_interval(secs => s.lease_seconds),
+       locked_until = now() + make_interval(secs => c.lease_seconds),
        attempts = j.attempts + 1,
        -- a handler's configured max_attempts overrides the job's own
-       max_attempts = greatest(j.attempts + 1, coalesce(s.max_attempts, j.max_attempts)),
+       max_attempts = greatest(j.attempts + 1, coalesce(c.max_attempts, j.max_attempts)),
        lease_token = j.lease_token + 1,
        last_error = CASE WHEN j.status = 'running'
                          THEN 'lease of ' || j.locked_by || ' expired during attempt '
@@ -75,15 +92,19 @@ UPDATE @schema@.jobs j
                          ELSE j.last_error END,
        started_at = now(),
        updated_at = now()
-  FROM chosen c, served s
- WHERE j.id = c.id AND s.handler = j.handler
+  FROM chosen c
+ -- by primary key, however many rows a generic plan expects
+ WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.id = c.id
 RETURNING j.id, j.queue, j.handler, j.payload, j.priority, j.attempts, j.max_attempts,
           j.lease_token, j.checkpoint, j.run_at, j.created_at, j.locked_until,
-          (c.was = 'running') AS rescued;
+          c.rescued AS rescued;
 
 -- name: job_renew
 -- Renew many leases of one worker at once, saving progress and checkpoints sent along
 -- (NULL keeps the old value); one row per lease: renewed or lost, and cancel requests.
+-- Jobs are found by primary key only (id = ANY): the status test compares text so that
+-- the partial index on running jobs, whose size grows with every worker's jobs, never
+-- looks attractive to the planner, fresh statistics or stale, custom plan or generic.
 WITH lease AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[],
                          %(lease_seconds)s::float8[], %(progress)s::jsonb[],
@@ -96,8 +117,8 @@ WITH lease AS (
            checkpoint = coalesce(l.checkpoint, j.checkpoint),
            updated_at = now()
       FROM lease l
-     WHERE j.id = l.id AND j.lease_token = l.token
-       AND j.locked_by = %(worker)s AND j.status = 'running'
+     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = l.id AND j.lease_token = l.token
+       AND j.locked_by = %(worker)s AND j.status::text = 'running'
     RETURNING j.id, j.cancel_requested, j.locked_until
 )
 SELECT l.id, r.id IS NOT NULL AS renewed,
@@ -107,6 +128,7 @@ SELECT l.id, r.id IS NOT NULL AS renewed,
 -- name: job_complete
 -- Finish jobs their holder still owns: completed, each with an optional JSON result.
 -- Returns the ids completed; a missing id means that lease was lost and nothing changed.
+-- Primary-key look-ups only (see job_renew).
 WITH done AS (
     SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[],
                          %(progress)s::jsonb[]) AS d(id, token, result, progress)
@@ -117,9 +139,21 @@ UPDATE @schema@.jobs j
        locked_by = NULL, locked_until = NULL, cancel_requested = false,
        finished_at = now(), updated_at = now()
   FROM done d
- WHERE j.id = d.id AND j.locked_by = %(worker)s AND j.lease_token = d.token
-   AND j.status = 'running'
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = d.id AND j.locked_by = %(worker)s
+   AND j.lease_token = d.token AND j.status::text = 'running'
 RETURNING j.id;
+
+-- name: job_complete_one
+-- job_complete for one job: a single primary-key look-up, no arrays to unpack.
+-- Returns the id if the lease still held.
+UPDATE @schema@.jobs
+   SET status = 'completed', result = %(result)s::jsonb,
+       progress = coalesce(%(progress)s::jsonb, progress),
+       locked_by = NULL, locked_until = NULL, cancel_requested = false,
+       finished_at = now(), updated_at = now()
+ WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+   AND status::text = 'running'  -- by primary key, never the running-jobs index
+RETURNING id;
 
 -- name: job_fail
 -- A failed attempt: back to pending after exponential backoff with +-25 %% jitter, or
@@ -139,7 +173,7 @@ UPDATE @schema@.jobs
        locked_by = NULL, locked_until = NULL, cancel_requested = false,
        updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
-   AND status = 'running'
+   AND status::text = 'running'  -- by primary key, never the running-jobs index
 RETURNING id, status, run_at;
 
 -- name: job_release
@@ -152,7 +186,7 @@ UPDATE @schema@.jobs
        locked_by = NULL, locked_until = NULL, cancel_requested = false,
        updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
-   AND status = 'running'
+   AND status::text = 'running'  -- by primary key, never the running-jobs index
 RETURNING id, status;
 
 -- name: job_cancel_running
@@ -162,7 +196,7 @@ UPDATE @schema@.jobs
        locked_by = NULL, locked_until = NULL, cancel_requested = false,
        finished_at = now(), updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
-   AND status = 'running'
+   AND status::text = 'running'  -- by primary key, never the running-jobs index
 RETURNING id, status;
 
 -- name: job_cancel

@@ -84,11 +84,51 @@ CREATE UNIQUE INDEX jobs_dedupe_live_idx ON @schema@.jobs (dedupe_key)
 CREATE INDEX jobs_finished_at_idx ON @schema@.jobs (finished_at)
     WHERE finished_at IS NOT NULL;
 
+-- Why job `n` of `total` in an enqueue_many array is invalid: raises the error naming it.
+-- Only called for a job that failed enqueue_many's inline check, so valid batches never
+-- pay for it; declared to return text so that it fits in the insert's column list.
+CREATE FUNCTION @schema@.enqueue_reject(e jsonb, n bigint, total integer)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'pgworkerd: job % of %: %', n, total, CASE
+        WHEN jsonb_typeof(e) <> 'object' THEN 'is not a JSON object'
+        WHEN jsonb_typeof(e->'handler') IS DISTINCT FROM 'string' OR e->>'handler' = ''
+            THEN 'needs a non-empty "handler" string'
+        WHEN e ? 'payload' AND jsonb_typeof(e->'payload') <> 'object'
+            THEN 'payload must be a JSON object, not ' || jsonb_typeof(e->'payload')
+        WHEN e ? 'queue' AND (jsonb_typeof(e->'queue') <> 'string' OR e->>'queue' = '')
+            THEN 'queue must be a non-empty string'
+        WHEN e ? 'max_attempts' AND CASE WHEN jsonb_typeof(e->'max_attempts') <> 'number'
+                                         THEN true
+                                         ELSE (e->>'max_attempts')::numeric < 1
+                                           OR (e->>'max_attempts')::numeric % 1 <> 0 END
+            THEN 'max_attempts must be a positive integer, not ' || (e->>'max_attempts')
+        WHEN e ? 'priority' AND CASE WHEN jsonb_typeof(e->'priority') <> 'number'
+                                     THEN true
+                                     ELSE (e->>'priority')::numeric % 1 <> 0 END
+            THEN 'priority must be an integer, not ' || (e->>'priority')
+        WHEN e ? 'run_at' AND e ? 'delay' THEN 'give run_at or delay, not both'
+        WHEN e ? 'dedupe_key' AND jsonb_typeof(e->'dedupe_key') NOT IN ('string', 'null')
+            THEN 'dedupe_key must be a string'
+        ELSE 'is invalid'
+        END
+        USING ERRCODE = 'invalid_parameter_value';
+END;
+$$;
+
 -- The one definition of enqueue. Takes a JSON array of job objects:
 --   {"handler": text, "payload": object, "queue": text, "priority": int,
 --    "run_at": timestamptz | "delay": interval, "max_attempts": int, "dedupe_key": text}
 -- and returns the job ids in input order. A dedupe key that matches a pending or running
--- job returns that job's id instead of inserting. Listeners are notified on commit.
+-- job returns that job's id instead of inserting. Listeners are notified on commit, once
+-- per queue.
+--
+-- One pass over the array: every job is checked inline as it is inserted (a bad one makes
+-- enqueue_reject raise, naming it, and nothing is written); batches without dedupe keys
+-- skip ON CONFLICT and the look-up of existing jobs.
 CREATE FUNCTION @schema@.enqueue_many(jobs jsonb)
 RETURNS bigint[]
 LANGUAGE plpgsql
@@ -97,90 +137,121 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    bad record;
+    total integer;
     ids bigint[];
+    queues text[];
 BEGIN
     IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
         RAISE EXCEPTION 'pgworkerd: enqueue_many expects a JSON array of job objects'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-
-    SELECT n, problem INTO bad FROM (
-        SELECT n, CASE
-            WHEN jsonb_typeof(e) <> 'object' THEN 'is not a JSON object'
-            WHEN jsonb_typeof(e->'handler') IS DISTINCT FROM 'string' OR e->>'handler' = ''
-                THEN 'needs a non-empty "handler" string'
-            WHEN e ? 'payload' AND jsonb_typeof(e->'payload') <> 'object'
-                THEN 'payload must be a JSON object, not ' || jsonb_typeof(e->'payload')
-            WHEN e ? 'queue' AND (jsonb_typeof(e->'queue') <> 'string' OR e->>'queue' = '')
-                THEN 'queue must be a non-empty string'
-            WHEN e ? 'max_attempts' AND CASE WHEN jsonb_typeof(e->'max_attempts') <> 'number'
-                                             THEN true
-                                             ELSE (e->>'max_attempts')::numeric < 1
-                                               OR (e->>'max_attempts')::numeric % 1 <> 0 END
-                THEN 'max_attempts must be a positive integer, not ' || (e->>'max_attempts')
-            WHEN e ? 'priority' AND CASE WHEN jsonb_typeof(e->'priority') <> 'number'
-                                         THEN true
-                                         ELSE (e->>'priority')::numeric % 1 <> 0 END
-                THEN 'priority must be an integer, not ' || (e->>'priority')
-            WHEN e ? 'run_at' AND e ? 'delay' THEN 'give run_at or delay, not both'
-            WHEN e ? 'dedupe_key' AND jsonb_typeof(e->'dedupe_key') NOT IN ('string', 'null')
-                THEN 'dedupe_key must be a string'
-            END AS problem
-        FROM jsonb_array_elements(jobs) WITH ORDINALITY AS t(e, n)
-    ) checked WHERE problem IS NOT NULL ORDER BY n LIMIT 1;
-    IF FOUND THEN
-        RAISE EXCEPTION 'pgworkerd: job % of %: %', bad.n, jsonb_array_length(jobs), bad.problem
-            USING ERRCODE = 'invalid_parameter_value';
+    total := jsonb_array_length(jobs);
+    IF total = 0 THEN
+        RETURN '{}';
     END IF;
 
-    WITH input AS (
-        SELECT n, e, nextval('@schema@.jobs_id_seq') AS new_id
-        FROM jsonb_array_elements(jobs) WITH ORDINALITY AS t(e, n)
-    ), inserted AS (
-        INSERT INTO @schema@.jobs AS j
-            (id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key)
-        SELECT new_id,
-               coalesce(e->>'queue', 'default'),
-               e->>'handler',
-               coalesce(e->'payload', '{}'),
-               coalesce((e->>'priority')::integer, 0),
-               coalesce((e->>'run_at')::timestamptz,
-                        now() + coalesce((e->>'delay')::interval, interval '0')),
-               coalesce((e->>'max_attempts')::integer, 5),
-               e->>'dedupe_key'
-        FROM input
-        ORDER BY n
-        ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
-            DO NOTHING
-        RETURNING j.id, j.dedupe_key
-    )
-    SELECT array_agg(coalesce(
-               ins.id,
-               -- an equal key earlier in this same batch
-               (SELECT min(i2.id) FROM inserted i2 WHERE i2.dedupe_key = input.e->>'dedupe_key'),
-               -- an equal live job that already existed
-               (SELECT ex.id FROM @schema@.jobs ex
-                 WHERE ex.dedupe_key = input.e->>'dedupe_key'
-                   AND ex.status IN ('pending', 'running')))
-           ORDER BY input.n)
-      INTO ids
-      FROM input LEFT JOIN inserted ins ON ins.id = input.new_id;
+    IF NOT jsonb_path_exists(jobs, '$[*] ? (exists(@.dedupe_key) && @.dedupe_key != null)')
+    THEN
+        -- No dedupe keys: a plain insert. Ids come from the sequence in row order, and the
+        -- rows are inserted in input order, so sorted ids are in input order.
+        WITH inserted AS (
+            INSERT INTO @schema@.jobs AS j
+                (queue, handler, payload, priority, run_at, max_attempts)
+            SELECT coalesce(e->>'queue', 'default'),
+                   CASE WHEN jsonb_typeof(e) = 'object'
+                         AND jsonb_typeof(e->'handler') = 'string' AND e->>'handler' <> ''
+                         AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
+                         AND (NOT e ? 'queue'
+                              OR (jsonb_typeof(e->'queue') = 'string' AND e->>'queue' <> ''))
+                         AND CASE WHEN NOT e ? 'max_attempts' THEN true
+                                  WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
+                                  ELSE (e->>'max_attempts')::numeric >= 1
+                                   AND (e->>'max_attempts')::numeric % 1 = 0 END
+                         AND CASE WHEN NOT e ? 'priority' THEN true
+                                  WHEN jsonb_typeof(e->'priority') <> 'number' THEN false
+                                  ELSE (e->>'priority')::numeric % 1 = 0 END
+                         AND NOT (e ? 'run_at' AND e ? 'delay')
+                        THEN e->>'handler'
+                        ELSE @schema@.enqueue_reject(e, n, total) END,
+                   coalesce(e->'payload', '{}'),
+                   coalesce((e->>'priority')::integer, 0),
+                   coalesce((e->>'run_at')::timestamptz,
+                            now() + coalesce((e->>'delay')::interval, interval '0')),
+                   coalesce((e->>'max_attempts')::integer, 5)
+            FROM jsonb_array_elements(jobs) WITH ORDINALITY AS t(e, n)
+            ORDER BY n
+            RETURNING j.id, j.queue
+        )
+        SELECT array_agg(id ORDER BY id), array_agg(DISTINCT queue)
+          INTO ids, queues
+          FROM inserted;
+    ELSE
+        WITH input AS MATERIALIZED (
+            SELECT n, nextval('@schema@.jobs_id_seq') AS new_id,
+                   coalesce(e->>'queue', 'default') AS queue,
+                   CASE WHEN jsonb_typeof(e) = 'object'
+                         AND jsonb_typeof(e->'handler') = 'string' AND e->>'handler' <> ''
+                         AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
+                         AND (NOT e ? 'queue'
+                              OR (jsonb_typeof(e->'queue') = 'string' AND e->>'queue' <> ''))
+                         AND CASE WHEN NOT e ? 'max_attempts' THEN true
+                                  WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
+                                  ELSE (e->>'max_attempts')::numeric >= 1
+                                   AND (e->>'max_attempts')::numeric % 1 = 0 END
+                         AND CASE WHEN NOT e ? 'priority' THEN true
+                                  WHEN jsonb_typeof(e->'priority') <> 'number' THEN false
+                                  ELSE (e->>'priority')::numeric % 1 = 0 END
+                         AND NOT (e ? 'run_at' AND e ? 'delay')
+                         AND (NOT e ? 'dedupe_key'
+                              OR jsonb_typeof(e->'dedupe_key') IN ('string', 'null'))
+                        THEN e->>'handler'
+                        ELSE @schema@.enqueue_reject(e, n, total) END AS handler,
+                   coalesce(e->'payload', '{}') AS payload,
+                   coalesce((e->>'priority')::integer, 0) AS priority,
+                   coalesce((e->>'run_at')::timestamptz,
+                            now() + coalesce((e->>'delay')::interval, interval '0')) AS run_at,
+                   coalesce((e->>'max_attempts')::integer, 5) AS max_attempts,
+                   e->>'dedupe_key' AS dedupe_key
+            FROM jsonb_array_elements(jobs) WITH ORDINALITY AS t(e, n)
+        ), inserted AS (
+            INSERT INTO @schema@.jobs AS j
+                (id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key)
+            SELECT new_id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key
+            FROM input
+            ORDER BY n
+            ON CONFLICT (dedupe_key)
+                WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
+                DO NOTHING
+            RETURNING j.id, j.dedupe_key
+        )
+        SELECT array_agg(coalesce(
+                   ins.id,
+                   -- an equal key earlier in this same batch
+                   (SELECT min(i2.id) FROM inserted i2 WHERE i2.dedupe_key = input.dedupe_key),
+                   -- an equal live job that already existed
+                   (SELECT ex.id FROM @schema@.jobs ex
+                     WHERE ex.dedupe_key = input.dedupe_key
+                       AND ex.status IN ('pending', 'running')))
+               ORDER BY input.n),
+               array_agg(DISTINCT input.queue)
+          INTO ids, queues
+          FROM input LEFT JOIN inserted ins ON ins.id = input.new_id;
 
-    IF array_position(ids, NULL) IS NOT NULL THEN
-        -- The live job we collided with committed after our snapshot or finished meanwhile.
-        RAISE EXCEPTION 'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
-            USING ERRCODE = 'serialization_failure';
+        IF array_position(ids, NULL) IS NOT NULL THEN
+            -- The live job we collided with committed after our snapshot or finished
+            -- meanwhile.
+            RAISE EXCEPTION 'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
+                USING ERRCODE = 'serialization_failure';
+        END IF;
     END IF;
 
-    PERFORM pg_notify(@schema_literal@ || '.jobs', q)
-       FROM (SELECT DISTINCT coalesce(e->>'queue', 'default') AS q
-               FROM jsonb_array_elements(jobs) AS t(e)) queues;
-    RETURN coalesce(ids, '{}');
+    PERFORM pg_notify(@schema_literal@ || '.jobs', q) FROM unnest(queues) AS q;
+    RETURN ids;
 END;
 $$;
 
--- Enqueue one job; arguments as in enqueue_many. Returns its id.
+-- Enqueue one job; arguments as in enqueue_many. Returns its id. A lean single-row path
+-- (one INSERT .. ON CONFLICT), with the same checks and messages as enqueue_many.
 CREATE FUNCTION @schema@.enqueue(
     handler text,
     payload jsonb DEFAULT '{}',
@@ -196,20 +267,56 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
+DECLARE
+    new_id bigint;
 BEGIN
     IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
         RAISE EXCEPTION 'pgworkerd: payload must be a JSON object, not %',
             coalesce(jsonb_typeof(payload), 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
+    ELSIF handler IS NULL OR handler = '' THEN
+        RAISE EXCEPTION 'pgworkerd: job 1 of 1: needs a non-empty "handler" string'
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF queue = '' THEN
+        RAISE EXCEPTION 'pgworkerd: job 1 of 1: queue must be a non-empty string'
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF max_attempts < 1 THEN
+        RAISE EXCEPTION 'pgworkerd: job 1 of 1: max_attempts must be a positive integer, not %',
+            max_attempts
+            USING ERRCODE = 'invalid_parameter_value';
+    ELSIF run_at IS NOT NULL AND delay IS NOT NULL THEN
+        RAISE EXCEPTION 'pgworkerd: job 1 of 1: give run_at or delay, not both'
+            USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN (@schema@.enqueue_many(jsonb_build_array(jsonb_strip_nulls(jsonb_build_object(
-        'handler', handler, 'queue', queue, 'priority', priority, 'run_at', run_at,
-        'delay', delay, 'max_attempts', max_attempts, 'dedupe_key', dedupe_key))
-        || jsonb_build_object('payload', payload))))[1];
+    -- Arguments are named like columns: unqualified names are columns (use_column above),
+    -- the arguments are written enqueue.name.
+    INSERT INTO @schema@.jobs AS j
+        (queue, handler, payload, priority, run_at, max_attempts, dedupe_key)
+    VALUES (coalesce(enqueue.queue, 'default'), enqueue.handler, enqueue.payload,
+            coalesce(enqueue.priority, 0),
+            coalesce(enqueue.run_at, now() + coalesce(enqueue.delay, interval '0')),
+            coalesce(enqueue.max_attempts, 5), enqueue.dedupe_key)
+    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
+        DO NOTHING
+    RETURNING j.id INTO new_id;
+    IF new_id IS NULL THEN
+        SELECT ex.id INTO new_id FROM @schema@.jobs ex
+         WHERE ex.dedupe_key = enqueue.dedupe_key AND ex.status IN ('pending', 'running');
+        IF new_id IS NULL THEN
+            RAISE EXCEPTION
+                'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
+                USING ERRCODE = 'serialization_failure';
+        END IF;
+    ELSE
+        PERFORM pg_notify(@schema_literal@ || '.jobs', coalesce(enqueue.queue, 'default'));
+    END IF;
+    RETURN new_id;
 END;
 $$;
 
 -- Granted explicitly (see deploy/roles.sql), not to everyone.
+REVOKE EXECUTE ON FUNCTION @schema@.enqueue_reject(jsonb, bigint, integer) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION @schema@.enqueue_many(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION @schema@.enqueue(text, jsonb, text, integer, timestamptz, interval,
                                             integer, text) FROM PUBLIC;

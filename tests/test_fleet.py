@@ -307,12 +307,6 @@ def test_a_killed_daemon_is_marked_gone_by_the_other(db: Db, daemons: Daemons) -
     assert proc.returncode == 1 and "no live daemon matches" in proc.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker_register's ON CONFLICT clears drain_requested: a drained daemon that was "
-    "marked gone (heartbeat silent > stale_after: long outage, SIGSTOP) re-registers "
-    "undrained and claims again",
-)
 def test_a_drain_survives_being_marked_gone_and_re_registering(db: Db, daemons: Daemons) -> None:
     a = start_named(daemons, "alpha", ALPHA_HANDLERS, tag="A")
     drained = daemons.cli("drain", "--worker", a.worker_id, "--wait")

@@ -33,6 +33,9 @@ WITH served AS (
                          (SELECT %(handler_free)s::integer[]),
                          (SELECT %(max_attempts)s::integer[]))
              AS s(handler, lease_seconds, free, max_attempts)
+    -- a drain takes effect at once, even before the daemon's next heartbeat reads it
+    WHERE NOT EXISTS (SELECT 1 FROM @schema@.workers w
+                       WHERE w.id = (SELECT %(worker)s::text) AND w.drain_requested)
 ), due AS (
     -- per handler, so a capped handler's backlog cannot hide another handler's jobs
     SELECT d.id, d.priority, d.run_at, s.handler FROM served s CROSS JOIN LATERAL (
@@ -283,14 +286,15 @@ SELECT min(run_at) AS run_at FROM @schema@.jobs
    AND queue = ANY(%(queues)s::text[]) AND handler = ANY(%(handlers)s::text[]);
 
 -- name: worker_register
--- Record a starting daemon in the registry (a restarted daemon starts undrained).
+-- Record a daemon in the registry, or record it again after it was marked gone.
+-- drain_requested is kept then: a drained daemon marked gone during an outage comes back
+-- drained. A restarted daemon has a new id, so it starts undrained.
 INSERT INTO @schema@.workers AS w (id, host, pid, version, queues, handlers, slots, state)
 VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(queues)s, %(handlers)s, %(slots)s,
         %(state)s)
 ON CONFLICT (id) DO UPDATE
    SET state = excluded.state, queues = excluded.queues, handlers = excluded.handlers,
-       slots = excluded.slots, heartbeat_at = now(), stopped_at = NULL,
-       drain_requested = false;
+       slots = excluded.slots, heartbeat_at = now(), stopped_at = NULL;
 
 -- name: worker_heartbeat
 -- Record this daemon's state and in-flight jobs; returns whether a drain was requested.

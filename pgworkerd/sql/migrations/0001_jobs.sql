@@ -249,46 +249,61 @@ AS $$
 DECLARE
     new_id bigint;
 BEGIN
-    IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
-        RAISE EXCEPTION 'pgworkerd: payload must be a JSON object, not %',
-            coalesce(jsonb_typeof(payload), 'NULL')
-            USING ERRCODE = 'invalid_parameter_value';
-    ELSIF handler IS NULL OR handler = '' THEN
-        RAISE EXCEPTION 'pgworkerd: job 1 of 1: needs a non-empty "handler" string'
-            USING ERRCODE = 'invalid_parameter_value';
-    ELSIF queue = '' THEN
-        RAISE EXCEPTION 'pgworkerd: job 1 of 1: queue must be a non-empty string'
-            USING ERRCODE = 'invalid_parameter_value';
-    ELSIF max_attempts < 1 THEN
-        RAISE EXCEPTION 'pgworkerd: job 1 of 1: max_attempts must be a positive integer, not %',
-            max_attempts
-            USING ERRCODE = 'invalid_parameter_value';
-    ELSIF run_at IS NOT NULL AND delay IS NOT NULL THEN
-        RAISE EXCEPTION 'pgworkerd: job 1 of 1: give run_at or delay, not both'
-            USING ERRCODE = 'invalid_parameter_value';
+    IF payload IS NULL OR jsonb_typeof(payload) <> 'object' OR handler IS NULL OR handler = ''
+       OR queue = '' OR max_attempts < 1 OR (run_at IS NOT NULL AND delay IS NOT NULL) THEN
+        -- one test above for the common case, then the message
+        IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
+            RAISE EXCEPTION 'pgworkerd: payload must be a JSON object, not %',
+                coalesce(jsonb_typeof(payload), 'NULL')
+                USING ERRCODE = 'invalid_parameter_value';
+        ELSIF handler IS NULL OR handler = '' THEN
+            RAISE EXCEPTION 'pgworkerd: job 1 of 1: needs a non-empty "handler" string'
+                USING ERRCODE = 'invalid_parameter_value';
+        ELSIF queue = '' THEN
+            RAISE EXCEPTION 'pgworkerd: job 1 of 1: queue must be a non-empty string'
+                USING ERRCODE = 'invalid_parameter_value';
+        ELSIF max_attempts < 1 THEN
+            RAISE EXCEPTION
+                'pgworkerd: job 1 of 1: max_attempts must be a positive integer, not %',
+                max_attempts
+                USING ERRCODE = 'invalid_parameter_value';
+        ELSE
+            RAISE EXCEPTION 'pgworkerd: job 1 of 1: give run_at or delay, not both'
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
     END IF;
     -- Arguments are named like columns: unqualified names are columns (use_column above),
     -- the arguments are written enqueue.name.
-    INSERT INTO @schema@.jobs AS j
-        (queue, handler, payload, priority, run_at, max_attempts, dedupe_key)
-    VALUES (coalesce(enqueue.queue, 'default'), enqueue.handler, enqueue.payload,
-            coalesce(enqueue.priority, 0),
-            coalesce(enqueue.run_at, now() + coalesce(enqueue.delay, interval '0')),
-            coalesce(enqueue.max_attempts, 5), enqueue.dedupe_key)
-    ON CONFLICT (dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
-        DO NOTHING
-    RETURNING j.id INTO new_id;
-    IF new_id IS NULL THEN
-        SELECT ex.id INTO new_id FROM @schema@.jobs ex
-         WHERE ex.dedupe_key = enqueue.dedupe_key AND ex.status IN ('pending', 'running');
-        IF new_id IS NULL THEN
-            RAISE EXCEPTION
-                'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
-                USING ERRCODE = 'serialization_failure';
-        END IF;
+    IF enqueue.dedupe_key IS NULL THEN
+        -- nothing to dedupe: a plain insert, no speculative insertion
+        INSERT INTO @schema@.jobs AS j (queue, handler, payload, priority, run_at, max_attempts)
+        VALUES (coalesce(enqueue.queue, 'default'), enqueue.handler, enqueue.payload,
+                coalesce(enqueue.priority, 0),
+                coalesce(enqueue.run_at, now() + coalesce(enqueue.delay, interval '0')),
+                coalesce(enqueue.max_attempts, 5))
+        RETURNING j.id INTO new_id;
     ELSE
-        PERFORM pg_notify(@schema_literal@ || '.jobs', coalesce(enqueue.queue, 'default'));
+        INSERT INTO @schema@.jobs AS j
+            (queue, handler, payload, priority, run_at, max_attempts, dedupe_key)
+        VALUES (coalesce(enqueue.queue, 'default'), enqueue.handler, enqueue.payload,
+                coalesce(enqueue.priority, 0),
+                coalesce(enqueue.run_at, now() + coalesce(enqueue.delay, interval '0')),
+                coalesce(enqueue.max_attempts, 5), enqueue.dedupe_key)
+        ON CONFLICT (dedupe_key)
+            WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
+            DO NOTHING
+        RETURNING j.id INTO new_id;
+        IF new_id IS NULL THEN
+            SELECT ex.id INTO new_id FROM @schema@.jobs ex
+             WHERE ex.dedupe_key = enqueue.dedupe_key AND ex.status IN ('pending', 'running');
+            IF new_id IS NULL THEN
+                RAISE EXCEPTION
+                    'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
+                    USING ERRCODE = 'serialization_failure';
+            END IF;
+        END IF;
     END IF;
+    PERFORM pg_notify(@schema_literal@ || '.jobs', coalesce(enqueue.queue, 'default'));
     RETURN new_id;
 END;
 $$;

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
+from daemon_harness import Daemons, Db
 from psycopg import sql
 from psycopg.rows import TupleRow
 
@@ -52,3 +54,21 @@ def schema(test_db_dsn: str) -> Iterator[str]:
 def conn(test_db_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
     with psycopg.connect(test_db_dsn, autocommit=True) as c:
         yield c
+
+
+@pytest.fixture
+def db(conn: psycopg.Connection[TupleRow], schema: str) -> Db:
+    """The test's schema seen through the acceptance-test helpers (with an executions
+    table that tests/jobhandlers.py writes to)."""
+    return Db.prepare(conn, schema)
+
+
+@pytest.fixture
+def daemons(tmp_path: Path, test_db_dsn: str, schema: str) -> Iterator[Daemons]:
+    """Starts real daemons on the test's schema; whatever is left is killed at the end
+    and every daemon's log printed (pytest shows it when the test failed)."""
+    started = Daemons(tmp_path, test_db_dsn, schema)
+    try:
+        yield started
+    finally:
+        started.stop_all()

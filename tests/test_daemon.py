@@ -39,20 +39,6 @@ def no_core_dumps() -> Iterator[None]:
     resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
 
 
-@pytest.fixture
-def db(conn: psycopg.Connection, schema: str) -> Db:
-    return Db.prepare(conn, schema)
-
-
-@pytest.fixture
-def daemons(tmp_path: Path, test_db_dsn: str, schema: str) -> Iterator[Daemons]:
-    started = Daemons(tmp_path, test_db_dsn, schema)
-    try:
-        yield started
-    finally:
-        started.stop_all()
-
-
 def seconds_between(earlier: datetime, later: datetime) -> float:
     return (later - earlier).total_seconds()
 

@@ -5,28 +5,12 @@ from __future__ import annotations
 import re
 import socket
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
-import psycopg
 import pytest
 from daemon_harness import Daemons, Db, wait_for
 
 pytest.importorskip("prometheus_client")
-
-
-@pytest.fixture
-def db(conn: psycopg.Connection, schema: str) -> Db:
-    return Db.prepare(conn, schema)
-
-
-@pytest.fixture
-def daemons(tmp_path: Path, test_db_dsn: str, schema: str) -> Iterator[Daemons]:
-    started = Daemons(tmp_path, test_db_dsn, schema)
-    try:
-        yield started
-    finally:
-        started.stop_all()
 
 
 def free_port() -> int:

@@ -329,15 +329,6 @@ def db(conn: psycopg.Connection, schema: str) -> Db:
     return Db(conn, schema)
 
 
-@pytest.fixture
-def daemons(tmp_path: Path, test_db_dsn: str, schema: str) -> Iterator[Daemons]:
-    started = Daemons(tmp_path, test_db_dsn, schema)
-    try:
-        yield started
-    finally:
-        started.stop_all()
-
-
 def forkserver_of(daemon: DaemonProcess) -> int:
     found = [p for p in children_of(daemon.pid) if "pgworkerd.forkserver" in process_title(p)]
     assert len(found) == 1, found

@@ -11,12 +11,8 @@ import json
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import psycopg
-import pytest
 from daemon_harness import (
     DEADLINE,
     PGWORKERD,
@@ -43,20 +39,6 @@ DAEMON_KEYS = {
     "uptime_seconds",
     "heartbeat_age_seconds",
 }
-
-
-@pytest.fixture
-def db(conn: psycopg.Connection, schema: str) -> Db:
-    return Db.prepare(conn, schema)
-
-
-@pytest.fixture
-def daemons(tmp_path: Path, test_db_dsn: str, schema: str) -> Iterator[Daemons]:
-    started = Daemons(tmp_path, test_db_dsn, schema)
-    try:
-        yield started
-    finally:
-        started.stop_all()
 
 
 def start_named(

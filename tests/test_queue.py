@@ -1187,3 +1187,27 @@ def test_a_prepared_connection_stops_planning_the_claim(q: Queue, test_db_dsn: s
         ).fetchall()
     [(generic, custom)] = rows
     assert generic >= 10 and custom <= 5, rows
+
+
+def test_threads_sharing_a_connection_get_their_own_results(q: Queue) -> None:
+    """The wrappers keep a cursor per connection and thread: threads sharing a connection
+    must still each get the answer to their own statement."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def work(n: int) -> None:
+        try:
+            for k in range(100):
+                job_id = jobs.enqueue(q.conn, "h", {"t": n, "k": k}, schema=q.schema)
+                assert q.row(job_id)["payload"] == {"t": n, "k": k}
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert q.count() == 400

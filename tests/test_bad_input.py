@@ -172,7 +172,7 @@ CLI_CONFIG_CASES = [
     ),
     pytest.param(
         "[workers]\nslots = 2\n",
-        ["{path}:1: [workers]: unknown table", "known: database, worker, logging, handlers"],
+        ["{path}:1: [workers]: unknown table", "known: database, worker, logging, metrics, handlers"],
         id="unknown-table",
     ),
     pytest.param(None, ["{path}: cannot read config: No such file or directory"], id="missing"),
@@ -768,7 +768,9 @@ def test_demo_without_a_writable_tmp_fails_clearly(args: list[str]) -> None:
     """`demo` (and `run` with no DSN anywhere) put their throwaway cluster in /tmp. With /tmp
     read-only (a private mount namespace) they must say so, not crash; TMPDIR pointing
     nowhere changes nothing, as LocalPostgres ignores it (socket paths must stay short)."""
-    script = 'mount -t tmpfs -o ro tmpfs /tmp && exec "$0" "$@"'
+    # A read-only bind of /tmp onto itself: its contents (maybe this very checkout and its
+    # venv) stay visible, nothing can be created there.
+    script = 'mount --bind /tmp /tmp && mount -o remount,ro,bind /tmp && exec "$0" "$@"'
     proc = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, PGWORKERD, *args],
         capture_output=True,

@@ -187,8 +187,11 @@ def latency(dsn: str, workdir: Path, samples: int) -> dict[str, Any]:
                 time.sleep(0.02)  # idle again: warm children back, daemon asleep
         finally:
             daemon.stop()
+    # which samples were slowest (a first-sample warm-up shows as sample 0)
+    slowest = sorted(enumerate(gaps), key=lambda pair: pair[1])[-3:]
     gaps.sort()
     return {
+        "slowest": [f"#{n}: {ms:.1f} ms" for n, ms in reversed(slowest)],
         "samples": samples,
         "p50_ms": round(statistics.median(gaps), 2),
         "p99_ms": round(gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))], 2),
@@ -315,7 +318,8 @@ def main() -> None:
         results["latency"] = r
         print(
             f"enqueue -> handler start, idle daemon: p50 {r['p50_ms']} ms, "
-            f"p99 {r['p99_ms']} ms, max {r['max_ms']} ms ({r['samples']} samples)",
+            f"p99 {r['p99_ms']} ms, max {r['max_ms']} ms ({r['samples']} samples; slowest "
+            f"{', '.join(r['slowest'])})",
             flush=True,
         )
         r = renewal(dsn, workdir, in_flight, window)

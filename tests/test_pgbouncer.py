@@ -158,6 +158,8 @@ def test_daemon_through_pgbouncer_wakes_on_notify(
 dsn = "{bouncer}"
 listen_dsn = "{direct}"
 schema = "{schema}"
+# PgBouncer 1.18 in transaction mode: no server-side prepared statements
+prepared_statements = false
 
 [worker]
 lease = "3s"

@@ -172,7 +172,10 @@ CLI_CONFIG_CASES = [
     ),
     pytest.param(
         "[workers]\nslots = 2\n",
-        ["{path}:1: [workers]: unknown table", "known: database, worker, logging, metrics, handlers"],
+        [
+            "{path}:1: [workers]: unknown table",
+            "known: database, worker, logging, metrics, handlers",
+        ],
         id="unknown-table",
     ),
     pytest.param(None, ["{path}: cannot read config: No such file or directory"], id="missing"),

@@ -17,7 +17,6 @@ import os
 import secrets
 import selectors
 import signal
-import socket
 import time
 import traceback
 from collections import deque
@@ -25,9 +24,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
-from setproctitle import setproctitle
 
-from pgworkerd import __version__, jobs, metrics, outcomes, registry
+from pgworkerd import __version__, jobs, metrics, outcomes
 from pgworkerd.config import Config, ConfigError, load_config
 from pgworkerd.db import DatabaseError, InvalidDsn, scrub
 from pgworkerd.dblink import MAX_RECONNECT_DELAY, DatabaseLink
@@ -36,6 +34,7 @@ from pgworkerd.exitcodes import ExitCode
 from pgworkerd.forkserver import set_child_subreaper
 from pgworkerd.migrate import SchemaError, check_current
 from pgworkerd.outcomes import InFlight, Outcome, decide
+from pgworkerd.presence import Presence
 from pgworkerd.supervisor import Child, Supervisor, describe_exit
 from pgworkerd.systemd import Notifier
 
@@ -58,7 +57,7 @@ def fence_margin(lease: float) -> float:
 
 
 @dataclass
-class _Timers:
+class Timers:
     renew_at: float = 0.0
     registry_at: float = 0.0
     poll_at: float = 0.0
@@ -69,7 +68,7 @@ class _Timers:
     exit_deadline: float | None = None
 
 
-class Daemon:
+class Daemon(Presence):
     def __init__(
         self,
         config: Config,
@@ -90,7 +89,7 @@ class Daemon:
         self.supervisor = Supervisor(self.selector, self._on_message, self._on_child_exit)
         self.in_flight: dict[int, InFlight] = {}
         self.outcomes: deque[Outcome] = deque()
-        self.timers = _Timers()
+        self.timers = Timers()
         self.db = DatabaseLink(config.database, self.dsn, self.schema, self.selector)
         self.signals: deque[int] = deque()
         self.claim_wanted = True
@@ -693,104 +692,6 @@ class Daemon:
             t.renew_at = t.registry_at = 0.0  # renew at once: leases may be short by now
             self.claim_wanted = True
             self.db.listen(self.config.worker.poll_interval)
-
-    # -- registry and status -----------------------------------------------------------
-
-    def _worker_info(self) -> registry.WorkerInfo:
-        return registry.WorkerInfo(
-            id=self.worker_id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            version=__version__,
-            queues=self.config.queues,
-            handlers=list(self.config.handlers),
-            slots=self.config.worker.slots,
-        )
-
-    def _register(self) -> None:
-        self.db.run(
-            "registering",
-            lambda c: registry.register(c, self._worker_info(), self.state, self.schema),
-        )
-
-    def _deregister(self) -> None:
-        if self.db.ok:
-            self.db.run(
-                "deregistering", lambda c: registry.deregister(c, self.worker_id, self.schema)
-            )
-
-    def _registry_if_due(self) -> None:
-        now = time.monotonic()
-        if not self.db.ok or now < self.timers.registry_at:
-            return
-        interval = min(1.0, self.config.worker.renew_interval)  # drains noticed within ~1s
-        self.timers.registry_at = now + interval
-        state = self._registry_state()
-        drain = self.db.run(
-            "heartbeat",
-            lambda c: registry.heartbeat(
-                c, self._worker_info(), state, sorted(self.in_flight), self.schema
-            ),
-        )
-        if drain is None and self.db.ok:
-            self._register()  # marked gone after a long outage: come back
-            return
-        if drain is not None and drain != self.drain_requested_in_db:
-            self.drain_requested_in_db = drain
-            log.info("drain %s through the database", "requested" if drain else "lifted")
-            if drain:
-                for child in self.supervisor.idle():
-                    self.supervisor.retire(child)
-            else:
-                self.claim_wanted = True
-        if self.db.listen_due(now):
-            self.db.listen(self.config.worker.poll_interval)
-        if self.metrics.queue_depth_due():
-            rows = self.db.run("counting jobs", lambda c: jobs.counts(c, schema=self.schema))
-            if rows is not None:
-                self.metrics.set_queue_depth(rows)
-        stale = self.db.run(
-            "marking stale daemons",
-            lambda c: registry.mark_stale(
-                c, max(60.0, 6 * self.config.worker.renew_interval), self.schema
-            ),
-        )
-        for worker_id, host, pid in stale or []:
-            log.warning(
-                "daemon %s (host %s pid %d) stopped heartbeating: marked gone", worker_id, host, pid
-            )
-
-    def _registry_state(self) -> str:
-        if self.state == "running" and self.drain_requested_in_db:
-            return "drained" if not self.in_flight else "draining"
-        return self.state
-
-    def _status_text(self) -> str:
-        slots = self.config.worker.slots
-        busy = len(self.in_flight)
-        if not self.db.ok:
-            return f"database unreachable, retrying ({busy} jobs running)"
-        state = self._registry_state()
-        if state == "running":
-            return f"running: {busy}/{slots} busy"
-        if state in ("draining", "stopping"):
-            return f"{state}: {busy} jobs left"
-        return state
-
-    def _report_status(self) -> None:
-        self.metrics.set_draining(self.drain_requested_in_db or self.state != "running")
-        self.metrics.set_in_flight(len(self.in_flight), self.config.worker.slots)
-        status = self._status_text()
-        setproctitle(f"pgworkerd: {status} [{self.worker_id}]")
-        self.notifier.status(status)
-        now = time.monotonic()
-        if self.notifier.watchdog_interval and now >= self.timers.watchdog_at:
-            # The loop ticked, and every database call in a tick is bounded. Ping while
-            # the database answers or while we keep to the reconnect schedule: a daemon
-            # riding out an outage is healthy (restarting it would kill its jobs).
-            if self.db.ok or self.db.recently_tried(now):
-                self.notifier.watchdog()
-            self.timers.watchdog_at = now + self.notifier.watchdog_interval
 
 
 def run_daemon(

@@ -1,0 +1,141 @@
+"""How a daemon shows itself: its registry row (heartbeat, in-flight jobs, drain
+requests read back, stale peers marked gone), its STATUS= line and process title, the
+systemd watchdog, and the metrics gauges. A mixin of Daemon: it reads the daemon's state
+and changes nothing but drain_requested_in_db and the registry row."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections import deque
+from typing import TYPE_CHECKING
+
+from setproctitle import setproctitle
+
+from pgworkerd import __version__, jobs, registry
+
+if TYPE_CHECKING:
+    from pgworkerd.config import Config
+    from pgworkerd.daemon import Timers
+    from pgworkerd.dblink import DatabaseLink
+    from pgworkerd.metrics import NullMetrics
+    from pgworkerd.outcomes import InFlight, Outcome
+    from pgworkerd.supervisor import Supervisor
+    from pgworkerd.systemd import Notifier
+
+log = logging.getLogger("pgworkerd")
+
+
+class Presence:
+    # provided by Daemon
+    config: Config
+    worker_id: str
+    schema: str
+    state: str
+    db: DatabaseLink
+    supervisor: Supervisor
+    notifier: Notifier
+    metrics: NullMetrics
+    in_flight: dict[int, InFlight]
+    outcomes: deque[Outcome]
+    timers: Timers
+    drain_requested_in_db: bool
+    claim_wanted: bool
+
+    def _worker_info(self) -> registry.WorkerInfo:
+        return registry.WorkerInfo(
+            id=self.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            version=__version__,
+            queues=self.config.queues,
+            handlers=list(self.config.handlers),
+            slots=self.config.worker.slots,
+        )
+
+    def _register(self) -> None:
+        self.db.run(
+            "registering",
+            lambda c: registry.register(c, self._worker_info(), self.state, self.schema),
+        )
+
+    def _deregister(self) -> None:
+        if self.db.ok:
+            self.db.run(
+                "deregistering", lambda c: registry.deregister(c, self.worker_id, self.schema)
+            )
+
+    def _registry_if_due(self) -> None:
+        now = time.monotonic()
+        if not self.db.ok or now < self.timers.registry_at:
+            return
+        interval = min(1.0, self.config.worker.renew_interval)  # drains noticed within ~1s
+        self.timers.registry_at = now + interval
+        state = self._registry_state()
+        drain = self.db.run(
+            "heartbeat",
+            lambda c: registry.heartbeat(
+                c, self._worker_info(), state, sorted(self.in_flight), self.schema
+            ),
+        )
+        if drain is None and self.db.ok:
+            self._register()  # marked gone after a long outage: come back
+            return
+        if drain is not None and drain != self.drain_requested_in_db:
+            self.drain_requested_in_db = drain
+            log.info("drain %s through the database", "requested" if drain else "lifted")
+            if drain:
+                for child in self.supervisor.idle():
+                    self.supervisor.retire(child)
+            else:
+                self.claim_wanted = True
+        if self.db.listen_due(now):
+            self.db.listen(self.config.worker.poll_interval)
+        if self.metrics.queue_depth_due():
+            rows = self.db.run("counting jobs", lambda c: jobs.counts(c, schema=self.schema))
+            if rows is not None:
+                self.metrics.set_queue_depth(rows)
+        stale = self.db.run(
+            "marking stale daemons",
+            lambda c: registry.mark_stale(
+                c, max(60.0, 6 * self.config.worker.renew_interval), self.schema
+            ),
+        )
+        for worker_id, host, pid in stale or []:
+            log.warning(
+                "daemon %s (host %s pid %d) stopped heartbeating: marked gone", worker_id, host, pid
+            )
+
+    def _registry_state(self) -> str:
+        if self.state == "running" and self.drain_requested_in_db:
+            return "drained" if not self.in_flight else "draining"
+        return self.state
+
+    def _status_text(self) -> str:
+        slots = self.config.worker.slots
+        busy = len(self.in_flight)
+        if not self.db.ok:
+            return f"database unreachable, retrying ({busy} jobs running)"
+        state = self._registry_state()
+        if state == "running":
+            return f"running: {busy}/{slots} busy"
+        if state in ("draining", "stopping"):
+            return f"{state}: {busy} jobs left"
+        return state
+
+    def _report_status(self) -> None:
+        self.metrics.set_draining(self.drain_requested_in_db or self.state != "running")
+        self.metrics.set_in_flight(len(self.in_flight), self.config.worker.slots)
+        status = self._status_text()
+        setproctitle(f"pgworkerd: {status} [{self.worker_id}]")
+        self.notifier.status(status)
+        now = time.monotonic()
+        if self.notifier.watchdog_interval and now >= self.timers.watchdog_at:
+            # The loop ticked, and every database call in a tick is bounded. Ping while
+            # the database answers or while we keep to the reconnect schedule: a daemon
+            # riding out an outage is healthy (restarting it would kill its jobs).
+            if self.db.ok or self.db.recently_tried(now):
+                self.notifier.watchdog()
+            self.timers.watchdog_at = now + self.notifier.watchdog_interval

@@ -40,11 +40,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from daemon_bench import wait_for
 
 from pgworkerd import jobs
 from pgworkerd.localpg import LocalPostgres
@@ -61,16 +61,6 @@ SERVER_SETTINGS = {
 BULK = 1000
 RESCUE_WAIT = 60.0
 LEASE = 10.0  # pgworkerd's lease in the rescue test; the peers' detection times match it
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, step: float = 0.005) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(step)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def descendants(root: int) -> set[int]:
@@ -191,8 +181,9 @@ class Library:
         }
 
     def run(self, argv: list[str], **env: str) -> None:
-        proc = subprocess.run(argv, env=self.env(**env), cwd=BENCH_DIR, capture_output=True,
-                              text=True, check=False)
+        proc = subprocess.run(
+            argv, env=self.env(**env), cwd=BENCH_DIR, capture_output=True, text=True, check=False
+        )
         if proc.returncode != 0:
             raise RuntimeError(f"{argv} failed:\n{proc.stdout}{proc.stderr}")
 
@@ -247,12 +238,19 @@ class Pgworkerd(Library):
             "sat1": {**base, "slots": 8, "warm_children": 8, "max_jobs_per_child": 1},
             # an idle daemon as a user gets it: defaults but for the lease and poll
             "latency": {"slots": 4, "warm_children": 2, "lease": "60s", "poll_interval": "5s"},
-            "rescue": {"slots": 4, "warm_children": 2, "lease": f"{LEASE:g}s",
-                       "renew_interval": f"{LEASE / 3:.1f}s"},
+            "rescue": {
+                "slots": 4,
+                "warm_children": 2,
+                "lease": f"{LEASE:g}s",
+                "renew_interval": f"{LEASE / 3:.1f}s",
+            },
         }[mode]
         self.settings[mode] = ", ".join(f"{k}={v}" for k, v in worker.items())
-        handlers = {"noop": "pgworkerd.examples:noop", "record": "compare_handlers:record",
-                    "hang": "compare_handlers:hang"}
+        handlers = {
+            "noop": "pgworkerd.examples:noop",
+            "record": "compare_handlers:record",
+            "hang": "compare_handlers:hang",
+        }
         lines = ["[worker]"] + [f"{k} = {json.dumps(v)}" for k, v in worker.items()]
         for name, target in handlers.items():
             lines += [f"[handlers.{name}]", f'target = "{target}"']
@@ -317,8 +315,11 @@ class Procrastinate(AsyncLibrary):
     STALLED = LEASE
 
     def rescue_env(self) -> dict[str, str]:
-        return {"BENCH_RESCUE": "1", "BENCH_HEARTBEAT": f"{self.HEARTBEAT:g}",
-                "BENCH_STALLED": f"{self.STALLED:g}"}
+        return {
+            "BENCH_RESCUE": "1",
+            "BENCH_HEARTBEAT": f"{self.HEARTBEAT:g}",
+            "BENCH_STALLED": f"{self.STALLED:g}",
+        }
 
     def setup(self) -> None:
         cli = [str(BIN / "procrastinate"), "--app=compare_procrastinate.app"]
@@ -337,11 +338,17 @@ class Procrastinate(AsyncLibrary):
             f", update_heartbeat_interval={self.HEARTBEAT:g}s, stalled_worker_timeout="
             f"{self.STALLED:g}s, retry_stalled_jobs every 2s "
             f"(get_stalled_jobs(seconds_since_heartbeat={self.STALLED:g}))"
-            if extra else ""
+            if extra
+            else ""
         )
         return Worker(
-            [str(BIN / "procrastinate"), "--app=compare_procrastinate.app", "worker",
-             "-c", str(concurrency)],
+            [
+                str(BIN / "procrastinate"),
+                "--app=compare_procrastinate.app",
+                "worker",
+                "-c",
+                str(concurrency),
+            ],
             self.env(**extra),
             self.workdir / f"procrastinate-{tag}.log",
         )
@@ -417,8 +424,9 @@ class PgQueuer(AsyncLibrary):
             f"pgq run {' '.join(options) or '(defaults: batch-size 10, unlimited)'}"
             + (", entrypoint concurrency_limit=1" if limit else "")
         )
-        return Worker(argv, self.env(BENCH_PGQ_CONCURRENCY=str(limit)),
-                      self.workdir / f"pgqueuer-{tag}.log")
+        return Worker(
+            argv, self.env(BENCH_PGQ_CONCURRENCY=str(limit)), self.workdir / f"pgqueuer-{tag}.log"
+        )
 
     def reset(self) -> None:
         self.db.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics")
@@ -450,9 +458,7 @@ class PgQueuer(AsyncLibrary):
         async def loop() -> tuple[int, float]:
             done, start = 0, time.perf_counter()
             while time.perf_counter() - start < seconds:
-                done += len(
-                    await self.queries.enqueue(["noop"] * BULK, [None] * BULK, [0] * BULK)
-                )
+                done += len(await self.queries.enqueue(["noop"] * BULK, [None] * BULK, [0] * BULK))
             return done, time.perf_counter() - start
 
         return self.sync(loop())  # type: ignore[no-any-return]
@@ -484,8 +490,13 @@ def throughput(lib: Library, mode: str, n_jobs: int, cap: float) -> dict[str, An
         elapsed = time.monotonic() - start
     finally:
         w.stop()
-    return {"jobs": n_jobs, "done": done, "seconds": round(elapsed, 2),
-            "capped": done < n_jobs, "jobs_per_s": round(done / elapsed)}
+    return {
+        "jobs": n_jobs,
+        "done": done,
+        "seconds": round(elapsed, 2),
+        "capped": done < n_jobs,
+        "jobs_per_s": round(done / elapsed),
+    }
 
 
 def latency(lib: Library, samples: int) -> dict[str, Any]:
@@ -505,9 +516,12 @@ def latency(lib: Library, samples: int) -> dict[str, Any]:
     finally:
         w.stop()
     gaps.sort()
-    return {"samples": samples, "p50_ms": round(statistics.median(gaps), 2),
-            "p99_ms": round(gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))], 2),
-            "max_ms": round(gaps[-1], 2)}
+    return {
+        "samples": samples,
+        "p50_ms": round(statistics.median(gaps), 2),
+        "p99_ms": round(gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))], 2),
+        "max_ms": round(gaps[-1], 2),
+    }
 
 
 def enqueue_rates(lib: Library, seconds: float) -> dict[str, Any]:
@@ -516,8 +530,11 @@ def enqueue_rates(lib: Library, seconds: float) -> dict[str, Any]:
     lib.reset()
     bulk, b_elapsed = lib.bulk_enqueue(seconds)
     lib.reset()
-    return {"single_per_s": round(single / s_elapsed), "bulk_per_s": round(bulk / b_elapsed),
-            "bulk_size": BULK}
+    return {
+        "single_per_s": round(single / s_elapsed),
+        "bulk_per_s": round(bulk / b_elapsed),
+        "bulk_size": BULK,
+    }
 
 
 def rescue(lib: Library) -> dict[str, Any]:
@@ -540,10 +557,16 @@ def rescue(lib: Library) -> dict[str, Any]:
                 lambda: lib.starts.find("victim", skip=1), RESCUE_WAIT, "rescue", 0.01
             )
         except TimeoutError:
-            return {"seconds": None, "outcome": f"not rerun within {RESCUE_WAIT:g}s",
-                    "other_alive": other.alive()}
-        return {"seconds": round(again - killed, 2), "outcome": "rerun",
-                "on_other_worker": pid2 in descendants(other.proc.pid)}
+            return {
+                "seconds": None,
+                "outcome": f"not rerun within {RESCUE_WAIT:g}s",
+                "other_alive": other.alive(),
+            }
+        return {
+            "seconds": round(again - killed, 2),
+            "outcome": "rerun",
+            "on_other_worker": pid2 in descendants(other.proc.pid),
+        }
     finally:
         w1.stop()
         if w2 is not None:
@@ -584,38 +607,61 @@ UPDATE ceiling_jobs SET status = 'completed', locked_by = NULL, locked_until = N
 _TPS_RE = re.compile(r"^tps = ([0-9.]+)", re.MULTILINE)
 
 
-def ceiling(pg: LocalPostgres, workdir: Path, batch: int, clients: int, seconds: int,
-            fill: int) -> dict[str, Any]:
+def ceiling(
+    pg: LocalPostgres, workdir: Path, batch: int, clients: int, seconds: int, fill: int
+) -> dict[str, Any]:
     pg.create_database("ceiling")
     dsn = pg.dsn("ceiling")
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("DROP TABLE IF EXISTS ceiling_jobs")
         conn.execute(CEILING_TABLE)  # type: ignore[arg-type]
-        conn.execute("INSERT INTO ceiling_jobs (payload) SELECT '{}' FROM generate_series(1, %s)",
-                     [fill])
+        conn.execute(
+            "INSERT INTO ceiling_jobs (payload) SELECT '{}' FROM generate_series(1, %s)", [fill]
+        )
         conn.execute("VACUUM ANALYZE ceiling_jobs")
         conn.execute("CHECKPOINT")
         script = workdir / f"ceiling-{batch}.sql"
         script.write_text(ceiling_script(batch))
         start = time.monotonic()
         proc = subprocess.run(
-            ["pgbench", "-n", "-M", "extended", "-f", str(script), "-c", str(clients),
-             "-j", str(clients), "-T", str(seconds), dsn],
-            capture_output=True, text=True, check=False,
+            [
+                "pgbench",
+                "-n",
+                "-M",
+                "extended",
+                "-f",
+                str(script),
+                "-c",
+                str(clients),
+                "-j",
+                str(clients),
+                "-T",
+                str(seconds),
+                dsn,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
         )
         elapsed = time.monotonic() - start
         out = proc.stdout + proc.stderr
         if proc.returncode != 0 or not _TPS_RE.search(out):
             raise RuntimeError(f"pgbench failed:\n{out}")
-        row = conn.execute("SELECT count(*) FROM ceiling_jobs WHERE status = 'completed'"
-                           ).fetchone()
+        row = conn.execute(
+            "SELECT count(*) FROM ceiling_jobs WHERE status = 'completed'"
+        ).fetchone()
         done = int(row[0]) if row else 0
-        left = conn.execute("SELECT count(*) FROM ceiling_jobs WHERE status = 'pending'"
-                            ).fetchone()
+        left = conn.execute("SELECT count(*) FROM ceiling_jobs WHERE status = 'pending'").fetchone()
     # pgbench's own -T window; the job count comes from the table.
-    return {"batch": batch, "clients": clients, "seconds": seconds, "jobs": done,
-            "jobs_per_s": round(done / seconds), "drained": bool(left and left[0] == 0),
-            "wall_s": round(elapsed, 1)}
+    return {
+        "batch": batch,
+        "clients": clients,
+        "seconds": seconds,
+        "jobs": done,
+        "jobs_per_s": round(done / seconds),
+        "drained": bool(left and left[0] == 0),
+        "wall_s": round(elapsed, 1),
+    }
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -628,10 +674,18 @@ def versions() -> dict[str, str]:
             out[dist] = md.version(dist)
         except md.PackageNotFoundError:
             out[dist] = "?"
-    rev = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True, check=False).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "pgworkerd"],
-                           capture_output=True, text=True, check=False).stdout.strip()
+    rev = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "pgworkerd"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
     out["pgworkerd"] += f" ({rev}{'+dirty' if dirty else ''})"
     return out
 
@@ -665,25 +719,38 @@ def table(results: dict[str, Any]) -> list[str]:
             value = value.get(k) if isinstance(value, dict) else None
         return value
 
-    def row(label: str, keys: tuple[str, ...], higher: bool = True, ceiling: float | None = None,
-            unit: str = "", libs: tuple[str, ...] = LIBS) -> None:
+    def row(
+        label: str,
+        keys: tuple[str, ...],
+        higher: bool = True,
+        ceiling: float | None = None,
+        unit: str = "",
+        libs: tuple[str, ...] = LIBS,
+    ) -> None:
         rows.append((label, {lib: get(lib, *keys) for lib in libs}, higher, ceiling, unit))
 
     b1, b10 = ceil["batch1"]["jobs_per_s"], ceil["batch10"]["jobs_per_s"]
     row("no-op jobs/s, 1 at a time", ("noop_one", "jobs_per_s"), ceiling=b1)
     row("no-op jobs/s, 8 at a time", ("noop_sat", "jobs_per_s"), ceiling=b10)
-    row("  pgworkerd max_jobs_per_child=1", ("noop_sat1", "jobs_per_s"), ceiling=b10,
-        libs=("pgworkerd",))
-    row("  pgqueuer defaults (no cap)", ("noop_free", "jobs_per_s"), ceiling=b10,
-        libs=("pgqueuer",))
+    row(
+        "  pgworkerd max_jobs_per_child=1",
+        ("noop_sat1", "jobs_per_s"),
+        ceiling=b10,
+        libs=("pgworkerd",),
+    )
+    row(
+        "  pgqueuer defaults (no cap)", ("noop_free", "jobs_per_s"), ceiling=b10, libs=("pgqueuer",)
+    )
     row("enqueue->start p50 ms (idle)", ("latency", "p50_ms"), higher=False, unit="ms")
     row("enqueue->start p99 ms (idle)", ("latency", "p99_ms"), higher=False, unit="ms")
     row("single enqueue/s", ("enqueue", "single_per_s"))
     row(f"bulk enqueue/s ({BULK}/call)", ("enqueue", "bulk_per_s"))
     row("rerun after SIGKILL, s", ("rescue", "seconds"), higher=False, unit="s")
 
-    head = (f"{'metric':<34}{'pgworkerd':>11}{'procrast.':>11}{'pgqueuer':>11}"
-            f"{'pgw/best':>10}{'ceiling':>9}  % of ceiling (pgw/proc/pgq)")
+    head = (
+        f"{'metric':<34}{'pgworkerd':>11}{'procrast.':>11}{'pgqueuer':>11}"
+        f"{'pgw/best':>10}{'ceiling':>9}  % of ceiling (pgw/proc/pgq)"
+    )
     out = [head, "-" * len(head)]
     for label, vals, higher, ceiling_value, unit in rows:
         cells = "".join(f"{fmt(vals.get(lib), unit) if lib in vals else '':>11}" for lib in LIBS)
@@ -700,18 +767,23 @@ def table(results: dict[str, Any]) -> list[str]:
             cl = " / ".join(
                 f"{100 * v / ceiling_value:.0f}%" if v is not None else "-" for v in vals.values()
             )
-        out.append(f"{label:<34}{cells}{ratio:>10}{fmt(ceiling_value) if ceiling_value else '':>9}"
-                   f"  {cl}")
+        out.append(
+            f"{label:<34}{cells}{ratio:>10}{fmt(ceiling_value) if ceiling_value else '':>9}  {cl}"
+        )
     for lib in LIBS:
         res = get(lib, "rescue", "outcome")
         if res and res != "rerun":
             out.append(f"  {lib} rescue: {res}")
         for key in ("noop_one", "noop_sat", "noop_sat1", "noop_free"):
             if get(lib, key, "capped"):
-                out.append(f"  {lib} {key}: time cap hit ({get(lib, key, 'done'):.0f} of "
-                           f"{get(lib, key, 'jobs'):.0f} jobs); the rate is done/elapsed")
-    out.append("pgw/best: pgworkerd ÷ best peer for rates, best peer ÷ pgworkerd for times "
-               "(>1: pgworkerd better)")
+                out.append(
+                    f"  {lib} {key}: time cap hit ({get(lib, key, 'done'):.0f} of "
+                    f"{get(lib, key, 'jobs'):.0f} jobs); the rate is done/elapsed"
+                )
+    out.append(
+        "pgw/best: pgworkerd ÷ best peer for rates, best peer ÷ pgworkerd for times "
+        "(>1: pgworkerd better)"
+    )
     return out
 
 
@@ -747,10 +819,13 @@ def main() -> None:
             results["postgres"] = str(row[0]) if row else "?"
         v = results["versions"]
         print(f"# pgworkerd vs peers ({results['mode']}) on {results['machine']}", flush=True)
-        print(f"# pgworkerd {v['pgworkerd']}, procrastinate {v['procrastinate']}, pgqueuer "
-              f"{v['pgqueuer']} (asyncpg {v['asyncpg']}), psycopg {v['psycopg']}; PostgreSQL "
-              f"{results['postgres']} ({', '.join(f'{k}={x}' for k, x in SERVER_SETTINGS.items())})"
-              f", unix socket", flush=True)
+        print(
+            f"# pgworkerd {v['pgworkerd']}, procrastinate {v['procrastinate']}, pgqueuer "
+            f"{v['pgqueuer']} (asyncpg {v['asyncpg']}), psycopg {v['psycopg']}; PostgreSQL "
+            f"{results['postgres']} ({', '.join(f'{k}={x}' for k, x in SERVER_SETTINGS.items())})"
+            f", unix socket",
+            flush=True,
+        )
         print(f"# load average at start: {results['loadavg_start']}", flush=True)
         fill = 400_000 if args.short else 1_200_000
         results["ceiling"] = {
@@ -759,7 +834,9 @@ def main() -> None:
         }
         print(f"  ceiling done ({time.monotonic() - t0:.0f}s)", flush=True)
         classes: dict[str, type[Library]] = {
-            "pgworkerd": Pgworkerd, "procrastinate": Procrastinate, "pgqueuer": PgQueuer,
+            "pgworkerd": Pgworkerd,
+            "procrastinate": Procrastinate,
+            "pgqueuer": PgQueuer,
         }
         for name in only:
             lib = classes[name](pg, workdir)
@@ -789,7 +866,8 @@ def main() -> None:
         f"# pgworkerd vs peers ({results['mode']}) on {results['machine']}; "
         f"load average start {results['loadavg_start']}, end {results['loadavg_end']}; "
         f"{results['seconds']} s",
-        "# versions: " + ", ".join(f"{k} {x}" for k, x in results["versions"].items())
+        "# versions: "
+        + ", ".join(f"{k} {x}" for k, x in results["versions"].items())
         + f"; PostgreSQL {results['postgres']}",
     ]
     for name, modes in results["settings"].items():
@@ -802,9 +880,11 @@ def main() -> None:
         f"{c['batch10']['jobs_per_s']:,} jobs/s ({c['batch10']['seconds']} s each); "
         f"no-op rows compare 1-at-a-time with batch 1 and 8-at-a-time with batch 10"
     )
-    lines.append(f"# no-op runs: up to {n_jobs // 2} (1 at a time) / {n_jobs} (8 at a time) "
-                 f"jobs, capped at {cap:g} s; latency {samples} samples; enqueue windows "
-                 f"{window:g} s; rescue bounded at {RESCUE_WAIT:g} s")
+    lines.append(
+        f"# no-op runs: up to {n_jobs // 2} (1 at a time) / {n_jobs} (8 at a time) "
+        f"jobs, capped at {cap:g} s; latency {samples} samples; enqueue windows "
+        f"{window:g} s; rescue bounded at {RESCUE_WAIT:g} s"
+    )
     lines += table(results)
     for name, res in results["libraries"].items():
         if "error" in res:

@@ -23,13 +23,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 import pytest
+from daemon_harness import wait_for
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -84,17 +85,6 @@ def assert_refused(proc: subprocess.CompletedProcess[str], code: int, *needles: 
         assert needle in proc.stderr, f"{needle!r} not in stderr:\n{proc.stderr}"
     assert "Traceback" not in output, output
     assert PASSWORD not in output, output
-
-
-def wait_for(condition: Callable[[], T], *, timeout: float = DEADLINE, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def closed_port() -> int:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
 import pytest
+from daemon_harness import wait_for
 from psycopg import sql
 
 from pgworkerd import jobs
@@ -21,18 +22,6 @@ from pgworkerd.jobs import ClaimedJob, HandlerCapacity, InvalidJob, JobSpec, Lea
 from pgworkerd.queries import notify_channel, query, render
 
 T = TypeVar("T")
-
-
-def wait_for(condition: Callable[[], T], *, timeout: float = 15.0, what: str = "condition") -> T:
-    """Poll until `condition()` is truthy and return it; fail after a generous bound."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
 
 
 @dataclass

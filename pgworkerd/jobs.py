@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row, tuple_row
+from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from pgworkerd import hotpath
 from pgworkerd.queries import DEFAULT_SCHEMA, query
 
 STATUSES = ("pending", "running", "completed", "dead", "cancelled")
@@ -26,22 +26,6 @@ FINAL_STATUSES = ("completed", "dead", "cancelled")
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_QUEUE = "default"
 _INT32 = 2**31 - 1
-
-
-def _cursor(conn: psycopg.Connection) -> psycopg.Cursor[Any]:
-    """A cursor of `conn` for the calling thread, kept on the connection for reuse by the
-    hot statements: creating a cursor per statement cost about a third of psycopg's time
-    per statement in the claim/complete loop. Tuple rows whatever the connection's row
-    factory; one per thread, so threads sharing a connection never share a result."""
-    try:
-        cursors = conn._pgworkerd_cursors  # type: ignore[attr-defined]
-    except AttributeError:
-        cursors = conn._pgworkerd_cursors = {}  # type: ignore[attr-defined]
-    ident = threading.get_ident()
-    cur = cursors.get(ident)
-    if cur is None or cur.closed:
-        cur = cursors[ident] = conn.cursor(row_factory=tuple_row)
-    return cur
 
 
 class InvalidJob(ValueError):
@@ -183,25 +167,22 @@ def enqueue(
     except InvalidJob as exc:
         raise InvalidJob(f"job 1: {exc}") from None
     # The SQL function enqueue: one INSERT, no JSON array to unpack.
-    row = (
-        _cursor(conn)
-        .execute(
-            query("job_enqueue", schema),
-            {
-                "handler": spec.handler,
-                "payload": payload_json,
-                "queue": spec.queue,
-                "priority": spec.priority,
-                "run_at": spec.run_at,
-                "delay": None if spec.delay is None else _delay_seconds(spec.delay),
-                "max_attempts": spec.max_attempts,
-                "dedupe_key": spec.dedupe_key,
-            },
-        )
-        .fetchone()
+    rows = hotpath.run(
+        conn,
+        "job_enqueue",
+        {
+            "handler": spec.handler,
+            "payload": payload_json,
+            "queue": spec.queue,
+            "priority": spec.priority,
+            "run_at": spec.run_at,
+            "delay": None if spec.delay is None else _delay_seconds(spec.delay),
+            "max_attempts": spec.max_attempts,
+            "dedupe_key": spec.dedupe_key,
+        },
+        schema=schema,
     )
-    assert row is not None
-    return int(row[0])
+    return int(rows[0][0])
 
 
 def _dumps(value: Any) -> str:
@@ -246,9 +227,8 @@ def enqueue_many(
     if text == "[]":
         return []
     # Sent as text, parsed once by the server as jsonb (no second serialisation).
-    row = _cursor(conn).execute(query("job_enqueue_many", schema), {"jobs": text}).fetchone()
-    assert row is not None
-    return list(row[0])
+    [(ids,)] = hotpath.run(conn, "job_enqueue_many", {"jobs": text}, schema=schema)
+    return list(ids)
 
 
 @dataclass(frozen=True)
@@ -301,7 +281,7 @@ def claim(
         "max_attempts": [cap.max_attempts for cap in served.values()],
         "limit": limit,
     }
-    rows = _cursor(conn).execute(query("job_claim", schema), params).fetchall()
+    rows = hotpath.run(conn, "job_claim", params, schema=schema)
     # job_claim returns the columns in ClaimedJob's field order
     jobs = [ClaimedJob(*r) for r in rows]
     jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
@@ -344,7 +324,7 @@ def renew(
         "progress": [_jsonb_or_none(lease.progress) for lease in leases],
         "checkpoints": [_jsonb_or_none(lease.checkpoint) for lease in leases],
     }
-    rows = _cursor(conn).execute(query("job_renew", schema), params).fetchall()
+    rows = hotpath.run(conn, "job_renew", params, schema=schema)
     return [RenewOutcome(id=r[0], renewed=r[1], cancel_requested=r[2]) for r in rows]
 
 
@@ -359,21 +339,19 @@ def complete(
     schema: str = DEFAULT_SCHEMA,
 ) -> bool:
     """Mark a held job completed. False: the lease was lost, nothing changed."""
-    row = (
-        _cursor(conn)
-        .execute(
-            query("job_complete_one", schema),
-            {
-                "id": job_id,
-                "worker": worker,
-                "token": token,
-                "result": _jsonb_or_none(result),
-                "progress": _jsonb_or_none(progress),
-            },
-        )
-        .fetchone()
+    rows = hotpath.run(
+        conn,
+        "job_complete_one",
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "result": _jsonb_or_none(result),
+            "progress": _jsonb_or_none(progress),
+        },
+        schema=schema,
     )
-    return row is not None
+    return bool(rows)
 
 
 @dataclass(frozen=True)
@@ -394,19 +372,17 @@ def complete_many(
     """Complete many held jobs in one statement; returns the ids whose lease still held."""
     if not done:
         return set()
-    rows = (
-        _cursor(conn)
-        .execute(
-            query("job_complete", schema),
-            {
-                "worker": worker,
-                "ids": [d.id for d in done],
-                "tokens": [d.token for d in done],
-                "results": [_jsonb_or_none(d.result) for d in done],
-                "progress": [_jsonb_or_none(d.progress) for d in done],
-            },
-        )
-        .fetchall()
+    rows = hotpath.run(
+        conn,
+        "job_complete",
+        {
+            "worker": worker,
+            "ids": [d.id for d in done],
+            "tokens": [d.token for d in done],
+            "results": [_jsonb_or_none(d.result) for d in done],
+            "progress": [_jsonb_or_none(d.progress) for d in done],
+        },
+        schema=schema,
     )
     return {r[0] for r in rows}
 
@@ -429,21 +405,20 @@ def fail(
     schema: str = DEFAULT_SCHEMA,
 ) -> FailOutcome | None:
     """Record a failed attempt. None: the lease was lost, nothing changed."""
-    row = (
-        _cursor(conn)
-        .execute(
-            query("job_fail", schema),
-            {
-                "id": job_id,
-                "worker": worker,
-                "token": token,
-                "error": error,
-                "backoff_base": backoff_base,
-                "backoff_max": backoff_max,
-            },
-        )
-        .fetchone()
+    rows = hotpath.run(
+        conn,
+        "job_fail",
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "error": error,
+            "backoff_base": backoff_base,
+            "backoff_max": backoff_max,
+        },
+        schema=schema,
     )
+    row = rows[0] if rows else None
     return None if row is None else FailOutcome(status=row[1], run_at=row[2])
 
 
@@ -456,11 +431,10 @@ def release(
     schema: str = DEFAULT_SCHEMA,
 ) -> str | None:
     """Hand a held job back without counting the attempt; returns its new status."""
-    row = (
-        _cursor(conn)
-        .execute(query("job_release", schema), {"id": job_id, "worker": worker, "token": token})
-        .fetchone()
+    rows = hotpath.run(
+        conn, "job_release", {"id": job_id, "worker": worker, "token": token}, schema=schema
     )
+    row = rows[0] if rows else None
     return None if row is None else str(row[1])
 
 
@@ -474,15 +448,13 @@ def cancel_running(
     schema: str = DEFAULT_SCHEMA,
 ) -> bool:
     """The holder stopped a job whose cancel was requested: mark it cancelled."""
-    row = (
-        _cursor(conn)
-        .execute(
-            query("job_cancel_running", schema),
-            {"id": job_id, "worker": worker, "token": token, "error": reason},
-        )
-        .fetchone()
+    rows = hotpath.run(
+        conn,
+        "job_cancel_running",
+        {"id": job_id, "worker": worker, "token": token, "error": reason},
+        schema=schema,
     )
-    return row is not None
+    return bool(rows)
 
 
 def cancel(

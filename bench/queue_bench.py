@@ -332,8 +332,8 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
     parameters the API sends; returns the script and its pgbench -D variables.
 
     Array parameters travel as pgbench variables, i.e. as extended-protocol parameters like
-    psycopg's. job_claim's final UPDATE .. RETURNING becomes one more CTE so that the claimed
-    ids can be \\gset.
+    psycopg's. job_claim (a SELECT from the claim function) becomes a CTE so that the
+    claimed ids can be \\gset.
     """
     cap = jobs.HandlerCapacity(lease_seconds=LEASE_SECONDS, free=batch)
     max_attempts = getattr(cap, "max_attempts", None)  # a handler's override, if configured
@@ -348,10 +348,9 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
     claim = own_statement(
         "job_claim", schema, {**{k: f":{k}" for k in variables}, "worker": PGBENCH_WORKER}
     )
-    head, sep, main = claim.rpartition("\nUPDATE ")
-    if not sep or not head.startswith("WITH ") or "RETURNING" not in main:
-        raise StatementChanged("job_claim is no longer WITH .. UPDATE .. RETURNING")
-    script = f"{head},\nclaimed AS (\nUPDATE {main}\n)\n" + _gset_ids(batch)
+    if not claim.startswith("SELECT * FROM "):
+        raise StatementChanged("job_claim no longer selects from the claim function")
+    script = f"WITH claimed AS (\n{claim}\n)\n" + _gset_ids(batch)
 
     def complete(ids: str, tokens: str, count: int) -> str:
         nulls = "'{" + ",".join(["NULL"] * count) + "}'"  # results and progress: all None

@@ -20,87 +20,12 @@ SELECT @schema@.enqueue(
 SELECT @schema@.enqueue_many(%(jobs)s::jsonb) AS ids;
 
 -- name: job_claim
--- Claim up to %(limit)s due jobs for one worker: pending jobs in (priority, run_at, id)
--- order and running jobs whose lease ran out (the rescue path). Expired jobs that used up
--- their attempts (or were asked to cancel) are finished instead of run again.
--- Every parameter the planner would look at is read through a scalar sub-select, so that
--- a custom plan is estimated exactly like the generic one: on a prepared connection the
--- plan cache then settles on the generic plan and stops re-planning on every call (the
--- planning cost more than the execution). The plan is built to be safe whatever the
--- estimates: index scans in ORDER BY order with LIMIT, primary-key look-ups for the rest.
-WITH served AS (
-    SELECT * FROM unnest((SELECT %(handlers)s::text[]), (SELECT %(lease_seconds)s::float8[]),
-                         (SELECT %(handler_free)s::integer[]),
-                         (SELECT %(max_attempts)s::integer[]))
-             AS s(handler, lease_seconds, free, max_attempts)
-    -- a drain takes effect at once, even before the daemon's next heartbeat reads it
-    WHERE NOT EXISTS (SELECT 1 FROM @schema@.workers w
-                       WHERE w.id = (SELECT %(worker)s::text) AND w.drain_requested)
-), due AS (
-    -- per handler, so a capped handler's backlog cannot hide another handler's jobs
-    SELECT d.id, d.priority, d.run_at, s.handler FROM served s CROSS JOIN LATERAL (
-        SELECT j.id, j.priority, j.run_at FROM @schema@.jobs j
-        WHERE j.status = 'pending' AND j.run_at <= now() AND j.handler = s.handler
-          AND j.queue = ANY((SELECT %(queues)s::text[])::text[])
-        ORDER BY j.priority, j.run_at, j.id
-        LIMIT least(s.free, (SELECT %(limit)s::integer))
-        FOR UPDATE SKIP LOCKED) d
-), expired AS (
-    SELECT j.id, j.priority, j.run_at, j.handler,
-           (j.attempts >= j.max_attempts OR j.cancel_requested) AS finished
-    FROM @schema@.jobs j
-    WHERE j.status = 'running' AND j.locked_until < now()
-      AND j.queue = ANY((SELECT %(queues)s::text[])::text[])
-      AND j.handler = ANY((SELECT %(handlers)s::text[])::text[])
-    ORDER BY j.locked_until
-    LIMIT (SELECT %(limit)s::integer)
-    FOR UPDATE SKIP LOCKED
-), buried AS (
-    UPDATE @schema@.jobs j
-       SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
-                         ELSE 'dead' END::@schema@.job_status,
-           last_error = 'lease of ' || j.locked_by || ' expired during attempt '
-                        || j.attempts || ' of ' || j.max_attempts || ': the worker was lost',
-           locked_by = NULL, locked_until = NULL, finished_at = now(), updated_at = now()
-      FROM expired e
-     WHERE j.id = e.id AND e.finished
-    RETURNING j.id
-), chosen AS (
-    -- at most `free` per handler, the best first; due and expired jobs carry what the
-    -- ranking needs, so the table is not read again here
-    SELECT id, rescued, lease_seconds, max_attempts FROM (
-        SELECT c.id, c.priority, c.run_at, c.rescued, s.free, s.lease_seconds,
-               s.max_attempts,
-               row_number() OVER (PARTITION BY c.handler
-                                  ORDER BY c.priority, c.run_at, c.id) AS n
-        FROM (SELECT id, priority, run_at, handler, false AS rescued FROM due
-              UNION ALL
-              SELECT id, priority, run_at, handler, true FROM expired WHERE NOT finished) c
-        JOIN served s USING (handler)) ranked
-    WHERE n <= free
-    ORDER BY priority, run_at, id
-    LIMIT (SELECT %(limit)s::integer)
-)
-UPDATE @schema@.jobs j
-   SET status = 'running',
-       locked_by = %(worker)s,
-       locked_until = now() + make_interval(secs => c.lease_seconds),
-       attempts = j.attempts + 1,
-       -- a handler's configured max_attempts overrides the job's own
-       max_attempts = greatest(j.attempts + 1, coalesce(c.max_attempts, j.max_attempts)),
-       lease_token = j.lease_token + 1,
-       last_error = CASE WHEN j.status = 'running'
-                         THEN 'lease of ' || j.locked_by || ' expired during attempt '
-                              || j.attempts || ': the worker was lost'
-                         ELSE j.last_error END,
-       started_at = now(),
-       updated_at = now()
-  FROM chosen c
- -- by primary key, however many rows a generic plan expects
- WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.id = c.id
-RETURNING j.id, j.queue, j.handler, j.payload, j.priority, j.attempts, j.max_attempts,
-          j.lease_token, j.checkpoint, j.run_at, j.created_at, j.locked_until,
-          c.rescued AS rescued;
+-- Claim up to %(limit)s due jobs for one worker, rescuing expired leases on the way: the
+-- claim function of migration 0003 (one statement, JIT off, its plan kept per session).
+-- Returns the columns in ClaimedJob's field order.
+SELECT * FROM @schema@.claim(%(worker)s::text, %(queues)s::text[], %(handlers)s::text[],
+                             %(lease_seconds)s::float8[], %(handler_free)s::integer[],
+                             %(limit)s::integer, %(max_attempts)s::integer[]);
 
 -- name: job_renew
 -- Renew many leases of one worker at once, saving progress and checkpoints sent along
@@ -180,12 +105,13 @@ UPDATE @schema@.jobs
 RETURNING id, status, run_at;
 
 -- name: job_release
--- Hand a job back (drain, shutdown): pending at once, the attempt not counted.
+-- Hand a job back (drain, shutdown): pending at once, the attempt not counted, and in its
+-- old place in the queue (run_at kept), so the next daemon takes it before newer jobs.
 UPDATE @schema@.jobs
    SET status = CASE WHEN cancel_requested THEN 'cancelled'
                      ELSE 'pending' END::@schema@.job_status,
        finished_at = CASE WHEN cancel_requested THEN now() END,
-       attempts = attempts - 1, run_at = now(),
+       attempts = attempts - 1,
        locked_by = NULL, locked_until = NULL, cancel_requested = false,
        updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s

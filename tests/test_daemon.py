@@ -458,6 +458,21 @@ def test_process_titles_and_registry_row(db: Db, daemons: Daemons) -> None:
     assert db.job(job_id)["status"] == "pending"
 
 
+def test_scheduled_jobs_start_when_due_not_at_the_next_poll(db: Db, daemons: Daemons) -> None:
+    """The daemon wakes for the earliest scheduled job it serves, and a sooner one
+    enqueued later moves that wake-up forward; the 60 s poll would be far too late."""
+    daemon = daemons.start({"work": WORK}, {"poll_interval": "60s"})
+    db.wait_status(db.enqueue("work", {"seconds": 0.1}), "completed")  # warmed up
+    later = db.enqueue("work", {"seconds": 0.1}, delay=6)
+    sooner = db.enqueue("work", {"seconds": 0.1}, delay=2)
+    for job_id in (sooner, later):
+        row = db.wait_status(job_id, "completed", timeout=30)
+        late = seconds_between(row["run_at"], row["started_at"])
+        assert 0 <= late < 10, f"job {job_id} started {late:.1f} s after its run_at"
+    assert db.job(sooner)["started_at"] < db.job(later)["started_at"]
+    daemon.wait_log(rf"job {later} work attempt 1: completed")
+
+
 def test_a_lost_listen_connection_comes_back(
     db: Db, daemons: Daemons, conn: psycopg.Connection, schema: str
 ) -> None:

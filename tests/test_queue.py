@@ -517,6 +517,47 @@ def test_scheduled_jobs_are_invisible_until_due(q: Queue) -> None:
     assert q.row(later)["status"] == "pending"
 
 
+def next_run_at(q: Queue, queues: Sequence[str], handlers: Sequence[str]) -> datetime | None:
+    params = {"queues": list(queues), "handlers": list(handlers)}
+    return q.one(query("job_next_run_at", q.schema), params)
+
+
+def test_next_run_at_is_the_earliest_future_job_the_worker_serves(q: Queue) -> None:
+    """What the daemon sleeps until: future jobs only, any priority, its queues and
+    handlers only."""
+    now = q.now()
+    assert next_run_at(q, ["default"], ["h"]) is None
+    q.enqueue(run_at=now - timedelta(minutes=1))  # due already: not a wake-up
+    assert next_run_at(q, ["default"], ["h"]) is None
+    q.enqueue(run_at=now + timedelta(hours=3), priority=-5)
+    q.enqueue(run_at=now + timedelta(hours=2), priority=7)
+    q.enqueue(run_at=now + timedelta(hours=4))
+    q.enqueue("other", run_at=now + timedelta(hours=1))
+    q.enqueue(run_at=now + timedelta(minutes=30), queue="elsewhere")
+    assert next_run_at(q, ["default"], ["h"]) == now + timedelta(hours=2)
+    assert next_run_at(q, ["default"], ["h", "other"]) == now + timedelta(hours=1)
+    assert next_run_at(q, ["default", "elsewhere"], ["h"]) == now + timedelta(minutes=30)
+    assert next_run_at(q, ["default"], ["nobody"]) is None
+
+
+def test_next_run_at_reads_a_few_index_pages_not_every_scheduled_job(q: Queue) -> None:
+    """The daemon asks after every claim that leaves it idle: with 100,000 scheduled jobs
+    it must probe the index per priority, not read them all."""
+    q.sql(
+        "INSERT INTO @schema@.jobs (handler, priority, run_at)"
+        " SELECT 'h', n % 3, now() + make_interval(secs => 3600 + n)"
+        " FROM generate_series(1, 100000) n"
+    )
+    q.sql("VACUUM ANALYZE @schema@.jobs")
+    explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query("job_next_run_at", q.schema)
+    [plan] = q.one(explain, {"queues": ["default"], "handlers": ["h"]})
+    buffers = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+    assert buffers < 100, json.dumps(plan, indent=1)  # a full scan reads thousands
+    assert next_run_at(q, ["default"], ["h"]) == q.one(
+        "SELECT min(run_at) FROM @schema@.jobs WHERE run_at > now()"
+    )
+
+
 def test_claim_respects_limit_queues_and_handlers(q: Queue) -> None:
     for n in range(4):
         q.enqueue("h1", {"n": n}, queue="qa")

@@ -206,10 +206,31 @@ SELECT queue, status::text AS status, count(*) AS jobs
   FROM @schema@.jobs GROUP BY queue, status ORDER BY queue, status;
 
 -- name: job_next_run_at
--- The earliest future run_at among pending jobs this worker could claim.
-SELECT min(run_at) AS run_at FROM @schema@.jobs
- WHERE status = 'pending' AND run_at > now()
-   AND queue = ANY(%(queues)s::text[]) AND handler = ANY(%(handlers)s::text[]);
+-- The earliest future run_at among pending jobs this worker could claim. The pending index
+-- is ordered (handler, priority, run_at), so a plain min(run_at) would read every pending
+-- job of the handlers (a million scheduled jobs: a million index entries, after every
+-- claim). Instead: walk the distinct priorities of each handler (one index probe each,
+-- a skip scan) and take the first future run_at within each.
+WITH RECURSIVE priorities AS (
+    SELECT h.handler,
+           (SELECT min(j.priority) FROM @schema@.jobs j
+             WHERE j.status = 'pending' AND j.handler = h.handler) AS priority
+      FROM unnest(%(handlers)s::text[]) AS h(handler)
+    UNION ALL
+    SELECT p.handler,
+           (SELECT min(j.priority) FROM @schema@.jobs j
+             WHERE j.status = 'pending' AND j.handler = p.handler AND j.priority > p.priority)
+      FROM priorities p
+     WHERE p.priority IS NOT NULL
+)
+SELECT min(first.run_at) AS run_at
+  FROM priorities p CROSS JOIN LATERAL (
+      SELECT j.run_at FROM @schema@.jobs j
+       WHERE j.status = 'pending' AND j.handler = p.handler AND j.priority = p.priority
+         AND j.run_at > now() AND j.queue = ANY(%(queues)s::text[])
+       ORDER BY j.run_at
+       LIMIT 1) first
+ WHERE p.priority IS NOT NULL;
 
 -- name: worker_register
 -- Record a daemon in the registry, or record it again after it was marked gone.

@@ -518,7 +518,7 @@ def drain(
     """
     import time
 
-    from pgworkerd import fleet
+    from pgworkerd import fleet, registry
 
     target = _drain_target(worker, all_hosts)
     if timeout is not None and not wait:
@@ -539,6 +539,18 @@ def drain(
         deadline = None if timeout is None else time.monotonic() + timeout
         last = ""
         while True:
+            # A killed daemon never reports drained; with no other daemon left to notice,
+            # waiting on it would never end. Nothing of it runs any more: its children
+            # died with it and its jobs return to the queue when their leases expire.
+            for worker_id, host, pid in registry.mark_stale(
+                conn, registry.STALE_AFTER_SECONDS, ctx.schema
+            ):
+                if worker_id in ids:
+                    click.echo(
+                        f"daemon {worker_id} (host {host} pid {pid}) has been silent for"
+                        f" {registry.STALE_AFTER_SECONDS:.0f} s: marked gone; its jobs go"
+                        " back to the queue when their leases expire"
+                    )
             busy = fleet.daemons_still_busy(conn, ctx.schema, ids)
             if not busy:
                 click.echo("drained: no jobs running on " + target)

@@ -100,7 +100,9 @@ class Presence:
         stale = self.db.run(
             "marking stale daemons",
             lambda c: registry.mark_stale(
-                c, max(60.0, 6 * self.config.worker.renew_interval), self.schema
+                c,
+                max(registry.STALE_AFTER_SECONDS, 6 * self.config.worker.renew_interval),
+                self.schema,
             ),
         )
         for worker_id, host, pid in stale or []:

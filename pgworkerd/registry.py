@@ -9,6 +9,10 @@ import psycopg
 
 from pgworkerd.queries import query
 
+# A daemon heartbeats at least every second; one silent this long is dead (or cut off
+# from the database) and is marked gone, by any other daemon or by `drain --wait`.
+STALE_AFTER_SECONDS = 60.0
+
 
 @dataclass(frozen=True)
 class WorkerInfo:

@@ -13,6 +13,7 @@ import socket
 import subprocess
 from typing import Any
 
+import pytest
 from daemon_harness import (
     DEADLINE,
     PGWORKERD,
@@ -287,6 +288,37 @@ def test_a_killed_daemon_is_marked_gone_by_the_other(db: Db, daemons: Daemons) -
     # drain/resume ignore gone daemons.
     proc = daemons.cli("resume", "--worker", a.worker_id)
     assert proc.returncode == 1 and "no live daemon matches" in proc.stderr
+
+
+def test_drain_wait_does_not_wait_forever_for_a_killed_daemon(db: Db, daemons: Daemons) -> None:
+    """The only daemon is killed -9 with a job in hand: nobody else is left to mark it gone,
+    so `drain --wait` (no --timeout, as an operator types it) must do so itself once the
+    daemon has been silent for 60 s, and report that nothing runs any more."""
+    a = start_named(daemons, "alpha", ALPHA_HANDLERS, tag="A")
+    job_id = db.enqueue("work", {"seconds": 600})
+    db.wait_started(job_id)
+    a.send(signal.SIGKILL)
+    a.wait_exit()
+    waiting = cli_popen(daemons, "drain", "--wait")
+    try:
+        # It must wait while the heartbeat is recent: the daemon might only be slow.
+        wait_for(lambda: worker_row(db, a).get("drain_requested"), what="the drain request")
+        with pytest.raises(subprocess.TimeoutExpired):
+            waiting.wait(timeout=3)
+        # Waiting the real 60 s would make the test slow: age the last heartbeat instead.
+        db.rows(
+            "UPDATE {schema}.workers SET heartbeat_at = now() - interval '61 seconds'"
+            " WHERE id = %s",
+            (a.worker_id,),
+        )
+        out, err = waiting.communicate(timeout=DEADLINE)
+    finally:
+        waiting.kill()
+    assert waiting.returncode == 0, out + err
+    assert f"daemon {a.worker_id} (host {socket.gethostname()} pid {a.pid}) has been silent" in out
+    assert "drained: no jobs running" in out
+    assert worker_row(db, a)["state"] == "gone"
+    assert db.job(job_id)["status"] == "running"  # until its lease expires, then rescued
 
 
 def test_a_drain_survives_being_marked_gone_and_re_registering(db: Db, daemons: Daemons) -> None:

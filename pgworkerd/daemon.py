@@ -7,6 +7,9 @@ the next deadline or wake-up. Signal handlers only record the signal. Every data
 is bounded (connect/statement timeouts, TCP keepalives) and a failing database never
 stops the loop: children keep running, outcomes wait in memory and are written (still
 fenced by the lease token) when the database is back.
+
+Two roles live in mixins of their own: Claiming (claim, dispatch, warm children, the
+scheduled wake-up) and Presence (registry, STATUS=, title, watchdog, gauges).
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import psycopg
 
 from pgworkerd import __version__, jobs, metrics, outcomes
+from pgworkerd.claiming import Claiming
 from pgworkerd.config import Config, ConfigError, load_config
 from pgworkerd.db import DatabaseError, InvalidDsn, scrub
 from pgworkerd.dblink import MAX_RECONNECT_DELAY, DatabaseLink
@@ -33,27 +37,18 @@ from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.forkserver import set_child_subreaper
 from pgworkerd.migrate import SchemaError, check_current
-from pgworkerd.outcomes import InFlight, Outcome, decide
+from pgworkerd.outcomes import InFlight, Outcome, decide, fence_margin
 from pgworkerd.presence import Presence
 from pgworkerd.supervisor import Child, Supervisor, describe_exit
 from pgworkerd.systemd import Notifier
 
 log = logging.getLogger("pgworkerd")
-T = TypeVar("T")
 
-# The child stops itself this long before its lease runs out in the database, leaving
-# room for the kill to land and for clock-rate differences.
-FENCE_MARGIN_MIN = 1.0
-FENCE_MARGIN_FRACTION = 0.1
 # Progress and checkpoints reach the job row at most this often.
 PROGRESS_SAVE_INTERVAL = 1.0
 # An outcome whose write fails this often (with the database up) is dropped; the job's
 # lease then expires and the claim rescues it.
 MAX_OUTCOME_WRITES = 3
-
-
-def fence_margin(lease: float) -> float:
-    return min(lease / 2, max(FENCE_MARGIN_MIN, lease * FENCE_MARGIN_FRACTION))
 
 
 @dataclass
@@ -68,7 +63,7 @@ class Timers:
     exit_deadline: float | None = None
 
 
-class Daemon(Presence):
+class Daemon(Claiming, Presence):
     def __init__(
         self,
         config: Config,
@@ -549,142 +544,6 @@ class Daemon(Presence):
                 if job.child is not None:
                     job.child.send({"t": "cancel"})
                 self._stop(job, "cancel")
-
-    # -- claiming ----------------------------------------------------------------------
-
-    def _may_claim(self) -> bool:
-        return self.state == "running" and not self.drain_requested_in_db and self.db.ok
-
-    def _free_slots(self) -> int:
-        return self.config.worker.slots - len(self.in_flight)
-
-    def _claim_if_wanted(self) -> None:
-        now = time.monotonic()
-        t = self.timers
-        if not self._may_claim():
-            return
-        if now >= t.poll_at or (t.scheduled_at is not None and now >= t.scheduled_at):
-            self.claim_wanted = True
-        free = self._free_slots()
-        if not self.claim_wanted or free <= 0 or not self.config.handlers:
-            return
-        self.claim_wanted = False
-        t.poll_at = now + self.config.worker.poll_interval
-        busy_per_handler: dict[str, int] = {}
-        for j in self.in_flight.values():
-            busy_per_handler[j.job.handler] = busy_per_handler.get(j.job.handler, 0) + 1
-        capacity = {
-            name: jobs.HandlerCapacity(
-                lease_seconds=self.config.lease_for(h),
-                free=(
-                    free if h.slots is None else min(free, h.slots - busy_per_handler.get(name, 0))
-                ),
-                max_attempts=h.max_attempts,
-            )
-            for name, h in self.config.handlers.items()
-        }
-        sent_at = time.monotonic()
-        claimed = self.db.run(
-            "claiming jobs",
-            lambda c: jobs.claim(
-                c,
-                self.worker_id,
-                queues=self.config.queues,
-                handlers=capacity,
-                limit=free,
-                schema=self.schema,
-            ),
-        )
-        if claimed is None:
-            return
-        self.backlog = len(claimed) == free
-        for job in claimed:
-            self.metrics.claimed(job.handler, rescued=job.rescued)
-            handler = self.config.handlers[job.handler]
-            lease = self.config.lease_for(handler)
-            self.in_flight[job.id] = InFlight(
-                job=job,
-                handler=handler,
-                lease=lease,
-                claimed_at=sent_at,
-                deadline=sent_at + lease - fence_margin(lease),
-            )
-            log.info(
-                "job %d %s attempt %d: claimed%s",
-                job.id,
-                job.handler,
-                job.attempt,
-                " (rescued after its lease expired)" if job.rescued else "",
-                extra={
-                    "fields": {
-                        "job_id": job.id,
-                        "handler": job.handler,
-                        "attempt": job.attempt,
-                        "event": "claimed",
-                    }
-                },
-            )
-        self._dispatch()
-        if not self.backlog:
-            self._schedule_next_run()
-
-    def _schedule_next_run(self) -> None:
-        row = self.db.run(
-            "looking up scheduled jobs",
-            lambda c: c.execute(
-                jobs.query("job_next_run_at", self.schema),
-                {"queues": list(self.config.queues), "handlers": list(self.config.handlers)},
-            ).fetchone(),
-        )
-        self.timers.scheduled_at = None
-        if row and row[0] is not None:
-            now_db = self.db.run(
-                "reading the clock", lambda c: c.execute("SELECT now()").fetchone()
-            )
-            if now_db:
-                wait = max(0.0, (row[0] - now_db[0]).total_seconds())
-                self.timers.scheduled_at = time.monotonic() + wait
-
-    def _dispatch(self) -> None:
-        waiting = [j for j in self.in_flight.values() if j.child is None and j.stop_reason is None]
-        if not waiting:
-            return
-        idle = self.supervisor.idle()
-        for job, child in zip(waiting, idle, strict=False):
-            job.child = child
-            ok = self.supervisor.assign(
-                child,
-                job.job.id,
-                {
-                    "t": "job",
-                    "id": job.job.id,
-                    "handler": job.job.handler,
-                    "target": job.handler.target,
-                    "queue": job.job.queue,
-                    "payload": job.job.payload,
-                    "attempt": job.job.attempt,
-                    "max_attempts": job.job.max_attempts,
-                    "checkpoint": job.job.checkpoint,
-                    "deadline": job.deadline,
-                },
-            )
-            if not ok:
-                job.child = None
-                child.job = None
-
-    def _keep_warm(self) -> None:
-        if not self._may_claim():
-            # Children that were still starting when a drain began come up idle: retire
-            # them, or the daemon would wait for them until its exit deadline.
-            for child in self.supervisor.idle():
-                self.supervisor.retire(child)
-            return
-        waiting = sum(1 for j in self.in_flight.values() if j.child is None)
-        target = min(self.config.worker.warm_children, self._free_slots()) + waiting
-        have = len(self.supervisor.idle()) + self.supervisor.starting()
-        for _ in range(target - have):
-            if not self.supervisor.spawn():
-                break
 
     def _reconnect_if_due(self) -> None:
         if self.db.reconnect_if_due():

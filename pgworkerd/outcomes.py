@@ -20,6 +20,16 @@ from pgworkerd.supervisor import Child
 
 log = logging.getLogger("pgworkerd")
 
+# The child stops itself this long before its lease runs out in the database, leaving
+# room for the kill to land and for clock-rate differences.
+FENCE_MARGIN_MIN = 1.0
+FENCE_MARGIN_FRACTION = 0.1
+
+
+def fence_margin(lease: float) -> float:
+    """How long before the lease's end (as the daemon last renewed it) the job stops."""
+    return min(lease / 2, max(FENCE_MARGIN_MIN, lease * FENCE_MARGIN_FRACTION))
+
 
 @dataclass
 class Outcome:

@@ -1,0 +1,172 @@
+"""What the daemon claims and where it goes: the claim itself (free slots per handler,
+one statement), the wake-up for the next scheduled job, handing claimed jobs to idle
+children, and keeping warm children ready. A mixin of Daemon, like Presence: it reads the
+daemon's state and adds claimed jobs to in_flight."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from pgworkerd import jobs
+from pgworkerd.outcomes import InFlight, fence_margin
+
+if TYPE_CHECKING:
+    from pgworkerd.config import Config
+    from pgworkerd.daemon import Timers
+    from pgworkerd.dblink import DatabaseLink
+    from pgworkerd.metrics import NullMetrics
+    from pgworkerd.supervisor import Supervisor
+
+log = logging.getLogger("pgworkerd")
+
+
+class Claiming:
+    # provided by Daemon
+    config: Config
+    worker_id: str
+    schema: str
+    state: str
+    db: DatabaseLink
+    supervisor: Supervisor
+    metrics: NullMetrics
+    in_flight: dict[int, InFlight]
+    timers: Timers
+    drain_requested_in_db: bool
+    claim_wanted: bool
+    backlog: bool
+
+    def _may_claim(self) -> bool:
+        return self.state == "running" and not self.drain_requested_in_db and self.db.ok
+
+    def _free_slots(self) -> int:
+        return self.config.worker.slots - len(self.in_flight)
+
+    def _claim_if_wanted(self) -> None:
+        now = time.monotonic()
+        t = self.timers
+        if not self._may_claim():
+            return
+        if now >= t.poll_at or (t.scheduled_at is not None and now >= t.scheduled_at):
+            self.claim_wanted = True
+        free = self._free_slots()
+        if not self.claim_wanted or free <= 0 or not self.config.handlers:
+            return
+        self.claim_wanted = False
+        t.poll_at = now + self.config.worker.poll_interval
+        busy_per_handler: dict[str, int] = {}
+        for j in self.in_flight.values():
+            busy_per_handler[j.job.handler] = busy_per_handler.get(j.job.handler, 0) + 1
+        capacity = {
+            name: jobs.HandlerCapacity(
+                lease_seconds=self.config.lease_for(h),
+                free=(
+                    free if h.slots is None else min(free, h.slots - busy_per_handler.get(name, 0))
+                ),
+                max_attempts=h.max_attempts,
+            )
+            for name, h in self.config.handlers.items()
+        }
+        sent_at = time.monotonic()
+        claimed = self.db.run(
+            "claiming jobs",
+            lambda c: jobs.claim(
+                c,
+                self.worker_id,
+                queues=self.config.queues,
+                handlers=capacity,
+                limit=free,
+                schema=self.schema,
+            ),
+        )
+        if claimed is None:
+            return
+        self.backlog = len(claimed) == free
+        for job in claimed:
+            self.metrics.claimed(job.handler, rescued=job.rescued)
+            handler = self.config.handlers[job.handler]
+            lease = self.config.lease_for(handler)
+            self.in_flight[job.id] = InFlight(
+                job=job,
+                handler=handler,
+                lease=lease,
+                claimed_at=sent_at,
+                deadline=sent_at + lease - fence_margin(lease),
+            )
+            log.info(
+                "job %d %s attempt %d: claimed%s",
+                job.id,
+                job.handler,
+                job.attempt,
+                " (rescued after its lease expired)" if job.rescued else "",
+                extra={
+                    "fields": {
+                        "job_id": job.id,
+                        "handler": job.handler,
+                        "attempt": job.attempt,
+                        "event": "claimed",
+                    }
+                },
+            )
+        self._dispatch()
+        if not self.backlog:
+            self._schedule_next_run()
+
+    def _schedule_next_run(self) -> None:
+        row = self.db.run(
+            "looking up scheduled jobs",
+            lambda c: c.execute(
+                jobs.query("job_next_run_at", self.schema),
+                {"queues": list(self.config.queues), "handlers": list(self.config.handlers)},
+            ).fetchone(),
+        )
+        self.timers.scheduled_at = None
+        if row and row[0] is not None:
+            now_db = self.db.run(
+                "reading the clock", lambda c: c.execute("SELECT now()").fetchone()
+            )
+            if now_db:
+                wait = max(0.0, (row[0] - now_db[0]).total_seconds())
+                self.timers.scheduled_at = time.monotonic() + wait
+
+    def _dispatch(self) -> None:
+        waiting = [j for j in self.in_flight.values() if j.child is None and j.stop_reason is None]
+        if not waiting:
+            return
+        idle = self.supervisor.idle()
+        for job, child in zip(waiting, idle, strict=False):
+            job.child = child
+            ok = self.supervisor.assign(
+                child,
+                job.job.id,
+                {
+                    "t": "job",
+                    "id": job.job.id,
+                    "handler": job.job.handler,
+                    "target": job.handler.target,
+                    "queue": job.job.queue,
+                    "payload": job.job.payload,
+                    "attempt": job.job.attempt,
+                    "max_attempts": job.job.max_attempts,
+                    "checkpoint": job.job.checkpoint,
+                    "deadline": job.deadline,
+                },
+            )
+            if not ok:
+                job.child = None
+                child.job = None
+
+    def _keep_warm(self) -> None:
+        if not self._may_claim():
+            # Children that were still starting when a drain began come up idle: retire
+            # them, or the daemon would wait for them until its exit deadline.
+            for child in self.supervisor.idle():
+                self.supervisor.retire(child)
+            return
+        waiting = sum(1 for j in self.in_flight.values() if j.child is None)
+        target = min(self.config.worker.warm_children, self._free_slots()) + waiting
+        have = len(self.supervisor.idle()) + self.supervisor.starting()
+        for _ in range(target - have):
+            if not self.supervisor.spawn():
+                break

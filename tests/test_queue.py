@@ -504,6 +504,20 @@ def test_claim_returns_what_a_child_needs(q: Queue) -> None:
     assert q.claim("w2") == [], "a running job with a live lease is not claimed again"
 
 
+def test_other_languages_claim_with_one_select_as_the_readme_shows(q: Queue) -> None:
+    ids = [q.enqueue("h", {"n": n}) for n in range(3)] + [q.enqueue("other")]
+    rows = q.sql(
+        "SELECT id, handler, attempts, lease_token, rescued"
+        " FROM @schema@.claim('worker-1', '{default}', '{h}', '{300}', '{2}', 4)"
+    )
+    assert rows == [(ids[0], "h", 1, 1, False), (ids[1], "h", 1, 1, False)]  # h's 2 slots
+    [(until,)] = q.sql("SELECT locked_until - now() FROM @schema@.jobs WHERE id = %s", [ids[0]])
+    assert timedelta(seconds=290) < until <= timedelta(seconds=300)
+    # ... and finish them with the same fencing as the Python API.
+    assert jobs.complete(q.conn, "worker-1", ids[0], 1, schema=q.schema)
+    assert not jobs.complete(q.conn, "worker-2", ids[1], 1, schema=q.schema)
+
+
 def test_scheduled_jobs_are_invisible_until_due(q: Queue) -> None:
     later = q.enqueue(payload={"when": "later"}, run_at=q.now() + timedelta(hours=1))
     soon = q.enqueue(payload={"when": "soon"}, delay=1.5)

@@ -1,7 +1,8 @@
 """A job attempt from claim to outcome: what the daemon holds while it runs (InFlight),
 what it left (decide), and recording that (write): one fenced statement per kind of
 outcome and one log line per job event. Every write names the lease token, so an outcome
-whose lease was lost and re-claimed changes nothing and is logged as fenced off."""
+whose lease was lost and re-claimed changes nothing and is logged as fenced off (unless
+the row shows that an earlier write of the same outcome landed)."""
 
 from __future__ import annotations
 
@@ -143,7 +144,13 @@ def write(
             schema=schema,
         )
         for o in batch:
-            _report(metrics, o, o.job.id in done, f"{o.name}: completed in {o.duration:.2f}s")
+            _report(
+                metrics,
+                o,
+                *_checked(
+                    conn, schema, o, o.job.id in done, f"{o.name}: completed in {o.duration:.2f}s"
+                ),
+            )
         return True
     [o] = batch
     j, took = o.job, f"{o.duration:.2f}s"
@@ -173,8 +180,40 @@ def write(
             if failed.status == "pending"
             else f"now {failed.status}"
         )
-    _report(metrics, o, ok, message)
+    _report(metrics, o, *_checked(conn, schema, o, ok, message))
     return True
+
+
+def _checked(
+    conn: psycopg.Connection, schema: str, o: Outcome, ok: bool, message: str
+) -> tuple[bool, str]:
+    """(ok, message) of a write, a rejection that had in fact landed earlier counted ok."""
+    if not ok and _recorded_earlier(conn, schema, o):
+        return True, f"{o.name}: {o.kind} already recorded by an earlier write"
+    return ok, message
+
+
+# What each outcome leaves in the row, under the token it was written with.
+_STATUS_AFTER = {
+    "complete": {"completed"},
+    "release": {"pending", "cancelled"},
+    "cancel": {"cancelled"},
+    "fail": {"pending", "dead", "cancelled"},
+}
+
+
+def _recorded_earlier(conn: psycopg.Connection, schema: str, o: Outcome) -> bool:
+    """Whether a rejected outcome is in the row already: an earlier write committed but
+    its reply was lost (the connection died), so the daemon wrote it again. Nobody
+    re-claimed the job (its token is still ours) and the row shows this outcome; a
+    burial by another daemon's claim (dead or cancelled after the lease expired) leaves
+    its own error text, which tells it apart."""
+    row = jobs.get(conn, o.job.id, schema=schema)
+    if row is None or row["lease_token"] != o.job.token or row["locked_by"] is not None:
+        return False
+    if row["status"] not in _STATUS_AFTER[o.kind]:
+        return False
+    return o.kind in ("complete", "release") or row["last_error"] == o.error
 
 
 def _report(metrics: NullMetrics | None, o: Outcome, ok: bool, message: str) -> None:

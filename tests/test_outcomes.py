@@ -1,0 +1,99 @@
+"""Recording outcomes (pgworkerd.outcomes.write) against real PostgreSQL: a write repeated
+because the reply to the first was lost is reported as recorded, not as fenced off; an
+outcome of a lease that was really lost is fenced off, burial included."""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+import pytest
+
+from pgworkerd import jobs, outcomes
+from pgworkerd.config import HandlerConfig
+from pgworkerd.jobs import HandlerCapacity
+from pgworkerd.outcomes import Outcome
+
+HANDLER = HandlerConfig(name="h", target="jobhandlers:work")
+
+
+def claim(
+    conn: psycopg.Connection, schema: str, worker: str, lease: float = 30.0
+) -> jobs.ClaimedJob:
+    [job] = jobs.claim(
+        conn,
+        worker,
+        queues=["default"],
+        handlers={"h": HandlerCapacity(lease_seconds=lease, free=1)},
+        limit=1,
+        schema=schema,
+    )
+    return job
+
+
+def write(conn: psycopg.Connection, schema: str, worker: str, outcome: Outcome) -> None:
+    assert outcomes.write(conn, worker, schema, [outcome])
+
+
+def expire_lease(conn: psycopg.Connection, schema: str, job_id: int) -> None:
+    conn.execute(
+        f"UPDATE \"{schema}\".jobs SET locked_until = now() - interval '1 second' WHERE id = %s",
+        [job_id],
+    )
+
+
+@pytest.mark.parametrize("kind", ["complete", "fail", "release", "cancel"])
+def test_an_outcome_written_again_is_already_recorded_not_fenced(
+    conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    jobs.enqueue(conn, "h", schema=schema)
+    job = claim(conn, schema, "w1")
+    outcome = Outcome(job, HANDLER, kind, 0.5, error="" if kind == "complete" else "boom")
+    caplog.set_level(logging.INFO, logger="pgworkerd")
+    write(conn, schema, "w1", outcome)
+    before = jobs.get(conn, job.id, schema=schema)
+    write(conn, schema, "w1", outcome)  # the first reply was lost: the daemon writes again
+    assert jobs.get(conn, job.id, schema=schema) == before  # nothing changed twice
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[-1] == f"job {job.id} h attempt 1: {kind} already recorded by an earlier write"
+    assert not any("fenced off" in m for m in messages), messages
+
+
+def test_an_outcome_after_the_job_was_re_claimed_is_fenced_off(
+    conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs.enqueue(conn, "h", schema=schema)
+    old = claim(conn, schema, "w1")
+    expire_lease(conn, schema, old.id)
+    new = claim(conn, schema, "w2")
+    assert (new.id, new.rescued) == (old.id, True)
+    caplog.set_level(logging.INFO, logger="pgworkerd")
+    write(conn, schema, "w1", Outcome(old, HANDLER, "complete", 0.5))
+    assert "outcome complete rejected" in caplog.records[-1].getMessage()
+    assert jobs.get(conn, old.id, schema=schema)["locked_by"] == "w2"
+
+
+def test_an_outcome_after_burial_is_fenced_off_though_the_token_is_unchanged(
+    conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Another daemon's claim buries an expired job without attempts left (dead, same
+    token): the old holder's late failure must not pass for an earlier write of its own."""
+    jobs.enqueue(conn, "h", max_attempts=1, schema=schema)
+    old = claim(conn, schema, "w1")
+    expire_lease(conn, schema, old.id)
+    assert (
+        jobs.claim(
+            conn,
+            "w2",
+            queues=["default"],
+            handlers={"h": HandlerCapacity(30.0, 1)},
+            limit=1,
+            schema=schema,
+        )
+        == []
+    )
+    buried = jobs.get(conn, old.id, schema=schema)
+    assert (buried["status"], buried["lease_token"]) == ("dead", old.token)
+    caplog.set_level(logging.INFO, logger="pgworkerd")
+    write(conn, schema, "w1", Outcome(old, HANDLER, "fail", 0.5, error="boom"))
+    assert "outcome fail rejected" in caplog.records[-1].getMessage()

@@ -13,9 +13,6 @@ GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_daemon, pgworkerd_enqueuer;
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_daemon;
 GRANT SELECT, UPDATE ON pgworkerd.jobs TO pgworkerd_daemon;
 GRANT SELECT, INSERT, UPDATE ON pgworkerd.workers TO pgworkerd_daemon;
-GRANT EXECUTE ON FUNCTION pgworkerd.claim(text, text[], text[], float8[], integer[], integer,
-                                          integer[])
-      TO pgworkerd_daemon;
 
 GRANT EXECUTE ON FUNCTION pgworkerd.enqueue(text, jsonb, text, integer, timestamptz,
                                             interval, integer, text),

@@ -540,16 +540,18 @@ def drain(
         last = ""
         while True:
             # A killed daemon never reports drained; with no other daemon left to notice,
-            # waiting on it would never end. Nothing of it runs any more: its children
-            # died with it and its jobs return to the queue when their leases expire.
+            # waiting on it would never end. Silent this long, it is dead (its children
+            # died with it) or cut off from the database (its jobs stop themselves by
+            # the end of their leases); either way their leases bring the jobs back.
             for worker_id, host, pid in registry.mark_stale(
                 conn, registry.STALE_AFTER_SECONDS, ctx.schema
             ):
                 if worker_id in ids:
                     click.echo(
                         f"daemon {worker_id} (host {host} pid {pid}) has been silent for"
-                        f" {registry.STALE_AFTER_SECONDS:.0f} s: marked gone; its jobs go"
-                        " back to the queue when their leases expire"
+                        f" {registry.STALE_AFTER_SECONDS:.0f} s: marked gone (killed, or cut"
+                        " off from the database: then its jobs stop by the end of their"
+                        " leases); they go back to the queue when their leases expire"
                     )
             busy = fleet.daemons_still_busy(conn, ctx.schema, ids)
             if not busy:

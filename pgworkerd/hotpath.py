@@ -18,6 +18,7 @@ the caller's transaction first — the statement goes through an ordinary cursor
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 import threading
 from collections.abc import Mapping
@@ -50,21 +51,36 @@ def _numbered(name: str, schema: str) -> tuple[bytes, tuple[str, ...]]:
     return text.encode(), tuple(order)
 
 
+@functools.cache
+def _statement_name(text: bytes) -> bytes:
+    """The server-side name of a statement: derived from its text, so that a name can only
+    ever stand for that text, whichever connection state or thread prepared it first."""
+    return b"_pgworkerd_" + hashlib.sha1(text).hexdigest()[:16].encode()
+
+
 class _ConnectionState:
-    """What this module keeps per connection: its Transformer and prepared statements."""
+    """What this module keeps per connection, like a cached cursor would: a Transformer
+    (adapters as the connection had them at its first statement) and the statements
+    prepared on the server."""
 
     def __init__(self, conn: psycopg.Connection) -> None:
         self.transformer = Transformer(conn)
-        self.prepared: dict[tuple[str, str], bytes] = {}  # (name, schema) -> statement name
+        self.prepared: set[bytes] = set()
         self.cursors: dict[int, psycopg.Cursor[Any]] = {}  # thread id -> fallback cursor
+
+
+_STATE_LOCK = threading.Lock()
 
 
 def _state(conn: psycopg.Connection) -> _ConnectionState:
     try:
         return conn._pgworkerd_state  # type: ignore[attr-defined,no-any-return]
     except AttributeError:
-        state = conn._pgworkerd_state = _ConnectionState(conn)  # type: ignore[attr-defined]
-        return state
+        with _STATE_LOCK:  # two threads' first statements must not make two states
+            state = getattr(conn, "_pgworkerd_state", None)
+            if state is None:
+                state = conn._pgworkerd_state = _ConnectionState(conn)  # type: ignore[attr-defined]
+            return state
 
 
 def _direct_ok(conn: psycopg.Connection) -> bool:
@@ -95,34 +111,36 @@ def run(
             if conn.prepare_threshold is None:  # no server-side statements (old PgBouncer)
                 result = _send(conn, lambda: conn.pgconn.send_query_params(text, values))
             else:
-                result = _run_prepared(conn, state, (name, schema), text, values)
+                result = _run_prepared(conn, state, text, values)
             tx.set_pgresult(result)
             return tx.load_rows(0, result.ntuples, tuple)
     return _via_cursor(conn, state, name, params, schema)
 
 
 def _run_prepared(
-    conn: psycopg.Connection,
-    state: _ConnectionState,
-    key: tuple[str, str],
-    text: bytes,
-    values: Any,
+    conn: psycopg.Connection, state: _ConnectionState, text: bytes, values: Any
 ) -> pq.abc.PGresult:
     pgconn = conn.pgconn
-    statement = state.prepared.get(key)
-    if statement is None:
-        statement = f"_pgworkerd_{len(state.prepared)}".encode()
-        _send(conn, lambda: pgconn.send_prepare(statement, text))
-        state.prepared[key] = statement
+    statement = _statement_name(text)
+    if statement not in state.prepared:
+        try:
+            _send(conn, lambda: pgconn.send_prepare(statement, text))
+        except errors.DuplicatePreparedStatement:
+            # Prepared already (its reply was lost, or this state was cleared): the name
+            # can only stand for this text. Inside a transaction the error aborted it.
+            if pgconn.transaction_status != pq.TransactionStatus.IDLE:
+                state.prepared.add(statement)
+                raise
+        state.prepared.add(statement)
     try:
         return _send(conn, lambda: pgconn.send_query_prepared(statement, values))
     except errors.InvalidSqlStatementName:
-        # Someone ran DEALLOCATE/DISCARD ALL on this session: forget, and prepare again if
-        # no transaction was aborted by the failed attempt.
+        # Someone ran DEALLOCATE (ALL) or DISCARD ALL on this session: forget what was
+        # prepared, and prepare again unless the failed attempt aborted a transaction.
         state.prepared.clear()
         if pgconn.transaction_status != pq.TransactionStatus.IDLE:
             raise
-        return _run_prepared(conn, state, key, text, values)
+        return _run_prepared(conn, state, text, values)
 
 
 def _send(conn: psycopg.Connection, send: Any) -> pq.abc.PGresult:
@@ -132,6 +150,8 @@ def _send(conn: psycopg.Connection, send: Any) -> pq.abc.PGresult:
         results = conn.wait(generators.execute(conn.pgconn))
     except errors.Error as exc:  # psycopg's convention: no traceback into its internals
         raise exc.with_traceback(None) from None
+    if not results:
+        raise errors.InternalError("got no result from the query")
     result = results[-1]
     if result.status == pq.ExecStatus.FATAL_ERROR:
         raise errors.error_from_result(result, encoding=conn.info.encoding)

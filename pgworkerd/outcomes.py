@@ -204,16 +204,16 @@ _STATUS_AFTER = {
 
 def _recorded_earlier(conn: psycopg.Connection, schema: str, o: Outcome) -> bool:
     """Whether a rejected outcome is in the row already: an earlier write committed but
-    its reply was lost (the connection died), so the daemon wrote it again. Nobody
-    re-claimed the job (its token is still ours) and the row shows this outcome; a
-    burial by another daemon's claim (dead or cancelled after the lease expired) leaves
-    its own error text, which tells it apart."""
+    its reply was lost (the connection died), so the daemon wrote it again. The token is
+    still ours (every claim, and every burial of an expired job, bumps it), nobody holds
+    the job, and the row is in a state this outcome leaves."""
     row = jobs.get(conn, o.job.id, schema=schema)
-    if row is None or row["lease_token"] != o.job.token or row["locked_by"] is not None:
-        return False
-    if row["status"] not in _STATUS_AFTER[o.kind]:
-        return False
-    return o.kind in ("complete", "release") or row["last_error"] == o.error
+    return (
+        row is not None
+        and row["lease_token"] == o.job.token
+        and row["locked_by"] is None
+        and row["status"] in _STATUS_AFTER[o.kind]
+    )
 
 
 def _report(metrics: NullMetrics | None, o: Outcome, ok: bool, message: str) -> None:

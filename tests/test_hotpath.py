@@ -3,6 +3,7 @@ as through a cursor — same rows, same errors, same transactions — on a real 
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import psycopg
@@ -67,6 +68,51 @@ def test_statements_dropped_by_the_session_are_prepared_again(
         # ... and the next call prepares afresh.
         [third] = claim(conn, schema, limit=1)
         assert third.id not in (first.id, second.id)
+
+
+def test_a_partly_deallocated_session_recovers(schema: str, test_db_dsn: str) -> None:
+    """One statement dropped behind our back, the others still there: each is prepared
+    again or found in place, and no name ever stands for two texts."""
+    with connect(test_db_dsn, prepare=True) as conn:
+        jobs.enqueue_many(conn, [JobSpec("h") for _ in range(6)], schema=schema)
+        for job in claim(conn, schema, limit=2):
+            assert jobs.complete(conn, "w", job.id, job.token, schema=schema)
+        names = our_statements(conn)
+        assert len(names) == 3
+        for name in names:
+            conn.execute(f"DEALLOCATE {name}")
+            jobs.enqueue_many(conn, [JobSpec("h")], schema=schema)
+            for job in claim(conn, schema, limit=1):
+                assert jobs.complete(conn, "w", job.id, job.token, schema=schema)
+            assert our_statements(conn) == names
+
+
+def test_threads_making_their_first_statements_at_once(schema: str, test_db_dsn: str) -> None:
+    with connect(test_db_dsn, prepare=True) as conn:
+        start = threading.Barrier(4)
+        failures: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                start.wait()
+                for _ in range(20):
+                    jobs.enqueue(conn, "h", schema=schema)
+                    for job in claim(conn, schema, limit=1):
+                        assert jobs.complete(conn, "w", job.id, job.token, schema=schema)
+            except BaseException as exc:  # reported below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert failures == []
+        assert len(our_statements(conn)) == 3
+        for job in claim(conn, schema, limit=100):  # what the threads' claims did not find
+            assert jobs.complete(conn, "w", job.id, job.token, schema=schema)
+        rows = conn.execute(f'SELECT status, count(*) FROM "{schema}".jobs GROUP BY 1')
+        assert dict(rows.fetchall()) == {"completed": 80}
 
 
 def test_server_errors_are_psycopgs_own_exceptions(conn: psycopg.Connection, schema: str) -> None:

@@ -73,13 +73,23 @@ def test_an_outcome_after_the_job_was_re_claimed_is_fenced_off(
     assert jobs.get(conn, old.id, schema=schema)["locked_by"] == "w2"
 
 
-def test_an_outcome_after_burial_is_fenced_off_though_the_token_is_unchanged(
-    conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("kind", ["complete", "fail", "release", "cancel"])
+@pytest.mark.parametrize("cancel_requested", [False, True], ids=["dead", "cancelled"])
+def test_an_outcome_after_burial_is_fenced_off(
+    conn: psycopg.Connection,
+    schema: str,
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+    cancel_requested: bool,
 ) -> None:
-    """Another daemon's claim buries an expired job without attempts left (dead, same
-    token): the old holder's late failure must not pass for an earlier write of its own."""
+    """Another daemon's claim buries an expired job without attempts left (dead) or with a
+    cancel requested (cancelled), the state the old holder's own outcome could also have
+    left: its late outcome must not pass for an earlier write of its own."""
     jobs.enqueue(conn, "h", max_attempts=1, schema=schema)
     old = claim(conn, schema, "w1")
+    if cancel_requested:
+        assert jobs.cancel(conn, [old.id], schema=schema) == {old.id: "cancel requested"}
+    expected = "cancelled" if cancel_requested else "dead"
     expire_lease(conn, schema, old.id)
     assert (
         jobs.claim(
@@ -93,7 +103,7 @@ def test_an_outcome_after_burial_is_fenced_off_though_the_token_is_unchanged(
         == []
     )
     buried = jobs.get(conn, old.id, schema=schema)
-    assert (buried["status"], buried["lease_token"]) == ("dead", old.token)
+    assert (buried["status"], buried["locked_by"]) == (expected, None)
     caplog.set_level(logging.INFO, logger="pgworkerd")
-    write(conn, schema, "w1", Outcome(old, HANDLER, "fail", 0.5, error="boom"))
-    assert "outcome fail rejected" in caplog.records[-1].getMessage()
+    write(conn, schema, "w1", Outcome(old, HANDLER, kind, 0.5, error="boom"))
+    assert f"outcome {kind} rejected" in caplog.records[-1].getMessage()

@@ -832,6 +832,7 @@ def test_an_expired_job_without_attempts_left_is_buried_by_the_claim(q: Queue) -
     assert row["finished_at"] is not None
     assert row["locked_by"] is None and row["locked_until"] is None
     assert "lease of w1 expired during attempt 1 of 1" in row["last_error"]
+    assert row["lease_token"] == 2  # a burial fences the lost holder off like a claim
     row = q.row(requested)
     assert row["status"] == "cancelled"
     assert row["finished_at"] is not None

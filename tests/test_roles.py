@@ -50,6 +50,11 @@ def test_enqueuer_can_only_enqueue(
             c.execute(sql.SQL("SELECT payload FROM {}.jobs").format(sql.Identifier(schema)))
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute(sql.SQL("UPDATE {}.jobs SET priority = 1").format(sql.Identifier(schema)))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # claim() is INVOKER
+            jobs.claim(
+                c, "w", queues=["default"], handlers={"h": jobs.HandlerCapacity(30, 1)},
+                limit=1, schema=schema,
+            )
     row = conn.execute(
         sql.SQL("SELECT handler, payload FROM {}.jobs WHERE id = %s").format(
             sql.Identifier(schema)

@@ -378,6 +378,8 @@ RETURNS TABLE (
     created_at timestamptz, locked_until timestamptz, rescued boolean
 )
 LANGUAGE plpgsql
+-- SECURITY INVOKER: callers need UPDATE on the jobs table (pgworkerd_daemon has it), so
+-- EXECUTE can stay granted to everyone.
 SET jit = off
 AS $$
 #variable_conflict use_column
@@ -424,7 +426,9 @@ BEGIN
                              ELSE 'dead' END::@schema@.job_status,
                last_error = 'lease of ' || j.locked_by || ' expired during attempt '
                             || j.attempts || ' of ' || j.max_attempts || ': the worker was lost',
-               locked_by = NULL, locked_until = NULL, finished_at = now(), updated_at = now()
+               locked_by = NULL, locked_until = NULL, finished_at = now(), updated_at = now(),
+               -- a fencing event like a claim: the lost holder's token no longer matches
+               lease_token = j.lease_token + 1
           FROM expired e
          WHERE j.id = e.id AND e.finished
         RETURNING j.id
@@ -466,7 +470,3 @@ BEGIN
               c.rescued AS rescued;
 END;
 $$;
-
--- Granted explicitly (see deploy/roles.sql), not to everyone.
-REVOKE EXECUTE ON FUNCTION @schema@.claim(text, text[], text[], float8[], integer[], integer,
-                                          integer[]) FROM PUBLIC;

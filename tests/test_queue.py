@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
@@ -1009,6 +1010,30 @@ def test_list_counts_and_get(q: Queue) -> None:
 # -- the claim stays cheap with a big history -----------------------------------------------
 
 
+@contextmanager
+def explained(conn: psycopg.Connection) -> Iterator[list[dict[str, Any]]]:
+    """The plans of every statement run inside the block, nested ones included, exactly as
+    sent (real parameters, prepared or not): auto_explain hands them to us as NOTICEs."""
+    plans: list[dict[str, Any]] = []
+
+    def keep_plan(diag: psycopg.errors.Diagnostic) -> None:
+        text = diag.message_primary or ""
+        if text.startswith("duration:") and "{" in text:
+            plans.append(json.loads(text[text.index("{") :]))
+
+    conn.add_notice_handler(keep_plan)
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_format = json")
+    conn.execute("SET auto_explain.log_level = notice")
+    conn.execute("SET auto_explain.log_nested_statements = on")
+    conn.execute("SET auto_explain.log_min_duration = 0")
+    try:
+        yield plans
+    finally:
+        conn.execute("SET auto_explain.log_min_duration = -1")
+        conn.remove_notice_handler(keep_plan)
+
+
 def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     nodes = [plan]
     for child in plan.get("Plans", []):
@@ -1034,23 +1059,8 @@ def test_claim_uses_the_partial_indexes_not_a_seq_scan(q: Queue) -> None:
     q.claim(limit=40, lease=300)
     q.sql("ANALYZE @schema@.jobs")
 
-    # auto_explain hands us the plan of the statement exactly as jobs.claim() sends it, with
-    # its real parameters, as a NOTICE.
-    plans: list[dict[str, Any]] = []
-
-    def keep_plan(diag: psycopg.errors.Diagnostic) -> None:
-        text = diag.message_primary or ""
-        if text.startswith("duration:") and "{" in text:
-            plans.append(json.loads(text[text.index("{") :]))
-
-    q.conn.add_notice_handler(keep_plan)
-    q.sql("LOAD 'auto_explain'")
-    q.sql("SET auto_explain.log_nested_statements = on")  # the query inside claim()
-    q.sql("SET auto_explain.log_min_duration = 0")
-    q.sql("SET auto_explain.log_format = json")
-    q.sql("SET auto_explain.log_level = notice")
-    claimed = q.claim(limit=10)
-    q.sql("SET auto_explain.log_min_duration = -1")
+    with explained(q.conn) as plans:
+        claimed = q.claim(limit=10)
     assert len(claimed) == 10
 
     [plan] = [p for p in plans if "jobs" in relations(p["Plan"])]  # claim()'s query
@@ -1090,32 +1100,21 @@ def test_finishing_and_renewing_look_jobs_up_by_primary_key(
 
     conn = connect(test_db_dsn, prepare=True)
     conn.prepare_threshold = 0  # every statement prepared: generic plans are possible
-    plans: list[dict[str, Any]] = []
-
-    def keep_plan(diag: psycopg.errors.Diagnostic) -> None:
-        text = diag.message_primary or ""
-        if text.startswith("duration:") and "{" in text:
-            plans.append(json.loads(text[text.index("{") :]))
-
     with conn:
-        conn.add_notice_handler(keep_plan)
-        conn.execute("LOAD 'auto_explain'")
-        conn.execute("SET auto_explain.log_format = json")
-        conn.execute("SET auto_explain.log_level = notice")
-        conn.execute("SET auto_explain.log_nested_statements = on")
         if generic:
             conn.execute("SET plan_cache_mode = force_generic_plan")
-        conn.execute("SET auto_explain.log_min_duration = 0")
-        renewed = jobs.renew(
-            conn, "w1", [Lease(j.id, j.token, 60) for j in mine[:5]], schema=q.schema
-        )
-        done = jobs.complete_many(
-            conn, "w1", [jobs.Completion(j.id, j.token) for j in mine[:5]], schema=q.schema
-        )
-        one = jobs.complete(conn, "w1", mine[5].id, mine[5].token, {"r": 1}, schema=q.schema)
-        failed = jobs.fail(conn, "w1", mine[6].id, mine[6].token, "boom", schema=q.schema)
-        released = jobs.release(conn, "w1", mine[7].id, mine[7].token, schema=q.schema)
-        conn.execute("SET auto_explain.log_min_duration = -1")
+        with explained(conn) as plans:
+            renewed = jobs.renew(
+                conn, "w1", [Lease(j.id, j.token, 60) for j in mine[:5]], schema=q.schema
+            )
+            done = jobs.complete_many(
+                conn, "w1", [jobs.Completion(j.id, j.token) for j in mine[:5]], schema=q.schema
+            )
+            one = jobs.complete(
+                conn, "w1", mine[5].id, mine[5].token, {"r": 1}, schema=q.schema
+            )
+            failed = jobs.fail(conn, "w1", mine[6].id, mine[6].token, "boom", schema=q.schema)
+            released = jobs.release(conn, "w1", mine[7].id, mine[7].token, schema=q.schema)
     assert all(r.renewed for r in renewed)
     assert done == {j.id for j in mine[:5]} and one and failed and released == "pending"
 
@@ -1263,27 +1262,14 @@ def test_the_claim_never_pays_for_jit_compilation(q: Queue) -> None:
     then took ~60 ms for a 0.2 ms statement. claim() runs with JIT off whatever the
     server's settings; the statement that calls it shows that JIT is otherwise on."""
     jobs.enqueue_many(q.conn, [JobSpec("h") for _ in range(20)], schema=q.schema)
-    plans: list[dict[str, Any]] = []
-
-    def keep_plan(diag: psycopg.errors.Diagnostic) -> None:
-        text = diag.message_primary or ""
-        if text.startswith("duration:") and "{" in text:
-            plans.append(json.loads(text[text.index("{") :]))
-
-    q.conn.add_notice_handler(keep_plan)
-    q.sql("LOAD 'auto_explain'")
-    q.sql("SET auto_explain.log_nested_statements = on")
-    q.sql("SET auto_explain.log_format = json")
-    q.sql("SET auto_explain.log_level = notice")
     q.sql("SET jit = on")
     q.sql("SET jit_above_cost = 0")  # every plan would be compiled...
     q.sql("SET jit_optimize_above_cost = -1")
     q.sql("SET jit_inline_above_cost = -1")
-    q.sql("SET auto_explain.log_min_duration = 0")
     try:
-        assert len(q.claim(limit=5)) == 5
+        with explained(q.conn) as plans:
+            assert len(q.claim(limit=5)) == 5
     finally:
-        q.sql("SET auto_explain.log_min_duration = -1")
         q.sql("RESET jit_above_cost")
     claim_plans = [p for p in plans if "jobs" in relations(p["Plan"])]
     callers = [p for p in plans if "jobs" not in relations(p["Plan"])]

@@ -555,6 +555,27 @@ def test_next_run_at_is_the_earliest_future_job_the_worker_serves(q: Queue) -> N
     assert next_run_at(q, ["default"], ["nobody"]) is None
 
 
+@pytest.mark.parametrize("priorities", [64, 65, 300])
+def test_next_run_at_with_many_distinct_priorities(q: Queue, priorities: int) -> None:
+    """Up to 64 distinct priorities per handler are probed one by one; beyond that the
+    handler is looked up the plain way. Either way the answer is the earliest, here the
+    job of the last priority walked, next to a handler with few priorities."""
+    q.sql(
+        "INSERT INTO @schema@.jobs (handler, priority, run_at)"
+        " SELECT 'h', k, now() + make_interval(secs => 10000 - k)"
+        " FROM generate_series(1, %s) k",
+        [priorities],
+    )
+    q.sql("INSERT INTO @schema@.jobs (handler, run_at) VALUES ('few', now() + interval '5h')")
+    earliest = q.one("SELECT min(run_at) FROM @schema@.jobs WHERE handler = 'h'")
+    assert next_run_at(q, ["default"], ["h"]) == earliest
+    assert next_run_at(q, ["default"], ["few", "h"]) == earliest
+    assert next_run_at(q, ["default"], ["few"]) == q.one(
+        "SELECT run_at FROM @schema@.jobs WHERE handler = 'few'"
+    )
+    assert next_run_at(q, ["elsewhere"], ["few", "h"]) is None
+
+
 def test_next_run_at_reads_a_few_index_pages_not_every_scheduled_job(q: Queue) -> None:
     """The daemon asks after every claim that leaves it idle: with 100,000 scheduled jobs
     it must probe the index per priority, not read them all."""

@@ -210,27 +210,39 @@ SELECT queue, status::text AS status, count(*) AS jobs
 -- is ordered (handler, priority, run_at), so a plain min(run_at) would read every pending
 -- job of the handlers (a million scheduled jobs: a million index entries, after every
 -- claim). Instead: walk the distinct priorities of each handler (one index probe each,
--- a skip scan) and take the first future run_at within each.
+-- a skip scan) and take the first future run_at within each. A handler with more than 64
+-- distinct pending priorities is looked up the plain way (probing would cost more).
 WITH RECURSIVE priorities AS (
-    SELECT h.handler,
+    SELECT h.handler, 1 AS step,
            (SELECT min(j.priority) FROM @schema@.jobs j
              WHERE j.status = 'pending' AND j.handler = h.handler) AS priority
       FROM unnest(%(handlers)s::text[]) AS h(handler)
     UNION ALL
-    SELECT p.handler,
+    SELECT p.handler, p.step + 1,
            (SELECT min(j.priority) FROM @schema@.jobs j
              WHERE j.status = 'pending' AND j.handler = p.handler AND j.priority > p.priority)
       FROM priorities p
-     WHERE p.priority IS NOT NULL
+     WHERE p.priority IS NOT NULL AND p.step <= 64
+), walked AS (
+    SELECT p.handler, p.priority FROM priorities p
+     WHERE p.priority IS NOT NULL AND p.step <= 64
+       AND NOT EXISTS (SELECT 1 FROM priorities q
+                        WHERE q.handler = p.handler AND q.step > 64 AND q.priority IS NOT NULL)
+), unwalked AS (
+    SELECT DISTINCT p.handler FROM priorities p WHERE p.step > 64 AND p.priority IS NOT NULL
 )
-SELECT min(first.run_at) AS run_at
-  FROM priorities p CROSS JOIN LATERAL (
-      SELECT j.run_at FROM @schema@.jobs j
-       WHERE j.status = 'pending' AND j.handler = p.handler AND j.priority = p.priority
-         AND j.run_at > now() AND j.queue = ANY(%(queues)s::text[])
-       ORDER BY j.run_at
-       LIMIT 1) first
- WHERE p.priority IS NOT NULL;
+SELECT least(
+    (SELECT min(first.run_at)
+       FROM walked p CROSS JOIN LATERAL (
+           SELECT j.run_at FROM @schema@.jobs j
+            WHERE j.status = 'pending' AND j.handler = p.handler AND j.priority = p.priority
+              AND j.run_at > now() AND j.queue = ANY(%(queues)s::text[])
+            ORDER BY j.run_at
+            LIMIT 1) first),
+    (SELECT min(j.run_at) FROM @schema@.jobs j JOIN unwalked u USING (handler)
+      WHERE j.status = 'pending' AND j.run_at > now()
+        AND j.queue = ANY(%(queues)s::text[]))
+) AS run_at;
 
 -- name: worker_register
 -- Record a daemon in the registry, or record it again after it was marked gone.

@@ -13,6 +13,7 @@ then reaps its children itself and sees their true exit status.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -122,12 +123,20 @@ def main() -> None:
             importlib.import_module(module)
     except BaseException as exc:
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        sock.sendall(
-            json.dumps({"error": f"cannot import handler module: {detail}"}).encode() + b"\n"
-        )
+        _report(sock, {"error": f"cannot import handler module: {detail}"})
         sys.exit(1)
-    sock.sendall(b'{"ready": true}\n')
-    _serve(sock, config)
+    _report(sock, {"ready": True})
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        _serve(sock, config)  # until the daemon closes the socket or dies
+
+
+def _report(sock: socket.socket, message: dict[str, Any]) -> None:
+    """Tell the daemon how start-up went; if it died meanwhile, exit quietly (its
+    successor starts a fork server of its own)."""
+    try:
+        sock.sendall(json.dumps(message).encode() + b"\n")
+    except (BrokenPipeError, ConnectionResetError):
+        sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,14 @@ condition with a generous deadline, so a loaded machine makes the suite slower, 
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import resource
 import signal
+import socket
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -21,7 +25,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from daemon_harness import DaemonProcess, Daemons, Db, children_of, is_gone, process_title, wait_for
+from daemon_harness import (
+    DEADLINE,
+    DaemonProcess,
+    Daemons,
+    Db,
+    children_of,
+    is_gone,
+    process_title,
+    wait_for,
+)
 
 from pgworkerd import jobs
 from pgworkerd.localpg import LocalPostgres
@@ -456,6 +469,24 @@ def test_process_titles_and_registry_row(db: Db, daemons: Daemons) -> None:
     assert gone["state"] == "gone" and gone["stopped_at"] is not None
     assert gone["in_flight"] == []
     assert db.job(job_id)["status"] == "pending"
+
+
+def test_a_fork_server_whose_daemon_died_during_its_start_exits_quietly() -> None:
+    """A daemon killed while its fork server imports the handlers: the fork server finds
+    nobody to report to and must leave without a traceback in the daemon's log."""
+    parent_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    config = json.dumps({"modules": [], "settings": {}, "daemon_pid": os.getpid()})
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pgworkerd.forkserver", str(server_end.fileno()), config],
+        pass_fds=[server_end.fileno()],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    server_end.close()
+    parent_end.close()  # the daemon is gone before the fork server is ready
+    _, err = server.communicate(timeout=DEADLINE)
+    assert server.returncode == 0, err
+    assert "Traceback" not in err, err
 
 
 def test_scheduled_jobs_start_when_due_not_at_the_next_poll(db: Db, daemons: Daemons) -> None:

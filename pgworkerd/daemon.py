@@ -38,7 +38,7 @@ from pgworkerd.exitcodes import ExitCode
 from pgworkerd.forkserver import set_child_subreaper
 from pgworkerd.migrate import SchemaError, check_current
 from pgworkerd.outcomes import InFlight, Outcome, decide, fence_margin
-from pgworkerd.presence import Presence
+from pgworkerd.presence import Presence, QueueDepthCounter
 from pgworkerd.supervisor import Child, Supervisor, describe_exit
 from pgworkerd.systemd import Notifier
 
@@ -93,6 +93,9 @@ class Daemon(Claiming, Presence):
         self.exit_code = ExitCode.OK
         self._wake_r, self._wake_w = os.pipe()
         self.metrics = metrics.create(config.metrics)
+        self.depth_counter = QueueDepthCounter(
+            self.db, self.schema, self.metrics, config.metrics.queue_depth_interval
+        )
 
     # -- start-up ----------------------------------------------------------------------
 

@@ -8,13 +8,16 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+import psycopg
 from setproctitle import setproctitle
 
 from pgworkerd import __version__, jobs, registry
+from pgworkerd.db import DatabaseError, scrub
 
 if TYPE_CHECKING:
     from pgworkerd.config import Config
@@ -26,6 +29,41 @@ if TYPE_CHECKING:
     from pgworkerd.systemd import Notifier
 
 log = logging.getLogger("pgworkerd")
+
+
+class QueueDepthCounter:
+    """Counts the jobs per queue and status for the metrics gauge on a thread of its own,
+    with a connection of its own: on a table of millions of jobs that GROUP BY takes
+    seconds, and the daemon's loop (renewals, dispatch, heartbeats) must not wait for it.
+    One count at a time; a failed one is logged and tried again after `interval`."""
+
+    def __init__(
+        self, db: DatabaseLink, schema: str, metrics: NullMetrics, interval: float
+    ) -> None:
+        self.db, self.schema, self.metrics, self.interval = db, schema, metrics, interval
+        self._thread: threading.Thread | None = None
+        self._retry_at = 0.0
+
+    def start(self) -> None:
+        if (self._thread is not None and self._thread.is_alive()) or (
+            time.monotonic() < self._retry_at
+        ):
+            return
+        self._thread = threading.Thread(
+            target=self._count, name="pgworkerd-queue-depth", daemon=True
+        )
+        self._thread.start()
+
+    def _count(self) -> None:
+        try:
+            with self.db.connect() as conn:
+                rows = jobs.counts(conn, schema=self.schema)
+        except (psycopg.Error, DatabaseError, OSError) as exc:
+            self._retry_at = time.monotonic() + self.interval
+            detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            log.warning("counting jobs for the metrics failed: %s", scrub(detail, self.db.dsn))
+            return
+        self.metrics.set_queue_depth(rows)
 
 
 class Presence:
@@ -43,6 +81,7 @@ class Presence:
     timers: Timers
     drain_requested_in_db: bool
     claim_wanted: bool
+    depth_counter: QueueDepthCounter
 
     def _worker_info(self) -> registry.WorkerInfo:
         return registry.WorkerInfo(
@@ -94,9 +133,7 @@ class Presence:
         if self.db.listen_due(now):
             self.db.listen(self.config.worker.poll_interval)
         if self.metrics.queue_depth_due():
-            rows = self.db.run("counting jobs", lambda c: jobs.counts(c, schema=self.schema))
-            if rows is not None:
-                self.metrics.set_queue_depth(rows)
+            self.depth_counter.start()
         stale = self.db.run(
             "marking stale daemons",
             lambda c: registry.mark_stale(

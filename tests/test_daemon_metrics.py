@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
+import psycopg
 import pytest
 from daemon_harness import Daemons, Db, wait_for
 
@@ -64,3 +66,44 @@ def test_metrics_follow_the_jobs(db: Db, daemons: Daemons, tmp_path: Path) -> No
     assert sample(text, "pgworkerd_jobs_in_flight") == 0
     assert sample(text, "pgworkerd_draining") == 0
     assert (sample(text, "pgworkerd_job_start_latency_seconds_count") or 0) >= 2
+
+
+def test_a_slow_job_count_does_not_stall_the_daemon(
+    db: Db, daemons: Daemons, conn: psycopg.Connection, schema: str
+) -> None:
+    """Counting the jobs for the gauge takes seconds on a table of millions of rows: it
+    runs beside the loop, which goes on heartbeating and claiming meanwhile. Here the
+    count is held up by a lock on the job table instead."""
+    port = free_port()
+    config = daemons.config({"work": {"target": "jobhandlers:work"}}, {"poll_interval": "60s"})
+    config.write_text(
+        config.read_text() + f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n'
+        'queue_depth_interval = "1s"\n'
+    )
+    daemon = daemons.start(config)
+    age = (
+        f'SELECT extract(epoch FROM clock_timestamp() - heartbeat_at) FROM "{schema}".workers'
+        " WHERE id = %s"
+    )
+
+    with psycopg.connect(daemons.dsn) as locker:  # one transaction, held open below
+        locker.execute(f'LOCK TABLE "{schema}".jobs IN ACCESS EXCLUSIVE MODE')
+        wait_for(
+            lambda: conn.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND query LIKE '%%GROUP BY queue%%'"
+            ).fetchone()[0] >= 1,
+            what="the job count to wait for the lock",
+        )
+        # The daemon heartbeats every second: over six seconds of the count waiting (its
+        # statement timeout is 10 s), its last heartbeat must never grow old.
+        ages = []
+        watch_until = time.monotonic() + 6
+        while time.monotonic() < watch_until:
+            ages.append(float(conn.execute(age, [daemon.worker_id]).fetchone()[0]))
+            time.sleep(0.2)  # sampling a window, not waiting for a condition
+        assert max(ages) < 3.5, f"the loop stalled: heartbeat ages {ages}"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert b"pgworkerd_slots" in r.read()  # the endpoint answers meanwhile
+    job_id = db.enqueue("work", {"seconds": 0.1})
+    db.wait_status(job_id, "completed")

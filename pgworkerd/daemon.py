@@ -362,6 +362,7 @@ class Daemon(Claiming, Presence):
         return {"max_jobs_per_child": config.worker.max_jobs_per_child}
 
     def _shutdown_processes(self) -> None:
+        self.depth_counter.stop()
         self.metrics.stop()
         self.supervisor.signal_all(signal.SIGKILL)
         self.supervisor.stop_forkserver()

@@ -5,6 +5,7 @@ and changes nothing but drain_requested_in_db and the registry row."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -17,7 +18,7 @@ import psycopg
 from setproctitle import setproctitle
 
 from pgworkerd import __version__, jobs, registry
-from pgworkerd.db import DatabaseError, scrub
+from pgworkerd.db import scrub
 
 if TYPE_CHECKING:
     from pgworkerd.config import Config
@@ -35,13 +36,16 @@ class QueueDepthCounter:
     """Counts the jobs per queue and status for the metrics gauge on a thread of its own,
     with a connection of its own: on a table of millions of jobs that GROUP BY takes
     seconds, and the daemon's loop (renewals, dispatch, heartbeats) must not wait for it.
-    One count at a time; a failed one is logged and tried again after `interval`."""
+    One count at a time, each bounded by its own statement timeout (the connection's may
+    be off, behind PgBouncer); a failed one is logged and tried again after `interval`."""
 
     def __init__(
         self, db: DatabaseLink, schema: str, metrics: NullMetrics, interval: float
     ) -> None:
         self.db, self.schema, self.metrics, self.interval = db, schema, metrics, interval
+        self.timeout = max(60.0, 4 * interval)
         self._thread: threading.Thread | None = None
+        self._conn: psycopg.Connection | None = None  # while a count runs
         self._retry_at = 0.0
 
     def start(self) -> None:
@@ -54,16 +58,31 @@ class QueueDepthCounter:
         )
         self._thread.start()
 
+    def stop(self) -> None:
+        """At exit: cancel a count still running, so its session ends with the daemon."""
+        conn = self._conn
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                conn.cancel_safe(timeout=2.0)
+
     def _count(self) -> None:
         try:
             with self.db.connect() as conn:
-                rows = jobs.counts(conn, schema=self.schema)
-        except (psycopg.Error, DatabaseError, OSError) as exc:
+                self._conn = conn
+                with conn.transaction():
+                    conn.execute(
+                        "SELECT set_config('statement_timeout', %s, true)",
+                        [f"{int(self.timeout * 1000)}ms"],
+                    )
+                    rows = jobs.counts(conn, schema=self.schema)
+            self.metrics.set_queue_depth(rows)
+        except Exception as exc:  # whatever it is, the daemon goes on; say why, once
             self._retry_at = time.monotonic() + self.interval
-            detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            detail = "; ".join(lines) or type(exc).__name__
             log.warning("counting jobs for the metrics failed: %s", scrub(detail, self.db.dsn))
-            return
-        self.metrics.set_queue_depth(rows)
+        finally:
+            self._conn = None
 
 
 class Presence:

@@ -555,11 +555,11 @@ def test_next_run_at_is_the_earliest_future_job_the_worker_serves(q: Queue) -> N
     assert next_run_at(q, ["default"], ["nobody"]) is None
 
 
-@pytest.mark.parametrize("priorities", [64, 65, 300])
+@pytest.mark.parametrize("priorities", [1, 1000, 1001])
 def test_next_run_at_with_many_distinct_priorities(q: Queue, priorities: int) -> None:
-    """Up to 64 distinct priorities per handler are probed one by one; beyond that the
-    handler is looked up the plain way. Either way the answer is the earliest, here the
-    job of the last priority walked, next to a handler with few priorities."""
+    """Up to 1,000 distinct priorities per handler are walked one index probe each; beyond
+    that the handler is looked up the plain way. Either way the answer is the earliest,
+    here the job of the last priority walked, next to a handler with one priority."""
     q.sql(
         "INSERT INTO @schema@.jobs (handler, priority, run_at)"
         " SELECT 'h', k, now() + make_interval(secs => 10000 - k)"

@@ -210,8 +210,11 @@ SELECT queue, status::text AS status, count(*) AS jobs
 -- is ordered (handler, priority, run_at), so a plain min(run_at) would read every pending
 -- job of the handlers (a million scheduled jobs: a million index entries, after every
 -- claim). Instead: walk the distinct priorities of each handler (one index probe each,
--- a skip scan) and take the first future run_at within each. A handler with more than 64
--- distinct pending priorities is looked up the plain way (probing would cost more).
+-- a skip scan) and take the first future run_at within each. Measured with 100,000
+-- scheduled jobs of one handler: in 65 priorities the walk read 500 buffers (1.3 ms), a
+-- plain min() 1,666 (40 ms); in 1,000 priorities 17 ms against 37 ms; in 10,000
+-- priorities (10 jobs each) 129 ms against 48 ms. So a handler with more than 1,000
+-- distinct pending priorities is looked up the plain way: the walk stays bounded.
 WITH RECURSIVE priorities AS (
     SELECT h.handler, 1 AS step,
            (SELECT min(j.priority) FROM @schema@.jobs j
@@ -222,14 +225,14 @@ WITH RECURSIVE priorities AS (
            (SELECT min(j.priority) FROM @schema@.jobs j
              WHERE j.status = 'pending' AND j.handler = p.handler AND j.priority > p.priority)
       FROM priorities p
-     WHERE p.priority IS NOT NULL AND p.step <= 64
+     WHERE p.priority IS NOT NULL AND p.step <= 1000
 ), walked AS (
     SELECT p.handler, p.priority FROM priorities p
-     WHERE p.priority IS NOT NULL AND p.step <= 64
+     WHERE p.priority IS NOT NULL AND p.step <= 1000
        AND NOT EXISTS (SELECT 1 FROM priorities q
-                        WHERE q.handler = p.handler AND q.step > 64 AND q.priority IS NOT NULL)
+                        WHERE q.handler = p.handler AND q.step > 1000 AND q.priority IS NOT NULL)
 ), unwalked AS (
-    SELECT DISTINCT p.handler FROM priorities p WHERE p.step > 64 AND p.priority IS NOT NULL
+    SELECT DISTINCT p.handler FROM priorities p WHERE p.step > 1000 AND p.priority IS NOT NULL
 )
 SELECT least(
     (SELECT min(first.run_at)

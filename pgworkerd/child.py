@@ -283,6 +283,10 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
             if job is None:
                 break
             _run_one(channel, job)
+    except (BrokenPipeError, ConnectionResetError):
+        # The daemon died while this child was telling it something: stop quietly, as
+        # when the monitor sees it go (its jobs come back when their leases expire).
+        print(f"pgworkerd child {os.getpid()}: the daemon is gone; stopping", file=sys.stderr)
     except BaseException:
         traceback.print_exc()
         status = 70

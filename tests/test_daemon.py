@@ -489,6 +489,28 @@ def test_a_fork_server_whose_daemon_died_during_its_start_exits_quietly() -> Non
     assert "Traceback" not in err, err
 
 
+def test_a_child_whose_daemon_is_gone_stops_without_a_traceback() -> None:
+    """A child that finds its daemon's end of the socket closed when it reports (here its
+    first message; in the chaos soak, an outcome) stops quietly like one whose monitor saw
+    the daemon go: a traceback in the daemon's log would read as a crash."""
+    parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    parent_end.close()  # the daemon is gone
+    code = (
+        "import sys; from pgworkerd import child;"
+        " child.main(int(sys.argv[1]), int(sys.argv[2]), {})"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(child_end.fileno()), str(os.getpid())],
+        pass_fds=[child_end.fileno()],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    child_end.close()
+    _, err = proc.communicate(timeout=DEADLINE)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "the daemon is gone; stopping" in err, err
+
+
 def test_scheduled_jobs_start_when_due_not_at_the_next_poll(db: Db, daemons: Daemons) -> None:
     """The daemon wakes for the earliest scheduled job it serves, and a sooner one
     enqueued later moves that wake-up forward; the 60 s poll would be far too late."""

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from daemon_bench import children_of
 
 from pgworkerd import jobs
 from pgworkerd.localpg import LocalPostgres
@@ -74,19 +75,6 @@ JOB_TITLE = re.compile(r"pgworkerd: job (\d+) \S+ attempt (\d+)")
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rpartition(")")[2].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 def title(pid: int) -> str:

@@ -11,21 +11,20 @@ import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from pgworkerd import hotpath
+from pgworkerd import bounds, hotpath
 from pgworkerd.queries import DEFAULT_SCHEMA, query
 
 STATUSES = ("pending", "running", "completed", "dead", "cancelled")
 FINAL_STATUSES = ("completed", "dead", "cancelled")
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_QUEUE = "default"
-_INT32 = 2**31 - 1
 
 
 class InvalidJob(ValueError):
@@ -64,31 +63,49 @@ class JobSpec:
     def _checked(self) -> dict[str, Any]:
         """The job as enqueue_many's SQL function takes it, checked but not serialised
         (the payload is the caller's object): fields equal to the function's defaults are
-        left out, so the server has less JSON to parse."""
+        left out, so the server has less JSON to parse.
+
+        The bounds (pgworkerd.bounds) and messages are those of the SQL functions, which
+        check again: Python callers and the CLI are refused before any round trip."""
         if not isinstance(self.handler, str) or not self.handler:
             raise InvalidJob("handler must be a non-empty string")
+        problem = bounds.name_problem("handler", self.handler)
+        if problem is None:
+            problem = bounds.name_problem("queue", self.queue)
+        if problem is not None:
+            raise InvalidJob(problem)
         payload = self.payload
         if not isinstance(payload, Mapping):
             raise InvalidJob(f"payload must be a JSON object, not {type(payload).__name__}")
-        if not isinstance(self.queue, str) or not self.queue:
-            raise InvalidJob("queue must be a non-empty string")
         priority, max_attempts = self.priority, self.max_attempts
         if (
             isinstance(priority, bool)
             or not isinstance(priority, int)
-            or not (-_INT32 <= priority <= _INT32)
+            or not (bounds.PRIORITY_MIN <= priority <= bounds.PRIORITY_MAX)
         ):
-            raise InvalidJob(f"priority must be an integer, not {priority!r}")
+            raise InvalidJob(
+                f"priority must be an integer from {bounds.PRIORITY_MIN} to "
+                f"{bounds.PRIORITY_MAX}, not {priority!r}"
+            )
         if (
             isinstance(max_attempts, bool)
             or not isinstance(max_attempts, int)
-            or not (1 <= max_attempts <= _INT32)
+            or not (bounds.MAX_ATTEMPTS_MIN <= max_attempts <= bounds.MAX_ATTEMPTS_MAX)
         ):
-            raise InvalidJob(f"max_attempts must be a positive integer, not {max_attempts!r}")
+            raise InvalidJob(
+                f"max_attempts must be a positive integer up to {bounds.MAX_ATTEMPTS_MAX}, "
+                f"not {max_attempts!r}"
+            )
         if self.run_at is not None and self.delay is not None:
             raise InvalidJob("give run_at or delay, not both")
-        if self.dedupe_key is not None and not isinstance(self.dedupe_key, str):
-            raise InvalidJob("dedupe_key must be a string")
+        if self.dedupe_key is not None:
+            if not isinstance(self.dedupe_key, str):
+                raise InvalidJob("dedupe_key must be a string")
+            if not 1 <= len(self.dedupe_key) <= bounds.DEDUPE_KEY_MAX_CHARS:
+                raise InvalidJob(
+                    f"dedupe_key must be 1 to {bounds.DEDUPE_KEY_MAX_CHARS} characters, "
+                    f"not {len(self.dedupe_key)}"
+                )
         job: dict[str, Any] = {"handler": self.handler}
         if payload or type(payload) is not dict:  # {} is the default
             job["payload"] = payload
@@ -101,6 +118,10 @@ class JobSpec:
         if self.run_at is not None:
             if not isinstance(self.run_at, datetime) or self.run_at.tzinfo is None:
                 raise InvalidJob("run_at must be a timezone-aware datetime")
+            if not bounds.RUN_AT_MIN <= self.run_at < bounds.RUN_AT_MAX:
+                raise InvalidJob(
+                    f"run_at must be {bounds.RUN_AT_RANGE}, not {self.run_at.isoformat()}"
+                )
             job["run_at"] = self.run_at.isoformat()
         if self.delay is not None:
             job["delay"] = f"{_delay_seconds(self.delay)} seconds"
@@ -130,6 +151,10 @@ def _delay_seconds(delay: Any) -> float:
         or seconds < 0
     ):
         raise InvalidJob(f"delay must be a non-negative number of seconds, not {delay!r}")
+    # The database adds the delay to its own now(); this clock is close enough to refuse
+    # what could never fit (the function checks again with its own).
+    if seconds >= (bounds.RUN_AT_MAX - datetime.now(UTC)).total_seconds():
+        raise InvalidJob(f"delay must keep run_at {bounds.RUN_AT_RANGE}, not {delay!r}")
     return seconds
 
 

@@ -162,14 +162,16 @@ UPDATE @schema@.jobs j
    AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
    AND (%(queue)s::text IS NULL OR j.queue = %(queue)s)
    AND (%(handler)s::text IS NULL OR j.handler = %(handler)s)
-   -- a live job with the same dedupe key wins (retrying would duplicate it), and of
-   -- several finished jobs sharing a key only the newest comes back
+   -- a live job of the same handler with the same dedupe key wins (retrying would
+   -- duplicate it), and of several finished jobs sharing handler and key only the newest
+   -- comes back (keys are scoped per handler, like the unique index)
    AND (j.dedupe_key IS NULL OR (
         NOT EXISTS (SELECT 1 FROM @schema@.jobs live
-                     WHERE live.dedupe_key = j.dedupe_key
+                     WHERE live.handler = j.handler AND live.dedupe_key = j.dedupe_key
                        AND live.status IN ('pending', 'running'))
         AND j.id = (SELECT max(d.id) FROM @schema@.jobs d
-                     WHERE d.dedupe_key = j.dedupe_key AND d.status IN ('dead', 'cancelled')
+                     WHERE d.handler = j.handler AND d.dedupe_key = j.dedupe_key
+                       AND d.status IN ('dead', 'cancelled')
                        AND (%(ids)s::bigint[] IS NULL OR d.id = ANY(%(ids)s::bigint[]))
                        AND (%(queue)s::text IS NULL OR d.queue = %(queue)s)
                        AND (%(handler)s::text IS NULL OR d.handler = %(handler)s))))

@@ -20,7 +20,8 @@ CREATE TABLE @schema@.schema_version (
 INSERT INTO @schema@.schema_version (version, name) VALUES
     (1, 'jobs'),
     (2, 'workers'),
-    (3, 'claim');
+    (3, 'claim'),
+    (4, 'trust');
 
 -- Jobs (0001).
 
@@ -78,16 +79,18 @@ CREATE INDEX jobs_pending_order_idx ON @schema@.jobs (handler, priority, run_at,
 -- Expired-lease lookup for the claim's rescue branch.
 CREATE INDEX jobs_running_lease_idx ON @schema@.jobs (locked_until)
     WHERE status = 'running';
--- Dedupe: one live (pending or running) job per key.
-CREATE UNIQUE INDEX jobs_dedupe_live_idx ON @schema@.jobs (dedupe_key)
+-- Dedupe: one live (pending or running) job per key and handler (0004: keys were global,
+-- so one client could squat another application's key).
+CREATE UNIQUE INDEX jobs_dedupe_live_idx ON @schema@.jobs (handler, dedupe_key)
     WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running');
 -- Retention pruning and operators' look-ups of finished jobs.
 CREATE INDEX jobs_finished_at_idx ON @schema@.jobs (finished_at)
     WHERE finished_at IS NOT NULL;
 
--- Why job `n` of `total` in an enqueue_many array is invalid: raises the error naming it.
--- Only called for a job that failed enqueue_many's inline check, so valid batches never
--- pay for it; declared to return text so that it fits in the insert's column list.
+-- Why job `n` of `total` in an enqueue_many array (or enqueue's job, as 1 of 1) is invalid:
+-- raises the error naming it. Only called for a job that failed the inline check, so valid
+-- jobs never pay for it; declared to return text so that it fits in the insert's column list.
+-- The messages are those of pgworkerd/jobs.py (JobSpec._checked) and pgworkerd/bounds.py.
 CREATE FUNCTION @schema@.enqueue_reject(e jsonb, n bigint, total integer)
 RETURNS text
 LANGUAGE plpgsql
@@ -96,24 +99,54 @@ AS $$
 BEGIN
     RAISE EXCEPTION 'pgworkerd: job % of %: %', n, total, CASE
         WHEN jsonb_typeof(e) <> 'object' THEN 'is not a JSON object'
+        WHEN EXISTS (SELECT FROM jsonb_object_keys(e) k WHERE k <> ALL ('{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}'))
+            THEN 'unknown key "' || (SELECT k FROM jsonb_object_keys(e) k
+                                      WHERE k <> ALL ('{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}') LIMIT 1)
+                 || '" (known: handler, payload, queue, priority, run_at, delay, max_attempts,'
+                 || ' dedupe_key)'
         WHEN jsonb_typeof(e->'handler') IS DISTINCT FROM 'string' OR e->>'handler' = ''
             THEN 'needs a non-empty "handler" string'
+        WHEN char_length(e->>'handler') > 128
+            THEN 'handler must be at most 128 characters, not ' || char_length(e->>'handler')
+        WHEN e->>'handler' ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]'
+            THEN 'handler must not contain control characters (found U+'
+                 || lpad(upper(to_hex(ascii(substring(e->>'handler' FROM '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]')))), 4, '0') || ')'
+        WHEN e->>'handler' !~ '[^ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]' THEN 'handler must not be blank'
+        WHEN e->>'handler' ~ '^[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]|[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]$'
+            THEN 'handler must not begin or end with whitespace'
         WHEN e ? 'payload' AND jsonb_typeof(e->'payload') <> 'object'
             THEN 'payload must be a JSON object, not ' || jsonb_typeof(e->'payload')
         WHEN e ? 'queue' AND (jsonb_typeof(e->'queue') <> 'string' OR e->>'queue' = '')
             THEN 'queue must be a non-empty string'
+        WHEN char_length(e->>'queue') > 128
+            THEN 'queue must be at most 128 characters, not ' || char_length(e->>'queue')
+        WHEN e->>'queue' ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]'
+            THEN 'queue must not contain control characters (found U+'
+                 || lpad(upper(to_hex(ascii(substring(e->>'queue' FROM '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]')))), 4, '0') || ')'
+        WHEN e->>'queue' !~ '[^ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]' THEN 'queue must not be blank'
+        WHEN e->>'queue' ~ '^[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]|[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]$'
+            THEN 'queue must not begin or end with whitespace'
         WHEN e ? 'max_attempts' AND CASE WHEN jsonb_typeof(e->'max_attempts') <> 'number'
                                          THEN true
-                                         ELSE (e->>'max_attempts')::numeric < 1
+                                         ELSE (e->>'max_attempts')::numeric NOT BETWEEN 1 AND 1000
                                            OR (e->>'max_attempts')::numeric % 1 <> 0 END
-            THEN 'max_attempts must be a positive integer, not ' || (e->>'max_attempts')
+            THEN 'max_attempts must be a positive integer up to 1000, not ' || (e->>'max_attempts')
         WHEN e ? 'priority' AND CASE WHEN jsonb_typeof(e->'priority') <> 'number'
                                      THEN true
-                                     ELSE (e->>'priority')::numeric % 1 <> 0 END
-            THEN 'priority must be an integer, not ' || (e->>'priority')
+                                     ELSE (e->>'priority')::numeric NOT BETWEEN -32768 AND 32767
+                                       OR (e->>'priority')::numeric % 1 <> 0 END
+            THEN 'priority must be an integer from -32768 to 32767, not ' || (e->>'priority')
         WHEN e ? 'run_at' AND e ? 'delay' THEN 'give run_at or delay, not both'
+        WHEN NOT ((e->>'run_at')::timestamptz >= '1900-01-01 00:00+00' AND (e->>'run_at')::timestamptz < '9000-01-01 00:00+00')
+            THEN 'run_at must be from 1900-01-01 up to (not including) 9000-01-01 UTC, not ' || (e->>'run_at')
+        WHEN NOT ((e->>'delay')::interval BETWEEN interval '-8000 years' AND interval '8000 years'
+                  AND now() + (e->>'delay')::interval >= '1900-01-01 00:00+00'
+                  AND now() + (e->>'delay')::interval < '9000-01-01 00:00+00')
+            THEN 'delay must keep run_at from 1900-01-01 up to (not including) 9000-01-01 UTC, not ' || (e->>'delay')
         WHEN e ? 'dedupe_key' AND jsonb_typeof(e->'dedupe_key') NOT IN ('string', 'null')
             THEN 'dedupe_key must be a string'
+        WHEN char_length(e->>'dedupe_key') NOT BETWEEN 1 AND 512
+            THEN 'dedupe_key must be 1 to 512 characters, not ' || char_length(e->>'dedupe_key')
         ELSE 'is invalid'
         END
         USING ERRCODE = 'invalid_parameter_value';
@@ -124,8 +157,19 @@ $$;
 --   {"handler": text, "payload": object, "queue": text, "priority": int,
 --    "run_at": timestamptz | "delay": interval, "max_attempts": int, "dedupe_key": text}
 -- and returns the job ids in input order. A dedupe key that matches a pending or running
--- job returns that job's id instead of inserting. Listeners are notified on commit, once
+-- job of the same handler returns that job's id instead of inserting (keys are scoped per
+-- handler: one application cannot squat another's). Listeners are notified on commit, once
 -- per queue.
+--
+-- Bounds (pgworkerd/bounds.py holds the same for Python; each refusal is SQLSTATE 22023
+-- and writes nothing):
+--   handler, queue: 1 to 128 characters, not blank, no leading or trailing whitespace,
+--     no control characters (C0, DEL, C1, U+2028/2029, bidi controls U+202A-202E and
+--     U+2066-2069), since they are printed by the CLI and the logs;
+--   priority: -32768 to 32767; max_attempts: 1 to 1000;
+--   run_at (or now() + delay): finite, from 1900-01-01 up to (not including) 9000-01-01
+--     UTC, so that every client (psycopg: Python datetimes) can load it;
+--   dedupe_key: NULL or 1 to 512 characters; no keys other than the ones above.
 --
 -- One pass over the array: every job is checked inline as it is inserted (a bad one makes
 -- enqueue_reject raise, naming it, and nothing is written); batches without dedupe keys
@@ -138,6 +182,13 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    -- What enqueue accepts (the bounds above): a handler or queue name matches name_ok
+    -- (not empty, no control character, no whitespace at either end) and has at most
+    -- 128 characters; a job object has no keys but these.
+    name_ok constant text :=
+        '^[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069 \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]'
+        '(?:[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069 \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])?$';
+    known_keys constant text[] := '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}';
     total integer;
     ids bigint[];
     queues text[];
@@ -160,20 +211,31 @@ BEGIN
                 (queue, handler, payload, priority, run_at, max_attempts)
             SELECT coalesce(e->>'queue', 'default'),
                    CASE WHEN jsonb_typeof(e) = 'object'
-                         AND jsonb_typeof(e->'handler') = 'string' AND e->>'handler' <> ''
-                         AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
-                         AND (NOT e ? 'queue'
-                              OR (jsonb_typeof(e->'queue') = 'string' AND e->>'queue' <> ''))
-                         AND CASE WHEN NOT e ? 'max_attempts' THEN true
-                                  WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
-                                  ELSE (e->>'max_attempts')::numeric >= 1
-                                   AND (e->>'max_attempts')::numeric % 1 = 0 END
-                         AND CASE WHEN NOT e ? 'priority' THEN true
-                                  WHEN jsonb_typeof(e->'priority') <> 'number' THEN false
-                                  ELSE (e->>'priority')::numeric % 1 = 0 END
-                         AND NOT (e ? 'run_at' AND e ? 'delay')
-                        THEN e->>'handler'
-                        ELSE @schema@.enqueue_reject(e, n, total) END,
+                        AND NOT EXISTS (SELECT FROM jsonb_object_keys(e) k WHERE k <> ALL (known_keys))
+                        AND jsonb_typeof(e->'handler') = 'string'
+                        AND char_length(e->>'handler') <= 128
+                        AND e->>'handler' ~ name_ok
+                        AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
+                        AND (NOT e ? 'queue'
+                             OR (jsonb_typeof(e->'queue') = 'string' AND char_length(e->>'queue') <= 128
+                                 AND e->>'queue' ~ name_ok))
+                        AND CASE WHEN NOT e ? 'max_attempts' THEN true
+                                 WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
+                                 ELSE (e->>'max_attempts')::numeric BETWEEN 1 AND 1000
+                                  AND (e->>'max_attempts')::numeric % 1 = 0 END
+                        AND CASE WHEN NOT e ? 'priority' THEN true
+                                 WHEN jsonb_typeof(e->'priority') <> 'number' THEN false
+                                 ELSE (e->>'priority')::numeric BETWEEN -32768 AND 32767
+                                  AND (e->>'priority')::numeric % 1 = 0 END
+                        AND NOT (e ? 'run_at' AND e ? 'delay')
+                        AND coalesce((e->>'run_at')::timestamptz >= '1900-01-01 00:00+00'
+                                     AND (e->>'run_at')::timestamptz < '9000-01-01 00:00+00', true)
+                        AND coalesce((e->>'delay')::interval BETWEEN interval '-8000 years'
+                                                                 AND interval '8000 years'
+                                     AND now() + (e->>'delay')::interval >= '1900-01-01 00:00+00'
+                                     AND now() + (e->>'delay')::interval < '9000-01-01 00:00+00', true)
+                   THEN e->>'handler'
+                   ELSE @schema@.enqueue_reject(e, n, total) END,
                    coalesce(e->'payload', '{}'),
                    coalesce((e->>'priority')::integer, 0),
                    coalesce((e->>'run_at')::timestamptz,
@@ -191,22 +253,35 @@ BEGIN
             SELECT n, nextval('@schema@.jobs_id_seq') AS new_id,
                    coalesce(e->>'queue', 'default') AS queue,
                    CASE WHEN jsonb_typeof(e) = 'object'
-                         AND jsonb_typeof(e->'handler') = 'string' AND e->>'handler' <> ''
-                         AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
-                         AND (NOT e ? 'queue'
-                              OR (jsonb_typeof(e->'queue') = 'string' AND e->>'queue' <> ''))
-                         AND CASE WHEN NOT e ? 'max_attempts' THEN true
-                                  WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
-                                  ELSE (e->>'max_attempts')::numeric >= 1
-                                   AND (e->>'max_attempts')::numeric % 1 = 0 END
-                         AND CASE WHEN NOT e ? 'priority' THEN true
-                                  WHEN jsonb_typeof(e->'priority') <> 'number' THEN false
-                                  ELSE (e->>'priority')::numeric % 1 = 0 END
-                         AND NOT (e ? 'run_at' AND e ? 'delay')
-                         AND (NOT e ? 'dedupe_key'
-                              OR jsonb_typeof(e->'dedupe_key') IN ('string', 'null'))
-                        THEN e->>'handler'
-                        ELSE @schema@.enqueue_reject(e, n, total) END AS handler,
+                        AND NOT EXISTS (SELECT FROM jsonb_object_keys(e) k WHERE k <> ALL (known_keys))
+                        AND jsonb_typeof(e->'handler') = 'string'
+                        AND char_length(e->>'handler') <= 128
+                        AND e->>'handler' ~ name_ok
+                        AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
+                        AND (NOT e ? 'queue'
+                             OR (jsonb_typeof(e->'queue') = 'string' AND char_length(e->>'queue') <= 128
+                                 AND e->>'queue' ~ name_ok))
+                        AND CASE WHEN NOT e ? 'max_attempts' THEN true
+                                 WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
+                                 ELSE (e->>'max_attempts')::numeric BETWEEN 1 AND 1000
+                                  AND (e->>'max_attempts')::numeric % 1 = 0 END
+                        AND CASE WHEN NOT e ? 'priority' THEN true
+                                 WHEN jsonb_typeof(e->'priority') <> 'number' THEN false
+                                 ELSE (e->>'priority')::numeric BETWEEN -32768 AND 32767
+                                  AND (e->>'priority')::numeric % 1 = 0 END
+                        AND NOT (e ? 'run_at' AND e ? 'delay')
+                        AND coalesce((e->>'run_at')::timestamptz >= '1900-01-01 00:00+00'
+                                     AND (e->>'run_at')::timestamptz < '9000-01-01 00:00+00', true)
+                        AND coalesce((e->>'delay')::interval BETWEEN interval '-8000 years'
+                                                                 AND interval '8000 years'
+                                     AND now() + (e->>'delay')::interval >= '1900-01-01 00:00+00'
+                                     AND now() + (e->>'delay')::interval < '9000-01-01 00:00+00', true)
+                        AND (NOT e ? 'dedupe_key'
+                             OR jsonb_typeof(e->'dedupe_key') = 'null'
+                             OR (jsonb_typeof(e->'dedupe_key') = 'string'
+                                 AND char_length(e->>'dedupe_key') BETWEEN 1 AND 512))
+                   THEN e->>'handler'
+                   ELSE @schema@.enqueue_reject(e, n, total) END AS handler,
                    coalesce(e->'payload', '{}') AS payload,
                    coalesce((e->>'priority')::integer, 0) AS priority,
                    coalesce((e->>'run_at')::timestamptz,
@@ -220,18 +295,19 @@ BEGIN
             SELECT new_id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key
             FROM input
             ORDER BY n
-            ON CONFLICT (dedupe_key)
+            ON CONFLICT (handler, dedupe_key)
                 WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
                 DO NOTHING
-            RETURNING j.id, j.dedupe_key
+            RETURNING j.id, j.handler, j.dedupe_key
         )
         SELECT array_agg(coalesce(
                    ins.id,
-                   -- an equal key earlier in this same batch
-                   (SELECT min(i2.id) FROM inserted i2 WHERE i2.dedupe_key = input.dedupe_key),
+                   -- an equal key of the same handler earlier in this same batch
+                   (SELECT min(i2.id) FROM inserted i2
+                     WHERE i2.handler = input.handler AND i2.dedupe_key = input.dedupe_key),
                    -- an equal live job that already existed
                    (SELECT ex.id FROM @schema@.jobs ex
-                     WHERE ex.dedupe_key = input.dedupe_key
+                     WHERE ex.handler = input.handler AND ex.dedupe_key = input.dedupe_key
                        AND ex.status IN ('pending', 'running')))
                ORDER BY input.n),
                array_agg(DISTINCT input.queue)
@@ -251,8 +327,9 @@ BEGIN
 END;
 $$;
 
--- Enqueue one job; arguments as in enqueue_many. Returns its id. A lean single-row path
--- (one INSERT .. ON CONFLICT), with the same checks and messages as enqueue_many.
+-- Enqueue one job; arguments and bounds as in enqueue_many. Returns its id. A lean
+-- single-row path (one INSERT .. ON CONFLICT), with the same checks and messages as
+-- enqueue_many: one test for the common case, enqueue_reject for the message.
 CREATE FUNCTION @schema@.enqueue(
     handler text,
     payload jsonb DEFAULT '{}',
@@ -270,33 +347,47 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
+    -- What enqueue accepts (the bounds above): a handler or queue name matches name_ok
+    -- (not empty, no control character, no whitespace at either end) and has at most
+    -- 128 characters.
+    name_ok constant text :=
+        '^[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069 \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]'
+        '(?:[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069 \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])?$';
     new_id bigint;
 BEGIN
-    IF payload IS NULL OR jsonb_typeof(payload) <> 'object' OR handler IS NULL OR handler = ''
-       OR queue = '' OR max_attempts < 1 OR (run_at IS NOT NULL AND delay IS NOT NULL) THEN
-        -- one test above for the common case, then the message
-        IF payload IS NULL OR jsonb_typeof(payload) <> 'object' THEN
-            RAISE EXCEPTION 'pgworkerd: payload must be a JSON object, not %',
-                coalesce(jsonb_typeof(payload), 'NULL')
-                USING ERRCODE = 'invalid_parameter_value';
-        ELSIF handler IS NULL OR handler = '' THEN
-            RAISE EXCEPTION 'pgworkerd: job 1 of 1: needs a non-empty "handler" string'
-                USING ERRCODE = 'invalid_parameter_value';
-        ELSIF queue = '' THEN
-            RAISE EXCEPTION 'pgworkerd: job 1 of 1: queue must be a non-empty string'
-                USING ERRCODE = 'invalid_parameter_value';
-        ELSIF max_attempts < 1 THEN
-            RAISE EXCEPTION
-                'pgworkerd: job 1 of 1: max_attempts must be a positive integer, not %',
-                max_attempts
-                USING ERRCODE = 'invalid_parameter_value';
-        ELSE
-            RAISE EXCEPTION 'pgworkerd: job 1 of 1: give run_at or delay, not both'
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-    END IF;
     -- Arguments are named like columns: unqualified names are columns (use_column above),
     -- the arguments are written enqueue.name.
+    IF enqueue.payload IS NULL OR jsonb_typeof(enqueue.payload) <> 'object'
+       OR enqueue.handler IS NULL
+       OR NOT (char_length(enqueue.handler) <= 128
+               AND enqueue.handler ~ name_ok)
+       OR NOT (enqueue.queue IS NULL
+               OR (char_length(enqueue.queue) <= 128
+                   AND enqueue.queue ~ name_ok))
+       OR enqueue.priority NOT BETWEEN -32768 AND 32767
+       OR enqueue.max_attempts NOT BETWEEN 1 AND 1000
+       OR (enqueue.run_at IS NOT NULL
+           AND (enqueue.delay IS NOT NULL
+                OR NOT (enqueue.run_at >= '1900-01-01 00:00+00' AND enqueue.run_at < '9000-01-01 00:00+00')))
+       OR NOT (enqueue.delay IS NULL
+               OR (enqueue.delay BETWEEN interval '-8000 years' AND interval '8000 years'
+                   AND now() + enqueue.delay >= '1900-01-01 00:00+00'
+                   AND now() + enqueue.delay < '9000-01-01 00:00+00'))
+       OR char_length(enqueue.dedupe_key) NOT BETWEEN 1 AND 512 THEN
+        -- one test above for the common case, then the message
+        IF enqueue.payload IS NULL OR jsonb_typeof(enqueue.payload) <> 'object' THEN
+            RAISE EXCEPTION 'pgworkerd: payload must be a JSON object, not %',
+                coalesce(jsonb_typeof(enqueue.payload), 'NULL')
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM @schema@.enqueue_reject(
+            jsonb_strip_nulls(jsonb_build_object(
+                'handler', enqueue.handler, 'queue', enqueue.queue,
+                'priority', enqueue.priority, 'run_at', enqueue.run_at,
+                'delay', enqueue.delay, 'max_attempts', enqueue.max_attempts,
+                'dedupe_key', enqueue.dedupe_key)),
+            1, 1);
+    END IF;
     IF enqueue.dedupe_key IS NULL THEN
         -- nothing to dedupe: a plain insert, no speculative insertion
         INSERT INTO @schema@.jobs AS j (queue, handler, payload, priority, run_at, max_attempts)
@@ -312,13 +403,14 @@ BEGIN
                 coalesce(enqueue.priority, 0),
                 coalesce(enqueue.run_at, now() + coalesce(enqueue.delay, interval '0')),
                 coalesce(enqueue.max_attempts, 5), enqueue.dedupe_key)
-        ON CONFLICT (dedupe_key)
+        ON CONFLICT (handler, dedupe_key)
             WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
             DO NOTHING
         RETURNING j.id INTO new_id;
         IF new_id IS NULL THEN
             SELECT ex.id INTO new_id FROM @schema@.jobs ex
-             WHERE ex.dedupe_key = enqueue.dedupe_key AND ex.status IN ('pending', 'running');
+             WHERE ex.handler = enqueue.handler AND ex.dedupe_key = enqueue.dedupe_key
+               AND ex.status IN ('pending', 'running');
             IF new_id IS NULL THEN
                 RAISE EXCEPTION
                     'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
@@ -361,7 +453,7 @@ CREATE TABLE @schema@.workers (
 CREATE INDEX workers_host_idx ON @schema@.workers (host);
 
 -- Claiming jobs (0003): one function, so that it runs with JIT off for every caller (see
--- the migration for why) and any language can claim.
+-- the migration for why) and any language can claim; its search_path pinned (0004).
 
 CREATE FUNCTION @schema@.claim(
     worker text,
@@ -381,6 +473,10 @@ LANGUAGE plpgsql
 -- SECURITY INVOKER: callers need UPDATE on the jobs table (pgworkerd_daemon has it), so
 -- EXECUTE can stay granted to everyone.
 SET jit = off
+-- Names resolve in pg_catalog only: an operator or function someone created in a schema
+-- on the caller's search_path (public, up to PostgreSQL 14) cannot stand in for a
+-- built-in and run as the daemon. Every table and type in the body is schema-qualified.
+SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN

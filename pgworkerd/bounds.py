@@ -1,0 +1,68 @@
+"""What enqueue accepts: the bounds of a job's fields, in one place for Python.
+
+The SQL functions (migration 0004: enqueue, enqueue_many, enqueue_reject) enforce the same
+bounds with the same messages; these let Python callers and the CLI refuse early, without
+a round trip or an aborted transaction. Change both together.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from datetime import UTC, datetime
+
+# run_at: finite, 1900-01-01 <= run_at < 9000-01-01 (UTC). psycopg loads timestamps into
+# Python datetimes, which end at year 9999 and, shifted into some time zones, fail near
+# the ends of that range: a row psycopg cannot load would break every reader of the table.
+RUN_AT_MIN = datetime(1900, 1, 1, tzinfo=UTC)
+RUN_AT_MAX = datetime(9000, 1, 1, tzinfo=UTC)  # excluded
+RUN_AT_RANGE = "from 1900-01-01 up to (not including) 9000-01-01 UTC"
+
+# priority is stored as integer but bounded like a smallint: "lower runs sooner", and
+# -2^31 must not become a way to jump every queue forever.
+PRIORITY_MIN, PRIORITY_MAX = -32768, 32767
+# Enough for any retry policy; 2^31-1 would mean a job that never dies.
+MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 1000
+
+NAME_MAX_CHARS = 128
+DEDUPE_KEY_MAX_CHARS = 512
+
+# Characters refused anywhere in a handler or queue name: they are printed by `jobs`,
+# `status`, `show` and the logs, where they would move the cursor, rewrite lines or
+# reorder text. C0, DEL, C1, the line/paragraph separators and the bidi controls.
+# (Kept equal to _NAME_CONTROL in sql/migrations/0004_trust.sql.)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# Whitespace a name may not begin or end with (the Unicode spaces that are not controls,
+# listed explicitly so that PostgreSQL and Python agree whatever the locale).
+_SPACE = " \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"
+
+
+def name_problem(what: str, value: object) -> str | None:
+    """Why `value` cannot be a handler or queue name (`what` names it), or None."""
+    if not isinstance(value, str) or not value:
+        return f"{what} must be a non-empty string"
+    return _str_name_problem(what, value)
+
+
+# A batch of 10,000 jobs names a handful of handlers and queues: check each once.
+@functools.lru_cache(maxsize=1024)
+def _str_name_problem(what: str, value: str) -> str | None:
+    if len(value) > NAME_MAX_CHARS:
+        return f"{what} must be at most {NAME_MAX_CHARS} characters, not {len(value)}"
+    bad = _CONTROL.search(value)
+    if bad:
+        return f"{what} must not contain control characters (found U+{ord(bad[0]):04X})"
+    if not value.strip(_SPACE):
+        return f"{what} must not be blank"
+    if value[0] in _SPACE or value[-1] in _SPACE:
+        return f"{what} must not begin or end with whitespace"
+    return None
+
+
+def check_name(what: str, value: object) -> str:
+    """`value` if it is a valid handler or queue name; ValueError saying why not."""
+    problem = name_problem(what, value)
+    if problem:
+        raise ValueError(problem)
+    assert isinstance(value, str)
+    return value

@@ -1,0 +1,466 @@
+-- 0004: trust boundaries. Enqueue refuses what would hurt other jobs or their readers,
+-- dedupe keys are scoped per handler, and every function pins its search_path.
+--
+-- * enqueue, enqueue_many and enqueue_reject are replaced (same signatures, so grants and
+--   callers keep working) with bounded fields: see enqueue_many for the bounds. They are
+--   not table CHECK constraints on purpose: a row that violates a new constraint (an old
+--   row, a direct INSERT) would make the claim's UPDATE fail for every job in its batch.
+-- * The dedupe index becomes unique per (handler, dedupe_key).
+-- * claim() pins search_path = pg_catalog, pg_temp like the enqueue functions.
+
+-- Dedupe: one live (pending or running) job per key and handler. Keys were global: one
+-- client could create a job under another application's key (say welcome:42, for a handler
+-- that does not even exist) and so stop that application's real job from ever being
+-- created. The old index guaranteed unique keys, so the new one builds on any table.
+DROP INDEX @schema@.jobs_dedupe_live_idx;
+CREATE UNIQUE INDEX jobs_dedupe_live_idx ON @schema@.jobs (handler, dedupe_key)
+    WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running');
+
+-- Why job `n` of `total` in an enqueue_many array (or enqueue's job, as 1 of 1) is invalid:
+-- raises the error naming it. Only called for a job that failed the inline check, so valid
+-- jobs never pay for it; declared to return text so that it fits in the insert's column list.
+-- The messages are those of pgworkerd/jobs.py (JobSpec._checked) and pgworkerd/bounds.py.
+CREATE OR REPLACE FUNCTION @schema@.enqueue_reject(e jsonb, n bigint, total integer)
+RETURNS text
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RAISE EXCEPTION 'pgworkerd: job % of %: %', n, total, CASE
+        WHEN jsonb_typeof(e) <> 'object' THEN 'is not a JSON object'
+        WHEN EXISTS (SELECT FROM jsonb_object_keys(e) k WHERE k <> ALL ('{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}'))
+            THEN 'unknown key "' || (SELECT k FROM jsonb_object_keys(e) k
+                                      WHERE k <> ALL ('{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}') LIMIT 1)
+                 || '" (known: handler, payload, queue, priority, run_at, delay, max_attempts,'
+                 || ' dedupe_key)'
+        WHEN jsonb_typeof(e->'handler') IS DISTINCT FROM 'string' OR e->>'handler' = ''
+            THEN 'needs a non-empty "handler" string'
+        WHEN char_length(e->>'handler') > 128
+            THEN 'handler must be at most 128 characters, not ' || char_length(e->>'handler')
+        WHEN e->>'handler' ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]'
+            THEN 'handler must not contain control characters (found U+'
+                 || lpad(upper(to_hex(ascii(substring(e->>'handler' FROM '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]')))), 4, '0') || ')'
+        WHEN e->>'handler' !~ '[^ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]' THEN 'handler must not be blank'
+        WHEN e->>'handler' ~ '^[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]|[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]$'
+            THEN 'handler must not begin or end with whitespace'
+        WHEN e ? 'payload' AND jsonb_typeof(e->'payload') <> 'object'
+            THEN 'payload must be a JSON object, not ' || jsonb_typeof(e->'payload')
+        WHEN e ? 'queue' AND (jsonb_typeof(e->'queue') <> 'string' OR e->>'queue' = '')
+            THEN 'queue must be a non-empty string'
+        WHEN char_length(e->>'queue') > 128
+            THEN 'queue must be at most 128 characters, not ' || char_length(e->>'queue')
+        WHEN e->>'queue' ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]'
+            THEN 'queue must not contain control characters (found U+'
+                 || lpad(upper(to_hex(ascii(substring(e->>'queue' FROM '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]')))), 4, '0') || ')'
+        WHEN e->>'queue' !~ '[^ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]' THEN 'queue must not be blank'
+        WHEN e->>'queue' ~ '^[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]|[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]$'
+            THEN 'queue must not begin or end with whitespace'
+        WHEN e ? 'max_attempts' AND CASE WHEN jsonb_typeof(e->'max_attempts') <> 'number'
+                                         THEN true
+                                         ELSE (e->>'max_attempts')::numeric NOT BETWEEN 1 AND 1000
+                                           OR (e->>'max_attempts')::numeric % 1 <> 0 END
+            THEN 'max_attempts must be a positive integer up to 1000, not ' || (e->>'max_attempts')
+        WHEN e ? 'priority' AND CASE WHEN jsonb_typeof(e->'priority') <> 'number'
+                                     THEN true
+                                     ELSE (e->>'priority')::numeric NOT BETWEEN -32768 AND 32767
+                                       OR (e->>'priority')::numeric % 1 <> 0 END
+            THEN 'priority must be an integer from -32768 to 32767, not ' || (e->>'priority')
+        WHEN e ? 'run_at' AND e ? 'delay' THEN 'give run_at or delay, not both'
+        WHEN NOT ((e->>'run_at')::timestamptz >= '1900-01-01 00:00+00' AND (e->>'run_at')::timestamptz < '9000-01-01 00:00+00')
+            THEN 'run_at must be from 1900-01-01 up to (not including) 9000-01-01 UTC, not ' || (e->>'run_at')
+        WHEN NOT ((e->>'delay')::interval BETWEEN interval '-8000 years' AND interval '8000 years'
+                  AND now() + (e->>'delay')::interval >= '1900-01-01 00:00+00'
+                  AND now() + (e->>'delay')::interval < '9000-01-01 00:00+00')
+            THEN 'delay must keep run_at from 1900-01-01 up to (not including) 9000-01-01 UTC, not ' || (e->>'delay')
+        WHEN e ? 'dedupe_key' AND jsonb_typeof(e->'dedupe_key') NOT IN ('string', 'null')
+            THEN 'dedupe_key must be a string'
+        WHEN char_length(e->>'dedupe_key') NOT BETWEEN 1 AND 512
+            THEN 'dedupe_key must be 1 to 512 characters, not ' || char_length(e->>'dedupe_key')
+        ELSE 'is invalid'
+        END
+        USING ERRCODE = 'invalid_parameter_value';
+END;
+$$;
+
+-- The one definition of enqueue. Takes a JSON array of job objects:
+--   {"handler": text, "payload": object, "queue": text, "priority": int,
+--    "run_at": timestamptz | "delay": interval, "max_attempts": int, "dedupe_key": text}
+-- and returns the job ids in input order. A dedupe key that matches a pending or running
+-- job of the same handler returns that job's id instead of inserting (keys are scoped per
+-- handler: one application cannot squat another's). Listeners are notified on commit, once
+-- per queue.
+--
+-- Bounds (pgworkerd/bounds.py holds the same for Python; each refusal is SQLSTATE 22023
+-- and writes nothing):
+--   handler, queue: 1 to 128 characters, not blank, no leading or trailing whitespace,
+--     no control characters (C0, DEL, C1, U+2028/2029, bidi controls U+202A-202E and
+--     U+2066-2069), since they are printed by the CLI and the logs;
+--   priority: -32768 to 32767; max_attempts: 1 to 1000;
+--   run_at (or now() + delay): finite, from 1900-01-01 up to (not including) 9000-01-01
+--     UTC, so that every client (psycopg: Python datetimes) can load it;
+--   dedupe_key: NULL or 1 to 512 characters; no keys other than the ones above.
+--
+-- One pass over the array: every job is checked inline as it is inserted (a bad one makes
+-- enqueue_reject raise, naming it, and nothing is written); batches without dedupe keys
+-- skip ON CONFLICT and the look-up of existing jobs.
+CREATE OR REPLACE FUNCTION @schema@.enqueue_many(jobs jsonb)
+RETURNS bigint[]
+LANGUAGE plpgsql
+-- Definer's rights: enqueuers need EXECUTE only, no rights on the table.
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- What enqueue accepts (the bounds above): a handler or queue name matches name_ok
+    -- (not empty, no control character, no whitespace at either end) and has at most
+    -- 128 characters; a job object has no keys but these.
+    name_ok constant text :=
+        '^[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069 \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]'
+        '(?:[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069 \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])?$';
+    known_keys constant text[] := '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}';
+    total integer;
+    ids bigint[];
+    queues text[];
+BEGIN
+    IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
+        RAISE EXCEPTION 'pgworkerd: enqueue_many expects a JSON array of job objects'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    total := jsonb_array_length(jobs);
+    IF total = 0 THEN
+        RETURN '{}';
+    END IF;
+
+    IF NOT jsonb_path_exists(jobs, '$[*] ? (exists(@.dedupe_key) && @.dedupe_key != null)')
+    THEN
+        -- No dedupe keys: a plain insert. Ids come from the sequence in row order, and the
+        -- rows are inserted in input order, so sorted ids are in input order.
+        WITH inserted AS (
+            INSERT INTO @schema@.jobs AS j
+                (queue, handler, payload, priority, run_at, max_attempts)
+            SELECT coalesce(e->>'queue', 'default'),
+                   CASE WHEN jsonb_typeof(e) = 'object'
+                        AND NOT EXISTS (SELECT FROM jsonb_object_keys(e) k WHERE k <> ALL (known_keys))
+                        AND jsonb_typeof(e->'handler') = 'string'
+                        AND char_length(e->>'handler') <= 128
+                        AND e->>'handler' ~ name_ok
+                        AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
+                        AND (NOT e ? 'queue'
+                             OR (jsonb_typeof(e->'queue') = 'string' AND char_length(e->>'queue') <= 128
+                                 AND e->>'queue' ~ name_ok))
+                        AND CASE WHEN NOT e ? 'max_attempts' THEN true
+                                 WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
+                                 ELSE (e->>'max_attempts')::numeric BETWEEN 1 AND 1000
+                                  AND (e->>'max_attempts')::numeric % 1 = 0 END
+                        AND CASE WHEN NOT e ? 'priority' THEN true
+                                 WHEN jsonb_typeof(e->'priority') <> 'number' THEN false
+                                 ELSE (e->>'priority')::numeric BETWEEN -32768 AND 32767
+                                  AND (e->>'priority')::numeric % 1 = 0 END
+                        AND NOT (e ? 'run_at' AND e ? 'delay')
+                        AND coalesce((e->>'run_at')::timestamptz >= '1900-01-01 00:00+00'
+                                     AND (e->>'run_at')::timestamptz < '9000-01-01 00:00+00', true)
+                        AND coalesce((e->>'delay')::interval BETWEEN interval '-8000 years'
+                                                                 AND interval '8000 years'
+                                     AND now() + (e->>'delay')::interval >= '1900-01-01 00:00+00'
+                                     AND now() + (e->>'delay')::interval < '9000-01-01 00:00+00', true)
+                   THEN e->>'handler'
+                   ELSE @schema@.enqueue_reject(e, n, total) END,
+                   coalesce(e->'payload', '{}'),
+                   coalesce((e->>'priority')::integer, 0),
+                   coalesce((e->>'run_at')::timestamptz,
+                            now() + coalesce((e->>'delay')::interval, interval '0')),
+                   coalesce((e->>'max_attempts')::integer, 5)
+            FROM jsonb_array_elements(jobs) WITH ORDINALITY AS t(e, n)
+            ORDER BY n
+            RETURNING j.id, j.queue
+        )
+        SELECT array_agg(id ORDER BY id), array_agg(DISTINCT queue)
+          INTO ids, queues
+          FROM inserted;
+    ELSE
+        WITH input AS MATERIALIZED (
+            SELECT n, nextval('@schema@.jobs_id_seq') AS new_id,
+                   coalesce(e->>'queue', 'default') AS queue,
+                   CASE WHEN jsonb_typeof(e) = 'object'
+                        AND NOT EXISTS (SELECT FROM jsonb_object_keys(e) k WHERE k <> ALL (known_keys))
+                        AND jsonb_typeof(e->'handler') = 'string'
+                        AND char_length(e->>'handler') <= 128
+                        AND e->>'handler' ~ name_ok
+                        AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
+                        AND (NOT e ? 'queue'
+                             OR (jsonb_typeof(e->'queue') = 'string' AND char_length(e->>'queue') <= 128
+                                 AND e->>'queue' ~ name_ok))
+                        AND CASE WHEN NOT e ? 'max_attempts' THEN true
+                                 WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
+                                 ELSE (e->>'max_attempts')::numeric BETWEEN 1 AND 1000
+                                  AND (e->>'max_attempts')::numeric % 1 = 0 END
+                        AND CASE WHEN NOT e ? 'priority' THEN true
+                                 WHEN jsonb_typeof(e->'priority') <> 'number' THEN false
+                                 ELSE (e->>'priority')::numeric BETWEEN -32768 AND 32767
+                                  AND (e->>'priority')::numeric % 1 = 0 END
+                        AND NOT (e ? 'run_at' AND e ? 'delay')
+                        AND coalesce((e->>'run_at')::timestamptz >= '1900-01-01 00:00+00'
+                                     AND (e->>'run_at')::timestamptz < '9000-01-01 00:00+00', true)
+                        AND coalesce((e->>'delay')::interval BETWEEN interval '-8000 years'
+                                                                 AND interval '8000 years'
+                                     AND now() + (e->>'delay')::interval >= '1900-01-01 00:00+00'
+                                     AND now() + (e->>'delay')::interval < '9000-01-01 00:00+00', true)
+                        AND (NOT e ? 'dedupe_key'
+                             OR jsonb_typeof(e->'dedupe_key') = 'null'
+                             OR (jsonb_typeof(e->'dedupe_key') = 'string'
+                                 AND char_length(e->>'dedupe_key') BETWEEN 1 AND 512))
+                   THEN e->>'handler'
+                   ELSE @schema@.enqueue_reject(e, n, total) END AS handler,
+                   coalesce(e->'payload', '{}') AS payload,
+                   coalesce((e->>'priority')::integer, 0) AS priority,
+                   coalesce((e->>'run_at')::timestamptz,
+                            now() + coalesce((e->>'delay')::interval, interval '0')) AS run_at,
+                   coalesce((e->>'max_attempts')::integer, 5) AS max_attempts,
+                   e->>'dedupe_key' AS dedupe_key
+            FROM jsonb_array_elements(jobs) WITH ORDINALITY AS t(e, n)
+        ), inserted AS (
+            INSERT INTO @schema@.jobs AS j
+                (id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key)
+            SELECT new_id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key
+            FROM input
+            ORDER BY n
+            ON CONFLICT (handler, dedupe_key)
+                WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
+                DO NOTHING
+            RETURNING j.id, j.handler, j.dedupe_key
+        )
+        SELECT array_agg(coalesce(
+                   ins.id,
+                   -- an equal key of the same handler earlier in this same batch
+                   (SELECT min(i2.id) FROM inserted i2
+                     WHERE i2.handler = input.handler AND i2.dedupe_key = input.dedupe_key),
+                   -- an equal live job that already existed
+                   (SELECT ex.id FROM @schema@.jobs ex
+                     WHERE ex.handler = input.handler AND ex.dedupe_key = input.dedupe_key
+                       AND ex.status IN ('pending', 'running')))
+               ORDER BY input.n),
+               array_agg(DISTINCT input.queue)
+          INTO ids, queues
+          FROM input LEFT JOIN inserted ins ON ins.id = input.new_id;
+
+        IF array_position(ids, NULL) IS NOT NULL THEN
+            -- The live job we collided with committed after our snapshot or finished
+            -- meanwhile.
+            RAISE EXCEPTION 'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
+                USING ERRCODE = 'serialization_failure';
+        END IF;
+    END IF;
+
+    PERFORM pg_notify(@schema_literal@ || '.jobs', q) FROM unnest(queues) AS q;
+    RETURN ids;
+END;
+$$;
+
+-- Enqueue one job; arguments and bounds as in enqueue_many. Returns its id. A lean
+-- single-row path (one INSERT .. ON CONFLICT), with the same checks and messages as
+-- enqueue_many: one test for the common case, enqueue_reject for the message.
+CREATE OR REPLACE FUNCTION @schema@.enqueue(
+    handler text,
+    payload jsonb DEFAULT '{}',
+    queue text DEFAULT 'default',
+    priority integer DEFAULT 0,
+    run_at timestamptz DEFAULT NULL,
+    delay interval DEFAULT NULL,
+    max_attempts integer DEFAULT 5,
+    dedupe_key text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+-- Definer's rights: enqueuers need EXECUTE only, no rights on the table.
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    -- What enqueue accepts (the bounds above): a handler or queue name matches name_ok
+    -- (not empty, no control character, no whitespace at either end) and has at most
+    -- 128 characters.
+    name_ok constant text :=
+        '^[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069 \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]'
+        '(?:[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069 \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])?$';
+    new_id bigint;
+BEGIN
+    -- Arguments are named like columns: unqualified names are columns (use_column above),
+    -- the arguments are written enqueue.name.
+    IF enqueue.payload IS NULL OR jsonb_typeof(enqueue.payload) <> 'object'
+       OR enqueue.handler IS NULL
+       OR NOT (char_length(enqueue.handler) <= 128
+               AND enqueue.handler ~ name_ok)
+       OR NOT (enqueue.queue IS NULL
+               OR (char_length(enqueue.queue) <= 128
+                   AND enqueue.queue ~ name_ok))
+       OR enqueue.priority NOT BETWEEN -32768 AND 32767
+       OR enqueue.max_attempts NOT BETWEEN 1 AND 1000
+       OR (enqueue.run_at IS NOT NULL
+           AND (enqueue.delay IS NOT NULL
+                OR NOT (enqueue.run_at >= '1900-01-01 00:00+00' AND enqueue.run_at < '9000-01-01 00:00+00')))
+       OR NOT (enqueue.delay IS NULL
+               OR (enqueue.delay BETWEEN interval '-8000 years' AND interval '8000 years'
+                   AND now() + enqueue.delay >= '1900-01-01 00:00+00'
+                   AND now() + enqueue.delay < '9000-01-01 00:00+00'))
+       OR char_length(enqueue.dedupe_key) NOT BETWEEN 1 AND 512 THEN
+        -- one test above for the common case, then the message
+        IF enqueue.payload IS NULL OR jsonb_typeof(enqueue.payload) <> 'object' THEN
+            RAISE EXCEPTION 'pgworkerd: payload must be a JSON object, not %',
+                coalesce(jsonb_typeof(enqueue.payload), 'NULL')
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        PERFORM @schema@.enqueue_reject(
+            jsonb_strip_nulls(jsonb_build_object(
+                'handler', enqueue.handler, 'queue', enqueue.queue,
+                'priority', enqueue.priority, 'run_at', enqueue.run_at,
+                'delay', enqueue.delay, 'max_attempts', enqueue.max_attempts,
+                'dedupe_key', enqueue.dedupe_key)),
+            1, 1);
+    END IF;
+    IF enqueue.dedupe_key IS NULL THEN
+        -- nothing to dedupe: a plain insert, no speculative insertion
+        INSERT INTO @schema@.jobs AS j (queue, handler, payload, priority, run_at, max_attempts)
+        VALUES (coalesce(enqueue.queue, 'default'), enqueue.handler, enqueue.payload,
+                coalesce(enqueue.priority, 0),
+                coalesce(enqueue.run_at, now() + coalesce(enqueue.delay, interval '0')),
+                coalesce(enqueue.max_attempts, 5))
+        RETURNING j.id INTO new_id;
+    ELSE
+        INSERT INTO @schema@.jobs AS j
+            (queue, handler, payload, priority, run_at, max_attempts, dedupe_key)
+        VALUES (coalesce(enqueue.queue, 'default'), enqueue.handler, enqueue.payload,
+                coalesce(enqueue.priority, 0),
+                coalesce(enqueue.run_at, now() + coalesce(enqueue.delay, interval '0')),
+                coalesce(enqueue.max_attempts, 5), enqueue.dedupe_key)
+        ON CONFLICT (handler, dedupe_key)
+            WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
+            DO NOTHING
+        RETURNING j.id INTO new_id;
+        IF new_id IS NULL THEN
+            SELECT ex.id INTO new_id FROM @schema@.jobs ex
+             WHERE ex.handler = enqueue.handler AND ex.dedupe_key = enqueue.dedupe_key
+               AND ex.status IN ('pending', 'running');
+            IF new_id IS NULL THEN
+                RAISE EXCEPTION
+                    'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
+                    USING ERRCODE = 'serialization_failure';
+            END IF;
+        END IF;
+    END IF;
+    PERFORM pg_notify(@schema_literal@ || '.jobs', coalesce(enqueue.queue, 'default'));
+    RETURN new_id;
+END;
+$$;
+
+-- claim() of 0003, unchanged but for its search_path.
+CREATE OR REPLACE FUNCTION @schema@.claim(
+    worker text,
+    queues text[],
+    handlers text[],
+    lease_seconds float8[],         -- per handler: the lease a claimed job gets
+    free integer[],                 -- per handler: how many more jobs it may take
+    max_jobs integer,               -- in all
+    handler_max_attempts integer[] DEFAULT NULL  -- per handler: overrides the job's own
+)
+RETURNS TABLE (
+    id bigint, queue text, handler text, payload jsonb, priority integer, attempts integer,
+    max_attempts integer, lease_token bigint, checkpoint jsonb, run_at timestamptz,
+    created_at timestamptz, locked_until timestamptz, rescued boolean
+)
+LANGUAGE plpgsql
+-- SECURITY INVOKER: callers need UPDATE on the jobs table (pgworkerd_daemon has it), so
+-- EXECUTE can stay granted to everyone.
+SET jit = off
+-- Names resolve in pg_catalog only: an operator or function someone created in a schema
+-- on the caller's search_path (public, up to PostgreSQL 14) cannot stand in for a
+-- built-in and run as the daemon. Every table and type in the body is schema-qualified.
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    -- Pending jobs in (priority, run_at, id) order and running jobs whose lease ran out
+    -- (the rescue path). Expired jobs that used up their attempts (or were asked to
+    -- cancel) are finished instead of run again.
+    -- Every argument the planner would look at is read through a scalar sub-select, so
+    -- that a custom plan is estimated exactly like the generic one: the plan cache then
+    -- settles on the generic plan and stops re-planning on every call (the planning cost
+    -- more than the execution). The plan is built to be safe whatever the estimates:
+    -- index scans in ORDER BY order with LIMIT, primary-key look-ups for the rest.
+    RETURN QUERY
+    WITH served AS (
+        SELECT * FROM unnest((SELECT claim.handlers), (SELECT claim.lease_seconds),
+                             (SELECT claim.free),
+                             (SELECT claim.handler_max_attempts))
+                 AS s(handler, lease_seconds, free, max_attempts)
+        -- a drain takes effect at once, even before the daemon's next heartbeat reads it
+        WHERE NOT EXISTS (SELECT 1 FROM @schema@.workers w
+                           WHERE w.id = (SELECT claim.worker) AND w.drain_requested)
+    ), due AS (
+        -- per handler, so a capped handler's backlog cannot hide another handler's jobs
+        SELECT d.id, d.priority, d.run_at, s.handler FROM served s CROSS JOIN LATERAL (
+            SELECT j.id, j.priority, j.run_at FROM @schema@.jobs j
+            WHERE j.status = 'pending' AND j.run_at <= now() AND j.handler = s.handler
+              AND j.queue = ANY((SELECT claim.queues)::text[])
+            ORDER BY j.priority, j.run_at, j.id
+            LIMIT least(s.free, (SELECT claim.max_jobs))
+            FOR UPDATE SKIP LOCKED) d
+    ), expired AS (
+        SELECT j.id, j.priority, j.run_at, j.handler,
+               (j.attempts >= j.max_attempts OR j.cancel_requested) AS finished
+        FROM @schema@.jobs j
+        WHERE j.status = 'running' AND j.locked_until < now()
+          AND j.queue = ANY((SELECT claim.queues)::text[])
+          AND j.handler = ANY((SELECT claim.handlers)::text[])
+        ORDER BY j.locked_until
+        LIMIT (SELECT claim.max_jobs)
+        FOR UPDATE SKIP LOCKED
+    ), buried AS (
+        UPDATE @schema@.jobs j
+           SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                             ELSE 'dead' END::@schema@.job_status,
+               last_error = 'lease of ' || j.locked_by || ' expired during attempt '
+                            || j.attempts || ' of ' || j.max_attempts || ': the worker was lost',
+               locked_by = NULL, locked_until = NULL, finished_at = now(), updated_at = now(),
+               -- a fencing event like a claim: the lost holder's token no longer matches
+               lease_token = j.lease_token + 1
+          FROM expired e
+         WHERE j.id = e.id AND e.finished
+        RETURNING j.id
+    ), chosen AS (
+        -- at most `free` per handler, the best first; due and expired jobs carry what the
+        -- ranking needs, so the table is not read again here
+        SELECT id, rescued, lease_seconds, max_attempts FROM (
+            SELECT c.id, c.priority, c.run_at, c.rescued, s.free, s.lease_seconds,
+                   s.max_attempts,
+                   row_number() OVER (PARTITION BY c.handler
+                                      ORDER BY c.priority, c.run_at, c.id) AS n
+            FROM (SELECT id, priority, run_at, handler, false AS rescued FROM due
+                  UNION ALL
+                  SELECT id, priority, run_at, handler, true FROM expired WHERE NOT finished) c
+            JOIN served s USING (handler)) ranked
+        WHERE n <= free
+        ORDER BY priority, run_at, id
+        LIMIT (SELECT claim.max_jobs)
+    )
+    UPDATE @schema@.jobs j
+       SET status = 'running',
+           locked_by = claim.worker,
+           locked_until = now() + make_interval(secs => c.lease_seconds),
+           attempts = j.attempts + 1,
+           -- a handler's configured max_attempts overrides the job's own
+           max_attempts = greatest(j.attempts + 1, coalesce(c.max_attempts, j.max_attempts)),
+           lease_token = j.lease_token + 1,
+           last_error = CASE WHEN j.status = 'running'
+                             THEN 'lease of ' || j.locked_by || ' expired during attempt '
+                                  || j.attempts || ': the worker was lost'
+                             ELSE j.last_error END,
+           started_at = now(),
+           updated_at = now()
+      FROM chosen c
+     -- by primary key, however many rows a generic plan expects
+     WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.id = c.id
+    RETURNING j.id, j.queue, j.handler, j.payload, j.priority, j.attempts, j.max_attempts,
+              j.lease_token, j.checkpoint, j.run_at, j.created_at, j.locked_until,
+              c.rescued AS rescued;
+END;
+$$;

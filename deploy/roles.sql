@@ -1,9 +1,16 @@
--- Least-privilege roles for pgworkerd (run as the schema owner after `pgworkerd migrate`).
+-- Least-privilege roles for pgworkerd. Run after `pgworkerd migrate`, as a role with
+-- CREATEROLE (CREATE ROLE needs it; a superuser will do), which must also be able to grant
+-- on the schema's objects: the schema owner, or a superuser.
 --   pgworkerd_daemon:   what `pgworkerd run`, drain, resume, status and jobs need.
 --   pgworkerd_enqueuer: only enqueue (the SQL functions); it cannot read or change jobs.
 -- Replace the passwords (or use another authentication method) and the schema name if you
 -- changed it. The enqueue functions are SECURITY DEFINER, so enqueuers need no rights
 -- on the table itself.
+--
+-- Dedupe keys are scoped per handler: a key names one live job of its handler, so an
+-- enqueuer cannot block another application's job by squatting its key under another
+-- handler. Every enqueuer can still use (and so learn about) keys of any handler it names:
+-- give applications that must not see each other their own schema (`--schema`).
 
 CREATE ROLE pgworkerd_daemon LOGIN PASSWORD 'change-me';
 CREATE ROLE pgworkerd_enqueuer LOGIN PASSWORD 'change-me';
@@ -11,7 +18,14 @@ CREATE ROLE pgworkerd_enqueuer LOGIN PASSWORD 'change-me';
 GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_daemon, pgworkerd_enqueuer;
 
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_daemon;
-GRANT SELECT, UPDATE ON pgworkerd.jobs TO pgworkerd_daemon;
+-- UPDATE only on the columns the daemon writes (claim(), the statements in queries.sql):
+-- never payload, handler, queue, priority or dedupe_key, so a compromised worker host
+-- cannot rewrite what other hosts' handlers will run.
+GRANT SELECT ON pgworkerd.jobs TO pgworkerd_daemon;
+GRANT UPDATE (status, locked_by, locked_until, lease_token, attempts, max_attempts,
+              last_error, result, progress, checkpoint, cancel_requested, run_at,
+              started_at, finished_at, updated_at)
+      ON pgworkerd.jobs TO pgworkerd_daemon;
 GRANT SELECT, INSERT, UPDATE ON pgworkerd.workers TO pgworkerd_daemon;
 
 GRANT EXECUTE ON FUNCTION pgworkerd.enqueue(text, jsonb, text, integer, timestamptz,
@@ -27,3 +41,12 @@ GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_enqueuer;
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).
 ALTER ROLE pgworkerd_daemon SET statement_timeout = '10s';
+-- Bounds what one enqueue call may cost the server (a million-job enqueue_many runs ~15 s).
+ALTER ROLE pgworkerd_enqueuer SET statement_timeout = '30s';
+-- pgworkerd sets this search_path as a startup option too (PgBouncer drops it): functions
+-- and operators resolve in pg_catalog only, so nothing planted in `public` or another
+-- schema can stand in for a built-in in the daemon's statements. The SQL functions pin
+-- it themselves. (An application that also uses pgworkerd_enqueuer for its own tables
+-- must then schema-qualify them, or leave out the enqueuer's line.)
+ALTER ROLE pgworkerd_daemon SET search_path = pg_catalog, pg_temp;
+ALTER ROLE pgworkerd_enqueuer SET search_path = pg_catalog, pg_temp;

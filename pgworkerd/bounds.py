@@ -34,7 +34,7 @@ DEDUPE_KEY_MAX_CHARS = 512
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 # Whitespace a name may not begin or end with (the Unicode spaces that are not controls,
 # listed explicitly so that PostgreSQL and Python agree whatever the locale).
-_SPACE = " \u00a0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009\u200a\u202f\u205f\u3000"
+_SPACE = " \u00a0\u1680" + "".join(map(chr, range(0x2000, 0x200B))) + "\u202f\u205f\u3000"
 
 
 def name_problem(what: str, value: object) -> str | None:

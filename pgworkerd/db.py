@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
@@ -22,6 +23,14 @@ CONNECT_DEFAULTS: dict[str, Any] = {
 
 # psycopg's own default: statements run this often are prepared (the hot loop's are).
 PREPARE_THRESHOLD = 5
+
+# Every session pgworkerd opens (daemon, CLI, migrate) resolves unqualified functions and
+# operators in pg_catalog only: an overload someone created in a schema on the default
+# search_path (`public`, writable by everyone up to PostgreSQL 14) cannot stand in for a
+# built-in and run with our role's rights. A startup option, added after the DSN's own
+# options so that it wins; PgBouncer does not forward it, hence ALTER ROLE ... SET
+# search_path in deploy/roles.sql as well.
+SEARCH_PATH_OPTION = "-c search_path=pg_catalog,pg_temp"
 
 _PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
 _PASSWORD_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
@@ -74,6 +83,8 @@ def conninfo(dsn: str, **overrides: Any) -> str:
         raise InvalidDsn(f"invalid DSN: {scrub(str(exc).strip(), dsn)}") from None
     extra = {k: v for k, v in CONNECT_DEFAULTS.items() if k not in given}
     extra.update(overrides)
+    options = extra.get("options", given.get("options", os.environ.get("PGOPTIONS")))
+    extra["options"] = f"{options} {SEARCH_PATH_OPTION}" if options else SEARCH_PATH_OPTION
     return make_conninfo(dsn, **extra)
 
 

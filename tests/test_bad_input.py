@@ -14,7 +14,9 @@ tests/test_cli_queue.py (enqueue options, migrate/enqueue/jobs against a closed 
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -25,6 +27,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -483,6 +486,370 @@ def test_sql_enqueue_refuses_a_payload_that_is_not_an_object(
         tx.rollback()
     assert message in (info.value.diag.message_primary or "")
     assert snapshot(conn, schema) == before
+
+
+# -- enqueue bounds: every refusal through SQL, Python and the CLI ------------------------------
+
+# The bounds of pgworkerd.bounds and migration 0004, one wrong field at a time. Each case:
+# the job as an enqueue_many object (also the named arguments of enqueue), the JobSpec
+# keyword arguments (None: the same as the object; {} when Python cannot express it), the
+# extra `pgworkerd enqueue` options, and the message all three paths give.
+RANGE = "run_at must be from 1900-01-01 up to (not including) 9000-01-01 UTC"
+DELAY_RANGE = "delay must keep run_at from 1900-01-01 up to (not including) 9000-01-01 UTC"
+
+
+@dataclass(frozen=True)
+class BadJob:
+    job: dict[str, Any]
+    message: str
+    python: dict[str, Any] | None = None
+    cli: list[str] | None = None
+
+    def spec_kwargs(self) -> dict[str, Any]:
+        return dict(self.job) if self.python is None else dict(self.python)
+
+
+BAD_JOBS = [
+    pytest.param(
+        BadJob(
+            {"handler": "h", "run_at": "-infinity"},
+            RANGE,
+            {"handler": "h", "run_at": datetime(1899, 12, 31, 23, 59, tzinfo=UTC)},
+            ["--run-at", "1899-12-31T23:59:00+0000"],
+        ),
+        id="run_at-minus-infinity",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "h", "run_at": "infinity"},
+            RANGE,
+            {"handler": "h", "run_at": datetime(9000, 1, 1, tzinfo=UTC)},
+            ["--run-at", "9000-01-01T00:00:00+0000"],
+        ),
+        id="run_at-infinity",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "h", "run_at": "10000-01-01 00:00+00"},
+            RANGE,
+            {"handler": "h", "run_at": datetime(9999, 12, 31, tzinfo=UTC)},
+            ["--run-at", "9999-12-31T00:00:00+0000"],
+        ),
+        id="run_at-after-9999",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "h", "run_at": "0044-03-15 12:00+00"},
+            RANGE,
+            {"handler": "h", "run_at": datetime(44, 3, 15, 12, tzinfo=UTC)},
+            ["--run-at", "1850-01-01T00:00:00+0000"],
+        ),
+        id="run_at-before-1900",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "h", "delay": "7000 years"},
+            DELAY_RANGE,
+            {"handler": "h", "delay": timedelta(days=7000 * 366)},
+            ["--delay", f"{7000 * 366}d"],
+        ),
+        id="delay-beyond-9000",
+    ),
+    pytest.param(
+        BadJob({"handler": "h", "delay": "-3000 years"}, DELAY_RANGE, {}),
+        id="delay-before-1900",
+    ),
+    pytest.param(
+        BadJob({"handler": "h", "priority": 32768}, "priority must be an integer from -32768"),
+        id="priority-above-smallint",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "h", "priority": -2147483648}, "priority must be an integer from -32768"
+        ),
+        id="priority-int-min",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "h", "max_attempts": 1001},
+            "max_attempts must be a positive integer up to 1000, not 1001",
+        ),
+        id="max_attempts-1001",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "h", "max_attempts": 2147483647},
+            "max_attempts must be a positive integer up to 1000, not 2147483647",
+        ),
+        id="max_attempts-int-max",
+    ),
+    pytest.param(BadJob({"handler": "   "}, "handler must not be blank"), id="handler-blank"),
+    pytest.param(
+        BadJob({"handler": "\u3000\u00a0"}, "handler must not be blank"),
+        id="handler-unicode-blank",
+    ),
+    pytest.param(
+        BadJob({"handler": " echo"}, "handler must not begin or end with whitespace"),
+        id="handler-leading-space",
+    ),
+    pytest.param(
+        BadJob({"handler": "echo\u2003"}, "handler must not begin or end with whitespace"),
+        id="handler-trailing-em-space",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "echo\x1b]0;PWNED\x07\x1b[2J"},
+            "handler must not contain control characters (found U+001B)",
+        ),
+        id="handler-esc",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "echo\n  99999 completed default fake_line"},
+            "handler must not contain control characters (found U+000A)",
+        ),
+        id="handler-newline",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "echo\x7f"}, "handler must not contain control characters (found U+007F)"
+        ),
+        id="handler-del",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "echo\x85"}, "handler must not contain control characters (found U+0085)"
+        ),
+        id="handler-c1",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "a\u2028b"}, "handler must not contain control characters (found U+2028)"
+        ),
+        id="handler-line-separator",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "txt.\u202egpj"},
+            "handler must not contain control characters (found U+202E)",
+        ),
+        id="handler-bidi-override",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "a\u2066b"}, "handler must not contain control characters (found U+2066)"
+        ),
+        id="handler-bidi-isolate",
+    ),
+    pytest.param(
+        BadJob({"handler": "h" * 129}, "handler must be at most 128 characters, not 129"),
+        id="handler-too-long",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "h", "queue": "default\x1b[31mRED"},
+            "queue must not contain control characters (found U+001B)",
+        ),
+        id="queue-esc",
+    ),
+    pytest.param(
+        BadJob({"handler": "h", "queue": " "}, "queue must not be blank"), id="queue-blank"
+    ),
+    pytest.param(
+        BadJob({"handler": "h", "queue": "mail "}, "queue must not begin or end with whitespace"),
+        id="queue-trailing-space",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "h", "queue": "q" * 200}, "queue must be at most 128 characters, not 200"
+        ),
+        id="queue-too-long",
+    ),
+    pytest.param(
+        BadJob({"handler": "h", "dedupe_key": ""}, "dedupe_key must be 1 to 512 characters, not 0"),
+        id="dedupe_key-empty",
+    ),
+    pytest.param(
+        BadJob(
+            {"handler": "h", "dedupe_key": "k" * 513},
+            "dedupe_key must be 1 to 512 characters, not 513",
+        ),
+        id="dedupe_key-too-long",
+    ),
+]
+
+_SQL_TYPES = {
+    "handler": "text",
+    "queue": "text",
+    "priority": "integer",
+    "run_at": "timestamptz",
+    "delay": "interval",
+    "max_attempts": "integer",
+    "dedupe_key": "text",
+}
+
+
+@pytest.fixture(scope="module")
+def bounds_schema(test_db_dsn: str) -> Iterator[str]:
+    """One migrated schema for the whole matrix: a refusal writes nothing, so cases can
+    share it (each compares the row counts before and after)."""
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    migrate(test_db_dsn, schema=name)
+    yield name
+    drop_schema(test_db_dsn, name)
+
+
+@pytest.fixture
+def bounds_conn(test_db_dsn: str) -> Iterator[psycopg.Connection]:
+    with psycopg.connect(test_db_dsn, autocommit=True) as c:
+        yield c
+
+
+def sql_refusal(dsn: str, statement: str, params: Any) -> psycopg.Error:
+    """Run a statement in a transaction of its own, as an application would; the error."""
+    with psycopg.connect(dsn) as tx:
+        with pytest.raises(psycopg.Error) as info:
+            tx.execute(statement, params)
+        tx.rollback()
+    return info.value
+
+
+@pytest.mark.parametrize("bad", BAD_JOBS)
+def test_sql_functions_refuse_out_of_bounds_jobs_with_22023(
+    test_db_dsn: str, bounds_schema: str, bounds_conn: psycopg.Connection, bad: BadJob
+) -> None:
+    schema = bounds_schema
+    before = snapshot(bounds_conn, schema)
+    arguments = ", ".join(f"{k} => %({k})s::{_SQL_TYPES[k]}" for k in bad.job)
+    calls = [
+        # enqueue: the lean single-job path
+        (render(f"SELECT @schema@.enqueue({arguments})", schema), bad.job, "job 1 of 1: "),
+        # enqueue_many without dedupe keys (a plain insert) ...
+        (
+            render("SELECT @schema@.enqueue_many(%s::jsonb)", schema),
+            [json.dumps([bad.job])],
+            "job 1 of 1: ",
+        ),
+        # ... and with one (the ON CONFLICT path): the bad job is the second
+        (
+            render("SELECT @schema@.enqueue_many(%s::jsonb)", schema),
+            [json.dumps([{"handler": "h", "dedupe_key": "ok"}, bad.job])],
+            "job 2 of 2: ",
+        ),
+    ]
+    for statement, params, position in calls:
+        error = sql_refusal(test_db_dsn, statement, params)
+        assert error.sqlstate == "22023", (statement, error.sqlstate, str(error))
+        assert f"pgworkerd: {position}{bad.message}" in (error.diag.message_primary or ""), (
+            statement,
+            error.diag.message_primary,
+        )
+    assert snapshot(bounds_conn, schema) == before
+
+
+@pytest.mark.parametrize("bad", BAD_JOBS)
+def test_python_api_refuses_out_of_bounds_jobs_before_the_database(
+    test_db_dsn: str, bounds_schema: str, bounds_conn: psycopg.Connection, bad: BadJob
+) -> None:
+    kwargs = bad.spec_kwargs()
+    if not kwargs:
+        pytest.skip("Python cannot express this value (SQL-only case)")
+    schema = bounds_schema
+    before = snapshot(bounds_conn, schema)
+    with psycopg.connect(test_db_dsn) as tx:
+        with pytest.raises(jobs.InvalidJob) as info:
+            jobs.enqueue(tx, schema=schema, **kwargs)
+        assert str(info.value).startswith(f"job 1: {bad.message}"), str(info.value)
+        with pytest.raises(jobs.InvalidJob, match=re.escape(f"job 2: {bad.message}")):
+            jobs.enqueue_many(tx, [jobs.JobSpec("h"), jobs.JobSpec(**kwargs)], schema=schema)
+        # refused before any statement: the caller's transaction is intact
+        assert tx.info.transaction_status != psycopg.pq.TransactionStatus.INERROR
+        tx.commit()
+    assert snapshot(bounds_conn, schema) == before
+
+
+def _cli_args(bad: BadJob) -> list[str] | None:
+    kwargs = bad.spec_kwargs()
+    if not kwargs:
+        return None
+    args = [kwargs.pop("handler")]
+    if bad.cli is not None:
+        return [*args, *bad.cli]
+    for key, value in kwargs.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    return args
+
+
+@pytest.mark.parametrize("bad", BAD_JOBS)
+def test_cli_enqueue_refuses_out_of_bounds_jobs_exit_3(
+    test_db_dsn: str, bounds_schema: str, bounds_conn: psycopg.Connection, bad: BadJob
+) -> None:
+    args = _cli_args(bad)
+    if args is None:
+        pytest.skip("the command line cannot express this value (SQL-only case)")
+    before = snapshot(bounds_conn, bounds_schema)
+    proc = cli("--dsn", test_db_dsn, "--schema", bounds_schema, "enqueue", *args)
+    assert_refused(proc, ExitCode.CONFIG, f"pgworkerd: {bad.message}")
+    assert proc.stdout == ""
+    assert snapshot(bounds_conn, bounds_schema) == before
+
+
+@pytest.mark.parametrize(
+    "jobs_json",
+    [
+        '[{"handler": "h", "payloda": {"x": 1}}]',
+        '[{"handler": "h", "dedupe_key": "k", "payloda": {"x": 1}}]',
+    ],
+    ids=["plain", "with-dedupe-key"],
+)
+def test_enqueue_many_refuses_an_unknown_key_naming_it(
+    test_db_dsn: str, bounds_schema: str, bounds_conn: psycopg.Connection, jobs_json: str
+) -> None:
+    before = snapshot(bounds_conn, bounds_schema)
+    error = sql_refusal(
+        test_db_dsn, render("SELECT @schema@.enqueue_many(%s::jsonb)", bounds_schema), [jobs_json]
+    )
+    assert error.sqlstate == "22023"
+    assert 'pgworkerd: job 1 of 1: unknown key "payloda"' in (error.diag.message_primary or "")
+    assert snapshot(bounds_conn, bounds_schema) == before
+
+
+def test_values_at_the_bounds_are_accepted_by_every_path(
+    test_db_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """The bounds are inclusive where documented so: nothing valid is refused."""
+    edge = {
+        "handler": "h" * 127 + "\u00e9",
+        "queue": "q" * 128,
+        "priority": -32768,
+        "max_attempts": 1000,
+        "dedupe_key": "k" * 512,
+        "run_at": "1900-01-01 00:00+00",
+    }
+    later = {**edge, "priority": 32767, "run_at": "8999-12-31 23:59:59.999999+00"}
+    arguments = ", ".join(f"{k} => %({k})s::{_SQL_TYPES[k]}" for k in edge)
+    ids = [conn.execute(render(f"SELECT @schema@.enqueue({arguments})", schema), edge).fetchone()]
+    ids.append(
+        conn.execute(
+            render("SELECT @schema@.enqueue_many(%s::jsonb)", schema),
+            [json.dumps([{**later, "dedupe_key": "other"}, {**later, "dedupe_key": None}])],
+        ).fetchone()
+    )
+    spec = {
+        **edge,
+        "dedupe_key": "p" * 512,
+        "run_at": datetime(8999, 12, 31, 23, 59, tzinfo=UTC),
+    }
+    jobs.enqueue(conn, schema=schema, **spec)
+    jobs.enqueue_many(conn, [jobs.JobSpec(**{**spec, "dedupe_key": None})], schema=schema)
+    rows = conn.execute(
+        render("SELECT priority, max_attempts, handler, queue FROM @schema@.jobs", schema)
+    ).fetchall()
+    assert len(rows) == 5
+    assert {r[0] for r in rows} == {-32768, 32767}
+    assert {r[1] for r in rows} == {1000}
+    # a claim loads every one of them (psycopg can read every stored run_at)
+    assert len(jobs.list_jobs(conn, schema=schema)) == 5
 
 
 # -- the database: unreachable, refusing the password, unparsable DSN --------------------------

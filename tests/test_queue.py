@@ -297,6 +297,37 @@ def test_dedupe_within_one_bulk_batch_and_against_existing_jobs(q: Queue) -> Non
     assert q.row(ids[0])["payload"] == {"n": 0}, "the first of equal keys wins"
 
 
+def test_dedupe_keys_are_scoped_per_handler_so_a_key_cannot_be_squatted(q: Queue) -> None:
+    """The audit's finding 8: a client parks a job for a handler nobody serves under
+    another application's key; the application's real job must still be created."""
+    squat = q.one(
+        "SELECT @schema@.enqueue('no_such_handler', '{}', run_at => '8999-01-01+00',"
+        " dedupe_key => 'welcome:42')"
+    )
+    real = q.one(
+        "SELECT @schema@.enqueue('send_email', '{\"to\": \"a@example.com\"}',"
+        " dedupe_key => 'welcome:42')"
+    )
+    assert real != squat
+    assert (q.row(real)["handler"], q.row(real)["status"]) == ("send_email", "pending")
+    # the same handler and key still dedupes, through every path
+    assert q.one("SELECT @schema@.enqueue('send_email', dedupe_key => 'welcome:42')") == real
+    assert q.enqueue("send_email", dedupe_key="welcome:42") == real
+    ids = jobs.enqueue_many(
+        q.conn,
+        [
+            JobSpec("send_email", dedupe_key="welcome:42"),
+            JobSpec("third", dedupe_key="welcome:42"),
+            JobSpec("third", dedupe_key="welcome:42"),
+            JobSpec("no_such_handler", dedupe_key="welcome:42"),
+        ],
+        schema=q.schema,
+    )
+    assert ids[0] == real and ids[3] == squat
+    assert ids[1] == ids[2] and ids[1] not in (real, squat)
+    assert q.count() == 3
+
+
 def test_sql_enqueue_dedupes(q: Queue) -> None:
     first = q.one("SELECT @schema@.enqueue('h', dedupe_key => 'sql')")
     assert q.one("SELECT @schema@.enqueue('h', '{\"x\": 1}', dedupe_key => 'sql')") == first
@@ -961,6 +992,16 @@ def test_retry_skips_a_job_whose_dedupe_key_is_live_again(q: Queue) -> None:
     assert jobs.retry(q.conn, ids=[dead], schema=q.schema) == []
     assert q.row(dead)["status"] == "dead"
     assert q.row(live)["status"] == "pending"
+
+
+def test_retry_ignores_a_live_job_of_another_handler_with_the_same_key(q: Queue) -> None:
+    dead = make_dead(q, "h1", dedupe_key="k")
+    other = q.enqueue("h2", dedupe_key="k")
+    assert jobs.retry(q.conn, ids=[dead], schema=q.schema) == [dead]
+    assert q.row(dead)["status"] == "pending"
+    assert q.row(other)["status"] == "pending"
+    # and now h1's key is live again: enqueueing it dedupes to the retried job
+    assert q.enqueue("h1", dedupe_key="k") == dead
 
 
 def test_retry_of_two_dead_jobs_with_the_same_dedupe_key(q: Queue) -> None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pgworkerd.bounds import check_name, name_problem
 from pgworkerd.db import mask_password
 from pgworkerd.durations import format_duration, parse_duration
 from pgworkerd.queries import DEFAULT_SCHEMA, check_schema_name
@@ -250,6 +251,11 @@ def _string_list(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _queue_names(value: Any) -> tuple[str, ...]:
+    # the bounds enqueue applies: a queue no job can be enqueued in would never run anything
+    return tuple(check_name("queue", v) for v in _string_list(value))
+
+
 def _choice(*choices: str) -> Callable[[Any], str]:
     def convert(value: Any) -> str:
         if value not in choices:
@@ -323,7 +329,7 @@ _DATABASE = {
 _WORKER = {
     "name": _string,
     "slots": _positive_int,
-    "queues": _string_list,
+    "queues": _queue_names,
     "lease": _positive_duration,
     "renew_interval": _positive_duration,
     "poll_interval": _positive_duration,
@@ -344,7 +350,7 @@ _METRICS = {
 }
 _HANDLER = {
     "target": _target,
-    "queue": _nonempty,
+    "queue": lambda v: check_name("queue", _nonempty(v)),
     "max_attempts": _positive_int,
     "backoff": _duration,
     "backoff_max": _duration,
@@ -389,6 +395,10 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         raise ConfigError(f"{where}: [handlers] must be a table of [handlers.NAME] tables")
     handlers = {}
     for name, values in handlers_table.items():
+        problem = name_problem("handler", name)
+        if problem:  # as enqueue would refuse it; repr: the name may hold control characters
+            line = _locate(text, f"handlers.{name}", None)
+            raise ConfigError(f"{path}:{line or '?'}: [handlers.{name!r}]: {problem}")
         reader = _Reader(path, text, f"handlers.{name}", values)
         if "target" not in values:
             raise reader.error(None, 'missing key "target" ("package.module:function")')

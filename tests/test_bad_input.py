@@ -215,6 +215,26 @@ MORE_CONFIG_CASES = [
         ["{path}:2: [handler]: unknown table"],
         id="unknown-table-dotted",
     ),
+    # handler and queue names within the bounds enqueue applies (pgworkerd.bounds)
+    pytest.param(
+        '[handlers."echo\\u001b[2J"]\ntarget = "pgworkerd.examples:echo"\n',
+        [
+            "{path}",
+            "[handlers.'echo\\x1b[2J']",
+            "must not contain control characters (found U+001B)",
+        ],
+        id="handler-name-escape-sequence",
+    ),
+    pytest.param(
+        '[handlers.h]\ntarget = "pgworkerd.examples:echo"\nqueue = " "\n',
+        ["{path}:3: handlers.h.queue: queue must not be blank"],
+        id="handler-queue-blank",
+    ),
+    pytest.param(
+        '[worker]\nqueues = ["mail", "x\\u202ey"]\n',
+        ["{path}:2: worker.queues: queue must not contain control characters (found U+202E)"],
+        id="worker-queue-bidi-control",
+    ),
 ]
 
 

@@ -797,8 +797,8 @@ def test_backoff_uses_the_base_and_spreads_retries(q: Queue) -> None:
 
 
 def test_backoff_is_capped_for_any_attempt_number(q: Queue) -> None:
-    job_id = q.enqueue(max_attempts=5000)
-    q.sql("UPDATE @schema@.jobs SET attempts = 1100 WHERE id = %s", [job_id])
+    job_id = q.enqueue(max_attempts=1000)  # the most enqueue accepts
+    q.sql("UPDATE @schema@.jobs SET attempts = 998 WHERE id = %s", [job_id])
     held = q.claim_one()
     outcome = jobs.fail(
         q.conn, "w1", held.id, held.token, "x", backoff_base=10, backoff_max=60, schema=q.schema

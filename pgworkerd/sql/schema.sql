@@ -81,7 +81,7 @@ CREATE INDEX jobs_running_lease_idx ON @schema@.jobs (locked_until)
     WHERE status = 'running';
 -- Dedupe: one live (pending or running) job per key and handler (0004: keys were global,
 -- so one client could squat another application's key).
-CREATE UNIQUE INDEX jobs_dedupe_live_idx ON @schema@.jobs (handler, dedupe_key)
+CREATE UNIQUE INDEX jobs_dedupe_live_idx ON @schema@.jobs (dedupe_key, handler)
     WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running');
 -- Retention pruning and operators' look-ups of finished jobs.
 CREATE INDEX jobs_finished_at_idx ON @schema@.jobs (finished_at)
@@ -96,53 +96,67 @@ RETURNS text
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    known_keys constant text[] :=
+        '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}';
+    -- refused anywhere in a name: C0, DEL, C1, line/paragraph separators, bidi controls
+    control constant text := '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]';
+    -- refused at either end of a name (listed, so that no locale changes what matches)
+    space constant text := '[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]';
+    not_space constant text := '[^ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]';
+    run_at_range constant text := 'from 1900-01-01 up to (not including) 9000-01-01 UTC';
+    run_at_min constant timestamptz := '1900-01-01 00:00+00';
+    run_at_max constant timestamptz := '9000-01-01 00:00+00';
+    delay_max constant interval := '8000 years';  -- see enqueue_many
+    handler text := e->>'handler';
+    queue text := e->>'queue';
 BEGIN
     RAISE EXCEPTION 'pgworkerd: job % of %: %', n, total, CASE
         WHEN jsonb_typeof(e) <> 'object' THEN 'is not a JSON object'
-        WHEN EXISTS (SELECT FROM jsonb_object_keys(e) k WHERE k <> ALL ('{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}'))
-            THEN 'unknown key "' || (SELECT k FROM jsonb_object_keys(e) k
-                                      WHERE k <> ALL ('{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}') LIMIT 1)
-                 || '" (known: handler, payload, queue, priority, run_at, delay, max_attempts,'
-                 || ' dedupe_key)'
-        WHEN jsonb_typeof(e->'handler') IS DISTINCT FROM 'string' OR e->>'handler' = ''
+        WHEN e - known_keys <> '{}'
+            THEN 'unknown key "' || (SELECT k FROM jsonb_object_keys(e - known_keys) k LIMIT 1)
+                 || '" (known: ' || array_to_string(known_keys, ', ') || ')'
+        WHEN jsonb_typeof(e->'handler') IS DISTINCT FROM 'string' OR handler = ''
             THEN 'needs a non-empty "handler" string'
-        WHEN char_length(e->>'handler') > 128
-            THEN 'handler must be at most 128 characters, not ' || char_length(e->>'handler')
-        WHEN e->>'handler' ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]'
+        WHEN char_length(handler) > 128
+            THEN 'handler must be at most 128 characters, not ' || char_length(handler)
+        WHEN handler ~ control
             THEN 'handler must not contain control characters (found U+'
-                 || lpad(upper(to_hex(ascii(substring(e->>'handler' FROM '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]')))), 4, '0') || ')'
-        WHEN e->>'handler' !~ '[^ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]' THEN 'handler must not be blank'
-        WHEN e->>'handler' ~ '^[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]|[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]$'
+                 || lpad(upper(to_hex(ascii(substring(handler FROM control)))), 4, '0') || ')'
+        WHEN handler !~ not_space THEN 'handler must not be blank'
+        WHEN handler ~ ('^' || space) OR handler ~ (space || '$')
             THEN 'handler must not begin or end with whitespace'
         WHEN e ? 'payload' AND jsonb_typeof(e->'payload') <> 'object'
             THEN 'payload must be a JSON object, not ' || jsonb_typeof(e->'payload')
-        WHEN e ? 'queue' AND (jsonb_typeof(e->'queue') <> 'string' OR e->>'queue' = '')
+        WHEN e ? 'queue' AND (jsonb_typeof(e->'queue') <> 'string' OR queue = '')
             THEN 'queue must be a non-empty string'
-        WHEN char_length(e->>'queue') > 128
-            THEN 'queue must be at most 128 characters, not ' || char_length(e->>'queue')
-        WHEN e->>'queue' ~ '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]'
+        WHEN char_length(queue) > 128
+            THEN 'queue must be at most 128 characters, not ' || char_length(queue)
+        WHEN queue ~ control
             THEN 'queue must not contain control characters (found U+'
-                 || lpad(upper(to_hex(ascii(substring(e->>'queue' FROM '[\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]')))), 4, '0') || ')'
-        WHEN e->>'queue' !~ '[^ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]' THEN 'queue must not be blank'
-        WHEN e->>'queue' ~ '^[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]|[ \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]$'
+                 || lpad(upper(to_hex(ascii(substring(queue FROM control)))), 4, '0') || ')'
+        WHEN queue !~ not_space THEN 'queue must not be blank'
+        WHEN queue ~ ('^' || space) OR queue ~ (space || '$')
             THEN 'queue must not begin or end with whitespace'
         WHEN e ? 'max_attempts' AND CASE WHEN jsonb_typeof(e->'max_attempts') <> 'number'
                                          THEN true
                                          ELSE (e->>'max_attempts')::numeric NOT BETWEEN 1 AND 1000
                                            OR (e->>'max_attempts')::numeric % 1 <> 0 END
-            THEN 'max_attempts must be a positive integer up to 1000, not ' || (e->>'max_attempts')
+            THEN 'max_attempts must be a positive integer up to 1000, not '
+                 || (e->>'max_attempts')
         WHEN e ? 'priority' AND CASE WHEN jsonb_typeof(e->'priority') <> 'number'
                                      THEN true
                                      ELSE (e->>'priority')::numeric NOT BETWEEN -32768 AND 32767
                                        OR (e->>'priority')::numeric % 1 <> 0 END
             THEN 'priority must be an integer from -32768 to 32767, not ' || (e->>'priority')
         WHEN e ? 'run_at' AND e ? 'delay' THEN 'give run_at or delay, not both'
-        WHEN NOT ((e->>'run_at')::timestamptz >= '1900-01-01 00:00+00' AND (e->>'run_at')::timestamptz < '9000-01-01 00:00+00')
-            THEN 'run_at must be from 1900-01-01 up to (not including) 9000-01-01 UTC, not ' || (e->>'run_at')
-        WHEN NOT ((e->>'delay')::interval BETWEEN interval '-8000 years' AND interval '8000 years'
-                  AND now() + (e->>'delay')::interval >= '1900-01-01 00:00+00'
-                  AND now() + (e->>'delay')::interval < '9000-01-01 00:00+00')
-            THEN 'delay must keep run_at from 1900-01-01 up to (not including) 9000-01-01 UTC, not ' || (e->>'delay')
+        WHEN NOT ((e->>'run_at')::timestamptz >= run_at_min
+                  AND (e->>'run_at')::timestamptz < run_at_max)
+            THEN 'run_at must be ' || run_at_range || ', not ' || (e->>'run_at')
+        WHEN NOT ((e->>'delay')::interval BETWEEN -delay_max AND delay_max
+                  AND now() + (e->>'delay')::interval >= run_at_min
+                  AND now() + (e->>'delay')::interval < run_at_max)
+            THEN 'delay must keep run_at ' || run_at_range || ', not ' || (e->>'delay')
         WHEN e ? 'dedupe_key' AND jsonb_typeof(e->'dedupe_key') NOT IN ('string', 'null')
             THEN 'dedupe_key must be a string'
         WHEN char_length(e->>'dedupe_key') NOT BETWEEN 1 AND 512
@@ -186,9 +200,19 @@ DECLARE
     -- (not empty, no control character, no whitespace at either end) and has at most
     -- 128 characters; a job object has no keys but these.
     name_ok constant text :=
-        '^[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069 \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]'
-        '(?:[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069 \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])?$';
-    known_keys constant text[] := '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}';
+        -- [^ control or space] ( [^ control]* [^ control or space] )?
+        '^[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069'
+        ' \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]'
+        '(?:[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*'
+        '[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069'
+        ' \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])?$';
+    known_keys constant text[] :=
+        '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}';
+    run_at_min constant timestamptz := '1900-01-01 00:00+00';
+    run_at_max constant timestamptz := '9000-01-01 00:00+00';  -- excluded
+    -- Tested before now() + delay, which would fail with a different error ("timestamp
+    -- out of range") for a delay of, say, a million years.
+    delay_max constant interval := '8000 years';
     total integer;
     ids bigint[];
     queues text[];
@@ -211,13 +235,14 @@ BEGIN
                 (queue, handler, payload, priority, run_at, max_attempts)
             SELECT coalesce(e->>'queue', 'default'),
                    CASE WHEN jsonb_typeof(e) = 'object'
-                        AND NOT EXISTS (SELECT FROM jsonb_object_keys(e) k WHERE k <> ALL (known_keys))
+                        AND e - known_keys = '{}'  -- no key but the known ones
                         AND jsonb_typeof(e->'handler') = 'string'
                         AND char_length(e->>'handler') <= 128
                         AND e->>'handler' ~ name_ok
                         AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
                         AND (NOT e ? 'queue'
-                             OR (jsonb_typeof(e->'queue') = 'string' AND char_length(e->>'queue') <= 128
+                             OR (jsonb_typeof(e->'queue') = 'string'
+                                 AND char_length(e->>'queue') <= 128
                                  AND e->>'queue' ~ name_ok))
                         AND CASE WHEN NOT e ? 'max_attempts' THEN true
                                  WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
@@ -228,12 +253,11 @@ BEGIN
                                  ELSE (e->>'priority')::numeric BETWEEN -32768 AND 32767
                                   AND (e->>'priority')::numeric % 1 = 0 END
                         AND NOT (e ? 'run_at' AND e ? 'delay')
-                        AND coalesce((e->>'run_at')::timestamptz >= '1900-01-01 00:00+00'
-                                     AND (e->>'run_at')::timestamptz < '9000-01-01 00:00+00', true)
-                        AND coalesce((e->>'delay')::interval BETWEEN interval '-8000 years'
-                                                                 AND interval '8000 years'
-                                     AND now() + (e->>'delay')::interval >= '1900-01-01 00:00+00'
-                                     AND now() + (e->>'delay')::interval < '9000-01-01 00:00+00', true)
+                        AND coalesce((e->>'run_at')::timestamptz >= run_at_min
+                                     AND (e->>'run_at')::timestamptz < run_at_max, true)
+                        AND coalesce((e->>'delay')::interval BETWEEN -delay_max AND delay_max
+                                     AND now() + (e->>'delay')::interval >= run_at_min
+                                     AND now() + (e->>'delay')::interval < run_at_max, true)
                    THEN e->>'handler'
                    ELSE @schema@.enqueue_reject(e, n, total) END,
                    coalesce(e->'payload', '{}'),
@@ -253,13 +277,14 @@ BEGIN
             SELECT n, nextval('@schema@.jobs_id_seq') AS new_id,
                    coalesce(e->>'queue', 'default') AS queue,
                    CASE WHEN jsonb_typeof(e) = 'object'
-                        AND NOT EXISTS (SELECT FROM jsonb_object_keys(e) k WHERE k <> ALL (known_keys))
+                        AND e - known_keys = '{}'  -- no key but the known ones
                         AND jsonb_typeof(e->'handler') = 'string'
                         AND char_length(e->>'handler') <= 128
                         AND e->>'handler' ~ name_ok
                         AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
                         AND (NOT e ? 'queue'
-                             OR (jsonb_typeof(e->'queue') = 'string' AND char_length(e->>'queue') <= 128
+                             OR (jsonb_typeof(e->'queue') = 'string'
+                                 AND char_length(e->>'queue') <= 128
                                  AND e->>'queue' ~ name_ok))
                         AND CASE WHEN NOT e ? 'max_attempts' THEN true
                                  WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
@@ -270,12 +295,11 @@ BEGIN
                                  ELSE (e->>'priority')::numeric BETWEEN -32768 AND 32767
                                   AND (e->>'priority')::numeric % 1 = 0 END
                         AND NOT (e ? 'run_at' AND e ? 'delay')
-                        AND coalesce((e->>'run_at')::timestamptz >= '1900-01-01 00:00+00'
-                                     AND (e->>'run_at')::timestamptz < '9000-01-01 00:00+00', true)
-                        AND coalesce((e->>'delay')::interval BETWEEN interval '-8000 years'
-                                                                 AND interval '8000 years'
-                                     AND now() + (e->>'delay')::interval >= '1900-01-01 00:00+00'
-                                     AND now() + (e->>'delay')::interval < '9000-01-01 00:00+00', true)
+                        AND coalesce((e->>'run_at')::timestamptz >= run_at_min
+                                     AND (e->>'run_at')::timestamptz < run_at_max, true)
+                        AND coalesce((e->>'delay')::interval BETWEEN -delay_max AND delay_max
+                                     AND now() + (e->>'delay')::interval >= run_at_min
+                                     AND now() + (e->>'delay')::interval < run_at_max, true)
                         AND (NOT e ? 'dedupe_key'
                              OR jsonb_typeof(e->'dedupe_key') = 'null'
                              OR (jsonb_typeof(e->'dedupe_key') = 'string'
@@ -295,7 +319,7 @@ BEGIN
             SELECT new_id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key
             FROM input
             ORDER BY n
-            ON CONFLICT (handler, dedupe_key)
+            ON CONFLICT (dedupe_key, handler)
                 WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
                 DO NOTHING
             RETURNING j.id, j.handler, j.dedupe_key
@@ -351,8 +375,15 @@ DECLARE
     -- (not empty, no control character, no whitespace at either end) and has at most
     -- 128 characters.
     name_ok constant text :=
-        '^[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069 \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]'
-        '(?:[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069 \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])?$';
+        -- [^ control or space] ( [^ control]* [^ control or space] )?
+        '^[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069'
+        ' \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]'
+        '(?:[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*'
+        '[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069'
+        ' \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])?$';
+    run_at_min constant timestamptz := '1900-01-01 00:00+00';
+    run_at_max constant timestamptz := '9000-01-01 00:00+00';  -- excluded
+    delay_max constant interval := '8000 years';  -- see enqueue_many
     new_id bigint;
 BEGIN
     -- Arguments are named like columns: unqualified names are columns (use_column above),
@@ -368,11 +399,11 @@ BEGIN
        OR enqueue.max_attempts NOT BETWEEN 1 AND 1000
        OR (enqueue.run_at IS NOT NULL
            AND (enqueue.delay IS NOT NULL
-                OR NOT (enqueue.run_at >= '1900-01-01 00:00+00' AND enqueue.run_at < '9000-01-01 00:00+00')))
+                OR NOT (enqueue.run_at >= run_at_min AND enqueue.run_at < run_at_max)))
        OR NOT (enqueue.delay IS NULL
-               OR (enqueue.delay BETWEEN interval '-8000 years' AND interval '8000 years'
-                   AND now() + enqueue.delay >= '1900-01-01 00:00+00'
-                   AND now() + enqueue.delay < '9000-01-01 00:00+00'))
+               OR (enqueue.delay BETWEEN -delay_max AND delay_max
+                   AND now() + enqueue.delay >= run_at_min
+                   AND now() + enqueue.delay < run_at_max))
        OR char_length(enqueue.dedupe_key) NOT BETWEEN 1 AND 512 THEN
         -- one test above for the common case, then the message
         IF enqueue.payload IS NULL OR jsonb_typeof(enqueue.payload) <> 'object' THEN
@@ -403,7 +434,7 @@ BEGIN
                 coalesce(enqueue.priority, 0),
                 coalesce(enqueue.run_at, now() + coalesce(enqueue.delay, interval '0')),
                 coalesce(enqueue.max_attempts, 5), enqueue.dedupe_key)
-        ON CONFLICT (handler, dedupe_key)
+        ON CONFLICT (dedupe_key, handler)
             WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
             DO NOTHING
         RETURNING j.id INTO new_id;

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from pgworkerd import bounds, hotpath
+from pgworkerd.bounds import MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_MIN, PRIORITY_MAX, PRIORITY_MIN
 from pgworkerd.queries import DEFAULT_SCHEMA, query
 
 STATUSES = ("pending", "running", "completed", "dead", "cancelled")
@@ -69,31 +70,31 @@ class JobSpec:
         check again: Python callers and the CLI are refused before any round trip."""
         if not isinstance(self.handler, str) or not self.handler:
             raise InvalidJob("handler must be a non-empty string")
-        problem = bounds.name_problem("handler", self.handler)
-        if problem is None:
-            problem = bounds.name_problem("queue", self.queue)
-        if problem is not None:
-            raise InvalidJob(problem)
         payload = self.payload
         if not isinstance(payload, Mapping):
             raise InvalidJob(f"payload must be a JSON object, not {type(payload).__name__}")
+        if not isinstance(self.queue, str) or not self.queue:
+            raise InvalidJob("queue must be a non-empty string")
+        problem = bounds.job_names_problem(self.handler, self.queue)
+        if problem is not None:
+            raise InvalidJob(problem)
         priority, max_attempts = self.priority, self.max_attempts
         if (
             isinstance(priority, bool)
             or not isinstance(priority, int)
-            or not (bounds.PRIORITY_MIN <= priority <= bounds.PRIORITY_MAX)
+            or not (PRIORITY_MIN <= priority <= PRIORITY_MAX)
         ):
             raise InvalidJob(
-                f"priority must be an integer from {bounds.PRIORITY_MIN} to "
-                f"{bounds.PRIORITY_MAX}, not {priority!r}"
+                f"priority must be an integer from {PRIORITY_MIN} to "
+                f"{PRIORITY_MAX}, not {priority!r}"
             )
         if (
             isinstance(max_attempts, bool)
             or not isinstance(max_attempts, int)
-            or not (bounds.MAX_ATTEMPTS_MIN <= max_attempts <= bounds.MAX_ATTEMPTS_MAX)
+            or not (MAX_ATTEMPTS_MIN <= max_attempts <= MAX_ATTEMPTS_MAX)
         ):
             raise InvalidJob(
-                f"max_attempts must be a positive integer up to {bounds.MAX_ATTEMPTS_MAX}, "
+                f"max_attempts must be a positive integer up to {MAX_ATTEMPTS_MAX}, "
                 f"not {max_attempts!r}"
             )
         if self.run_at is not None and self.delay is not None:

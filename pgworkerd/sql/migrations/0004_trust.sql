@@ -5,7 +5,7 @@
 --   callers keep working) with bounded fields: see enqueue_many for the bounds. They are
 --   not table CHECK constraints on purpose: a row that violates a new constraint (an old
 --   row, a direct INSERT) would make the claim's UPDATE fail for every job in its batch.
--- * The dedupe index becomes unique per (handler, dedupe_key).
+-- * The dedupe index becomes unique per key and handler (dedupe_key, handler).
 -- * claim() pins search_path = pg_catalog, pg_temp like the enqueue functions.
 
 -- Dedupe: one live (pending or running) job per key and handler. Keys were global: one

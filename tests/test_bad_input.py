@@ -862,14 +862,20 @@ def test_values_at_the_bounds_are_accepted_by_every_path(
     }
     jobs.enqueue(conn, schema=schema, **spec)
     jobs.enqueue_many(conn, [jobs.JobSpec(**{**spec, "dedupe_key": None})], schema=schema)
+    proc = cli(
+        *("--dsn", test_db_dsn, "--schema", schema, "enqueue", edge["handler"]),
+        *("--queue", edge["queue"], "--priority", "32767", "--max-attempts", "1000"),
+        *("--dedupe-key", "c" * 512, "--run-at", "1900-01-01T00:00:00+0000"),
+    )
+    assert proc.returncode == 0 and proc.stdout.strip().isdigit(), proc.stderr
     rows = conn.execute(
         render("SELECT priority, max_attempts, handler, queue FROM @schema@.jobs", schema)
     ).fetchall()
-    assert len(rows) == 5
+    assert len(rows) == 6
     assert {r[0] for r in rows} == {-32768, 32767}
     assert {r[1] for r in rows} == {1000}
-    # a claim loads every one of them (psycopg can read every stored run_at)
-    assert len(jobs.list_jobs(conn, schema=schema)) == 5
+    # psycopg loads every one of them (every stored run_at is a Python datetime)
+    assert len(jobs.list_jobs(conn, schema=schema)) == 6
 
 
 # -- the database: unreachable, refusing the password, unparsable DSN --------------------------

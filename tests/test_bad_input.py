@@ -580,6 +580,15 @@ BAD_JOBS = [
         id="delay-before-1900",
     ),
     pytest.param(
+        # now() + delay itself would be out of PostgreSQL's range (before 4713 BC)
+        BadJob({"handler": "h", "delay": "-7000 years"}, DELAY_RANGE, {}),
+        id="delay-before-4713-bc",
+    ),
+    pytest.param(
+        BadJob({"handler": "h", "delay": "1000000 years"}, DELAY_RANGE, {}),
+        id="delay-after-294276",
+    ),
+    pytest.param(
         BadJob({"handler": "h", "priority": 32768}, "priority must be an integer from -32768"),
         id="priority-above-smallint",
     ),

@@ -38,7 +38,8 @@ DECLARE
     run_at_range constant text := 'from 1900-01-01 up to (not including) 9000-01-01 UTC';
     run_at_min constant timestamptz := '1900-01-01 00:00+00';
     run_at_max constant timestamptz := '9000-01-01 00:00+00';
-    delay_max constant interval := '8000 years';  -- see enqueue_many
+    delay_min constant interval := '-4000 years';  -- see enqueue_many
+    delay_max constant interval := '8000 years';
     handler text := e->>'handler';
     queue text := e->>'queue';
 BEGIN
@@ -84,7 +85,7 @@ BEGIN
         WHEN NOT ((e->>'run_at')::timestamptz >= run_at_min
                   AND (e->>'run_at')::timestamptz < run_at_max)
             THEN 'run_at must be ' || run_at_range || ', not ' || (e->>'run_at')
-        WHEN NOT ((e->>'delay')::interval BETWEEN -delay_max AND delay_max
+        WHEN NOT ((e->>'delay')::interval BETWEEN delay_min AND delay_max
                   AND now() + (e->>'delay')::interval >= run_at_min
                   AND now() + (e->>'delay')::interval < run_at_max)
             THEN 'delay must keep run_at ' || run_at_range || ', not ' || (e->>'delay')
@@ -141,8 +142,10 @@ DECLARE
         '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}';
     run_at_min constant timestamptz := '1900-01-01 00:00+00';
     run_at_max constant timestamptz := '9000-01-01 00:00+00';  -- excluded
-    -- Tested before now() + delay, which would fail with a different error ("timestamp
-    -- out of range") for a delay of, say, a million years.
+    -- Tested before now() + delay, which fails with another error ("timestamp out of
+    -- range") before 4713 BC or after 294276 AD: wider than any delay the run_at range
+    -- lets through, narrow enough that now() + delay always exists.
+    delay_min constant interval := '-4000 years';
     delay_max constant interval := '8000 years';
     total integer;
     ids bigint[];
@@ -186,7 +189,7 @@ BEGIN
                         AND NOT (e ? 'run_at' AND e ? 'delay')
                         AND coalesce((e->>'run_at')::timestamptz >= run_at_min
                                      AND (e->>'run_at')::timestamptz < run_at_max, true)
-                        AND coalesce((e->>'delay')::interval BETWEEN -delay_max AND delay_max
+                        AND coalesce((e->>'delay')::interval BETWEEN delay_min AND delay_max
                                      AND now() + (e->>'delay')::interval >= run_at_min
                                      AND now() + (e->>'delay')::interval < run_at_max, true)
                    THEN e->>'handler'
@@ -228,7 +231,7 @@ BEGIN
                         AND NOT (e ? 'run_at' AND e ? 'delay')
                         AND coalesce((e->>'run_at')::timestamptz >= run_at_min
                                      AND (e->>'run_at')::timestamptz < run_at_max, true)
-                        AND coalesce((e->>'delay')::interval BETWEEN -delay_max AND delay_max
+                        AND coalesce((e->>'delay')::interval BETWEEN delay_min AND delay_max
                                      AND now() + (e->>'delay')::interval >= run_at_min
                                      AND now() + (e->>'delay')::interval < run_at_max, true)
                         AND (NOT e ? 'dedupe_key'
@@ -314,7 +317,8 @@ DECLARE
         ' \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])?$';
     run_at_min constant timestamptz := '1900-01-01 00:00+00';
     run_at_max constant timestamptz := '9000-01-01 00:00+00';  -- excluded
-    delay_max constant interval := '8000 years';  -- see enqueue_many
+    delay_min constant interval := '-4000 years';  -- see enqueue_many
+    delay_max constant interval := '8000 years';
     new_id bigint;
 BEGIN
     -- Arguments are named like columns: unqualified names are columns (use_column above),
@@ -332,7 +336,7 @@ BEGIN
            AND (enqueue.delay IS NOT NULL
                 OR NOT (enqueue.run_at >= run_at_min AND enqueue.run_at < run_at_max)))
        OR NOT (enqueue.delay IS NULL
-               OR (enqueue.delay BETWEEN -delay_max AND delay_max
+               OR (enqueue.delay BETWEEN delay_min AND delay_max
                    AND now() + enqueue.delay >= run_at_min
                    AND now() + enqueue.delay < run_at_max))
        OR char_length(enqueue.dedupe_key) NOT BETWEEN 1 AND 512 THEN

@@ -10,12 +10,14 @@ read-only command into a traceback.
 
 from __future__ import annotations
 
+import json
+import math
 import unicodedata
 from typing import Any
 
 import psycopg
+from psycopg.adapt import Loader
 from psycopg.types.datetime import TimestamptzLoader
-from psycopg.types.json import JsonbLoader, JsonLoader
 
 # Categories a terminal may act on or that hide text: C0/C1 controls (ESC, CR, BEL…),
 # format characters (bidi overrides that reorder what is shown), line/paragraph separators
@@ -44,6 +46,11 @@ def printable(value: Any) -> str:
     )
 
 
+class RawJson(str):
+    """JSON text from the database that Python's json could not load (still valid JSON):
+    a str, so `--json` output carries it as a string, and text output shows it as is."""
+
+
 class _TextFallbackTimestamptzLoader(TimestamptzLoader):
     """timestamptz as datetime, or as the server's text when Python's datetime cannot hold
     it ('-infinity', 'infinity', years after 9999): shown as the database stores it."""
@@ -55,24 +62,24 @@ class _TextFallbackTimestamptzLoader(TimestamptzLoader):
             return bytes(data).decode("utf-8", "replace")
 
 
-class _TextFallbackJsonbLoader(JsonbLoader):
-    """jsonb as Python objects, or as its JSON text when Python's json refuses it (an
-    integer longer than Python's int-string limit, nesting deeper than its recursion
-    limit). The text is still valid JSON; the CLI shows it as a string."""
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):  # 1e400: valid JSON, but Python would print Infinity
+        raise ValueError(f"number out of range for a float: {text[:20]}")
+    return value
+
+
+class _TextFallbackJsonLoader(Loader):
+    """json/jsonb as Python objects, or as RawJson (its text) when Python's json refuses it:
+    an integer longer than Python's int-string limit, nesting deeper than its recursion
+    limit, a number beyond a float's range."""
 
     def load(self, data: Any) -> Any:
+        text = bytes(data).decode("utf-8", "replace")
         try:
-            return super().load(data)
+            return json.loads(text, parse_float=_finite_float)
         except (ValueError, RecursionError):
-            return bytes(data).decode("utf-8", "replace")
-
-
-class _TextFallbackJsonLoader(JsonLoader):
-    def load(self, data: Any) -> Any:
-        try:
-            return super().load(data)
-        except (ValueError, RecursionError):
-            return bytes(data).decode("utf-8", "replace")
+            return RawJson(text)
 
 
 def register_safe_loaders(conn: psycopg.Connection) -> None:
@@ -81,5 +88,5 @@ def register_safe_loaders(conn: psycopg.Connection) -> None:
     Text format only: the CLI's cursors never ask for binary results.
     """
     conn.adapters.register_loader("timestamptz", _TextFallbackTimestamptzLoader)
-    conn.adapters.register_loader("jsonb", _TextFallbackJsonbLoader)
+    conn.adapters.register_loader("jsonb", _TextFallbackJsonLoader)
     conn.adapters.register_loader("json", _TextFallbackJsonLoader)

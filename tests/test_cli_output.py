@@ -88,12 +88,13 @@ def test_reads_show_a_row_python_cannot_load(cli: Cli, kind: str) -> None:
 
     listed = strict_json(cli("jobs", "--json").stdout)
     assert [r["id"] for r in listed] == [poison, innocent]
-    if "payload" not in columns:  # the listing has no payload column
-        assert shown in json.dumps(listed[0])
+    [column] = columns
+    if column != "payload":  # the listing has no payload column
+        assert shown in str(listed[0][column])
 
-    assert shown in cli("show", str(poison)).stdout
+    assert re.search(rf"^{column}: .*{re.escape(shown)}", cli("show", str(poison)).stdout, re.M)
     one = strict_json(cli("show", str(poison), "--json").stdout)
-    assert one["id"] == poison and shown in json.dumps(one)
+    assert one["id"] == poison and shown in str(one[column])
 
     # status reads the same table (the oldest due job, progress of running ones)
     cli("status", code=ExitCode.FAILURE)  # 1: pending jobs no daemon serves
@@ -133,7 +134,8 @@ def test_control_characters_are_escaped_in_text_output(cli: Cli) -> None:
     running = plant(cli, handler=HANDLER, queue=QUEUE, attempts=1, last_error=ERROR)
     cli.conn.execute(
         sql.SQL(
-            "UPDATE {} SET status = 'running', locked_by = %s, locked_until = now() + '1h',"
+            "UPDATE {} SET status = 'running', locked_by = %s,"
+            " locked_until = now() + interval '1h',"
             " started_at = now(), progress = %s WHERE id = %s"
         ).format(table),
         [WORKER, json.dumps({"step": "x\x1b[2Jy"}), running],
@@ -160,13 +162,13 @@ def test_control_characters_are_escaped_in_text_output(cli: Cli) -> None:
         ["cancel", str(pending), str(running)],
         ["retry", str(dead)],
     ):
-        proc = cli(*args, code=ExitCode.FAILURE if args == ["status"] else ExitCode.OK)
+        proc = cli(*args)
         assert_inert(proc.stdout + proc.stderr)
         if args[0] == "show":
             # every line is "key: value" or an indented line of last_error
             for line in proc.stdout.splitlines():
                 assert re.match(r"^([a-z_]+:|  )", line), line
-    status = cli("status", code=ExitCode.FAILURE)
+    status = cli("status", code=ExitCode.FAILURE)  # the retried job's handler: unserved
     assert "fake_line_injected" not in "".join(
         ln for ln in status.stdout.splitlines() if not ln.startswith("  ")
     )
@@ -238,9 +240,9 @@ def test_status_shows_when_a_gone_daemon_stopped_instead_of_ageing_it(cli: Cli) 
     cli.conn.execute(
         sql.SQL(
             "INSERT INTO {} (id, host, pid, version, slots, state, started_at, heartbeat_at,"
-            " stopped_at) VALUES ('h1:10:a', 'h1', 10, '0.1', 4, 'gone', now() - '30 min',"
-            " now() - '20 min', now() - '20 min'),"
-            " ('h1:11:b', 'h1', 11, '0.1', 4, 'running', now() - '5 min', now(), NULL)"
+            " stopped_at) VALUES ('h1:10:a', 'h1', 10, '0.1', 4, 'gone',"
+            " now() - interval '30 min', now() - interval '20 min', now() - interval '20 min'),"
+            " ('h1:11:b', 'h1', 11, '0.1', 4, 'running', now() - interval '5 min', now(), NULL)"
         ).format(workers)
     )
     row = cli.conn.execute(
@@ -252,19 +254,9 @@ def test_status_shows_when_a_gone_daemon_stopped_instead_of_ageing_it(cli: Cli) 
     [gone] = [ln for ln in out.splitlines() if "h1:10:a" in ln]
     [live] = [ln for ln in out.splitlines() if "h1:11:b" in ln]
     # a fixed point in time, not an age that keeps growing after the daemon is gone
-    assert gone.split()[1:] == [
-        "h1",
-        "pid",
-        "10",
-        "gone",
-        "since",
-        since + "Z",
-        "(ran",
-        "10m,",
-        "last",
-        "busy",
-        "0/4)",
-    ], gone
+    assert gone.split(None, 1)[1] == (
+        f"h1               pid 10      gone      since {since}Z (ran 10m, last busy 0/4)"
+    ), gone
     assert re.search(r"0/4 busy  up 5m  heartbeat [01]s ago$", live), live
     assert "daemons (1 live):" in out
 
@@ -306,6 +298,6 @@ def test_jobs_has_a_header_and_labels_an_old_error_of_a_finished_job(cli: Cli) -
     by_id = {int(ln.split()[0]): ln for ln in lines[1:]}
     assert by_id[completed].split()[1:5] == ["completed", "default", "h", "2/5"]
     assert by_id[completed].endswith("(earlier attempt: ValueError: first)")
-    assert by_id[dead].endswith("5/5  KeyError: 'to'")
+    assert re.search(r" 5/5 +KeyError: 'to'$", by_id[dead]), by_id[dead]
     assert by_id[retrying].endswith("OSError: busy")
     assert by_id[fresh].rstrip().endswith("0/5")

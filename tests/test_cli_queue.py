@@ -293,8 +293,9 @@ def test_jobs_lists_newest_first_with_filters_and_json(cli: Cli) -> None:
     assert [r["id"] for r in json.loads(cli("jobs", "--json", "--limit", "1").stdout)] == [c]
 
     lines = cli("jobs").stdout.splitlines()
-    assert len(lines) == 3
-    assert lines[2].split()[:4] == [str(a), "cancelled", "qa", "h"]
+    assert len(lines) == 4  # a header, then one line per job
+    assert lines[0].split() == ["ID", "STATUS", "QUEUE", "HANDLER", "ATTEMPTS", "ERROR"]
+    assert lines[3].split() == [str(a), "cancelled", "qa", "h", "0/5"]
 
 
 def test_jobs_refuses_an_unknown_status(cli: Cli) -> None:

@@ -308,9 +308,10 @@ SELECT id, queue, handler, attempts, max_attempts, locked_by, progress, cancel_r
  ORDER BY started_at;
 
 -- name: job_oldest_pending
--- Age of the oldest due pending job (seconds), NULL when none is due.
+-- Age of the oldest due pending job (seconds), NULL when none is due. A run_at of
+-- '-infinity' (an old or directly inserted row) has no age: now() minus it is an error.
 SELECT extract(epoch FROM now() - min(run_at))::float8 AS age_seconds
-  FROM @schema@.jobs WHERE status = 'pending' AND run_at <= now();
+  FROM @schema@.jobs WHERE status = 'pending' AND run_at <= now() AND isfinite(run_at);
 
 -- name: job_unserved_list
 -- Pending jobs whose handler (on their queue) no live daemon serves.

@@ -365,6 +365,60 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
             click.echo(f"{key}: {printable(value)}")
 
 
+# Shipped in the package (pgworkerd/files/), so a pip-only user has them too.
+SHIPPED_FILES = {
+    "config.example.toml": "every config key with its default (for /etc/pgworkerd/)",
+    "pgworkerd.service": "systemd unit: one daemon per host (/etc/systemd/system/)",
+    "pgworkerd@.service": "systemd template: one daemon per /etc/pgworkerd/INSTANCE.toml",
+    "roles.sql": "least-privilege roles pgworkerd_daemon and pgworkerd_enqueuer (psql -f)",
+}
+
+
+@main.command("files")
+@click.argument("names", nargs=-1)
+@click.option(
+    "--to",
+    "directory",
+    type=click.Path(file_okay=False),
+    help="copy the files (default: all) into this directory; never overwrites",
+)
+def shipped_files(names: tuple[str, ...], directory: str | None) -> None:
+    """List the config example, systemd units and roles.sql shipped with pgworkerd;
+    print one (`pgworkerd files roles.sql`) or copy them (--to DIR)."""
+    from importlib.resources import files as package_files
+
+    unknown = [n for n in names if n not in SHIPPED_FILES]
+    if unknown:
+        raise click.UsageError(
+            f"no shipped file '{printable(unknown[0])}': choose from {', '.join(SHIPPED_FILES)}"
+        )
+    source = package_files("pgworkerd") / "files"
+    if directory is None:
+        if not names:
+            for name, what in SHIPPED_FILES.items():
+                click.echo(f"{name:<20} {what}")
+            return
+        if len(names) > 1:
+            raise click.UsageError("give one file to print, or --to DIR to copy several")
+        click.echo((source / names[0]).read_text(encoding="utf-8"), nl=False)
+        return
+    chosen = names or tuple(SHIPPED_FILES)
+    target = os.path.abspath(directory)
+    existing = [n for n in chosen if os.path.lexists(os.path.join(target, n))]
+    if existing:  # an operator's edited copy is never replaced
+        fail(
+            f"{os.path.join(target, existing[0])} already exists; nothing copied", ExitCode.FAILURE
+        )
+    try:
+        os.makedirs(target, exist_ok=True)
+        for name in chosen:
+            with open(os.path.join(target, name), "xb") as out:
+                out.write((source / name).read_bytes())
+    except OSError as exc:
+        fail(f"cannot copy into {target}: {exc.strerror or exc}", ExitCode.FAILURE)
+    click.echo(f"copied {', '.join(chosen)} into {target}")
+
+
 def _load(ctx: Context) -> Config:
     from pgworkerd.config import load_config
 

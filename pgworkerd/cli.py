@@ -41,7 +41,10 @@ class Context:
 
 
 def fail(message: str, code: ExitCode) -> NoReturn:
-    click.echo(f"pgworkerd: {message}", err=True)
+    # One inert line: messages quote DSNs, names and server text that others may have
+    # written, so line breaks become "; " and other control characters are escaped.
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    click.echo(f"pgworkerd: {printable('; '.join(lines))}", err=True)
     sys.exit(int(code))
 
 
@@ -255,9 +258,11 @@ def retry(ctx: Context, ids: tuple[int, ...], queue: str | None, handler: str | 
 def _not_retried(row: dict[str, Any] | None) -> str:
     if row is None:
         return "not found"
-    if row["status"] in ("dead", "cancelled"):
+    if row["status"] in ("dead", "cancelled") and row["dedupe_key"] is not None:
         # job_retry leaves a job whose dedupe key a live job (or a newer one) holds
         return f"not retried: another job holds its dedupe key '{printable(row['dedupe_key'])}'"
+    if row["status"] in ("dead", "cancelled"):
+        return "not retried: it changed meanwhile, try again"
     return f"not retried: it is {row['status']} (only dead or cancelled jobs are)"
 
 

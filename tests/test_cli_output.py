@@ -13,11 +13,12 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
-from test_cli_queue import Cli
+from test_cli_queue import Cli, run
 from test_roles import roles  # noqa: F401  (fixture: deploy/roles.sql for this schema)
 
 from pgworkerd import jobs
 from pgworkerd.exitcodes import ExitCode
+from pgworkerd.localpg import LocalPostgres
 
 
 @pytest.fixture
@@ -180,6 +181,17 @@ def test_control_characters_are_escaped_in_text_output(cli: Cli) -> None:
     snap = strict_json(cli("status", "--json", code=ExitCode.FAILURE).stdout)
     assert [d["id"] for d in snap["daemons"]] == [WORKER]
     assert QUEUE in snap["counts"]
+
+
+def test_error_messages_are_one_inert_line(pg: LocalPostgres) -> None:
+    """Errors quote DSNs and server text (from a config or environment someone else
+    may have written): the terminal gets one line with nothing it would act on."""
+    dsn = f"host=/nonexistent/\x1b]0;PWNED\x07\x1b[2J port={pg.port} dbname=x"
+    proc = run("--dsn", dsn, "jobs")
+    assert proc.returncode == ExitCode.DATABASE, proc.stderr
+    assert_inert(proc.stderr)
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("pgworkerd: cannot connect")
+    assert "\\x1b]0;PWNED\\x07" in proc.stderr
 
 
 # -- 3. a role without the rights gets one clear line, not a traceback -----------------------

@@ -213,6 +213,7 @@ def test_a_notify_flood_causes_a_bounded_number_of_claims(
                 sql.Identifier(db.conn.info.dbname)
             )
         )
+    print(f"{sent} notifications in {flood_seconds}s caused {calls} claims")
     assert sent > 3000, f"the flood was too small to show anything ({sent} notifications)"
     # At most one claim per 20 ms from notifications (150 in 3 s), plus the start-up
     # claim, the job's claim and a few after outcomes; thousands without coalescing.

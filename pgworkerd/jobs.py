@@ -633,6 +633,21 @@ def prune(
             return total
 
 
+@dataclass(frozen=True)
+class LeaseState:
+    status: str
+    token: int
+    locked_by: str | None
+
+
+def lease_state(
+    conn: psycopg.Connection, job_id: int, *, schema: str = DEFAULT_SCHEMA
+) -> LeaseState | None:
+    """Who holds a job, under which token (None: no such job); loads nothing else."""
+    rows = hotpath.run(conn, "job_lease_state", {"id": job_id}, schema=schema)
+    return LeaseState(*rows[0]) if rows else None
+
+
 def get(conn: psycopg.Connection, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> dict | None:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query("job_get", schema), {"id": job_id}).fetchone()

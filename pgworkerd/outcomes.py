@@ -237,12 +237,12 @@ def _recorded_earlier(conn: psycopg.Connection, schema: str, o: Outcome) -> bool
     its reply was lost (the connection died), so the daemon wrote it again. The token is
     still ours (every claim, and every burial of an expired job, bumps it), nobody holds
     the job, and the row is in a state this outcome leaves."""
-    row = jobs.get(conn, o.job.id, schema=schema)
+    row = jobs.lease_state(conn, o.job.id, schema=schema)
     return (
         row is not None
-        and row["lease_token"] == o.job.token
-        and row["locked_by"] is None
-        and row["status"] in _STATUS_AFTER[o.kind]
+        and row.token == o.job.token
+        and row.locked_by is None
+        and row.status in _STATUS_AFTER[o.kind]
     )
 
 

@@ -210,6 +210,12 @@ RETURNING id;
 -- One job, every column.
 SELECT * FROM @schema@.jobs WHERE id = %(id)s;
 
+-- name: job_lease_state
+-- Who holds a job and under which token: what a rejected outcome is checked against
+-- (never the payload or other values that a poison row may hold).
+SELECT status::text AS status, lease_token, locked_by
+  FROM @schema@.jobs WHERE id = %(id)s;
+
 -- name: job_list
 -- Jobs filtered by status, queue and handler (NULL matches all), newest first.
 SELECT id, queue, handler, status, priority, attempts, max_attempts, run_at, locked_by,

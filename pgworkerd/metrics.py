@@ -162,7 +162,7 @@ class NullMetrics:
     def queue_depth_due(self) -> bool:
         return False
 
-    def set_queue_depth(self, rows: Iterable[tuple[str, str, int]]) -> None:
+    def set_queue_depth(self, rows: Iterable[tuple[str | None, str, int]]) -> None:
         pass
 
     def observe_start_latency(self, seconds: float) -> None:

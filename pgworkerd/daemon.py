@@ -95,7 +95,9 @@ class Daemon(Claiming, Presence):
         self.drain_requested_in_db = False
         self.exit_code = ExitCode.OK
         self._wake_r, self._wake_w = os.pipe()
-        self.metrics = metrics.create(config.metrics)
+        self.metrics = metrics.create(
+            config.metrics, queues=config.queues, handlers=config.handlers
+        )
         self.depth_counter = QueueDepthCounter(
             self.db, self.schema, self.metrics, config.metrics.queue_depth_interval
         )

@@ -355,3 +355,26 @@ SELECT j.queue, j.handler, count(*) AS jobs,
                       AND j.queue = ANY(w.queues))
  GROUP BY j.queue, j.handler
  ORDER BY j.queue, j.handler;
+
+-- name: job_counts_capped
+-- Jobs per queue and status for the metrics gauge, with a bounded number of queues however
+-- many the table holds (an enqueuer picks queue names freely): the queues in %(served)s,
+-- the %(top)s other queues with the most jobs, and every other queue summed under queue
+-- NULL (labelled "other"). Ranked and summed here, so the daemon receives at most
+-- (served + top + 1) x statuses rows, never a row per queue.
+WITH per_queue AS (
+    SELECT queue, status, count(*) AS jobs
+      FROM @schema@.jobs GROUP BY queue, status
+), top_queues AS (
+    SELECT queue FROM per_queue
+     WHERE queue <> ALL (%(served)s::text[])
+     GROUP BY queue
+     ORDER BY sum(jobs) DESC, queue
+     LIMIT %(top)s
+)
+SELECT CASE WHEN p.queue = ANY (%(served)s::text[]) OR t.queue IS NOT NULL THEN p.queue END
+           AS queue,
+       p.status::text AS status, sum(p.jobs)::bigint AS jobs
+  FROM per_queue p LEFT JOIN top_queues t ON t.queue = p.queue
+ GROUP BY 1, 2
+ ORDER BY 1, 2;

@@ -207,7 +207,8 @@ def _reap_one(base: Path, dir_fd: int, bindir: Path, account: pwd.struct_passwd 
     me = os.geteuid()
     st = os.fstat(dir_fd)
     if st.st_uid != me:
-        log.info("leaving %s alone: owned by uid %d, not by us (uid %d)", base, st.st_uid, me)
+        # Usually another user's own cluster: normal, so only at debug level.
+        log.debug("leaving %s alone: owned by uid %d, not by us (uid %d)", base, st.st_uid, me)
         return
     # Nobody else may write in it, so what we check below cannot be swapped afterwards
     # (and /tmp's sticky bit keeps others from renaming the directory itself).

@@ -326,7 +326,7 @@ def test_reaper_never_follows_a_planted_data_symlink(
 ) -> None:
     planted = plant(owner, victim.data_dir)
     try:
-        caplog.set_level(logging.INFO, logger="pgworkerd.localpg")
+        caplog.set_level(logging.DEBUG, logger="pgworkerd.localpg")
         LocalPostgres().cleanup()  # a new default cluster reaps abandoned ones first
         assert victim.is_running()
         assert query_one(victim.dsn(), "select 1") == 1

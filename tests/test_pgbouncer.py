@@ -100,6 +100,13 @@ logfile = {workdir}/pgbouncer.log
     shutil.rmtree(workdir, ignore_errors=True)
 
 
+def test_bouncer_asks_clients_for_the_password(bouncer: str) -> None:
+    # Like the cluster behind it, the bouncer is no way in for other local users.
+    without = make_conninfo(bouncer, passfile="/dev/null")
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(without, connect_timeout=10).close()
+
+
 def _worker(dsn: str, schema: str, name: str, rounds: int, queue: mp.Queue) -> None:
     errors, done = [], 0
     with connect(dsn) as conn:

@@ -334,13 +334,17 @@ def list_jobs(
 
 
 def _error_summary(row: dict[str, Any]) -> str:
-    """The last line of a job's last error, marked as history when the job has since
-    completed or started another attempt (the error column is never cleared)."""
+    """The last line of a job's last error. The column is never cleared, so the error is
+    marked as history unless it is why the job is where it is: dead, cancelled, or
+    pending for a retry (a job retried by hand starts again at attempt 0)."""
     lines = (row["last_error"] or "").strip().split("\n")
     last = printable(lines[-1].strip())[:80]
     if not last:
         return ""
-    return f"(earlier attempt: {last})" if row["status"] in ("completed", "running") else last
+    current = row["status"] in ("dead", "cancelled") or (
+        row["status"] == "pending" and row["attempts"] > 0
+    )
+    return last if current else f"(earlier attempt: {last})"
 
 
 @main.command("show")

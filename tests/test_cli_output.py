@@ -304,6 +304,7 @@ def test_jobs_has_a_header_and_labels_an_old_error_of_a_finished_job(cli: Cli) -
         [dead],
     )
     retrying = plant(cli, attempts=1, max_attempts=5, last_error="OSError: busy")
+    retried_by_hand = plant(cli, attempts=0, max_attempts=5, last_error="Traceback\nOSError: old")
     fresh = plant(cli)
     lines = cli("jobs").stdout.splitlines()
     assert lines[0].split() == ["ID", "STATUS", "QUEUE", "HANDLER", "ATTEMPTS", "ERROR"]
@@ -312,4 +313,5 @@ def test_jobs_has_a_header_and_labels_an_old_error_of_a_finished_job(cli: Cli) -
     assert by_id[completed].endswith("(earlier attempt: ValueError: first)")
     assert re.search(r" 5/5 +KeyError: 'to'$", by_id[dead]), by_id[dead]
     assert by_id[retrying].endswith("OSError: busy")
+    assert by_id[retried_by_hand].endswith("0/5       (earlier attempt: OSError: old)")
     assert by_id[fresh].rstrip().endswith("0/5")

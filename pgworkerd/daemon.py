@@ -21,7 +21,6 @@ import secrets
 import selectors
 import signal
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -566,6 +565,8 @@ def run_daemon(
 ) -> int:
     try:
         return Daemon(config, dsn=dsn, schema=schema, config_path=config_path).run()
-    except Exception:
-        log.critical("daemon crashed:\n%s", scrub(traceback.format_exc(), dsn))
+    except Exception as exc:
+        # The traceback goes through the log formatter: masked, each line escaped.
+        summary = scrub(f"{type(exc).__name__}: {exc}", dsn)
+        log.critical("daemon crashed: %s", summary, exc_info=True)
         return ExitCode.FAILURE

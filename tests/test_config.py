@@ -309,3 +309,14 @@ def test_config_others_can_write_gets_a_warning(tmp_path: Path) -> None:
     assert _warnings_of(cfg) == ""
     directory.chmod(0o755)
     assert _warnings_of(cfg) == ""
+
+
+def test_check_config_quiet_prints_only_problems(tmp_path: Path) -> None:
+    """For ExecReload=: nothing on success, the error (exit 3) on failure."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[handlers.echo]\ntarget = "pgworkerd.examples:echo"\n')
+    proc = run_cli("--config", str(cfg), "check-config", "--quiet")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    cfg.write_text("[worker]\nslots = 0\n")
+    proc = run_cli("--config", str(cfg), "check-config", "--quiet")
+    assert proc.returncode == ExitCode.CONFIG and "worker.slots" in proc.stderr

@@ -642,6 +642,10 @@ def test_a_dsn_password_is_masked_in_the_process_title_at_once(tmp_path: Path) -
             retrying = retrying or "database unreachable" in log.read_text()
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() - started < DEADLINE, log.read_text()
+        wait_for(
+            lambda: process_title(proc.pid).startswith("pgworkerd: database unreachable"),
+            what="the daemon's own title while it retries",
+        )
     finally:
         _stop(proc)
     window = max(seen_at, default=0.0)

@@ -43,8 +43,15 @@ class Context:
         return ""
 
 
+def _priority(level: str) -> str:
+    """sd-daemon's priority prefix when stderr is the journal (see pgworkerd.logs)."""
+    from pgworkerd.logs import under_journald
+
+    return level if under_journald(sys.stderr) else ""
+
+
 def fail(message: str, code: ExitCode) -> NoReturn:
-    click.echo(f"pgworkerd: {message}", err=True)
+    click.echo(f"{_priority('<3>')}pgworkerd: {message}", err=True)
     sys.exit(int(code))
 
 
@@ -343,7 +350,7 @@ def check_config(ctx: Context, as_json: bool, quiet: bool) -> None:
         raise click.UsageError("give the config file with --config (or PGWORKERD_CONFIG)")
     config = _load(ctx)
     for warning in file_warnings(config):
-        click.echo(f"WARNING: {warning}", err=True)
+        click.echo(f"{_priority('<4>')}WARNING: {warning}", err=True)
     for handler in config.handlers.values():
         try:
             import_handler(handler)

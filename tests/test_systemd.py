@@ -641,6 +641,8 @@ def test_reload_with_an_invalid_config_fails_and_says_so(
         lambda: "reload failed, keeping the old config" in priority_lines("err"),
         "the error in `journalctl -p err`",
     )
+    # The check's own message (from ExecReload=) is an error too.
+    assert "worker.slots: must be at least 1" in priority_lines("err")
     warnings_and_worse = priority_lines("warning")
     assert "running as" not in warnings_and_worse  # INFO stays 6
     # One timestamp per line: journald's own, none from the daemon.

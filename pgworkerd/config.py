@@ -7,6 +7,7 @@ and `key =` lines); good enough to point an operator at the right line.
 from __future__ import annotations
 
 import dataclasses
+import grp
 import importlib
 import importlib.util
 import math
@@ -503,7 +504,10 @@ def file_warnings(config: Config) -> list[str]:
         if st.st_mode & stat.S_IROTH:
             readable = "others"
         elif st.st_mode & stat.S_IRGRP and st.st_gid not in own_groups:
-            readable = f"group {st.st_gid}"
+            try:
+                readable = f"group {grp.getgrgid(st.st_gid).gr_name}"
+            except KeyError:
+                readable = f"group {st.st_gid}"
         else:
             readable = ""
         if readable:

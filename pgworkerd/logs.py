@@ -58,7 +58,9 @@ def hide_passwords_of(*dsns: str) -> None:
             found.add(str(conninfo_to_dict(dsn).get("password") or ""))
         except psycopg.ProgrammingError:
             found.update(url_secrets(dsn))
-    _hidden[:] = sorted((s for s in found if s), key=len, reverse=True)
+    # Shorter ones would blank out every such letter of every line; the URL and
+    # key=value patterns still mask them where they appear as a DSN's password.
+    _hidden[:] = sorted((s for s in found if len(s) >= 4), key=len, reverse=True)
 
 
 def _mask(text: str) -> str:

@@ -88,6 +88,7 @@ class LoggingConfig:
 class MetricsConfig:
     listen: str = ""  # "HOST:PORT" for the Prometheus endpoint; empty: no endpoint
     queue_depth_interval: float = 15.0  # how often the job counts are refreshed
+    top_queues: int = 20  # queues labelled besides the served ones; the rest are "other"
 
     @property
     def enabled(self) -> bool:
@@ -355,6 +356,7 @@ _LOGGING = {
 _METRICS = {
     "listen": _listen,
     "queue_depth_interval": _positive_duration,
+    "top_queues": _non_negative_int,
 }
 _HANDLER = {
     "target": _target,

@@ -29,10 +29,11 @@ import psycopg
 from setproctitle import setproctitle
 
 from pgworkerd import __version__, jobs, logs, metrics, outcomes
-from pgworkerd.claiming import Claiming
+from pgworkerd.claiming import NOTIFY_CLAIM_INTERVAL, Claiming
 from pgworkerd.config import Config, ConfigError, file_warnings, load_config
 from pgworkerd.db import DatabaseError, InvalidDsn, scrub
 from pgworkerd.dblink import MAX_RECONNECT_DELAY, DatabaseLink
+from pgworkerd.describe import short_error
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.forkserver import set_child_subreaper
@@ -61,6 +62,8 @@ class Timers:
     progress_at: float = 0.0
     drain_deadline: float | None = None
     exit_deadline: float | None = None
+    notified_at: float | None = None  # a NOTIFY arrived and has not caused a claim yet
+    notify_claim_at: float = 0.0  # the last claim a NOTIFY caused
 
 
 class Daemon(Claiming, Presence):
@@ -93,7 +96,9 @@ class Daemon(Claiming, Presence):
         self.drain_requested_in_db = False
         self.exit_code = ExitCode.OK
         self._wake_r, self._wake_w = os.pipe()
-        self.metrics = metrics.create(config.metrics)
+        self.metrics = metrics.create(
+            config.metrics, queues=config.queues, handlers=config.handlers
+        )
         self.depth_counter = QueueDepthCounter(
             self.db, self.schema, self.metrics, config.metrics.queue_depth_interval
         )
@@ -238,6 +243,8 @@ class Daemon(Claiming, Presence):
             candidates.append(t.poll_at)
             if t.scheduled_at is not None:
                 candidates.append(t.scheduled_at)
+            if t.notified_at is not None:
+                candidates.append(t.notify_claim_at + NOTIFY_CLAIM_INTERVAL)
         if not self.db.ok:
             candidates.append(self.db.reconnect_at)
         if self.notifier.watchdog_interval:
@@ -271,8 +278,10 @@ class Daemon(Claiming, Presence):
                     pass
             elif kind == "child":
                 self.supervisor.readable(obj)
-            elif kind == "listen":
-                self.claim_wanted = self.db.notified() or self.claim_wanted
+            elif kind == "listen" and self.db.notified():
+                # Coalesced: however many notifications arrive (any role may NOTIFY),
+                # they cause at most one claim per NOTIFY_CLAIM_INTERVAL.
+                self.timers.notified_at = self.timers.notified_at or time.monotonic()
 
     def _sleep(self, seconds: float) -> None:
         """Wait that still wakes for signals (start-up only: no children yet)."""
@@ -411,11 +420,26 @@ class Daemon(Claiming, Presence):
                 self.metrics.observe_job_start(job.job.run_at, job.job.created_at)
         elif kind == "beat":
             job.last_beat = now
-            if "progress" in message:
-                job.progress, job.unsaved = message["progress"], True
-            if "checkpoint" in message:
-                job.checkpoint, job.unsaved = message["checkpoint"], True
+            for key in ("progress", "checkpoint"):
+                if key in message:
+                    # Encoded (and so checked) here, once: one job's odd value must never
+                    # fail the renewal statement that carries every job's lease.
+                    try:
+                        setattr(job, key, jobs.encode_json(message[key]))
+                        job.unsaved = True
+                    except Exception as exc:
+                        log.warning("%s: %s not saved: %s", job.name, key, short_error(exc))
         elif kind in ("done", "error", "interrupted"):
+            if kind == "done" and message.get("result") is not None:
+                try:
+                    message["result"] = jobs.encode_json(message["result"])
+                except Exception as exc:
+                    message = {
+                        "t": "error",
+                        "id": job.job.id,
+                        "error": f"the result cannot be stored: {short_error(exc)}",
+                        "traceback": "",
+                    }
             job.report = message
             child.job = None
             self._settle(job, message)
@@ -423,7 +447,7 @@ class Daemon(Claiming, Presence):
     def _on_child_exit(self, child: Child, status: int) -> None:
         job = self.in_flight.get(child.job) if child.job is not None else None
         if job is not None and job.child is child:
-            self._settle(job, None, exit_description=describe_exit(status))
+            self._settle(job, None, exit_description=child.broken or describe_exit(status))
         elif status != 0 and not child.exiting:
             log.warning("idle child %s %s", child.pid, describe_exit(status))
         self.claim_wanted = self.claim_wanted or self.backlog
@@ -507,6 +531,13 @@ class Daemon(Claiming, Presence):
                 )
             for o in batch:
                 self.outcomes.remove(o)
+                if o.retry_in is not None:
+                    # Wake for the retry when it is due, not at the next poll.
+                    retry_at = time.monotonic() + max(0.0, o.retry_in)
+                    t = self.timers
+                    t.scheduled_at = (
+                        retry_at if t.scheduled_at is None else min(t.scheduled_at, retry_at)
+                    )
 
     def _renew_if_due(self, only_unsaved: bool = False) -> None:
         now = time.monotonic()

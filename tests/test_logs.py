@@ -17,22 +17,24 @@ import pytest
 from daemon_harness import DaemonProcess, Daemons, Db
 
 from pgworkerd import jobs
+from pgworkerd.localpg import LocalPostgres
 from pgworkerd.logs import _TextFormatter, under_journald
 
 PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
-SECRET = "s3cret-Pa55"
 
 
 def test_json_logs_carry_job_events_and_no_password(
-    test_db_dsn: str, schema: str, conn: psycopg.Connection, tmp_path: Path
+    pg: LocalPostgres, test_db_dsn: str, schema: str, conn: psycopg.Connection, tmp_path: Path
 ) -> None:
     config = tmp_path / "c.toml"
     config.write_text(
         '[handlers.echo]\ntarget = "pgworkerd.examples:echo"\n'
         '[handlers.flaky]\ntarget = "pgworkerd.examples:flaky"\n'
     )
-    # trust authentication ignores the password, so the daemon runs with it in its DSN
-    dsn = f"{test_db_dsn} password={SECRET}"
+    # The cluster's real password, in the DSN as an operator might give it (it wins over
+    # the passfile the DSN names).
+    secret = pg.password
+    dsn = f"{test_db_dsn} password={secret}"
     log = tmp_path / "daemon.log"
     daemon = subprocess.Popen(
         [
@@ -64,12 +66,12 @@ def test_json_logs_carry_job_events_and_no_password(
             time.sleep(0.05)
         title = Path(f"/proc/{daemon.pid}/cmdline").read_bytes().decode(errors="replace")
         assert title.startswith("pgworkerd: ")
-        assert SECRET not in title
+        assert secret not in title
     finally:
         daemon.terminate()
         assert daemon.wait(30) == 0
     text = log.read_text()
-    assert SECRET not in text
+    assert secret not in text
     entries = [json.loads(line) for line in text.splitlines()]  # every line is JSON
     assert all({"ts", "level", "msg"} <= e.keys() for e in entries)
     events = {(e.get("job_id"), e.get("event")) for e in entries}

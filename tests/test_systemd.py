@@ -269,7 +269,7 @@ class Service:
         self.config.write_text("\n".join(lines) + "\n" + extra)
 
     def install(self, **overrides: str) -> None:
-        dsn = f"postgresql://postgres@127.0.0.1:{self.pg.port}/{DB}"
+        dsn = f"postgresql://postgres@127.0.0.1:{self.pg.port}/{DB}?passfile={self.pg.passfile}"
         settings = {
             "ExecStart": (
                 f'"{PGWORKERD}" --dsn {dsn} --schema {self.schema} --config "{self.config}" run'

@@ -656,9 +656,10 @@ def test_a_dsn_password_is_masked_in_the_process_title_at_once(tmp_path: Path) -
 
 
 def test_job_children_never_see_the_daemons_credentials(
-    db: Db, daemons: Daemons, monkeypatch: pytest.MonkeyPatch
+    db: Db, daemons: Daemons, monkeypatch: pytest.MonkeyPatch, pg: LocalPostgres
 ) -> None:
-    monkeypatch.setenv("PGPASSWORD", "daemon-S3cret")
+    # The cluster's real password: libpq prefers PGPASSWORD to the DSN's passfile.
+    monkeypatch.setenv("PGPASSWORD", pg.password)
     monkeypatch.setenv("PGWORKERD_DSN", f"postgresql://u:dsn-S3cret@127.0.0.1:{_closed_port()}/x")
     monkeypatch.setenv("PGSERVICEFILE", "/etc/pgworkerd/pg_service.conf")
     monkeypatch.setenv("PGSSLKEY", "/etc/pgworkerd/client.key")
@@ -667,7 +668,7 @@ def test_job_children_never_see_the_daemons_credentials(
     job = db.enqueue("envdump")
     env = db.wait_status(job, "completed")["result"]
     assert not [k for k in env if k.startswith("PG")], sorted(env)
-    assert "S3cret" not in json.dumps(env)
+    assert "S3cret" not in json.dumps(env) and pg.password not in json.dumps(env)
     assert env["MYAPP_SETTING"] == "kept" and "JOBHANDLERS_DSN" in env
     # The fork server's own environment too (children fork from it).
     for pid in children_of(daemon.pid):
@@ -676,6 +677,7 @@ def test_job_children_never_see_the_daemons_credentials(
         except (FileNotFoundError, ProcessLookupError):
             continue
         assert b"S3cret" not in environ and b"PGPASSWORD" not in environ, process_title(pid)
+        assert pg.password.encode() not in environ
 
 
 def test_the_fork_server_does_not_import_from_the_working_directory(

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+# First of all: masks a --dsn password in the process title (`ps` shows argv to everyone).
+import pgworkerd.earlytitle  # noqa: F401
+
+# isort: split
 import json
-import os
+import logging
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -40,11 +44,18 @@ class Context:
         return ""
 
 
+def _priority(level: str) -> str:
+    """sd-daemon's priority prefix when stderr is the journal (see pgworkerd.logs)."""
+    from pgworkerd.logs import under_journald
+
+    return level if under_journald(sys.stderr) else ""
+
+
 def fail(message: str, code: ExitCode) -> NoReturn:
     # One inert line: messages quote DSNs, names and server text that others may have
     # written, so line breaks become "; " and other control characters are escaped.
     lines = [line.strip() for line in message.splitlines() if line.strip()]
-    click.echo(f"pgworkerd: {printable('; '.join(lines))}", err=True)
+    click.echo(f"{_priority('<3>')}pgworkerd: {printable('; '.join(lines))}", err=True)
     sys.exit(int(code))
 
 
@@ -439,27 +450,28 @@ def _load(ctx: Context) -> Config:
         fail(str(exc), ExitCode.CONFIG)
 
 
-def _dsn_given(ctx: Context, config: Config) -> bool:
-    if ctx.dsn is not None or config.database.dsn:
-        return True
-    return any(os.environ.get(v) for v in ("PGHOST", "PGDATABASE", "PGSERVICE", "PGPORT"))
-
-
 @main.command("check-config")
 @click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.option(
+    "-q", "--quiet", is_flag=True, help="print only errors and warnings (e.g. for ExecReload=)"
+)
 @click.pass_obj
-def check_config(ctx: Context, as_json: bool) -> None:
+def check_config(ctx: Context, as_json: bool, quiet: bool) -> None:
     """Validate the config, import every handler, print the effective config."""
-    from pgworkerd.config import effective, import_handler
+    from pgworkerd.config import effective, file_warnings, import_handler
 
     if not ctx.config_path:
         raise click.UsageError("give the config file with --config (or PGWORKERD_CONFIG)")
     config = _load(ctx)
+    for warning in file_warnings(config):
+        click.echo(f"{_priority('<4>')}WARNING: {warning}", err=True)
     for handler in config.handlers.values():
         try:
             import_handler(handler)
         except ConfigError as exc:
             fail(str(exc), ExitCode.HANDLER)
+    if quiet:
+        return
     data = effective(config)
     if as_json:
         echo_json(data)
@@ -484,24 +496,19 @@ def check_config(ctx: Context, as_json: bool) -> None:
 )
 @click.pass_obj
 def run(ctx: Context, log_format: str | None) -> None:
-    """Run the daemon. Without any DSN it runs the demo on a throwaway PostgreSQL."""
+    """Run the daemon. Without a DSN (--dsn, PGWORKERD_DSN, database.dsn) it connects
+    with libpq's defaults and PG* variables, like psql; `pgworkerd demo` runs the demo."""
     from pgworkerd import logs
-    from pgworkerd.config import import_handler
+    from pgworkerd.config import file_warnings, import_handler
     from pgworkerd.daemon import run_daemon
 
     config = _load(ctx)
     logs.setup(log_format or config.logging.format, config.logging.level)
-    if not _dsn_given(ctx, config):
-        click.echo(
-            "pgworkerd: no DSN given: running the demo on a throwaway PostgreSQL "
-            "(see `pgworkerd demo --help`)",
-            err=True,
-        )
-        _run_demo(log_format or "text", seconds=None)
-    for dsn in (
-        ctx.dsn if ctx.dsn is not None else config.database.dsn,
-        config.database.listen_dsn,
-    ):
+    dsns = (ctx.dsn if ctx.dsn is not None else config.database.dsn, config.database.listen_dsn)
+    logs.hide_passwords_of(*dsns)
+    for warning in file_warnings(config):
+        logging.getLogger("pgworkerd").warning("%s", warning)
+    for dsn in dsns:
         try:
             conninfo(dsn)  # syntax only; retrying could never fix an unparsable DSN
         except InvalidDsn as exc:

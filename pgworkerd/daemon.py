@@ -21,16 +21,16 @@ import secrets
 import selectors
 import signal
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from setproctitle import setproctitle
 
-from pgworkerd import __version__, jobs, metrics, outcomes
+from pgworkerd import __version__, jobs, logs, metrics, outcomes
 from pgworkerd.claiming import NOTIFY_CLAIM_INTERVAL, Claiming
-from pgworkerd.config import Config, ConfigError, load_config
+from pgworkerd.config import Config, ConfigError, file_warnings, load_config
 from pgworkerd.db import DatabaseError, InvalidDsn, scrub
 from pgworkerd.dblink import MAX_RECONNECT_DELAY, DatabaseLink
 from pgworkerd.describe import short_error
@@ -82,6 +82,7 @@ class Daemon(Claiming, Presence):
         self.schema = config.database.schema if schema is None else schema
         self.worker_id = f"{config.worker_name()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.state = "starting"
+        self.reload_error = ""
         self.notifier = Notifier()
         self.selector = selectors.DefaultSelector()
         self.supervisor = Supervisor(self.selector, self._on_message, self._on_child_exit)
@@ -106,6 +107,9 @@ class Daemon(Claiming, Presence):
 
     def run(self) -> int:
         """Run until drained or terminated; returns the process exit code."""
+        # The CLI already masked a --dsn password in argv (pgworkerd.earlytitle); from
+        # here on the title says what the daemon does, as it will once running.
+        setproctitle(f"pgworkerd: starting [{self.worker_id}]")
         set_child_subreaper()
         # The fork server first: it must come from a process with no connections.
         modules = sorted({h.module for h in self.config.handlers.values()})
@@ -172,6 +176,7 @@ class Daemon(Claiming, Presence):
                 )
                 log.warning("database unreachable (%s); retrying in %.1fs", message, delay)
                 self.notifier.status("database unreachable, retrying")
+                setproctitle(f"pgworkerd: database unreachable, retrying [{self.worker_id}]")
                 # Not READY yet: keep systemd's start timeout from killing a daemon that
                 # is only waiting for its database.
                 self.notifier.extend_timeout(delay + self.config.database.connect_timeout + 5)
@@ -336,7 +341,11 @@ class Daemon(Claiming, Presence):
             self._stop(job, "terminate")
 
     def reload(self) -> None:
-        """SIGHUP: new handlers, slots and queues; in-flight jobs keep running as they were."""
+        """SIGHUP: new handlers, slots and queues; in-flight jobs keep running as they were.
+
+        An invalid config keeps the old one, and says so where `systemctl status` looks:
+        STATUS= carries "reload failed: ..." until a reload succeeds. (The units'
+        ExecReload= runs `check-config` first, so `systemctl reload` itself fails too.)"""
         if self.config_path is None:
             log.warning("SIGHUP ignored: no config file to reload")
             return
@@ -353,9 +362,14 @@ class Daemon(Claiming, Presence):
             self.supervisor.start_forkserver(modules, self._child_settings_for(new))
         except (ConfigError, RuntimeError, OSError) as exc:
             log.error("reload failed, keeping the old config: %s", exc)
+            # One line: STATUS= is one assignment of a newline-separated message.
+            self.reload_error = f"reload failed: {logs.escape(str(exc))}"
             self.notifier.ready(self._status_text())
             return
+        for warning in file_warnings(new):
+            log.warning("%s", warning)
         self.config = new
+        self.reload_error = ""
         self.claim_wanted = True
         log.info(
             "reloaded %s: %d slots, queues %s, handlers %s",
@@ -597,6 +611,8 @@ def run_daemon(
 ) -> int:
     try:
         return Daemon(config, dsn=dsn, schema=schema, config_path=config_path).run()
-    except Exception:
-        log.critical("daemon crashed:\n%s", scrub(traceback.format_exc(), dsn))
+    except Exception as exc:
+        # The traceback goes through the log formatter: masked, each line escaped.
+        summary = scrub(f"{type(exc).__name__}: {exc}", dsn)
+        log.critical("daemon crashed: %s", summary, exc_info=True)
         return ExitCode.FAILURE

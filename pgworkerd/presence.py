@@ -117,6 +117,7 @@ class Presence:
     drain_requested_in_db: bool
     claim_wanted: bool
     depth_counter: QueueDepthCounter
+    reload_error: str  # "" or why the last SIGHUP reload failed (shown in STATUS=)
 
     def _worker_info(self) -> registry.WorkerInfo:
         return registry.WorkerInfo(
@@ -188,6 +189,10 @@ class Presence:
         return self.state
 
     def _status_text(self) -> str:
+        text = self._state_text()
+        return f"{text}; {self.reload_error}" if self.reload_error else text
+
+    def _state_text(self) -> str:
         slots = self.config.worker.slots
         busy = len(self.in_flight)
         if not self.db.ok:

@@ -7,6 +7,7 @@ import pgworkerd.earlytitle  # noqa: F401
 
 # isort: split
 import json
+import os
 import logging
 import sys
 from collections.abc import Iterator

@@ -7,8 +7,8 @@ import pgworkerd.earlytitle  # noqa: F401
 
 # isort: split
 import json
-import os
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager

@@ -10,11 +10,18 @@ fail (they end dead). Faults: kill -9 of a child, of a parent (restarted), of a 
 server; SIGSTOP/SIGCONT of a parent (sometimes past its lease); SIGTERM and restart;
 `pgworkerd drain`/`resume`; PostgreSQL restart -m fast. Leases are 3 s, renewed every 1 s.
 
+Poison rows of every kind the daemon cannot load or hand to a child (a 5,001-digit
+integer, JSON nested 5,000 deep, a number beyond a float, run_at -infinity or before year
+1, a checkpoint nested 5,000 deep, a payload over the frame limit once re-encoded) are
+inserted every 2 s, as a direct INSERT or an old row would hold them.
+
 Every execution is recorded to a file by the handler (bench/chaos_handlers.py). Checked
 at the end (exit 1 if one fails): no two executions of one job overlap; no job is lost or
 stuck (all completed or dead once the run settles); no outcome recorded twice (one
 accepted completion per completed job, matching a finished execution of its last
-attempt; none for dead jobs); attempts accounted for; no daemon exits on its own.
+attempt; none for dead jobs); attempts accounted for; no daemon exits on its own; no job
+but the doomed ones ends dead; every poison row is dead with the reason and never reached
+a handler.
 Also printed: jobs per status, faults per kind, executions per job, and the time from a
 fault to the affected job running again (p50/p99).
 """
@@ -71,6 +78,21 @@ FAULTS = {
     "pg_restart": 0.5,
 }
 JOB_TITLE = re.compile(r"pgworkerd: job (\d+) \S+ attempt (\d+)")
+# Poison rows, written the way an old row or a direct INSERT (no enqueue checks) holds
+# them: (payload, run_at, checkpoint). Each must end dead at once with the reason, alone:
+# the daemons never exit, and no other job loses an attempt to it.
+DEEP = 5000
+POISON: dict[str, tuple[str, str | None, str | None]] = {
+    "integer_5001_digits": ('{"x": 1e5000}', None, None),
+    "payload_nested_5000": ('{"a":' * DEEP + "1" + "}" * DEEP, None, None),
+    "number_beyond_float": ('{"x": 1' + "0" * 400 + ".5}", None, None),
+    "run_at_minus_infinity": ("{}", "-infinity", None),
+    "run_at_before_year_1": ("{}", "0044-03-15 00:00:00+00 BC", None),
+    "checkpoint_nested_5000": ("{}", None, "[" * DEEP + "]" * DEEP),
+    "payload_over_frame_limit": ('{"s": "' + "\U0001f600" * (6 * 1024 * 1024) + '"}', None, None),
+}
+# At most one 24 MiB payload per this many seconds: it is a lot of memory to parse.
+POISON_INTERVAL = 2.0
 
 
 def log(message: str) -> None:
@@ -197,6 +219,8 @@ class Soak:
         # Every kind once first (in random order), so even a short run covers them all.
         self.unseen = self.rng.sample(list(FAULTS), len(FAULTS))
         self.ids: list[int] = []
+        self.poison: dict[int, str] = {}  # job id -> kind
+        self.poison_kinds = self.rng.sample(list(POISON), len(POISON))  # each once first
         self.notes: list[str] = []
 
     # -- set-up ------------------------------------------------------------------------
@@ -231,6 +255,19 @@ class Soak:
     def enqueue(self, conn: psycopg.Connection, count: int) -> None:
         if count > 0:
             self.ids += jobs.enqueue_many(conn, self.job_specs(count), schema=SCHEMA)
+
+    def enqueue_poison(self, conn: psycopg.Connection) -> None:
+        kind = self.poison_kinds[0] if self.poison_kinds else self.rng.choice(list(POISON))
+        payload, run_at, checkpoint = POISON[kind]
+        [(job_id,)] = conn.execute(
+            f"INSERT INTO {SCHEMA}.jobs (handler, payload, run_at, checkpoint, max_attempts)"
+            " VALUES ('chaos', %s::jsonb, coalesce(%s::timestamptz, now()), %s::jsonb, 1000)"
+            " RETURNING id",
+            (payload, run_at, checkpoint),
+        ).fetchall()
+        self.poison[job_id] = kind
+        if kind in self.poison_kinds:
+            self.poison_kinds.remove(kind)
 
     # -- faults --------------------------------------------------------------------------
 
@@ -357,16 +394,21 @@ class Soak:
         start = time.monotonic()
         end = start + a.duration
         next_fault = start + self.rng.uniform(*a.fault_interval)
+        next_poison = start + POISON_INTERVAL
         log(f"{a.jobs} jobs, faults for {a.duration:.0f}s")
         while time.monotonic() < end:
             # The rest of the jobs arrive steadily over the first 80 % of the window.
             due = up_front + int(
                 (a.jobs - up_front) * min(1.0, (time.monotonic() - start) / (0.8 * a.duration))
             )
-            if due > len(self.ids):
+            poison_due = time.monotonic() >= next_poison
+            if due > len(self.ids) or poison_due:
                 try:
                     with psycopg.connect(self.dsn, autocommit=True, connect_timeout=3) as conn:
                         self.enqueue(conn, due - len(self.ids))
+                        if poison_due:
+                            self.enqueue_poison(conn)
+                            next_poison = time.monotonic() + POISON_INTERVAL
                 except psycopg.OperationalError:
                     pass  # PostgreSQL restarting: next tick
             self.run_due()
@@ -407,9 +449,14 @@ class Soak:
 
     def report(self) -> bool:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
-            rows = conn.execute(
-                f"SELECT id, status, attempts, max_attempts, result FROM {SCHEMA}.jobs"
+            # (payload and other odd values of the poison rows are never loaded here)
+            everything = conn.execute(
+                f"SELECT id, status::text, attempts, max_attempts, result,"
+                f" (payload->>'raise')::float8 >= 1.0 AS doomed, last_error FROM {SCHEMA}.jobs"
             ).fetchall()
+        rows = [r[:5] for r in everything if r[0] not in self.poison]
+        doomed = {r[0] for r in everything if r[5]}
+        poison_rows = {r[0]: r for r in everything if r[0] in self.poison}
         jobs_by_id = {r[0]: r for r in rows}
         # executions: (job, pid) -> start, last seen, end event, attempt, tag
         ex: dict[tuple[int, int], dict[str, Any]] = {}
@@ -464,6 +511,17 @@ class Soak:
                     bad_attempts.append(job_id)
                 if accepted[job_id]:
                     dead_accepted.append(job_id)
+        # Only the doomed jobs (which fail every attempt) may end dead: a poison row must
+        # not cost a job claimed beside it its attempts.
+        innocent_dead = [r[0] for r in rows if r[1] == "dead" and r[0] not in doomed]
+        poison_not_buried = [
+            (job_id, kind)
+            for job_id, kind in self.poison.items()
+            if job_id not in poison_rows
+            or poison_rows[job_id][1] != "dead"
+            or "cannot" not in (poison_rows[job_id][6] or "")
+        ]
+        poison_ran = [j for j in self.poison if j in per_job]
         unexpected = [f"{d.tag}: {x}" for d in self.daemons for x in d.unexpected_exits]
         missing = [j for j in self.ids if j not in jobs_by_id]
 
@@ -492,7 +550,9 @@ class Soak:
             f"lease {WORKER['lease']}, renew {WORKER['renew_interval']}; "
             f"faults for {self.args.duration:.0f}s, settled in {self.settled_in:.1f}s",
             f"jobs: {len(rows)} total; "
-            + ", ".join(f"{s} {n}" for s, n in sorted(statuses.items())),
+            + ", ".join(f"{s} {n}" for s, n in sorted(statuses.items()))
+            + f"; plus {len(self.poison)} poison rows: "
+            + ", ".join(f"{k} {n}" for k, n in sorted(Counter(self.poison.values()).items())),
             f"faults injected: {len(self.faults)}; "
             + ", ".join(
                 f"{k} {n}" for k, n in sorted(Counter(f.kind for f in self.faults).items())
@@ -535,6 +595,13 @@ class Soak:
             ),
             ("dead jobs with an accepted completion", len(dead_accepted), dead_accepted[:10]),
             ("attempts not accounted for", len(bad_attempts), bad_attempts[:10]),
+            ("jobs dead that were not doomed to fail", len(innocent_dead), innocent_dead[:10]),
+            (
+                f"poison jobs ({len(self.poison)} enqueued) not dead with the reason",
+                len(poison_not_buried),
+                poison_not_buried[:10],
+            ),
+            ("poison jobs that reached a handler", len(poison_ran), poison_ran[:10]),
             ("daemon crashes or tracebacks in logs", crashed, []),
             ("daemons that exited on their own", len(unexpected), unexpected[:5]),
         ]

@@ -164,8 +164,12 @@ class Library:
         self.settings: dict[str, str] = {}  # worker mode -> what it ran with
         pg.create_database(self.name)
         self.dsn = pg.dsn(self.name)
-        # One URI form that libpq (psycopg) and asyncpg both read: unix socket, same server.
-        self.uri = f"postgresql://postgres@/{self.name}?host={pg.socket_dir}&port={pg.port}"
+        # One URI form that libpq (psycopg) and asyncpg both read: unix socket, same server,
+        # the password from the cluster's passfile.
+        self.uri = (
+            f"postgresql://postgres@/{self.name}"
+            f"?host={pg.socket_dir}&port={pg.port}&passfile={pg.passfile}"
+        )
         self.workdir = workdir
         self.db = psycopg.connect(self.dsn, autocommit=True)  # counting and cleaning only
         self.starts = Starts(workdir / f"{self.name}-starts.log")

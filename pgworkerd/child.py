@@ -25,7 +25,7 @@ from typing import Any
 
 from setproctitle import setproctitle
 
-from pgworkerd.wire import FrameReader, encode
+from pgworkerd.wire import FrameReader, FrameTooLarge, encode
 
 PR_SET_PDEATHSIG = 1
 # How often the monitor wakes to check the lease and refresh the title.
@@ -133,6 +133,10 @@ class _Channel:
         with self._lock:
             self._pending_beat = None if message.get("t") == "beat" else self._pending_beat
             self.sock.sendall(data)
+
+    def send_encoded(self, frame: bytes) -> None:
+        with self._lock:
+            self.sock.sendall(frame)
 
     def set_pending_beat(self, message: dict[str, Any]) -> None:
         with self._lock:
@@ -253,11 +257,23 @@ def _run_one(channel: _Channel, job: dict[str, Any]) -> None:
     if outcome["t"] != "done":  # PostgreSQL text cannot hold NUL: escape it for last_error
         outcome["error"] = outcome["error"].replace("\x00", "\\x00")
         outcome["traceback"] = outcome["traceback"].replace("\x00", "\\x00")
+    try:
+        frame = encode(outcome)
+    except FrameTooLarge as exc:  # the attempt fails, saying why (not "exited with 70")
+        what = "result" if outcome["t"] == "done" else "error report"
+        frame = encode(
+            {
+                "t": "error",
+                "id": job["id"],
+                "error": f"the {what} is too large to store: {exc}",
+                "traceback": "",
+            }
+        )
     channel.flush_pending_beat()
     # Ignore further SIGTERMs while reporting: the outcome must reach the parent whole.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     channel.deadline = None
-    channel.send(outcome)
+    channel.send_encoded(frame)
     channel.cancel_requested = False
     signal.signal(signal.SIGTERM, _raise_interrupted)
     channel.title = "pgworkerd: idle child"

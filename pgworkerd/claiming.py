@@ -7,19 +7,26 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
-from pgworkerd import jobs
-from pgworkerd.outcomes import InFlight, fence_margin
+from pgworkerd import jobs, wire
+from pgworkerd.describe import short_error
+from pgworkerd.outcomes import InFlight, Outcome, fence_margin
 
 if TYPE_CHECKING:
-    from pgworkerd.config import Config
+    from pgworkerd.config import Config, HandlerConfig
     from pgworkerd.daemon import Timers
     from pgworkerd.dblink import DatabaseLink
     from pgworkerd.metrics import NullMetrics
     from pgworkerd.supervisor import Supervisor
 
 log = logging.getLogger("pgworkerd")
+
+# Claims caused by NOTIFY are at most this frequent: any role may NOTIFY the channel, and
+# a flood of notifications must not become a flood of claims (20 ms: at most 50 a second,
+# while a single enqueue into an idle daemon still starts at once).
+NOTIFY_CLAIM_INTERVAL = 0.02
 
 
 class Claiming:
@@ -32,6 +39,7 @@ class Claiming:
     supervisor: Supervisor
     metrics: NullMetrics
     in_flight: dict[int, InFlight]
+    outcomes: deque[Outcome]
     timers: Timers
     drain_requested_in_db: bool
     claim_wanted: bool
@@ -49,6 +57,9 @@ class Claiming:
         if not self._may_claim():
             return
         if now >= t.poll_at or (t.scheduled_at is not None and now >= t.scheduled_at):
+            self.claim_wanted = True
+        if t.notified_at is not None and now >= t.notify_claim_at + NOTIFY_CLAIM_INTERVAL:
+            t.notified_at, t.notify_claim_at = None, now
             self.claim_wanted = True
         free = self._free_slots()
         if not self.claim_wanted or free <= 0 or not self.config.handlers:
@@ -69,9 +80,9 @@ class Claiming:
             for name, h in self.config.handlers.items()
         }
         sent_at = time.monotonic()
-        claimed = self.db.run(
+        result = self.db.run(
             "claiming jobs",
-            lambda c: jobs.claim(
+            lambda c: jobs.claim_checked(
                 c,
                 self.worker_id,
                 queues=self.config.queues,
@@ -80,9 +91,13 @@ class Claiming:
                 schema=self.schema,
             ),
         )
-        if claimed is None:
+        if result is None:
             return
-        self.backlog = len(claimed) == free
+        claimed, refused = result
+        self.backlog = len(claimed) + len(refused) == free
+        for bad in refused:
+            # Its row cannot be loaded: finished on its own, the rest of the claim runs.
+            self._refuse(bad, self.config.handlers[bad.handler], f"cannot run: {bad.reason}")
         for job in claimed:
             self.metrics.claimed(job.handler, rescued=job.rescued)
             handler = self.config.handlers[job.handler]
@@ -113,6 +128,14 @@ class Claiming:
         if not self.backlog:
             self._schedule_next_run()
 
+    def _refuse(
+        self, job: jobs.ClaimedJob | jobs.RefusedJob, handler: HandlerConfig, reason: str
+    ) -> None:
+        """A claimed job this daemon cannot run at all: dead at once with the reason
+        (written like any outcome: fenced, kept while the database is away)."""
+        self.in_flight.pop(job.id, None)
+        self.outcomes.append(Outcome(job, handler, "bury", 0.0, error=reason))
+
     def _schedule_next_run(self) -> None:
         row = self.db.run(
             "looking up scheduled jobs",
@@ -123,37 +146,39 @@ class Claiming:
         )
         self.timers.scheduled_at = None
         if row and row[0] is not None:
-            now_db = self.db.run(
-                "reading the clock", lambda c: c.execute("SELECT now()").fetchone()
-            )
-            if now_db:
-                wait = max(0.0, (row[0] - now_db[0]).total_seconds())
-                self.timers.scheduled_at = time.monotonic() + wait
+            self.timers.scheduled_at = time.monotonic() + max(0.0, row[0])
 
     def _dispatch(self) -> None:
         waiting = [j for j in self.in_flight.values() if j.child is None and j.stop_reason is None]
         if not waiting:
             return
         idle = self.supervisor.idle()
-        for job, child in zip(waiting, idle, strict=False):
+        for job in waiting:
+            if not idle:
+                return
+            try:
+                frame = wire.encode(
+                    {
+                        "t": "job",
+                        "id": job.job.id,
+                        "handler": job.job.handler,
+                        "target": job.handler.target,
+                        "queue": job.job.queue,
+                        "payload": job.job.payload,
+                        "attempt": job.job.attempt,
+                        "max_attempts": job.job.max_attempts,
+                        "checkpoint": job.job.checkpoint,
+                        "deadline": job.deadline,
+                    }
+                )
+            except Exception as exc:  # this job's data: too big, too deep, not JSON
+                self._refuse(
+                    job.job, job.handler, f"cannot be handed to a child: {short_error(exc)}"
+                )
+                continue
+            child = idle.pop(0)
             job.child = child
-            ok = self.supervisor.assign(
-                child,
-                job.job.id,
-                {
-                    "t": "job",
-                    "id": job.job.id,
-                    "handler": job.job.handler,
-                    "target": job.handler.target,
-                    "queue": job.job.queue,
-                    "payload": job.job.payload,
-                    "attempt": job.job.attempt,
-                    "max_attempts": job.job.max_attempts,
-                    "checkpoint": job.job.checkpoint,
-                    "deadline": job.deadline,
-                },
-            )
-            if not ok:
+            if not self.supervisor.assign(child, job.job.id, frame):
                 job.child = None
                 child.job = None
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+# First of all: masks a --dsn password in the process title (`ps` shows argv to everyone).
+import pgworkerd.earlytitle  # noqa: F401
+
+# isort: split
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 import click
@@ -16,6 +21,7 @@ import psycopg
 from pgworkerd import jobs
 from pgworkerd.config import Config, ConfigError
 from pgworkerd.db import DatabaseError, InvalidDsn, connect, conninfo, scrub
+from pgworkerd.display import RawJson, printable, register_safe_loaders
 from pgworkerd.durations import parse_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.migrate import SchemaError, check_current, migrate_conn
@@ -39,20 +45,45 @@ class Context:
         return ""
 
 
+def _priority(level: str) -> str:
+    """sd-daemon's priority prefix when stderr is the journal (see pgworkerd.logs)."""
+    from pgworkerd.logs import under_journald
+
+    return level if under_journald(sys.stderr) else ""
+
+
 def fail(message: str, code: ExitCode) -> NoReturn:
-    click.echo(f"pgworkerd: {message}", err=True)
+    # One inert line: messages quote DSNs, names and server text that others may have
+    # written, so line breaks become "; " and other control characters are escaped.
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    click.echo(f"{_priority('<3>')}pgworkerd: {printable('; '.join(lines))}", err=True)
     sys.exit(int(code))
 
 
+ROLES_HINT = "grants: deploy/roles.sql, `pgworkerd files roles.sql`"
+
+
 @contextmanager
-def database(ctx: Context, *, check_schema: bool = True) -> Iterator[psycopg.Connection]:
-    """A connection for one command; user errors become messages and exit codes."""
+def database(
+    ctx: Context, *, check_schema: bool = True, needs: str = "read jobs"
+) -> Iterator[psycopg.Connection]:
+    """A connection for one command; user errors become messages and exit codes.
+
+    `needs` says what the command does with the database, for the one-line error a role
+    without that right gets (e.g. the enqueuer role running `jobs`).
+    """
     dsn = ""
+    role = "?"
+    doing = "read the schema version"
     try:
         dsn = ctx.resolved_dsn()
         with connect(dsn) as conn:
+            # Rows are written by others: show what Python cannot load instead of dying.
+            register_safe_loaders(conn)
+            role = conn.info.user
             if check_schema:
                 check_current(conn, ctx.schema)
+            doing = needs
             yield conn
     except InvalidDsn as exc:
         fail(str(exc), ExitCode.CONFIG)
@@ -60,6 +91,8 @@ def database(ctx: Context, *, check_schema: bool = True) -> Iterator[psycopg.Con
         fail(str(exc), ExitCode.DATABASE)
     except SchemaError as exc:
         fail(str(exc), ExitCode.SCHEMA)
+    except psycopg.errors.InsufficientPrivilege:
+        fail(f"permission denied: role {role!r} cannot {doing} ({ROLES_HINT})", ExitCode.DATABASE)
     except psycopg.errors.InvalidParameterValue as exc:
         fail(scrub(exc.diag.message_primary or str(exc), dsn), ExitCode.CONFIG)
     except psycopg.OperationalError as exc:
@@ -122,7 +155,7 @@ def main(click_ctx: click.Context, dsn: str | None, schema: str, config_path: st
 @click.pass_obj
 def migrate(ctx: Context) -> None:
     """Create or upgrade the schema (safe to run from several hosts at once)."""
-    with database(ctx, check_schema=False) as conn:
+    with database(ctx, check_schema=False, needs="create or upgrade the schema") as conn:
         applied = migrate_conn(conn, ctx.schema)
     if applied:
         click.echo(f"schema {ctx.schema}: applied migrations {', '.join(map(str, applied))}")
@@ -190,7 +223,7 @@ def enqueue(
         spec.as_json()
     except jobs.InvalidJob as exc:
         fail(str(exc), ExitCode.CONFIG)
-    with database(ctx) as conn:
+    with database(ctx, needs="enqueue jobs") as conn:
         [job_id] = jobs.enqueue_many(conn, [spec], schema=ctx.schema)
     click.echo(job_id)
 
@@ -200,10 +233,10 @@ def enqueue(
 @click.pass_obj
 def cancel(ctx: Context, ids: tuple[int, ...]) -> None:
     """Cancel jobs: pending ones at once, running ones by asking their daemon."""
-    with database(ctx) as conn:
+    with database(ctx, needs="change jobs") as conn:
         outcomes = jobs.cancel(conn, ids, schema=ctx.schema)
     for job_id in ids:
-        click.echo(f"{job_id}: {outcomes[job_id]}")
+        click.echo(f"{job_id}: {printable(outcomes[job_id])}")
     if any(outcomes[i] == "not found" for i in ids):
         sys.exit(int(ExitCode.FAILURE))
 
@@ -217,14 +250,32 @@ def retry(ctx: Context, ids: tuple[int, ...], queue: str | None, handler: str | 
     """Put dead or cancelled jobs back to pending with fresh attempts."""
     if not ids and queue is None and handler is None:
         raise click.UsageError("give job ids, --queue or --handler")
-    with database(ctx) as conn:
+    with database(ctx, needs="change jobs") as conn:
         retried = jobs.retry(
             conn, ids=list(ids) or None, queue=queue, handler=handler, schema=ctx.schema
         )
+        # Ids given but not retried: say why, one line each, and exit 1 (as cancel does).
+        left = [i for i in dict.fromkeys(ids) if i not in set(retried)]
+        why = {i: _not_retried(jobs.get(conn, i, schema=ctx.schema)) for i in left}
     click.echo(
         f"retried {len(retried)} job(s)"
         + (f": {', '.join(map(str, retried))}" if 0 < len(retried) <= 50 else "")
     )
+    for job_id, reason in why.items():
+        click.echo(f"{job_id}: {reason}")
+    if why:
+        sys.exit(int(ExitCode.FAILURE))
+
+
+def _not_retried(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "not found"
+    if row["status"] in ("dead", "cancelled") and row["dedupe_key"] is not None:
+        # job_retry leaves a job whose dedupe key a live job (or a newer one) holds
+        return f"not retried: another job holds its dedupe key '{printable(row['dedupe_key'])}'"
+    if row["status"] in ("dead", "cancelled"):
+        return "not retried: it changed meanwhile, try again"
+    return f"not retried: it is {row['status']} (only dead or cancelled jobs are)"
 
 
 @main.command()
@@ -244,7 +295,7 @@ def retry(ctx: Context, ids: tuple[int, ...], queue: str | None, handler: str | 
 @click.pass_obj
 def prune(ctx: Context, older_than: float, statuses: tuple[str, ...]) -> None:
     """Delete finished jobs older than a retention."""
-    with database(ctx) as conn:
+    with database(ctx, needs="delete jobs") as conn:
         deleted = jobs.prune(
             conn,
             timedelta(seconds=older_than),
@@ -284,13 +335,28 @@ def list_jobs(
     if as_json:
         echo_json(rows)
         return
+    click.echo(f"{'ID':>8} {'STATUS':<9} {'QUEUE':<12} {'HANDLER':<24} {'ATTEMPTS':<8}  ERROR")
     for r in rows:
-        error = (r["last_error"] or "").strip().splitlines()
-        click.echo(
-            f"{r['id']:>8} {r['status']:<9} {r['queue']:<12} {r['handler']:<24} "
-            f"attempt {r['attempts']}/{r['max_attempts']}"
-            + (f"  {error[-1][:80]}" if error else "")
+        attempts = f"{r['attempts']}/{r['max_attempts']}"
+        line = (
+            f"{r['id']:>8} {r['status']:<9} {printable(r['queue']):<12} "
+            f"{printable(r['handler']):<24} {attempts:<8}"
         )
+        click.echo(f"{line}  {_error_summary(r)}".rstrip())
+
+
+def _error_summary(row: dict[str, Any]) -> str:
+    """The last line of a job's last error. The column is never cleared, so the error is
+    marked as history unless it is why the job is where it is: dead, cancelled, or
+    pending for a retry (a job retried by hand starts again at attempt 0)."""
+    lines = (row["last_error"] or "").strip().split("\n")
+    last = printable(lines[-1].strip())[:80]
+    if not last:
+        return ""
+    current = row["status"] in ("dead", "cancelled") or (
+        row["status"] == "pending" and row["attempts"] > 0
+    )
+    return last if current else f"(earlier attempt: {last})"
 
 
 @main.command("show")
@@ -308,10 +374,70 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         return
     for key, value in row.items():
         if key == "last_error" and value:
-            click.echo("last_error:\n  " + str(value).replace("\n", "\n  "))
+            # a traceback reads best on its own lines; each is escaped and indented, so
+            # nothing in it can pass for a field of its own
+            lines = str(value).rstrip("\n").split("\n")
+            click.echo("last_error:\n" + "\n".join(f"  {printable(ln)}" for ln in lines))
+        elif isinstance(value, dict | list):
+            click.echo(f"{key}: {json.dumps(value, default=str)}")
+        elif isinstance(value, RawJson):  # JSON text Python could not load: shown as is
+            click.echo(f"{key}: {printable(value)}")
         else:
-            shown = json.dumps(value, default=str) if isinstance(value, dict | list) else value
-            click.echo(f"{key}: {shown}")
+            click.echo(f"{key}: {printable(value)}")
+
+
+# Shipped in the package (pgworkerd/files/), so a pip-only user has them too.
+SHIPPED_FILES = {
+    "config.example.toml": "every config key with its default (for /etc/pgworkerd/)",
+    "pgworkerd.service": "systemd unit: one daemon per host (/etc/systemd/system/)",
+    "pgworkerd@.service": "systemd template: one daemon per /etc/pgworkerd/INSTANCE.toml",
+    "roles.sql": "least-privilege roles pgworkerd_daemon and pgworkerd_enqueuer (psql -f)",
+}
+
+
+@main.command("files")
+@click.argument("names", nargs=-1)
+@click.option(
+    "--to",
+    "directory",
+    type=click.Path(file_okay=False),
+    help="copy the files (default: all) into this directory; never overwrites",
+)
+def shipped_files(names: tuple[str, ...], directory: str | None) -> None:
+    """List the config example, systemd units and roles.sql shipped with pgworkerd;
+    print one (`pgworkerd files roles.sql`) or copy them (--to DIR)."""
+    from importlib.resources import files as package_files
+
+    unknown = [n for n in names if n not in SHIPPED_FILES]
+    if unknown:
+        raise click.UsageError(
+            f"no shipped file '{printable(unknown[0])}': choose from {', '.join(SHIPPED_FILES)}"
+        )
+    source = package_files("pgworkerd") / "files"
+    if directory is None:
+        if not names:
+            for name, what in SHIPPED_FILES.items():
+                click.echo(f"{name:<20} {what}")
+            return
+        if len(names) > 1:
+            raise click.UsageError("give one file to print, or --to DIR to copy several")
+        click.echo((source / names[0]).read_text(encoding="utf-8"), nl=False)
+        return
+    chosen = names or tuple(SHIPPED_FILES)
+    target = os.path.abspath(directory)
+    existing = [n for n in chosen if os.path.lexists(os.path.join(target, n))]
+    if existing:  # an operator's edited copy is never replaced
+        fail(
+            f"{os.path.join(target, existing[0])} already exists; nothing copied", ExitCode.FAILURE
+        )
+    try:
+        os.makedirs(target, exist_ok=True)
+        for name in chosen:
+            with open(os.path.join(target, name), "xb") as out:
+                out.write((source / name).read_bytes())
+    except OSError as exc:
+        fail(f"cannot copy into {target}: {exc.strerror or exc}", ExitCode.FAILURE)
+    click.echo(f"copied {', '.join(chosen)} into {target}")
 
 
 def _load(ctx: Context) -> Config:
@@ -325,27 +451,28 @@ def _load(ctx: Context) -> Config:
         fail(str(exc), ExitCode.CONFIG)
 
 
-def _dsn_given(ctx: Context, config: Config) -> bool:
-    if ctx.dsn is not None or config.database.dsn:
-        return True
-    return any(os.environ.get(v) for v in ("PGHOST", "PGDATABASE", "PGSERVICE", "PGPORT"))
-
-
 @main.command("check-config")
 @click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.option(
+    "-q", "--quiet", is_flag=True, help="print only errors and warnings (e.g. for ExecReload=)"
+)
 @click.pass_obj
-def check_config(ctx: Context, as_json: bool) -> None:
+def check_config(ctx: Context, as_json: bool, quiet: bool) -> None:
     """Validate the config, import every handler, print the effective config."""
-    from pgworkerd.config import effective, import_handler
+    from pgworkerd.config import effective, file_warnings, import_handler
 
     if not ctx.config_path:
         raise click.UsageError("give the config file with --config (or PGWORKERD_CONFIG)")
     config = _load(ctx)
+    for warning in file_warnings(config):
+        click.echo(f"{_priority('<4>')}WARNING: {warning}", err=True)
     for handler in config.handlers.values():
         try:
             import_handler(handler)
         except ConfigError as exc:
             fail(str(exc), ExitCode.HANDLER)
+    if quiet:
+        return
     data = effective(config)
     if as_json:
         echo_json(data)
@@ -370,24 +497,19 @@ def check_config(ctx: Context, as_json: bool) -> None:
 )
 @click.pass_obj
 def run(ctx: Context, log_format: str | None) -> None:
-    """Run the daemon. Without any DSN it runs the demo on a throwaway PostgreSQL."""
+    """Run the daemon. Without a DSN (--dsn, PGWORKERD_DSN, database.dsn) it connects
+    with libpq's defaults and PG* variables, like psql; `pgworkerd demo` runs the demo."""
     from pgworkerd import logs
-    from pgworkerd.config import import_handler
+    from pgworkerd.config import file_warnings, import_handler
     from pgworkerd.daemon import run_daemon
 
     config = _load(ctx)
     logs.setup(log_format or config.logging.format, config.logging.level)
-    if not _dsn_given(ctx, config):
-        click.echo(
-            "pgworkerd: no DSN given: running the demo on a throwaway PostgreSQL "
-            "(see `pgworkerd demo --help`)",
-            err=True,
-        )
-        _run_demo(log_format or "text", seconds=None)
-    for dsn in (
-        ctx.dsn if ctx.dsn is not None else config.database.dsn,
-        config.database.listen_dsn,
-    ):
+    dsns = (ctx.dsn if ctx.dsn is not None else config.database.dsn, config.database.listen_dsn)
+    logs.hide_passwords_of(*dsns)
+    for warning in file_warnings(config):
+        logging.getLogger("pgworkerd").warning("%s", warning)
+    for dsn in dsns:
         try:
             conninfo(dsn)  # syntax only; retrying could never fix an unparsable DSN
         except InvalidDsn as exc:
@@ -446,7 +568,7 @@ def status(ctx: Context, as_json: bool) -> None:
     """
     from pgworkerd import fleet
 
-    with database(ctx) as conn:
+    with database(ctx, needs="read jobs") as conn:
         snap = fleet.snapshot(conn, ctx.schema)
     live = [d for d in snap["daemons"] if d["state"] != "gone"]
     drained = [d for d in live if d["drain_requested"]]
@@ -455,31 +577,28 @@ def status(ctx: Context, as_json: bool) -> None:
     else:
         for d in drained:
             click.secho(
-                f"WARNING: daemon {d['id']} on {d['host']} is DRAINED and takes no jobs; "
-                f"`pgworkerd resume --worker {d['id']}` (or --all) undoes it",
+                f"WARNING: daemon {printable(d['id'])} on {printable(d['host'])} is DRAINED "
+                "and takes no jobs; "
+                f"`pgworkerd resume --worker {printable(d['id'])}` (or --all) undoes it",
                 fg="red",
                 bold=True,
                 err=True,
             )
         click.echo(f"daemons ({len(live)} live):")
         for d in snap["daemons"]:
-            click.echo(
-                f"  {d['id']:<32} {d['host']:<16} pid {d['pid']:<7} {d['state']:<9} "
-                f"{d['busy']}/{d['slots']} busy  up {_age(d['uptime_seconds'])}  "
-                f"heartbeat {_age(d['heartbeat_age_seconds'])} ago"
-            )
+            click.echo(f"  {_daemon_line(d)}")
         click.echo(f"running jobs ({len(snap['running_jobs'])}):")
         for j in snap["running_jobs"]:
-            progress = json.dumps(j["progress"]) if j["progress"] is not None else ""
+            progress = _progress(j["progress"])
             click.echo(
-                f"  {j['id']:>8} {j['handler']:<24} attempt {j['attempts']}/"
-                f"{j['max_attempts']}  {_age(j['age_seconds'])}  on {j['locked_by']}"
-                f"  {progress}"
+                f"  {j['id']:>8} {printable(j['handler']):<24} attempt {j['attempts']}/"
+                f"{j['max_attempts']}  {_age(j['age_seconds'])}  on {printable(j['locked_by'])}"
+                f"  {progress}".rstrip()
             )
         click.echo("jobs per queue:")
         for queue, by_status in sorted(snap["counts"].items()):
             parts = ", ".join(f"{s} {n}" for s, n in sorted(by_status.items()))
-            click.echo(f"  {queue}: {parts}")
+            click.echo(f"  {printable(queue)}: {parts}")
         click.echo(f"oldest due pending job: {_age(snap['oldest_pending_seconds'])}")
         for u in snap["unserved"]:
             click.secho(
@@ -493,10 +612,42 @@ def status(ctx: Context, as_json: bool) -> None:
         sys.exit(int(ExitCode.FAILURE))
 
 
+def _daemon_line(d: dict[str, Any]) -> str:
+    head = f"{printable(d['id']):<32} {printable(d['host']):<16} pid {d['pid']:<7}"
+    if d["state"] != "gone":
+        return (
+            f"{head} {printable(d['state']):<9} {d['busy']}/{d['slots']} busy  "
+            f"up {_age(d['uptime_seconds'])}  heartbeat {_age(d['heartbeat_age_seconds'])} ago"
+        )
+    # Gone: a fixed point in time, not ages that keep growing after the daemon stopped.
+    stopped = d["stopped_at"] or d["heartbeat_at"]
+    ran = (
+        _age((stopped - d["started_at"]).total_seconds())
+        if isinstance(stopped, datetime) and isinstance(d["started_at"], datetime)
+        else "-"
+    )
+    return f"{head} gone      since {_utc(stopped)} (ran {ran}, last busy {d['busy']}/{d['slots']})"
+
+
+def _utc(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return printable(value)  # a timestamp Python cannot hold comes as the server's text
+
+
+def _progress(value: Any) -> str:
+    if value is None:
+        return ""
+    # json.dumps escapes control characters itself
+    return printable(value) if isinstance(value, RawJson) else json.dumps(value)
+
+
 def _drain_target(worker: str | None, all_hosts: bool) -> str:
     if worker and all_hosts:
         raise click.UsageError("give --worker or --all, not both")
-    return f"daemon {worker}" if worker else ("all daemons" if all_hosts else "this host's daemons")
+    if worker:
+        return f"daemon {printable(worker)}"
+    return "all daemons" if all_hosts else "this host's daemons"
 
 
 @main.command()
@@ -523,7 +674,7 @@ def drain(
     target = _drain_target(worker, all_hosts)
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait")
-    with database(ctx) as conn:
+    with database(ctx, needs="change the daemons' registry") as conn:
         affected = fleet.request_drain(
             conn, ctx.schema, drain=True, worker_id=worker, all_hosts=all_hosts
         )
@@ -531,7 +682,7 @@ def drain(
             fail(f"no live daemon matches ({target})", ExitCode.FAILURE)
         click.echo(
             f"drain requested for {len(affected)} daemon(s): "
-            + ", ".join(a["id"] for a in affected)
+            + ", ".join(printable(a["id"]) for a in affected)
         )
         if not wait:
             return
@@ -548,7 +699,8 @@ def drain(
             ):
                 if worker_id in ids:
                     click.echo(
-                        f"daemon {worker_id} (host {host} pid {pid}) has been silent for"
+                        f"daemon {printable(worker_id)} (host {printable(host)} pid {pid})"
+                        " has been silent for"
                         f" {registry.STALE_AFTER_SECONDS:.0f} s: marked gone (killed, or cut"
                         " off from the database: then its jobs stop by the end of their"
                         " leases); they go back to the queue when their leases expire"
@@ -583,10 +735,12 @@ def resume(ctx: Context, all_hosts: bool, worker: str | None) -> None:
     from pgworkerd import fleet
 
     target = _drain_target(worker, all_hosts)
-    with database(ctx) as conn:
+    with database(ctx, needs="change the daemons' registry") as conn:
         affected = fleet.request_drain(
             conn, ctx.schema, drain=False, worker_id=worker, all_hosts=all_hosts
         )
     if not affected:
         fail(f"no live daemon matches ({target})", ExitCode.FAILURE)
-    click.echo(f"resumed {len(affected)} daemon(s): " + ", ".join(a["id"] for a in affected))
+    click.echo(
+        f"resumed {len(affected)} daemon(s): " + ", ".join(printable(a["id"]) for a in affected)
+    )

@@ -7,11 +7,14 @@ and `key =` lines); good enough to point an operator at the right line.
 from __future__ import annotations
 
 import dataclasses
+import grp
 import importlib
 import importlib.util
 import math
+import os
 import re
 import socket
+import stat
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,6 +89,7 @@ class LoggingConfig:
 class MetricsConfig:
     listen: str = ""  # "HOST:PORT" for the Prometheus endpoint; empty: no endpoint
     queue_depth_interval: float = 15.0  # how often the job counts are refreshed
+    top_queues: int = 20  # queues labelled besides the served ones; the rest are "other"
 
     @property
     def enabled(self) -> bool:
@@ -184,9 +188,20 @@ class _Reader:
             )
 
 
+def _describe(value: Any) -> str:
+    """A value for an error message: scalars as written (bounded), tables and arrays by
+    kind only, since they may hold a password (`dsn = { password = ... }`) or be huge."""
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "an array"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
 def _string(value: Any) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"expected a string, got {type(value).__name__} {value!r}")
+        raise TypeError(f"expected a string, got {_describe(value)}")
     return value
 
 
@@ -198,13 +213,13 @@ def _nonempty(value: Any) -> str:
 
 def _bool(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise TypeError(f"expected true or false, got {type(value).__name__} {value!r}")
+        raise TypeError(f"expected true or false, got {_describe(value)}")
     return value
 
 
 def _positive_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"expected an integer, got {type(value).__name__} {value!r}")
+        raise TypeError(f"expected an integer, got {_describe(value)}")
     if value < 1:
         raise ValueError(f"must be at least 1, got {value}")
     return value
@@ -212,7 +227,7 @@ def _positive_int(value: Any) -> int:
 
 def _non_negative_int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"expected an integer >= 0, got {value!r}")
+        raise ValueError(f"expected an integer >= 0, got {_describe(value)}")
     return value
 
 
@@ -247,7 +262,7 @@ def _positive_duration(value: Any) -> float:
 
 def _string_list(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise TypeError(f"expected a list of non-empty strings, got {value!r}")
+        raise TypeError(f"expected a list of non-empty strings, got {_describe(value)}")
     return tuple(value)
 
 
@@ -259,7 +274,7 @@ def _queue_names(value: Any) -> tuple[str, ...]:
 def _choice(*choices: str) -> Callable[[Any], str]:
     def convert(value: Any) -> str:
         if value not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}, got {value!r}")
+            raise ValueError(f"expected one of {', '.join(choices)}, got {_describe(value)}")
         return str(value)
 
     return convert
@@ -347,6 +362,7 @@ _LOGGING = {
 _METRICS = {
     "listen": _listen,
     "queue_depth_interval": _positive_duration,
+    "top_queues": _non_negative_int,
 }
 _HANDLER = {
     "target": _target,
@@ -367,6 +383,9 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except RecursionError:
+        # tomllib recurses once per nested array or inline table.
+        raise ConfigError(f"{path}: invalid TOML: nested too deeply") from None
     known_tables = ["database", "worker", "logging", "metrics", "handlers"]
     for table, value in data.items():
         if table not in known_tables:
@@ -476,6 +495,54 @@ def load_config(path: str | Path) -> Config:
             f"{p}:{line}: not UTF-8 text (TOML must be UTF-8): byte 0x{data[exc.start]:02x}"
         ) from None
     return parse_config(text, str(p))
+
+
+def _holds_password(dsn: str) -> bool:
+    return bool(dsn) and mask_password(dsn) != dsn
+
+
+def file_warnings(config: Config) -> list[str]:
+    """What others could do with the config file: read its password, or rewrite it (and
+    with it the handlers' code, since a target is imported as written). Warnings, not
+    errors: the operator decides, and a running daemon keeps running."""
+    path = Path(config.path)
+    try:
+        st = path.stat()
+    except OSError:
+        return []
+    found = []
+    if _holds_password(config.database.dsn) or _holds_password(config.database.listen_dsn):
+        own_groups = {os.getgid(), os.getegid(), *os.getgroups()}
+        if st.st_mode & stat.S_IROTH:
+            readable = "others"
+        elif st.st_mode & stat.S_IRGRP and st.st_gid not in own_groups:
+            try:
+                readable = f"group {grp.getgrgid(st.st_gid).gr_name}"
+            except KeyError:
+                readable = f"group {st.st_gid}"
+        else:
+            readable = ""
+        if readable:
+            found.append(
+                f"{path} holds a database password and is readable by {readable}: "
+                f"chmod 600 {path} (or move the password to ~/.pgpass or PGPASSWORD)"
+            )
+    if st.st_mode & stat.S_IWOTH:
+        found.append(
+            f"{path} is writable by others, who could change its handlers: chmod o-w {path}"
+        )
+    # The directory (of the link and of its target): there, others could replace the file.
+    for directory in dict.fromkeys([path.absolute().parent, path.resolve().parent]):
+        try:
+            mode = directory.stat().st_mode
+        except OSError:
+            continue
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            found.append(
+                f"{path} is in {directory}, which others can write (no sticky bit): they "
+                f"could replace the file; keep it in a directory only its owner can write"
+            )
+    return found
 
 
 def import_handler(handler: HandlerConfig) -> Callable[..., Any]:

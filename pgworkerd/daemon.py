@@ -21,18 +21,19 @@ import secrets
 import selectors
 import signal
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from setproctitle import setproctitle
 
-from pgworkerd import __version__, jobs, metrics, outcomes
-from pgworkerd.claiming import Claiming
-from pgworkerd.config import Config, ConfigError, load_config
+from pgworkerd import __version__, jobs, logs, metrics, outcomes
+from pgworkerd.claiming import NOTIFY_CLAIM_INTERVAL, Claiming
+from pgworkerd.config import Config, ConfigError, file_warnings, load_config
 from pgworkerd.db import DatabaseError, InvalidDsn, scrub
 from pgworkerd.dblink import MAX_RECONNECT_DELAY, DatabaseLink
+from pgworkerd.describe import short_error
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.forkserver import set_child_subreaper
@@ -61,6 +62,8 @@ class Timers:
     progress_at: float = 0.0
     drain_deadline: float | None = None
     exit_deadline: float | None = None
+    notified_at: float | None = None  # a NOTIFY arrived and has not caused a claim yet
+    notify_claim_at: float = 0.0  # the last claim a NOTIFY caused
 
 
 class Daemon(Claiming, Presence):
@@ -79,6 +82,7 @@ class Daemon(Claiming, Presence):
         self.schema = config.database.schema if schema is None else schema
         self.worker_id = f"{config.worker_name()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.state = "starting"
+        self.reload_error = ""
         self.notifier = Notifier()
         self.selector = selectors.DefaultSelector()
         self.supervisor = Supervisor(self.selector, self._on_message, self._on_child_exit)
@@ -92,7 +96,9 @@ class Daemon(Claiming, Presence):
         self.drain_requested_in_db = False
         self.exit_code = ExitCode.OK
         self._wake_r, self._wake_w = os.pipe()
-        self.metrics = metrics.create(config.metrics)
+        self.metrics = metrics.create(
+            config.metrics, queues=config.queues, handlers=config.handlers
+        )
         self.depth_counter = QueueDepthCounter(
             self.db, self.schema, self.metrics, config.metrics.queue_depth_interval
         )
@@ -101,6 +107,9 @@ class Daemon(Claiming, Presence):
 
     def run(self) -> int:
         """Run until drained or terminated; returns the process exit code."""
+        # The CLI already masked a --dsn password in argv (pgworkerd.earlytitle); from
+        # here on the title says what the daemon does, as it will once running.
+        setproctitle(f"pgworkerd: starting [{self.worker_id}]")
         set_child_subreaper()
         # The fork server first: it must come from a process with no connections.
         modules = sorted({h.module for h in self.config.handlers.values()})
@@ -167,6 +176,7 @@ class Daemon(Claiming, Presence):
                 )
                 log.warning("database unreachable (%s); retrying in %.1fs", message, delay)
                 self.notifier.status("database unreachable, retrying")
+                setproctitle(f"pgworkerd: database unreachable, retrying [{self.worker_id}]")
                 # Not READY yet: keep systemd's start timeout from killing a daemon that
                 # is only waiting for its database.
                 self.notifier.extend_timeout(delay + self.config.database.connect_timeout + 5)
@@ -233,6 +243,8 @@ class Daemon(Claiming, Presence):
             candidates.append(t.poll_at)
             if t.scheduled_at is not None:
                 candidates.append(t.scheduled_at)
+            if t.notified_at is not None:
+                candidates.append(t.notify_claim_at + NOTIFY_CLAIM_INTERVAL)
         if not self.db.ok:
             candidates.append(self.db.reconnect_at)
         if self.notifier.watchdog_interval:
@@ -266,8 +278,10 @@ class Daemon(Claiming, Presence):
                     pass
             elif kind == "child":
                 self.supervisor.readable(obj)
-            elif kind == "listen":
-                self.claim_wanted = self.db.notified() or self.claim_wanted
+            elif kind == "listen" and self.db.notified():
+                # Coalesced: however many notifications arrive (any role may NOTIFY),
+                # they cause at most one claim per NOTIFY_CLAIM_INTERVAL.
+                self.timers.notified_at = self.timers.notified_at or time.monotonic()
 
     def _sleep(self, seconds: float) -> None:
         """Wait that still wakes for signals (start-up only: no children yet)."""
@@ -327,7 +341,11 @@ class Daemon(Claiming, Presence):
             self._stop(job, "terminate")
 
     def reload(self) -> None:
-        """SIGHUP: new handlers, slots and queues; in-flight jobs keep running as they were."""
+        """SIGHUP: new handlers, slots and queues; in-flight jobs keep running as they were.
+
+        An invalid config keeps the old one, and says so where `systemctl status` looks:
+        STATUS= carries "reload failed: ..." until a reload succeeds. (The units'
+        ExecReload= runs `check-config` first, so `systemctl reload` itself fails too.)"""
         if self.config_path is None:
             log.warning("SIGHUP ignored: no config file to reload")
             return
@@ -344,9 +362,14 @@ class Daemon(Claiming, Presence):
             self.supervisor.start_forkserver(modules, self._child_settings_for(new))
         except (ConfigError, RuntimeError, OSError) as exc:
             log.error("reload failed, keeping the old config: %s", exc)
+            # One line: STATUS= is one assignment of a newline-separated message.
+            self.reload_error = f"reload failed: {logs.escape(str(exc))}"
             self.notifier.ready(self._status_text())
             return
+        for warning in file_warnings(new):
+            log.warning("%s", warning)
         self.config = new
+        self.reload_error = ""
         self.claim_wanted = True
         log.info(
             "reloaded %s: %d slots, queues %s, handlers %s",
@@ -397,11 +420,26 @@ class Daemon(Claiming, Presence):
                 self.metrics.observe_job_start(job.job.run_at, job.job.created_at)
         elif kind == "beat":
             job.last_beat = now
-            if "progress" in message:
-                job.progress, job.unsaved = message["progress"], True
-            if "checkpoint" in message:
-                job.checkpoint, job.unsaved = message["checkpoint"], True
+            for key in ("progress", "checkpoint"):
+                if key in message:
+                    # Encoded (and so checked) here, once: one job's odd value must never
+                    # fail the renewal statement that carries every job's lease.
+                    try:
+                        setattr(job, key, jobs.encode_json(message[key]))
+                        job.unsaved = True
+                    except Exception as exc:
+                        log.warning("%s: %s not saved: %s", job.name, key, short_error(exc))
         elif kind in ("done", "error", "interrupted"):
+            if kind == "done" and message.get("result") is not None:
+                try:
+                    message["result"] = jobs.encode_json(message["result"])
+                except Exception as exc:
+                    message = {
+                        "t": "error",
+                        "id": job.job.id,
+                        "error": f"the result cannot be stored: {short_error(exc)}",
+                        "traceback": "",
+                    }
             job.report = message
             child.job = None
             self._settle(job, message)
@@ -409,7 +447,7 @@ class Daemon(Claiming, Presence):
     def _on_child_exit(self, child: Child, status: int) -> None:
         job = self.in_flight.get(child.job) if child.job is not None else None
         if job is not None and job.child is child:
-            self._settle(job, None, exit_description=describe_exit(status))
+            self._settle(job, None, exit_description=child.broken or describe_exit(status))
         elif status != 0 and not child.exiting:
             log.warning("idle child %s %s", child.pid, describe_exit(status))
         self.claim_wanted = self.claim_wanted or self.backlog
@@ -493,6 +531,13 @@ class Daemon(Claiming, Presence):
                 )
             for o in batch:
                 self.outcomes.remove(o)
+                if o.retry_in is not None:
+                    # Wake for the retry when it is due, not at the next poll.
+                    retry_at = time.monotonic() + max(0.0, o.retry_in)
+                    t = self.timers
+                    t.scheduled_at = (
+                        retry_at if t.scheduled_at is None else min(t.scheduled_at, retry_at)
+                    )
 
     def _renew_if_due(self, only_unsaved: bool = False) -> None:
         now = time.monotonic()
@@ -566,6 +611,8 @@ def run_daemon(
 ) -> int:
     try:
         return Daemon(config, dsn=dsn, schema=schema, config_path=config_path).run()
-    except Exception:
-        log.critical("daemon crashed:\n%s", scrub(traceback.format_exc(), dsn))
+    except Exception as exc:
+        # The traceback goes through the log formatter: masked, each line escaped.
+        summary = scrub(f"{type(exc).__name__}: {exc}", dsn)
+        log.critical("daemon crashed: %s", summary, exc_info=True)
         return ExitCode.FAILURE

@@ -9,6 +9,8 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from pgworkerd.masking import mask_password, url_secrets
+
 # Bounded connects and dead-peer detection: with neither, a silent network drop blocks a
 # query for ~15 minutes (see shared notes on partitions).
 CONNECT_DEFAULTS: dict[str, Any] = {
@@ -32,8 +34,7 @@ PREPARE_THRESHOLD = 5
 # search_path in deploy/roles.sql as well.
 SEARCH_PATH_OPTION = "-c search_path=pg_catalog,pg_temp"
 
-_PASSWORD_IN_URL = re.compile(r"(://[^:/@\s]*:)[^@\s]*@")
-_PASSWORD_KV = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
+__all__ = ["DatabaseError", "InvalidDsn", "connect", "conninfo", "mask_password", "scrub"]
 
 
 class DatabaseError(RuntimeError):
@@ -44,10 +45,8 @@ class InvalidDsn(DatabaseError):
     """The DSN itself cannot be parsed: bad input, which no retry can fix."""
 
 
-def mask_password(text: str) -> str:
-    """Replace any password in a DSN-like text (URL or key=value form) with ***."""
-    text = _PASSWORD_IN_URL.sub(r"\1***@", text)
-    return _PASSWORD_KV.sub(r"\1***", text)
+# libpq quotes the token it cannot parse: from a malformed URL, often the password.
+_QUOTED = re.compile(r'"([^"]*)"')
 
 
 def scrub(text: str, dsn: str | None) -> str:
@@ -57,9 +56,16 @@ def scrub(text: str, dsn: str | None) -> str:
         try:
             password = conninfo_to_dict(dsn).get("password")
         except psycopg.ProgrammingError:
-            password = None
-        if password:
-            text = text.replace(str(password), "***")
+            secrets = url_secrets(dsn)
+            # A quoted token that is (part of) a password-like part goes entirely.
+            text = _QUOTED.sub(
+                lambda q: '"***"' if any(q[1] and q[1] in s for s in secrets) else q[0], text
+            )
+            for secret in secrets:
+                text = text.replace(secret, "***")
+        else:
+            if password:
+                text = text.replace(str(password), "***")
     return text
 
 

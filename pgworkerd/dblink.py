@@ -18,6 +18,7 @@ import psycopg
 
 from pgworkerd.config import DatabaseConfig
 from pgworkerd.db import DatabaseError, connect, scrub
+from pgworkerd.describe import short_error
 from pgworkerd.durations import format_duration
 from pgworkerd.queries import notify_channel
 
@@ -84,6 +85,12 @@ class DatabaseLink:
             log.error(
                 "%s failed: %s: %s", what, type(exc).__name__, scrub(str(exc).strip(), self.dsn)
             )
+            return None
+        except Exception as exc:
+            # Not a database error at all: a value that cannot be dumped or loaded, or a
+            # bug. The caller's data is checked before it gets here; whatever slips
+            # through is logged, and the loop goes on.
+            log.error("%s failed: %s", what, scrub(short_error(exc), self.dsn), exc_info=True)
             return None
 
     def _lost(self, what: str, exc: BaseException) -> None:

@@ -13,3 +13,7 @@ class ExitCode(IntEnum):
     HANDLER = 6  # a configured handler cannot be imported
     # The daemon exits with these only when restarting cannot help (systemd's
     # RestartPreventExitStatus lists them), so a broken config never crash-loops.
+
+
+# The codes the units list in RestartPreventExitStatus= (tests/test_systemd.py checks it).
+RESTART_PREVENTING = (ExitCode.USAGE, ExitCode.CONFIG, ExitCode.SCHEMA, ExitCode.HANDLER)

@@ -40,18 +40,22 @@ class ForkServer:
         import failure (the message comes back from the fork server)."""
         parent_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         config = json.dumps({"modules": modules, "settings": settings, "daemon_pid": os.getpid()})
-        argv = [sys.executable, "-m", "pgworkerd.forkserver", str(server_end.fileno()), config]
+        # -P: `-m` would put the working directory first on sys.path, so a json.py there
+        # (perhaps written by another user into a shared directory) would run in here.
+        # Handler modules come from PYTHONPATH and site-packages, as in the daemon itself.
+        argv = [
+            sys.executable,
+            "-P",
+            "-m",
+            "pgworkerd.forkserver",
+            str(server_end.fileno()),
+            config,
+        ]
         os.set_inheritable(server_end.fileno(), True)
         try:
             # setpgroup=0: its own process group, so a Ctrl-C in the terminal reaches only
             # the daemon, which then drains.
-            # systemd's notification variables are the parent's alone.
-            env = {
-                k: v
-                for k, v in os.environ.items()
-                if k not in ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
-            }
-            pid = os.posix_spawn(sys.executable, argv, env, setpgroup=0)
+            pid = os.posix_spawn(sys.executable, argv, child_environment(), setpgroup=0)
         finally:
             server_end.close()
         server = cls(pid, parent_end)
@@ -77,6 +81,21 @@ class ForkServer:
     def stop(self) -> None:
         """Closing the socket ends the fork server; children it made are unaffected."""
         self.sock.close()
+
+
+# systemd's notification variables are the parent's alone.
+_SYSTEMD_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+
+
+def child_environment() -> dict[str, str]:
+    """The daemon's environment minus what is the daemon's alone: every PG* variable
+    (libpq's connection settings and credentials: PGPASSWORD, PGPASSFILE, PGSERVICEFILE,
+    PGSSLKEY..., and PGWORKERD_DSN / _CONFIG / _SCHEMA) and systemd's notification socket.
+    Job children never connect as the daemon; a handler that needs a database reads its
+    own settings (README: "Handlers and their own database")."""
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith("PG") and k not in _SYSTEMD_ONLY
+    }
 
 
 def set_child_subreaper() -> None:

@@ -22,17 +22,20 @@ import functools
 import hashlib
 import re
 import threading
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors, generators, pq
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.rows import tuple_row
 
+from pgworkerd.describe import short_error
 from pgworkerd.queries import DEFAULT_SCHEMA, query
 
 _PLACEHOLDER_RE = re.compile(r"%\((\w+)\)s|%%")
+T = TypeVar("T")
 
 
 @functools.cache
@@ -103,6 +106,71 @@ def run(
     schema: str = DEFAULT_SCHEMA,
 ) -> list[tuple[Any, ...]]:
     """Execute statement `name` of sql/queries.sql; returns its rows as tuples."""
+    return _execute(conn, name, params, schema, _load_all)
+
+
+@dataclass(frozen=True)
+class UnloadableRow:
+    """A row of which some value cannot be loaded (a number too long for Python, JSON
+    nested too deep, a timestamp out of Python's range, ...): its values as the server
+    sent them (text format, None for NULL) and why the first bad column failed."""
+
+    raw: tuple[bytes | None, ...]
+    reason: str
+
+
+def run_guarded(
+    conn: psycopg.Connection,
+    name: str,
+    params: Mapping[str, Any],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[tuple[Any, ...] | UnloadableRow]:
+    """Like run, but a row that cannot be loaded comes back as an UnloadableRow instead
+    of failing the whole result: the claim has committed by then, and one job's bad data
+    must not cost the others of the same claim their start."""
+    return _execute(conn, name, params, schema, _load_each)
+
+
+def _load_all(tx: Transformer, result: pq.abc.PGresult) -> list[tuple[Any, ...]]:
+    return tx.load_rows(0, result.ntuples, tuple)
+
+
+def _load_each(tx: Transformer, result: pq.abc.PGresult) -> list[tuple[Any, ...] | UnloadableRow]:
+    try:
+        return list(tx.load_rows(0, result.ntuples, tuple))
+    except Exception:  # any loader's error: find the rows at fault, load the others
+        return [_load_row(tx, result, row) for row in range(result.ntuples)]
+
+
+def _load_row(
+    tx: Transformer, result: pq.abc.PGresult, row: int
+) -> tuple[Any, ...] | UnloadableRow:
+    try:
+        return tuple(tx.load_row(row, tuple))
+    except Exception:
+        pass
+    raw = tuple(result.get_value(row, col) for col in range(result.nfields))
+    reason = "a value cannot be loaded"
+    for col, value in enumerate(raw):
+        if value is None:
+            continue
+        try:
+            tx.get_loader(result.ftype(col), pq.Format(result.fformat(col))).load(value)
+        except Exception as exc:
+            name = (result.fname(col) or b"?").decode(errors="replace")
+            reason = f"{name} cannot be loaded: {short_error(exc)}"
+            break
+    return UnloadableRow(raw, reason)
+
+
+def _execute(
+    conn: psycopg.Connection,
+    name: str,
+    params: Mapping[str, Any],
+    schema: str,
+    load: Callable[[Transformer, pq.abc.PGresult], list[T]],
+) -> list[T]:
     state = _state(conn)
     with conn.lock:
         if _direct_ok(conn):
@@ -114,8 +182,8 @@ def run(
             else:
                 result = _run_prepared(conn, state, text, values)
             tx.set_pgresult(result)
-            return tx.load_rows(0, result.ntuples, tuple)
-    return _via_cursor(conn, state, name, params, schema)
+            return load(tx, result)
+    return _via_cursor(conn, state, name, params, schema, load)
 
 
 def _run_prepared(
@@ -165,11 +233,23 @@ def _via_cursor(
     name: str,
     params: Mapping[str, Any],
     schema: str,
-) -> list[tuple[Any, ...]]:
+    load: Callable[[Transformer, pq.abc.PGresult], list[T]],
+) -> list[T]:
     """The same statement through a cursor (which begins the caller's transaction, raises
     psycopg's errors for a closed or broken connection, and works in pipeline mode)."""
     ident = threading.get_ident()
     cur = state.cursors.get(ident)
     if cur is None or cur.closed:
         cur = state.cursors[ident] = conn.cursor(row_factory=tuple_row)
-    return cur.execute(query(name, schema), params).fetchall()
+    cur.execute(query(name, schema), params)
+    try:
+        return cur.fetchall()  # type: ignore[return-value]
+    except psycopg.Error:
+        raise
+    except Exception:
+        if load is _load_all or cur.pgresult is None:
+            raise
+    # A row that cannot be loaded: the result again, through the direct path's loader.
+    tx = Transformer(conn)
+    tx.set_pgresult(cur.pgresult)
+    return load(tx, cur.pgresult)

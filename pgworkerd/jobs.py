@@ -285,7 +285,20 @@ class HandlerCapacity:
     max_attempts: int | None = None  # overrides the job's own when set
 
 
-def claim(
+@dataclass(frozen=True)
+class RefusedJob:
+    """A claimed job the claimer cannot run because its row cannot be loaded or handed to
+    a child (a number too long for Python, JSON nested too deep, a timestamp out of
+    range, a payload over the frame limit): it is finished as dead with `reason`."""
+
+    id: int
+    token: int
+    handler: str
+    attempt: int
+    reason: str
+
+
+def claim_checked(
     conn: psycopg.Connection,
     worker: str,
     *,
@@ -293,11 +306,13 @@ def claim(
     handlers: Mapping[str, HandlerCapacity],
     limit: int,
     schema: str = DEFAULT_SCHEMA,
-) -> list[ClaimedJob]:
-    """Claim up to `limit` due jobs (and rescue expired leases) in one statement."""
+) -> tuple[list[ClaimedJob], list[RefusedJob]]:
+    """Claim up to `limit` due jobs (and rescue expired leases) in one statement; returns
+    the jobs to run and those whose rows could not be loaded. The claim has committed:
+    the caller must finish every refused job (bury) or its lease runs out."""
     served = {name: cap for name, cap in handlers.items() if cap.free > 0}
     if limit <= 0 or not served or not queues:
-        return []
+        return [], []
     params = {
         "worker": worker,
         "queues": list(queues),
@@ -307,11 +322,49 @@ def claim(
         "max_attempts": [cap.max_attempts for cap in served.values()],
         "limit": limit,
     }
-    rows = hotpath.run(conn, "job_claim", params, schema=schema)
-    # job_claim returns the columns in ClaimedJob's field order
-    jobs = [ClaimedJob(*r) for r in rows]
-    jobs.sort(key=lambda j: (j.priority, j.run_at, j.id))
-    return jobs
+    claimed: list[ClaimedJob] = []
+    refused: list[RefusedJob] = []
+    for row in hotpath.run_guarded(conn, "job_claim", params, schema=schema):
+        if isinstance(row, hotpath.UnloadableRow):
+            refused.append(_refused(row.raw, row.reason))
+        else:
+            # job_claim returns the columns in ClaimedJob's field order
+            claimed.append(ClaimedJob(*row))
+    claimed.sort(key=lambda j: (j.priority, j.run_at, j.id))
+    return claimed, refused
+
+
+def _refused(raw: tuple[bytes | None, ...], reason: str) -> RefusedJob:
+    # The columns of job_claim as the server sent them (text format): id, queue, handler,
+    # payload, priority, attempts, max_attempts, lease_token, ... Integers and text
+    # always load; the bad value is elsewhere in the row.
+    def text(i: int) -> str:
+        value = raw[i]
+        return "" if value is None else value.decode(errors="replace")
+
+    return RefusedJob(
+        id=int(text(0)), token=int(text(7)), handler=text(2), attempt=int(text(5)), reason=reason
+    )
+
+
+def claim(
+    conn: psycopg.Connection,
+    worker: str,
+    *,
+    queues: Sequence[str],
+    handlers: Mapping[str, HandlerCapacity],
+    limit: int,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[ClaimedJob]:
+    """Claim up to `limit` due jobs (and rescue expired leases) in one statement. A job
+    whose row cannot be loaded is finished as dead at once, with the reason in
+    last_error; the others are returned."""
+    claimed, refused = claim_checked(
+        conn, worker, queues=queues, handlers=handlers, limit=limit, schema=schema
+    )
+    for job in refused:
+        bury(conn, worker, job.id, job.token, f"cannot run: {job.reason}", schema=schema)
+    return claimed
 
 
 @dataclass(frozen=True)
@@ -332,8 +385,26 @@ class RenewOutcome:
     cancel_requested: bool
 
 
+class EncodedJson(str):
+    """JSON text encoded (and so checked) already, e.g. when a child's message arrived:
+    sent as it is, never encoded again inside a statement."""
+
+
+def encode_json(value: Any) -> EncodedJson:
+    """`value` as JSON text; raises ValueError (or RecursionError) if it cannot be."""
+    return EncodedJson(json.dumps(value, allow_nan=False, separators=(",", ":")))
+
+
+def _as_is(text: str) -> str:
+    return text
+
+
 def _jsonb_or_none(value: Any) -> Jsonb | None:
-    return None if value is None else Jsonb(value)
+    if value is None:
+        return None
+    if isinstance(value, EncodedJson):
+        return Jsonb(value, dumps=_as_is)
+    return Jsonb(value)
 
 
 def renew(
@@ -417,6 +488,7 @@ def complete_many(
 class FailOutcome:
     status: str  # pending (will retry), dead or cancelled
     run_at: datetime
+    retry_in: float | None = None  # seconds until the retry is due (pending only)
 
 
 def fail(
@@ -428,9 +500,12 @@ def fail(
     *,
     backoff_base: float = 10.0,
     backoff_max: float = 3600.0,
+    progress: Any = None,
+    checkpoint: Any = None,
     schema: str = DEFAULT_SCHEMA,
 ) -> FailOutcome | None:
-    """Record a failed attempt. None: the lease was lost, nothing changed."""
+    """Record a failed attempt, with its latest progress and checkpoint (None keeps the
+    saved ones). None: the lease was lost, nothing changed."""
     rows = hotpath.run(
         conn,
         "job_fail",
@@ -441,11 +516,13 @@ def fail(
             "error": error,
             "backoff_base": backoff_base,
             "backoff_max": backoff_max,
+            "progress": _jsonb_or_none(progress),
+            "checkpoint": _jsonb_or_none(checkpoint),
         },
         schema=schema,
     )
     row = rows[0] if rows else None
-    return None if row is None else FailOutcome(status=row[1], run_at=row[2])
+    return None if row is None else FailOutcome(status=row[1], run_at=row[2], retry_in=row[3])
 
 
 def release(
@@ -454,11 +531,23 @@ def release(
     job_id: int,
     token: int,
     *,
+    progress: Any = None,
+    checkpoint: Any = None,
     schema: str = DEFAULT_SCHEMA,
 ) -> str | None:
-    """Hand a held job back without counting the attempt; returns its new status."""
+    """Hand a held job back without counting the attempt, with its latest progress and
+    checkpoint (None keeps the saved ones); returns its new status."""
     rows = hotpath.run(
-        conn, "job_release", {"id": job_id, "worker": worker, "token": token}, schema=schema
+        conn,
+        "job_release",
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "progress": _jsonb_or_none(progress),
+            "checkpoint": _jsonb_or_none(checkpoint),
+        },
+        schema=schema,
     )
     row = rows[0] if rows else None
     return None if row is None else str(row[1])
@@ -471,12 +560,39 @@ def cancel_running(
     token: int,
     reason: str,
     *,
+    progress: Any = None,
     schema: str = DEFAULT_SCHEMA,
 ) -> bool:
     """The holder stopped a job whose cancel was requested: mark it cancelled."""
     rows = hotpath.run(
         conn,
         "job_cancel_running",
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "error": reason,
+            "progress": _jsonb_or_none(progress),
+        },
+        schema=schema,
+    )
+    return bool(rows)
+
+
+def bury(
+    conn: psycopg.Connection,
+    worker: str,
+    job_id: int,
+    token: int,
+    reason: str,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> bool:
+    """The holder cannot run a claimed job at all (its data is unusable): dead at once,
+    whatever attempts are left, with the reason. False: the lease was lost."""
+    rows = hotpath.run(
+        conn,
+        "job_bury",
         {"id": job_id, "worker": worker, "token": token, "error": reason},
         schema=schema,
     )
@@ -541,6 +657,21 @@ def prune(
         total += deleted
         if deleted < batch:
             return total
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    status: str
+    token: int
+    locked_by: str | None
+
+
+def lease_state(
+    conn: psycopg.Connection, job_id: int, *, schema: str = DEFAULT_SCHEMA
+) -> LeaseState | None:
+    """Who holds a job, under which token (None: no such job); loads nothing else."""
+    rows = hotpath.run(conn, "job_lease_state", {"id": job_id}, schema=schema)
+    return LeaseState(*rows[0]) if rows else None
 
 
 def get(conn: psycopg.Connection, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> dict | None:

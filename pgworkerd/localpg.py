@@ -1,19 +1,28 @@
 """Throwaway local PostgreSQL clusters for the test suite, the benchmarks and `pgworkerd demo`.
 
-A cluster lives entirely inside one directory (data, unix socket, server log) and listens
-on its own port, so several can run at once (one per pytest-xdist worker), and a run that
-was killed leaves nothing that the next run could trip over.
+A cluster lives entirely inside one directory (data, unix socket, server log, passfile) and
+listens on its own port, so several can run at once (one per pytest-xdist worker), and a run
+that was killed leaves nothing that the next run could trip over.
+
+Private to the user who started it: its directory (and the socket directory in it) is closed
+to everyone but that user and the account running the server, and every connection, over
+the socket or TCP on 127.0.0.1, must prove a random password (scram-sha-256). The password
+sits in a 0600 passfile that the DSNs name (`passfile=`), so it never appears in a DSN, an
+argv or a log.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import pwd
 import re
+import secrets
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import time
@@ -30,7 +39,18 @@ from psycopg.conninfo import make_conninfo
 _TMP = Path("/tmp")
 _PREFIX = "pgworkerd-pg-"
 _LOCK_NAME = "owner.lock"
+_PASSFILE_NAME = "passfile"
 _SERVER_USER = "postgres"
+# Replaces initdb's pg_hba.conf: no trust anywhere, the password from the passfile everywhere.
+_PG_HBA = """\
+# pgworkerd.localpg: a private throwaway cluster. Every connection proves the random
+# password kept in the owner's 0600 passfile; the socket directory is closed to other users.
+local all all scram-sha-256
+host  all all 127.0.0.1/32 scram-sha-256
+host  all all ::1/128 scram-sha-256
+"""
+
+log = logging.getLogger(__name__)
 
 
 class LocalPostgresError(RuntimeError):
@@ -152,36 +172,86 @@ def _free_port() -> int:
         return port
 
 
+def _write_private_file(path: Path, text: str, account: pwd.struct_passwd | None) -> None:
+    """Create `path` (0600, owned by `account` or us) holding `text`; never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        if account:
+            os.fchown(fd, account.pw_uid, account.pw_gid)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
 def _reap_abandoned(bindir: Path, account: pwd.struct_passwd | None) -> None:
     """Stop and delete default clusters whose owner died without cleaning up (SIGKILL, OOM).
 
     Owners hold an flock on <base_dir>/owner.lock for their whole life and the kernel drops
     it however the process dies, so a lock we can take means nobody owns the cluster. A lock
     rather than a PID file because owners may live in other PID namespaces sharing /tmp.
+    Anyone can create /tmp/pgworkerd-pg-*: only directories of ours with the layout we make
+    are touched (also when root), and no symlink is ever followed.
     """
-    me = os.geteuid()
-    for lock_path in _TMP.glob(f"{_PREFIX}*/{_LOCK_NAME}"):
-        base = lock_path.parent
+    for base in _TMP.glob(f"{_PREFIX}*"):
         try:
-            if me != 0 and base.stat().st_uid != me:
-                continue
-            fd = os.open(lock_path, os.O_RDONLY)
+            dir_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError:
-            continue
+            continue  # gone, or not a directory (a symlink gives ELOOP): not one of ours
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            continue
-        try:
-            data = base / "data"
-            if (data / "postmaster.pid").exists():
-                _run(
-                    [bindir / "pg_ctl", "stop", "-m", "immediate", "-w", "-D", data], base, account
-                )
-            shutil.rmtree(base, ignore_errors=True)
+            _reap_one(base, dir_fd, bindir, account)
         finally:
-            os.close(fd)
+            os.close(dir_fd)
+
+
+def _reap_one(base: Path, dir_fd: int, bindir: Path, account: pwd.struct_passwd | None) -> None:
+    me = os.geteuid()
+    st = os.fstat(dir_fd)
+    if st.st_uid != me:
+        # Usually another user's own cluster: normal, so only at debug level.
+        log.debug("leaving %s alone: owned by uid %d, not by us (uid %d)", base, st.st_uid, me)
+        return
+    # Nobody else may write in it, so what we check below cannot be swapped afterwards
+    # (and /tmp's sticky bit keeps others from renaming the directory itself).
+    if st.st_mode & 0o022:
+        log.warning("leaving %s alone: writable by others (mode %o)", base, st.st_mode & 0o777)
+        return
+    try:
+        lock_fd = os.open(_LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return  # still being created (the lock is renamed into place) or not ours
+    except OSError as exc:
+        log.warning("leaving %s alone: cannot open %s: %s", base, _LOCK_NAME, exc.strerror)
+        return
+    try:
+        lock = os.fstat(lock_fd)
+        if not stat.S_ISREG(lock.st_mode) or lock.st_uid != me:
+            log.warning("leaving %s alone: %s is not our regular file", base, _LOCK_NAME)
+            return
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return  # its owner is alive
+        try:
+            data = os.stat("data", dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            data = None
+        if data is not None:
+            server_uid = account.pw_uid if account else me
+            if not stat.S_ISDIR(data.st_mode) or data.st_uid != server_uid:
+                what = "a symlink" if stat.S_ISLNK(data.st_mode) else f"owned by uid {data.st_uid}"
+                log.warning("leaving %s alone: its data is %s, not our cluster", base, what)
+                return
+            with contextlib.suppress(FileNotFoundError):
+                os.stat("data/postmaster.pid", dir_fd=dir_fd, follow_symlinks=False)
+                _run(
+                    [bindir / "pg_ctl", "stop", "-m", "immediate", "-w", "-D", base / "data"],
+                    _TMP,
+                    account,
+                )
+        # rmtree removes links, never what they point to.
+        shutil.rmtree(base, ignore_errors=True)
+    finally:
+        os.close(lock_fd)
 
 
 class LocalPostgres:
@@ -211,13 +281,9 @@ class LocalPostgres:
         self.data_dir = self.base_dir / "data"
         self.socket_dir = self.base_dir / "sock"
         self.log_file = self.base_dir / "postgres.log"
-        self.socket_dir.mkdir(exist_ok=True)
-        # mkdtemp makes 0700 dirs; the server user (when we are root) must get in.
-        self.base_dir.chmod(0o755)
-        if self._account:
-            _check_reachable(self.base_dir, self._account)
-            for d in (self.base_dir, self.socket_dir):
-                os.chown(d, self._account.pw_uid, self._account.pw_gid)
+        self.passfile = self.base_dir / _PASSFILE_NAME
+        self._make_private_layout()
+        self._password = self._load_or_make_password()
         # An auto-picked port may be grabbed by someone else before the server binds it;
         # start() then retries with another one.
         self._auto_port = port is None
@@ -236,10 +302,52 @@ class LocalPostgres:
             **(settings or {}),
         }
 
+    def _make_private_layout(self) -> None:
+        """base_dir and sock/ are ours; others may not even enter them.
+
+        As root the server runs as `postgres`, which gets in through the group: base_dir
+        root:postgres 0750, sock/ root:postgres 0770 (it creates its socket there), data/
+        and the log postgres-owned 0700/0600. Root connects as the owner, so this holds
+        even for a root without CAP_DAC_OVERRIDE (the hardened unit in tests/test_systemd.py).
+        """
+        account = self._account
+        self.socket_dir.mkdir(exist_ok=True)
+        if account is None:
+            self.base_dir.chmod(0o700)
+            self.socket_dir.chmod(0o700)
+            return
+        _check_reachable(self.base_dir, account)
+        for d, mode in ((self.base_dir, 0o750), (self.socket_dir, 0o770)):
+            os.chown(d, os.geteuid(), account.pw_gid)
+            d.chmod(mode)
+        # The server account cannot create entries in base_dir: make its two for it.
+        if not self.data_dir.exists():
+            self.data_dir.mkdir(mode=0o700)
+            os.chown(self.data_dir, account.pw_uid, account.pw_gid)
+        if not self.log_file.exists():
+            _write_private_file(self.log_file, "", account)
+
+    def _load_or_make_password(self) -> str:
+        try:
+            st = self.passfile.lstat()
+        except FileNotFoundError:
+            if (self.data_dir / "PG_VERSION").exists():
+                raise LocalPostgresError(
+                    f"{self.data_dir} holds a cluster made without a passfile (before clusters "
+                    "were private); delete it so a private one is made"
+                ) from None
+            password = secrets.token_urlsafe(24)  # [A-Za-z0-9_-]: nothing to escape below
+            # Any host, port, database and role: also serves a PgBouncer in front of it.
+            _write_private_file(self.passfile, f"*:*:*:*:{password}\n", None)
+            return password
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise LocalPostgresError(f"{self.passfile} is not our regular file; not using it")
+        return self.passfile.read_text().strip().rsplit(":", 1)[-1]
+
     def _take_ownership_lock(self) -> None:
         # Lock a temp name, then rename: the reaper never sees an owner.lock nobody holds.
         tmp = self.base_dir / (_LOCK_NAME + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.rename(tmp, self.base_dir / _LOCK_NAME)
         self._lock_fd = fd
@@ -279,23 +387,33 @@ class LocalPostgres:
         )
 
     def _initdb(self) -> None:
-        proc = _run(
-            [
-                self.bindir / "initdb",
-                "-D",
-                self.data_dir,
-                "--auth=trust",
-                "--username=postgres",
-                "--encoding=UTF8",
-                "--no-sync",
-                # The C locale exists everywhere; the caller's LANG may name one that doesn't.
-                "--locale=C",
-            ],
-            self.base_dir,
-            self._account,
-        )
+        # initdb reads the superuser's password from a file (never argv); the server
+        # account must be able to read it, so it gets a copy of its own for the moment.
+        pwfile = self.base_dir / "initdb.pw"
+        pwfile.unlink(missing_ok=True)
+        _write_private_file(pwfile, self._password + "\n", self._account)
+        try:
+            proc = _run(
+                [
+                    self.bindir / "initdb",
+                    "-D",
+                    self.data_dir,
+                    "--auth=scram-sha-256",
+                    f"--pwfile={pwfile}",
+                    "--username=postgres",
+                    "--encoding=UTF8",
+                    "--no-sync",
+                    # The C locale exists everywhere; the caller's LANG may name one that doesn't.
+                    "--locale=C",
+                ],
+                self.base_dir,
+                self._account,
+            )
+        finally:
+            pwfile.unlink(missing_ok=True)
         if proc.returncode != 0:
             raise self._fail("initdb", proc, self._log_size())
+        (self.data_dir / "pg_hba.conf").write_text(_PG_HBA)
         # Appended last in postgresql.conf, so these override initdb's defaults.
         lines = [f"{k} = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in self.settings.items()]
         with (self.data_dir / "postgresql.conf").open("a") as f:
@@ -344,15 +462,46 @@ class LocalPostgres:
 
     # -- connecting ------------------------------------------------------------------
 
-    def dsn(self, dbname: str = "postgres") -> str:
+    def dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
+        """Over the unix socket; the password comes from the passfile, never the DSN."""
         return make_conninfo(
-            "", host=str(self.socket_dir), port=str(self.port), user="postgres", dbname=dbname
+            "",
+            host=str(self.socket_dir),
+            port=str(self.port),
+            user=user,
+            dbname=dbname,
+            passfile=str(self.passfile),
         )
 
-    def tcp_dsn(self, dbname: str = "postgres") -> str:
+    def tcp_dsn(self, dbname: str = "postgres", user: str = "postgres") -> str:
         return make_conninfo(
-            "", host="127.0.0.1", port=str(self.port), user="postgres", dbname=dbname
+            "",
+            host="127.0.0.1",
+            port=str(self.port),
+            user=user,
+            dbname=dbname,
+            passfile=str(self.passfile),
         )
+
+    @property
+    def password(self) -> str:
+        """For what cannot read a passfile (e.g. PgBouncer's auth_file). Never put it in a
+        DSN, an argv or a log: use dsn()/tcp_dsn(), which name the passfile."""
+        return self._password
+
+    def grant_login(self, role: str) -> None:
+        """Let `role` log in with the cluster's password, so `dsn(user=role)` works."""
+        with psycopg.connect(self.dsn(), autocommit=True) as conn:
+            # Only the SCRAM verifier goes to the server, so no statement or server log
+            # can show the password.
+            verifier = conn.pgconn.encrypt_password(
+                self._password.encode(), role.encode(), b"scram-sha-256"
+            )
+            conn.execute(
+                sql.SQL("ALTER ROLE {} LOGIN PASSWORD {}").format(
+                    sql.Identifier(role), sql.Literal(verifier.decode())
+                )
+            )
 
     def create_database(self, name: str) -> None:
         # CREATE DATABASE cannot run in a transaction block, hence autocommit.

@@ -1,43 +1,134 @@
-"""Logging: one line per event, human-readable or JSON lines; passwords are masked."""
+"""Logging: one line per event, human-readable or JSON lines; passwords are masked.
+
+Text lines escape control characters, so an error text or a name that came from a job row
+cannot forge, recolour or erase log lines. Under journald (stderr is the stream named by
+JOURNAL_STREAM) each line starts with its syslog priority (`<3>`, sd-daemon(3)) so
+`journalctl -p warning` finds errors, and carries no timestamp: journald adds its own.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import sys
 import time
-from typing import Any
+from typing import Any, TextIO
 
-from pgworkerd.db import mask_password
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from pgworkerd.masking import mask_password, url_secrets
+
+# C0 (but tab), DEL, C1, and the Unicode line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\x1b": "\\x1b"}
+
+# sd-daemon(3) prefixes: syslog priorities.
+_PRIORITY = {
+    logging.CRITICAL: 2,
+    logging.ERROR: 3,
+    logging.WARNING: 4,
+    logging.INFO: 6,
+    logging.DEBUG: 7,
+}
+
+# Literal passwords of the daemon's DSNs, masked wherever they appear (e.g. echoed back
+# inside a server message that the URL and key=value patterns do not recognise).
+_hidden: list[str] = []
+
+
+def escape(text: str) -> str:
+    """Control characters as visible escapes (\\n, \\x1b, \\x9b...): one line, inert."""
+    return _CONTROL.sub(
+        lambda m: (
+            _NAMED.get(m[0])
+            or (f"\\x{ord(m[0]):02x}" if ord(m[0]) < 256 else f"\\u{ord(m[0]):04x}")
+        ),
+        text,
+    )
+
+
+def hide_passwords_of(*dsns: str) -> None:
+    """Mask these DSNs' passwords (and PGPASSWORD) in every log line from now on."""
+    found = {os.environ.get("PGPASSWORD", "")}
+    for dsn in dsns:
+        try:
+            found.add(str(conninfo_to_dict(dsn).get("password") or ""))
+        except psycopg.ProgrammingError:
+            found.update(url_secrets(dsn))
+    # Shorter ones would blank out every such letter of every line; the URL and
+    # key=value patterns still mask them where they appear as a DSN's password.
+    _hidden[:] = sorted((s for s in found if len(s) >= 4), key=len, reverse=True)
+
+
+def _mask(text: str) -> str:
+    text = mask_password(text)
+    for secret in _hidden:
+        text = text.replace(secret, "***")
+    return text
+
+
+def under_journald(stream: TextIO) -> bool:
+    """True when `stream` is the journal stream systemd connected (JOURNAL_STREAM is
+    "device:inode" of it; a redirected stderr keeps the variable but not the file)."""
+    dev, _, ino = os.environ.get("JOURNAL_STREAM", "").partition(":")
+    try:
+        st = os.fstat(stream.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return dev.isdigit() and ino.isdigit() and (st.st_dev, st.st_ino) == (int(dev), int(ino))
+
+
+def _priority(record: logging.LogRecord) -> str:
+    return f"<{_PRIORITY.get(record.levelno, 6)}>"
 
 
 class _TextFormatter(logging.Formatter):
+    def __init__(self, journald: bool = False) -> None:
+        super().__init__()
+        self.journald = journald
+
     def format(self, record: logging.LogRecord) -> str:
-        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        ms = int(record.msecs)
-        line = f"{ts}.{ms:03d}Z {record.levelname:<7} {mask_password(record.getMessage())}"
+        if self.journald:
+            prefix = _priority(record)
+        else:
+            ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            prefix = f"{ts}.{int(record.msecs):03d}Z "
+        line = f"{prefix}{record.levelname:<7} {escape(_mask(record.getMessage()))}"
         if record.exc_info:
-            line += "\n" + mask_password(self.formatException(record.exc_info))
+            # A traceback keeps its lines (indented, so none can pass for an event line);
+            # under journald each line is an entry of its own and needs the prefix too.
+            more = _mask(self.formatException(record.exc_info)).splitlines()
+            cont = _priority(record) if self.journald else ""
+            line += "".join(f"\n{cont}    {escape(text)}" for text in more)
         return line
 
 
 class _JsonFormatter(logging.Formatter):
+    def __init__(self, journald: bool = False) -> None:
+        super().__init__()
+        self.journald = journald
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
-            "msg": mask_password(record.getMessage()),
+            "msg": _mask(record.getMessage()),
         }
         entry.update(getattr(record, "fields", {}))
         if record.exc_info:
-            entry["exception"] = mask_password(self.formatException(record.exc_info))
-        return json.dumps(entry, default=str)
+            entry["exception"] = _mask(self.formatException(record.exc_info))
+        # json.dumps escapes every control character: always one line.
+        return (_priority(record) if self.journald else "") + json.dumps(entry, default=str)
 
 
 def setup(fmt: str = "text", level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_JsonFormatter() if fmt == "json" else _TextFormatter())
+    journald = under_journald(sys.stderr)
+    handler.setFormatter(_JsonFormatter(journald) if fmt == "json" else _TextFormatter(journald))
     root = logging.getLogger("pgworkerd")
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

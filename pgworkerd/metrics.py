@@ -10,26 +10,36 @@ No method raises into the daemon: an unexpected error is logged once and ignored
 `start()` raises, `MetricsError` (a ConfigError), when the address cannot be bound.
 prometheus-client is imported only when the endpoint is enabled (an optional dependency:
 `pip install 'pgworkerd[metrics]'`).
+
+Bounded, because queue and handler names come from rows any enqueuer writes: the queue
+gauge labels the queues this daemon serves, the `top_queues` biggest others and "other"
+(the rest, summed); handler labels are configured handlers or "other"; label values are
+printable (control characters escaped, length capped); a label set missing from the
+latest count is dropped. The endpoint serves at most MAX_CONNECTIONS connections at once,
+each with read/write timeouts and an overall deadline (boundedhttp.BoundedServer).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import socket
+import threading
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any, TypeVar
 
 from pgworkerd import jobs
+from pgworkerd.boundedhttp import CONNECTION_DEADLINE, IO_TIMEOUT, MAX_CONNECTIONS, BoundedServer
 from pgworkerd.config import ConfigError, MetricsConfig, split_listen
 
 log = logging.getLogger("pgworkerd")
 F = TypeVar("F", bound=Callable[..., Any])
 
 NAMESPACE = "pgworkerd"
-# Job statuses whose depth is always exported (0 included) for every queue seen, so a
-# series does not vanish when its count drops to zero.
+# Job statuses whose depth is always exported (0 included) for every queue exported, so
+# a series does not vanish when its count drops to zero.
 STATUSES = jobs.STATUSES
 # Enqueue (or due time) to start: from a few ms (warm child, NOTIFY) to hours of backlog.
 LATENCY_BUCKETS = (
@@ -51,6 +61,23 @@ LATENCY_BUCKETS = (
     3600.0,
     float("inf"),
 )
+
+
+# The label for queues beyond the cap and for handlers this daemon does not run.
+OTHER = "other"
+# Longest label value exported: names are bounded at enqueue, but not tightly enough to
+# keep a scrape small (a queue name of kilobytes times every status).
+LABEL_MAX = 200
+
+def label_value(text: str) -> str:
+    """`text` as a label value a terminal or dashboard can show safely: characters that
+    are not printable (control characters, ESC, bidi overrides, line separators...)
+    written as Python escapes (\\x1b), the whole capped at LABEL_MAX characters.
+    Prometheus's text format only escapes backslash, quote and newline itself."""
+    if len(text) <= LABEL_MAX and text.isprintable():
+        return text  # the common case, on every counter update: no copy
+    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: LABEL_MAX + 1])
+    return escaped if len(escaped) <= LABEL_MAX else escaped[: LABEL_MAX - 1] + "…"
 
 
 class MetricsError(ConfigError):
@@ -92,6 +119,9 @@ class NullMetrics:
 
     enabled = False
     port: int | None = None
+    # What the queue-depth count asks for (see presence.QueueDepthCounter).
+    served_queues: tuple[str, ...] = ()
+    top_queues = 0
 
     def start(self) -> None:
         pass
@@ -132,7 +162,7 @@ class NullMetrics:
     def queue_depth_due(self) -> bool:
         return False
 
-    def set_queue_depth(self, rows: Iterable[tuple[str, str, int]]) -> None:
+    def set_queue_depth(self, rows: Iterable[tuple[str | None, str, int]]) -> None:
         pass
 
     def observe_start_latency(self, seconds: float) -> None:
@@ -147,7 +177,21 @@ class Metrics(NullMetrics):
 
     enabled = True
 
-    def __init__(self, config: MetricsConfig) -> None:
+    # The endpoint's bounds (see boundedhttp), per instance so a test can shorten them.
+    max_connections = MAX_CONNECTIONS
+    io_timeout = IO_TIMEOUT
+    connection_deadline = CONNECTION_DEADLINE
+
+    def __init__(
+        self,
+        config: MetricsConfig,
+        *,
+        queues: Iterable[str] = (),
+        handlers: Iterable[str] | None = None,
+    ) -> None:
+        """`queues`: the queues this daemon serves, always labelled (at 0 when empty).
+        `handlers`: the configured handlers, the only handler labels (any other name is
+        "other"); None labels every name (still made printable)."""
         try:
             import prometheus_client as prom
             from prometheus_client.core import GaugeMetricFamily
@@ -164,9 +208,16 @@ class Metrics(NullMetrics):
         self._error_logged = False
         self._server: Any = None
         self._thread: Any = None
+        self.served_queues = tuple(queues)
+        self.top_queues = config.top_queues
+        self._served_labels = {label_value(q) for q in self.served_queues}
+        self._handlers = None if handlers is None else frozenset(handlers)
         self._depth_at = 0.0  # monotonic time of the last queue-depth refresh
-        self._depth: dict[tuple[str, str], int] = {}
-        self._depth_queues: set[str] = set()
+        # The last snapshot: ({(queue, status): jobs}, queues exported), swapped whole.
+        self._depth: tuple[dict[tuple[str, str], int], set[str]] = (
+            {},
+            self._served_labels | {OTHER},
+        )
         self.registry = registry = prom.CollectorRegistry(auto_describe=True)
         ns = NAMESPACE
 
@@ -231,10 +282,11 @@ class Metrics(NullMetrics):
             def collect(self) -> Iterable[Any]:
                 family = GaugeMetricFamily(
                     f"{ns}_queue_jobs",
-                    "Jobs per queue and status (refreshed every queue_depth_interval).",
+                    "Jobs per queue and status (refreshed every queue_depth_interval): "
+                    'the served queues, the top_queues biggest others, the rest as "other".',
                     labels=("queue", "status"),
                 )
-                depth, queues = outer._depth, outer._depth_queues
+                depth, queues = outer._depth
                 statuses = sorted({*STATUSES, *(s for _, s in depth)})
                 for queue in sorted(queues):
                     for status in statuses:
@@ -246,20 +298,37 @@ class Metrics(NullMetrics):
     # -- the endpoint ----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Serve /metrics; raises MetricsError when the address cannot be bound."""
-        from prometheus_client import start_http_server
+        """Serve /metrics; raises MetricsError when the address cannot be bound.
+
+        As prometheus-client's start_http_server (its WSGI app on a wsgiref server in a
+        daemon thread), but on a BoundedServer: that one has no timeouts and no cap."""
+        from prometheus_client import make_wsgi_app
 
         host = self.host or "0.0.0.0"
         try:
-            started = start_http_server(self.port, addr=host, registry=self.registry)
+            # The family of the address (an IPv6 one needs AF_INET6), as prometheus does.
+            family, _, _, _, sockaddr = socket.getaddrinfo(
+                host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0]
+            server = BoundedServer(
+                (sockaddr[0], self.port),
+                family,
+                max_connections=self.max_connections,
+                io_timeout=self.io_timeout,
+                deadline=self.connection_deadline,
+            )
         except OSError as exc:  # EADDRINUSE, EACCES, unknown host (gaierror)...
             raise MetricsError(
                 f"metrics.listen = {self.config.listen!r}: cannot serve the Prometheus "
                 f"endpoint on {host}:{self.port}: {exc.strerror or exc}"
             ) from None
-        if isinstance(started, tuple):  # prometheus-client >= 0.17 returns them
-            self._server, self._thread = started
-            self.port = self._server.server_address[1]  # the real one when port 0 was asked
+        server.set_app(make_wsgi_app(self.registry))
+        self._server = server
+        self.port = server.server_address[1]  # the real one when port 0 was asked
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="pgworkerd-metrics", daemon=True
+        )
+        self._thread.start()
         log.info("metrics: serving Prometheus metrics on http://%s/metrics", self.address)
 
     @property
@@ -281,13 +350,21 @@ class Metrics(NullMetrics):
 
     # -- updates from the daemon -----------------------------------------------------------
 
+    def _handler(self, name: str) -> str:
+        """The handler label: a configured handler's name, else "other" (a row can name
+        any handler; the label set must not grow with them)."""
+        if self._handlers is not None and name not in self._handlers:
+            return OTHER
+        return label_value(name)
+
     @_safe
     def set_worker(self, worker_id: str, version: str) -> None:
         self.info.clear()
-        self.info.labels(worker_id, version).set(1)
+        self.info.labels(label_value(worker_id), label_value(version)).set(1)
 
     @_safe
     def claimed(self, handler: str, *, rescued: bool = False) -> None:
+        handler = self._handler(handler)
         self.claims.labels(handler).inc()
         if rescued:
             self.rescues.labels(handler).inc()
@@ -296,6 +373,7 @@ class Metrics(NullMetrics):
     def outcome(self, handler: str, kind: str, ok: bool = True) -> None:
         """One outcome written: kind complete, fail, release or cancel; ok False when the
         write was fenced off (the lease was lost and the job re-claimed)."""
+        handler = self._handler(handler)
         if not ok:
             self.fenced_off.labels(handler, kind).inc()
         elif kind == "complete":
@@ -323,7 +401,7 @@ class Metrics(NullMetrics):
 
     @_safe
     def lease_lost(self, handler: str) -> None:
-        self.losses.labels(handler).inc()
+        self.losses.labels(self._handler(handler)).inc()
 
     @_safe
     def set_in_flight(self, busy: int, slots: int | None = None) -> None:
@@ -340,14 +418,31 @@ class Metrics(NullMetrics):
         return time.monotonic() >= self._depth_at + self.config.queue_depth_interval
 
     @_safe
-    def set_queue_depth(self, rows: Iterable[tuple[str, str, int]]) -> None:
-        """Rows of (queue, status, jobs), as jobs.counts() returns them: a full snapshot
-        (a status missing from it counts 0)."""
+    def set_queue_depth(self, rows: Iterable[tuple[str | None, str, int]]) -> None:
+        """Rows of (queue, status, jobs), as presence.capped_job_counts returns them (queue
+        None: the other queues, summed): a full snapshot. A status missing from it counts
+        0; a queue missing from it is no longer exported, unless this daemon serves it.
+        Rows for more queues than the cap (plain per-queue counts) are folded the same
+        way here, so the series stay bounded whoever calls this."""
         self._depth_at = time.monotonic()
-        depth = {(str(q), str(s)): int(n) for q, s, n in rows}
-        # Queues once seen stay exported (at 0), so their series do not vanish.
-        self._depth_queues = self._depth_queues | {q for q, _ in depth}
-        self._depth = depth
+        per_queue: dict[str, dict[str, int]] = {}
+        for queue, status, jobs_ in rows:
+            # Names that differ only in escaped or cut characters share a label: summed.
+            label = OTHER if queue is None else label_value(str(queue))
+            counts = per_queue.setdefault(label, {})
+            status = label_value(str(status))
+            counts[status] = counts.get(status, 0) + int(jobs_)
+        others = [q for q in per_queue if q not in self._served_labels and q != OTHER]
+        if len(others) > self.top_queues:
+            others.sort(key=lambda q: (-sum(per_queue[q].values()), q))
+            rest = per_queue.setdefault(OTHER, {})
+            for queue in others[self.top_queues :]:
+                for status, n in per_queue.pop(queue).items():
+                    rest[status] = rest.get(status, 0) + n
+        depth = {(q, st): n for q, counts in per_queue.items() for st, n in counts.items()}
+        # Served queues and "other" are always exported (at 0 when empty); any other
+        # queue only while it is in the latest count, so stale series disappear.
+        self._depth = (depth, self._served_labels | {OTHER} | set(per_queue))
 
     @_safe
     def observe_start_latency(self, seconds: float) -> None:
@@ -358,7 +453,12 @@ class Metrics(NullMetrics):
         self.start_latency.observe(start_latency_seconds(run_at, created_at))
 
 
-def create(config: MetricsConfig) -> NullMetrics:
+def create(
+    config: MetricsConfig, *, queues: Iterable[str] = (), handlers: Iterable[str] | None = None
+) -> NullMetrics:
     """A Metrics for an enabled config, else a NullMetrics (raises MetricsError when
-    prometheus-client is missing). Call start() on the result to serve it."""
-    return Metrics(config) if config.enabled else NullMetrics()
+    prometheus-client is missing). Call start() on the result to serve it. `queues` (the
+    served ones) and `handlers` (the configured ones): see Metrics."""
+    if not config.enabled:
+        return NullMetrics()
+    return Metrics(config, queues=queues, handlers=handlers)

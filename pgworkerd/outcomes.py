@@ -36,15 +36,17 @@ def fence_margin(lease: float) -> float:
 class Outcome:
     """What to write for a finished attempt; kept until the database takes it."""
 
-    job: jobs.ClaimedJob
+    job: jobs.ClaimedJob | jobs.RefusedJob
     handler: HandlerConfig
-    kind: str  # complete, fail, release, cancel
+    kind: str  # complete, fail, release, cancel, bury
     duration: float
     result: Any = None
     error: str = ""
     progress: Any = None
+    checkpoint: Any = None  # the attempt's latest, if not saved yet (None: keep)
     backoff: tuple[float, float] = (10.0, 3600.0)
     failed_writes: int = 0
+    retry_in: float | None = None  # set once written: seconds until the retry is due
 
     @property
     def name(self) -> str:
@@ -125,7 +127,17 @@ def decide(
         h.backoff if h.backoff is not None else worker.backoff,
         h.backoff_max if h.backoff_max is not None else worker.backoff_max,
     )
-    return Outcome(job.job, h, kind, duration, result, error, job.progress, backoff)
+    return Outcome(
+        job.job,
+        h,
+        kind,
+        duration,
+        result,
+        error,
+        job.progress,
+        job.checkpoint if job.unsaved else None,
+        backoff,
+    )
 
 
 def write(
@@ -155,11 +167,25 @@ def write(
     [o] = batch
     j, took = o.job, f"{o.duration:.2f}s"
     if o.kind == "release":
-        ok = jobs.release(conn, worker, j.id, j.token, schema=schema) is not None
+        released = jobs.release(
+            conn,
+            worker,
+            j.id,
+            j.token,
+            progress=o.progress,
+            checkpoint=o.checkpoint,
+            schema=schema,
+        )
+        ok = released is not None
         message = f"{o.name}: released after {took} (attempt not counted)"
     elif o.kind == "cancel":
-        ok = jobs.cancel_running(conn, worker, j.id, j.token, o.error, schema=schema)
+        ok = jobs.cancel_running(
+            conn, worker, j.id, j.token, o.error, progress=o.progress, schema=schema
+        )
         message = f"{o.name}: cancelled after {took}"
+    elif o.kind == "bury":
+        ok = jobs.bury(conn, worker, j.id, j.token, o.error, schema=schema)
+        message = f"{o.name}: dead at once: {o.error}"
     else:
         failed = jobs.fail(
             conn,
@@ -169,9 +195,12 @@ def write(
             o.error,
             backoff_base=o.backoff[0],
             backoff_max=o.backoff[1],
+            progress=o.progress,
+            checkpoint=o.checkpoint,
             schema=schema,
         )
         ok = failed is not None
+        o.retry_in = None if failed is None else failed.retry_in
         first = o.error.splitlines()[0] if o.error else "failed"
         message = f"{o.name}: failed after {took}: {first}; " + (
             ""
@@ -199,6 +228,7 @@ _STATUS_AFTER = {
     "release": {"pending", "cancelled"},
     "cancel": {"cancelled"},
     "fail": {"pending", "dead", "cancelled"},
+    "bury": {"dead"},
 }
 
 
@@ -207,12 +237,12 @@ def _recorded_earlier(conn: psycopg.Connection, schema: str, o: Outcome) -> bool
     its reply was lost (the connection died), so the daemon wrote it again. The token is
     still ours (every claim, and every burial of an expired job, bumps it), nobody holds
     the job, and the row is in a state this outcome leaves."""
-    row = jobs.get(conn, o.job.id, schema=schema)
+    row = jobs.lease_state(conn, o.job.id, schema=schema)
     return (
         row is not None
-        and row["lease_token"] == o.job.token
-        and row["locked_by"] is None
-        and row["status"] in _STATUS_AFTER[o.kind]
+        and row.token == o.job.token
+        and row.locked_by is None
+        and row.status in _STATUS_AFTER[o.kind]
     )
 
 
@@ -220,7 +250,13 @@ def _report(metrics: NullMetrics | None, o: Outcome, ok: bool, message: str) -> 
     if metrics is not None:
         metrics.outcome(o.job.handler, o.kind, ok)
     if ok:
-        level = logging.WARNING if o.kind == "fail" else logging.INFO
+        level = (
+            logging.ERROR
+            if o.kind == "bury"
+            else logging.WARNING
+            if o.kind == "fail"
+            else logging.INFO
+        )
         log.log(level, "%s", message, extra=o.fields(o.kind))
     else:
         log.warning(

@@ -12,13 +12,15 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import psycopg
 from setproctitle import setproctitle
 
-from pgworkerd import __version__, jobs, registry
+from pgworkerd import __version__, registry
 from pgworkerd.db import scrub
+from pgworkerd.queries import query
 
 if TYPE_CHECKING:
     from pgworkerd.config import Config
@@ -32,12 +34,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgworkerd")
 
 
+def capped_job_counts(
+    conn: psycopg.Connection, schema: str, served: Sequence[str], top: int
+) -> list[tuple[str | None, str, int]]:
+    """(queue, status, jobs) for the served queues and the `top` biggest others; the rest
+    of the queues come summed with queue None (job_counts_capped)."""
+    cur = conn.execute(query("job_counts_capped", schema), {"served": list(served), "top": top})
+    return [(r[0], r[1], int(r[2])) for r in cur.fetchall()]
+
+
 class QueueDepthCounter:
     """Counts the jobs per queue and status for the metrics gauge on a thread of its own,
     with a connection of its own: on a table of millions of jobs that GROUP BY takes
     seconds, and the daemon's loop (renewals, dispatch, heartbeats) must not wait for it.
     One count at a time, each bounded by its own statement timeout (the connection's may
-    be off, behind PgBouncer); a failed one is logged and tried again after `interval`."""
+    be off, behind PgBouncer); a failed one is logged and tried again after `interval`.
+    The number of queues is capped in the statement (metrics.top_queues): an enqueuer
+    can create any number of queues, and neither the rows fetched here nor the gauge's
+    series may grow with them."""
 
     def __init__(
         self, db: DatabaseLink, schema: str, metrics: NullMetrics, interval: float
@@ -74,7 +88,9 @@ class QueueDepthCounter:
                         "SELECT set_config('statement_timeout', %s, true)",
                         [f"{int(self.timeout * 1000)}ms"],
                     )
-                    rows = jobs.counts(conn, schema=self.schema)
+                    rows = capped_job_counts(
+                        conn, self.schema, self.metrics.served_queues, self.metrics.top_queues
+                    )
             self.metrics.set_queue_depth(rows)
         except Exception as exc:  # whatever it is, the daemon goes on; say why, once
             self._retry_at = time.monotonic() + self.interval
@@ -101,6 +117,7 @@ class Presence:
     drain_requested_in_db: bool
     claim_wanted: bool
     depth_counter: QueueDepthCounter
+    reload_error: str  # "" or why the last SIGHUP reload failed (shown in STATUS=)
 
     def _worker_info(self) -> registry.WorkerInfo:
         return registry.WorkerInfo(
@@ -172,6 +189,10 @@ class Presence:
         return self.state
 
     def _status_text(self) -> str:
+        text = self._state_text()
+        return f"{text}; {self.reload_error}" if self.reload_error else text
+
+    def _state_text(self) -> str:
         slots = self.config.worker.slots
         busy = len(self.in_flight)
         if not self.db.ok:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgworkerd.describe import short_error
 from pgworkerd.forkserver import ForkServer
 from pgworkerd.wire import FrameReader, encode
 
@@ -50,11 +51,15 @@ class Child:
     exiting: bool = False  # told to exit, or will exit after its current job
     reader: FrameReader = field(default_factory=FrameReader)
     eof: bool = False
+    broken: str = ""  # why the daemon stopped it for a message it could not read
 
     def send(self, message: dict[str, Any]) -> bool:
         """Best effort: a child that is gone cannot be told anything."""
+        return self.send_encoded(encode(message))
+
+    def send_encoded(self, frame: bytes) -> bool:
         try:
-            self.sock.sendall(encode(message))
+            self.sock.sendall(frame)
             return True
         except OSError:
             return False
@@ -168,12 +173,13 @@ class Supervisor:
         child.exiting = True
         child.send({"t": "exit"})
 
-    def assign(self, child: Child, job_id: int, message: dict[str, Any]) -> bool:
+    def assign(self, child: Child, job_id: int, frame: bytes) -> bool:
+        """Hand a job (its message, encoded already) to an idle child."""
         child.job = job_id
         child.jobs_run += 1
         if child.jobs_run >= int(self.settings.get("max_jobs_per_child", 1)):
             child.exiting = True
-        return child.send(message)
+        return child.send_encoded(frame)
 
     def readable(self, child: Child) -> None:
         try:
@@ -186,7 +192,7 @@ class Supervisor:
             child.eof = True
             self.selector.unregister(child.sock)
             return
-        for message in child.reader.feed(data):
+        for message in self._messages(child, data):
             if message.get("t") == "hello":
                 child.pid = int(message["pid"])
                 self.by_pid[child.pid] = child
@@ -196,6 +202,20 @@ class Supervisor:
                     return
                 continue
             self.on_message(child, message)
+
+    def _messages(self, child: Child, data: bytes) -> list[dict[str, Any]]:
+        """The complete messages in `data`. One the daemon cannot read (a frame over the
+        limit, JSON it cannot parse) stops that child: its job fails with the reason, and
+        nothing a child sends can raise into the loop."""
+        if child.broken:
+            return []
+        try:
+            return child.reader.feed(data)
+        except Exception as exc:
+            child.broken = f"sent a message the daemon cannot read ({short_error(exc)})"
+            log.error("child %s %s; stopping it", child.pid, child.broken)
+            child.signal_group(signal.SIGKILL)
+            return []
 
     def reap(self) -> None:
         """Collect every exited child (SIGCHLD woke us) and report it once."""
@@ -235,7 +255,7 @@ class Supervisor:
                     child.eof = True
                     self.selector.unregister(child.sock)
                     break
-                for message in child.reader.feed(data):
+                for message in self._messages(child, data):
                     self.on_message(child, message)
         child.sock.close()
         if child.pid is not None:

@@ -21,7 +21,9 @@ class FrameTooLarge(ValueError):
 def encode(message: dict[str, Any]) -> bytes:
     body = json.dumps(message, separators=(",", ":"), allow_nan=False).encode()
     if len(body) > MAX_FRAME:
-        raise FrameTooLarge(f"message of {len(body)} bytes exceeds {MAX_FRAME}")
+        raise FrameTooLarge(
+            f"{len(body):,} bytes as JSON, over the {MAX_FRAME // (1024 * 1024)} MiB limit"
+        )
     return _HEADER.pack(len(body)) + body
 
 

@@ -141,3 +141,13 @@ def unstorable(job: JobContext) -> Any:
         job.heartbeat(progress={"note": "bad \x00 byte"})
         time.sleep(3)
     return {"note": "bad \x00 byte"}
+
+
+def envdump(job: JobContext) -> dict[str, str]:
+    """Returns the child's environment (what a handler and its subprocesses inherit)."""
+    return dict(os.environ)
+
+
+def raise_msg(job: JobContext) -> None:
+    """Raises an error whose text is payload["msg"] (e.g. with control characters)."""
+    raise ValueError(job.payload["msg"])

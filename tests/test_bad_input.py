@@ -1158,9 +1158,9 @@ def _can_remount_tmp() -> bool:
     reason="needs root and unshare(1) to give the demo a read-only /tmp "
     "(LocalPostgres always uses /tmp, never $TMPDIR)",
 )
-@pytest.mark.parametrize("args", [["demo", "--seconds", "1"], ["run"]], ids=["demo", "run-no-dsn"])
+@pytest.mark.parametrize("args", [["demo", "--seconds", "1"]], ids=["demo"])
 def test_demo_without_a_writable_tmp_fails_clearly(args: list[str]) -> None:
-    """`demo` (and `run` with no DSN anywhere) put their throwaway cluster in /tmp. With /tmp
+    """`demo` puts its throwaway cluster in /tmp (`run` never starts it). With /tmp
     read-only (a private mount namespace) they must say so, not crash; TMPDIR pointing
     nowhere changes nothing, as LocalPostgres ignores it (socket paths must stay short)."""
     # A read-only bind of /tmp onto itself: its contents (maybe this very checkout and its

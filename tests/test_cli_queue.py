@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.rows
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
@@ -293,8 +295,9 @@ def test_jobs_lists_newest_first_with_filters_and_json(cli: Cli) -> None:
     assert [r["id"] for r in json.loads(cli("jobs", "--json", "--limit", "1").stdout)] == [c]
 
     lines = cli("jobs").stdout.splitlines()
-    assert len(lines) == 3
-    assert lines[2].split()[:4] == [str(a), "cancelled", "qa", "h"]
+    assert len(lines) == 4  # a header, then one line per job
+    assert lines[0].split() == ["ID", "STATUS", "QUEUE", "HANDLER", "ATTEMPTS", "ERROR"]
+    assert lines[3].split() == [str(a), "cancelled", "qa", "h", "0/5"]
 
 
 def test_jobs_refuses_an_unknown_status(cli: Cli) -> None:
@@ -319,3 +322,107 @@ def test_show_one_job(cli: Cli) -> None:
     assert shown["queue"] == "reports"
     proc = cli("show", str(10**12), code=ExitCode.FAILURE)
     assert f"job {10**12} not found" in proc.stderr
+
+
+# -- README examples, run as written ----------------------------------------------------------
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+README_DSN = '"postgresql://app@db/app"'
+
+
+def readme_block(lang: str, after: str) -> str:
+    """The first ```lang block of the README after the line starting with `after`."""
+    text = README.read_text()
+    start = text.index(f"\n{after}")
+    match = re.search(rf"\n```{lang}\n(.*?)\n```\n", text[start:], re.S)
+    assert match, f"no {lang} block after {after!r}"
+    return match.group(1)
+
+
+@pytest.fixture
+def app_db(pg: LocalPostgres) -> Iterator[str]:
+    """A database of its own with pgworkerd in the default schema, as the README has it."""
+    from pgworkerd.migrate import migrate
+
+    name = f"readme_{uuid.uuid4().hex[:8]}"
+    pg.create_database(name)
+    try:
+        migrate(pg.dsn(name))
+        yield pg.dsn(name)
+    finally:
+        with psycopg.connect(pg.dsn(), autocommit=True) as c:
+            c.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_readme_python_enqueue_example_commits(app_db: str, tmp_path: Path) -> None:
+    code = readme_block("python", "From Python")
+    assert README_DSN in code
+    script = tmp_path / "example.py"
+    script.write_text(code.replace(README_DSN, repr(app_db)) + "\nprint(job_id, len(ids))\n")
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    with psycopg.connect(app_db) as c:  # another session: only committed jobs count
+        rows = c.execute(
+            "SELECT handler, count(*) FROM pgworkerd.jobs GROUP BY handler ORDER BY handler"
+        ).fetchall()
+    assert rows == [("resize", 10_000), ("send_email", 1)]
+
+
+def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
+    """The SQL a worker in another language runs, exactly as the README prints it."""
+    statements = [
+        s.strip() + ";"
+        for s in readme_block("sql", "### Finishing a claimed job").split(";\n")
+        if s.strip()
+    ]
+    renew, complete, fail, release = statements
+
+    with psycopg.connect(app_db, autocommit=True) as c:
+        c.execute(readme_block("sql", "From SQL"))  # enqueue and enqueue_many
+        claim = re.search(r"`(SELECT \* FROM pgworkerd\.claim\(.*?\))`", README.read_text())
+        assert claim
+        c.execute("SET search_path = pg_catalog, pg_temp")
+        with c.cursor(row_factory=psycopg.rows.dict_row) as cur:
+            held = cur.execute(claim.group(1)).fetchall()
+        assert [j["handler"] for j in held] == ["resize", "resize"]
+        a, b = held
+
+        def run_sql(text: str, *params: object) -> list[tuple[bytes | None, ...]]:
+            # $1-style parameters, as any libpq client sends them
+            res = c.pgconn.exec_params(
+                text.encode(), [None if p is None else str(p).encode() for p in params]
+            )
+            assert res.status in (psycopg.pq.ExecStatus.TUPLES_OK,), res.error_message
+            return [
+                tuple(res.get_value(r, f) for f in range(res.nfields)) for r in range(res.ntuples)
+            ]
+
+        def row(job_id: int) -> tuple[Any, ...]:
+            found = c.execute(
+                "SELECT status::text, attempts, result, last_error, locked_by, progress"
+                " FROM pgworkerd.jobs WHERE id = %s",
+                [job_id],
+            ).fetchone()
+            assert found is not None
+            return found
+
+        [(cancel_requested, _)] = run_sql(
+            renew, a["id"], "worker-1", a["lease_token"], 300, '{"step": 1}'
+        )
+        assert cancel_requested == b"f"
+        assert run_sql(complete, a["id"], "worker-1", a["lease_token"] + 1, None) == []
+        assert run_sql(complete, a["id"], "worker-1", a["lease_token"], '{"ok": true}')
+        assert row(a["id"]) == ("completed", 1, {"ok": True}, None, None, {"step": 1})
+
+        [(_, status, _)] = run_sql(fail, b["id"], "worker-1", b["lease_token"], "boom")
+        assert status == b"pending"
+        assert row(b["id"])[:5] == ("pending", 1, None, "boom", None)
+
+        c.execute("UPDATE pgworkerd.jobs SET run_at = now() WHERE id = %s", [b["id"]])
+        [again] = c.execute(claim.group(1)).fetchall()
+        assert again[0] == b["id"]
+        token = again[7]
+        assert run_sql(release, b["id"], "worker-1", token) == [(str(b["id"]).encode(), b"pending")]
+        assert row(b["id"])[:2] == ("pending", 1)  # the released attempt is not counted

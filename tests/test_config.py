@@ -4,6 +4,7 @@ file, the key and the line."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -217,3 +218,105 @@ def test_check_config_handler_that_does_not_import(tmp_path: Path) -> None:
     proc = run_cli("--config", str(cfg), "check-config")
     assert proc.returncode == ExitCode.HANDLER
     assert "has no function 'no_such_function'" in proc.stderr
+
+
+# -- trust boundaries: nesting, secrets in messages, file permissions (issue 9) -------------
+
+
+def test_deeply_nested_toml_is_a_config_error_not_a_crash(tmp_path: Path) -> None:
+    """tomllib recurses per bracket: 3,000 of them used to end in a RecursionError
+    traceback and exit 1, which systemd restarts forever."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("queues = " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(ConfigError, match="nested too deeply"):
+        load_config(cfg)
+    for command in ("check-config", "run"):
+        proc = run_cli("--config", str(cfg), command)
+        assert proc.returncode == ExitCode.CONFIG, proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert f"{cfg}: invalid TOML: nested too deeply" in proc.stderr
+        assert len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_type_errors_never_echo_a_table_or_a_password() -> None:
+    message = error_of('[database]\ndsn = { host = "x", password = "Typo-Table-Pw2" }\n')
+    assert "database.dsn: expected a string, got a table" in message
+    assert "Typo-Table-Pw2" not in message
+    message = error_of('[database]\nlisten_dsn = ["host=x password=Arr-Pw3"]\n')
+    assert "expected a string, got an array" in message
+    assert "Arr-Pw3" not in message
+
+
+@pytest.mark.parametrize(
+    ("dsn", "secrets"),
+    [
+        ("postgresql://u:Xy%9kLmq@h/app", ["Xy%9kLmq", "9kLmq"]),
+        ("postgresql://u:Pw X4@h/app", ["Pw X4", "Pw", "X4"]),
+        ("postgres://u:Pw%zz@h:5432/app?sslmode=require", ["Pw%zz"]),
+        ("postgresql://u:Q%41b C@h:bad/app", ["Q%41b", "QAb", "b C"]),
+        ("host=h password='unterminated-Pw5 user=u", ["unterminated-Pw5"]),
+    ],
+)
+def test_malformed_dsns_never_echo_the_password(
+    tmp_path: Path, dsn: str, secrets: list[str]
+) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[handlers.echo]\ntarget = "pgworkerd.examples:echo"\n')
+    proc = run_cli("--dsn", dsn, "--config", str(cfg), "run")
+    assert proc.returncode == ExitCode.CONFIG, proc.stderr
+    assert "invalid DSN" in proc.stderr and "Traceback" not in proc.stderr
+    for secret in secrets:
+        assert secret not in proc.stderr, proc.stderr
+
+
+def _warnings_of(cfg: Path) -> str:
+    proc = run_cli("--config", str(cfg), "check-config")
+    assert proc.returncode == 0, proc.stderr
+    return proc.stderr
+
+
+def test_config_with_a_password_readable_by_others_gets_a_warning(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[database]\ndsn = "postgresql://app:Rd-Pw7@db/app"\n')
+    cfg.chmod(0o644)
+    warning = _warnings_of(cfg)
+    assert f"WARNING: {cfg} holds a database password and is readable by others" in warning
+    assert f"chmod 600 {cfg}" in warning
+    assert "Rd-Pw7" not in warning
+    cfg.chmod(0o600)
+    assert _warnings_of(cfg) == ""
+    # Readable by a group the daemon is not in: that group's members can read it.
+    cfg.chmod(0o640)
+    os.chown(cfg, -1, 65534 if os.getgid() != 65534 else 0)
+    assert "readable by group" in _warnings_of(cfg)
+    # Without a password, being readable is fine.
+    cfg.write_text('[database]\ndsn = "postgresql://app@db/app"\n')
+    cfg.chmod(0o644)
+    assert _warnings_of(cfg) == ""
+
+
+def test_config_others_can_write_gets_a_warning(tmp_path: Path) -> None:
+    directory = tmp_path / "etc"
+    directory.mkdir()
+    cfg = directory / "c.toml"
+    cfg.write_text('[handlers.echo]\ntarget = "pgworkerd.examples:echo"\n')
+    cfg.chmod(0o666)
+    assert f"WARNING: {cfg} is writable by others" in _warnings_of(cfg)
+    cfg.chmod(0o644)
+    directory.chmod(0o777)  # others can replace the file (and with it the handlers' code)
+    assert f"WARNING: {cfg} is in {directory}, which others can write" in _warnings_of(cfg)
+    directory.chmod(0o1777)  # sticky: only the file's owner may replace it
+    assert _warnings_of(cfg) == ""
+    directory.chmod(0o755)
+    assert _warnings_of(cfg) == ""
+
+
+def test_check_config_quiet_prints_only_problems(tmp_path: Path) -> None:
+    """For ExecReload=: nothing on success, the error (exit 3) on failure."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[handlers.echo]\ntarget = "pgworkerd.examples:echo"\n')
+    proc = run_cli("--config", str(cfg), "check-config", "--quiet")
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
+    cfg.write_text("[worker]\nslots = 0\n")
+    proc = run_cli("--config", str(cfg), "check-config", "--quiet")
+    assert proc.returncode == ExitCode.CONFIG and "worker.slots" in proc.stderr

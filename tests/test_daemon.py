@@ -8,6 +8,7 @@ condition with a generous deadline, so a loaded machine makes the suite slower, 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -552,3 +553,152 @@ def test_a_lost_listen_connection_comes_back(
     enqueued = time.monotonic()
     db.wait_status(job_id, "completed", timeout=20)
     assert time.monotonic() - enqueued < 15  # a NOTIFY woke it, not the 60 s poll
+
+
+# -- start-up and secrets (issue 9) -----------------------------------------------------------
+
+SECRET_PW = "SECRETpw-Zq9"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env_without_libpq(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+    env.pop("NOTIFY_SOCKET", None)
+    return {**env, **extra}
+
+
+def _start(
+    args: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [str(Path(sys.executable).with_name("pgworkerd")), *args],
+        env=env,
+        cwd=log.parent,
+        stdin=subprocess.DEVNULL,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill what is left of the process group (the daemon, or whatever it started)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+def test_run_without_a_dsn_uses_libpq_defaults_and_never_the_demo(tmp_path: Path) -> None:
+    """`dsn = ""` with only PGUSER and PGPASSWORD set (no PGHOST...): libpq's defaults,
+    as config.example.toml documents; this used to start the demo's throwaway cluster."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[database]\ndsn = ""\n[handlers.echo]\ntarget = "pgworkerd.examples:echo"\n')
+    cfg.chmod(0o666)
+    log = tmp_path / "daemon.log"
+    proc = _start(
+        ["--config", str(cfg), "run"], log, _env_without_libpq(PGUSER="x", PGPASSWORD="y-Pw")
+    )
+    try:
+        line = wait_for(
+            lambda: re.search(r".*(database unreachable|demo).*", log.read_text()),
+            what="the daemon to try the database",
+        )[0]
+        assert "database unreachable" in line and "(libpq default host):5432" in line, line
+        assert proc.poll() is None  # it keeps retrying, in the process
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(DEADLINE) == 0
+    finally:
+        _stop(proc)
+    text = log.read_text()
+    assert "demo" not in text and "y-Pw" not in text
+    assert f"WARNING {cfg} is writable by others" in text  # file_warnings reach the log
+
+
+def test_a_dsn_password_is_masked_in_the_process_title_at_once(tmp_path: Path) -> None:
+    """The title is polled from the moment the process exists. argv is the kernel's copy
+    of what the caller passed, so it is visible until Python masks it (tens of ms, see
+    the README); after that, never again, even while the database is unreachable (it
+    used to stay for as long as the daemon retried)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('[handlers.echo]\ntarget = "pgworkerd.examples:echo"\n')
+    dsn = f"postgresql://u:{SECRET_PW}@127.0.0.1:{_closed_port()}/x"
+    log = tmp_path / "daemon.log"
+    started = time.monotonic()
+    proc = _start(["--dsn", dsn, "--config", str(cfg), "run"], log)
+    seen_at: list[float] = []
+    titles: set[str] = set()
+    try:
+        retrying = False
+        while time.monotonic() - started < 4 or not retrying:
+            title = process_title(proc.pid)
+            titles.add(title)
+            if SECRET_PW in title:
+                seen_at.append(time.monotonic() - started)
+            retrying = retrying or "database unreachable" in log.read_text()
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() - started < DEADLINE, log.read_text()
+        wait_for(
+            lambda: process_title(proc.pid).startswith("pgworkerd: database unreachable"),
+            what="the daemon's own title while it retries",
+        )
+    finally:
+        _stop(proc)
+    window = max(seen_at, default=0.0)
+    print(f"password visible for {window * 1000:.0f} ms after start; titles: {titles}")
+    assert window < 1.0, f"password in the title {window:.2f} s after start: {titles}"
+    assert any("u:***@" in t or t.startswith("pgworkerd: ") for t in titles), titles
+    assert SECRET_PW not in log.read_text()
+
+
+def test_job_children_never_see_the_daemons_credentials(
+    db: Db, daemons: Daemons, monkeypatch: pytest.MonkeyPatch, pg: LocalPostgres
+) -> None:
+    # The cluster's real password: libpq prefers PGPASSWORD to the DSN's passfile.
+    monkeypatch.setenv("PGPASSWORD", pg.password)
+    monkeypatch.setenv("PGWORKERD_DSN", f"postgresql://u:dsn-S3cret@127.0.0.1:{_closed_port()}/x")
+    monkeypatch.setenv("PGSERVICEFILE", "/etc/pgworkerd/pg_service.conf")
+    monkeypatch.setenv("PGSSLKEY", "/etc/pgworkerd/client.key")
+    monkeypatch.setenv("MYAPP_SETTING", "kept")
+    daemon = daemons.start({"envdump": {"target": "jobhandlers:envdump"}})
+    job = db.enqueue("envdump")
+    env = db.wait_status(job, "completed")["result"]
+    assert not [k for k in env if k.startswith("PG")], sorted(env)
+    assert "S3cret" not in json.dumps(env) and pg.password not in json.dumps(env)
+    assert env["MYAPP_SETTING"] == "kept" and "JOBHANDLERS_DSN" in env
+    # The fork server's own environment too (children fork from it).
+    for pid in children_of(daemon.pid):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        assert b"S3cret" not in environ and b"PGPASSWORD" not in environ, process_title(pid)
+        assert pg.password.encode() not in environ
+
+
+def test_the_fork_server_does_not_import_from_the_working_directory(
+    db: Db, daemons: Daemons, tmp_path: Path
+) -> None:
+    """A json.py in the daemon's cwd (the fork server imports json) used to run in it."""
+    marker = tmp_path / "IMPORTED-FROM-CWD"
+    (tmp_path / "json.py").write_text(
+        f"open({str(marker)!r}, 'w').write('imported')\nraise SystemExit('json.py ran')\n"
+    )
+    daemon = DaemonProcess(
+        daemons.dsn, daemons.schema, daemons.config({"work": WORK}), tmp_path / "d.log", "A"
+    )
+    daemons.started.append(daemon)
+    assert daemon.log_path.parent == tmp_path  # the harness runs daemons in tmp_path
+    daemon.start(wait_ready=False)
+    wait_for(
+        lambda: marker.exists() or "running as" in daemon.log() or daemon.proc.poll() is not None,
+        what="the daemon to start",
+    )
+    assert not marker.exists(), daemon.log()
+    # Handler modules still come from PYTHONPATH (tests/jobhandlers.py).
+    db.wait_status(db.enqueue("work", {"seconds": 0.1}), "completed")
+    assert not marker.exists()

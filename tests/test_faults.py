@@ -152,7 +152,7 @@ def partition() -> Iterator[tuple[Partition, LocalPostgres]]:
         try:
             pg.start()
             with (pg.data_dir / "pg_hba.conf").open("a") as f:
-                f.write(f"host all all {part.client_ip}/32 trust\n")
+                f.write(f"host all all {part.client_ip}/32 scram-sha-256\n")
             with psycopg.connect(pg.dsn(), autocommit=True) as c:
                 c.execute("SELECT pg_reload_conf()")
             pg.create_database("faults")
@@ -169,9 +169,7 @@ def test_partition_mid_job_child_fences_itself_another_daemon_rescues_late_outco
     part, pg = partition
     dsn, schema = pg.dsn("faults"), "partition"
     migrate(dsn, schema=schema)
-    tcp_dsn = make_conninfo(
-        "", host=part.server_ip, port=str(pg.port), user="postgres", dbname="faults"
-    )
+    tcp_dsn = make_conninfo(pg.tcp_dsn("faults"), host=part.server_ip)
     execs = tmp_path / "executions.jsonl"
     daemons = Daemons(tmp_path, dsn, schema)
     config = write_config(daemons, {"warm_children": 1}, FAST_DB)

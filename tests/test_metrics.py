@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import re
 import socket
+import threading
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -38,6 +40,11 @@ def sample(text: str, name: str, **labels: str) -> float | None:
         if found == labels:
             return float(m[3])
     return None
+
+
+def queue_labels(text: str) -> set[str]:
+    """The queue label values of the pgworkerd_queue_jobs series, as exposed (escaped)."""
+    return set(re.findall(r'^pgworkerd_queue_jobs\{[^\n]*?queue="((?:[^"\\]|\\.)*)"', text, re.M))
 
 
 @pytest.fixture
@@ -123,12 +130,14 @@ def test_queue_depth_is_a_full_snapshot_with_zeros(live: metrics.Metrics) -> Non
     assert sample(text, name, queue="mail", status="dead") == 1
     assert sample(text, name, queue="mail", status="pending") == 0
 
-    # The next snapshot replaces the last; a queue that emptied stays, at zero.
+    # The next snapshot replaces the last; a queue no longer in it is no longer exported
+    # (this daemon serves no queue here, so none is kept at zero).
     live.set_queue_depth([("default", "completed", 9)])
     text = scrape(live.port)
     assert sample(text, name, queue="default", status="pending") == 0
     assert sample(text, name, queue="default", status="completed") == 9
-    assert sample(text, name, queue="mail", status="dead") == 0
+    assert sample(text, name, queue="mail", status="dead") is None
+    assert "mail" not in queue_labels(text)
 
 
 def test_queue_depth_due_follows_the_interval() -> None:
@@ -138,6 +147,187 @@ def test_queue_depth_due_follows_the_interval() -> None:
     assert not m.queue_depth_due()
     m._depth_at -= 0.1
     assert m.queue_depth_due()
+
+
+# -- bounded labels (audit findings 7 and 12) ----------------------------------------------
+
+
+def test_queue_series_are_capped_to_served_plus_top_plus_other() -> None:
+    """5,000 queues in the snapshot: the served queues, the 3 biggest others and "other"
+    (the sum of the rest) are exported, nothing more, and the scrape stays small."""
+    m = metrics.create(
+        MetricsConfig(listen="127.0.0.1:0", top_queues=3), queues=("default", "mail")
+    )
+    m.start()
+    try:
+        rows = [(f"q{i}", "pending", 1) for i in range(5000) if i not in (7, 9)]
+        rows += [("q7", "pending", 51), ("q9", "pending", 1), ("q9", "dead", 30)]
+        rows += [("big", "pending", 100), ("default", "pending", 2)]
+        m.set_queue_depth(rows)
+        text = scrape(m.port)
+        assert queue_labels(text) == {"default", "mail", "big", "q7", "q9", "other"}
+        name = "pgworkerd_queue_jobs"
+        assert sample(text, name, queue="big", status="pending") == 100
+        assert sample(text, name, queue="q9", status="dead") == 30
+        assert sample(text, name, queue="mail", status="pending") == 0  # served: kept at 0
+        assert sample(text, name, queue="other", status="pending") == 4998
+        assert len(text.encode()) < 20_000, len(text.encode())
+
+        # Stale series go: the next snapshot without q7 and big drops their label sets;
+        # served queues and "other" stay (at zero).
+        m.set_queue_depth([("q9", "pending", 4), ("zz", "failed", 1)])
+        text = scrape(m.port)
+        assert queue_labels(text) == {"default", "mail", "q9", "zz", "other"}
+        assert sample(text, name, queue="q7", status="pending") is None
+        assert sample(text, name, queue="other", status="pending") == 0
+        m.set_queue_depth([])
+        assert queue_labels(scrape(m.port)) == {"default", "mail", "other"}
+    finally:
+        m.stop()
+
+
+def test_rows_already_capped_by_the_statement_are_summed_under_other() -> None:
+    """The daemon's count returns the rest of the queues as queue NULL: that is "other";
+    a real queue called "other" is counted with them."""
+    m = metrics.Metrics(MetricsConfig(listen="127.0.0.1:0", top_queues=1), queues=("default",))
+    m.set_queue_depth([(None, "pending", 40), ("other", "pending", 2), ("default", "dead", 1)])
+    assert m.registry.get_sample_value(
+        "pgworkerd_queue_jobs", {"queue": "other", "status": "pending"}
+    ) == 42
+
+
+def test_label_values_are_printable() -> None:
+    """Prometheus's text format escapes only backslash, quote and newline: ESC and the
+    other control characters an enqueuer puts in a queue name must not reach a terminal
+    or a dashboard raw. Names that end up with the same label are summed, not repeated."""
+    assert metrics.label_value("default") == "default"
+    assert metrics.label_value("a\x1bb\x07\u202e\x00\x9b") == "a\\x1bb\\x07\\u202e\\x00\\x9b"
+    assert metrics.label_value("é 日本 ok") == "é 日本 ok"
+    assert len(metrics.label_value("q" * 10_000)) <= metrics.LABEL_MAX
+    m = metrics.create(MetricsConfig(listen="127.0.0.1:0"))
+    m.start()
+    try:
+        m.set_worker("web1:1:abc\x1b[2J", "0.1")
+        m.claimed("evil\x1b]0;PWNED\x07")
+        m.set_queue_depth(
+            [("default\x1b[31mRED", "pending", 1), ("default\\x1b[31mRED", "pending", 2)]
+        )
+        raw = urllib.request.urlopen(f"http://127.0.0.1:{m.port}/metrics", timeout=10).read()
+        assert not [b for b in raw if b < 0x20 and b != 0x0A], "control bytes in the scrape"
+        text = raw.decode()
+        # The backslash of the escape is itself escaped by the text format.
+        queue, handler = "default\\\\x1b[31mRED", "evil\\\\x1b]0;PWNED\\\\x07"
+        assert sample(text, "pgworkerd_queue_jobs", queue=queue, status="pending") == 3
+        assert sample(text, "pgworkerd_jobs_claimed_total", handler=handler) == 1
+    finally:
+        m.stop()
+
+
+def test_handler_labels_only_for_configured_handlers() -> None:
+    m = metrics.Metrics(MetricsConfig(listen="127.0.0.1:0"), handlers=("send_mail",))
+    m.claimed("send_mail")
+    m.claimed("from_a_row", rescued=True)
+    m.outcome("from_a_row", "complete")
+    m.fenced("another", "fail")
+    m.lease_lost("yet_another")
+    value = m.registry.get_sample_value
+    assert value("pgworkerd_jobs_claimed_total", {"handler": "send_mail"}) == 1
+    assert value("pgworkerd_jobs_claimed_total", {"handler": "other"}) == 1
+    assert value("pgworkerd_jobs_rescued_total", {"handler": "other"}) == 1
+    assert value("pgworkerd_jobs_completed_total", {"handler": "other"}) == 1
+    assert value("pgworkerd_outcomes_fenced_total", {"handler": "other", "outcome": "fail"}) == 1
+    assert value("pgworkerd_lease_losses_total", {"handler": "other"}) == 1
+    assert value("pgworkerd_jobs_claimed_total", {"handler": "from_a_row"}) is None
+
+
+# -- the endpoint's bounds -----------------------------------------------------------------
+
+
+def half_open(port: int, count: int) -> list[socket.socket]:
+    """Connections that start a request and never finish it (no blank line)."""
+    socks = []
+    for _ in range(count):
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        socks.append(s)
+    return socks
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    """Whether the server closed this connection (EOF or reset), without blocking."""
+    s.setblocking(False)
+    try:
+        return s.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # reset: the server closed it with our request unread
+        return True
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_half_open_connections_are_capped_evicted_and_timed_out() -> None:
+    """50 half-open connections hold at most max_connections threads; a real scrape is
+    served meanwhile (it takes the slot of the oldest connection still sending its
+    request); the ones left are closed at the connection deadline."""
+    m = metrics.Metrics(MetricsConfig(listen="127.0.0.1:0"))
+    m.max_connections, m.io_timeout, m.connection_deadline = 4, 2.0, 3.0
+    m.start()
+    socks: list[socket.socket] = []
+    try:
+        base = threading.active_count()
+        socks = half_open(m.port, 50)
+        wait_until(
+            lambda: sum(closed_by_server(s) for s in socks) >= 50 - 4,
+            10,
+            "the excess connections to be closed at once",
+        )
+        assert threading.active_count() <= base + 4
+        started = time.monotonic()
+        assert "pgworkerd_slots" in scrape(m.port)  # served during the flood
+        assert time.monotonic() - started < 2.0
+        assert threading.active_count() <= base + 4
+        wait_until(
+            lambda: all(closed_by_server(s) for s in socks),
+            3.0 + 15,
+            "the held connections to be closed at the deadline",
+        )
+        wait_until(lambda: threading.active_count() <= base, 10, "their threads to end")
+        assert "pgworkerd_slots" in scrape(m.port)
+    finally:
+        for s in socks:
+            s.close()
+        m.stop()
+
+
+def test_a_trickling_client_is_cut_at_the_connection_deadline() -> None:
+    """A byte per half second never trips the read timeout; the deadline still ends it."""
+    m = metrics.Metrics(MetricsConfig(listen="127.0.0.1:0"))
+    m.io_timeout, m.connection_deadline = 2.0, 2.0
+    m.start()
+    try:
+        s = socket.create_connection(("127.0.0.1", m.port), timeout=10)
+        started = time.monotonic()
+        with s:
+            try:
+                for byte in b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 30:
+                    s.send(bytes([byte]))
+                    time.sleep(0.5)  # the trickle itself, not a wait for a condition
+                    if closed_by_server(s):
+                        break
+                    s.setblocking(True)
+            except OSError:
+                pass  # reset while sending: closed by the server
+        assert time.monotonic() - started < 2.0 + 8, "not cut at the deadline"
+        assert time.monotonic() - started > 1.5
+    finally:
+        m.stop()
 
 
 def test_start_latency_from_run_at_or_enqueue(live: metrics.Metrics) -> None:
@@ -265,6 +455,8 @@ def test_metrics_config_defaults_and_values() -> None:
     assert config.metrics.address == ("::1", 9464)
     assert config.metrics.queue_depth_interval == 5.0
     assert parse_config('[metrics]\nlisten = ":9464"\n', "x").metrics.address == ("", 9464)
+    assert config.metrics.top_queues == 20
+    assert parse_config("[metrics]\ntop_queues = 0\n", "x").metrics.top_queues == 0
 
 
 @pytest.mark.parametrize(
@@ -275,6 +467,7 @@ def test_metrics_config_defaults_and_values() -> None:
         ('[metrics]\nlisten = "::1:9464"\n', "x.toml:2: metrics.listen: '::1:9464': bad host"),
         ("[metrics]\nlisten = 9464\n", "x.toml:2: metrics.listen: expected a string"),
         ('[metrics]\nqueue_depth_interval = "0s"\n', "metrics.queue_depth_interval: must be"),
+        ("[metrics]\ntop_queues = -1\n", "x.toml:2: metrics.top_queues: expected an integer >= 0"),
         ("[metrics]\nport = 9464\n", "x.toml:2: metrics.port: unknown key (known keys here: "),
     ],
 )

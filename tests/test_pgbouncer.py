@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
 from pgworkerd import jobs
 from pgworkerd.db import connect
@@ -41,10 +42,13 @@ def bouncer(pg: LocalPostgres) -> Iterator[str]:
     """A PgBouncer in transaction mode with a pool of 2 server connections (so clients
     share them), in front of the session's PostgreSQL; yields its DSN."""
     pg.create_database("pgworkerd_test")
+    # Private like the cluster: 0700 (mkdtemp), and clients prove the cluster's password,
+    # which PgBouncer also uses to log in to PostgreSQL (plain text in its 0600 auth_file).
     workdir = Path(tempfile.mkdtemp(prefix="pgworkerd-pgb-"))
-    workdir.chmod(0o755)
     port = free_port()
-    (workdir / "users.txt").write_text('"postgres" ""\n')
+    users = workdir / "users.txt"
+    users.touch(mode=0o600)
+    users.write_text(f'"postgres" "{pg.password}"\n')
     (workdir / "pgbouncer.ini").write_text(f"""
 [databases]
 pgworkerd_test = host=127.0.0.1 port={pg.port} dbname=pgworkerd_test user=postgres
@@ -53,7 +57,7 @@ pgworkerd_test = host=127.0.0.1 port={pg.port} dbname=pgworkerd_test user=postgr
 listen_addr = 127.0.0.1
 listen_port = {port}
 unix_socket_dir =
-auth_type = trust
+auth_type = scram-sha-256
 auth_file = {workdir}/users.txt
 pool_mode = transaction
 default_pool_size = 2
@@ -74,7 +78,7 @@ logfile = {workdir}/pgbouncer.log
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    dsn = f"host=127.0.0.1 port={port} user=postgres dbname=pgworkerd_test"
+    dsn = make_conninfo(pg.tcp_dsn("pgworkerd_test"), port=str(port))
     deadline = time.monotonic() + 20
     while True:
         try:
@@ -94,6 +98,13 @@ logfile = {workdir}/pgbouncer.log
     proc.terminate()
     proc.wait(10)
     shutil.rmtree(workdir, ignore_errors=True)
+
+
+def test_bouncer_asks_clients_for_the_password(bouncer: str) -> None:
+    # Like the cluster behind it, the bouncer is no way in for other local users.
+    without = make_conninfo(bouncer, passfile="/dev/null")
+    with pytest.raises(psycopg.OperationalError, match="password"):
+        psycopg.connect(without, connect_timeout=10).close()
 
 
 def _worker(dsn: str, schema: str, name: str, rounds: int, queue: mp.Queue) -> None:

@@ -564,8 +564,14 @@ def test_scheduled_jobs_are_invisible_until_due(q: Queue) -> None:
 
 
 def next_run_at(q: Queue, queues: Sequence[str], handlers: Sequence[str]) -> datetime | None:
+    """The wake-up as a time: job_next_run_at gives seconds from the server's now(), which
+    is fixed within a transaction."""
     params = {"queues": list(queues), "handlers": list(handlers)}
-    return q.one(query("job_next_run_at", q.schema), params)
+    with q.conn.transaction():
+        now = q.one("SELECT now()")
+        rows = q.sql(query("job_next_run_at", q.schema), params)
+    assert len(rows) <= 1, rows
+    return now + timedelta(seconds=rows[0][0]) if rows else None
 
 
 def test_next_run_at_is_the_earliest_future_job_the_worker_serves(q: Queue) -> None:

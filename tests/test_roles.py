@@ -32,7 +32,9 @@ def roles(pg: LocalPostgres, conn: psycopg.Connection, schema: str, test_db_dsn:
         .replace("pgworkerd.", f"{schema}.")
     )
     conn.execute(text)
-    # trust authentication: the password is not checked, the role is what matters
+    # They log in with the cluster's password (its passfile is in the DSN), not roles.sql's.
+    for name in (daemon, enqueuer):
+        pg.grant_login(name)
     yield {
         name: pg.dsn("pgworkerd_test").replace("user=postgres", f"user={name}")
         for name in (daemon, enqueuer)
@@ -101,6 +103,7 @@ def test_daemon_role_claims_renews_and_finishes(
 def test_public_cannot_enqueue(pg: LocalPostgres, conn: psycopg.Connection, schema: str) -> None:
     role = f"{schema}_nobody"
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    pg.grant_login(role)
     conn.execute(
         sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
             sql.Identifier(schema), sql.Identifier(role)

@@ -32,6 +32,7 @@ from sdtestbed import Testbed, derive_unit, unavailable_reason
 
 import pgworkerd
 from pgworkerd.config import WorkerConfig
+from pgworkerd.exitcodes import RESTART_PREVENTING
 from pgworkerd.localpg import LocalPostgres
 from pgworkerd.migrate import migrate
 
@@ -141,7 +142,11 @@ def test_unit_has_the_settings_the_daemon_relies_on() -> None:
     assert one(s, "Type") == "notify"
     assert one(s, "NotifyAccess") == "main"  # sd_notify comes from the daemon itself
     assert one(s, "KillMode") == "mixed"  # SIGTERM to the daemon only: it drains
-    assert one(s, "ExecReload").endswith("-HUP $MAINPID")
+    # The check first: an invalid config fails `systemctl reload` and is never signalled.
+    assert s["ExecReload"] == [
+        f"{INSTALLED_BINARY} --config /etc/pgworkerd/pgworkerd.toml check-config --quiet",
+        "/bin/kill -HUP $MAINPID",
+    ]
     assert one(s, "ExecStart") == f"{INSTALLED_BINARY} --config /etc/pgworkerd/pgworkerd.toml run"
     # The daemon gives up draining drain_timeout + kill_grace + 30s after SIGTERM; systemd
     # must not SIGKILL jobs before that.
@@ -149,6 +154,7 @@ def test_unit_has_the_settings_the_daemon_relies_on() -> None:
     assert timespan(one(s, "TimeoutStopSec")) > w.drain_timeout + w.kill_grace + 30
     assert one(s, "Restart") == "on-failure"
     prevent = set(one(s, "RestartPreventExitStatus").split())
+    assert prevent == {str(int(code)) for code in RESTART_PREVENTING}
     assert {"3", "5", "6"} <= prevent and "4" not in prevent and "1" not in prevent
     assert timespan(one(s, "WatchdogSec")) == 30
     assert one(s, "User") == one(s, "Group") == "pgworkerd"
@@ -166,7 +172,11 @@ def test_template_matches_the_unit_except_for_the_instance() -> None:
     template = service_settings(TEMPLATE.read_text())
     assert one(template, "ExecStart") == (f"{INSTALLED_BINARY} --config /etc/pgworkerd/%i.toml run")
     assert one(template, "SyslogIdentifier") == "pgworkerd@%i"
-    per_instance = {"ExecStart", "SyslogIdentifier"}
+    assert template["ExecReload"][0] == (
+        f"{INSTALLED_BINARY} --config /etc/pgworkerd/%i.toml check-config --quiet"
+    )
+    assert template["ExecReload"][1:] == unit["ExecReload"][1:]
+    per_instance = {"ExecStart", "SyslogIdentifier", "ExecReload"}
     assert {k: v for k, v in template.items() if k not in per_instance} == {
         k: v for k, v in unit.items() if k not in per_instance
     }
@@ -259,7 +269,7 @@ class Service:
         self.config.write_text("\n".join(lines) + "\n" + extra)
 
     def install(self, **overrides: str) -> None:
-        dsn = f"postgresql://postgres@127.0.0.1:{self.pg.port}/{DB}"
+        dsn = f"postgresql://postgres@127.0.0.1:{self.pg.port}/{DB}?passfile={self.pg.passfile}"
         settings = {
             "ExecStart": (
                 f'"{PGWORKERD}" --dsn {dsn} --schema {self.schema} --config "{self.config}" run'
@@ -276,9 +286,15 @@ class Service:
             "LimitCORE": "0",
             **overrides,
         }
+        # The shipped ExecReload= (check, then SIGHUP) with this tree's binary and config.
+        shipped = UNIT.read_text().replace(
+            f"{INSTALLED_BINARY} --config /etc/pgworkerd/pgworkerd.toml check-config",
+            f'"{PGWORKERD}" --config "{self.config}" check-config',
+        )
+        assert f'"{PGWORKERD}" --config' in shipped
         # StateDirectory would create /var/lib/pgworkerd on the host (shared file system).
         text = derive_unit(
-            UNIT.read_text(),
+            shipped,
             drop=("Group", "StateDirectory", "StateDirectoryMode", "WorkingDirectory"),
             **settings,
         )
@@ -590,3 +606,50 @@ def test_errors_a_restart_cannot_fix_do_not_crash_loop(
     # RestartSec=1s: a restart would have come by now.
     svc.holds(lambda: svc.prop("NRestarts") == "0", "no restart", 2.0)
     assert svc.state() == "failed"
+
+
+def test_reload_with_an_invalid_config_fails_and_says_so(
+    make_service: Callable[..., Service],
+) -> None:
+    """`systemctl reload` used to answer rc 0 and "Reloaded" for any config, with the
+    daemon's STATUS= unchanged. Now the unit's check fails the reload; should the daemon
+    be signalled anyway, its STATUS= says the reload failed, and its error line reaches
+    the journal as priority 3 (every line used to be 6, invisible to -p warning)."""
+    svc = make_service()
+    svc.start()
+    main_pid = svc.prop("MainPID")
+    good = svc.config.read_text()
+    svc.config.write_text(good.replace("slots = 4", "slots = 0"))
+    proc = svc.systemctl("reload", check=False)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    journal = svc.tb.journal(svc.unit)
+    assert "worker.slots: must be at least 1" in journal, journal
+    svc.wait(lambda: svc.state() == "active", "the unit active again")
+    assert svc.status() == "running: 0/4 busy"  # the daemon was never signalled
+    # A failure only the daemon sees (the check passed, or someone sent SIGHUP itself).
+    svc.systemctl("kill", "--kill-who=main", "--signal=SIGHUP")
+    svc.wait(lambda: "reload failed" in svc.status(), "STATUS=... reload failed")
+    assert svc.status().startswith("running: 0/4 busy; reload failed: ")
+    assert "worker.slots: must be at least 1" in svc.status()
+
+    def priority_lines(priority: str) -> str:
+        return svc.tb.run(
+            "journalctl", "-u", svc.unit, "-p", priority, "--no-pager", "-o", "cat"
+        ).stdout
+
+    svc.wait(
+        lambda: "reload failed, keeping the old config" in priority_lines("err"),
+        "the error in `journalctl -p err`",
+    )
+    # The check's own message (from ExecReload=) is an error too.
+    assert "worker.slots: must be at least 1" in priority_lines("err")
+    warnings_and_worse = priority_lines("warning")
+    assert "running as" not in warnings_and_worse  # INFO stays 6
+    # One timestamp per line: journald's own, none from the daemon.
+    for line in priority_lines("info").splitlines():
+        assert not re.match(r"\d{4}-\d\d-\d\dT", line), line
+    # Fixed config: reload succeeds and the failure leaves STATUS=.
+    svc.config.write_text(good)
+    svc.systemctl("reload")
+    svc.wait(lambda: svc.status() == "running: 0/4 busy", "STATUS without the failure")
+    assert svc.prop("MainPID") == main_pid and svc.prop("NRestarts") == "0"

@@ -86,6 +86,8 @@ RETURNING id;
 -- name: job_fail
 -- A failed attempt: back to pending after exponential backoff with +-25 %% jitter, or
 -- dead once max_attempts are used, or cancelled if a cancel was requested meanwhile.
+-- The attempt's latest progress and checkpoint are saved with it (NULL keeps the old
+-- value), so the next attempt resumes from there. retry_in: seconds until the retry.
 UPDATE @schema@.jobs
    SET status = CASE WHEN cancel_requested THEN 'cancelled'
                      WHEN attempts >= max_attempts THEN 'dead'
@@ -98,20 +100,27 @@ UPDATE @schema@.jobs
        finished_at = CASE WHEN cancel_requested OR attempts >= max_attempts
                           THEN now() END,
        last_error = %(error)s,
+       progress = coalesce(%(progress)s::jsonb, progress),
+       checkpoint = coalesce(%(checkpoint)s::jsonb, checkpoint),
        locked_by = NULL, locked_until = NULL, cancel_requested = false,
        updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
    AND status::text = 'running'  -- by primary key, never the running-jobs index
-RETURNING id, status, run_at;
+RETURNING id, status, run_at,
+          CASE WHEN status = 'pending' THEN extract(epoch FROM run_at - now())::float8
+          END AS retry_in;
 
 -- name: job_release
 -- Hand a job back (drain, shutdown): pending at once, the attempt not counted, and in its
 -- old place in the queue (run_at kept), so the next daemon takes it before newer jobs.
+-- Its latest progress and checkpoint are saved (NULL keeps the old value).
 UPDATE @schema@.jobs
    SET status = CASE WHEN cancel_requested THEN 'cancelled'
                      ELSE 'pending' END::@schema@.job_status,
        finished_at = CASE WHEN cancel_requested THEN now() END,
        attempts = attempts - 1,
+       progress = coalesce(%(progress)s::jsonb, progress),
+       checkpoint = coalesce(%(checkpoint)s::jsonb, checkpoint),
        locked_by = NULL, locked_until = NULL, cancel_requested = false,
        updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
@@ -119,9 +128,22 @@ UPDATE @schema@.jobs
 RETURNING id, status;
 
 -- name: job_cancel_running
--- The holder stopped a job whose cancellation was requested: cancelled.
+-- The holder stopped a job whose cancellation was requested: cancelled (with its latest
+-- progress; NULL keeps the old value).
 UPDATE @schema@.jobs
    SET status = 'cancelled', last_error = %(error)s,
+       progress = coalesce(%(progress)s::jsonb, progress),
+       locked_by = NULL, locked_until = NULL, cancel_requested = false,
+       finished_at = now(), updated_at = now()
+ WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+   AND status::text = 'running'  -- by primary key, never the running-jobs index
+RETURNING id, status;
+
+-- name: job_bury
+-- The holder cannot run a claimed job at all (its row cannot be loaded or handed to a
+-- child): dead at once, whatever attempts are left, with the reason.
+UPDATE @schema@.jobs
+   SET status = 'dead', last_error = %(error)s,
        locked_by = NULL, locked_until = NULL, cancel_requested = false,
        finished_at = now(), updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
@@ -190,6 +212,12 @@ RETURNING id;
 -- One job, every column.
 SELECT * FROM @schema@.jobs WHERE id = %(id)s;
 
+-- name: job_lease_state
+-- Who holds a job and under which token: what a rejected outcome is checked against
+-- (never the payload or other values that a poison row may hold).
+SELECT status::text AS status, lease_token, locked_by
+  FROM @schema@.jobs WHERE id = %(id)s;
+
 -- name: job_list
 -- Jobs filtered by status, queue and handler (NULL matches all), newest first.
 SELECT id, queue, handler, status, priority, attempts, max_attempts, run_at, locked_by,
@@ -208,7 +236,9 @@ SELECT queue, status::text AS status, count(*) AS jobs
   FROM @schema@.jobs GROUP BY queue, status ORDER BY queue, status;
 
 -- name: job_next_run_at
--- The earliest future run_at among pending jobs this worker could claim. The pending index
+-- Seconds until the earliest future run_at among pending jobs this worker could claim (no
+-- row when there is none; measured by the server's clock, so no second round trip to
+-- read it). The pending index
 -- is ordered (handler, priority, run_at), so a plain min(run_at) would read every pending
 -- job of the handlers (a million scheduled jobs: a million index entries, after every
 -- claim). Instead: walk the distinct priorities of each handler (one index probe each,
@@ -236,7 +266,7 @@ WITH RECURSIVE priorities AS (
 ), unwalked AS (
     SELECT DISTINCT p.handler FROM priorities p WHERE p.step > 1000 AND p.priority IS NOT NULL
 )
-SELECT least(
+SELECT extract(epoch FROM next.run_at - now())::float8 AS wait_seconds FROM (SELECT least(
     (SELECT min(first.run_at)
        FROM walked p CROSS JOIN LATERAL (
            SELECT j.run_at FROM @schema@.jobs j
@@ -247,7 +277,9 @@ SELECT least(
     (SELECT min(j.run_at) FROM @schema@.jobs j JOIN unwalked u USING (handler)
       WHERE j.status = 'pending' AND j.run_at > now()
         AND j.queue = ANY(%(queues)s::text[]))
-) AS run_at;
+) AS run_at) next
+ -- 'infinity' is never due: no wake-up for it (and no interval to compute)
+ WHERE isfinite(next.run_at);
 
 -- name: worker_register
 -- Record a daemon in the registry, or record it again after it was marked gone.
@@ -310,9 +342,10 @@ SELECT id, queue, handler, attempts, max_attempts, locked_by, progress, cancel_r
  ORDER BY started_at;
 
 -- name: job_oldest_pending
--- Age of the oldest due pending job (seconds), NULL when none is due.
+-- Age of the oldest due pending job (seconds), NULL when none is due. A run_at of
+-- '-infinity' (an old or directly inserted row) has no age: now() minus it is an error.
 SELECT extract(epoch FROM now() - min(run_at))::float8 AS age_seconds
-  FROM @schema@.jobs WHERE status = 'pending' AND run_at <= now();
+  FROM @schema@.jobs WHERE status = 'pending' AND run_at <= now() AND isfinite(run_at);
 
 -- name: job_unserved_list
 -- Pending jobs whose handler (on their queue) no live daemon serves.
@@ -325,3 +358,26 @@ SELECT j.queue, j.handler, count(*) AS jobs,
                       AND j.queue = ANY(w.queues))
  GROUP BY j.queue, j.handler
  ORDER BY j.queue, j.handler;
+
+-- name: job_counts_capped
+-- Jobs per queue and status for the metrics gauge, with a bounded number of queues however
+-- many the table holds (an enqueuer picks queue names freely): the queues in %(served)s,
+-- the %(top)s other queues with the most jobs, and every other queue summed under queue
+-- NULL (labelled "other"). Ranked and summed here, so the daemon receives at most
+-- (served + top + 1) x statuses rows, never a row per queue.
+WITH per_queue AS (
+    SELECT queue, status, count(*) AS jobs
+      FROM @schema@.jobs GROUP BY queue, status
+), top_queues AS (
+    SELECT queue FROM per_queue
+     WHERE queue <> ALL (%(served)s::text[])
+     GROUP BY queue
+     ORDER BY sum(jobs) DESC, queue
+     LIMIT %(top)s
+)
+SELECT CASE WHEN p.queue = ANY (%(served)s::text[]) OR t.queue IS NOT NULL THEN p.queue END
+           AS queue,
+       p.status::text AS status, sum(p.jobs)::bigint AS jobs
+  FROM per_queue p LEFT JOIN top_queues t ON t.queue = p.queue
+ GROUP BY 1, 2
+ ORDER BY 1, 2;

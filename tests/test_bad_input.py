@@ -589,6 +589,11 @@ BAD_JOBS = [
         id="delay-after-294276",
     ),
     pytest.param(
+        # about +97 years in all, but -7000 years on the way (months are added first)
+        BadJob({"handler": "h", "delay": "-7000 years 2555000 days"}, DELAY_RANGE, {}),
+        id="delay-parts-out-of-range",
+    ),
+    pytest.param(
         BadJob({"handler": "h", "priority": 32768}, "priority must be an integer from -32768"),
         id="priority-above-smallint",
     ),

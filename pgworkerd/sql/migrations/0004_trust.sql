@@ -86,6 +86,8 @@ BEGIN
                   AND (e->>'run_at')::timestamptz < run_at_max)
             THEN 'run_at must be ' || run_at_range || ', not ' || (e->>'run_at')
         WHEN NOT ((e->>'delay')::interval BETWEEN delay_min AND delay_max
+                  AND extract(year FROM (e->>'delay')::interval) BETWEEN -2000 AND 8000
+                  AND extract(day FROM (e->>'delay')::interval) BETWEEN -730000 AND 2922000
                   AND now() + (e->>'delay')::interval >= run_at_min
                   AND now() + (e->>'delay')::interval < run_at_max)
             THEN 'delay must keep run_at ' || run_at_range || ', not ' || (e->>'delay')
@@ -144,7 +146,9 @@ DECLARE
     run_at_max constant timestamptz := '9000-01-01 00:00+00';  -- excluded
     -- Tested before now() + delay, which fails with another error ("timestamp out of
     -- range") before 4713 BC or after 294276 AD: wider than any delay the run_at range
-    -- lets through, narrow enough that now() + delay always exists.
+    -- lets through, narrow enough that now() + delay always exists. An interval is added
+    -- part by part (months, then days, then time), so its month and day parts are
+    -- bounded too: '-7000 years 2555000 days' is near zero in all, but not on the way.
     delay_min constant interval := '-4000 years';
     delay_max constant interval := '8000 years';
     total integer;
@@ -190,6 +194,10 @@ BEGIN
                         AND coalesce((e->>'run_at')::timestamptz >= run_at_min
                                      AND (e->>'run_at')::timestamptz < run_at_max, true)
                         AND coalesce((e->>'delay')::interval BETWEEN delay_min AND delay_max
+                                     AND extract(year FROM (e->>'delay')::interval)
+                                         BETWEEN -2000 AND 8000
+                                     AND extract(day FROM (e->>'delay')::interval)
+                                         BETWEEN -730000 AND 2922000
                                      AND now() + (e->>'delay')::interval >= run_at_min
                                      AND now() + (e->>'delay')::interval < run_at_max, true)
                    THEN e->>'handler'
@@ -232,6 +240,10 @@ BEGIN
                         AND coalesce((e->>'run_at')::timestamptz >= run_at_min
                                      AND (e->>'run_at')::timestamptz < run_at_max, true)
                         AND coalesce((e->>'delay')::interval BETWEEN delay_min AND delay_max
+                                     AND extract(year FROM (e->>'delay')::interval)
+                                         BETWEEN -2000 AND 8000
+                                     AND extract(day FROM (e->>'delay')::interval)
+                                         BETWEEN -730000 AND 2922000
                                      AND now() + (e->>'delay')::interval >= run_at_min
                                      AND now() + (e->>'delay')::interval < run_at_max, true)
                         AND (NOT e ? 'dedupe_key'
@@ -337,6 +349,8 @@ BEGIN
                 OR NOT (enqueue.run_at >= run_at_min AND enqueue.run_at < run_at_max)))
        OR NOT (enqueue.delay IS NULL
                OR (enqueue.delay BETWEEN delay_min AND delay_max
+                   AND extract(year FROM enqueue.delay) BETWEEN -2000 AND 8000
+                   AND extract(day FROM enqueue.delay) BETWEEN -730000 AND 2922000
                    AND now() + enqueue.delay >= run_at_min
                    AND now() + enqueue.delay < run_at_max))
        OR char_length(enqueue.dedupe_key) NOT BETWEEN 1 AND 512 THEN

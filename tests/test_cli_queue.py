@@ -412,11 +412,13 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
             renew, a["id"], "worker-1", a["lease_token"], 300, '{"step": 1}'
         )
         assert cancel_requested == b"f"
-        assert run_sql(complete, a["id"], "worker-1", a["lease_token"] + 1, None) == []
-        assert run_sql(complete, a["id"], "worker-1", a["lease_token"], '{"ok": true}')
+        lost = run_sql(complete, a["id"], "worker-1", a["lease_token"] + 1, None)
+        assert lost == [(b"f",)]
+        done = run_sql(complete, a["id"], "worker-1", a["lease_token"], '{"ok": true}')
+        assert done == [(b"t",)]
         assert row(a["id"]) == ("completed", 1, {"ok": True}, None, None, {"step": 1})
 
-        [(_, status, _)] = run_sql(fail, b["id"], "worker-1", b["lease_token"], "boom")
+        [(status, _)] = run_sql(fail, b["id"], "worker-1", b["lease_token"], "boom")
         assert status == b"pending"
         assert row(b["id"])[:5] == ("pending", 1, None, "boom", None)
 
@@ -424,5 +426,5 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
         [again] = c.execute(claim.group(1)).fetchall()
         assert again[0] == b["id"]
         token = again[7]
-        assert run_sql(release, b["id"], "worker-1", token) == [(str(b["id"]).encode(), b"pending")]
+        assert run_sql(release, b["id"], "worker-1", token) == [(b"pending",)]
         assert row(b["id"])[:2] == ("pending", 1)  # the released attempt is not counted

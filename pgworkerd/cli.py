@@ -466,6 +466,13 @@ def check_config(ctx: Context, as_json: bool, quiet: bool) -> None:
     config = _load(ctx)
     for warning in file_warnings(config):
         click.echo(f"{_priority('<4>')}WARNING: {warning}", err=True)
+    for key in ("dsn", "listen_dsn"):
+        value = getattr(config.database, key)
+        if value:  # what `run` would refuse (exit 3), refused here too
+            try:
+                conninfo(value)
+            except InvalidDsn as exc:
+                fail(f"{config.path}: database.{key}: {exc}", ExitCode.CONFIG)
     for handler in config.handlers.values():
         try:
             import_handler(handler)

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from pgworkerd.bounds import check_name, name_problem
-from pgworkerd.db import mask_password
 from pgworkerd.durations import format_duration, parse_duration
+from pgworkerd.masking import mask_dsn
 from pgworkerd.queries import DEFAULT_SCHEMA, check_schema_name
 
 
@@ -498,7 +498,7 @@ def load_config(path: str | Path) -> Config:
 
 
 def _holds_password(dsn: str) -> bool:
-    return bool(dsn) and mask_password(dsn) != dsn
+    return bool(dsn) and mask_dsn(dsn) != dsn
 
 
 def file_warnings(config: Config) -> list[str]:
@@ -563,7 +563,7 @@ def import_handler(handler: HandlerConfig) -> Callable[..., Any]:
 def effective(config: Config) -> dict[str, Any]:
     """The effective config as plain data, passwords masked (for check-config)."""
     data = dataclasses.asdict(config)
-    data["database"]["dsn"] = mask_password(config.database.dsn)
-    data["database"]["listen_dsn"] = mask_password(config.database.listen_dsn)
+    data["database"]["dsn"] = mask_dsn(config.database.dsn)
+    data["database"]["listen_dsn"] = mask_dsn(config.database.listen_dsn)
     data["worker"]["queues"] = list(config.queues)
     return data

@@ -320,3 +320,29 @@ def test_check_config_quiet_prints_only_problems(tmp_path: Path) -> None:
     cfg.write_text("[worker]\nslots = 0\n")
     proc = run_cli("--config", str(cfg), "check-config", "--quiet")
     assert proc.returncode == ExitCode.CONFIG and "worker.slots" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "dsn, secret",
+    [
+        ("postgresql://u:pa ss@h/db", "pa ss"),  # libpq cannot parse it
+        ("postgresql://u:pq%9kLm@h/db", "pq%9kLm"),  # nor a bad percent escape
+        ("postgresql://u:p@ss@h/db", "p@ss"),  # an unescaped @ inside the password
+    ],
+)
+def test_check_config_masks_a_malformed_dsn_and_refuses_it(
+    tmp_path: Path, dsn: str, secret: str
+) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        f'[database]\ndsn = "{dsn}"\n[handlers.echo]\ntarget = "pgworkerd.examples:echo"\n'
+    )
+    cfg.chmod(0o600)
+    proc = run_cli("--config", str(cfg), "check-config")
+    out = proc.stdout + proc.stderr
+    assert secret not in out and "u:p" not in out, out
+    if proc.returncode == 0:
+        assert 'dsn = "postgresql://u:***@h/db"' in out
+    else:  # what `run` refuses, check-config refuses the same way
+        assert proc.returncode == ExitCode.CONFIG, out
+        assert "database.dsn" in out

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
-import json
 import os
 import queue
 import signal
@@ -25,6 +24,7 @@ from typing import Any
 
 from setproctitle import setproctitle
 
+from pgworkerd.jsontext import storable_json
 from pgworkerd.wire import FrameReader, FrameTooLarge, encode
 
 PR_SET_PDEATHSIG = 1
@@ -36,20 +36,9 @@ _BEAT_INTERVAL = 0.25
 
 def _check_storable(value: Any) -> None:
     """Raise (in the handler, not later in the daemon) for a value the job row cannot hold:
-    not JSON-serialisable, or with a NUL character in a string (jsonb rejects \\u0000)."""
-    json.dumps(value, allow_nan=False)
-    if _has_nul(value):
-        raise ValueError("a string holds a NUL character, which PostgreSQL cannot store")
-
-
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(_has_nul(v) for v in value)
-    return False
+    not JSON-serialisable, or with a string jsonb rejects (a NUL character, a lone
+    surrogate)."""
+    storable_json(value)
 
 
 class JobInterrupted(BaseException):

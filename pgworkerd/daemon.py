@@ -512,7 +512,13 @@ class Daemon(Claiming, Presence):
         other outcomes one by one. Kept in memory while the database is away."""
         while self.outcomes and self.db.ok:
             completions = [o for o in self.outcomes if o.kind == "complete"]
-            batch = completions or [self.outcomes[0]]
+            # After a failed write, one at a time: a value the database refuses must
+            # cost only its own job's outcome, not the whole batch's.
+            batch = (
+                completions
+                if completions and not any(o.failed_writes for o in self.outcomes)
+                else [self.outcomes[0]]
+            )
             written = self.db.run(
                 "recording outcomes",
                 lambda c, b=batch: outcomes.write(c, self.worker_id, self.schema, b, self.metrics),
@@ -567,6 +573,18 @@ class Daemon(Claiming, Presence):
             "renewing leases", lambda c: jobs.renew(c, self.worker_id, leases, schema=self.schema)
         )
         if results is None:
+            if self.db.ok and any(j.unsaved for j in chosen):
+                # Refused with the database up (a value it will not store, a timeout):
+                # renew the leases alone at once, rather than lose every job's lease to
+                # one job's progress. What was not saved is dropped.
+                log.warning(
+                    "renewing leases failed with progress or checkpoints of job(s) %s; "
+                    "renewing without them",
+                    ", ".join(str(j.job.id) for j in chosen if j.unsaved),
+                )
+                for j in chosen:
+                    j.unsaved = False
+                t.renew_at = now
             return
         by_id = {j.job.id: j for j in chosen}
         for r in results:

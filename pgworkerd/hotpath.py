@@ -244,10 +244,11 @@ def _via_cursor(
     cur.execute(query(name, schema), params)
     try:
         return cur.fetchall()  # type: ignore[return-value]
-    except psycopg.Error:
-        raise
     except Exception:
-        if load is _load_all or cur.pgresult is None:
+        # A loader's error (psycopg's DataError for a timestamp out of range, json's
+        # ValueError, ...) leaves the rows in the cursor's result; a server error does not.
+        result = cur.pgresult
+        if load is _load_all or result is None or result.status != pq.ExecStatus.TUPLES_OK:
             raise
     # A row that cannot be loaded: the result again, through the direct path's loader.
     tx = Transformer(conn)

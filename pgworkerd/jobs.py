@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from pgworkerd import bounds, hotpath
 from pgworkerd.bounds import MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_MIN, PRIORITY_MAX, PRIORITY_MIN
+from pgworkerd.jsontext import storable_json
 from pgworkerd.queries import DEFAULT_SCHEMA, query
 
 STATUSES = ("pending", "running", "completed", "dead", "cancelled")
@@ -391,8 +392,9 @@ class EncodedJson(str):
 
 
 def encode_json(value: Any) -> EncodedJson:
-    """`value` as JSON text; raises ValueError (or RecursionError) if it cannot be."""
-    return EncodedJson(json.dumps(value, allow_nan=False, separators=(",", ":")))
+    """`value` as JSON text that jsonb accepts; raises ValueError (or TypeError,
+    RecursionError) if there is none (see jsontext.storable_json)."""
+    return EncodedJson(storable_json(value))
 
 
 def _as_is(text: str) -> str:

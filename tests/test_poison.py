@@ -220,15 +220,29 @@ def test_a_notify_flood_causes_a_bounded_number_of_claims(
     assert calls <= 200, f"{calls} claims for {sent} notifications in {flood_seconds}s"
 
 
-@pytest.mark.parametrize("pipeline", [False, True], ids=["direct", "pipeline"])
+@pytest.mark.parametrize(
+    "payload, run_at, reason",
+    [
+        ('{"x": 1e5000}', None, "payload cannot be loaded: ValueError"),
+        ("{}", "-infinity", "run_at cannot be loaded: DataError"),
+    ],
+    ids=["integer", "timestamp"],
+)
+@pytest.mark.parametrize("path", ["direct", "pipeline", "not autocommit"])
 def test_the_claim_api_buries_an_unloadable_row_and_returns_the_others(
-    conn: psycopg.Connection, schema: str, pipeline: bool
+    conn: psycopg.Connection,
+    schema: str,
+    path: str,
+    payload: str,
+    run_at: str | None,
+    reason: str,
 ) -> None:
-    """jobs.claim for any caller (not just the daemon): the claim has committed, so the
-    rows it cannot load are finished as dead there and then."""
+    """jobs.claim for any caller (not just the daemon), on any kind of connection: the
+    claim has committed (or will), so the rows it cannot load are finished as dead there
+    and then, and the others come back."""
     db = Db(conn, schema)
     good = [db.enqueue("work", {"n": n}) for n in range(2)]
-    bad = insert_raw(db, '{"x": 1e5000}', None, None)
+    bad = insert_raw(db, payload, run_at, None)
     capacity = {"work": jobs.HandlerCapacity(lease_seconds=30, free=10)}
 
     def claim() -> list[jobs.ClaimedJob]:
@@ -236,12 +250,40 @@ def test_the_claim_api_buries_an_unloadable_row_and_returns_the_others(
             conn, "w1", queues=["default"], handlers=capacity, limit=10, schema=schema
         )
 
-    if pipeline:
+    if path == "pipeline":
         with conn.pipeline():
             claimed = claim()
+    elif path == "not autocommit":  # psycopg begins the caller's transaction: a cursor
+        conn.autocommit = False
+        claimed = claim()
+        conn.commit()
+        conn.autocommit = True
     else:
         claimed = claim()
     assert sorted(j.id for j in claimed) == good
     state = raw_state(db, bad)
     assert (state["status"], state["attempts"]) == ("dead", 1)
-    assert state["last_error"].startswith("cannot run: payload cannot be loaded: ValueError")
+    assert state["last_error"].startswith(f"cannot run: {reason}"), state["last_error"]
+
+
+def test_a_string_jsonb_rejects_fails_its_own_job_and_no_lease_is_lost(
+    db: Db, daemons: Daemons
+) -> None:
+    daemon = daemons.start(
+        {
+            "bad_text": {"target": "trusthandlers:unstorable_text", "max_attempts": 1},
+            "work": WORK,
+        },
+        {"slots": 4},
+    )
+    # Runs longer than its 6 s lease: it needs every renewal while the others fail.
+    bystander = db.enqueue("work", {"seconds": 9})
+    db.wait_started(bystander)
+    bad = {where: db.enqueue("bad_text", {"where": where}) for where in ("progress", "result")}
+    for where, job_id in bad.items():
+        row = db.wait_status(job_id, "dead", "completed")
+        assert row["status"] == "dead", where
+        assert "lone surrogate" in row["last_error"], (where, row["last_error"])
+    row = db.wait_status(bystander, "completed", "dead", timeout=60)
+    assert (row["status"], row["attempts"]) == ("completed", 1)
+    assert "lease not renewed" not in daemon.log()

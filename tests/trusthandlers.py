@@ -58,3 +58,13 @@ def fail_once(job: JobContext) -> dict[str, Any]:
     if job.attempt == 1:
         raise RuntimeError("first attempt fails")
     return {"attempt": job.attempt}
+
+
+def unstorable_text(job: JobContext) -> Any:
+    """Hands the daemon a string jsonb rejects (a file name that is not UTF-8, decoded with
+    surrogateescape) in the place payload["where"] names: "progress" or "result"."""
+    name = b"caf\xe9.txt".decode("utf-8", "surrogateescape")
+    if job.payload["where"] == "progress":
+        job.heartbeat(progress={"file": name})
+        time.sleep(3)
+    return {"file": name}

@@ -97,7 +97,7 @@ class Claiming:
         self.backlog = len(claimed) + len(refused) == free
         for bad in refused:
             # Its row cannot be loaded: finished on its own, the rest of the claim runs.
-            self._refuse(bad, self.config.handlers[bad.handler], f"cannot run: {bad.reason}")
+            self._refuse(bad, self.config.handlers.get(bad.handler), f"cannot run: {bad.reason}")
         for job in claimed:
             self.metrics.claimed(job.handler, rescued=job.rescued)
             handler = self.config.handlers[job.handler]
@@ -129,7 +129,7 @@ class Claiming:
             self._schedule_next_run()
 
     def _refuse(
-        self, job: jobs.ClaimedJob | jobs.RefusedJob, handler: HandlerConfig, reason: str
+        self, job: jobs.ClaimedJob | jobs.RefusedJob, handler: HandlerConfig | None, reason: str
     ) -> None:
         """A claimed job this daemon cannot run at all: dead at once with the reason
         (written like any outcome: fenced, kept while the database is away)."""

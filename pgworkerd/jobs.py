@@ -327,7 +327,7 @@ def claim_checked(
     refused: list[RefusedJob] = []
     for row in hotpath.run_guarded(conn, "job_claim", params, schema=schema):
         if isinstance(row, hotpath.UnloadableRow):
-            refused.append(_refused(row.raw, row.reason))
+            refused.append(_refused(row.raw, row.reason, conn.info.encoding))
         else:
             # job_claim returns the columns in ClaimedJob's field order
             claimed.append(ClaimedJob(*row))
@@ -335,13 +335,13 @@ def claim_checked(
     return claimed, refused
 
 
-def _refused(raw: tuple[bytes | None, ...], reason: str) -> RefusedJob:
+def _refused(raw: tuple[bytes | None, ...], reason: str, encoding: str) -> RefusedJob:
     # The columns of job_claim as the server sent them (text format): id, queue, handler,
     # payload, priority, attempts, max_attempts, lease_token, ... Integers and text
     # always load; the bad value is elsewhere in the row.
     def text(i: int) -> str:
         value = raw[i]
-        return "" if value is None else value.decode(errors="replace")
+        return "" if value is None else value.decode(encoding, errors="replace")
 
     return RefusedJob(
         id=int(text(0)), token=int(text(7)), handler=text(2), attempt=int(text(5)), reason=reason

@@ -248,6 +248,12 @@ class Metrics(NullMetrics):
         self.cancellations = counter(
             "jobs_cancelled", "Running jobs cancelled on request.", ("handler",)
         )
+        self.refusals = counter(
+            "jobs_refused",
+            "Claimed jobs finished as dead at once: their row could not be loaded or "
+            "handed to a child (see last_error).",
+            ("handler",),
+        )
         self.fenced_off = counter(
             "outcomes_fenced",
             "Outcomes rejected because the lease was lost and the job re-claimed.",
@@ -371,7 +377,8 @@ class Metrics(NullMetrics):
 
     @_safe
     def outcome(self, handler: str, kind: str, ok: bool = True) -> None:
-        """One outcome written: kind complete, fail, release or cancel; ok False when the
+        """One outcome written: kind complete, fail, release, cancel or bury (a job refused
+        at the claim); ok False when the
         write was fenced off (the lease was lost and the job re-claimed)."""
         handler = self._handler(handler)
         if not ok:
@@ -384,6 +391,8 @@ class Metrics(NullMetrics):
             self.releases.labels(handler).inc()
         elif kind == "cancel":
             self.cancellations.labels(handler).inc()
+        elif kind == "bury":
+            self.refusals.labels(handler).inc()
 
     def completed(self, handler: str) -> None:
         self.outcome(handler, "complete")

@@ -37,7 +37,7 @@ class Outcome:
     """What to write for a finished attempt; kept until the database takes it."""
 
     job: jobs.ClaimedJob | jobs.RefusedJob
-    handler: HandlerConfig
+    handler: HandlerConfig | None  # None: a refused row's handler name did not decode
     kind: str  # complete, fail, release, cancel, bury
     duration: float
     result: Any = None

@@ -49,6 +49,8 @@ def test_metrics_follow_the_jobs(db: Db, daemons: Daemons, tmp_path: Path) -> No
     daemons.start(config)
     ok = db.enqueue("work", {"seconds": 0.1})
     bad = db.enqueue("fail")
+    # a row the daemon cannot load (a JSON integer of 5,001 digits): refused at the claim
+    db.rows("INSERT INTO {schema}.jobs (handler, payload) VALUES ('work', '{{\"x\": 1e5000}}')")
     db.wait_status(ok, "completed")
     db.wait_status(bad, "dead")
 
@@ -60,12 +62,14 @@ def test_metrics_follow_the_jobs(db: Db, daemons: Daemons, tmp_path: Path) -> No
         text = scrape()
         done = sample(text, "pgworkerd_jobs_completed_total", handler="work")
         depth = sample(text, "pgworkerd_queue_jobs", queue="default", status="completed")
-        return text if done == 1 and depth == 1 else None
+        dead = sample(text, "pgworkerd_queue_jobs", queue="default", status="dead")
+        return text if done == 1 and depth == 1 and dead == 2 else None
 
     text = wait_for(settled, what="metrics to show the finished jobs")
     assert sample(text, "pgworkerd_jobs_claimed_total", handler="work") == 1
     assert sample(text, "pgworkerd_jobs_failed_total", handler="fail") == 1
-    assert sample(text, "pgworkerd_queue_jobs", queue="default", status="dead") == 1
+    assert sample(text, "pgworkerd_jobs_refused_total", handler="work") == 1
+    assert sample(text, "pgworkerd_queue_jobs", queue="default", status="dead") == 2
     assert sample(text, "pgworkerd_jobs_in_flight") == 0
     assert sample(text, "pgworkerd_draining") == 0
     assert (sample(text, "pgworkerd_job_start_latency_seconds_count") or 0) >= 2

@@ -126,7 +126,8 @@ class JobSpec:
                 )
             job["run_at"] = self.run_at.isoformat()
         if self.delay is not None:
-            job["delay"] = f"{_delay_seconds(self.delay)} seconds"
+            # fixed-point: PostgreSQL reads "0.00001 seconds", not Python's "1e-05 seconds"
+            job["delay"] = f"{_delay_seconds(self.delay):.6f} seconds"
         if self.dedupe_key is not None:
             job["dedupe_key"] = self.dedupe_key
         return job

@@ -1214,3 +1214,81 @@ def test_snapshot_sees_a_written_job(schema: str, conn: psycopg.Connection) -> N
     before = snapshot(conn, schema)
     jobs.enqueue(conn, "h", schema=schema)
     assert snapshot(conn, schema) == {**before, "jobs": before["jobs"] + 1}
+
+
+# -- run_at and delay text enqueue_many cannot read -------------------------------------------
+
+UNREADABLE = "run_at must be a timestamp with a time zone"
+UNREADABLE_DELAY = 'delay must be an interval (such as "90 seconds")'
+
+
+@pytest.mark.parametrize(
+    "job, message",
+    [
+        pytest.param({"run_at": "garbage"}, UNREADABLE, id="run_at-garbage"),
+        pytest.param({"run_at": 5}, UNREADABLE, id="run_at-number"),
+        pytest.param({"run_at": "2030-02-30T00:00Z"}, UNREADABLE, id="run_at-february-30"),
+        pytest.param({"run_at": "2030-13-01"}, UNREADABLE, id="run_at-month-13"),
+        pytest.param({"run_at": ["2030-01-01"]}, UNREADABLE, id="run_at-array"),
+        pytest.param({"delay": "abc"}, UNREADABLE_DELAY, id="delay-garbage"),
+        pytest.param({"delay": "1e30 seconds"}, UNREADABLE_DELAY, id="delay-overflows"),
+        pytest.param({"delay": "1e-05 seconds"}, UNREADABLE_DELAY, id="delay-exponent"),
+        pytest.param({"delay": True}, UNREADABLE_DELAY, id="delay-boolean"),
+    ],
+)
+@pytest.mark.parametrize("dedupe", [False, True], ids=["plain", "with-dedupe-key"])
+def test_enqueue_many_refuses_run_at_or_delay_it_cannot_read(
+    test_db_dsn: str,
+    schema: str,
+    conn: psycopg.Connection,
+    job: dict[str, Any],
+    message: str,
+    dedupe: bool,
+) -> None:
+    """Text PostgreSQL cannot read as a timestamp or interval is refused like any other bad
+    value (22023, naming the job), not by a failed cast (22007, naming nothing)."""
+    jobs_json = [{"handler": "h"}, {"handler": "h", **job}]
+    if dedupe:
+        jobs_json[1]["dedupe_key"] = "k"
+    before = snapshot(conn, schema)
+    with psycopg.connect(test_db_dsn) as tx:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as info:
+            tx.execute(
+                render("SELECT @schema@.enqueue_many(%s::jsonb)", schema),
+                (json.dumps(jobs_json),),
+            )
+        tx.rollback()
+    assert (info.value.diag.message_primary or "").startswith(f"pgworkerd: job 2 of 2: {message}")
+    assert snapshot(conn, schema) == before
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("run_at", "2030-01-31T09:00:00+00:00"),  # Python's isoformat, the fast path
+        ("run_at", "2030-02-28 09:00"),
+        ("run_at", "Jan 31 2030 09:00 UTC"),  # read by readable(), not the pattern
+        ("run_at", None),
+        ("delay", "90 seconds"),
+        ("delay", "0.00001 seconds"),
+        ("delay", "1 hour 30 minutes"),
+        ("delay", 5),
+        ("delay", None),
+    ],
+)
+def test_enqueue_many_reads_run_at_and_delay_in_any_form_postgres_reads(
+    conn: psycopg.Connection, schema: str, field: str, value: Any
+) -> None:
+    [(ids,)] = conn.execute(
+        render("SELECT @schema@.enqueue_many(%s::jsonb)", schema),
+        (json.dumps([{"handler": "h", field: value}]),),
+    ).fetchall()
+    assert len(ids) == 1
+
+
+def test_a_tiny_delay_from_python_is_read_by_enqueue_many(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """Python writes 0.00001 as 1e-05, which PostgreSQL does not read as an interval."""
+    [job_id] = jobs.enqueue_many(conn, [jobs.JobSpec("h", delay=0.00001)], schema=schema)
+    assert job_id > 0

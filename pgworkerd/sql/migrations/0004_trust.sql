@@ -18,6 +18,29 @@ DROP INDEX @schema@.jobs_dedupe_live_idx;
 CREATE UNIQUE INDEX jobs_dedupe_live_idx ON @schema@.jobs (dedupe_key, handler)
     WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running');
 
+-- Whether PostgreSQL reads `value` as a timestamptz or an interval (`type`); NULL reads.
+-- enqueue_many asks before it casts a run_at or delay, so that text it cannot read is
+-- refused like any other bad value (22023, naming the job), not by a failed cast (22007).
+-- Only text the common formats' patterns do not vouch for comes here: the exception block
+-- costs a subtransaction (one that writes nothing, so it takes no transaction id).
+CREATE FUNCTION @schema@.readable(value text, type text)
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF type = 'timestamptz' THEN
+        PERFORM value::timestamptz;
+    ELSE
+        PERFORM value::interval;
+    END IF;
+    RETURN true;
+EXCEPTION WHEN data_exception THEN
+    RETURN false;
+END;
+$$;
+
 -- Why job `n` of `total` in an enqueue_many array (or enqueue's job, as 1 of 1) is invalid:
 -- raises the error naming it. Only called for a job that failed the inline check, so valid
 -- jobs never pay for it; declared to return text so that it fits in the insert's column list.
@@ -82,6 +105,14 @@ BEGIN
                                        OR (e->>'priority')::numeric % 1 <> 0 END
             THEN 'priority must be an integer from -32768 to 32767, not ' || (e->>'priority')
         WHEN e ? 'run_at' AND e ? 'delay' THEN 'give run_at or delay, not both'
+        WHEN jsonb_typeof(e->'run_at') NOT IN ('null', 'string')
+             OR NOT @schema@.readable(e->>'run_at', 'timestamptz')
+            THEN 'run_at must be a timestamp with a time zone (such as '
+                 || '2030-01-01T09:00:00Z), not ' || left((e->'run_at')::text, 100)
+        WHEN jsonb_typeof(e->'delay') NOT IN ('null', 'string', 'number')
+             OR NOT @schema@.readable(e->>'delay', 'interval')
+            THEN 'delay must be an interval (such as "90 seconds"), not '
+                 || left((e->'delay')::text, 100)
         WHEN NOT ((e->>'run_at')::timestamptz >= run_at_min
                   AND (e->>'run_at')::timestamptz < run_at_max)
             THEN 'run_at must be ' || run_at_range || ', not ' || (e->>'run_at')
@@ -151,6 +182,13 @@ DECLARE
     -- bounded too: '-7000 years 2555000 days' is near zero in all, but not on the way.
     delay_min constant interval := '-4000 years';
     delay_max constant interval := '8000 years';
+    -- Text that always reads as a timestamptz or an interval (ISO 8601 with a day of the
+    -- month up to 28; N seconds): checked with a pattern, the rest with readable(), which
+    -- costs more (an exception block).
+    iso_timestamp constant text := '^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])'
+        '([T ]([01]\d|2[0-3]):[0-5]\d(:[0-5]\d(\.\d{1,6})?)?)?'
+        '(Z|[+-]([01]\d|2[0-3])(:?[0-5]\d)?)?$';
+    plain_seconds constant text := '^-?\d{1,12}(\.\d{1,9})?( seconds?)?$';
     total integer;
     ids bigint[];
     queues text[];
@@ -191,15 +229,29 @@ BEGIN
                                  ELSE (e->>'priority')::numeric BETWEEN -32768 AND 32767
                                   AND (e->>'priority')::numeric % 1 = 0 END
                         AND NOT (e ? 'run_at' AND e ? 'delay')
-                        AND coalesce((e->>'run_at')::timestamptz >= run_at_min
-                                     AND (e->>'run_at')::timestamptz < run_at_max, true)
-                        AND coalesce((e->>'delay')::interval BETWEEN delay_min AND delay_max
-                                     AND extract(year FROM (e->>'delay')::interval)
-                                         BETWEEN -2000 AND 8000
-                                     AND extract(day FROM (e->>'delay')::interval)
-                                         BETWEEN -730000 AND 2922000
-                                     AND now() + (e->>'delay')::interval >= run_at_min
-                                     AND now() + (e->>'delay')::interval < run_at_max, true)
+                        -- text PostgreSQL cannot read is refused (22023), not a failed cast
+                        AND CASE WHEN jsonb_typeof(e->'run_at') IS NULL
+                                      OR jsonb_typeof(e->'run_at') = 'null' THEN true
+                                 WHEN NOT (jsonb_typeof(e->'run_at') = 'string'
+                                           AND (e->>'run_at' ~ iso_timestamp
+                                                OR @schema@.readable(e->>'run_at',
+                                                                     'timestamptz')))
+                                 THEN false
+                                 ELSE (e->>'run_at')::timestamptz >= run_at_min
+                                  AND (e->>'run_at')::timestamptz < run_at_max END
+                        AND CASE WHEN jsonb_typeof(e->'delay') IS NULL
+                                      OR jsonb_typeof(e->'delay') = 'null' THEN true
+                                 WHEN NOT (jsonb_typeof(e->'delay') IN ('string', 'number')
+                                           AND (e->>'delay' ~ plain_seconds
+                                                OR @schema@.readable(e->>'delay', 'interval')))
+                                 THEN false
+                                 ELSE (e->>'delay')::interval BETWEEN delay_min AND delay_max
+                                  AND extract(year FROM (e->>'delay')::interval)
+                                      BETWEEN -2000 AND 8000
+                                  AND extract(day FROM (e->>'delay')::interval)
+                                      BETWEEN -730000 AND 2922000
+                                  AND now() + (e->>'delay')::interval >= run_at_min
+                                  AND now() + (e->>'delay')::interval < run_at_max END
                    THEN e->>'handler'
                    ELSE @schema@.enqueue_reject(e, n, total) END,
                    coalesce(e->'payload', '{}'),
@@ -237,15 +289,29 @@ BEGIN
                                  ELSE (e->>'priority')::numeric BETWEEN -32768 AND 32767
                                   AND (e->>'priority')::numeric % 1 = 0 END
                         AND NOT (e ? 'run_at' AND e ? 'delay')
-                        AND coalesce((e->>'run_at')::timestamptz >= run_at_min
-                                     AND (e->>'run_at')::timestamptz < run_at_max, true)
-                        AND coalesce((e->>'delay')::interval BETWEEN delay_min AND delay_max
-                                     AND extract(year FROM (e->>'delay')::interval)
-                                         BETWEEN -2000 AND 8000
-                                     AND extract(day FROM (e->>'delay')::interval)
-                                         BETWEEN -730000 AND 2922000
-                                     AND now() + (e->>'delay')::interval >= run_at_min
-                                     AND now() + (e->>'delay')::interval < run_at_max, true)
+                        -- text PostgreSQL cannot read is refused (22023), not a failed cast
+                        AND CASE WHEN jsonb_typeof(e->'run_at') IS NULL
+                                      OR jsonb_typeof(e->'run_at') = 'null' THEN true
+                                 WHEN NOT (jsonb_typeof(e->'run_at') = 'string'
+                                           AND (e->>'run_at' ~ iso_timestamp
+                                                OR @schema@.readable(e->>'run_at',
+                                                                     'timestamptz')))
+                                 THEN false
+                                 ELSE (e->>'run_at')::timestamptz >= run_at_min
+                                  AND (e->>'run_at')::timestamptz < run_at_max END
+                        AND CASE WHEN jsonb_typeof(e->'delay') IS NULL
+                                      OR jsonb_typeof(e->'delay') = 'null' THEN true
+                                 WHEN NOT (jsonb_typeof(e->'delay') IN ('string', 'number')
+                                           AND (e->>'delay' ~ plain_seconds
+                                                OR @schema@.readable(e->>'delay', 'interval')))
+                                 THEN false
+                                 ELSE (e->>'delay')::interval BETWEEN delay_min AND delay_max
+                                  AND extract(year FROM (e->>'delay')::interval)
+                                      BETWEEN -2000 AND 8000
+                                  AND extract(day FROM (e->>'delay')::interval)
+                                      BETWEEN -730000 AND 2922000
+                                  AND now() + (e->>'delay')::interval >= run_at_min
+                                  AND now() + (e->>'delay')::interval < run_at_max END
                         AND (NOT e ? 'dedupe_key'
                              OR jsonb_typeof(e->'dedupe_key') = 'null'
                              OR (jsonb_typeof(e->'dedupe_key') = 'string'

@@ -1292,3 +1292,59 @@ def test_a_tiny_delay_from_python_is_read_by_enqueue_many(
     """Python writes 0.00001 as 1e-05, which PostgreSQL does not read as an interval."""
     [job_id] = jobs.enqueue_many(conn, [jobs.JobSpec("h", delay=0.00001)], schema=schema)
     assert job_id > 0
+
+
+DEEP_PAYLOAD = '{"a":' * 256 + "1" + "}" * 256  # 256 levels below the top
+DEEP_OK = '{"a":' * 255 + "1" + "}" * 255
+
+
+PAYLOAD_CALLS = {
+    "enqueue": "@schema@.enqueue('h', %(payload)s::jsonb)",
+    "enqueue-dedupe": "@schema@.enqueue('h', %(payload)s::jsonb, dedupe_key => 'k')",
+    "enqueue_many": "@schema@.enqueue_many(jsonb_build_array(jsonb_build_object("
+    "'handler', 'h', 'payload', %(payload)s::jsonb)))",
+    "enqueue_many-dedupe": "@schema@.enqueue_many(jsonb_build_array(jsonb_build_object("
+    "'handler', 'h', 'payload', %(payload)s::jsonb, 'dedupe_key', 'k')))",
+}
+
+
+def refused_payload(
+    test_db_dsn: str, schema: str, conn: psycopg.Connection, call: str, payload: str
+) -> str:
+    """The message of the 22023 error enqueueing `payload` gets; nothing is written."""
+    before = snapshot(conn, schema)
+    with psycopg.connect(test_db_dsn) as tx:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as info:
+            tx.execute(render(f"SELECT {call}", schema), {"payload": payload})
+        tx.rollback()
+    assert snapshot(conn, schema) == before
+    return info.value.diag.message_primary or ""
+
+
+@pytest.mark.parametrize("call", PAYLOAD_CALLS.values(), ids=list(PAYLOAD_CALLS))
+def test_enqueue_refuses_a_payload_nested_too_deep(
+    test_db_dsn: str, schema: str, conn: psycopg.Connection, call: str
+) -> None:
+    message = refused_payload(test_db_dsn, schema, conn, call, DEEP_PAYLOAD)
+    assert message == "pgworkerd: job 1 of 1: payload must be nested at most 255 levels deep"
+
+
+@pytest.mark.parametrize("call", ["enqueue", "enqueue_many"])
+def test_enqueue_refuses_a_payload_over_64_mib(
+    test_db_dsn: str, schema: str, conn: psycopg.Connection, call: str
+) -> None:
+    payload = '{"s": "' + "x" * (64 * 1024 * 1024) + '"}'
+    message = refused_payload(test_db_dsn, schema, conn, PAYLOAD_CALLS[call], payload)
+    assert message.startswith("pgworkerd: job 1 of 1: payload must be at most 64 MiB, not 671")
+
+
+def test_a_payload_just_within_the_bounds_is_enqueued(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    [(job_id,)] = conn.execute(
+        render("SELECT @schema@.enqueue('h', %s::jsonb)", schema), (DEEP_OK,)
+    ).fetchall()
+    assert job_id > 0
+    # and from Python: the database's refusal reaches the caller as the same 22023 error
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="255 levels"):
+        jobs.enqueue(conn, "h", json.loads(DEEP_PAYLOAD), schema=schema)

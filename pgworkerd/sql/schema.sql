@@ -153,6 +153,11 @@ BEGIN
             THEN 'handler must not begin or end with whitespace'
         WHEN e ? 'payload' AND jsonb_typeof(e->'payload') <> 'object'
             THEN 'payload must be a JSON object, not ' || jsonb_typeof(e->'payload')
+        WHEN pg_column_size(e->'payload') > 64 * 1024 * 1024
+            THEN 'payload must be at most 64 MiB, not ' || pg_column_size(e->'payload')
+                 || ' bytes'
+        WHEN jsonb_path_exists(e->'payload', 'strict $.**{256 to last}')
+            THEN 'payload must be nested at most 255 levels deep'
         WHEN e ? 'queue' AND (jsonb_typeof(e->'queue') <> 'string' OR queue = '')
             THEN 'queue must be a non-empty string'
         WHEN char_length(queue) > 128
@@ -218,7 +223,10 @@ $$;
 --   priority: -32768 to 32767; max_attempts: 1 to 1000;
 --   run_at (or now() + delay): finite, from 1900-01-01 up to (not including) 9000-01-01
 --     UTC, so that every client (psycopg: Python datetimes) can load it;
---   dedupe_key: NULL or 1 to 512 characters; no keys other than the ones above.
+--   dedupe_key: NULL or 1 to 512 characters; no keys other than the ones above;
+--   payload: at most 64 MiB (as jsonb) and nested at most 255 levels deep, so that a
+--     child can be handed it (what the database cannot check cheaply, such as a number
+--     beyond what Python can load, is refused at the claim: that job alone ends dead).
 --
 -- One pass over the array: every job is checked inline as it is inserted (a bad one makes
 -- enqueue_reject raise, naming it, and nothing is written); batches without dedupe keys
@@ -252,6 +260,8 @@ DECLARE
     -- bounded too: '-7000 years 2555000 days' is near zero in all, but not on the way.
     delay_min constant interval := '-4000 years';
     delay_max constant interval := '8000 years';
+    payload_max_bytes constant integer := 64 * 1024 * 1024;
+    too_deep constant jsonpath := 'strict $.**{256 to last}';  -- nested over 255 levels
     -- Text that always reads as a timestamptz or an interval (ISO 8601 with a day of the
     -- month up to 28; N seconds): checked with a pattern, the rest with readable(), which
     -- costs more (an exception block).
@@ -286,6 +296,9 @@ BEGIN
                         AND char_length(e->>'handler') <= 128
                         AND e->>'handler' ~ name_ok
                         AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
+                        -- what no child could be handed (see the bounds above)
+                        AND coalesce(pg_column_size(e->'payload') <= payload_max_bytes
+                                     AND NOT jsonb_path_exists(e->'payload', too_deep), true)
                         AND (NOT e ? 'queue'
                              OR (jsonb_typeof(e->'queue') = 'string'
                                  AND char_length(e->>'queue') <= 128
@@ -346,6 +359,9 @@ BEGIN
                         AND char_length(e->>'handler') <= 128
                         AND e->>'handler' ~ name_ok
                         AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
+                        -- what no child could be handed (see the bounds above)
+                        AND coalesce(pg_column_size(e->'payload') <= payload_max_bytes
+                                     AND NOT jsonb_path_exists(e->'payload', too_deep), true)
                         AND (NOT e ? 'queue'
                              OR (jsonb_typeof(e->'queue') = 'string'
                                  AND char_length(e->>'queue') <= 128
@@ -472,6 +488,8 @@ BEGIN
     -- Arguments are named like columns: unqualified names are columns (use_column above),
     -- the arguments are written enqueue.name.
     IF enqueue.payload IS NULL OR jsonb_typeof(enqueue.payload) <> 'object'
+       OR pg_column_size(enqueue.payload) > 64 * 1024 * 1024
+       OR jsonb_path_exists(enqueue.payload, 'strict $.**{256 to last}')
        OR enqueue.handler IS NULL
        OR NOT (char_length(enqueue.handler) <= 128
                AND enqueue.handler ~ name_ok)
@@ -498,7 +516,8 @@ BEGIN
         END IF;
         PERFORM @schema@.enqueue_reject(
             jsonb_strip_nulls(jsonb_build_object(
-                'handler', enqueue.handler, 'queue', enqueue.queue,
+                'handler', enqueue.handler, 'payload', enqueue.payload,
+                'queue', enqueue.queue,
                 'priority', enqueue.priority, 'run_at', enqueue.run_at,
                 'delay', enqueue.delay, 'max_attempts', enqueue.max_attempts,
                 'dedupe_key', enqueue.dedupe_key)),

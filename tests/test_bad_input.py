@@ -1348,3 +1348,12 @@ def test_a_payload_just_within_the_bounds_is_enqueued(
     # and from Python: the database's refusal reaches the caller as the same 22023 error
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="255 levels"):
         jobs.enqueue(conn, "h", json.loads(DEEP_PAYLOAD), schema=schema)
+
+
+def test_cli_enqueue_refuses_a_payload_nested_too_deep_exit_3(
+    test_db_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    before = snapshot(conn, schema)
+    proc = cli("--dsn", test_db_dsn, "--schema", schema, "enqueue", "h", "--payload", DEEP_PAYLOAD)
+    assert_refused(proc, ExitCode.CONFIG, "payload must be nested at most 255 levels deep")
+    assert snapshot(conn, schema) == before

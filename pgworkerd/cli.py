@@ -606,6 +606,9 @@ def status(ctx: Context, as_json: bool) -> None:
         for queue, by_status in sorted(snap["counts"].items()):
             parts = ", ".join(f"{s} {n}" for s, n in sorted(by_status.items()))
             click.echo(f"  {printable(queue)}: {parts}")
+        if snap["other_queues"]:
+            parts = ", ".join(f"{s} {n}" for s, n in sorted(snap["other_queues"].items()))
+            click.echo(f"  (all other queues): {parts}")
         click.echo(f"oldest due pending job: {_age(snap['oldest_pending_seconds'])}")
         for u in snap["unserved"]:
             click.secho(

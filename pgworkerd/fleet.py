@@ -35,11 +35,21 @@ def request_drain(
     )
 
 
+# `status` names this many queues (the ones with the most jobs) and sums the others.
+STATUS_TOP_QUEUES = 20
+
+
 def snapshot(conn: psycopg.Connection, schema: str) -> dict[str, Any]:
     """Everything `pgworkerd status` shows, as plain data (also its --json shape)."""
     counts: dict[str, dict[str, int]] = {}
-    for queue, status, n in conn.execute(query("job_counts", schema)).fetchall():
-        counts.setdefault(queue, {})[status] = n
+    other: dict[str, int] = {}
+    # Bounded however many queues enqueuers made up: the busiest ones by name, the rest
+    # summed (an enqueuer with 200,000 queues must not make status print 200,000 lines).
+    rows = conn.execute(
+        query("job_counts_capped", schema), {"served": [], "top": STATUS_TOP_QUEUES}
+    ).fetchall()
+    for queue, status, n in rows:
+        (other if queue is None else counts.setdefault(queue, {}))[status] = n
     oldest = conn.execute(query("job_oldest_pending", schema)).fetchone()
     workers = _rows(conn, "worker_list", schema)
     for w in workers:
@@ -48,6 +58,7 @@ def snapshot(conn: psycopg.Connection, schema: str) -> dict[str, Any]:
         "daemons": workers,
         "running_jobs": _rows(conn, "job_running_list", schema),
         "counts": counts,
+        "other_queues": other,
         "oldest_pending_seconds": oldest[0] if oldest else None,
         "unserved": _rows(conn, "job_unserved_list", schema),
     }

@@ -25,11 +25,20 @@ from daemon_harness import (
     write_config,
 )
 
+from pgworkerd import jobs
+
 WORK = {"target": "jobhandlers:work"}
 # Only the daemon named alpha serves "solo": its jobs show whether alpha claims.
 ALPHA_HANDLERS = {"work": WORK, "solo": WORK}
 BETA_HANDLERS = {"work": WORK}
-STATUS_KEYS = {"daemons", "running_jobs", "counts", "oldest_pending_seconds", "unserved"}
+STATUS_KEYS = {
+    "daemons",
+    "running_jobs",
+    "counts",
+    "other_queues",
+    "oldest_pending_seconds",
+    "unserved",
+}
 DAEMON_KEYS = {
     "id",
     "host",
@@ -340,3 +349,18 @@ def test_a_drain_survives_being_marked_gone_and_re_registering(db: Db, daemons: 
     )
     assert worker_row(db, a)["drain_requested"] is True
     assert "drain lifted" not in a.log()
+
+
+def test_status_stays_short_whatever_queues_enqueuers_make_up(db: Db, daemons: Daemons) -> None:
+    """5,000 queues of one job each (any enqueuer can make them up): status names the
+    busiest 20 and sums the rest; jobs no daemon serves are listed 50 groups at most."""
+    specs = [jobs.JobSpec("nobody_serves_this", queue=f"q{n}") for n in range(5000)]
+    specs += [jobs.JobSpec("nobody_serves_this", queue="busy") for _ in range(3)]
+    jobs.enqueue_many(db.conn, specs, schema=db.schema)
+    _, snap = status_json(daemons)
+    assert len(snap["counts"]) == 20 and snap["counts"]["busy"] == {"pending": 3}
+    assert snap["other_queues"] == {"pending": 5000 - 19}
+    assert len(snap["unserved"]) == 50 and snap["unserved"][0]["queue"] == "busy"
+    human = daemons.cli("status")
+    assert len(human.stdout.splitlines()) + len(human.stderr.splitlines()) < 120
+    assert "(all other queues): pending 4981" in human.stdout

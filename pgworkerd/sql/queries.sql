@@ -348,7 +348,8 @@ SELECT extract(epoch FROM now() - min(run_at))::float8 AS age_seconds
   FROM @schema@.jobs WHERE status = 'pending' AND run_at <= now() AND isfinite(run_at);
 
 -- name: job_unserved_list
--- Pending jobs whose handler (on their queue) no live daemon serves.
+-- Pending jobs whose handler (on their queue) no live daemon serves: the 50 largest
+-- groups (names are made up by enqueuers, and status must stay readable).
 SELECT j.queue, j.handler, count(*) AS jobs,
        extract(epoch FROM now() - min(j.created_at))::float8 AS oldest_seconds
   FROM @schema@.jobs j
@@ -357,7 +358,8 @@ SELECT j.queue, j.handler, count(*) AS jobs,
                     WHERE w.state <> 'gone' AND j.handler = ANY(w.handlers)
                       AND j.queue = ANY(w.queues))
  GROUP BY j.queue, j.handler
- ORDER BY j.queue, j.handler;
+ ORDER BY count(*) DESC, j.queue, j.handler
+ LIMIT 50;
 
 -- name: job_counts_capped
 -- Jobs per queue and status for the metrics gauge, with a bounded number of queues however

@@ -170,7 +170,7 @@ def _parse_payload(text: str) -> dict[str, Any]:
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
     if not isinstance(payload, dict):
         raise click.BadParameter(
-            f"must be a JSON object, not {type(payload).__name__}", param_hint="--payload"
+            f"must be a JSON object, not {jobs.json_type_name(payload)}", param_hint="--payload"
         )
     return payload
 
@@ -237,7 +237,10 @@ def cancel(ctx: Context, ids: tuple[int, ...]) -> None:
         outcomes = jobs.cancel(conn, ids, schema=ctx.schema)
     for job_id in ids:
         click.echo(f"{job_id}: {printable(outcomes[job_id])}")
-    if any(outcomes[i] == "not found" for i in ids):
+    # Cancelling a cancelled job again is fine (it is as asked); an unknown one, or one
+    # that completed or died before the cancel, was not cancelled.
+    done = ("cancelled", "cancel requested", "already cancelled")
+    if any(outcomes[i] not in done for i in ids):
         sys.exit(int(ExitCode.FAILURE))
 
 
@@ -516,6 +519,11 @@ def run(ctx: Context, log_format: str | None) -> None:
     logs.hide_passwords_of(*dsns)
     for warning in file_warnings(config):
         logging.getLogger("pgworkerd").warning("%s", warning)
+    if not config.handlers:
+        logging.getLogger("pgworkerd").warning(
+            "no handlers configured%s: this daemon claims no jobs until a reload adds some",
+            "" if ctx.config_path else " (no --config or PGWORKERD_CONFIG given)",
+        )
     for dsn in dsns:
         try:
             conninfo(dsn)  # syntax only; retrying could never fix an unparsable DSN

@@ -33,6 +33,22 @@ class InvalidJob(ValueError):
     """A job that cannot be enqueued; nothing was written."""
 
 
+def json_type_name(value: Any) -> str:
+    """What `value` would be in JSON, named as jsonb_typeof names it (for messages that
+    read the same from SQL, Python and the CLI)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    return type(value).__name__
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One job to enqueue. Priority: lower runs sooner (0 is the default)."""
@@ -73,7 +89,7 @@ class JobSpec:
             raise InvalidJob("handler must be a non-empty string")
         payload = self.payload
         if not isinstance(payload, Mapping):
-            raise InvalidJob(f"payload must be a JSON object, not {type(payload).__name__}")
+            raise InvalidJob(f"payload must be a JSON object, not {json_type_name(payload)}")
         if not isinstance(self.queue, str) or not self.queue:
             raise InvalidJob("queue must be a non-empty string")
         problem = bounds.job_names_problem(self.handler, self.queue)
@@ -228,6 +244,8 @@ def jobs_json(specs: Iterable[JobSpec]) -> str:
     """
     jobs = []
     for n, spec in enumerate(specs, 1):
+        if not isinstance(spec, JobSpec):
+            raise InvalidJob(f"job {n}: expected a JobSpec, not {type(spec).__name__}")
         try:
             jobs.append(spec._checked())
         except InvalidJob as exc:

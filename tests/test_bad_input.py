@@ -1004,6 +1004,8 @@ def test_run_with_an_invalid_dsn_option_value_exits_3() -> None:
     except subprocess.TimeoutExpired:
         pytest.fail("`run` still retrying after 8s")
     assert_refused(proc, ExitCode.CONFIG, 'invalid sslmode value: "bogus"')
+    # and a daemon started without a config says it has nothing to run
+    assert "no handlers configured (no --config or PGWORKERD_CONFIG given)" in proc.stderr
 
 
 # -- schema missing, older or newer ------------------------------------------------------------

@@ -151,8 +151,8 @@ def test_enqueue_defaults_and_run_at(cli: Cli) -> None:
     ("args", "code", "message"),
     [
         (["--payload", "{not json"], ExitCode.USAGE, "not valid JSON"),
-        (["--payload", "[1, 2]"], ExitCode.USAGE, "must be a JSON object, not list"),
-        (["--payload", '"text"'], ExitCode.USAGE, "must be a JSON object, not str"),
+        (["--payload", "[1, 2]"], ExitCode.USAGE, "must be a JSON object, not array"),
+        (["--payload", '"text"'], ExitCode.USAGE, "must be a JSON object, not string"),
         (["--max-attempts", "0"], ExitCode.CONFIG, "max_attempts must be a positive integer"),
         (["--max-attempts", "-1"], ExitCode.CONFIG, "max_attempts must be a positive integer"),
         (
@@ -227,7 +227,7 @@ def test_cancel_and_retry(cli: Cli) -> None:
     assert proc.stdout == f"{a}: cancelled\n{missing}: not found\n"
     assert cli.row(a)["status"] == "cancelled"
     assert cli.row(a)["finished_at"] is not None
-    assert cli("cancel", str(a)).stdout == f"{a}: already cancelled\n"
+    assert cli("cancel", str(a)).stdout == f"{a}: already cancelled\n"  # as asked: exit 0
 
     [held] = jobs.claim(
         cli.conn,
@@ -428,3 +428,24 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
         token = again[7]
         assert run_sql(release, b["id"], "worker-1", token) == [(b"pending",)]
         assert row(b["id"])[:2] == ("pending", 1)  # the released attempt is not counted
+
+
+def test_cancel_of_a_finished_job_exits_1_and_says_so(cli: Cli) -> None:
+    job_id = cli.enqueue("h")
+    [held] = jobs.claim(
+        cli.conn,
+        "w1",
+        queues=["default"],
+        handlers={"h": jobs.HandlerCapacity(lease_seconds=30, free=1)},
+        limit=1,
+        schema=cli.schema,
+    )
+    assert jobs.complete(cli.conn, "w1", held.id, held.token, schema=cli.schema)
+    proc = cli("cancel", str(job_id), code=ExitCode.FAILURE)
+    assert proc.stdout == f"{job_id}: already completed\n"
+    assert cli.row(job_id)["status"] == "completed"
+
+
+def test_enqueue_many_refuses_what_is_not_a_jobspec(cli: Cli) -> None:
+    with pytest.raises(jobs.InvalidJob, match="job 1: expected a JobSpec, not dict"):
+        jobs.enqueue_many(cli.conn, [{"handler": "h", "payloda": {}}], schema=cli.schema)  # type: ignore[list-item]

@@ -932,8 +932,8 @@ def test_unreachable_database_exits_4_naming_the_target_not_the_password(
 
 @pytest.fixture(scope="module")
 def password_role(pg: LocalPostgres) -> Iterator[str]:
-    """A role that must log in with a password over TCP. LocalPostgres trusts everyone
-    (initdb --auth=trust), so one pg_hba line, for this role only, asks it for scram."""
+    """A role that logs in with a password of its own over TCP (the cluster's passfile
+    holds another one): one pg_hba line, for this role only, asks it for scram."""
     role = f"bi_pw_{uuid.uuid4().hex[:8]}"
     hba = pg.data_dir / "pg_hba.conf"
     original = hba.read_text()

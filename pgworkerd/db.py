@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from pgworkerd.masking import mask_password, url_secrets
+from pgworkerd.masking import dsn_secrets, mask_password
 
 # Bounded connects and dead-peer detection: with neither, a silent network drop blocks a
 # query for ~15 minutes (see shared notes on partitions).
@@ -56,7 +56,7 @@ def scrub(text: str, dsn: str | None) -> str:
         try:
             password = conninfo_to_dict(dsn).get("password")
         except psycopg.ProgrammingError:
-            secrets = url_secrets(dsn)
+            secrets = dsn_secrets(dsn)
             # A quoted token that is (part of) a password-like part goes entirely.
             text = _QUOTED.sub(
                 lambda q: '"***"' if any(q[1] and q[1] in s for s in secrets) else q[0], text

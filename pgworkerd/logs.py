@@ -19,7 +19,7 @@ from typing import Any, TextIO
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
-from pgworkerd.masking import mask_password, url_secrets
+from pgworkerd.masking import dsn_secrets, mask_password
 
 # C0 (but tab), DEL, C1, and the Unicode line and paragraph separators.
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
@@ -57,7 +57,7 @@ def hide_passwords_of(*dsns: str) -> None:
         try:
             found.add(str(conninfo_to_dict(dsn).get("password") or ""))
         except psycopg.ProgrammingError:
-            found.update(url_secrets(dsn))
+            found.update(dsn_secrets(dsn))
     # Shorter ones would blank out every such letter of every line; the URL and
     # key=value patterns still mask them where they appear as a DSN's password.
     _hidden[:] = sorted((s for s in found if len(s) >= 4), key=len, reverse=True)

@@ -20,28 +20,46 @@ def mask_password(text: str) -> str:
     return _PASSWORD_KV.sub(r"\1***", text)
 
 
-def url_secrets(dsn: str) -> list[str]:
-    """The password-like parts of a URL DSN, found without parsing it (it may be one libpq
-    cannot parse): everything after the first ':' of the user-info, up to the last '@'
-    (a malformed password may hold spaces, '%' or '@'), and any `password=` query value."""
+_KV_PASSWORD = re.compile(r"(?:^|\s)password\s*=\s*", re.IGNORECASE)
+_NEXT_KEY = re.compile(r"\s+[A-Za-z_]+\s*=")
+
+
+def dsn_secrets(dsn: str) -> list[str]:
+    """The password-like parts of a DSN, found without parsing it (it may be one libpq
+    cannot parse). In a URL: everything after the first ':' of the user-info, up to the
+    last '@' (a malformed password may hold spaces, '%' or '@'), and any `password=`
+    query value. In key=value form: a `password=` value up to the next `key=` (an
+    unquoted password with a space in it is malformed, and libpq quotes its words one by
+    one in its message), and each of its words of 4 characters or more."""
     m = _URL_PREFIX.match(dsn)
-    if not m:
-        return []
-    rest = dsn[m.end() :]
     found = []
-    userinfo = rest.rpartition("@")[0]
-    if ":" in userinfo:
-        found.append(userinfo.partition(":")[2])
-    for part in rest.partition("?")[2].split("&"):
-        key, sep, value = part.partition("=")
-        if sep and key.strip().lower() == "password":
-            found.append(value)
-    return [s for s in found if s]
+    if m:
+        rest = dsn[m.end() :]
+        userinfo = rest.rpartition("@")[0]
+        if ":" in userinfo:
+            found.append(userinfo.partition(":")[2])
+        for part in rest.partition("?")[2].split("&"):
+            key, sep, value = part.partition("=")
+            if sep and key.strip().lower() == "password":
+                found.append(value)
+    else:
+        for kv in _KV_PASSWORD.finditer(dsn):
+            tail = dsn[kv.end() :]
+            if tail.startswith("'"):
+                found.append(tail[1:].split("'", 1)[0])
+                continue
+            nxt = _NEXT_KEY.search(tail)
+            value = tail[: nxt.start()] if nxt else tail
+            found.append(value.strip())
+            # its words, which libpq quotes one by one (short ones would match anywhere)
+            found += [word for word in value.split() if len(word) >= 4]
+    # longest first: a part of a secret is masked only where the whole is not
+    return sorted({s for s in found if s}, key=len, reverse=True)
 
 
 def mask_dsn(dsn: str) -> str:
     """A DSN with its password masked, even when it is malformed."""
-    for secret in url_secrets(dsn):
+    for secret in dsn_secrets(dsn):
         dsn = dsn.replace(secret, "***")
     return mask_password(dsn)
 

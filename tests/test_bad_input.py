@@ -1231,6 +1231,11 @@ UNREADABLE_DELAY = 'delay must be an interval (such as "90 seconds")'
         pytest.param({"run_at": 5}, UNREADABLE, id="run_at-number"),
         pytest.param({"run_at": "2030-02-30T00:00Z"}, UNREADABLE, id="run_at-february-30"),
         pytest.param({"run_at": "2030-13-01"}, UNREADABLE, id="run_at-month-13"),
+        pytest.param({"run_at": "0000-01-01"}, UNREADABLE, id="run_at-year-0"),
+        pytest.param({"run_at": "2030-01-01T00:00+20:00"}, UNREADABLE, id="run_at-offset-20h"),
+        pytest.param(
+            {"run_at": "\u0662\u0660\u0663\u0660-01-01"}, UNREADABLE, id="run_at-arabic-digits"
+        ),
         pytest.param({"run_at": ["2030-01-01"]}, UNREADABLE, id="run_at-array"),
         pytest.param({"delay": "abc"}, UNREADABLE_DELAY, id="delay-garbage"),
         pytest.param({"delay": "1e30 seconds"}, UNREADABLE_DELAY, id="delay-overflows"),
@@ -1358,4 +1363,25 @@ def test_cli_enqueue_refuses_a_payload_nested_too_deep_exit_3(
     before = snapshot(conn, schema)
     proc = cli("--dsn", test_db_dsn, "--schema", schema, "enqueue", "h", "--payload", DEEP_PAYLOAD)
     assert_refused(proc, ExitCode.CONFIG, "payload must be nested at most 255 levels deep")
+    assert snapshot(conn, schema) == before
+
+
+def test_enqueue_names_the_payload_bound_whatever_the_payload_holds(
+    test_db_dsn: str, schema: str, conn: psycopg.Connection
+) -> None:
+    """Nulls deep inside, or a payload read from a table (stored compressed): the message
+    is the bound's, never the catch-all 'is invalid'."""
+    deep_with_null = '{"a":' * 256 + "null" + "}" * 256
+    message = refused_payload(test_db_dsn, schema, conn, PAYLOAD_CALLS["enqueue"], deep_with_null)
+    assert message.endswith("payload must be nested at most 255 levels deep")
+    before = snapshot(conn, schema)
+    with psycopg.connect(test_db_dsn) as tx:
+        tx.execute(
+            "CREATE TEMP TABLE big AS"
+            " SELECT jsonb_build_object('a', repeat('x', 65 * 1024 * 1024)) AS p"
+        )
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as info:
+            tx.execute(render("SELECT @schema@.enqueue('h', p) FROM big", schema))
+        tx.rollback()
+    assert "payload must be at most 64 MiB" in (info.value.diag.message_primary or "")
     assert snapshot(conn, schema) == before

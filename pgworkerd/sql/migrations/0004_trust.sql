@@ -195,10 +195,14 @@ DECLARE
     -- Text that always reads as a timestamptz or an interval (ISO 8601 with a day of the
     -- month up to 28; N seconds): checked with a pattern, the rest with readable(), which
     -- costs more (an exception block).
-    iso_timestamp constant text := '^\d{4}-(0[1-9]|1[0-2])-(0[1-9]|1\d|2[0-8])'
-        '([T ]([01]\d|2[0-3]):[0-5]\d(:[0-5]\d(\.\d{1,6})?)?)?'
-        '(Z|[+-]([01]\d|2[0-3])(:?[0-5]\d)?)?$';
-    plain_seconds constant text := '^-?\d{1,12}(\.\d{1,9})?( seconds?)?$';
+    -- ([0-9], not \d: in an ICU database \d matches other scripts' digits too; no year
+    -- 0000; UTC offsets up to 15:59, as PostgreSQL reads them)
+    iso_timestamp constant text :=
+        '^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})'
+        '-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])'
+        '([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?)?'
+        '(Z|[+-](0[0-9]|1[0-5])(:?[0-5][0-9])?)?$';
+    plain_seconds constant text := '^-?[0-9]{1,12}(\.[0-9]{1,9})?( seconds?)?$';
     total integer;
     ids bigint[];
     queues text[];
@@ -418,7 +422,8 @@ BEGIN
     -- Arguments are named like columns: unqualified names are columns (use_column above),
     -- the arguments are written enqueue.name.
     IF enqueue.payload IS NULL OR jsonb_typeof(enqueue.payload) <> 'object'
-       OR pg_column_size(enqueue.payload) > 64 * 1024 * 1024
+       -- its size as a value (|| detoasts it: a payload read from a table may be compressed)
+       OR pg_column_size(enqueue.payload || '{}') > 64 * 1024 * 1024
        OR jsonb_path_exists(enqueue.payload, 'strict $.**{256 to last}')
        OR enqueue.handler IS NULL
        OR NOT (char_length(enqueue.handler) <= 128
@@ -445,9 +450,9 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value';
         END IF;
         PERFORM @schema@.enqueue_reject(
-            jsonb_strip_nulls(jsonb_build_object(
-                'handler', enqueue.handler, 'payload', enqueue.payload,
-                'queue', enqueue.queue,
+            jsonb_build_object('payload', enqueue.payload)  -- as it is: nulls and all
+            || jsonb_strip_nulls(jsonb_build_object(
+                'handler', enqueue.handler, 'queue', enqueue.queue,
                 'priority', enqueue.priority, 'run_at', enqueue.run_at,
                 'delay', enqueue.delay, 'max_attempts', enqueue.max_attempts,
                 'dedupe_key', enqueue.dedupe_key)),

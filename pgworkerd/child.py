@@ -24,7 +24,7 @@ from typing import Any
 
 from setproctitle import setproctitle
 
-from pgworkerd.jsontext import storable_json
+from pgworkerd.jsontext import storable_json, storable_text
 from pgworkerd.wire import FrameReader, FrameTooLarge, encode
 
 PR_SET_PDEATHSIG = 1
@@ -243,9 +243,9 @@ def _run_one(channel: _Channel, job: dict[str, Any]) -> None:
             "error": f"{type(exc).__name__}: {exc}",
             "traceback": traceback.format_exc(),
         }
-    if outcome["t"] != "done":  # PostgreSQL text cannot hold NUL: escape it for last_error
-        outcome["error"] = outcome["error"].replace("\x00", "\\x00")
-        outcome["traceback"] = outcome["traceback"].replace("\x00", "\\x00")
+    if outcome["t"] != "done":  # text PostgreSQL can store, for last_error
+        outcome["error"] = storable_text(outcome["error"])
+        outcome["traceback"] = storable_text(outcome["traceback"])
     try:
         frame = encode(outcome)
     except FrameTooLarge as exc:  # the attempt fails, saying why (not "exited with 70")

@@ -32,3 +32,14 @@ def storable_json(value: Any) -> str:
                 "cannot store"
             ) from None
     return text
+
+
+def storable_text(text: str) -> str:
+    """`text` as PostgreSQL text can hold it: a NUL character and lone surrogates (an
+    exception's message quoting a file name that is not UTF-8) written as escapes."""
+    text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text

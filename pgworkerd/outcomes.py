@@ -16,6 +16,7 @@ import psycopg
 from pgworkerd import jobs
 from pgworkerd.config import HandlerConfig, WorkerConfig
 from pgworkerd.durations import format_duration
+from pgworkerd.jsontext import storable_text
 from pgworkerd.metrics import NullMetrics
 from pgworkerd.supervisor import Child
 
@@ -133,7 +134,7 @@ def decide(
         kind,
         duration,
         result,
-        error,
+        storable_text(error),  # whatever the child sent, text the row can hold
         job.progress,
         job.checkpoint if job.unsaved else None,
         backoff,

@@ -287,3 +287,14 @@ def test_a_string_jsonb_rejects_fails_its_own_job_and_no_lease_is_lost(
     row = db.wait_status(bystander, "completed", "dead", timeout=60)
     assert (row["status"], row["attempts"]) == ("completed", 1)
     assert "lease not renewed" not in daemon.log()
+
+
+def test_an_error_quoting_a_name_that_is_not_utf8_is_recorded(db: Db, daemons: Daemons) -> None:
+    daemon = daemons.start(
+        {"bad_file": {"target": "trusthandlers:fail_naming_a_bad_file", "max_attempts": 1}}
+    )
+    job_id = db.enqueue("bad_file")
+    row = db.wait_status(job_id, "dead", "completed", timeout=20)
+    assert row["status"] == "dead" and row["attempts"] == 1
+    assert "no such file: caf\\udce9" in row["last_error"], row["last_error"]
+    assert "giving up recording" not in daemon.log()

@@ -3,6 +3,7 @@ output is hostile, and handlers that leave a checkpoint just before their attemp
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -68,3 +69,8 @@ def unstorable_text(job: JobContext) -> Any:
         job.heartbeat(progress={"file": name})
         time.sleep(3)
     return {"file": name}
+
+
+def fail_naming_a_bad_file(job: JobContext) -> None:
+    """Fails with an error that quotes a file name that is not UTF-8 (a lone surrogate)."""
+    raise FileNotFoundError(f"no such file: {os.fsdecode(b'caf' + bytes([0xE9]))}")

@@ -626,6 +626,13 @@ def status(ctx: Context, as_json: bool) -> None:
                 fg="yellow",
                 err=True,
             )
+        more = (snap["unserved"][0]["groups"] - len(snap["unserved"])) if snap["unserved"] else 0
+        if more > 0:
+            click.secho(
+                f"WARNING: and {more} more handler and queue pair(s) with unserved jobs",
+                fg="yellow",
+                err=True,
+            )
     if drained or snap["unserved"]:
         sys.exit(int(ExitCode.FAILURE))
 

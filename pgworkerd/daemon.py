@@ -572,19 +572,23 @@ class Daemon(Claiming, Presence):
         results = self.db.run(
             "renewing leases", lambda c: jobs.renew(c, self.worker_id, leases, schema=self.schema)
         )
+        saved = True
+        if results is None and self.db.ok and any(j.unsaved for j in chosen):
+            # Refused with the database up (a timeout; a value it will not store, which
+            # the checks on arrival should make impossible): renew the leases alone at
+            # once, so no job loses its lease to one job's progress. The values stay
+            # unsaved: they go again at the next save, and with the job's outcome.
+            log.warning(
+                "renewing leases with the progress or checkpoints of job(s) %s failed; "
+                "renewing them without",
+                ", ".join(str(j.job.id) for j in chosen if j.unsaved),
+            )
+            bare = [jobs.Lease(lease.id, lease.token, lease.lease_seconds) for lease in leases]
+            sent_at, saved = time.monotonic(), False
+            results = self.db.run(
+                "renewing leases", lambda c: jobs.renew(c, self.worker_id, bare, schema=self.schema)
+            )
         if results is None:
-            if self.db.ok and any(j.unsaved for j in chosen):
-                # Refused with the database up (a value it will not store, a timeout):
-                # renew the leases alone at once, rather than lose every job's lease to
-                # one job's progress. What was not saved is dropped.
-                log.warning(
-                    "renewing leases failed with progress or checkpoints of job(s) %s; "
-                    "renewing without them",
-                    ", ".join(str(j.job.id) for j in chosen if j.unsaved),
-                )
-                for j in chosen:
-                    j.unsaved = False
-                t.renew_at = now
             return
         by_id = {j.job.id: j for j in chosen}
         for r in results:
@@ -600,7 +604,7 @@ class Daemon(Claiming, Presence):
                 self.metrics.lease_lost(job.handler.name)
                 self._stop(job, "lease lost", now_kill=True)
                 continue
-            job.unsaved = False
+            job.unsaved = job.unsaved and not saved
             self.metrics.lease_renewed()
             job.deadline = sent_at + job.lease - fence_margin(job.lease)
             if job.child is not None:

@@ -41,17 +41,19 @@ STATUS_TOP_QUEUES = 20
 
 def snapshot(conn: psycopg.Connection, schema: str) -> dict[str, Any]:
     """Everything `pgworkerd status` shows, as plain data (also its --json shape)."""
+    workers = _rows(conn, "worker_list", schema)
     counts: dict[str, dict[str, int]] = {}
     other: dict[str, int] = {}
-    # Bounded however many queues enqueuers made up: the busiest ones by name, the rest
-    # summed (an enqueuer with 200,000 queues must not make status print 200,000 lines).
+    # Bounded however many queues enqueuers made up: the queues live daemons serve and
+    # the busiest others by name, the rest summed (an enqueuer with 200,000 queues must
+    # not make status print 200,000 lines, nor push the fleet's own queues out of view).
+    served = sorted({q for w in workers if w["state"] != "gone" for q in w["queues"]})
     rows = conn.execute(
-        query("job_counts_capped", schema), {"served": [], "top": STATUS_TOP_QUEUES}
+        query("job_counts_capped", schema), {"served": served, "top": STATUS_TOP_QUEUES}
     ).fetchall()
     for queue, status, n in rows:
         (other if queue is None else counts.setdefault(queue, {}))[status] = n
     oldest = conn.execute(query("job_oldest_pending", schema)).fetchone()
-    workers = _rows(conn, "worker_list", schema)
     for w in workers:
         w["busy"] = len(w["in_flight"])
     return {

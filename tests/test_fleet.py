@@ -364,3 +364,16 @@ def test_status_stays_short_whatever_queues_enqueuers_make_up(db: Db, daemons: D
     human = daemons.cli("status")
     assert len(human.stdout.splitlines()) + len(human.stderr.splitlines()) < 120
     assert "(all other queues): pending 4981" in human.stdout
+    assert "and 4951 more handler and queue pair(s) with unserved jobs" in human.stderr
+
+
+def test_status_always_shows_the_queues_daemons_serve(db: Db, daemons: Daemons) -> None:
+    """An enqueuer who makes up 30 queues busier than the fleet's own cannot push the
+    queues live daemons serve out of `status`."""
+    daemons.start({"work": WORK}, {"queues": ["default"]})
+    specs = [
+        jobs.JobSpec("nobody_serves_this", queue=f"loud{n}") for n in range(30) for _ in range(3)
+    ]
+    jobs.enqueue_many(db.conn, [*specs, jobs.JobSpec("work", {"seconds": 60})], schema=db.schema)
+    _, snap = status_json(daemons)
+    assert "default" in snap["counts"]

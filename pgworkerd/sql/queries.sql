@@ -349,8 +349,9 @@ SELECT extract(epoch FROM now() - min(run_at))::float8 AS age_seconds
 
 -- name: job_unserved_list
 -- Pending jobs whose handler (on their queue) no live daemon serves: the 50 largest
--- groups (names are made up by enqueuers, and status must stay readable).
-SELECT j.queue, j.handler, count(*) AS jobs,
+-- groups (names are made up by enqueuers, and status must stay readable), each row with
+-- the number of groups in all.
+SELECT j.queue, j.handler, count(*) AS jobs, count(*) OVER () AS groups,
        extract(epoch FROM now() - min(j.created_at))::float8 AS oldest_seconds
   FROM @schema@.jobs j
  WHERE j.status = 'pending'

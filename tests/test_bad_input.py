@@ -1385,3 +1385,33 @@ def test_enqueue_names_the_payload_bound_whatever_the_payload_holds(
         tx.rollback()
     assert "payload must be at most 64 MiB" in (info.value.diag.message_primary or "")
     assert snapshot(conn, schema) == before
+
+
+@pytest.mark.parametrize("key", ["[]", "[null]", '["k"]', "{}"])
+def test_enqueue_many_refuses_a_dedupe_key_that_is_not_a_string(
+    test_db_dsn: str, schema: str, conn: psycopg.Connection, key: str
+) -> None:
+    """Not dropped silently: [] and [null] look like no key to the dedupe path's test."""
+    before = snapshot(conn, schema)
+    with psycopg.connect(test_db_dsn) as tx:
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as info:
+            tx.execute(
+                render("SELECT @schema@.enqueue_many(%s::jsonb)", schema),
+                (f'[{{"handler": "h", "dedupe_key": {key}}}]',),
+            )
+        tx.rollback()
+    assert info.value.diag.message_primary == "pgworkerd: job 1 of 1: dedupe_key must be a string"
+    assert snapshot(conn, schema) == before
+
+
+def test_enqueue_many_takes_whole_numbers_written_with_a_fraction(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    [(ids,)] = conn.execute(
+        render("SELECT @schema@.enqueue_many(%s::jsonb)", schema),
+        ('[{"handler": "h", "priority": -3.0, "max_attempts": 7.0}]',),
+    ).fetchall()
+    [row] = conn.execute(
+        render("SELECT priority, max_attempts FROM @schema@.jobs WHERE id = %s", schema), ids
+    ).fetchall()
+    assert row == (-3, 7)

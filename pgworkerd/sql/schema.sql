@@ -289,7 +289,8 @@ BEGIN
     IF NOT jsonb_path_exists(jobs, '$[*] ? (exists(@.dedupe_key) && @.dedupe_key != null)')
     THEN
         -- No dedupe keys: a plain insert. Ids come from the sequence in row order, and the
-        -- rows are inserted in input order, so sorted ids are in input order.
+        -- rows are inserted in input order, so sorted ids are in input order. (A key the
+        -- path above does not see, such as [] or [null], is refused: not a string.)
         WITH inserted AS (
             INSERT INTO @schema@.jobs AS j
                 (queue, handler, payload, priority, run_at, max_attempts)
@@ -299,6 +300,7 @@ BEGIN
                         AND jsonb_typeof(e->'handler') = 'string'
                         AND char_length(e->>'handler') <= 128
                         AND e->>'handler' ~ name_ok
+                        AND coalesce(jsonb_typeof(e->'dedupe_key'), 'null') = 'null'
                         AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
                         -- what no child could be handed (see the bounds above)
                         AND coalesce(pg_column_size(e->'payload') <= payload_max_bytes
@@ -342,10 +344,10 @@ BEGIN
                    THEN e->>'handler'
                    ELSE @schema@.enqueue_reject(e, n, total) END,
                    coalesce(e->'payload', '{}'),
-                   coalesce((e->>'priority')::integer, 0),
+                   coalesce((e->>'priority')::numeric::integer, 0),
                    coalesce((e->>'run_at')::timestamptz,
                             now() + coalesce((e->>'delay')::interval, interval '0')),
-                   coalesce((e->>'max_attempts')::integer, 5)
+                   coalesce((e->>'max_attempts')::numeric::integer, 5)
             FROM jsonb_array_elements(jobs) WITH ORDINALITY AS t(e, n)
             ORDER BY n
             RETURNING j.id, j.queue
@@ -409,10 +411,10 @@ BEGIN
                    THEN e->>'handler'
                    ELSE @schema@.enqueue_reject(e, n, total) END AS handler,
                    coalesce(e->'payload', '{}') AS payload,
-                   coalesce((e->>'priority')::integer, 0) AS priority,
+                   coalesce((e->>'priority')::numeric::integer, 0) AS priority,
                    coalesce((e->>'run_at')::timestamptz,
                             now() + coalesce((e->>'delay')::interval, interval '0')) AS run_at,
-                   coalesce((e->>'max_attempts')::integer, 5) AS max_attempts,
+                   coalesce((e->>'max_attempts')::numeric::integer, 5) AS max_attempts,
                    e->>'dedupe_key' AS dedupe_key
             FROM jsonb_array_elements(jobs) WITH ORDINALITY AS t(e, n)
         ), inserted AS (

@@ -12,39 +12,15 @@ from __future__ import annotations
 
 import json
 import math
-import unicodedata
 from typing import Any
 
 import psycopg
 from psycopg.adapt import Loader
 from psycopg.types.datetime import TimestamptzLoader
 
-# Categories a terminal may act on or that hide text: C0/C1 controls (ESC, CR, BEL…),
-# format characters (bidi overrides that reorder what is shown), line/paragraph separators
-# and lone surrogates.
-_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
-_SHORT_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+from pgworkerd.describe import printable
 
-
-def _escape_char(ch: str) -> str:
-    if ch in _SHORT_ESCAPES:
-        return _SHORT_ESCAPES[ch]
-    code = ord(ch)
-    if code <= 0xFF:
-        return f"\\x{code:02x}"
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
-
-
-def printable(value: Any) -> str:
-    """str(value) with every control or invisible formatting character written as an
-    escape (\\n, \\x1b, \\u202e), so it prints as exactly one inert piece of one line."""
-    text = value if isinstance(value, str) else str(value)
-    if text.isprintable():  # the common case: nothing to escape (space counts as printable)
-        return text
-    return "".join(
-        _escape_char(ch) if unicodedata.category(ch) in _HIDDEN_CATEGORIES else ch for ch in text
-    )
-
+__all__ = ["RawJson", "printable", "register_safe_loaders"]
 
 class RawJson(str):
     """JSON text from the database that Python's json could not load (still valid JSON):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import sys
 import time
 from typing import Any, TextIO
@@ -19,11 +18,8 @@ from typing import Any, TextIO
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
+from pgworkerd.describe import printable
 from pgworkerd.masking import dsn_secrets, mask_password
-
-# C0 (but tab), DEL, C1, and the Unicode line and paragraph separators.
-_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\x1b": "\\x1b"}
 
 # sd-daemon(3) prefixes: syslog priorities.
 _PRIORITY = {
@@ -40,14 +36,9 @@ _hidden: list[str] = []
 
 
 def escape(text: str) -> str:
-    """Control characters as visible escapes (\\n, \\x1b, \\x9b...): one line, inert."""
-    return _CONTROL.sub(
-        lambda m: (
-            _NAMED.get(m[0])
-            or (f"\\x{ord(m[0]):02x}" if ord(m[0]) < 256 else f"\\u{ord(m[0]):04x}")
-        ),
-        text,
-    )
+    """Control and invisible formatting characters (but tab) as visible escapes (\\n,
+    \\x1b, \\u202e): one line, inert."""
+    return printable(text, keep="\t")
 
 
 def hide_passwords_of(*dsns: str) -> None:

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from pgworkerd import jobs
 from pgworkerd.boundedhttp import CONNECTION_DEADLINE, IO_TIMEOUT, MAX_CONNECTIONS, BoundedServer
 from pgworkerd.config import ConfigError, MetricsConfig, split_listen
+from pgworkerd.describe import printable
 
 log = logging.getLogger("pgworkerd")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -76,7 +77,7 @@ def label_value(text: str) -> str:
     Prometheus's text format only escapes backslash, quote and newline itself."""
     if len(text) <= LABEL_MAX and text.isprintable():
         return text  # the common case, on every counter update: no copy
-    escaped = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: LABEL_MAX + 1])
+    escaped = printable(text[: LABEL_MAX + 1])
     return escaped if len(escaped) <= LABEL_MAX else escaped[: LABEL_MAX - 1] + "…"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from pgworkerd.child import JobContext
+from pgworkerd.worker import JobContext
 
 
 def record_start(job: JobContext) -> None:

@@ -15,7 +15,7 @@ import random
 import time
 from typing import Any
 
-from pgworkerd.child import JobContext, JobInterrupted
+from pgworkerd.worker import JobContext, JobInterrupted
 
 STEP = 0.2
 

@@ -48,9 +48,9 @@ from typing import Any
 import psycopg
 from daemon_bench import children_of
 
-from pgworkerd import jobs
-from pgworkerd.localpg import LocalPostgres
-from pgworkerd.migrate import migrate
+from pgworkerd.devcluster.localpg import LocalPostgres
+from pgworkerd.queue import jobs
+from pgworkerd.queue.migrate import migrate
 
 BENCH_DIR = Path(__file__).resolve().parent
 PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
@@ -183,7 +183,7 @@ class Daemon:
         return found
 
     def forkserver(self) -> int | None:
-        found = [p for p in children_of(self.pid) if "pgworkerd.forkserver" in title(p)]
+        found = [p for p in children_of(self.pid) if "pgworkerd.worker.forkserver" in title(p)]
         return found[0] if found else None
 
     def signal(self, sig: int) -> None:

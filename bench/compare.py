@@ -46,8 +46,8 @@ from typing import Any
 import psycopg
 from daemon_bench import wait_for
 
-from pgworkerd import jobs
-from pgworkerd.localpg import LocalPostgres
+from pgworkerd.devcluster.localpg import LocalPostgres
+from pgworkerd.queue import jobs
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the peers' workers import note_start without loading pgworkerd
-    from pgworkerd.child import JobContext
+    from pgworkerd.worker import JobContext
 
 
 def note_start(token: str) -> None:

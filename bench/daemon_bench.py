@@ -32,10 +32,10 @@ from typing import Any
 
 import psycopg
 
-from pgworkerd import jobs
-from pgworkerd.db import connect
-from pgworkerd.localpg import LocalPostgres
-from pgworkerd.migrate import migrate
+from pgworkerd.devcluster.localpg import LocalPostgres
+from pgworkerd.queue import jobs
+from pgworkerd.queue.db import connect
+from pgworkerd.queue.migrate import migrate
 
 BENCH_DIR = Path(__file__).resolve().parent
 PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
@@ -142,7 +142,9 @@ def memory_kib(pid: int) -> tuple[int, int]:
 
 
 def completed(conn: psycopg.Connection) -> int:
-    row = conn.execute("SELECT count(*) FROM pgworkerd.jobs WHERE status = 'completed'").fetchone()
+    row = conn.execute(
+        "SELECT count(*) FROM pgworkerd.jobs WHERE status = 'completed'"
+    ).fetchone()
     return int(row[0]) if row else 0
 
 
@@ -286,7 +288,7 @@ def renewal(dsn: str, workdir: Path, in_flight: int, window: float) -> dict[str,
 def _renewals(conn: psycopg.Connection) -> tuple[int, int]:
     """Calls of the renew statement and the rows they returned, so far."""
     row = conn.execute(
-        "SELECT coalesce(sum(calls), 0), coalesce(sum(rows), 0) FROM pg_stat_statements "
+        "SELECT coalesce(sum(calls), 0), coalesce(sum(rows), 0) FROM public.pg_stat_statements "
         "WHERE query LIKE %s",
         ["%WITH lease AS%"],
     ).fetchone()
@@ -314,7 +316,7 @@ def main() -> None:
         dsn = pg.dsn()
         migrate(dsn)
         with connect(dsn) as conn:
-            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public")
         print(
             f"# pgworkerd daemon benchmark ({'short' if args.short else 'full'}) on "
             f"{results['machine']}",

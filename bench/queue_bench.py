@@ -4,7 +4,7 @@
 
 Every row times the same work three ways, on the same server, table and kind of connection:
 
-  python    the pgworkerd.jobs API (claim/complete, enqueue, enqueue_many)
+  python    the pgworkerd.queue.jobs API (claim/complete, enqueue, enqueue_many)
   same SQL  pgworkerd's own statements from sql/queries.sql, run by pgbench with the same
             parameters: what the API would reach with a free client (shows the Python share)
   raw SQL   hand-written minimal SQL doing the same work, run by pgbench: the ceiling
@@ -14,7 +14,7 @@ The ratio python/raw is what the targets are about; python/same is the client's 
 Without --dsn a private LocalPostgres is started with one set of server settings for the whole
 run. Every side uses the extended query protocol, by default with server-side prepared
 statements, the way the daemon runs (database.prepared_statements = true): psycopg through
-pgworkerd.db.connect(prepare=True) and `pgbench -M prepared`. --unprepared measures the
+pgworkerd.queue.db.connect(prepare=True) and `pgbench -M prepared`. --unprepared measures the
 PgBouncer < 1.21 mode instead (prepared_statements = false): connect(prepare=False), i.e.
 prepare_threshold=None, against `pgbench -M extended`. The header says which mode ran.
 Each timed run starts from an emptied job table (TRUNCATE), pre-filled by one raw INSERT,
@@ -45,11 +45,11 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg import sql
 
-from pgworkerd import jobs
-from pgworkerd.db import PREPARE_THRESHOLD, connect
-from pgworkerd.localpg import LocalPostgres
-from pgworkerd.migrate import migrate
-from pgworkerd.queries import query, render
+from pgworkerd.devcluster.localpg import LocalPostgres
+from pgworkerd.queue import jobs
+from pgworkerd.queue.db import PREPARE_THRESHOLD, connect
+from pgworkerd.queue.migrate import migrate
+from pgworkerd.queue.queries import query, render
 
 HANDLER = "noop"
 QUEUE = "default"
@@ -70,8 +70,15 @@ SERVER_SETTINGS: dict[str, str] = {
     "maintenance_work_mem": "256MB",
 }
 SHOWN_SETTINGS = (
-    "server_version", "fsync", "synchronous_commit", "full_page_writes", "shared_buffers",
-    "max_wal_size", "checkpoint_timeout", "autovacuum", "wal_level",
+    "server_version",
+    "fsync",
+    "synchronous_commit",
+    "full_page_writes",
+    "shared_buffers",
+    "max_wal_size",
+    "checkpoint_timeout",
+    "autovacuum",
+    "wal_level",
 )
 
 
@@ -131,7 +138,12 @@ class Report:
 
 
 def claim_loop(
-    dsn: str, schema: str, worker: str, batch: int, seconds: float, many: bool = False,
+    dsn: str,
+    schema: str,
+    worker: str,
+    batch: int,
+    seconds: float,
+    many: bool = False,
     prepare: bool = True,
 ) -> tuple[int, float, bool]:
     """claim(limit=batch), then complete() each job (many: one complete_many()), until time
@@ -177,9 +189,7 @@ def enqueue_loop(dsn: str, schema: str, seconds: float, prepare: bool) -> tuple[
     return done, elapsed
 
 
-def enqueue_many_loop(
-    dsn: str, schema: str, seconds: float, prepare: bool
-) -> tuple[int, float]:
+def enqueue_many_loop(dsn: str, schema: str, seconds: float, prepare: bool) -> tuple[int, float]:
     """jobs.enqueue_many() of BULK_SIZE specs per call (the specs are built before the clock)."""
     specs = [jobs.JobSpec(HANDLER, {}) for _ in range(BULK_SIZE)]
     done = 0
@@ -193,22 +203,32 @@ def enqueue_many_loop(
 
 
 def _claim_process(
-    dsn: str, schema: str, worker: str, batch: int, seconds: float, many: bool,
-    prepare: bool, ready: Any, results: Any,
+    dsn: str,
+    schema: str,
+    worker: str,
+    batch: int,
+    seconds: float,
+    many: bool,
+    prepare: bool,
+    ready: Any,
+    results: Any,
 ) -> None:
     ready.wait(timeout=60)  # all processes start their clocks together
     results.put(claim_loop(dsn, schema, worker, batch, seconds, many, prepare))
 
 
 def claim_parallel(
-    dsn: str, schema: str, batch: int, seconds: float, processes: int, many: bool,
+    dsn: str,
+    schema: str,
+    batch: int,
+    seconds: float,
+    processes: int,
+    many: bool,
     prepare: bool,
 ) -> tuple[float, bool]:
     """claim_loop in `processes` OS processes (no shared GIL); returns (jobs/s, drained)."""
     if processes == 1:
-        done, elapsed, drained = claim_loop(
-            dsn, schema, "bench-1", batch, seconds, many, prepare
-        )
+        done, elapsed, drained = claim_loop(dsn, schema, "bench-1", batch, seconds, many, prepare)
         return done / elapsed, drained
     ctx = mp.get_context("spawn")
     ready = ctx.Barrier(processes + 1)
@@ -285,15 +305,19 @@ UPDATE @schema@.jobs j
        cancel_requested = false, finished_at = now(), updated_at = now()
 """
     if many:
-        completes = set_completed + f"""\
+        completes = (
+            set_completed
+            + f"""\
   FROM unnest(:ids::bigint[], :tokens::bigint[]) AS d(id, token)
  WHERE j.id = d.id AND j.lease_token = d.token AND j.locked_by = {PGBENCH_WORKER}
    AND j.status = 'running'
 RETURNING j.id;
 """
+        )
     else:
         completes = "".join(
-            set_completed + f"""\
+            set_completed
+            + f"""\
  WHERE id = :id{k} AND lease_token = :token{k} AND locked_by = {PGBENCH_WORKER}
    AND status = 'running'
 RETURNING id;
@@ -354,21 +378,39 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
 
     def complete(ids: str, tokens: str, count: int) -> str:
         nulls = "'{" + ",".join(["NULL"] * count) + "}'"  # results and progress: all None
-        return own_statement(
-            "job_complete", schema,
-            {"ids": ids, "tokens": tokens, "worker": PGBENCH_WORKER,
-             "results": nulls, "progress": nulls},
-        ) + ";\n"
+        return (
+            own_statement(
+                "job_complete",
+                schema,
+                {
+                    "ids": ids,
+                    "tokens": tokens,
+                    "worker": PGBENCH_WORKER,
+                    "results": nulls,
+                    "progress": nulls,
+                },
+            )
+            + ";\n"
+        )
 
     if many:
         script += complete(":ids", ":tokens", batch)
     else:
         for k in range(1, batch + 1):  # jobs.complete(): result and progress None
-            script += own_statement(
-                "job_complete_one", schema,
-                {"id": f":id{k}", "token": f":token{k}", "worker": PGBENCH_WORKER,
-                 "result": "NULL", "progress": "NULL"},
-            ) + ";\n"
+            script += (
+                own_statement(
+                    "job_complete_one",
+                    schema,
+                    {
+                        "id": f":id{k}",
+                        "token": f":token{k}",
+                        "worker": PGBENCH_WORKER,
+                        "result": "NULL",
+                        "progress": "NULL",
+                    },
+                )
+                + ";\n"
+            )
     return script, variables
 
 
@@ -380,12 +422,22 @@ def _jobs_json(count: int) -> str:
 def same_enqueue_script(schema: str) -> Script:
     """job_enqueue (the SQL function enqueue) with the parameters jobs.enqueue sends for a
     no-op job; the NULLs are literals (pgbench variables cannot be NULL)."""
-    variables = {"handler": HANDLER, "payload": "{}", "queue": QUEUE, "priority": "0",
-                 "max_attempts": str(jobs.DEFAULT_MAX_ATTEMPTS)}
+    variables = {
+        "handler": HANDLER,
+        "payload": "{}",
+        "queue": QUEUE,
+        "priority": "0",
+        "max_attempts": str(jobs.DEFAULT_MAX_ATTEMPTS),
+    }
     return own_statement(
-        "job_enqueue", schema,
-        {**{k: f":{k}" for k in variables}, "run_at": "NULL::timestamptz",
-         "delay": "NULL::float8", "dedupe_key": "NULL::text"},
+        "job_enqueue",
+        schema,
+        {
+            **{k: f":{k}" for k in variables},
+            "run_at": "NULL::timestamptz",
+            "delay": "NULL::float8",
+            "dedupe_key": "NULL::text",
+        },
     ) + ";\n", variables
 
 
@@ -486,8 +538,20 @@ class Bench:
         path.write_text(render(text, self.schema))
         before = self.count(counted)
         mode = "prepared" if self.prepare else "extended"
-        args = ["pgbench", "-n", "-M", mode, "-f", str(path), "-c", str(clients),
-                "-j", str(min(clients, 2)), "-T", str(self.cfg.seconds)]
+        args = [
+            "pgbench",
+            "-n",
+            "-M",
+            mode,
+            "-f",
+            str(path),
+            "-c",
+            str(clients),
+            "-j",
+            str(min(clients, 2)),
+            "-T",
+            str(self.cfg.seconds),
+        ]
         for key, value in variables.items():
             args += ["-D", f"{key}={value}"]
         proc = subprocess.run([*args, self.dsn], capture_output=True, text=True, check=False)
@@ -498,7 +562,9 @@ class Bench:
         return float(tps[1]) * (self.count(counted) - before) / int(txns[1])
 
     def runs(
-        self, python: Callable[[], tuple[float, bool]], others: list[Callable[[], float] | None],
+        self,
+        python: Callable[[], tuple[float, bool]],
+        others: list[Callable[[], float] | None],
         fill: int,
     ) -> tuple[list[float], list[list[float]], bool, int]:
         """`reps` interleaved rounds of: python run, then each other run (None: skipped).
@@ -543,10 +609,13 @@ class Bench:
                 self.dsn, self.schema, batch, seconds, processes, many, self.prepare
             ),
             [
-                None if same is None else
-                lambda: self.pgbench(f"same_{tag}", same, processes, "status = 'completed'"),
+                None
+                if same is None
+                else lambda: self.pgbench(f"same_{tag}", same, processes, "status = 'completed'"),
                 lambda: self.pgbench(
-                    f"raw_{tag}", (raw_claim_complete_script(batch, many), {}), processes,
+                    f"raw_{tag}",
+                    (raw_claim_complete_script(batch, many), {}),
+                    processes,
                     "status = 'completed'",
                 ),
             ],
@@ -557,7 +626,11 @@ class Bench:
         completes = "1 x UPDATE .. FROM unnest(ids)" if many else f"{batch} x UPDATE .. WHERE id ="
         return Row(
             name=f"claim+complete{'_many' if many else ''} batch {batch}, {conns}{suffix}",
-            python=py, same=same_rates, raw=raw, drained=drained, left_running=left_running,
+            python=py,
+            same=same_rates,
+            raw=raw,
+            drained=drained,
+            left_running=left_running,
             raw_what=(
                 f"{pgbench}: UPDATE .. WHERE id IN (SELECT .. LIMIT {batch}"
                 f" FOR UPDATE SKIP LOCKED) RETURNING, then {completes}"
@@ -582,19 +655,28 @@ class Bench:
         )
         notes = [why] if why else []
         return [
-            Row("enqueue single, 1 connection", py, same_rates, raw_fn,
+            Row(
+                "enqueue single, 1 connection",
+                py,
+                same_rates,
+                raw_fn,
                 "pgbench -c 1: SELECT <schema>.enqueue('noop', '{}') (the SQL function)",
-                target=">= 2,500 jobs/s", notes=notes),
-            Row("enqueue single vs plain INSERT", py, same_rates, raw_insert,
+                target=">= 2,500 jobs/s",
+                notes=notes,
+            ),
+            Row(
+                "enqueue single vs plain INSERT",
+                py,
+                same_rates,
+                raw_insert,
                 "pgbench -c 1: INSERT INTO <schema>.jobs (handler, payload) VALUES (..)",
-                notes=notes),
+                notes=notes,
+            ),
         ]
 
     def bulk_row(self) -> Row:
         def python() -> tuple[float, bool]:
-            done, elapsed = enqueue_many_loop(
-                self.dsn, self.schema, self.cfg.seconds, self.prepare
-            )
+            done, elapsed = enqueue_many_loop(self.dsn, self.schema, self.cfg.seconds, self.prepare)
             return done / elapsed, False
 
         same, why = self._same(lambda: same_bulk_script(self.schema))
@@ -607,9 +689,13 @@ class Bench:
             0,
         )
         return Row(
-            f"enqueue_many {BULK_SIZE:,} per call, 1 connection", py, same_rates, raw,
+            f"enqueue_many {BULK_SIZE:,} per call, 1 connection",
+            py,
+            same_rates,
+            raw,
             f"pgbench -c 1: INSERT INTO <schema>.jobs .. SELECT .. generate_series(1, {BULK_SIZE})",
-            target=">= 50,000 jobs/s", notes=[why] if why else [],
+            target=">= 50,000 jobs/s",
+            notes=[why] if why else [],
         )
 
 
@@ -662,7 +748,7 @@ def render_report(report: Report, cfg: Config) -> str:
     )
     lines += [
         "",
-        "  python   = pgworkerd.jobs API    same SQL = pgworkerd's own statements via pgbench",
+        "  python   = pgworkerd's jobs API    same SQL = pgworkerd's own statements via pgbench",
         "  raw SQL  = minimal hand-written SQL via pgbench (the ceiling)",
         "",
     ]
@@ -688,21 +774,32 @@ def render_report(report: Report, cfg: Config) -> str:
             lines.append(f"{'':>4}WARNING: {row.left_running} claimed jobs were never completed")
         lines += [f"{'':>4}{note}" for note in row.notes]
     lines += ["", "targets"]
-    lines += [f"  {'met    ' if met else 'NOT met'}  {what}: {figure}"
-              for what, figure, met in report.targets]
+    lines += [
+        f"  {'met    ' if met else 'NOT met'}  {what}: {figure}"
+        for what, figure, met in report.targets
+    ]
     return "\n".join(lines)
 
 
 def evaluate_targets(rows: Mapping[str, Row]) -> list[tuple[str, str, bool]]:
     claim10, bulk, single = rows["claim10"], rows["bulk"], rows["single"]
     return [
-        ("claim batch 10, 1 connection >= 70% of the raw ceiling",
-         f"{claim10.ratio:.0%} ({_rate(claim10.py_median)} of {_rate(claim10.raw_median)}"
-         " jobs/s)", claim10.ratio >= 0.70),
-        ("enqueue_many >= 50,000 jobs/s", f"{_rate(bulk.py_median)} jobs/s",
-         bulk.py_median >= 50_000),
-        ("enqueue single >= 2,500 jobs/s", f"{_rate(single.py_median)} jobs/s",
-         single.py_median >= 2_500),
+        (
+            "claim batch 10, 1 connection >= 70% of the raw ceiling",
+            f"{claim10.ratio:.0%} ({_rate(claim10.py_median)} of {_rate(claim10.raw_median)}"
+            " jobs/s)",
+            claim10.ratio >= 0.70,
+        ),
+        (
+            "enqueue_many >= 50,000 jobs/s",
+            f"{_rate(bulk.py_median)} jobs/s",
+            bulk.py_median >= 50_000,
+        ),
+        (
+            "enqueue single >= 2,500 jobs/s",
+            f"{_rate(single.py_median)} jobs/s",
+            single.py_median >= 2_500,
+        ),
     ]
 
 
@@ -717,9 +814,12 @@ def run(dsn: str, schema: str, cfg: Config, local: bool, prepare: bool = True) -
             def add(key: str, row: Row) -> Row:
                 named[key] = row
                 report.rows.append(row)
-                print(f"  {row.name}: python {_rate(row.py_median)},"
-                      f" same SQL {_rate(row.same_median)}, raw {_rate(row.raw_median)}",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"  {row.name}: python {_rate(row.py_median)},"
+                    f" same SQL {_rate(row.same_median)}, raw {_rate(row.raw_median)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return row
 
             add("claim1", bench.claim_row(1, 1))
@@ -733,8 +833,11 @@ def run(dsn: str, schema: str, cfg: Config, local: bool, prepare: bool = True) -
             add("bulk", bench.bulk_row())
 
             took = bench.fill_history(cfg.history_rows)
-            print(f"  history: {cfg.history_rows:,} finished rows in {took:.0f} s",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  history: {cfg.history_rows:,} finished rows in {took:.0f} s",
+                file=sys.stderr,
+                flush=True,
+            )
             hist = bench.claim_row(
                 10, 1, suffix=f", {cfg.history_rows // 1_000_000}M finished rows"
             )
@@ -758,14 +861,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dsn", help="benchmark this server instead of a private LocalPostgres")
     parser.add_argument(
-        "--schema", default="pgworkerd",
+        "--schema",
+        default="pgworkerd",
         help="schema to migrate and use: its jobs table is TRUNCATEd! (default: pgworkerd)",
     )
-    parser.add_argument("--short", action="store_true",
-                        help="2 s runs, 1 repetition, 1M history rows (a few minutes)")
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        help="2 s runs, 1 repetition, 1M history rows (a few minutes)",
+    )
     parser.add_argument("--json", type=Path, help="also write every sample to this file")
     parser.add_argument(
-        "--unprepared", action="store_true",
+        "--unprepared",
+        action="store_true",
         help="no server-side prepared statements on either side (the PgBouncer < 1.21 mode)",
     )
     parser.add_argument("--seconds", type=int, help="override the length of each timed run")
@@ -792,15 +900,23 @@ def main(argv: list[str] | None = None) -> int:
     print(render_report(report, cfg))
     if args.json:
         rows = [
-            {**asdict(r), "python_median": r.py_median, "same_median": r.same_median,
-             "raw_median": r.raw_median, "py_over_raw": r.ratio}
+            {
+                **asdict(r),
+                "python_median": r.py_median,
+                "same_median": r.same_median,
+                "raw_median": r.raw_median,
+                "py_over_raw": r.ratio,
+            }
             for r in report.rows
         ]
         targets = [{"target": t, "measured": m, "met": ok} for t, m, ok in report.targets]
-        args.json.write_text(json.dumps(
-            {"config": asdict(cfg), "header": report.header, "rows": rows, "targets": targets},
-            indent=2,
-        ) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {"config": asdict(cfg), "header": report.header, "rows": rows, "targets": targets},
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -8,7 +8,7 @@ import signal
 import time
 from typing import Any
 
-from pgworkerd.child import JobContext, JobInterrupted
+from pgworkerd.worker import JobContext, JobInterrupted
 
 
 def sleep_with_progress(job: JobContext) -> dict[str, Any]:

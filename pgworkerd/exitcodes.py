@@ -15,5 +15,6 @@ class ExitCode(IntEnum):
     # RestartPreventExitStatus lists them), so a broken config never crash-loops.
 
 
-# The codes the units list in RestartPreventExitStatus= (tests/test_systemd.py checks it).
+# The codes the units list in RestartPreventExitStatus=
+# (tests/acceptance/test_systemd.py checks it).
 RESTART_PREVENTING = (ExitCode.USAGE, ExitCode.CONFIG, ExitCode.SCHEMA, ExitCode.HANDLER)

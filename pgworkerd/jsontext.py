@@ -28,8 +28,7 @@ def storable_json(value: Any) -> str:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError:
             raise ValueError(
-                "a string holds a lone surrogate (not valid Unicode), which PostgreSQL "
-                "cannot store"
+                "a string holds a lone surrogate (not valid Unicode), which PostgreSQL cannot store"
             ) from None
     return text
 

@@ -12,7 +12,7 @@ from daemon_harness import Daemons, Db
 from psycopg import sql
 from psycopg.rows import TupleRow
 
-from pgworkerd.localpg import LocalPostgres
+from pgworkerd.devcluster.localpg import LocalPostgres
 
 TEST_DB = "pgworkerd_test"
 
@@ -39,7 +39,7 @@ def schema(test_db_dsn: str) -> Iterator[str]:
     """A freshly migrated schema of its own for each test, dropped afterwards."""
     # Imported here, not at module level, so that tests which never touch the schema
     # (e.g. test_localpg) do not depend on the migration code importing cleanly.
-    from pgworkerd.migrate import migrate
+    from pgworkerd.queue.migrate import migrate
 
     name = f"t_{uuid.uuid4().hex[:8]}"
     try:
@@ -59,7 +59,7 @@ def conn(test_db_dsn: str) -> Iterator[psycopg.Connection[TupleRow]]:
 @pytest.fixture
 def db(conn: psycopg.Connection[TupleRow], schema: str) -> Db:
     """The test's schema seen through the acceptance-test helpers (with an executions
-    table that tests/jobhandlers.py writes to)."""
+    table that tests/support/jobhandlers.py writes to)."""
     return Db.prepare(conn, schema)
 
 

@@ -1,0 +1,1 @@
+"""The daemon's parent process, as components."""

@@ -1,0 +1,1 @@
+"""Operations: systemd notifications, metrics, logging."""

@@ -1,0 +1,66 @@
+"""All SQL in one place: `sql/queries.sql` split by its `-- name:` headers.
+
+Statements are rendered once per schema name (the schema is configurable, so it cannot be
+a bind parameter) and cached; callers pass the rendered text to psycopg.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+
+from psycopg import sql
+
+DEFAULT_SCHEMA = "pgworkerd"
+_NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
+
+
+def check_schema_name(schema: str) -> str:
+    """Schema names are restricted to plain lower-case identifiers: no quoting surprises."""
+    if not _SCHEMA_RE.match(schema):
+        raise ValueError(
+            f"invalid schema name {schema!r}: use lower-case letters, digits and _ "
+            "(at most 63, not starting with a digit)"
+        )
+    return schema
+
+
+def render(text: str, schema: str) -> str:
+    """Substitute the schema placeholders of a SQL text."""
+    check_schema_name(schema)
+    quoted = sql.Identifier(schema).as_string(None)
+    literal = sql.Literal(schema).as_string(None)
+    return text.replace("@schema_literal@", literal).replace("@schema@", quoted)
+
+
+def _split(text: str) -> dict[str, str]:
+    parts = _NAME_RE.split(text)
+    # parts = [preamble, name1, body1, name2, body2, ...]
+    statements = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [ln for ln in body.strip().splitlines() if not ln.startswith("-- ")]
+        statements[name] = "\n".join(lines).strip().rstrip(";")
+    return statements
+
+
+@functools.cache
+def _raw() -> dict[str, str]:
+    text = resources.files("pgworkerd.queue").joinpath("sql/queries.sql").read_text()
+    return _split(text)
+
+
+@functools.cache
+def query(name: str, schema: str = DEFAULT_SCHEMA) -> str:
+    """The statement called `name`, rendered for `schema`."""
+    return render(_raw()[name], schema)
+
+
+def names() -> list[str]:
+    return list(_raw())
+
+
+def notify_channel(schema: str) -> str:
+    """The NOTIFY channel enqueue signals on (see enqueue_many in the migrations)."""
+    return f"{check_schema_name(schema)}.jobs"

@@ -1,0 +1,7 @@
+"""The child side: what a handler sees (JobContext, JobInterrupted), the child process
+that runs one job at a time and the fork server that starts children. Nothing here
+imports database code (a test holds it to that): children never touch the database."""
+
+from pgworkerd.worker.child import JobContext, JobInterrupted
+
+__all__ = ["JobContext", "JobInterrupted"]

@@ -1,0 +1,304 @@
+"""A job child: runs handler code for the parent, one job at a time.
+
+The main thread runs the handler. A monitor thread reads the parent's messages (jobs,
+lease deadlines, cancel and shutdown requests), keeps the process title current and
+enforces the lease: if the deadline passes without a renewal, or the parent vanishes,
+the child kills its own process group, so a frozen or dead parent can never leave a job
+running after its lease ran out (another host may be running it by then).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from setproctitle import setproctitle
+
+from pgworkerd.jsontext import storable_json, storable_text
+from pgworkerd.worker.wire import FrameReader, FrameTooLarge, encode
+
+PR_SET_PDEATHSIG = 1
+# How often the monitor wakes to check the lease and refresh the title.
+_MONITOR_TICK = 0.2
+# Progress-only heartbeats are coalesced to at most one message per this interval.
+_BEAT_INTERVAL = 0.25
+
+
+def _check_storable(value: Any) -> None:
+    """Raise (in the handler, not later in the daemon) for a value the job row cannot hold:
+    not JSON-serialisable, or with a string jsonb rejects (a NUL character, a lone
+    surrogate)."""
+    storable_json(value)
+
+
+class JobInterrupted(BaseException):
+    """Raised inside the handler when the daemon stops the job (SIGTERM to the child):
+    drain timeout, timeout, cancellation or a lost lease. Catch it only to clean up.
+
+    A handler may raise it itself when it sees `job.stop_requested`: during a drain the
+    job is then handed back (released, the attempt not counted), after a cancel it is
+    cancelled, and otherwise it is a failed attempt."""
+
+
+class JobContext:
+    """What a handler receives: the job, and a way to report progress.
+
+    A handler is a plain function `def handler(job: JobContext) -> JSON value`.
+    """
+
+    def __init__(self, channel: _Channel, job: dict[str, Any]) -> None:
+        self._channel = channel
+        self.id: int = job["id"]
+        self.handler: str = job["handler"]
+        self.queue: str = job["queue"]
+        self.payload: dict[str, Any] = job["payload"]
+        self.attempt: int = job["attempt"]
+        self.max_attempts: int = job["max_attempts"]
+        #: The checkpoint saved by an earlier attempt (None on a fresh start).
+        self.checkpoint: Any = job["checkpoint"]
+        self._last_beat = 0.0
+        self._pending_progress: Any = None
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Someone ran `pgworkerd cancel` on this job: return or raise soon."""
+        return self._channel.cancel_requested
+
+    @property
+    def shutdown_requested(self) -> bool:
+        """The daemon is draining: a long job may save a checkpoint and stop early."""
+        return self._channel.shutdown_requested
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.cancel_requested or self.shutdown_requested
+
+    def heartbeat(self, progress: Any = None, checkpoint: Any = None) -> None:
+        """Tell the daemon the job is alive, optionally with progress (any JSON value,
+        shown in `pgworkerd status`) and a checkpoint (handed to the next attempt if this
+        one fails). Both must be JSON-serialisable; saving is throttled."""
+        message: dict[str, Any] = {"t": "beat"}
+        if progress is not None:
+            _check_storable(progress)  # fail in the handler, not later
+            message["progress"] = progress
+        if checkpoint is not None:
+            _check_storable(checkpoint)
+            message["checkpoint"] = checkpoint
+            self.checkpoint = checkpoint
+        now = time.monotonic()
+        if checkpoint is None and now - self._last_beat < _BEAT_INTERVAL:
+            self._channel.set_pending_beat(message)
+            return
+        self._last_beat = now
+        self._channel.send(message)
+
+
+class _Channel:
+    """The socket to the parent, shared by the handler thread and the monitor."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+        self.jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.cancel_requested = False
+        self.shutdown_requested = False
+        self.deadline: float | None = None  # time.monotonic() when the lease runs out
+        self.title = "pgworkerd: idle child"
+        self.job_started = 0.0
+        self._pending_beat: dict[str, Any] | None = None
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = encode(message)
+        with self._lock:
+            self._pending_beat = None if message.get("t") == "beat" else self._pending_beat
+            self.sock.sendall(data)
+
+    def send_encoded(self, frame: bytes) -> None:
+        with self._lock:
+            self.sock.sendall(frame)
+
+    def set_pending_beat(self, message: dict[str, Any]) -> None:
+        with self._lock:
+            self._pending_beat = message
+
+    def flush_pending_beat(self) -> None:
+        with self._lock:
+            message, self._pending_beat = self._pending_beat, None
+        if message is not None:
+            self.send(message)
+
+
+def _fence(reason: str) -> None:
+    """Stop this job now: the lease is gone or the parent is. Kill the whole group so no
+    handler subprocess outlives it either."""
+    try:
+        sys.stderr.write(f"pgworkerd child {os.getpid()}: {reason}; stopping\n")
+        sys.stderr.flush()
+    finally:
+        os.killpg(0, signal.SIGKILL)
+
+
+def _monitor(channel: _Channel) -> None:
+    reader = FrameReader()
+    channel.sock.settimeout(_MONITOR_TICK)
+    while True:
+        try:
+            data = channel.sock.recv(65536)
+            if not data:
+                if channel.deadline is not None:
+                    _fence("the daemon is gone")
+                os._exit(0)  # idle and orphaned: nothing to protect
+            for message in reader.feed(data):
+                kind = message["t"]
+                if kind == "job":
+                    channel.jobs.put(message)
+                elif kind == "lease":
+                    channel.deadline = message["deadline"]
+                elif kind == "cancel":
+                    channel.cancel_requested = True
+                elif kind == "shutdown":
+                    channel.shutdown_requested = True
+                elif kind == "exit":
+                    channel.jobs.put(None)
+        except TimeoutError:
+            pass
+        except OSError:
+            # ECONNRESET: the daemon died with messages of ours unread. Same as EOF; an
+            # uncaught error here would end this thread and with it the lease check.
+            if channel.deadline is not None:
+                _fence("the daemon is gone")
+            os._exit(0)
+        if channel.deadline is not None:
+            if time.monotonic() >= channel.deadline:
+                _fence("lease deadline passed without renewal")
+            elapsed = int(time.monotonic() - channel.job_started)
+            setproctitle(f"{channel.title} {elapsed}s")
+            channel.flush_pending_beat()
+
+
+def _bind_to_daemon(daemon_pid: int) -> None:
+    """Wait until re-parented to the daemon (the middle process exits at once), then die
+    with it: PR_SET_PDEATHSIG fires when the parent exits, however it exits."""
+    limit = time.monotonic() + 5
+    while os.getppid() != daemon_pid:
+        if time.monotonic() > limit:
+            os._exit(70)
+        time.sleep(0.0005)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != daemon_pid:  # died before the prctl took effect
+        os._exit(70)
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise JobInterrupted(f"stopped by the daemon ({signal.Signals(signum).name})")
+
+
+def _run_one(channel: _Channel, job: dict[str, Any]) -> None:
+    # (cancel/shutdown flags are cleared after a job, not before: a shutdown message can
+    # arrive right behind the job message and must not be lost)
+    channel.title = f"pgworkerd: job {job['id']} {job['handler']} attempt {job['attempt']}"
+    channel.job_started = time.monotonic()
+    channel.deadline = job["deadline"]
+    setproctitle(f"{channel.title} 0s")
+    ctx = JobContext(channel, job)
+    outcome: dict[str, Any]
+    try:
+        module_name, _, function = job["target"].partition(":")
+        # Preloaded by the fork server, so this is a dictionary look-up, not an import.
+        func = getattr(importlib.import_module(module_name), function)
+        channel.send({"t": "started", "id": job["id"]})
+        result = func(ctx)
+        try:
+            _check_storable(result)
+            outcome = {"t": "done", "id": job["id"], "result": result}
+        except (TypeError, ValueError) as exc:
+            outcome = {
+                "t": "error",
+                "id": job["id"],
+                "error": f"handler returned a value that cannot be stored as JSON: {exc}",
+                "traceback": "",
+            }
+    except JobInterrupted as exc:
+        outcome = {
+            "t": "interrupted",
+            "id": job["id"],
+            "error": str(exc),
+            "traceback": traceback.format_exc(),
+        }
+    except BaseException as exc:  # the handler's failure, whatever it is, is the outcome
+        outcome = {
+            "t": "error",
+            "id": job["id"],
+            "error": f"{type(exc).__name__}: {exc}",
+            "traceback": traceback.format_exc(),
+        }
+    if outcome["t"] != "done":  # text PostgreSQL can store, for last_error
+        outcome["error"] = storable_text(outcome["error"])
+        outcome["traceback"] = storable_text(outcome["traceback"])
+    try:
+        frame = encode(outcome)
+    except FrameTooLarge as exc:  # the attempt fails, saying why (not "exited with 70")
+        what = "result" if outcome["t"] == "done" else "error report"
+        frame = encode(
+            {
+                "t": "error",
+                "id": job["id"],
+                "error": f"the {what} is too large to store: {exc}",
+                "traceback": "",
+            }
+        )
+    channel.flush_pending_beat()
+    # Ignore further SIGTERMs while reporting: the outcome must reach the parent whole.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    channel.deadline = None
+    channel.send_encoded(frame)
+    channel.cancel_requested = False
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+    channel.title = "pgworkerd: idle child"
+    setproctitle(channel.title)
+
+
+def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
+    """Entry point in the freshly forked child; never returns."""
+    status = 0
+    try:
+        _bind_to_daemon(daemon_pid)
+        os.setpgid(0, 0)  # own group: timeouts stop handler subprocesses too
+        signal.signal(signal.SIGTERM, _raise_interrupted)
+        for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        setproctitle("pgworkerd: idle child")
+        channel = _Channel(socket.socket(fileno=fd))
+        channel.send({"t": "hello", "pid": os.getpid()})
+        threading.Thread(target=_monitor, args=(channel,), daemon=True).start()
+        for _ in range(int(settings.get("max_jobs_per_child", 1))):
+            job = channel.jobs.get()
+            if job is None:
+                break
+            _run_one(channel, job)
+    except (BrokenPipeError, ConnectionResetError):
+        # The daemon died while this child was telling it something: stop quietly, as
+        # when the monitor sees it go (its jobs come back when their leases expire).
+        print(f"pgworkerd child {os.getpid()}: the daemon is gone; stopping", file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        status = 70
+    finally:
+        # os._exit: interpreter shutdown of a forked heap costs tens of milliseconds and
+        # could run the parent's atexit hooks; flush what the handler printed first.
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)

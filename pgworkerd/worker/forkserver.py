@@ -1,0 +1,162 @@
+"""The fork server: a fresh interpreter with no threads and no connections that preloads
+the handler modules and forks job children on request.
+
+Why a separate exec'd process: the parent runs database connections (and may run
+threads); forking it could hand a child a locked mutex or a live connection. The fork
+server is started with posix_spawn, so it is clean by construction, and it can be
+restarted (after a crash or a reload) at any time.
+
+Each child is forked twice (fork server -> short-lived middle -> child) so that the child
+is orphaned at once and re-parented to the daemon, which is a child subreaper: the daemon
+then reaps its children itself and sees their true exit status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+# PR_SET_CHILD_SUBREAPER: orphaned descendants are re-parented to the caller.
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class ForkServer:
+    """The parent's handle on a running fork server."""
+
+    def __init__(self, pid: int, sock: socket.socket) -> None:
+        self.pid = pid
+        self.sock = sock
+
+    @classmethod
+    def start(cls, modules: list[str], settings: dict[str, Any]) -> ForkServer:
+        """Spawn a fork server that preloads `modules`; raises RuntimeError naming an
+        import failure (the message comes back from the fork server)."""
+        parent_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        config = json.dumps({"modules": modules, "settings": settings, "daemon_pid": os.getpid()})
+        # -P: `-m` would put the working directory first on sys.path, so a json.py there
+        # (perhaps written by another user into a shared directory) would run in here.
+        # Handler modules come from PYTHONPATH and site-packages, as in the daemon itself.
+        argv = [
+            sys.executable,
+            "-P",
+            "-m",
+            "pgworkerd.worker.forkserver",
+            str(server_end.fileno()),
+            config,
+        ]
+        os.set_inheritable(server_end.fileno(), True)
+        try:
+            # setpgroup=0: its own process group, so a Ctrl-C in the terminal reaches only
+            # the daemon, which then drains.
+            pid = os.posix_spawn(sys.executable, argv, child_environment(), setpgroup=0)
+        finally:
+            server_end.close()
+        server = cls(pid, parent_end)
+        reply = server._read_reply()
+        if reply.get("ready") is not True:
+            server.stop()
+            raise RuntimeError(reply.get("error") or "fork server did not start")
+        return server
+
+    def _read_reply(self) -> dict[str, Any]:
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return {"error": "fork server exited during start-up"}
+            data += chunk
+        return json.loads(data)
+
+    def spawn(self, child_sock: socket.socket) -> None:
+        """Ask for one child that will talk over `child_sock` (passed by SCM_RIGHTS)."""
+        socket.send_fds(self.sock, [b"f"], [child_sock.fileno()])
+
+    def stop(self) -> None:
+        """Closing the socket ends the fork server; children it made are unaffected."""
+        self.sock.close()
+
+
+# systemd's notification variables are the parent's alone.
+_SYSTEMD_ONLY = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+
+
+def child_environment() -> dict[str, str]:
+    """The daemon's environment minus what is the daemon's alone: every PG* variable
+    (libpq's connection settings and credentials: PGPASSWORD, PGPASSFILE, PGSERVICEFILE,
+    PGSSLKEY..., and PGWORKERD_DSN / _CONFIG / _SCHEMA) and systemd's notification socket.
+    Job children never connect as the daemon; a handler that needs a database reads its
+    own settings (README: "Handlers and their own database")."""
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith("PG") and k not in _SYSTEMD_ONLY
+    }
+
+
+def set_child_subreaper() -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
+    from pgworkerd.worker import child
+
+    while True:
+        try:
+            _msg, fds, _flags, _addr = socket.recv_fds(sock, 16, 1)
+        except InterruptedError:
+            continue
+        if not fds:
+            return  # the daemon closed the socket (or died): nothing more to fork
+        middle = os.fork()
+        if middle == 0:
+            try:
+                if os.fork() == 0:
+                    sock.close()
+                    child.main(fds[0], config["daemon_pid"], config["settings"])
+            finally:
+                os._exit(0)
+        os.close(fds[0])
+        os.waitpid(middle, 0)
+
+
+def main() -> None:
+    fd, raw_config = int(sys.argv[1]), sys.argv[2]
+    config = json.loads(raw_config)
+    sock = socket.socket(fileno=fd)
+    # The daemon handles signals for everyone; a terminal's Ctrl-C must not kill us.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        import pgworkerd.worker.child  # noqa: F401  (preload what every child runs)
+
+        for module in config["modules"]:
+            importlib.import_module(module)
+    except BaseException as exc:
+        detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        _report(sock, {"error": f"cannot import handler module: {detail}"})
+        sys.exit(1)
+    _report(sock, {"ready": True})
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        _serve(sock, config)  # until the daemon closes the socket or dies
+
+
+def _report(sock: socket.socket, message: dict[str, Any]) -> None:
+    """Tell the daemon how start-up went; if it died meanwhile, exit quietly (its
+    successor starts a fork server of its own)."""
+    try:
+        sock.sendall(json.dumps(message).encode() + b"\n")
+    except (BrokenPipeError, ConnectionResetError):
+        sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

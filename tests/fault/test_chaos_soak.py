@@ -1,0 +1,50 @@
+"""The chaos soak's short mode (bench/chaos_soak.py --short, about a minute): three daemons,
+800 jobs, every kind of fault at random intervals, poison rows of every kind; the soak
+checks its own invariants (no overlapping executions, no lost or stuck jobs, no outcome
+recorded twice, attempts accounted for, poison rows dead alone) and exits 1 when one
+fails. Its summary is printed (shown with -rP or on failure)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SOAK = Path(__file__).resolve().parents[2] / "bench" / "chaos_soak.py"
+POISON = (
+    "integer_5001_digits",
+    "payload_nested_5000",
+    "number_beyond_float",
+    "run_at_minus_infinity",
+    "run_at_before_year_1",
+    "checkpoint_nested_5000",
+    "payload_over_frame_limit",
+)
+
+
+@pytest.mark.slow
+def test_chaos_soak_short(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SOAK), "--short", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    print(proc.stdout)
+    print(proc.stderr)
+    summary = proc.stdout
+    assert "=== chaos soak summary ===" in summary, proc.stderr
+    assert proc.returncode == 0, summary
+    assert "RESULT: OK" in summary
+    assert "overlapping executions of one job: 0" in summary
+    assert "lost or stuck jobs (not completed/dead): 0" in summary
+    # poison rows of every kind were enqueued, and each died alone
+    assert re.search(r"poison jobs \((\d+) enqueued\) not dead with the reason: 0", summary)
+    for kind in POISON:
+        assert kind in summary, kind
+    assert "jobs dead that were not doomed to fail: 0" in summary
+    assert "daemons that exited on their own: 0" in summary

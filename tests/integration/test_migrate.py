@@ -1,0 +1,284 @@
+"""Migration tier: the migrations equal the declared schema, run once, and guard the code."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgworkerd.devcluster.localpg import LocalPostgres
+from pgworkerd.exitcodes import ExitCode
+from pgworkerd.queue import migrate
+from pgworkerd.queue.migrate import (
+    SchemaError,
+    check_current,
+    latest_version,
+    migrate_conn,
+    migrations,
+)
+from pgworkerd.queue.queries import render
+
+PGWORKERD = Path(sys.executable).with_name("pgworkerd")
+
+# pg_dump lines that differ between two dumps of identical schemas: comments (names, OIDs,
+# versions), session settings, and the random key of \restrict (PostgreSQL 15.14+).
+_DUMP_NOISE = re.compile(r"^(--|SET |SELECT pg_catalog\.set_config|\\restrict |\\unrestrict )")
+
+
+@pytest.fixture
+def fresh_dbs(pg: LocalPostgres) -> Iterator[tuple[str, str]]:
+    """Two databases of their own, dropped afterwards; yields their DSNs."""
+    names = [f"m_{uuid.uuid4().hex[:10]}" for _ in range(2)]
+    try:
+        for name in names:
+            pg.create_database(name)
+        yield pg.dsn(names[0]), pg.dsn(names[1])
+    finally:
+        with psycopg.connect(pg.dsn(), autocommit=True) as c:
+            for name in names:
+                c.execute(
+                    sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+                )
+
+
+@pytest.fixture
+def schema_name(test_db_dsn: str) -> Iterator[str]:
+    """A schema name that does not exist yet in the test database, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:8]}"
+    yield name
+    with psycopg.connect(test_db_dsn, autocommit=True) as c:
+        c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+def schema_dump(pg: LocalPostgres, dsn: str, schema: str) -> list[str]:
+    proc = subprocess.run(
+        [str(pg.bindir / "pg_dump"), "--schema-only", f"--schema={schema}", "--dbname", dsn],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = [ln.rstrip() for ln in proc.stdout.splitlines() if not _DUMP_NOISE.match(ln)]
+    # Blank-line runs depend on what was stripped around them; they mean nothing.
+    return [ln for ln in lines if ln]
+
+
+def versions(dsn: str, schema: str) -> list[tuple[int, str]]:
+    with psycopg.connect(dsn) as c:
+        rows = c.execute(
+            sql.SQL("SELECT version, name FROM {}.schema_version ORDER BY version").format(
+                sql.Identifier(schema)
+            )
+        ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def declared_schema_sql() -> str:
+    return resources.files("pgworkerd.queue").joinpath("sql/schema.sql").read_text()
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PGWORKERD_", "PG"))}
+    return subprocess.run(
+        [str(PGWORKERD), *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
+
+
+# -- migrations == schema.sql --------------------------------------------------------------
+
+
+def test_migrations_yield_exactly_the_declared_schema(
+    pg: LocalPostgres, fresh_dbs: tuple[str, str]
+) -> None:
+    migrated_db, declared_db = fresh_dbs
+    schema = "mig_vs_decl"
+    migrate.migrate(migrated_db, schema)
+    with psycopg.connect(declared_db, autocommit=True) as c:
+        c.execute(render(declared_schema_sql(), schema))
+
+    migrated = schema_dump(pg, migrated_db, schema)
+    declared = schema_dump(pg, declared_db, schema)
+
+    # The comparison means something only if the dump shows the objects users rely on.
+    text = "\n".join(migrated)
+    for needle in (
+        "CREATE TABLE mig_vs_decl.schema_version",
+        "CREATE TYPE mig_vs_decl.job_status",
+        "CREATE SEQUENCE mig_vs_decl.jobs_id_seq",
+        "CREATE TABLE mig_vs_decl.jobs",
+        "CREATE FUNCTION mig_vs_decl.enqueue_many(jobs jsonb)",
+        "CREATE FUNCTION mig_vs_decl.enqueue(",
+        "CREATE TABLE mig_vs_decl.workers",
+        "CREATE INDEX jobs_pending_order_idx",
+        "CONSTRAINT jobs_running_has_lease CHECK",
+    ):
+        assert needle in text
+    assert migrated == declared, (
+        "sql/schema.sql does not match the migrations: update it with the new migration"
+    )
+
+
+def test_declared_schema_records_every_migration(fresh_dbs: tuple[str, str]) -> None:
+    """A database created from schema.sql is current: check_current accepts it, migrate is a
+    no-op, and its version rows are the migrations'."""
+    migrated_db, declared_db = fresh_dbs
+    schema = "decl"
+    migrate.migrate(migrated_db, schema)
+    with psycopg.connect(declared_db, autocommit=True) as c:
+        c.execute(render(declared_schema_sql(), schema))
+        assert check_current(c, schema) == latest_version()
+        assert migrate_conn(c, schema) == []
+    expected = [(m.version, m.name) for m in migrations()]
+    assert versions(declared_db, schema) == expected
+    assert versions(migrated_db, schema) == expected
+
+
+# -- idempotence and concurrency ------------------------------------------------------------
+
+
+def test_migrate_applies_everything_once_then_nothing(test_db_dsn: str, schema_name: str) -> None:
+    every = [m.version for m in migrations()]
+    assert migrate.migrate(test_db_dsn, schema_name) == every
+    assert migrate.migrate(test_db_dsn, schema_name) == []
+    assert [v for v, _ in versions(test_db_dsn, schema_name)] == every
+    with psycopg.connect(test_db_dsn) as c:
+        assert check_current(c, schema_name) == latest_version()
+
+
+def test_concurrent_migrate_processes_apply_each_migration_once(
+    test_db_dsn: str, schema_name: str
+) -> None:
+    n = 4
+    # Hold the migration lock so that all four processes are provably waiting at once, then
+    # let them race for it.
+    key = migrate._lock_key(schema_name)
+    with psycopg.connect(test_db_dsn, autocommit=True) as holder:
+        holder.execute("SELECT pg_advisory_lock(hashtextextended(%s, 0))", [key])
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PGWORKERD_", "PG"))}
+        procs = [
+            subprocess.Popen(
+                [str(PGWORKERD), "--dsn", test_db_dsn, "--schema", schema_name, "migrate"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for _ in range(n)
+        ]
+        try:
+            deadline = time.monotonic() + 60
+            waiting = 0
+            while time.monotonic() < deadline:
+                row = holder.execute(
+                    "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database"
+                    " WHERE l.locktype = 'advisory' AND NOT l.granted"
+                    " AND d.datname = current_database()"
+                ).fetchone()
+                waiting = row[0] if row else 0
+                if waiting >= n or any(p.poll() is not None for p in procs):
+                    break
+                time.sleep(0.05)
+            assert waiting == n, f"only {waiting} of {n} migrate processes reached the lock"
+        finally:
+            holder.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [key])
+        outputs = [p.communicate(timeout=60) for p in procs]
+
+    for p, (_out, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err
+    applied = [out for out, _ in outputs if "applied migrations" in out]
+    every = ", ".join(str(m.version) for m in migrations())
+    assert applied == [f"schema {schema_name}: applied migrations {every}\n"]
+    assert sum("up to date" in out for out, _ in outputs) == n - 1
+    assert versions(test_db_dsn, schema_name) == [(m.version, m.name) for m in migrations()]
+
+
+# -- refusing a schema the code does not match ----------------------------------------------
+
+
+def test_check_current_refuses_a_missing_schema(conn: psycopg.Connection, schema_name: str) -> None:
+    with pytest.raises(SchemaError, match="does not exist") as info:
+        check_current(conn, schema_name)
+    assert schema_name in str(info.value)
+    assert "pgworkerd migrate" in str(info.value)
+
+
+def test_check_current_refuses_an_older_schema(conn: psycopg.Connection, schema: str) -> None:
+    latest = latest_version()
+    conn.execute(
+        sql.SQL("DELETE FROM {}.schema_version WHERE version = %s").format(sql.Identifier(schema)),
+        [latest],
+    )
+    with pytest.raises(SchemaError) as info:
+        check_current(conn, schema)
+    message = str(info.value)
+    assert f"at version {latest - 1}, older" in message
+    assert f"({latest})" in message
+    assert "run `pgworkerd migrate`" in message
+
+
+def test_check_current_and_migrate_refuse_a_newer_schema(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    newer = latest_version() + 1
+    conn.execute(
+        sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (%s, 'future')").format(
+            sql.Identifier(schema)
+        ),
+        [newer],
+    )
+    with pytest.raises(SchemaError) as info:
+        check_current(conn, schema)
+    assert f"at version {newer}, newer" in str(info.value)
+    assert "upgrade pgworkerd" in str(info.value)
+    with pytest.raises(SchemaError, match="newer"):
+        migrate_conn(conn, schema)
+
+
+def assert_schema_refusal(proc: subprocess.CompletedProcess[str], *expected: str) -> None:
+    assert proc.returncode == ExitCode.SCHEMA, proc.stderr
+    assert "Traceback" not in proc.stderr
+    for text in expected:
+        assert text in proc.stderr
+
+
+def test_cli_exits_5_on_a_missing_schema(test_db_dsn: str, schema_name: str) -> None:
+    proc = run_cli("--dsn", test_db_dsn, "--schema", schema_name, "jobs")
+    assert_schema_refusal(proc, f"schema {schema_name!r} does not exist", "pgworkerd migrate")
+
+
+def test_cli_exits_5_on_an_older_schema(
+    test_db_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    conn.execute(
+        sql.SQL("DELETE FROM {}.schema_version WHERE version = %s").format(sql.Identifier(schema)),
+        [latest_version()],
+    )
+    proc = run_cli("--dsn", test_db_dsn, "--schema", schema, "enqueue", "h")
+    assert_schema_refusal(proc, "older than this pgworkerd expects", "pgworkerd migrate")
+    with psycopg.connect(test_db_dsn) as c:
+        row = c.execute(sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(schema)))
+        assert row.fetchone() == (0,)
+
+
+def test_cli_exits_5_on_a_newer_schema_for_commands_and_migrate(
+    test_db_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    conn.execute(
+        sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (%s, 'future')").format(
+            sql.Identifier(schema)
+        ),
+        [latest_version() + 1],
+    )
+    for command in ("jobs", "migrate"):
+        proc = run_cli("--dsn", test_db_dsn, "--schema", schema, command)
+        assert_schema_refusal(proc, "newer than this pgworkerd knows", "upgrade pgworkerd")

@@ -1,0 +1,110 @@
+"""Recording outcomes (pgworkerd.daemon.outcomes.write) against real PostgreSQL: a write repeated
+because the reply to the first was lost is reported as recorded, not as fenced off; an
+outcome of a lease that was really lost is fenced off, burial included."""
+
+from __future__ import annotations
+
+import logging
+
+import psycopg
+import pytest
+
+from pgworkerd.config import HandlerConfig
+from pgworkerd.daemon import outcomes
+from pgworkerd.daemon.outcomes import Outcome
+from pgworkerd.queue import jobs
+from pgworkerd.queue.jobs import HandlerCapacity
+
+HANDLER = HandlerConfig(name="h", target="jobhandlers:work")
+
+
+def claim(
+    conn: psycopg.Connection, schema: str, worker: str, lease: float = 30.0
+) -> jobs.ClaimedJob:
+    [job] = jobs.claim(
+        conn,
+        worker,
+        queues=["default"],
+        handlers={"h": HandlerCapacity(lease_seconds=lease, free=1)},
+        limit=1,
+        schema=schema,
+    )
+    return job
+
+
+def write(conn: psycopg.Connection, schema: str, worker: str, outcome: Outcome) -> None:
+    assert outcomes.write(conn, worker, schema, [outcome])
+
+
+def expire_lease(conn: psycopg.Connection, schema: str, job_id: int) -> None:
+    conn.execute(
+        f"UPDATE \"{schema}\".jobs SET locked_until = now() - interval '1 second' WHERE id = %s",
+        [job_id],
+    )
+
+
+@pytest.mark.parametrize("kind", ["complete", "fail", "release", "cancel"])
+def test_an_outcome_written_again_is_already_recorded_not_fenced(
+    conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    jobs.enqueue(conn, "h", schema=schema)
+    job = claim(conn, schema, "w1")
+    outcome = Outcome(job, HANDLER, kind, 0.5, error="" if kind == "complete" else "boom")
+    caplog.set_level(logging.INFO, logger="pgworkerd")
+    write(conn, schema, "w1", outcome)
+    before = jobs.get(conn, job.id, schema=schema)
+    write(conn, schema, "w1", outcome)  # the first reply was lost: the daemon writes again
+    assert jobs.get(conn, job.id, schema=schema) == before  # nothing changed twice
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[-1] == f"job {job.id} h attempt 1: {kind} already recorded by an earlier write"
+    assert not any("fenced off" in m for m in messages), messages
+
+
+def test_an_outcome_after_the_job_was_re_claimed_is_fenced_off(
+    conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs.enqueue(conn, "h", schema=schema)
+    old = claim(conn, schema, "w1")
+    expire_lease(conn, schema, old.id)
+    new = claim(conn, schema, "w2")
+    assert (new.id, new.rescued) == (old.id, True)
+    caplog.set_level(logging.INFO, logger="pgworkerd")
+    write(conn, schema, "w1", Outcome(old, HANDLER, "complete", 0.5))
+    assert "outcome complete rejected" in caplog.records[-1].getMessage()
+    assert jobs.get(conn, old.id, schema=schema)["locked_by"] == "w2"
+
+
+@pytest.mark.parametrize("kind", ["complete", "fail", "release", "cancel"])
+@pytest.mark.parametrize("cancel_requested", [False, True], ids=["dead", "cancelled"])
+def test_an_outcome_after_burial_is_fenced_off(
+    conn: psycopg.Connection,
+    schema: str,
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+    cancel_requested: bool,
+) -> None:
+    """Another daemon's claim buries an expired job without attempts left (dead) or with a
+    cancel requested (cancelled), the state the old holder's own outcome could also have
+    left: its late outcome must not pass for an earlier write of its own."""
+    jobs.enqueue(conn, "h", max_attempts=1, schema=schema)
+    old = claim(conn, schema, "w1")
+    if cancel_requested:
+        assert jobs.cancel(conn, [old.id], schema=schema) == {old.id: "cancel requested"}
+    expected = "cancelled" if cancel_requested else "dead"
+    expire_lease(conn, schema, old.id)
+    assert (
+        jobs.claim(
+            conn,
+            "w2",
+            queues=["default"],
+            handlers={"h": HandlerCapacity(30.0, 1)},
+            limit=1,
+            schema=schema,
+        )
+        == []
+    )
+    buried = jobs.get(conn, old.id, schema=schema)
+    assert (buried["status"], buried["locked_by"]) == (expected, None)
+    caplog.set_level(logging.INFO, logger="pgworkerd")
+    write(conn, schema, "w1", Outcome(old, HANDLER, kind, 0.5, error="boom"))
+    assert f"outcome {kind} rejected" in caplog.records[-1].getMessage()

@@ -1,0 +1,353 @@
+"""deploy/roles.sql: the least-privilege roles work, and hold no more than they need."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from daemon_harness import Daemons, Db, wait_for
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from pgworkerd.config import DatabaseConfig
+from pgworkerd.daemon.dblink import DatabaseLink
+from pgworkerd.devcluster.localpg import LocalPostgres
+from pgworkerd.queue import jobs
+from pgworkerd.queue.db import connect
+
+ROLES_SQL = Path(__file__).resolve().parents[2] / "deploy" / "roles.sql"
+
+
+@pytest.fixture
+def roles(pg: LocalPostgres, conn: psycopg.Connection, schema: str, test_db_dsn: str):
+    """roles.sql rendered for this test's schema and role names; yields their DSNs."""
+    daemon, enqueuer = f"{schema}_daemon", f"{schema}_enqueuer"
+    text = (
+        ROLES_SQL.read_text()
+        .replace("pgworkerd_daemon", daemon)
+        .replace("pgworkerd_enqueuer", enqueuer)
+        .replace("SCHEMA pgworkerd ", f"SCHEMA {schema} ")
+        .replace("pgworkerd.", f"{schema}.")
+    )
+    conn.execute(text)
+    # They log in with the cluster's password (its passfile is in the DSN), not roles.sql's.
+    for name in (daemon, enqueuer):
+        pg.grant_login(name)
+    yield {
+        name: pg.dsn("pgworkerd_test").replace("user=postgres", f"user={name}")
+        for name in (daemon, enqueuer)
+    }
+    conn.execute(
+        sql.SQL("DROP OWNED BY {}, {}").format(sql.Identifier(daemon), sql.Identifier(enqueuer))
+    )
+    conn.execute(
+        sql.SQL("DROP ROLE {}, {}").format(sql.Identifier(daemon), sql.Identifier(enqueuer))
+    )
+
+
+def test_enqueuer_can_only_enqueue(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c:
+        job_id = jobs.enqueue(c, "h", {"x": 1}, schema=schema)
+        [bulk] = jobs.enqueue_many(c, [jobs.JobSpec("h")], schema=schema)
+        assert bulk == job_id + 1
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute(sql.SQL("SELECT payload FROM {}.jobs").format(sql.Identifier(schema)))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute(sql.SQL("UPDATE {}.jobs SET priority = 1").format(sql.Identifier(schema)))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # claim() is INVOKER
+            jobs.claim(
+                c,
+                "w",
+                queues=["default"],
+                handlers={"h": jobs.HandlerCapacity(30, 1)},
+                limit=1,
+                schema=schema,
+            )
+    row = conn.execute(
+        sql.SQL("SELECT handler, payload FROM {}.jobs WHERE id = %s").format(
+            sql.Identifier(schema)
+        ),
+        [job_id],
+    ).fetchone()
+    assert row == ("h", {"x": 1})
+
+
+def test_daemon_role_claims_renews_and_finishes(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    jobs.enqueue_many(conn, [jobs.JobSpec("h") for _ in range(3)], schema=schema)
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        held = jobs.claim(
+            c,
+            "w",
+            queues=["default"],
+            handlers={"h": jobs.HandlerCapacity(30, 3)},
+            limit=3,
+            schema=schema,
+        )
+        assert len(held) == 3
+        assert all(
+            r.renewed
+            for r in jobs.renew(
+                c, "w", [jobs.Lease(j.id, j.token, 30) for j in held], schema=schema
+            )
+        )
+        assert jobs.complete(c, "w", held[0].id, held[0].token, {"ok": 1}, schema=schema)
+        assert jobs.fail(c, "w", held[1].id, held[1].token, "boom", schema=schema)
+        assert jobs.release(c, "w", held[2].id, held[2].token, schema=schema) == "pending"
+        # it cannot delete history (prune is for operators who are granted DELETE)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            c.execute(sql.SQL("DELETE FROM {}.jobs").format(sql.Identifier(schema)))
+
+
+def test_public_cannot_enqueue(pg: LocalPostgres, conn: psycopg.Connection, schema: str) -> None:
+    role = f"{schema}_nobody"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    pg.grant_login(role)
+    conn.execute(
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+            sql.Identifier(schema), sql.Identifier(role)
+        )
+    )
+    try:
+        dsn = pg.dsn("pgworkerd_test").replace("user=postgres", f"user={role}")
+        with (
+            psycopg.connect(dsn, autocommit=True) as c,
+            pytest.raises(psycopg.errors.InsufficientPrivilege),
+        ):
+            c.execute(sql.SQL("SELECT {}.enqueue('h')").format(sql.Identifier(schema)))
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+# -- column rights: the daemon cannot change what a job runs -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        ("payload", '{"tampered": 1}'),
+        ("handler", "big_result"),
+        ("queue", "elsewhere"),
+        ("priority", "-32768"),
+        ("dedupe_key", "squatted"),
+    ],
+)
+def test_daemon_role_cannot_update_what_a_job_runs(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection, column: str, value: str
+) -> None:
+    job_id = jobs.enqueue(conn, "h", {"x": 1}, schema=schema)
+    before = jobs.get(conn, job_id, schema=schema)
+    with (
+        psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c,
+        pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"),
+    ):
+        c.execute(
+            sql.SQL("UPDATE {}.jobs SET {} = %s WHERE id = %s").format(
+                sql.Identifier(schema), sql.Identifier(column)
+            ),
+            [value, job_id],
+        )
+    assert jobs.get(conn, job_id, schema=schema) == before
+
+
+def test_enqueuer_role_has_a_statement_timeout(roles: dict[str, str], schema: str) -> None:
+    with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c:
+        assert c.execute("SHOW statement_timeout").fetchone() == ("30s",)
+
+
+def test_daemon_runs_jobs_end_to_end_with_its_role(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection, tmp_path: Path
+) -> None:
+    """A real `pgworkerd run` as the daemon role: claim, complete, fail, retry, and the
+    operator commands that role is for (jobs, status, cancel, retry)."""
+    daemon_dsn, enqueuer_dsn = roles[f"{schema}_daemon"], roles[f"{schema}_enqueuer"]
+    with psycopg.connect(enqueuer_dsn, autocommit=True) as c:
+        done = jobs.enqueue(c, "echo", {"n": 1}, schema=schema)
+        crashed, later = jobs.enqueue_many(
+            c,
+            [
+                jobs.JobSpec("crash", max_attempts=2),
+                jobs.JobSpec("echo", {"n": 2}, delay=3600),
+            ],
+            schema=schema,
+        )
+    daemons = Daemons(tmp_path, daemon_dsn, schema)
+    try:
+        daemons.start(
+            {
+                "echo": {"target": "pgworkerd.examples:echo"},
+                "crash": {"target": "pgworkerd.examples:crash"},
+            }
+        )
+        db = Db(conn, schema)
+        assert db.wait_status(done, "completed")["result"] == {"n": 1}
+        dead = db.wait_status(crashed, "dead")
+        assert dead["attempts"] == 2 and "exited with code 3" in dead["last_error"]
+        for command in (["jobs"], ["status"], ["cancel", str(later)], ["retry", str(crashed)]):
+            proc = daemons.cli(*command)
+            assert proc.returncode == 0, (command, proc.stderr)
+            assert "Traceback" not in proc.stderr
+        assert db.job(later)["status"] == "cancelled"
+        assert db.job(crashed)["status"] in ("pending", "running", "dead")
+        assert db.wait_status(crashed, "dead")["attempts"] == 2
+    finally:
+        daemons.stop_all()
+
+
+# -- search_path: overloads planted in public hijack nothing -----------------------------------
+
+# The audit's finding 5: where any role may create objects in a schema on the search_path
+# (`public` up to PostgreSQL 14), exact-type overloads beat the polymorphic built-ins that
+# claim() (`text || integer`) and job_fail (`power(2, int)`) rely on, and would run as the
+# daemon. Each records that it ran, and as whom: from there, rewriting payloads is one
+# UPDATE away (it would also abort the daemon's statement, so these do not try).
+HOSTILE = """
+CREATE FUNCTION public.pwn_concat(text, integer) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.{log} VALUES (current_user, '||');
+    RETURN $1 OPERATOR(pg_catalog.||) $2::text;
+END $$;
+CREATE OPERATOR public.|| (leftarg = text, rightarg = integer, function = public.pwn_concat);
+CREATE FUNCTION public.power(integer, integer) RETURNS double precision LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.{log} VALUES (current_user, 'power');
+    RETURN pg_catalog.power($1::float8, $2::float8);
+END $$;
+"""
+
+
+@pytest.fixture
+def hostile_public(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> Iterator[sql.Identifier]:
+    """PostgreSQL <= 14's default (everyone may CREATE in public), the enqueuer's overloads
+    planted there, and a log table they write to; yields the log table's name."""
+    log = f"{schema}_hijacks"
+    conn.execute("GRANT CREATE ON SCHEMA public TO PUBLIC")
+    try:
+        conn.execute(
+            sql.SQL("CREATE TABLE public.{} (who text, what text)").format(sql.Identifier(log))
+        )
+        conn.execute(sql.SQL("GRANT INSERT ON public.{} TO PUBLIC").format(sql.Identifier(log)))
+        with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c:
+            c.execute(HOSTILE.format(log=log))  # type: ignore[arg-type]
+        yield sql.Identifier(log)
+    finally:
+        conn.execute("DROP OPERATOR IF EXISTS public.|| (text, integer)")
+        conn.execute("DROP FUNCTION IF EXISTS public.pwn_concat(text, integer)")
+        conn.execute("DROP FUNCTION IF EXISTS public.power(integer, integer)")
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS public.{}").format(sql.Identifier(log)))
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+
+
+def test_planted_overloads_are_live_for_a_careless_session(
+    roles: dict[str, str],
+    schema: str,
+    conn: psycopg.Connection,
+    hostile_public: sql.Identifier,
+) -> None:
+    """The trap works: a superuser session with public on its path runs the overload.
+    (Otherwise the test below would pass for the wrong reason.)"""
+    conn.execute("SET search_path = public, pg_catalog")
+    try:
+        assert conn.execute("SELECT 'a' || 1").fetchone() == ("a1",)
+        assert conn.execute("SELECT power(2, 3)").fetchone() == (8.0,)
+    finally:
+        conn.execute("RESET search_path")
+    hits = conn.execute(sql.SQL("SELECT what FROM public.{}").format(hostile_public)).fetchall()
+    assert sorted(hits) == [("power",), ("||",)]
+    conn.execute(sql.SQL("DELETE FROM public.{}").format(hostile_public))
+
+
+def test_planted_overloads_in_public_hijack_nothing(
+    roles: dict[str, str],
+    schema: str,
+    conn: psycopg.Connection,
+    hostile_public: sql.Identifier,
+) -> None:
+    """claim (with a rescue of an expired lease and a burial), renew, fail, complete,
+    release, enqueue and enqueue_many, as the daemon and the enqueuer connect (through
+    pgworkerd.queue.db.connect): the planted overloads never run and no payload changes. And
+    claim() itself is safe whatever its caller's search_path."""
+    daemon_dsn, enqueuer_dsn = roles[f"{schema}_daemon"], roles[f"{schema}_enqueuer"]
+    with connect(enqueuer_dsn) as c:
+        ids = [jobs.enqueue(c, "h", {"n": 0}, schema=schema)]
+        ids += jobs.enqueue_many(
+            c,
+            [jobs.JobSpec("h", {"n": n}, max_attempts=1 if n == 5 else 3) for n in range(1, 6)],
+            schema=schema,
+        )
+    short = {"h": jobs.HandlerCapacity(lease_seconds=0.2, free=10)}
+    served = {"h": jobs.HandlerCapacity(lease_seconds=30, free=10)}
+    with connect(daemon_dsn, prepare=True) as c:
+        first = jobs.claim(c, "w1", queues=["default"], handlers=short, limit=10, schema=schema)
+        assert len(first) == 6
+
+        def all_expired() -> bool:
+            row = conn.execute(
+                sql.SQL("SELECT bool_and(locked_until < clock_timestamp()) FROM {}.jobs").format(
+                    sql.Identifier(schema)
+                )
+            ).fetchone()
+            return bool(row and row[0])
+
+        wait_for(all_expired, what="the short leases to run out")
+        # the rescue path builds last_error with text || integer; job 5 (no attempts left)
+        # is buried by the same branch
+        held = jobs.claim(c, "w2", queues=["default"], handlers=served, limit=10, schema=schema)
+        assert sorted(j.id for j in held) == ids[:5] and all(j.rescued for j in held)
+        assert all(
+            r.renewed
+            for r in jobs.renew(
+                c, "w2", [jobs.Lease(j.id, j.token, 30) for j in held], schema=schema
+            )
+        )
+        assert jobs.fail(c, "w2", held[0].id, held[0].token, "boom", schema=schema)  # power()
+        assert jobs.complete(c, "w2", held[1].id, held[1].token, {"ok": 1}, schema=schema)
+        assert jobs.release(c, "w2", held[2].id, held[2].token, schema=schema) == "pending"
+    # claim() pins its own search_path: even a session that puts public first is safe
+    with psycopg.connect(daemon_dsn, autocommit=True) as c:
+        c.execute("SET search_path = public, pg_catalog")
+        conn.execute(
+            sql.SQL("UPDATE {}.jobs SET locked_until = now() - interval '1s' WHERE id = %s").format(
+                sql.Identifier(schema)
+            ),
+            [held[3].id],
+        )
+        again = jobs.claim(c, "w3", queues=["default"], handlers=served, limit=10, schema=schema)
+        assert held[3].id in {j.id for j in again if j.rescued}
+
+    hits = conn.execute(sql.SQL("SELECT who, what FROM public.{}").format(hostile_public))
+    assert hits.fetchall() == []
+    payloads = conn.execute(
+        sql.SQL("SELECT id, payload FROM {}.jobs ORDER BY id").format(sql.Identifier(schema))
+    ).fetchall()
+    assert payloads == [(job_id, {"n": n}) for n, job_id in enumerate(ids)]
+    rows = {r["id"]: r for r in jobs.list_jobs(conn, schema=schema)}
+    assert rows[ids[5]]["status"] == "dead"
+    assert "expired during attempt 1 of 1" in rows[ids[5]]["last_error"]
+    assert "expired during attempt 2" in rows[held[3].id]["last_error"]
+
+
+@pytest.mark.parametrize("options", [None, "-c work_mem=2MB"], ids=["plain-dsn", "dsn-options"])
+def test_pgworkerd_sessions_pin_search_path_whatever_the_role(
+    test_db_dsn: str, options: str | None
+) -> None:
+    """Without roles.sql (say the daemon runs as the application's owner), the CLI's and
+    the daemon's own connections still resolve names in pg_catalog only; options the DSN
+    gives are kept."""
+    dsn = test_db_dsn if options is None else make_conninfo(test_db_dsn, options=options)
+    link = DatabaseLink(DatabaseConfig(statement_timeout=7.0), dsn, "pgworkerd", None)  # type: ignore[arg-type]
+    with connect(dsn) as cli_conn, link.connect() as daemon_conn:
+        for c in (cli_conn, daemon_conn):
+            [(path,)] = c.execute("SHOW search_path").fetchall()
+            assert path.replace(" ", "") == "pg_catalog,pg_temp"
+        assert daemon_conn.execute("SHOW statement_timeout").fetchone() == ("7s",)
+        if options is not None:
+            assert cli_conn.execute("SHOW work_mem").fetchone() == ("2MB",)

@@ -1,0 +1,151 @@
+"""Finishing a claimed job from SQL (migration 0005: renew_lease, complete_job, fail_job,
+release_job), as a worker in another language would: each does to a job what the
+daemon's own statement does, and changes nothing once the lease is lost."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from pgworkerd.queue import jobs
+from pgworkerd.queue.queries import render
+
+# What a finishing statement leaves in the row (run_at and timestamps compared apart).
+COMPARED = (
+    "status::text AS status, attempts, last_error, result, progress, checkpoint, locked_by,"
+    " cancel_requested, finished_at IS NULL AS unfinished, locked_until IS NULL AS unleased,"
+    " extract(epoch FROM run_at - created_at) AS run_at_offset"
+)
+
+
+class Twins:
+    """Two equal jobs claimed by worker w1: one finished by the SQL function, the other
+    by the daemon's statement."""
+
+    def __init__(self, conn: psycopg.Connection, schema: str) -> None:
+        self.conn, self.schema = conn, schema
+        for n in range(2):
+            jobs.enqueue(conn, "h", {"n": n}, max_attempts=2, schema=schema)
+        served = {"h": jobs.HandlerCapacity(lease_seconds=60, free=2)}
+        self.by_function, self.by_statement = jobs.claim(
+            conn, "w1", queues=["default"], handlers=served, limit=2, schema=schema
+        )
+
+    def sql(self, text: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        cur = self.conn.execute(render(text, self.schema), params)  # type: ignore[arg-type]
+        return cur.fetchall() if cur.description else []
+
+    def state(self, job: jobs.ClaimedJob) -> dict[str, Any]:
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            row = cur.execute(
+                render(f"SELECT {COMPARED} FROM @schema@.jobs WHERE id = %s", self.schema),
+                (job.id,),
+            ).fetchone()
+        assert row is not None
+        return row
+
+    def assert_same(self, *, ignore: tuple[str, ...] = ()) -> None:
+        a, b = self.state(self.by_function), self.state(self.by_statement)
+        for key in ignore:
+            a.pop(key), b.pop(key)
+        assert a == b
+
+
+@pytest.fixture
+def twins(conn: psycopg.Connection, schema: str) -> Twins:
+    return Twins(conn, schema)
+
+
+def test_complete_job(twins: Twins) -> None:
+    f, s = twins.by_function, twins.by_statement
+    assert twins.sql(
+        "SELECT @schema@.complete_job(%s, 'w1', %s, %s::jsonb, %s::jsonb)",
+        (f.id, f.token, '{"ok": 1}', '{"p": 9}'),
+    ) == [(True,)]
+    assert jobs.complete(
+        twins.conn, "w1", s.id, s.token, {"ok": 1}, progress={"p": 9}, schema=twins.schema
+    )
+    twins.assert_same()
+    assert twins.state(f)["status"] == "completed"
+
+
+def test_renew_lease(twins: Twins) -> None:
+    f, s = twins.by_function, twins.by_statement
+    [(cancel, until)] = twins.sql(
+        "SELECT * FROM @schema@.renew_lease(%s, 'w1', %s, 300, %s::jsonb, %s::jsonb)",
+        (f.id, f.token, '{"step": 2}', '{"at": 2}'),
+    )
+    assert cancel is False and until > f.locked_until
+    [renewed] = jobs.renew(
+        twins.conn,
+        "w1",
+        [jobs.Lease(s.id, s.token, 300, {"step": 2}, {"at": 2})],
+        schema=twins.schema,
+    )
+    assert renewed.renewed
+    twins.assert_same()
+
+
+@pytest.mark.parametrize("attempts_left", [True, False], ids=["retried", "dead"])
+def test_fail_job(twins: Twins, attempts_left: bool) -> None:
+    f, s = twins.by_function, twins.by_statement
+    if not attempts_left:
+        twins.sql("UPDATE @schema@.jobs SET max_attempts = 1 WHERE id IN (%s, %s)", (f.id, s.id))
+    [(status, _)] = twins.sql(
+        "SELECT * FROM @schema@.fail_job(%s, 'w1', %s, 'boom', 100, 3600, NULL, %s::jsonb)",
+        (f.id, f.token, '{"at": 5}'),
+    )
+    failed = jobs.fail(
+        twins.conn,
+        "w1",
+        s.id,
+        s.token,
+        "boom",
+        backoff_base=100,
+        backoff_max=3600,
+        checkpoint={"at": 5},
+        schema=twins.schema,
+    )
+    assert failed is not None and failed.status == status
+    assert status == ("pending" if attempts_left else "dead")
+    twins.assert_same(ignore=("run_at_offset",))  # the backoff has random jitter
+    offsets = [twins.state(j)["run_at_offset"] for j in (f, s)]
+    if attempts_left:  # 100 s ± 25 % after the failure
+        assert all(70 <= float(o) <= 130 for o in offsets), offsets
+
+
+def test_release_job(twins: Twins) -> None:
+    f, s = twins.by_function, twins.by_statement
+    assert twins.sql(
+        "SELECT @schema@.release_job(%s, 'w1', %s, NULL, %s::jsonb)",
+        (f.id, f.token, '{"at": 7}'),
+    ) == [("pending",)]
+    assert (
+        jobs.release(twins.conn, "w1", s.id, s.token, checkpoint={"at": 7}, schema=twins.schema)
+        == "pending"
+    )
+    twins.assert_same()
+    assert twins.state(f)["attempts"] == 0
+
+
+CALLS: dict[str, tuple[str, Callable[[list[tuple[Any, ...]]], bool]]] = {
+    "renew_lease": ("SELECT * FROM @schema@.renew_lease(%s, %s, %s, 60)", lambda r: r == []),
+    "complete_job": ("SELECT @schema@.complete_job(%s, %s, %s)", lambda r: r == [(False,)]),
+    "fail_job": ("SELECT * FROM @schema@.fail_job(%s, %s, %s, 'x')", lambda r: r == []),
+    "release_job": ("SELECT @schema@.release_job(%s, %s, %s)", lambda r: r == [(None,)]),
+}
+
+
+@pytest.mark.parametrize("function", list(CALLS))
+@pytest.mark.parametrize("who", ["stale token", "other worker"])
+def test_a_lost_lease_changes_nothing_and_says_so(twins: Twins, function: str, who: str) -> None:
+    job = twins.by_function
+    before = twins.state(job)
+    worker, token = ("w1", job.token - 1) if who == "stale token" else ("w2", job.token)
+    text, lost = CALLS[function]
+    assert lost(twins.sql(text, (job.id, worker, token)))
+    assert twins.state(job) == before

@@ -1,0 +1,19 @@
+"""The code stays ruff-clean (the project's lint rules live in pyproject.toml)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_ruff_clean() -> None:
+    ruff = Path(sys.executable).with_name("ruff")
+    proc = subprocess.run(
+        [str(ruff), "check", "pgworkerd", "tests", "bench"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr

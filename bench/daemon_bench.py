@@ -142,9 +142,7 @@ def memory_kib(pid: int) -> tuple[int, int]:
 
 
 def completed(conn: psycopg.Connection) -> int:
-    row = conn.execute(
-        "SELECT count(*) FROM pgworkerd.jobs WHERE status = 'completed'"
-    ).fetchone()
+    row = conn.execute("SELECT count(*) FROM pgworkerd.jobs WHERE status = 'completed'").fetchone()
     return int(row[0]) if row else 0
 
 

@@ -1,7 +1,14 @@
-"""Schema migrations: numbered SQL files applied in order under an advisory lock."""
+"""Schema migrations: numbered SQL files applied in order under an advisory lock.
+
+Rolling upgrades (README "Upgrading"): a migration file may declare in its header
+`-- compatible-with-code-of-schema: K`, meaning code that knows only schema K still runs
+against the schema after it (an expand migration). `migrate` records it per version, and
+`check_current` lets such older code run against the newer schema.
+"""
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -10,9 +17,12 @@ import psycopg
 from psycopg import sql
 
 from pgworkerd.queue.db import connect
-from pgworkerd.queue.queries import DEFAULT_SCHEMA, check_schema_name, render
+from pgworkerd.queue.queries import DEFAULT_SCHEMA, check_schema_name, query, render
 
 _MIGRATION_RE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+_COMPATIBLE_RE = re.compile(r"^-- compatible-with-code-of-schema: *(\d+) *$", re.MULTILINE)
+
+log = logging.getLogger("pgworkerd")
 
 
 class SchemaError(RuntimeError):
@@ -24,6 +34,9 @@ class Migration:
     version: int
     name: str
     sql: str
+    # The oldest code (by the latest schema version it knows) that still runs against the
+    # schema once this migration is applied: `version` itself unless the file declares less.
+    compatible_with: int
 
 
 def migrations() -> list[Migration]:
@@ -32,12 +45,25 @@ def migrations() -> list[Migration]:
     for entry in resources.files("pgworkerd.queue").joinpath("sql/migrations").iterdir():
         match = _MIGRATION_RE.match(entry.name)
         if match:
-            found.append(Migration(int(match[1]), match[2], entry.read_text()))
+            found.append(_parsed(int(match[1]), match[2], entry.read_text()))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if versions != list(range(1, len(found) + 1)):
         raise SchemaError(f"migrations are not numbered 1..n without gaps: {versions}")
     return found
+
+
+def _parsed(version: int, name: str, text: str) -> Migration:
+    declared = _COMPATIBLE_RE.findall(text)
+    if len(declared) > 1:
+        raise SchemaError(f"migration {version:04d}_{name} declares its compatibility twice")
+    compatible_with = int(declared[0]) if declared else version
+    if not 1 <= compatible_with <= version:
+        raise SchemaError(
+            f"migration {version:04d}_{name}: compatible-with-code-of-schema must be from 1 "
+            f"to {version}, not {compatible_with}"
+        )
+    return Migration(version, name, text, compatible_with)
 
 
 def latest_version() -> int:
@@ -88,7 +114,11 @@ def migrate_conn(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list
             )
             current = 0
         if current > known:
+            if _oldest_compatible_code(conn, schema) <= known:
+                return applied_now  # newer, and this code still runs against it: nothing to do
             raise SchemaError(_newer_message(schema, current, known))
+        if current < known:
+            _add_compatibility_column(conn, schema)
         for migration in migrations():
             if migration.version <= current:
                 continue
@@ -99,6 +129,7 @@ def migrate_conn(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list
                 ),
                 [migration.version, migration.name],
             )
+            _record_compatibility(conn, schema, migration)
             applied_now.append(migration.version)
     return applied_now
 
@@ -116,8 +147,29 @@ def _newer_message(schema: str, current: int, known: int) -> str:
     )
 
 
+def _add_compatibility_column(conn: psycopg.Connection, schema: str) -> None:
+    """Version tables created before 0.2.0 lack the column; NULL there means `version`."""
+    conn.execute(query("schema_version_add_compatibility", schema))
+
+
+def _record_compatibility(conn: psycopg.Connection, schema: str, migration: Migration) -> None:
+    conn.execute(
+        query("schema_version_set_compatibility", schema),
+        {"version": migration.version, "compatible_with": migration.compatible_with},
+    )
+
+
+def _oldest_compatible_code(conn: psycopg.Connection, schema: str) -> int:
+    """The oldest code (by the latest schema it knows) the database says still runs on it."""
+    row = conn.execute(query("schema_version_oldest_compatible_code", schema)).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
 def check_current(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> int:
-    """Refuse to run against a schema that is missing, older or newer than this code."""
+    """Refuse to run against a schema that is missing, older than this code, or newer and
+    not compatible with it; a newer compatible schema is accepted with a warning.
+
+    Returns the database's schema version."""
     current = _applied(conn, schema)
     known = latest_version()
     if current is None:
@@ -130,5 +182,13 @@ def check_current(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> int
             f"expects ({known}): run `pgworkerd migrate`"
         )
     if current > known:
-        raise SchemaError(_newer_message(schema, current, known))
+        if _oldest_compatible_code(conn, schema) > known:
+            raise SchemaError(_newer_message(schema, current, known))
+        log.warning(
+            "schema %r is at version %d, newer than this pgworkerd knows (%d) but compatible "
+            "with it: running; upgrade pgworkerd on this host",
+            schema,
+            current,
+            known,
+        )
     return current

@@ -282,3 +282,103 @@ def test_cli_exits_5_on_a_newer_schema_for_commands_and_migrate(
     for command in ("jobs", "migrate"):
         proc = run_cli("--dsn", test_db_dsn, "--schema", schema, command)
         assert_schema_refusal(proc, "newer than this pgworkerd knows", "upgrade pgworkerd")
+
+
+# -- rolling upgrades: a newer schema that says it is compatible ----------------------------
+
+
+def add_future_version(
+    conn: psycopg.Connection, schema: str, version: int, compatible_with: int | None
+) -> None:
+    """Record a migration this code does not know, as newer code's `migrate` would."""
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {}.schema_version (version, name, compatible_with)"
+            " VALUES (%s, 'future', %s)"
+        ).format(sql.Identifier(schema)),
+        [version, compatible_with],
+    )
+
+
+def test_migrate_records_what_older_code_each_migration_is_compatible_with(
+    test_db_dsn: str, schema_name: str
+) -> None:
+    migrate.migrate(test_db_dsn, schema_name)
+    with psycopg.connect(test_db_dsn) as c:
+        rows = c.execute(
+            sql.SQL("SELECT version, compatible_with FROM {}.schema_version ORDER BY 1").format(
+                sql.Identifier(schema_name)
+            )
+        ).fetchall()
+    assert rows == [(m.version, m.compatible_with) for m in migrations()]
+
+
+def test_a_migration_header_declares_its_compatibility() -> None:
+    text = "-- 0009: an expand migration\n-- compatible-with-code-of-schema: 7\nSELECT 1;\n"
+    assert migrate._parsed(9, "x", text).compatible_with == 7
+    assert migrate._parsed(9, "x", "SELECT 1;\n").compatible_with == 9
+    with pytest.raises(SchemaError, match="from 1 to 9, not 10"):
+        migrate._parsed(9, "x", "-- compatible-with-code-of-schema: 10\n")
+
+
+def test_check_current_runs_against_a_newer_compatible_schema_with_a_warning(
+    conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    known = latest_version()
+    add_future_version(conn, schema, known + 1, known)
+    add_future_version(conn, schema, known + 2, known - 1)
+    with caplog.at_level("WARNING", logger="pgworkerd"):
+        assert check_current(conn, schema) == known + 2
+    [record] = [r for r in caplog.records if "compatible" in r.getMessage()]
+    assert record.getMessage() == (
+        f"schema {schema!r} is at version {known + 2}, newer than this pgworkerd knows "
+        f"({known}) but compatible with it: running; upgrade pgworkerd on this host"
+    )
+    # `pgworkerd migrate` of the older code has nothing to do there, and says so
+    assert migrate_conn(conn, schema) == []
+
+
+def test_a_newer_schema_with_one_incompatible_migration_is_refused(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    known = latest_version()
+    add_future_version(conn, schema, known + 1, known)
+    add_future_version(conn, schema, known + 2, known + 1)  # a contract migration
+    with pytest.raises(SchemaError, match=f"at version {known + 2}, newer"):
+        check_current(conn, schema)
+    with pytest.raises(SchemaError, match="upgrade pgworkerd"):
+        migrate_conn(conn, schema)
+
+
+def test_cli_runs_against_a_newer_compatible_schema(
+    test_db_dsn: str, conn: psycopg.Connection, schema: str
+) -> None:
+    add_future_version(conn, schema, latest_version() + 1, latest_version())
+    proc = run_cli("--dsn", test_db_dsn, "--schema", schema, "jobs")
+    assert proc.returncode == 0, proc.stderr
+    assert "but compatible with it" in proc.stderr
+
+
+def test_migrate_adds_the_compatibility_column_to_an_older_version_table(
+    test_db_dsn: str, schema_name: str
+) -> None:
+    """A schema migrated by pgworkerd 0.1 has a version table without the column."""
+    ident = sql.Identifier(schema_name)
+    with psycopg.connect(test_db_dsn, autocommit=True) as c:
+        c.execute(sql.SQL("CREATE SCHEMA {}").format(ident))
+        c.execute(
+            sql.SQL(
+                "CREATE TABLE {}.schema_version (version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            ).format(ident)
+        )
+    assert migrate.migrate(test_db_dsn, schema_name) == [m.version for m in migrations()]
+    with psycopg.connect(test_db_dsn, autocommit=True) as c:
+        assert migrate._oldest_compatible_code(c, schema_name) == max(
+            m.compatible_with for m in migrations()
+        )
+        # read without the column, every version is compatible only with itself
+        c.execute(
+            sql.SQL("ALTER TABLE {}.schema_version DROP COLUMN compatible_with").format(ident)
+        )
+        assert migrate._oldest_compatible_code(c, schema_name) == latest_version()

@@ -6,6 +6,23 @@
 -- The highest applied migration, or NULL when the version table is empty.
 SELECT max(version) AS version FROM @schema@.schema_version;
 
+-- name: schema_version_add_compatibility
+-- Version tables created before 0.2.0 lack compatible_with (NULL there means the version's
+-- own number: only code that knows that version runs against it).
+ALTER TABLE @schema@.schema_version ADD COLUMN IF NOT EXISTS compatible_with integer;
+
+-- name: schema_version_set_compatibility
+-- Record which older code still runs against the schema once migration %(version)s is in.
+UPDATE @schema@.schema_version SET compatible_with = %(compatible_with)s
+ WHERE version = %(version)s;
+
+-- name: schema_version_oldest_compatible_code
+-- The oldest code (by the latest schema version it knows) that runs against this schema:
+-- the highest compatible_with of every applied migration. Read through to_jsonb so that a
+-- version table without the column (before 0.2.0) reads as every migration's own number.
+SELECT max(coalesce((to_jsonb(v)->>'compatible_with')::integer, v.version))
+  FROM @schema@.schema_version v;
+
 -- name: job_enqueue
 -- Enqueue one job through the SQL function (the one definition of enqueue).
 SELECT @schema@.enqueue(

@@ -13,16 +13,19 @@ CREATE SCHEMA @schema@;
 CREATE TABLE @schema@.schema_version (
     version    integer PRIMARY KEY,
     name       text NOT NULL,
-    applied_at timestamptz NOT NULL DEFAULT now()
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    -- The oldest code (by the latest version it knows) that runs against the schema after
+    -- this migration: see README "Upgrading". NULL means the version itself.
+    compatible_with integer
 );
 
 -- The migrations this declaration includes, so that `pgworkerd migrate` after it is a no-op.
-INSERT INTO @schema@.schema_version (version, name) VALUES
-    (1, 'jobs'),
-    (2, 'workers'),
-    (3, 'claim'),
-    (4, 'trust'),
-    (5, 'finish');
+INSERT INTO @schema@.schema_version (version, name, compatible_with) VALUES
+    (1, 'jobs', 1),
+    (2, 'workers', 2),
+    (3, 'claim', 3),
+    (4, 'trust', 4),
+    (5, 'finish', 5);
 
 -- Jobs (0001).
 

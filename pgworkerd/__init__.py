@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pgworkerd.queue.jobs import JobSpec, enqueue, enqueue_many
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 __all__ = ["JobSpec", "__version__", "enqueue", "enqueue_many"]
 
 

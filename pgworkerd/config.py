@@ -66,6 +66,10 @@ class HandlerConfig:
     name: str
     target: str  # "module:function"
     queue: str = "default"
+    # When set, the handler claims only from these queues (claim_v2, schema 6), and they
+    # are the ones it adds to the served queues instead of `queue`; empty: it claims from
+    # every queue the daemon serves
+    queues: tuple[str, ...] = ()
     max_attempts: int | None = None  # overrides the job's own when set
     backoff: float | None = None  # base of the exponential backoff; default worker.backoff
     backoff_max: float | None = None
@@ -114,7 +118,7 @@ class Config:
     def queues(self) -> tuple[str, ...]:
         if self.worker.queues:
             return self.worker.queues
-        return tuple(sorted({h.queue for h in self.handlers.values()}))
+        return tuple(sorted({q for h in self.handlers.values() for q in h.queues or (h.queue,)}))
 
     def lease_for(self, handler: HandlerConfig) -> float:
         return handler.lease if handler.lease is not None else self.worker.lease
@@ -367,6 +371,7 @@ _METRICS = {
 _HANDLER = {
     "target": _target,
     "queue": lambda v: check_name("queue", _nonempty(v)),
+    "queues": _queue_names,
     "max_attempts": _positive_int,
     "backoff": _duration,
     "backoff_max": _duration,
@@ -457,12 +462,19 @@ def _cross_check(config: Config, text: str) -> None:
     if w.backoff_max < w.backoff:
         raise error("worker", "backoff_max", "must not be shorter than worker.backoff")
     for h in config.handlers.values():
-        if w.queues and h.queue not in w.queues:
+        if w.queues and not h.queues and h.queue not in w.queues:
             raise error(
                 f"handlers.{h.name}",
                 "queue",
                 f"{h.queue!r} is not among worker.queues {list(w.queues)}: its jobs would "
                 "never run here",
+            )
+        if w.queues and not set(h.queues) <= set(w.queues):
+            raise error(
+                f"handlers.{h.name}",
+                "queues",
+                f"{sorted(set(h.queues) - set(w.queues))} not among worker.queues "
+                f"{list(w.queues)}: its jobs there would never run",
             )
         if h.slots is not None and h.slots > w.slots:
             raise error(

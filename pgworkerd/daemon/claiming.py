@@ -77,6 +77,7 @@ class Claiming:
                     free if h.slots is None else min(free, h.slots - busy_per_handler.get(name, 0))
                 ),
                 max_attempts=h.max_attempts,
+                queues=h.queues or None,
             )
             for name, h in self.config.handlers.items()
         }

@@ -304,6 +304,7 @@ class HandlerCapacity:
     lease_seconds: float
     free: int
     max_attempts: int | None = None  # overrides the job's own when set
+    queues: Sequence[str] | None = None  # the queues it claims from; None: all (schema 6)
 
 
 @dataclass(frozen=True)
@@ -341,6 +342,7 @@ def claim_checked(
         "lease_seconds": [cap.lease_seconds for cap in served.values()],
         "handler_free": [cap.free for cap in served.values()],
         "max_attempts": [cap.max_attempts for cap in served.values()],
+        "handler_queues": json.dumps([_list_or_none(c.queues) for c in served.values()]),
         "limit": limit,
     }
     claimed: list[ClaimedJob] = []
@@ -353,6 +355,10 @@ def claim_checked(
             claimed.append(ClaimedJob(*row))
     claimed.sort(key=lambda j: (j.priority, j.run_at, j.id))
     return claimed, refused
+
+
+def _list_or_none(queues: Sequence[str] | None) -> list[str] | None:
+    return None if queues is None else list(queues)
 
 
 def _refused(raw: tuple[bytes | None, ...], reason: str, encoding: str) -> RefusedJob:

@@ -38,11 +38,13 @@ SELECT @schema@.enqueue_many(%(jobs)s::jsonb) AS ids;
 
 -- name: job_claim
 -- Claim up to %(limit)s due jobs for one worker, rescuing expired leases on the way: the
--- claim function of migration 0003 (one statement, JIT off, its plan kept per session).
+-- claim function of migration 0006 (one statement, JIT off, its plan kept per session),
+-- each handler from its own queues (%(handler_queues)s: JSON, null for all).
 -- Returns the columns in ClaimedJob's field order.
-SELECT * FROM @schema@.claim(%(worker)s::text, %(queues)s::text[], %(handlers)s::text[],
-                             %(lease_seconds)s::float8[], %(handler_free)s::integer[],
-                             %(limit)s::integer, %(max_attempts)s::integer[]);
+SELECT * FROM @schema@.claim_v2(%(worker)s::text, %(queues)s::text[], %(handlers)s::text[],
+                                %(lease_seconds)s::float8[], %(handler_free)s::integer[],
+                                %(limit)s::integer, %(max_attempts)s::integer[],
+                                %(handler_queues)s::jsonb);
 
 -- name: job_renew
 -- Renew many leases of one worker at once, saving progress and checkpoints sent along

@@ -35,8 +35,9 @@ GRANT EXECUTE ON FUNCTION pgworkerd.enqueue(text, jsonb, text, integer, timestam
 -- (the enqueuer also needs to read the schema version for `pgworkerd enqueue`'s check)
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_enqueuer;
 
--- Operators who prune and retry: DELETE is only for `pgworkerd prune`.
--- GRANT DELETE ON pgworkerd.jobs TO pgworkerd_daemon;
+-- Operators who prune and retry: DELETE is only for `pgworkerd prune` (jobs, and the
+-- registry rows of daemons long gone).
+-- GRANT DELETE ON pgworkerd.jobs, pgworkerd.workers TO pgworkerd_daemon;
 
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).

@@ -295,9 +295,22 @@ def _not_retried(row: dict[str, Any] | None) -> str:
     type=click.Choice(list(jobs.FINAL_STATUSES)),
     help="only these final statuses (repeatable; default all three)",
 )
+@click.option(
+    "--gone-daemons-older-than",
+    "gone_older_than",
+    type=DURATION,
+    default="7d",
+    show_default=True,
+    help="retention of the registry rows of daemons that are gone",
+)
 @click.pass_obj
-def prune(ctx: Context, older_than: float, statuses: tuple[str, ...]) -> None:
-    """Delete finished jobs older than a retention."""
+def prune(
+    ctx: Context, older_than: float, statuses: tuple[str, ...], gone_older_than: float
+) -> None:
+    """Delete finished jobs older than a retention, and the registry rows of daemons gone
+    longer than theirs."""
+    from pgworkerd.queue import registry
+
     with database(ctx, needs="delete jobs") as conn:
         deleted = jobs.prune(
             conn,
@@ -306,6 +319,10 @@ def prune(ctx: Context, older_than: float, statuses: tuple[str, ...]) -> None:
             schema=ctx.schema,
         )
     click.echo(f"deleted {deleted} job(s)")
+    with database(ctx, needs="delete gone daemons from the registry") as conn:
+        gone = registry.prune_gone(conn, gone_older_than, schema=ctx.schema)
+    if gone:
+        click.echo(f"deleted {gone} gone daemon(s) from the registry")
 
 
 @main.command("jobs")

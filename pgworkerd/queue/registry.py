@@ -12,6 +12,9 @@ from pgworkerd.queue.queries import query
 # A daemon heartbeats at least every second; one silent this long is dead (or cut off
 # from the database) and is marked gone, by any other daemon or by `drain --wait`.
 STALE_AFTER_SECONDS = 60.0
+# Registry rows of daemons gone this long are deleted by `pgworkerd prune` (one row per
+# daemon start: a unit restarting every 5 s would add 17,000 a day).
+GONE_RETENTION_SECONDS = 7 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -66,5 +69,20 @@ def deregister(conn: psycopg.Connection, worker_id: str, schema: str) -> None:
 def mark_stale(
     conn: psycopg.Connection, stale_after: float, schema: str
 ) -> list[tuple[str, str, int]]:
+    """Mark daemons silent for over `stale_after` seconds gone; returns their (id, host,
+    pid). One caller at a time: empty when another holds the lock (it marks them)."""
     rows = conn.execute(query("worker_mark_stale", schema), {"stale_after": stale_after}).fetchall()
     return [(r[0], r[1], r[2]) for r in rows]
+
+
+def prune_gone(
+    conn: psycopg.Connection,
+    older_than_seconds: float = GONE_RETENTION_SECONDS,
+    *,
+    schema: str,
+) -> int:
+    """Delete the rows of daemons gone over `older_than_seconds` ago; returns how many."""
+    row = conn.execute(
+        query("worker_prune_gone", schema), {"older_than": older_than_seconds}
+    ).fetchone()
+    return int(row[0]) if row else 0

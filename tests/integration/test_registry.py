@@ -3,9 +3,17 @@ and a daemon that re-registers (after being marked gone) stays drained."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import psycopg
+from psycopg import sql
 
 from pgworkerd.queue import fleet, jobs, registry
+from pgworkerd.queue.queries import query
+
+PGWORKERD = Path(sys.executable).with_name("pgworkerd")
 
 INFO = registry.WorkerInfo(
     id="host:1:abc", host="host", pid=1, version="t", queues=["default"], handlers=["h"], slots=4
@@ -45,3 +53,81 @@ def test_drain_survives_re_registration(conn: psycopg.Connection, schema: str) -
     assert registry.heartbeat(conn, INFO, "running", [], schema) is None  # gone: re-register
     registry.register(conn, INFO, "running", schema)
     assert registry.heartbeat(conn, INFO, "running", [], schema) is True  # still drained
+
+
+# -- maintenance: stale marking by one daemon at a time, an index, pruning -----------------
+
+
+def add_workers(conn: psycopg.Connection, schema: str, prefix: str, n: int, **row: str) -> None:
+    """n registry rows; `row` gives SQL expressions for state, heartbeat_at, stopped_at."""
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {}.workers (id, host, pid, version, slots, state, heartbeat_at,"
+            " stopped_at) SELECT %s || g, 'h', g, 'v', 4, {}, {}, {} FROM generate_series(1, %s) g"
+        ).format(
+            sql.Identifier(schema),
+            sql.SQL(row.get("state", "'running'")),
+            sql.SQL(row.get("heartbeat_at", "now()")),
+            sql.SQL(row.get("stopped_at", "NULL")),
+        ),
+        [prefix, n],
+    )
+
+
+def test_mark_stale_is_done_by_one_caller_at_a_time(
+    conn: psycopg.Connection, test_db_dsn: str, schema: str
+) -> None:
+    add_workers(conn, schema, "silent-", 2, heartbeat_at="now() - interval '1 hour'")
+    with psycopg.connect(test_db_dsn) as other, other.transaction():
+        # another daemon in the middle of its own mark_stale
+        other.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            [f"pgworkerd.registry.mark_stale:{schema}"],
+        )
+        assert registry.mark_stale(conn, 60, schema) == []
+    assert sorted(w[0] for w in registry.mark_stale(conn, 60, schema)) == ["silent-1", "silent-2"]
+    assert registry.mark_stale(conn, 60, schema) == []
+
+
+def test_mark_stale_reads_the_live_daemons_through_an_index(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    add_workers(conn, schema, "gone-", 20_000, state="'gone'", stopped_at="now()")
+    add_workers(conn, schema, "live-", 3)
+    conn.execute(sql.SQL("ANALYZE {}.workers").format(sql.Identifier(schema)))
+    statement = query("worker_mark_stale", schema).replace("%(stale_after)s", "60")
+    plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + statement).fetchall())
+    assert "workers_live_idx" in plan, plan
+
+
+def test_prune_gone_deletes_only_daemons_gone_longer_than_the_retention(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    add_workers(conn, schema, "old-", 3, state="'gone'", stopped_at="now() - interval '8 days'")
+    add_workers(conn, schema, "recent-", 2, state="'gone'", stopped_at="now() - interval '1 day'")
+    add_workers(conn, schema, "silent-", 1, heartbeat_at="now() - interval '30 days'")
+    assert registry.prune_gone(conn, registry.GONE_RETENTION_SECONDS, schema=schema) == 3
+    assert registry.prune_gone(conn, schema=schema) == 0
+    left = conn.execute(
+        sql.SQL("SELECT id FROM {}.workers ORDER BY id").format(sql.Identifier(schema))
+    ).fetchall()
+    # a silent daemon not yet marked gone is never pruned: it is marked first
+    assert [r[0] for r in left] == ["recent-1", "recent-2", "silent-1"]
+    assert registry.prune_gone(conn, 3600, schema=schema) == 2
+
+
+def test_cli_prune_deletes_gone_daemons_after_their_retention(
+    conn: psycopg.Connection, test_db_dsn: str, schema: str
+) -> None:
+    add_workers(conn, schema, "old-", 2, state="'gone'", stopped_at="now() - interval '8 days'")
+    add_workers(conn, schema, "recent-", 1, state="'gone'", stopped_at="now() - interval '1 day'")
+    command = [str(PGWORKERD), "--dsn", test_db_dsn, "--schema", schema, "prune"]
+    proc = subprocess.run([*command, "--older-than", "30d"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "deleted 0 job(s)\ndeleted 2 gone daemon(s) from the registry\n"
+    proc = subprocess.run(
+        [*command, "--older-than", "30d", "--gone-daemons-older-than", "1h"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.stdout == "deleted 0 job(s)\ndeleted 1 gone daemon(s) from the registry\n"

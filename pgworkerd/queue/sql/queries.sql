@@ -326,11 +326,27 @@ UPDATE @schema@.workers
  WHERE id = %(id)s;
 
 -- name: worker_mark_stale
--- Daemons silent for longer than %(stale_after)s seconds are marked gone.
+-- Daemons silent for longer than %(stale_after)s seconds are marked gone, by one caller at
+-- a time: under a transaction-level advisory lock keyed by the schema, so that a caller
+-- that finds it taken marks nothing (no row) instead of waiting. Served by
+-- workers_live_idx (0007).
 UPDATE @schema@.workers
    SET state = 'gone', stopped_at = now()
- WHERE state <> 'gone' AND heartbeat_at < now() - make_interval(secs => %(stale_after)s)
+ WHERE (SELECT pg_try_advisory_xact_lock(
+            hashtextextended('pgworkerd.registry.mark_stale:' || @schema_literal@, 0)))
+   AND state <> 'gone' AND heartbeat_at < now() - make_interval(secs => %(stale_after)s)
 RETURNING id, host, pid;
+
+-- name: worker_prune_gone
+-- Delete the rows of daemons gone (stopped or marked gone) over %(older_than)s seconds
+-- ago; returns how many.
+WITH pruned AS (
+    DELETE FROM @schema@.workers
+     WHERE state = 'gone'
+       AND coalesce(stopped_at, heartbeat_at) < now() - make_interval(secs => %(older_than)s)
+    RETURNING 1
+)
+SELECT count(*) FROM pruned;
 
 -- name: worker_request_drain
 -- Set or clear drain_requested on live daemons: one id, one host, or all (NULL filters).

@@ -26,7 +26,8 @@ INSERT INTO @schema@.schema_version (version, name, compatible_with) VALUES
     (3, 'claim', 3),
     (4, 'trust', 4),
     (5, 'finish', 5),
-    (6, 'claim_v2', 5);
+    (6, 'claim_v2', 5),
+    (7, 'registry', 5);
 
 -- Jobs (0001).
 
@@ -597,6 +598,8 @@ CREATE TABLE @schema@.workers (
 );
 
 CREATE INDEX workers_host_idx ON @schema@.workers (host);
+-- Live daemons (0007): stale marking, drain, resume and status ask for state <> 'gone'.
+CREATE INDEX workers_live_idx ON @schema@.workers (heartbeat_at) WHERE state <> 'gone';
 
 -- Claiming jobs (0003): one function, so that it runs with JIT off for every caller (see
 -- the migration for why) and any language can claim; its search_path pinned (0004).

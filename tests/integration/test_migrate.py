@@ -382,3 +382,37 @@ def test_migrate_adds_the_compatibility_column_to_an_older_version_table(
             sql.SQL("ALTER TABLE {}.schema_version DROP COLUMN compatible_with").format(ident)
         )
         assert migrate._oldest_compatible_code(c, schema_name) == latest_version()
+
+
+# -- enqueue's checks, written once ----------------------------------------------------------
+
+
+def test_enqueue_checks_are_written_once_and_cost_no_call(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """enqueue_many's two paths call one helper for a job's validity, enqueue shares its
+    name check, and PostgreSQL inlines both helpers (no function call per job)."""
+
+    def definition(signature: str) -> str:
+        row = conn.execute(
+            "SELECT pg_get_functiondef(%s::regprocedure)", [f"{schema}.{signature}"]
+        ).fetchone()
+        assert row is not None
+        return str(row[0])
+
+    many = definition("enqueue_many(jsonb)")
+    assert many.count(".enqueue_valid(e)") == 2
+    assert "name_ok" not in many and "jsonb_typeof(e) = 'object'" not in many
+    one = definition("enqueue(text, jsonb, text, integer, timestamptz, interval, integer, text)")
+    assert one.count(".enqueue_name_ok(") == 2 and "name_ok constant" not in one
+    plan = "\n".join(
+        r[0]
+        for r in conn.execute(
+            sql.SQL(
+                "EXPLAIN VERBOSE SELECT {}.enqueue_valid(e)"
+                """ FROM jsonb_array_elements('[{{"handler": "h"}}]') AS t(e)"""
+            ).format(sql.Identifier(schema))
+        ).fetchall()
+    )
+    assert "enqueue_valid" not in plan and "enqueue_name_ok" not in plan, plan
+    assert "jsonb_typeof(e) = 'object'" in plan

@@ -27,7 +27,8 @@ INSERT INTO @schema@.schema_version (version, name, compatible_with) VALUES
     (4, 'trust', 4),
     (5, 'finish', 5),
     (6, 'claim_v2', 5),
-    (7, 'registry', 5);
+    (7, 'registry', 5),
+    (8, 'enqueue_checks', 5);
 
 -- Jobs (0001).
 
@@ -115,6 +116,99 @@ EXCEPTION WHEN data_exception THEN
     RETURN false;
 END;
 $$;
+
+-- enqueue's checks (0008), written once: SQL functions PostgreSQL inlines into the calling
+-- statement (so no SET search_path; their SQL-standard bodies bind every name here).
+
+-- Whether `name` may be a handler or queue name (the bounds of enqueue_many): not empty,
+-- at most 128 characters, no control character (C0, DEL, C1, U+2028/2029, bidi controls),
+-- no whitespace at either end. NULL for NULL.
+CREATE FUNCTION @schema@.enqueue_name_ok(name text)
+RETURNS boolean
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT char_length(name) <= 128
+       -- [^ control or space] ( [^ control]* [^ control or space] )?
+       AND name ~ ('^[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069'
+                   ' \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]'
+                   '(?:[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*'
+                   '[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069'
+                   ' \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])?$');
+END;
+
+-- Whether a job object of enqueue_many passes every bound (see enqueue_many); the message
+-- for one that does not comes from enqueue_reject. A dedupe_key is NULL, or a string of
+-- 1 to 512 characters.
+CREATE FUNCTION @schema@.enqueue_valid(e jsonb)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT jsonb_typeof(e) = 'object'
+       -- no key but the known ones
+       AND e - '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}'::text[]
+           = '{}'
+       AND jsonb_typeof(e->'handler') = 'string'
+       AND @schema@.enqueue_name_ok(e->>'handler')
+       AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
+       -- what no child could be handed: over 64 MiB, nested over 255 levels
+       AND coalesce(pg_column_size(e->'payload') <= 64 * 1024 * 1024
+                    AND NOT jsonb_path_exists(e->'payload', 'strict $.**{256 to last}'), true)
+       AND (NOT e ? 'queue'
+            OR (jsonb_typeof(e->'queue') = 'string' AND @schema@.enqueue_name_ok(e->>'queue')))
+       AND CASE WHEN NOT e ? 'max_attempts' THEN true
+                WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
+                ELSE (e->>'max_attempts')::numeric BETWEEN 1 AND 1000
+                 AND (e->>'max_attempts')::numeric % 1 = 0 END
+       AND CASE WHEN NOT e ? 'priority' THEN true
+                WHEN jsonb_typeof(e->'priority') <> 'number' THEN false
+                ELSE (e->>'priority')::numeric BETWEEN -32768 AND 32767
+                 AND (e->>'priority')::numeric % 1 = 0 END
+       AND NOT (e ? 'run_at' AND e ? 'delay')
+       -- text PostgreSQL cannot read is refused (22023), not a failed cast. Text that
+       -- always reads (ISO 8601 with a day of the month up to 28, N seconds) is vouched
+       -- for by a pattern, the rest by readable(), which costs more (an exception block).
+       -- ([0-9], not \d: in an ICU database \d matches other scripts' digits too; no year
+       -- 0000; UTC offsets up to 15:59, as PostgreSQL reads them.) run_at, or now() +
+       -- delay, from 1900-01-01 up to (not including) 9000-01-01 UTC.
+       AND CASE WHEN jsonb_typeof(e->'run_at') IS NULL
+                     OR jsonb_typeof(e->'run_at') = 'null' THEN true
+                WHEN NOT (jsonb_typeof(e->'run_at') = 'string'
+                          AND (e->>'run_at'
+                               ~ ('^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})'
+                                  '-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])'
+                                  '([T ]([01][0-9]|2[0-3]):[0-5][0-9]'
+                                  '(:[0-5][0-9](\.[0-9]{1,6})?)?)?'
+                                  '(Z|[+-](0[0-9]|1[0-5])(:?[0-5][0-9])?)?$')
+                               OR @schema@.readable(e->>'run_at', 'timestamptz')))
+                THEN false
+                ELSE (e->>'run_at')::timestamptz >= '1900-01-01 00:00+00'::timestamptz
+                 AND (e->>'run_at')::timestamptz < '9000-01-01 00:00+00'::timestamptz END
+       -- The delay bounds are tested before now() + delay, which fails with another
+       -- error ("timestamp out of range") before 4713 BC or after 294276 AD: wider than
+       -- any delay the run_at range lets through, narrow enough that now() + delay always
+       -- exists. An interval is added part by part (months, then days, then time), so its
+       -- month and day parts are bounded too: '-7000 years 2555000 days' is near zero in
+       -- all, but not on the way.
+       AND CASE WHEN jsonb_typeof(e->'delay') IS NULL
+                     OR jsonb_typeof(e->'delay') = 'null' THEN true
+                WHEN NOT (jsonb_typeof(e->'delay') IN ('string', 'number')
+                          AND (e->>'delay' ~ '^-?[0-9]{1,12}(\.[0-9]{1,9})?( seconds?)?$'
+                               OR @schema@.readable(e->>'delay', 'interval')))
+                THEN false
+                ELSE (e->>'delay')::interval BETWEEN '-4000 years'::interval
+                                                 AND '8000 years'::interval
+                 AND extract(year FROM (e->>'delay')::interval) BETWEEN -2000 AND 8000
+                 AND extract(day FROM (e->>'delay')::interval) BETWEEN -730000 AND 2922000
+                 AND now() + (e->>'delay')::interval >= '1900-01-01 00:00+00'::timestamptz
+                 AND now() + (e->>'delay')::interval < '9000-01-01 00:00+00'::timestamptz END
+       AND (NOT e ? 'dedupe_key'
+            OR jsonb_typeof(e->'dedupe_key') = 'null'
+            OR (jsonb_typeof(e->'dedupe_key') = 'string'
+                AND char_length(e->>'dedupe_key') BETWEEN 1 AND 512));
+END;
 
 -- Why job `n` of `total` in an enqueue_many array (or enqueue's job, as 1 of 1) is invalid:
 -- raises the error naming it. Only called for a job that failed the inline check, so valid
@@ -233,9 +327,10 @@ $$;
 --     child can be handed it (what the database cannot check cheaply, such as a number
 --     beyond what Python can load, is refused at the claim: that job alone ends dead).
 --
--- One pass over the array: every job is checked inline as it is inserted (a bad one makes
--- enqueue_reject raise, naming it, and nothing is written); batches without dedupe keys
--- skip ON CONFLICT and the look-up of existing jobs.
+-- One pass over the array: every job is checked as it is inserted, by enqueue_valid, which
+-- PostgreSQL inlines (0008; a bad job makes enqueue_reject raise, naming it, and nothing
+-- is written); batches without dedupe keys skip ON CONFLICT and the look-up of existing
+-- jobs.
 CREATE FUNCTION @schema@.enqueue_many(jobs jsonb)
 RETURNS bigint[]
 LANGUAGE plpgsql
@@ -244,40 +339,6 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    -- What enqueue accepts (the bounds above): a handler or queue name matches name_ok
-    -- (not empty, no control character, no whitespace at either end) and has at most
-    -- 128 characters; a job object has no keys but these.
-    name_ok constant text :=
-        -- [^ control or space] ( [^ control]* [^ control or space] )?
-        '^[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069'
-        ' \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]'
-        '(?:[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*'
-        '[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069'
-        ' \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])?$';
-    known_keys constant text[] :=
-        '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key}';
-    run_at_min constant timestamptz := '1900-01-01 00:00+00';
-    run_at_max constant timestamptz := '9000-01-01 00:00+00';  -- excluded
-    -- Tested before now() + delay, which fails with another error ("timestamp out of
-    -- range") before 4713 BC or after 294276 AD: wider than any delay the run_at range
-    -- lets through, narrow enough that now() + delay always exists. An interval is added
-    -- part by part (months, then days, then time), so its month and day parts are
-    -- bounded too: '-7000 years 2555000 days' is near zero in all, but not on the way.
-    delay_min constant interval := '-4000 years';
-    delay_max constant interval := '8000 years';
-    payload_max_bytes constant integer := 64 * 1024 * 1024;
-    too_deep constant jsonpath := 'strict $.**{256 to last}';  -- nested over 255 levels
-    -- Text that always reads as a timestamptz or an interval (ISO 8601 with a day of the
-    -- month up to 28; N seconds): checked with a pattern, the rest with readable(), which
-    -- costs more (an exception block).
-    -- ([0-9], not \d: in an ICU database \d matches other scripts' digits too; no year
-    -- 0000; UTC offsets up to 15:59, as PostgreSQL reads them)
-    iso_timestamp constant text :=
-        '^(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})'
-        '-(0[1-9]|1[0-2])-(0[1-9]|1[0-9]|2[0-8])'
-        '([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9](\.[0-9]{1,6})?)?)?'
-        '(Z|[+-](0[0-9]|1[0-5])(:?[0-5][0-9])?)?$';
-    plain_seconds constant text := '^-?[0-9]{1,12}(\.[0-9]{1,9})?( seconds?)?$';
     total integer;
     ids bigint[];
     queues text[];
@@ -295,57 +356,13 @@ BEGIN
     THEN
         -- No dedupe keys: a plain insert. Ids come from the sequence in row order, and the
         -- rows are inserted in input order, so sorted ids are in input order. (A key the
-        -- path above does not see, such as [] or [null], is refused: not a string.)
+        -- path above does not see, such as [] or [null], is refused by enqueue_valid: not
+        -- a string; a string key is always seen.)
         WITH inserted AS (
             INSERT INTO @schema@.jobs AS j
                 (queue, handler, payload, priority, run_at, max_attempts)
             SELECT coalesce(e->>'queue', 'default'),
-                   CASE WHEN jsonb_typeof(e) = 'object'
-                        AND e - known_keys = '{}'  -- no key but the known ones
-                        AND jsonb_typeof(e->'handler') = 'string'
-                        AND char_length(e->>'handler') <= 128
-                        AND e->>'handler' ~ name_ok
-                        AND coalesce(jsonb_typeof(e->'dedupe_key'), 'null') = 'null'
-                        AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
-                        -- what no child could be handed (see the bounds above)
-                        AND coalesce(pg_column_size(e->'payload') <= payload_max_bytes
-                                     AND NOT jsonb_path_exists(e->'payload', too_deep), true)
-                        AND (NOT e ? 'queue'
-                             OR (jsonb_typeof(e->'queue') = 'string'
-                                 AND char_length(e->>'queue') <= 128
-                                 AND e->>'queue' ~ name_ok))
-                        AND CASE WHEN NOT e ? 'max_attempts' THEN true
-                                 WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
-                                 ELSE (e->>'max_attempts')::numeric BETWEEN 1 AND 1000
-                                  AND (e->>'max_attempts')::numeric % 1 = 0 END
-                        AND CASE WHEN NOT e ? 'priority' THEN true
-                                 WHEN jsonb_typeof(e->'priority') <> 'number' THEN false
-                                 ELSE (e->>'priority')::numeric BETWEEN -32768 AND 32767
-                                  AND (e->>'priority')::numeric % 1 = 0 END
-                        AND NOT (e ? 'run_at' AND e ? 'delay')
-                        -- text PostgreSQL cannot read is refused (22023), not a failed cast
-                        AND CASE WHEN jsonb_typeof(e->'run_at') IS NULL
-                                      OR jsonb_typeof(e->'run_at') = 'null' THEN true
-                                 WHEN NOT (jsonb_typeof(e->'run_at') = 'string'
-                                           AND (e->>'run_at' ~ iso_timestamp
-                                                OR @schema@.readable(e->>'run_at',
-                                                                     'timestamptz')))
-                                 THEN false
-                                 ELSE (e->>'run_at')::timestamptz >= run_at_min
-                                  AND (e->>'run_at')::timestamptz < run_at_max END
-                        AND CASE WHEN jsonb_typeof(e->'delay') IS NULL
-                                      OR jsonb_typeof(e->'delay') = 'null' THEN true
-                                 WHEN NOT (jsonb_typeof(e->'delay') IN ('string', 'number')
-                                           AND (e->>'delay' ~ plain_seconds
-                                                OR @schema@.readable(e->>'delay', 'interval')))
-                                 THEN false
-                                 ELSE (e->>'delay')::interval BETWEEN delay_min AND delay_max
-                                  AND extract(year FROM (e->>'delay')::interval)
-                                      BETWEEN -2000 AND 8000
-                                  AND extract(day FROM (e->>'delay')::interval)
-                                      BETWEEN -730000 AND 2922000
-                                  AND now() + (e->>'delay')::interval >= run_at_min
-                                  AND now() + (e->>'delay')::interval < run_at_max END
+                   CASE WHEN @schema@.enqueue_valid(e)
                    THEN e->>'handler'
                    ELSE @schema@.enqueue_reject(e, n, total) END,
                    coalesce(e->'payload', '{}'),
@@ -364,55 +381,7 @@ BEGIN
         WITH input AS MATERIALIZED (
             SELECT n, nextval('@schema@.jobs_id_seq') AS new_id,
                    coalesce(e->>'queue', 'default') AS queue,
-                   CASE WHEN jsonb_typeof(e) = 'object'
-                        AND e - known_keys = '{}'  -- no key but the known ones
-                        AND jsonb_typeof(e->'handler') = 'string'
-                        AND char_length(e->>'handler') <= 128
-                        AND e->>'handler' ~ name_ok
-                        AND (jsonb_typeof(e->'payload') = 'object' OR NOT e ? 'payload')
-                        -- what no child could be handed (see the bounds above)
-                        AND coalesce(pg_column_size(e->'payload') <= payload_max_bytes
-                                     AND NOT jsonb_path_exists(e->'payload', too_deep), true)
-                        AND (NOT e ? 'queue'
-                             OR (jsonb_typeof(e->'queue') = 'string'
-                                 AND char_length(e->>'queue') <= 128
-                                 AND e->>'queue' ~ name_ok))
-                        AND CASE WHEN NOT e ? 'max_attempts' THEN true
-                                 WHEN jsonb_typeof(e->'max_attempts') <> 'number' THEN false
-                                 ELSE (e->>'max_attempts')::numeric BETWEEN 1 AND 1000
-                                  AND (e->>'max_attempts')::numeric % 1 = 0 END
-                        AND CASE WHEN NOT e ? 'priority' THEN true
-                                 WHEN jsonb_typeof(e->'priority') <> 'number' THEN false
-                                 ELSE (e->>'priority')::numeric BETWEEN -32768 AND 32767
-                                  AND (e->>'priority')::numeric % 1 = 0 END
-                        AND NOT (e ? 'run_at' AND e ? 'delay')
-                        -- text PostgreSQL cannot read is refused (22023), not a failed cast
-                        AND CASE WHEN jsonb_typeof(e->'run_at') IS NULL
-                                      OR jsonb_typeof(e->'run_at') = 'null' THEN true
-                                 WHEN NOT (jsonb_typeof(e->'run_at') = 'string'
-                                           AND (e->>'run_at' ~ iso_timestamp
-                                                OR @schema@.readable(e->>'run_at',
-                                                                     'timestamptz')))
-                                 THEN false
-                                 ELSE (e->>'run_at')::timestamptz >= run_at_min
-                                  AND (e->>'run_at')::timestamptz < run_at_max END
-                        AND CASE WHEN jsonb_typeof(e->'delay') IS NULL
-                                      OR jsonb_typeof(e->'delay') = 'null' THEN true
-                                 WHEN NOT (jsonb_typeof(e->'delay') IN ('string', 'number')
-                                           AND (e->>'delay' ~ plain_seconds
-                                                OR @schema@.readable(e->>'delay', 'interval')))
-                                 THEN false
-                                 ELSE (e->>'delay')::interval BETWEEN delay_min AND delay_max
-                                  AND extract(year FROM (e->>'delay')::interval)
-                                      BETWEEN -2000 AND 8000
-                                  AND extract(day FROM (e->>'delay')::interval)
-                                      BETWEEN -730000 AND 2922000
-                                  AND now() + (e->>'delay')::interval >= run_at_min
-                                  AND now() + (e->>'delay')::interval < run_at_max END
-                        AND (NOT e ? 'dedupe_key'
-                             OR jsonb_typeof(e->'dedupe_key') = 'null'
-                             OR (jsonb_typeof(e->'dedupe_key') = 'string'
-                                 AND char_length(e->>'dedupe_key') BETWEEN 1 AND 512))
+                   CASE WHEN @schema@.enqueue_valid(e)
                    THEN e->>'handler'
                    ELSE @schema@.enqueue_reject(e, n, total) END AS handler,
                    coalesce(e->'payload', '{}') AS payload,
@@ -480,19 +449,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 DECLARE
-    -- What enqueue accepts (the bounds above): a handler or queue name matches name_ok
-    -- (not empty, no control character, no whitespace at either end) and has at most
-    -- 128 characters.
-    name_ok constant text :=
-        -- [^ control or space] ( [^ control]* [^ control or space] )?
-        '^[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069'
-        ' \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000]'
-        '(?:[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*'
-        '[^\x01-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069'
-        ' \u00a0\u1680\u2000-\u200a\u202f\u205f\u3000])?$';
     run_at_min constant timestamptz := '1900-01-01 00:00+00';
     run_at_max constant timestamptz := '9000-01-01 00:00+00';  -- excluded
-    delay_min constant interval := '-4000 years';  -- see enqueue_many
+    delay_min constant interval := '-4000 years';  -- see enqueue_valid
     delay_max constant interval := '8000 years';
     new_id bigint;
 BEGIN
@@ -503,11 +462,8 @@ BEGIN
        OR pg_column_size(enqueue.payload || '{}') > 64 * 1024 * 1024
        OR jsonb_path_exists(enqueue.payload, 'strict $.**{256 to last}')
        OR enqueue.handler IS NULL
-       OR NOT (char_length(enqueue.handler) <= 128
-               AND enqueue.handler ~ name_ok)
-       OR NOT (enqueue.queue IS NULL
-               OR (char_length(enqueue.queue) <= 128
-                   AND enqueue.queue ~ name_ok))
+       OR NOT @schema@.enqueue_name_ok(enqueue.handler)
+       OR NOT (enqueue.queue IS NULL OR @schema@.enqueue_name_ok(enqueue.queue))
        OR enqueue.priority NOT BETWEEN -32768 AND 32767
        OR enqueue.max_attempts NOT BETWEEN 1 AND 1000
        OR (enqueue.run_at IS NOT NULL

@@ -367,6 +367,7 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
         "lease_seconds": f"{{{float(cap.lease_seconds)}}}",
         "handler_free": f"{{{cap.free}}}",
         "max_attempts": f"{{{'NULL' if max_attempts is None else max_attempts}}}",
+        "handler_queues": "[null]",  # claim_v2 (0006): the handler claims from every queue
         "limit": str(batch),
     }
     claim = own_statement(

@@ -218,6 +218,9 @@ class Daemon:
     def _tick(self, now: float) -> None:
         self._handle_signals()
         self.supervisor.reap()
+        # A dead fork server comes back on its own schedule, not only when a child is
+        # wanted: while it is down nothing is claimed, so nothing would want one.
+        self.supervisor.ensure_forkserver()
         self._drain_timeout(now)
         self.table.tick(now, can_start=self.supervisor.can_start())
         self.supervisor.prune_stuck_starts(30.0)

@@ -72,6 +72,9 @@ class JobTable:
     def __iter__(self) -> Iterator[InFlight]:
         return iter(list(self.jobs.values()))
 
+    def holds(self, job: InFlight) -> bool:
+        return self.jobs.get(job.job.id) is job
+
     def ids(self) -> list[int]:
         return sorted(self.jobs)
 

@@ -89,7 +89,7 @@ class LeaseKeeper:
         by_id = {j.job.id: j for j in chosen}
         for r in results:
             job = by_id[r.id]
-            if job.job.id not in self.table.jobs:
+            if not self.table.holds(job):
                 continue  # settled while the statement ran
             if not r.renewed:
                 self.table.lease_lost(job, "lease lost (re-claimed elsewhere or cancelled)")

@@ -42,7 +42,7 @@ from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.presence import Lifecycle, Presence, QueueDepthCounter
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState, StopReason
-from pgworkerd.daemon.supervisor import Supervisor
+from pgworkerd.daemon.supervisor import Child, Supervisor
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.ops import logs, metrics
@@ -50,6 +50,7 @@ from pgworkerd.ops.systemd import Notifier
 from pgworkerd.queue.db import DatabaseError, InvalidDsn, scrub
 from pgworkerd.queue.migrate import SchemaError, check_current
 from pgworkerd.worker.forkserver import set_child_subreaper
+from pgworkerd.worker.protocol import ChildMessage
 
 log = logging.getLogger("pgworkerd")
 
@@ -322,10 +323,10 @@ class Daemon:
 
     # -- children ------------------------------------------------------------------------
 
-    def _on_message(self, child: Any, message: Any) -> None:
+    def _on_message(self, child: Child, message: ChildMessage) -> None:
         self.table.on_message(child, message)
 
-    def _on_child_exit(self, child: Any, status: int) -> None:
+    def _on_child_exit(self, child: Child, status: int) -> None:
         self.table.on_exit(child, status)
         self.claimer.slot_freed()
 

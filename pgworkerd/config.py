@@ -16,7 +16,7 @@ import re
 import socket
 import stat
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -318,7 +318,7 @@ def _fields(cls: type) -> list[str]:
 
 
 def _read_table(
-    reader: _Reader, cls: type, converters: dict[str, Callable[[Any], Any]], **fixed: Any
+    reader: _Reader, cls: type, converters: Mapping[str, Callable[[Any], Any]], **fixed: Any
 ) -> Any:
     defaults = cls(**fixed) if fixed else cls()
     kwargs = {

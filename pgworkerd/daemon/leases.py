@@ -43,6 +43,8 @@ class LeaseKeeper:
         self.renew_at = 0.0
 
     def next_deadline(self) -> float | None:
+        if not self.statements.ok:
+            return None  # nothing to do until the link is back (the loop waits for that)
         if not self.table.has_unsaved():
             return self.renew_at
         return min(self.renew_at, self.progress_at)

@@ -163,10 +163,11 @@ class Presence:
             self.statements.deregister()
 
     def next_deadline(self) -> float | None:
-        times = [self.heartbeat_at]
+        # No heartbeat while the link is down (the loop waits for the reconnect instead).
+        times = [self.heartbeat_at] if self.statements.ok else []
         if self.notifier.watchdog_interval:
             times.append(self.watchdog_at)
-        return min(times)
+        return min(times, default=None)
 
     def tick(self, now: float) -> None:
         self._heartbeat_if_due(now)

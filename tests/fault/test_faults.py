@@ -276,6 +276,32 @@ def test_postgres_crash_immediate_and_restart_jobs_complete_outcomes_written_onc
         assert completions_logged(daemon, job_id) == 1, job_id
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_a_daemon_riding_out_an_outage_sleeps_between_reconnects(
+    crashable: tuple[LocalPostgres, Daemons], tmp_path: Path
+) -> None:
+    """While the database is away the loop waits for its next deadline (a reconnect, a
+    child's message, a job's limit); it must not spin on timers it cannot serve."""
+    pg, daemons = crashable
+    execs = tmp_path / "executions.jsonl"
+    daemon = daemons.start(write_config(daemons, {"slots": 2, "lease": "30s"}))
+    with connect_retrying(daemons.dsn) as conn:
+        db = Db(conn, daemons.schema)
+        job_id = db.enqueue("work", {"file": str(execs), "seconds": 20})
+        wait_for(lambda: read_executions(execs, job_id), what="the job to start")
+    pg.crash()
+    daemon.wait_log("database connection lost")
+    before = cpu_seconds(daemon.pid)
+    time.sleep(4)
+    used = cpu_seconds(daemon.pid) - before
+    # A loop that spins burns seconds of CPU here; one that sleeps, a few milliseconds.
+    assert used < 0.5, f"{used:.2f}s of CPU in 4 s"
+
+
 def daemon_backends(conn: psycopg.Connection) -> list[tuple[int, str]]:
     return conn.execute(
         "SELECT pid, query FROM pg_stat_activity "

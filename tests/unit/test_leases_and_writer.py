@@ -191,3 +191,14 @@ def test_a_failed_jobs_retry_wakes_the_claimer_when_due() -> None:
     w.write = write
     w.tick(clock())
     assert retries == [clock() + 12.5]
+
+
+def test_no_renewal_deadline_while_the_database_is_away() -> None:
+    # A past deadline that cannot be served would make the loop spin through an outage.
+    s = Setup()
+    s.start()
+    s.statements.ok = False
+    s.leases.tick(s.clock.advance(30.0))
+    assert s.leases.next_deadline() is None
+    s.statements.ok = True
+    assert s.leases.next_deadline() == 0.0  # renew at once when it is back

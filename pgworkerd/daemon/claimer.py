@@ -108,7 +108,10 @@ class Claimer:
     def _claim_if_wanted(self, now: float) -> None:
         if not self._may_claim():
             return
-        if now >= self.poll_at or (self.scheduled_at is not None and now >= self.scheduled_at):
+        if self.scheduled_at is not None and now >= self.scheduled_at:
+            self.wanted, self.scheduled_at = True, None  # served: a failed claim must not
+            # leave a past deadline behind (the loop would spin on it)
+        if now >= self.poll_at:
             self.wanted = True
         if self.notified_at is not None and now >= self.notify_claim_at + NOTIFY_CLAIM_INTERVAL:
             self.notified_at, self.notify_claim_at = None, now

@@ -95,7 +95,8 @@ class InFlight:
 
     def limits(self) -> Iterator[float]:
         """The times at which this job's limits next need a look."""
-        yield self.deadline
+        if self.stop_reason is not StopReason.LEASE_LOST:  # acted on already
+            yield self.deadline
         if self.kill_at is not None:
             yield self.kill_at
         if self.started_at is not None and self.stop_reason is None:

@@ -174,3 +174,13 @@ def test_a_failed_claim_waits_for_the_poll_interval() -> None:
     s.tick()
     s.tick(0.5)
     assert len(s.statements.claim_calls) == 1
+
+
+def test_a_failed_claim_leaves_no_past_deadline_behind() -> None:
+    s = Setup()
+    s.statements.next_run = 1.0
+    s.tick()  # a partial claim: the next scheduled job is due in 1 s
+    s.statements.claims = [None]  # that claim fails (a statement timeout)
+    s.tick(1.0)
+    assert len(s.statements.claim_calls) == 2
+    assert s.claimer.next_deadline() == s.clock() + 5.0  # the poll, not a past time

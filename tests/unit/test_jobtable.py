@@ -102,6 +102,7 @@ def test_a_missed_lease_deadline_kills_the_child_at_once() -> None:
     assert child.signals == [signal.SIGKILL] and job.stop_reason is StopReason.LEASE_LOST
     t.table.tick(t.clock.advance(1))  # not stopped twice
     assert child.signals == [signal.SIGKILL]
+    assert t.table.next_deadline() is None  # nothing left to wait for but its exit
 
 
 def test_a_timeout_sends_sigterm_then_sigkill_after_the_kill_grace() -> None:

@@ -57,6 +57,11 @@ ESCALATE_AFTER = 300.0
 _CONNECT_ERRORS = (psycopg.Error, DatabaseError, OSError)
 
 
+def _roughly(seconds: float) -> str:
+    """An outage's length for a message: whole seconds, or whole minutes past two."""
+    return format_duration(round(seconds) if seconds < 120 else 60 * round(seconds / 60))
+
+
 class DatabaseLink:
     def __init__(
         self,
@@ -81,11 +86,12 @@ class DatabaseLink:
         self._reconnects = Backoff(RECONNECT_INITIAL, MAX_RECONNECT_DELAY, rng=self._rng)
         self._recycle_retries = Backoff(RECYCLE_RETRY_INITIAL, RECYCLE_RETRY_MAX, rng=self._rng)
         self._conn_expires_at = self._listen_expires_at = float("inf")
-        # Outage bookkeeping: since when the link is down (None while up), whether the
-        # long-outage ERROR was logged, and the last schema refusal (logged once).
+        # For the status line: since when the link is down (None while up), whether the
+        # outage outlasted escalate_after (its ERROR is logged once), and why the schema
+        # was refused ("" unless that is what keeps the link down).
         self.down_since: float | None = None
         self.unreachable_too_long = False
-        self._schema_refusal = ""
+        self.schema_refusal = ""
 
     def connect(self, dsn: str | None = None) -> psycopg.Connection:
         """A new connection with every wait bounded; raises psycopg/DatabaseError."""
@@ -174,19 +180,20 @@ class DatabaseLink:
             self._refuse_schema(now, exc)
             return False
         except _CONNECT_ERRORS as exc:
+            self.schema_refusal = ""  # unreachable now, whatever was refused before
             self._retry_later(now, "database still unreachable (%s)", exc)
             return False
         if self.down_since is not None and self.unreachable_too_long:
             log.warning(
                 "database connection restored after %s unreachable",
-                format_duration(now - self.down_since),
+                _roughly(now - self.down_since),
             )
         else:
             log.info("database connection restored")
         self.conn, self.ok = conn, True
         self._conn_expires_at = self._expiry(now)
         self._reconnects.reset()
-        self.down_since, self.unreachable_too_long, self._schema_refusal = None, False, ""
+        self.down_since, self.unreachable_too_long, self.schema_refusal = None, False, ""
         return True
 
     def _open_checked(self) -> psycopg.Connection:
@@ -205,8 +212,8 @@ class DatabaseLink:
         """No statement runs against a schema this code does not understand: the link
         is down, retrying; the ERROR is logged once per refusal, not on every try."""
         self._go_down(now)
-        if str(exc) != self._schema_refusal:
-            self._schema_refusal = str(exc)
+        if str(exc) != self.schema_refusal:
+            self.schema_refusal = str(exc)
             log.error("%s; no database work until it is fixed, checking again", exc)
         self._retry_later(now, "schema still not usable (%s)", exc, quiet=True)
 
@@ -224,7 +231,7 @@ class DatabaseLink:
             log.error(
                 "database unreachable for %s (%s); still retrying every %s at most; jobs "
                 "whose leases run out meanwhile are stopped here and run elsewhere",
-                format_duration(down_for),
+                _roughly(down_for),
                 detail.splitlines()[0] if detail else type(exc).__name__,
                 format_duration(MAX_RECONNECT_DELAY),
             )
@@ -252,7 +259,7 @@ class DatabaseLink:
             self._refuse_schema(now, exc)  # the old connection goes down with the link
             return
         except _CONNECT_ERRORS as exc:
-            self._recycle_failed("database", exc)
+            self._recycle_failed("database", exc, self.dsn)
             self._conn_expires_at = now + self._recycle_retries.next_delay()
             return
         self.conn, self._conn_expires_at = new, self._expiry(now)
@@ -266,7 +273,7 @@ class DatabaseLink:
         try:
             new = self._open_listener()
         except _CONNECT_ERRORS as exc:
-            self._recycle_failed("LISTEN", exc)
+            self._recycle_failed("LISTEN", exc, self.config.listen_dsn or self.dsn)
             self._listen_expires_at = now + self._recycle_retries.next_delay()
             return
         # LISTEN on the new one first: from here every NOTIFY reaches it. One that
@@ -278,11 +285,11 @@ class DatabaseLink:
         old.close()
         log.debug("LISTEN connection recycled after its lifetime")
 
-    def _recycle_failed(self, which: str, exc: BaseException) -> None:
+    def _recycle_failed(self, which: str, exc: BaseException, dsn: str) -> None:
         log.warning(
             "recycling the %s connection failed (%s); the current one goes on serving",
             which,
-            scrub(str(exc).strip(), self.dsn),
+            scrub(str(exc).strip(), dsn),
         )
 
     # -- LISTEN --------------------------------------------------------------------------

@@ -172,7 +172,8 @@ def test_after_a_reconnect_the_schema_is_checked_again(
             assert backend_pid_or_none(link) is None  # nothing runs
             time.sleep(0.05)
         errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
-        assert errors and schema in errors[0].getMessage(), caplog.text
+        assert len(errors) == 1 and schema in errors[0].getMessage(), caplog.text  # not per try
+        assert link.schema_refusal
         conn.execute(
             sql.SQL("ALTER SCHEMA {} RENAME TO {}").format(
                 sql.Identifier(away), sql.Identifier(schema)

@@ -192,16 +192,24 @@ def test_after_a_reconnect_the_schema_is_checked_again(
         link.close()
 
 
+@pytest.fixture
+def private_pg() -> Iterator[LocalPostgres]:
+    """A cluster of the test's own: stopping the session's would disturb other tests."""
+    with LocalPostgres() as cluster:
+        cluster.create_database("outage")
+        migrate(cluster.dsn("outage"), schema="pgworkerd")
+        yield cluster
+
+
 def test_a_long_outage_is_escalated_once(
-    pg: LocalPostgres,
-    test_db_dsn: str,
-    schema: str,
+    private_pg: LocalPostgres,
     selector: selectors.BaseSelector,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """After `escalate_after` seconds unreachable: one ERROR line (not one per try) and
     a flag the status can show; both end when the database is back."""
-    link = attached(DatabaseLink(FAST, test_db_dsn, schema, selector, escalate_after=1.0))
+    pg, dsn = private_pg, private_pg.dsn("outage")
+    link = attached(DatabaseLink(FAST, dsn, "pgworkerd", selector, escalate_after=1.0))
     try:
         assert not link.unreachable_too_long
         pg.stop()

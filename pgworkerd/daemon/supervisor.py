@@ -3,6 +3,12 @@
 The daemon decides what happens to jobs; this module only runs processes and reports
 what they say and how they end. Children are reaped here, in one place, and exit
 statuses are decoded once (describe_exit).
+
+For the loop: `can_start()` says whether a job claimed now could be started (a warm
+child is idle or the fork server is up); claim only while it is True. `tick(now)`
+restarts a dead fork server once its delay is over, and `next_deadline()` says when
+that is. The delay is a jittered backoff from 1 s that starts over once a restarted
+fork server has served.
 """
 
 from __future__ import annotations

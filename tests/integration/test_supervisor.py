@@ -14,6 +14,7 @@ import functools
 import logging
 import os
 import re
+import select
 import selectors
 import signal
 import socket
@@ -231,7 +232,9 @@ def test_a_child_killed_before_its_hello_was_read_is_reported_with_its_status(
 
     pid = wait_for(child_pid, what="the child re-parented to us")
     # Its hello is in the socket (or about to be) but not read yet: kill and reap first.
-    wait_for(lambda: "idle child" in process_title(pid), what="the child's hello sent")
+    wait_for(
+        lambda: select.select([child.sock], [], [], 0)[0], what="the child's hello in the socket"
+    )
     os.kill(pid, signal.SIGKILL)
 
     def reaped() -> bool:

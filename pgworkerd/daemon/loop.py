@@ -33,9 +33,10 @@ import psycopg
 from setproctitle import setproctitle
 
 from pgworkerd import __version__
+from pgworkerd.backoff import Backoff
 from pgworkerd.config import Config, ConfigError, file_warnings, load_config
 from pgworkerd.daemon.claimer import Claimer
-from pgworkerd.daemon.dblink import MAX_RECONNECT_DELAY, DatabaseLink
+from pgworkerd.daemon.dblink import MAX_RECONNECT_DELAY, RECONNECT_INITIAL, DatabaseLink
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.leases import LeaseKeeper
 from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
@@ -164,7 +165,7 @@ class Daemon:
     def _start_database(self) -> bool:
         """Wait for the database (bounded per try, retried with backoff) and check the
         schema. A missing or mismatched schema is fatal: retrying cannot fix it."""
-        delay = 0.5
+        backoff = Backoff(RECONNECT_INITIAL, MAX_RECONNECT_DELAY)
         while True:
             self._handle_signals()
             if self.state.leaving:
@@ -187,6 +188,7 @@ class Daemon:
                     str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__,
                     self.dsn,
                 )
+                delay = backoff.next_delay()
                 log.warning("database unreachable (%s); retrying in %.1fs", message, delay)
                 self.notifier.status("database unreachable, retrying")
                 setproctitle(f"pgworkerd: database unreachable, retrying [{self.worker_id}]")
@@ -194,7 +196,6 @@ class Daemon:
                 # is only waiting for its database.
                 self.notifier.extend_timeout(delay + self.config.database.connect_timeout + 5)
                 self._sleep(delay)
-                delay = min(delay * 2, MAX_RECONNECT_DELAY)
 
     def _install_signals(self) -> None:
         os.set_blocking(self._wake_w, False)
@@ -219,9 +220,7 @@ class Daemon:
     def _tick(self, now: float) -> None:
         self._handle_signals()
         self.supervisor.reap()
-        # A dead fork server comes back on its own schedule, not only when a child is
-        # wanted: while it is down nothing is claimed, so nothing would want one.
-        self.supervisor.ensure_forkserver()
+        self.supervisor.tick(now)  # a dead fork server comes back on its own schedule
         self._drain_timeout(now)
         self.table.tick(now, can_start=self.supervisor.can_start())
         self.supervisor.prune_stuck_starts(30.0)
@@ -285,6 +284,7 @@ class Daemon:
             self.leases.next_deadline(),
             self.writer.next_deadline(),
             self.presence.next_deadline(),
+            self.supervisor.next_deadline(),
             self.drain_deadline,
         ]
         if not self.link.ok:

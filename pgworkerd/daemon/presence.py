@@ -21,10 +21,11 @@ from setproctitle import setproctitle
 
 from pgworkerd import __version__
 from pgworkerd.config import Config
-from pgworkerd.daemon.dblink import DatabaseLink
+from pgworkerd.daemon.dblink import ESCALATE_AFTER, DatabaseLink
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState
+from pgworkerd.durations import format_duration
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.ops.systemd import Notifier
 from pgworkerd.queue import registry
@@ -222,7 +223,11 @@ class Presence:
         slots = self.config.worker.slots
         busy = len(self.table)
         if not self.link.ok:
-            return f"database unreachable, retrying ({busy} jobs running)"
+            if self.link.schema_refusal:
+                return f"database schema refused, retrying ({busy} jobs running)"
+            too_long = self.link.unreachable_too_long
+            since = f" for over {format_duration(ESCALATE_AFTER)}" if too_long else ""
+            return f"database unreachable{since}, retrying ({busy} jobs running)"
         state = self.registry_state()
         if state == "running":
             return f"running: {busy}/{slots} busy"

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psycopg
 import pytest
@@ -67,7 +67,10 @@ DEFAULT_WORKER: dict[str, Any] = {
 
 
 def wait_for(
-    condition: Callable[[], T], *, timeout: float = DEADLINE, what: str = "condition"
+    condition: Callable[[], T | Literal[False] | None],
+    *,
+    timeout: float = DEADLINE,
+    what: str = "condition",
 ) -> T:
     """Poll until `condition()` is truthy and return its value; fail after `timeout`."""
     deadline = time.monotonic() + timeout

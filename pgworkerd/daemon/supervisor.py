@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pgworkerd.describe import short_error
+from pgworkerd.worker import protocol
 from pgworkerd.worker.forkserver import ForkServer
-from pgworkerd.worker.wire import FrameReader, encode
+from pgworkerd.worker.protocol import ChildMessage, Exit, Hello, ParentMessage
+from pgworkerd.worker.wire import FrameReader
 
 log = logging.getLogger("pgworkerd")
 
@@ -53,9 +55,9 @@ class Child:
     eof: bool = False
     broken: str = ""  # why the daemon stopped it for a message it could not read
 
-    def send(self, message: dict[str, Any]) -> bool:
+    def send(self, message: ParentMessage) -> bool:
         """Best effort: a child that is gone cannot be told anything."""
-        return self.send_encoded(encode(message))
+        return self.send_encoded(protocol.encode(message))
 
     def send_encoded(self, frame: bytes) -> bool:
         try:
@@ -81,7 +83,7 @@ class Supervisor:
     def __init__(
         self,
         selector: selectors.BaseSelector,
-        on_message: Callable[[Child, dict[str, Any]], None],
+        on_message: Callable[[Child, ChildMessage], None],
         on_exit: Callable[[Child, int], None],
     ) -> None:
         self.selector = selector
@@ -158,6 +160,11 @@ class Supervisor:
         self.selector.register(ours, selectors.EVENT_READ, ("child", child))
         return True
 
+    def can_start(self) -> bool:
+        """Whether a job claimed now could start soon: a fork server is up to start a
+        child for it, or a warm child is idle. (Claims wait while not.)"""
+        return self.forkserver is not None or bool(self.idle())
+
     def idle(self) -> list[Child]:
         """Warm children ready for a job."""
         return [
@@ -171,11 +178,11 @@ class Supervisor:
 
     def retire(self, child: Child) -> None:
         child.exiting = True
-        child.send({"t": "exit"})
+        child.send(Exit())
 
-    def assign(self, child: Child, job_id: int, frame: bytes) -> bool:
-        """Hand a job (its message, encoded already) to an idle child."""
-        child.job = job_id
+    def assign(self, child: Child, frame: bytes) -> bool:
+        """Hand a job (its message, encoded already) to an idle child; the caller has
+        linked the child to its job (child.job)."""
         child.jobs_run += 1
         if child.jobs_run >= int(self.settings.get("max_jobs_per_child", 1)):
             child.exiting = True
@@ -193,8 +200,8 @@ class Supervisor:
             self.selector.unregister(child.sock)
             return
         for message in self._messages(child, data):
-            if message.get("t") == "hello":
-                child.pid = int(message["pid"])
+            if isinstance(message, Hello):
+                child.pid = message.pid
                 self.by_pid[child.pid] = child
                 status = self._unmatched_exits.pop(child.pid, None)
                 if status is not None:
@@ -203,14 +210,17 @@ class Supervisor:
                 continue
             self.on_message(child, message)
 
-    def _messages(self, child: Child, data: bytes) -> list[dict[str, Any]]:
+    def _messages(self, child: Child, data: bytes) -> list[ChildMessage]:
         """The complete messages in `data`. One the daemon cannot read (a frame over the
         limit, JSON it cannot parse) stops that child: its job fails with the reason, and
         nothing a child sends can raise into the loop."""
         if child.broken:
             return []
         try:
-            return child.reader.feed(data)
+            messages = [protocol.decode(frame) for frame in child.reader.feed(data)]
+            if any(isinstance(m, protocol.ParentMessage) for m in messages):
+                raise protocol.ProtocolError("a parent's message kind")
+            return messages  # type: ignore[return-value]
         except Exception as exc:
             child.broken = f"sent a message the daemon cannot read ({short_error(exc)})"
             log.error("child %s %s; stopping it", child.pid, child.broken)

@@ -24,7 +24,7 @@ from typing import Any
 from pgworkerd.bounds import check_name, name_problem
 from pgworkerd.durations import format_duration, parse_duration
 from pgworkerd.masking import mask_dsn
-from pgworkerd.queue.queries import DEFAULT_SCHEMA, check_schema_name
+from pgworkerd.names import DEFAULT_SCHEMA, check_schema_name
 
 
 class ConfigError(ValueError):

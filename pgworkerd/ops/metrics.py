@@ -38,15 +38,11 @@ from pgworkerd.ops.boundedhttp import (
     MAX_CONNECTIONS,
     BoundedServer,
 )
-from pgworkerd.queue import jobs
 
 log = logging.getLogger("pgworkerd")
 F = TypeVar("F", bound=Callable[..., Any])
 
 NAMESPACE = "pgworkerd"
-# Job statuses whose depth is always exported (0 included) for every queue exported, so
-# a series does not vanish when its count drops to zero.
-STATUSES = jobs.STATUSES
 # Enqueue (or due time) to start: from a few ms (warm child, NOTIFY) to hours of backlog.
 LATENCY_BUCKETS = (
     0.005,
@@ -145,15 +141,6 @@ class NullMetrics:
     def outcome(self, handler: str, kind: str, ok: bool = True) -> None:
         pass
 
-    def completed(self, handler: str) -> None:
-        pass
-
-    def failed(self, handler: str) -> None:
-        pass
-
-    def fenced(self, handler: str, kind: str) -> None:
-        pass
-
     def lease_renewed(self, count: int = 1) -> None:
         pass
 
@@ -170,9 +157,6 @@ class NullMetrics:
         return False
 
     def set_queue_depth(self, rows: Iterable[tuple[str | None, str, int]]) -> None:
-        pass
-
-    def observe_start_latency(self, seconds: float) -> None:
         pass
 
     def observe_job_start(self, run_at: datetime, created_at: datetime) -> None:
@@ -299,6 +283,12 @@ class Metrics(NullMetrics):
                     'the served queues, the top_queues biggest others, the rest as "other".',
                     labels=("queue", "status"),
                 )
+                # Every job status is exported (0 included) for every queue exported, so
+                # a series does not vanish when its count drops to zero. Imported here, not
+                # at module level: ops imports nothing from the SQL core (tests/unit/
+                # test_layout.py) until the statuses live in a dependency-free module.
+                from pgworkerd.queue.jobs import STATUSES
+
                 depth, queues = outer._depth
                 statuses = sorted({*STATUSES, *(s for _, s in depth)})
                 for queue in sorted(queues):
@@ -306,7 +296,7 @@ class Metrics(NullMetrics):
                         family.add_metric((queue, status), depth.get((queue, status), 0))
                 yield family
 
-        registry.register(_QueueDepth())  # type: ignore[arg-type]
+        registry.register(_QueueDepth())
 
     # -- the endpoint ----------------------------------------------------------------------
 
@@ -324,7 +314,7 @@ class Metrics(NullMetrics):
                 host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
             )[0]
             server = BoundedServer(
-                (sockaddr[0], self.port),
+                (str(sockaddr[0]), self.port or 0),
                 family,
                 max_connections=self.max_connections,
                 io_timeout=self.io_timeout,
@@ -401,15 +391,6 @@ class Metrics(NullMetrics):
         elif kind == "bury":
             self.refusals.labels(handler).inc()
 
-    def completed(self, handler: str) -> None:
-        self.outcome(handler, "complete")
-
-    def failed(self, handler: str) -> None:
-        self.outcome(handler, "fail")
-
-    def fenced(self, handler: str, kind: str) -> None:
-        self.outcome(handler, kind, ok=False)
-
     @_safe
     def lease_renewed(self, count: int = 1) -> None:
         if count > 0:
@@ -459,10 +440,6 @@ class Metrics(NullMetrics):
         # Served queues and "other" are always exported (at 0 when empty); any other
         # queue only while it is in the latest count, so stale series disappear.
         self._depth = (depth, self._served_labels | {OTHER} | set(per_queue))
-
-    @_safe
-    def observe_start_latency(self, seconds: float) -> None:
-        self.start_latency.observe(max(0.0, seconds))
 
     @_safe
     def observe_job_start(self, run_at: datetime, created_at: datetime) -> None:

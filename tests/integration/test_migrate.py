@@ -416,3 +416,31 @@ def test_enqueue_checks_are_written_once_and_cost_no_call(
     )
     assert "enqueue_valid" not in plan and "enqueue_name_ok" not in plan, plan
     assert "jsonb_typeof(e) = 'object'" in plan
+
+
+def test_the_inlined_helpers_bind_built_ins_whatever_the_migrators_search_path(
+    test_db_dsn: str, schema_name: str
+) -> None:
+    """The helpers bind their names when created: a migration run without pgworkerd's
+    search_path option (behind PgBouncer, say) must not bind a planted look-alike."""
+    planted = f"planted_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(test_db_dsn, autocommit=True) as c:
+        try:
+            c.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(planted)))
+            c.execute(
+                sql.SQL(
+                    "CREATE FUNCTION {}.jsonb_path_exists(jsonb, text) RETURNS boolean"
+                    " LANGUAGE sql AS 'SELECT true'"
+                ).format(sql.Identifier(planted))
+            )
+            c.execute(sql.SQL("SET search_path = {}, public").format(sql.Identifier(planted)))
+            migrate_conn(c, schema_name)
+            c.execute("RESET search_path")
+            row = c.execute(
+                sql.SQL("""SELECT {}.enqueue_many('[{{"handler": "h"}}]')""").format(
+                    sql.Identifier(schema_name)
+                )
+            ).fetchone()
+            assert row is not None and len(row[0]) == 1
+        finally:
+            c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(planted)))

@@ -120,6 +120,10 @@ $$;
 -- enqueue's checks (0008), written once: SQL functions PostgreSQL inlines into the calling
 -- statement (so no SET search_path; their SQL-standard bodies bind every name here).
 
+-- Names in the helpers' bodies are bound now, so resolve them as the functions' pinned
+-- search_path would: in pg_catalog only, never in a schema someone else could create in.
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+
 -- Whether `name` may be a handler or queue name (the bounds of enqueue_many): not empty,
 -- at most 128 characters, no control character (C0, DEL, C1, U+2028/2029, bidi controls),
 -- no whitespace at either end. NULL for NULL.

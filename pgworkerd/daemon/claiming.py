@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING
 
 from pgworkerd.daemon.outcomes import InFlight, Outcome, fence_margin
 from pgworkerd.describe import short_error
-from pgworkerd.queue import jobs
+from pgworkerd.queue.lease import (
+    ClaimedJob,
+    HandlerCapacity,
+    RefusedJob,
+    claim_checked,
+    next_run_in,
+)
 from pgworkerd.worker import wire
 
 if TYPE_CHECKING:
@@ -71,7 +77,7 @@ class Claiming:
         for j in self.in_flight.values():
             busy_per_handler[j.job.handler] = busy_per_handler.get(j.job.handler, 0) + 1
         capacity = {
-            name: jobs.HandlerCapacity(
+            name: HandlerCapacity(
                 lease_seconds=self.config.lease_for(h),
                 free=(
                     free if h.slots is None else min(free, h.slots - busy_per_handler.get(name, 0))
@@ -83,7 +89,7 @@ class Claiming:
         sent_at = time.monotonic()
         result = self.db.run(
             "claiming jobs",
-            lambda c: jobs.claim_checked(
+            lambda c: claim_checked(
                 c,
                 self.worker_id,
                 queues=self.config.queues,
@@ -130,7 +136,7 @@ class Claiming:
             self._schedule_next_run()
 
     def _refuse(
-        self, job: jobs.ClaimedJob | jobs.RefusedJob, handler: HandlerConfig | None, reason: str
+        self, job: ClaimedJob | RefusedJob, handler: HandlerConfig | None, reason: str
     ) -> None:
         """A claimed job this daemon cannot run at all: dead at once with the reason
         (written like any outcome: fenced, kept while the database is away)."""
@@ -138,16 +144,13 @@ class Claiming:
         self.outcomes.append(Outcome(job, handler, "bury", 0.0, error=reason))
 
     def _schedule_next_run(self) -> None:
-        row = self.db.run(
+        wait = self.db.run(
             "looking up scheduled jobs",
-            lambda c: c.execute(
-                jobs.query("job_next_run_at", self.schema),
-                {"queues": list(self.config.queues), "handlers": list(self.config.handlers)},
-            ).fetchone(),
+            lambda c: next_run_in(c, self.config.queues, self.config.handlers, schema=self.schema),
         )
         self.timers.scheduled_at = None
-        if row and row[0] is not None:
-            self.timers.scheduled_at = time.monotonic() + max(0.0, row[0])
+        if wait is not None:
+            self.timers.scheduled_at = time.monotonic() + max(0.0, wait)
 
     def _dispatch(self) -> None:
         waiting = [j for j in self.in_flight.values() if j.child is None and j.stop_reason is None]

@@ -41,8 +41,8 @@ from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.ops import logs, metrics
 from pgworkerd.ops.systemd import Notifier
-from pgworkerd.queue import jobs
 from pgworkerd.queue.db import DatabaseError, InvalidDsn, scrub
+from pgworkerd.queue.lease import Lease, encode_json, renew
 from pgworkerd.queue.migrate import SchemaError, check_current
 from pgworkerd.worker.forkserver import set_child_subreaper
 
@@ -428,14 +428,14 @@ class Daemon(Claiming, Presence):
                     # Encoded (and so checked) here, once: one job's odd value must never
                     # fail the renewal statement that carries every job's lease.
                     try:
-                        setattr(job, key, jobs.encode_json(message[key]))
+                        setattr(job, key, encode_json(message[key]))
                         job.unsaved = True
                     except Exception as exc:
                         log.warning("%s: %s not saved: %s", job.name, key, short_error(exc))
         elif kind in ("done", "error", "interrupted"):
             if kind == "done" and message.get("result") is not None:
                 try:
-                    message["result"] = jobs.encode_json(message["result"])
+                    message["result"] = encode_json(message["result"])
                 except Exception as exc:
                     message = {
                         "t": "error",
@@ -562,7 +562,7 @@ class Daemon(Claiming, Presence):
         if not chosen:
             return
         leases = [
-            jobs.Lease(
+            Lease(
                 j.job.id,
                 j.job.token,
                 j.lease,
@@ -573,7 +573,7 @@ class Daemon(Claiming, Presence):
         ]
         sent_at = time.monotonic()
         results = self.db.run(
-            "renewing leases", lambda c: jobs.renew(c, self.worker_id, leases, schema=self.schema)
+            "renewing leases", lambda c: renew(c, self.worker_id, leases, schema=self.schema)
         )
         saved = True
         if results is None and self.db.ok and any(j.unsaved for j in chosen):
@@ -586,10 +586,10 @@ class Daemon(Claiming, Presence):
                 "renewing them without",
                 ", ".join(str(j.job.id) for j in chosen if j.unsaved),
             )
-            bare = [jobs.Lease(lease.id, lease.token, lease.lease_seconds) for lease in leases]
+            bare = [Lease(lease.id, lease.token, lease.lease_seconds) for lease in leases]
             sent_at, saved = time.monotonic(), False
             results = self.db.run(
-                "renewing leases", lambda c: jobs.renew(c, self.worker_id, bare, schema=self.schema)
+                "renewing leases", lambda c: renew(c, self.worker_id, bare, schema=self.schema)
             )
         if results is None:
             return

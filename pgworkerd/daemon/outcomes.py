@@ -18,7 +18,7 @@ from pgworkerd.daemon.supervisor import Child
 from pgworkerd.durations import format_duration
 from pgworkerd.jsontext import storable_text
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue import jobs
+from pgworkerd.queue import lease
 
 log = logging.getLogger("pgworkerd")
 
@@ -37,7 +37,7 @@ def fence_margin(lease: float) -> float:
 class Outcome:
     """What to write for a finished attempt; kept until the database takes it."""
 
-    job: jobs.ClaimedJob | jobs.RefusedJob
+    job: lease.ClaimedJob | lease.RefusedJob
     handler: HandlerConfig | None  # None: a refused row's handler name did not decode
     kind: str  # complete, fail, release, cancel, bury
     duration: float
@@ -69,7 +69,7 @@ class Outcome:
 class InFlight:
     """A claimed job this daemon holds, from claim to recorded outcome."""
 
-    job: jobs.ClaimedJob
+    job: lease.ClaimedJob
     handler: HandlerConfig
     lease: float
     claimed_at: float
@@ -150,10 +150,10 @@ def write(
 ) -> bool:
     """Write a batch: completions (any number, one statement) or one other outcome."""
     if all(o.kind == "complete" for o in batch):
-        done = jobs.complete_many(
+        done = lease.complete_many(
             conn,
             worker,
-            [jobs.Completion(o.job.id, o.job.token, o.result, o.progress) for o in batch],
+            [lease.Completion(o.job.id, o.job.token, o.result, o.progress) for o in batch],
             schema=schema,
         )
         for o in batch:
@@ -168,7 +168,7 @@ def write(
     [o] = batch
     j, took = o.job, f"{o.duration:.2f}s"
     if o.kind == "release":
-        released = jobs.release(
+        released = lease.release(
             conn,
             worker,
             j.id,
@@ -180,15 +180,15 @@ def write(
         ok = released is not None
         message = f"{o.name}: released after {took} (attempt not counted)"
     elif o.kind == "cancel":
-        ok = jobs.cancel_running(
+        ok = lease.cancel_running(
             conn, worker, j.id, j.token, o.error, progress=o.progress, schema=schema
         )
         message = f"{o.name}: cancelled after {took}"
     elif o.kind == "bury":
-        ok = jobs.bury(conn, worker, j.id, j.token, o.error, schema=schema)
+        ok = lease.bury(conn, worker, j.id, j.token, o.error, schema=schema)
         message = f"{o.name}: dead at once: {o.error}"
     else:
-        failed = jobs.fail(
+        failed = lease.fail(
             conn,
             worker,
             j.id,
@@ -238,7 +238,7 @@ def _recorded_earlier(conn: psycopg.Connection, schema: str, o: Outcome) -> bool
     its reply was lost (the connection died), so the daemon wrote it again. The token is
     still ours (every claim, and every burial of an expired job, bumps it), nobody holds
     the job, and the row is in a state this outcome leaves."""
-    row = jobs.lease_state(conn, o.job.id, schema=schema)
+    row = lease.lease_state(conn, o.job.id, schema=schema)
     return (
         row is not None
         and row.token == o.job.token

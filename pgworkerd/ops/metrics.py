@@ -38,7 +38,7 @@ from pgworkerd.ops.boundedhttp import (
     MAX_CONNECTIONS,
     BoundedServer,
 )
-from pgworkerd.queue import jobs
+from pgworkerd.queue import model
 
 log = logging.getLogger("pgworkerd")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,7 +46,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 NAMESPACE = "pgworkerd"
 # Job statuses whose depth is always exported (0 included) for every queue exported, so
 # a series does not vanish when its count drops to zero.
-STATUSES = jobs.STATUSES
+STATUSES = model.STATUSES
 # Enqueue (or due time) to start: from a few ms (warm child, NOTIFY) to hours of backlog.
 LATENCY_BUCKETS = (
     0.005,

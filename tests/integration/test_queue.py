@@ -5,6 +5,8 @@ migrated schema per test."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -1373,3 +1375,19 @@ def test_threads_sharing_a_connection_get_their_own_results(q: Queue) -> None:
         t.join()
     assert errors == []
     assert q.count() == 400
+
+
+def test_the_statuses_the_metrics_and_the_statement_texts_import_no_psycopg() -> None:
+    """ops/metrics (and config, through queries) need the statuses and the schema name,
+    not the database stack: importing them must not load psycopg (~0.2 s)."""
+    code = (
+        "import sys\n"
+        "import pgworkerd.ops.metrics, pgworkerd.queue.model, pgworkerd.queue.queries\n"
+        "from pgworkerd.queue.queries import query\n"
+        "assert query('job_claim', 'x').count('\"x\".') > 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg'))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert proc.stdout.strip() == "[]"

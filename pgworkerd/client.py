@@ -1,9 +1,14 @@
 """The application API: describe jobs (JobSpec) and enqueue them on your own connection.
 
 `enqueue` and `enqueue_many` join the caller's current transaction: the jobs commit or roll
-back with it. They use only psycopg's public API (one `Connection.execute` per call, which
-psycopg prepares after a few uses like any other statement) and keep no state of their own
-on, or about, the caller's connection: adapters registered on it apply as to any query.
+back with it. They use only psycopg's public API, one short-lived cursor per call (psycopg
+prepares the statement after a few uses, like any other), and keep no state on or about
+the caller's connection: its adapters apply as to any query, its row factory is left alone.
+
+Why not one cached cursor per connection: a cursor refers to its connection, so a cache
+keyed weakly by connection would still keep every connection alive (and open, if the
+application drops it without closing it). Measured, the cached cursor would save ~10 µs
+of client CPU per call, against a round trip of ~250 µs on a local server.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 
 from pgworkerd import bounds
 from pgworkerd.bounds import MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_MIN, PRIORITY_MAX, PRIORITY_MIN
@@ -216,19 +222,21 @@ def enqueue(
     except InvalidJob as exc:
         raise InvalidJob(f"job 1: {exc}") from None
     # The SQL function enqueue: one INSERT, no JSON array to unpack.
-    row = conn.execute(
-        query("job_enqueue", schema),
-        {
-            "handler": spec.handler,
-            "payload": payload_json,
-            "queue": spec.queue,
-            "priority": spec.priority,
-            "run_at": spec.run_at,
-            "delay": None if spec.delay is None else _delay_seconds(spec.delay),
-            "max_attempts": spec.max_attempts,
-            "dedupe_key": spec.dedupe_key,
-        },
-    ).fetchone()
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(
+            query("job_enqueue", schema),
+            {
+                "handler": spec.handler,
+                "payload": payload_json,
+                "queue": spec.queue,
+                "priority": spec.priority,
+                "run_at": spec.run_at,
+                "delay": None if spec.delay is None else _delay_seconds(spec.delay),
+                "max_attempts": spec.max_attempts,
+                "dedupe_key": spec.dedupe_key,
+            },
+        )
+        row = cur.fetchone()
     assert row is not None  # the function returns the job's id or raises
     return int(row[0])
 
@@ -277,5 +285,6 @@ def enqueue_many(
     if text == "[]":
         return []
     # Sent as text, parsed once by the server as jsonb (no second serialisation).
-    [(ids,)] = conn.execute(query("job_enqueue_many", schema), {"jobs": text}).fetchall()
+    with conn.cursor(row_factory=tuple_row) as cur:
+        [(ids,)] = cur.execute(query("job_enqueue_many", schema), {"jobs": text}).fetchall()
     return list(ids)

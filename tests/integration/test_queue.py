@@ -18,6 +18,7 @@ import psycopg
 import pytest
 from daemon_harness import wait_for
 from psycopg import sql
+from psycopg.rows import dict_row
 
 from pgworkerd import client
 from pgworkerd.client import InvalidJob, JobSpec
@@ -1391,3 +1392,14 @@ def test_the_statuses_the_metrics_and_the_statement_texts_import_no_psycopg() ->
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert proc.stdout.strip() == "[]"
+
+
+def test_enqueue_on_a_connection_whose_rows_are_dicts(test_db_dsn: str, schema: str) -> None:
+    """The application's connection keeps its own row factory; enqueue reads its ids anyway."""
+    with psycopg.connect(test_db_dsn, autocommit=True, row_factory=dict_row) as conn:
+        one = client.enqueue(conn, "h", schema=schema)
+        many = client.enqueue_many(conn, [JobSpec("h"), JobSpec("h")], schema=schema)
+        with conn.pipeline():
+            piped = client.enqueue(conn, "h", schema=schema)
+        assert sorted([one, *many, piped]) == list(range(one, one + 4))
+        assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}

@@ -19,8 +19,8 @@ import psycopg
 from pgworkerd.config import DatabaseConfig
 from pgworkerd.describe import short_error
 from pgworkerd.durations import format_duration
+from pgworkerd.queue import session
 from pgworkerd.queue.db import DatabaseError, connect, scrub
-from pgworkerd.queue.queries import notify_channel
 
 log = logging.getLogger("pgworkerd")
 T = TypeVar("T")
@@ -138,7 +138,7 @@ class DatabaseLink:
         dsn = self.config.listen_dsn or self.dsn
         try:
             conn = self.connect(dsn)
-            conn.execute(f'LISTEN "{notify_channel(self.schema)}"')
+            session.listen(conn, schema=self.schema)
         except (psycopg.Error, DatabaseError, OSError) as exc:
             log.warning(
                 "LISTEN unavailable (%s); polling every %s",

@@ -30,7 +30,11 @@ def render(text: str, schema: str) -> str:
     """Substitute the schema placeholders of a SQL text."""
     # A checked name holds no quote, backslash or upper case: quoting it is just wrapping.
     check_schema_name(schema)
-    return text.replace("@schema_literal@", f"'{schema}'").replace("@schema@", f'"{schema}"')
+    return (
+        text.replace("@schema_literal@", f"'{schema}'")
+        .replace("@notify_channel@", f'"{notify_channel(schema)}"')
+        .replace("@schema@", f'"{schema}"')
+    )
 
 
 def _split(text: str) -> dict[str, str]:

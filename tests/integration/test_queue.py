@@ -4,7 +4,9 @@ migrated schema per test."""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
@@ -23,7 +26,7 @@ from psycopg.rows import dict_row
 from pgworkerd import client
 from pgworkerd.client import InvalidJob, JobSpec
 from pgworkerd.config import ConfigError, parse_config
-from pgworkerd.queue import admin, lease, model
+from pgworkerd.queue import admin, lease, model, session
 from pgworkerd.queue.db import connect
 from pgworkerd.queue.lease import ClaimedJob, HandlerCapacity, Lease, RenewOutcome
 from pgworkerd.queue.queries import notify_channel, query, render
@@ -570,14 +573,16 @@ def test_scheduled_jobs_are_invisible_until_due(q: Queue) -> None:
 
 
 def next_run_at(q: Queue, queues: Sequence[str], handlers: Sequence[str]) -> datetime | None:
-    """The wake-up as a time: job_next_run_at gives seconds from the server's now(), which
-    is fixed within a transaction."""
+    """The wake-up as a time: lease.next_run_in gives seconds from the server's now(),
+    which is fixed within a transaction."""
     params = {"queues": list(queues), "handlers": list(handlers)}
     with q.conn.transaction():
         now = q.one("SELECT now()")
         rows = q.sql(query("job_next_run_at", q.schema), params)
+        wait = lease.next_run_in(q.conn, queues, handlers, schema=q.schema)
     assert len(rows) <= 1, rows
-    return now + timedelta(seconds=rows[0][0]) if rows else None
+    assert wait == (rows[0][0] if rows else None)
+    return now + timedelta(seconds=wait) if wait is not None else None
 
 
 def test_next_run_at_is_the_earliest_future_job_the_worker_serves(q: Queue) -> None:
@@ -1272,9 +1277,8 @@ def test_enqueue_many_refuses_an_unserialisable_payload_naming_the_job(q: Queue)
 
 
 def test_sql_enqueue_notifies_and_dedupes_in_one_insert(q: Queue, test_db_dsn: str) -> None:
-    channel = sql.Identifier(notify_channel(q.schema))
     with psycopg.connect(test_db_dsn, autocommit=True) as listener:
-        listener.execute(sql.SQL("LISTEN {}").format(channel))
+        session.listen(listener, schema=q.schema)  # what the daemon's LISTEN runs
         first = q.one("SELECT @schema@.enqueue('h', dedupe_key => 'k', queue => 'mail')")
         again = q.one("SELECT @schema@.enqueue('h', dedupe_key => 'k', queue => 'mail')")
         assert first == again and q.count() == 1
@@ -1403,3 +1407,57 @@ def test_enqueue_on_a_connection_whose_rows_are_dicts(test_db_dsn: str, schema: 
             piped = client.enqueue(conn, "h", schema=schema)
         assert sorted([one, *many, piped]) == list(range(one, one + 4))
         assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+
+
+def test_a_local_statement_timeout_bounds_the_transaction_only(conn: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.errors.QueryCanceled), conn.transaction():
+        session.set_local_statement_timeout(conn, 0.05)
+        conn.execute("SELECT pg_sleep(5)")
+    with conn.transaction():
+        session.set_local_statement_timeout(conn, 30)
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("30s",)
+    assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)
+
+
+PACKAGE = Path(__file__).resolve().parents[2] / "pgworkerd"
+
+
+def package_trees() -> Iterator[tuple[str, ast.AST]]:
+    """Every module of the runtime package, throwaway-cluster tooling (devcluster/) aside."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "devcluster" not in path.parts:
+            yield str(path.relative_to(PACKAGE)), ast.parse(path.read_text())
+
+
+def test_every_statement_the_package_runs_comes_from_queries_sql() -> None:
+    """No SQL text written in Python: what execute() (or psycopg's sql.SQL) is given is
+    a statement looked up by name (or a migration file), never a literal or an f-string."""
+    inline = []
+    for name, tree in package_trees():
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("execute", "executemany", "SQL")
+                and node.args
+                and isinstance(node.args[0], ast.Constant | ast.JoinedStr)
+            ):
+                inline.append(f"{name}:{node.lineno}: {ast.unparse(node.args[0])[:50]}")
+    assert inline == []
+
+
+def package_strings() -> set[str]:
+    return {
+        node.value
+        for _, tree in package_trees()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+
+
+def test_every_named_statement_is_run_somewhere() -> None:
+    text = (PACKAGE / "queue" / "sql" / "queries.sql").read_text()
+    named = re.findall(r"^-- name: (\w+)", text, flags=re.MULTILINE)
+    used = package_strings()
+    assert len(named) == len(set(named))
+    assert [name for name in named if name not in used] == []

@@ -749,7 +749,7 @@ def render_report(report: Report, cfg: Config) -> str:
     )
     lines += [
         "",
-        "  python   = pgworkerd's jobs API    same SQL = pgworkerd's own statements via pgbench",
+        "  python   = pgworkerd's Python API  same SQL = pgworkerd's own statements via pgbench",
         "  raw SQL  = minimal hand-written SQL via pgbench (the ceiling)",
         "",
     ]

@@ -318,7 +318,6 @@ def test_enqueue_leaves_no_state_on_the_applications_connection(
         added = sorted(set(vars(conn)) - set(before))
         assert added == []
         assert our_statements(conn) == []
-        assert conn not in hotpath._PREPARED
 
 
 def test_the_daemons_connection_is_not_kept_alive_by_what_is_known_about_it(

@@ -12,7 +12,7 @@ connection (or joins the caller's transaction).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -385,8 +385,8 @@ def lease_state(
 
 def next_run_in(
     conn: psycopg.Connection,
-    queues: Sequence[str],
-    handlers: Sequence[str],
+    queues: Iterable[str],
+    handlers: Iterable[str],
     *,
     schema: str = DEFAULT_SCHEMA,
 ) -> float | None:

@@ -189,7 +189,7 @@ def _delay_seconds(delay: Any) -> float:
 
 
 def enqueue(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     handler: str,
     payload: Mapping[str, Any] | None = None,
     *,
@@ -274,7 +274,7 @@ def jobs_json(specs: Iterable[JobSpec]) -> str:
 
 
 def enqueue_many(
-    conn: psycopg.Connection, specs: Iterable[JobSpec], *, schema: str = DEFAULT_SCHEMA
+    conn: psycopg.Connection[Any], specs: Iterable[JobSpec], *, schema: str = DEFAULT_SCHEMA
 ) -> list[int]:
     """Enqueue many jobs in one round trip; ids come back in input order.
 

@@ -15,7 +15,7 @@ from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
 
 
 def cancel(
-    conn: psycopg.Connection, ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
+    conn: psycopg.Connection[Any], ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
 ) -> dict[int, str]:
     """Cancel jobs: id → 'cancelled', 'cancel requested', 'already <status>' or 'not found'."""
     rows = conn.execute(query("job_cancel", schema), {"ids": list(ids)}).fetchall()
@@ -23,7 +23,7 @@ def cancel(
 
 
 def retry(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     *,
     ids: Sequence[int] | None = None,
     queue: str | None = None,
@@ -51,7 +51,7 @@ def check_statuses(statuses: Iterable[str]) -> list[str]:
 
 
 def prune(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     older_than: timedelta,
     *,
     statuses: Iterable[str] = FINAL_STATUSES,
@@ -74,13 +74,13 @@ def prune(
             return total
 
 
-def get(conn: psycopg.Connection, job_id: int, *, schema: str = DEFAULT_SCHEMA) -> dict | None:
+def get(conn: psycopg.Connection[Any], job_id: int, *, schema: str = DEFAULT_SCHEMA) -> dict | None:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query("job_get", schema), {"id": job_id}).fetchone()
 
 
 def list_jobs(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     *,
     statuses: Iterable[str] | None = None,
     queue: str | None = None,
@@ -98,5 +98,7 @@ def list_jobs(
         return cur.execute(query("job_list", schema), params).fetchall()
 
 
-def counts(conn: psycopg.Connection, *, schema: str = DEFAULT_SCHEMA) -> list[tuple[str, str, int]]:
+def counts(
+    conn: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA
+) -> list[tuple[str, str, int]]:
     return [(r[0], r[1], r[2]) for r in conn.execute(query("job_counts", schema)).fetchall()]

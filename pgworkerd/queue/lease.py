@@ -67,7 +67,7 @@ class RefusedJob:
 
 
 def claim_checked(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     worker: str,
     *,
     queues: Sequence[str],
@@ -116,7 +116,7 @@ def _refused(raw: tuple[bytes | None, ...], reason: str, encoding: str) -> Refus
 
 
 def claim(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     worker: str,
     *,
     queues: Sequence[str],
@@ -177,7 +177,11 @@ def _jsonb_or_none(value: Any) -> Jsonb | None:
 
 
 def renew(
-    conn: psycopg.Connection, worker: str, leases: Sequence[Lease], *, schema: str = DEFAULT_SCHEMA
+    conn: psycopg.Connection[Any],
+    worker: str,
+    leases: Sequence[Lease],
+    *,
+    schema: str = DEFAULT_SCHEMA,
 ) -> list[RenewOutcome]:
     """Renew many leases in one statement; lost leases come back with renewed=False."""
     if not leases:
@@ -195,7 +199,7 @@ def renew(
 
 
 def complete(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     worker: str,
     job_id: int,
     token: int,
@@ -229,7 +233,7 @@ class Completion:
 
 
 def complete_many(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     worker: str,
     done: Sequence[Completion],
     *,
@@ -261,7 +265,7 @@ class FailOutcome:
 
 
 def fail(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     worker: str,
     job_id: int,
     token: int,
@@ -295,7 +299,7 @@ def fail(
 
 
 def release(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     worker: str,
     job_id: int,
     token: int,
@@ -323,7 +327,7 @@ def release(
 
 
 def cancel_running(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     worker: str,
     job_id: int,
     token: int,
@@ -349,7 +353,7 @@ def cancel_running(
 
 
 def bury(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     worker: str,
     job_id: int,
     token: int,
@@ -376,7 +380,7 @@ class LeaseState:
 
 
 def lease_state(
-    conn: psycopg.Connection, job_id: int, *, schema: str = DEFAULT_SCHEMA
+    conn: psycopg.Connection[Any], job_id: int, *, schema: str = DEFAULT_SCHEMA
 ) -> LeaseState | None:
     """Who holds a job, under which token (None: no such job); loads nothing else."""
     rows = hotpath.run(conn, "job_lease_state", {"id": job_id}, schema=schema)
@@ -384,7 +388,7 @@ def lease_state(
 
 
 def next_run_in(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     queues: Iterable[str],
     handlers: Iterable[str],
     *,

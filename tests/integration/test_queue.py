@@ -223,7 +223,7 @@ def test_notify_is_sent_on_commit_only(q: Queue, test_db_dsn: str) -> None:
                     sql.Literal(notify_channel(q.schema)), sql.Literal(marker)
                 )
             )
-            got = []
+            got: list[str] = []
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:
                 for n in listener.notifies(timeout=1.0):
@@ -277,7 +277,8 @@ def test_dedupe_returns_the_live_job_while_pending_or_running(q: Queue) -> None:
 def test_dedupe_after_dead_or_cancelled_creates_a_new_job(q: Queue) -> None:
     dead = q.enqueue(dedupe_key="k", max_attempts=1)
     held = q.claim_one()
-    assert lease.fail(q.conn, "w1", held.id, held.token, "x", schema=q.schema).status == "dead"
+    failed = lease.fail(q.conn, "w1", held.id, held.token, "x", schema=q.schema)
+    assert failed is not None and failed.status == "dead"
     cancelled = q.enqueue(dedupe_key="k")
     assert cancelled != dead
     assert admin.cancel(q.conn, [cancelled], schema=q.schema) == {cancelled: "cancelled"}

@@ -50,6 +50,10 @@ from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
 
 BENCH_DIR = Path(__file__).resolve().parent
+# The process-tree helpers the tests use (tests/support/proctree.py, standard library only).
+sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
+from proctree import descendants  # noqa: E402
+
 REPO = BENCH_DIR.parent
 BIN = Path(sys.executable).parent
 SERVER_SETTINGS = {
@@ -61,27 +65,6 @@ SERVER_SETTINGS = {
 BULK = 1000
 RESCUE_WAIT = 60.0
 LEASE = 10.0  # pgworkerd's lease in the rescue test; the peers' detection times match it
-
-
-def descendants(root: int) -> set[int]:
-    """root and every process below it (from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found = {root}
-    grew = True
-    while grew:
-        grew = False
-        for pid, ppid in parents.items():
-            if ppid in found and pid not in found:
-                found.add(pid)
-                grew = True
-    return found
 
 
 class Starts:

@@ -39,6 +39,10 @@ from pgworkerd.queue.db import connect
 from pgworkerd.queue.migrate import migrate
 
 BENCH_DIR = Path(__file__).resolve().parent
+# The process-tree helpers the tests use (tests/support/proctree.py, standard library only).
+sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
+from proctree import children_of, process_title  # noqa: E402
+
 PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
 SERVER_SETTINGS = {
     "fsync": "on",
@@ -92,39 +96,8 @@ class Daemon:
             self.proc.wait()
 
     def children(self) -> list[int]:
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    cmdline = (entry / "cmdline").read_bytes()
-                    status = (entry / "status").read_text()
-                except OSError:
-                    continue
-                ppid = next(
-                    (
-                        int(line.split()[1])
-                        for line in status.splitlines()
-                        if line.startswith("PPid:")
-                    ),
-                    0,
-                )
-                if ppid == self.proc.pid and cmdline.startswith(b"pgworkerd: "):
-                    found.append(int(entry.name))
-        return found
-
-
-def children_of(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (from /proc)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rpartition(")")[2].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
+        """The daemon's job children, titled "pgworkerd: ..." (not its fork server)."""
+        return [p for p in children_of(self.proc.pid) if process_title(p).startswith("pgworkerd: ")]
 
 
 def cpu_seconds(pid: int) -> float:

@@ -25,7 +25,7 @@ from psycopg.rows import tuple_row
 
 from pgworkerd import bounds
 from pgworkerd.bounds import MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_MIN, PRIORITY_MAX, PRIORITY_MIN
-from pgworkerd.queue.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+from pgworkerd.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
 
 __all__ = [

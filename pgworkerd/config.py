@@ -16,7 +16,7 @@ import re
 import socket
 import stat
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 from pgworkerd.bounds import check_name, name_problem
 from pgworkerd.durations import format_duration, parse_duration
 from pgworkerd.masking import mask_dsn
-from pgworkerd.queue.queries import DEFAULT_SCHEMA, check_schema_name
+from pgworkerd.names import DEFAULT_SCHEMA, check_schema_name
 
 
 class ConfigError(ValueError):
@@ -318,7 +318,7 @@ def _fields(cls: type) -> list[str]:
 
 
 def _read_table(
-    reader: _Reader, cls: type, converters: dict[str, Callable[[Any], Any]], **fixed: Any
+    reader: _Reader, cls: type, converters: Mapping[str, Callable[[Any], Any]], **fixed: Any
 ) -> Any:
     defaults = cls(**fixed) if fixed else cls()
     kwargs = {

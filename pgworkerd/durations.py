@@ -30,11 +30,26 @@ def parse_duration(value: str | int | float) -> float:
     return total
 
 
-def format_duration(seconds: float) -> str:
-    if seconds < 1:
+def format_duration(seconds: float, *, rounded: bool = False) -> str:
+    """`seconds` the way operators write durations.
+
+    Exact (configured values in messages): "250ms", "1.5s", "90m", "72h".
+    Rounded (ages, as `pgworkerd status` shows them): never negative, whole seconds and
+    minutes, hours and beyond two days days to a tenth: "0s", "5m", "3.2h", "4.5d".
+    """
+    if rounded:
+        seconds = max(0.0, seconds)
+    elif seconds < 1:
         return f"{round(seconds * 1000)}ms"
     if seconds < 120:
-        return f"{seconds:g}s"
-    if seconds < 7200:
-        return f"{seconds / 60:g}m"
-    return f"{seconds / 3600:g}h"
+        unit, size = "s", 1.0
+    elif seconds < 7200:
+        unit, size = "m", 60.0
+    elif seconds < 172800 or not rounded:
+        unit, size = "h", 3600.0
+    else:
+        unit, size = "d", 86400.0
+    value = seconds / size
+    if not rounded:
+        return f"{value:g}{unit}"
+    return f"{value:.0f}{unit}" if size < 3600 else f"{value:.1f}{unit}"

@@ -14,13 +14,14 @@ import json
 import math
 from typing import Any
 
+import click
 import psycopg
 from psycopg.adapt import Loader
 from psycopg.types.datetime import TimestamptzLoader
 
 from pgworkerd.describe import printable
 
-__all__ = ["RawJson", "printable", "register_safe_loaders"]
+__all__ = ["RawJson", "echo_json", "printable", "register_safe_loaders"]
 
 
 class RawJson(str):
@@ -67,3 +68,7 @@ def register_safe_loaders(conn: psycopg.Connection) -> None:
     conn.adapters.register_loader("timestamptz", _TextFallbackTimestamptzLoader)
     conn.adapters.register_loader("jsonb", _TextFallbackJsonLoader)
     conn.adapters.register_loader("json", _TextFallbackJsonLoader)
+
+
+def echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=str, sort_keys=True))

@@ -3,35 +3,76 @@ connection for LISTEN, bounded waits, and reconnection with backoff.
 
 Nothing here raises into the loop: a failed call returns None, a lost connection marks
 the link down until a reconnect succeeds, and any other database error is logged.
+
+Borrowed from psycopg-pool (review §2(b)), kept synchronous for the selector loop:
+- reconnects back off with jitter (pgworkerd.backoff), and never give up;
+- after a reconnect the schema is checked again; a schema this code does not understand
+  keeps the link down (retrying) rather than running statements against it;
+- both connections are recycled after a jittered lifetime (MAX_LIFETIME, -10 %), so they
+  follow failovers and pooler changes and shed backend memory: the new connection is
+  opened first, then swapped in, then the old one closed, between two statements; if the
+  new one cannot be opened, the old one goes on serving;
+- an outage longer than ESCALATE_AFTER is logged once at ERROR and flagged
+  (unreachable_too_long) for the status line, like psycopg-pool's reconnect_failed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import selectors
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
+from pgworkerd.backoff import Backoff
 from pgworkerd.config import DatabaseConfig
 from pgworkerd.describe import short_error
 from pgworkerd.durations import format_duration
 from pgworkerd.queue import session
 from pgworkerd.queue.db import DatabaseError, connect, scrub
+from pgworkerd.queue.migrate import SchemaError, check_current
 
 log = logging.getLogger("pgworkerd")
 T = TypeVar("T")
-MAX_RECONNECT_DELAY = 30.0
+RECONNECT_INITIAL = 0.5
+MAX_RECONNECT_DELAY = 30.0  # nominal: a try may come up to 10 % later (jitter)
 # A LISTEN connection that died alone is retried this often (polling covers meanwhile).
 LISTEN_RETRY = 2.0
+# Both connections are replaced after this long, less up to LIFETIME_JITTER of it, so a
+# fleet started at once does not reconnect at once.
+MAX_LIFETIME = 3600.0
+LIFETIME_JITTER = 0.1
+# A replacement that could not be opened is tried again after this backoff (the old
+# connection serves meanwhile).
+RECYCLE_RETRY_INITIAL = 1.0
+RECYCLE_RETRY_MAX = 60.0
+# Unreachable this long: one ERROR line and unreachable_too_long (psycopg-pool's
+# reconnect_timeout is 5 minutes too; the daemon keeps trying after it).
+ESCALATE_AFTER = 300.0
+_CONNECT_ERRORS = (psycopg.Error, DatabaseError, OSError)
+
+
+def _roughly(seconds: float) -> str:
+    """An outage's length for a message: whole seconds, or whole minutes past two."""
+    return format_duration(round(seconds) if seconds < 120 else 60 * round(seconds / 60))
 
 
 class DatabaseLink:
     def __init__(
-        self, config: DatabaseConfig, dsn: str, schema: str, selector: selectors.BaseSelector
+        self,
+        config: DatabaseConfig,
+        dsn: str,
+        schema: str,
+        selector: selectors.BaseSelector,
+        *,
+        max_lifetime: float = MAX_LIFETIME,
+        escalate_after: float = ESCALATE_AFTER,
+        rng: random.Random | None = None,
     ) -> None:
         self.config, self.dsn, self.schema, self.selector = config, dsn, schema, selector
         self.conn: psycopg.Connection | None = None
@@ -39,8 +80,18 @@ class DatabaseLink:
         self._listen_fd = -1  # kept: a lost connection can no longer tell its fileno()
         self.ok = False
         self.reconnect_at = 0.0
-        self.reconnect_delay = 0.5
         self.listen_retry_at = 0.0
+        self.max_lifetime, self.escalate_after = max_lifetime, escalate_after
+        self._rng = rng if rng is not None else random.Random()
+        self._reconnects = Backoff(RECONNECT_INITIAL, MAX_RECONNECT_DELAY, rng=self._rng)
+        self._recycle_retries = Backoff(RECYCLE_RETRY_INITIAL, RECYCLE_RETRY_MAX, rng=self._rng)
+        self._conn_expires_at = self._listen_expires_at = float("inf")
+        # For the status line: since when the link is down (None while up), whether the
+        # outage outlasted escalate_after (its ERROR is logged once), and why the schema
+        # was refused ("" unless that is what keeps the link down).
+        self.down_since: float | None = None
+        self.unreachable_too_long = False
+        self.schema_refusal = ""
 
     def connect(self, dsn: str | None = None) -> psycopg.Connection:
         """A new connection with every wait bounded; raises psycopg/DatabaseError."""
@@ -61,6 +112,10 @@ class DatabaseLink:
     def attach(self, conn: psycopg.Connection) -> None:
         """Use a connection opened (and checked) by the caller."""
         self.conn, self.ok = conn, True
+        self._conn_expires_at = self._expiry(time.monotonic())
+
+    def _expiry(self, now: float) -> float:
+        return now + self.max_lifetime * (1 - LIFETIME_JITTER * self._rng.random())
 
     def run(self, what: str, func: Callable[[psycopg.Connection], T]) -> T | None:
         """Run one database call; None if it failed. A connection failure marks the link
@@ -98,36 +153,144 @@ class DatabaseLink:
         detail = scrub(text.splitlines()[0] if text else type(exc).__name__, self.dsn)
         if self.ok:
             log.error("database connection lost during %s: %s; children keep running", what, detail)
+        self._go_down(time.monotonic())
+        self.reconnect_at = time.monotonic()  # the first try at once
+
+    def _go_down(self, now: float) -> None:
         self.ok = False
         if self.conn is not None:
             self.conn.close()
         self.conn = None
         self.drop_listener()
-        self.reconnect_at = time.monotonic()
+        if self.down_since is None:
+            self.down_since = now
 
     def reconnect_if_due(self) -> bool:
-        """Try to reconnect when the backoff allows; True when the link just came back."""
-        if self.ok or time.monotonic() < self.reconnect_at:
+        """Between two statements (once per tick): reconnect when the backoff allows, or
+        recycle a connection past its lifetime. True when the link just came back."""
+        now = time.monotonic()
+        if self.ok:
+            self._recycle_if_due(now)
+            return False
+        if now < self.reconnect_at:
             return False
         try:
-            self.conn = self.connect()
-        except (psycopg.Error, DatabaseError, OSError) as exc:
-            self.reconnect_at = time.monotonic() + self.reconnect_delay
-            log.warning(
-                "database still unreachable (%s); next try in %.1fs",
-                scrub(str(exc).strip(), self.dsn),
-                self.reconnect_delay,
-            )
-            self.reconnect_delay = min(self.reconnect_delay * 2, MAX_RECONNECT_DELAY)
+            conn = self._open_checked()
+        except SchemaError as exc:
+            self._refuse_schema(now, exc)
             return False
-        log.info("database connection restored")
-        self.ok = True
-        self.reconnect_delay = 0.5
+        except _CONNECT_ERRORS as exc:
+            self.schema_refusal = ""  # unreachable now, whatever was refused before
+            self._retry_later(now, "database still unreachable (%s)", exc)
+            return False
+        if self.down_since is not None and self.unreachable_too_long:
+            log.warning(
+                "database connection restored after %s unreachable",
+                _roughly(now - self.down_since),
+            )
+        else:
+            log.info("database connection restored")
+        self.conn, self.ok = conn, True
+        self._conn_expires_at = self._expiry(now)
+        self._reconnects.reset()
+        self.down_since, self.unreachable_too_long, self.schema_refusal = None, False, ""
         return True
+
+    def _open_checked(self) -> psycopg.Connection:
+        """A new statement connection whose schema this code understands (after a
+        reconnect or a recycle it may be another server, or migrated meanwhile); raises
+        SchemaError or a connection error, with nothing left open."""
+        conn = self.connect()
+        try:
+            check_current(conn, self.schema)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _refuse_schema(self, now: float, exc: SchemaError) -> None:
+        """No statement runs against a schema this code does not understand: the link
+        is down, retrying; the ERROR is logged once per refusal, not on every try."""
+        self._go_down(now)
+        if str(exc) != self.schema_refusal:
+            self.schema_refusal = str(exc)
+            log.error("%s; no database work until it is fixed, checking again", exc)
+        self._retry_later(now, "schema still not usable (%s)", exc, quiet=True)
+
+    def _retry_later(
+        self, now: float, message: str, exc: BaseException, quiet: bool = False
+    ) -> None:
+        delay = self._reconnects.next_delay()
+        self.reconnect_at = now + delay
+        detail = scrub(str(exc).strip(), self.dsn)
+        if not quiet:
+            log.warning(message + "; next try in %.1fs", detail, delay)
+        down_for = now - (self.down_since if self.down_since is not None else now)
+        if down_for >= self.escalate_after and not self.unreachable_too_long:
+            self.unreachable_too_long = True
+            log.error(
+                "database unreachable for %s (%s); still retrying every %s at most; jobs "
+                "whose leases run out meanwhile are stopped here and run elsewhere",
+                _roughly(down_for),
+                detail.splitlines()[0] if detail else type(exc).__name__,
+                format_duration(MAX_RECONNECT_DELAY),
+            )
 
     def recently_tried(self, now: float) -> bool:
         """Keeping to the reconnect schedule (for the watchdog during an outage)."""
         return self.reconnect_at > now - MAX_RECONNECT_DELAY
+
+    # -- recycling -----------------------------------------------------------------------
+
+    def _recycle_if_due(self, now: float) -> None:
+        if self.conn is not None and now >= self._conn_expires_at:
+            self._recycle_statements(now)
+        if self.ok and self.listen_conn is not None and now >= self._listen_expires_at:
+            self._recycle_listener(now)
+
+    def _recycle_statements(self, now: float) -> None:
+        old = self.conn
+        assert old is not None
+        if old.info.transaction_status != TransactionStatus.IDLE:
+            return  # a statement or transaction is open: next tick
+        try:
+            new = self._open_checked()
+        except SchemaError as exc:
+            self._refuse_schema(now, exc)  # the old connection goes down with the link
+            return
+        except _CONNECT_ERRORS as exc:
+            self._recycle_failed("database", exc, self.dsn)
+            self._conn_expires_at = now + self._recycle_retries.next_delay()
+            return
+        self.conn, self._conn_expires_at = new, self._expiry(now)
+        self._recycle_retries.reset()
+        old.close()
+        log.debug("database connection recycled after its lifetime")
+
+    def _recycle_listener(self, now: float) -> None:
+        old, old_fd = self.listen_conn, self._listen_fd
+        assert old is not None
+        try:
+            new = self._open_listener()
+        except _CONNECT_ERRORS as exc:
+            self._recycle_failed("LISTEN", exc, self.config.listen_dsn or self.dsn)
+            self._listen_expires_at = now + self._recycle_retries.next_delay()
+            return
+        # LISTEN on the new one first: from here every NOTIFY reaches it. One that
+        # reached only the old one and was not read yet is dropped with it; NOTIFY is
+        # a hint, and the poll covers it.
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self.selector.unregister(old_fd)
+        self._use_listener(new, now)
+        old.close()
+        log.debug("LISTEN connection recycled after its lifetime")
+
+    def _recycle_failed(self, which: str, exc: BaseException, dsn: str) -> None:
+        log.warning(
+            "recycling the %s connection failed (%s); the current one goes on serving",
+            which,
+            scrub(str(exc).strip(), dsn),
+        )
 
     # -- LISTEN --------------------------------------------------------------------------
 
@@ -135,19 +298,30 @@ class DatabaseLink:
         if self.listen_conn is not None:
             return
         self.listen_retry_at = time.monotonic() + min(LISTEN_RETRY, poll_interval)
-        dsn = self.config.listen_dsn or self.dsn
         try:
-            conn = self.connect(dsn)
-            session.listen(conn, schema=self.schema)
-        except (psycopg.Error, DatabaseError, OSError) as exc:
+            conn = self._open_listener()
+        except _CONNECT_ERRORS as exc:
             log.warning(
                 "LISTEN unavailable (%s); polling every %s",
-                scrub(str(exc).strip(), dsn),
+                scrub(str(exc).strip(), self.config.listen_dsn or self.dsn),
                 format_duration(poll_interval),
             )
             return
+        self._use_listener(conn, time.monotonic())
+
+    def _open_listener(self) -> psycopg.Connection:
+        conn = self.connect(self.config.listen_dsn or self.dsn)
+        try:
+            session.listen(conn, schema=self.schema)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _use_listener(self, conn: psycopg.Connection, now: float) -> None:
         self.listen_conn = conn
         self._listen_fd = conn.fileno()
+        self._listen_expires_at = self._expiry(now)
         self.selector.register(self._listen_fd, selectors.EVENT_READ, ("listen", None))
 
     def listen_due(self, now: float) -> bool:
@@ -159,6 +333,7 @@ class DatabaseLink:
                 self.selector.unregister(self._listen_fd)
             self.listen_conn.close()
             self.listen_conn = None
+            self._listen_expires_at = float("inf")
 
     def notified(self) -> bool:
         """Consume pending notifications; True if any arrived (NOTIFY is only a hint)."""

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 
 from pgworkerd.config import HandlerConfig, WorkerConfig
-from pgworkerd.daemon.supervisor import Child
+from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.durations import format_duration
 from pgworkerd.jsontext import storable_text
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue import lease
+from pgworkerd.queue.lease import ClaimedJob, EncodedJson, RefusedJob
+from pgworkerd.worker.protocol import Done, Failed, Interrupted, Report
 
 log = logging.getLogger("pgworkerd")
 
@@ -37,9 +41,9 @@ def fence_margin(lease: float) -> float:
 class Outcome:
     """What to write for a finished attempt; kept until the database takes it."""
 
-    job: lease.ClaimedJob | lease.RefusedJob
+    job: ClaimedJob | RefusedJob
     handler: HandlerConfig | None  # None: a refused row's handler name did not decode
-    kind: str  # complete, fail, release, cancel, bury
+    kind: OutcomeKind
     duration: float
     result: Any = None
     error: str = ""
@@ -48,6 +52,9 @@ class Outcome:
     backoff: tuple[float, float] = (10.0, 3600.0)
     failed_writes: int = 0
     retry_in: float | None = None  # set once written: seconds until the retry is due
+
+    def __post_init__(self) -> None:
+        self.kind = OutcomeKind(self.kind)  # a plain string names the same kind
 
     @property
     def name(self) -> str:
@@ -69,30 +76,40 @@ class Outcome:
 class InFlight:
     """A claimed job this daemon holds, from claim to recorded outcome."""
 
-    job: lease.ClaimedJob
+    job: ClaimedJob
     handler: HandlerConfig
     lease: float
     claimed_at: float
     deadline: float  # monotonic: stop the child here if no renewal came
-    child: Child | None = None
     started_at: float | None = None
     last_beat: float = 0.0
-    progress: Any = None
-    checkpoint: Any = None
+    progress: EncodedJson | None = None
+    checkpoint: EncodedJson | None = None
     unsaved: bool = False  # progress or checkpoint not yet in the row
-    stop_reason: str | None = None  # drain, terminate, timeout, stuck, cancel, lease lost
+    stop_reason: StopReason | None = None  # None: the daemon did not stop it
     kill_at: float | None = None  # SIGKILL the child's group at this time
-    report: dict[str, Any] | None = None
     cancel_seen: bool = False  # the database asked to cancel this job
 
     @property
     def name(self) -> str:
         return f"job {self.job.id} {self.job.handler} attempt {self.job.attempt}"
 
+    def limits(self) -> Iterator[float]:
+        """The times at which this job's limits next need a look."""
+        if self.stop_reason is not StopReason.LEASE_LOST:  # acted on already
+            yield self.deadline
+        if self.kill_at is not None:
+            yield self.kill_at
+        if self.started_at is not None and self.stop_reason is None:
+            if self.handler.timeout is not None:
+                yield self.started_at + self.handler.timeout
+            if self.handler.heartbeat_timeout is not None:
+                yield self.last_beat + self.handler.heartbeat_timeout
+
 
 def decide(
     job: InFlight,
-    report: dict[str, Any] | None,
+    report: Report | None,
     exit_description: str,
     draining: bool,
     worker: WorkerConfig,
@@ -101,29 +118,33 @@ def decide(
     without one) and why the daemon stopped it, if it did. A reported result always wins."""
     duration = time.monotonic() - (job.started_at or job.claimed_at)
     h, reason = job.handler, job.stop_reason
-    kind, error, result = "fail", "", None
+    kind, error, result = OutcomeKind.FAIL, "", None
     # the handler stopped itself (JobInterrupted) after a drain or cancel request
-    interrupted = report is not None and report["t"] == "interrupted"
-    if report is not None and report["t"] == "done":
-        kind, result = "complete", report.get("result")
-    elif reason in ("drain", "terminate") or (interrupted and draining):
-        kind = "release"
-    elif reason == "cancel" or (interrupted and job.cancel_seen):
-        kind, error = "cancel", "cancelled while running"
-    elif reason == "lease lost":
+    interrupted = isinstance(report, Interrupted)
+    if isinstance(report, Done):
+        kind, result = OutcomeKind.COMPLETE, report.result
+    elif (reason is not None and reason.hands_back) or (interrupted and draining):
+        kind = OutcomeKind.RELEASE
+    elif reason is StopReason.CANCEL or (interrupted and job.cancel_seen):
+        kind, error = OutcomeKind.CANCEL, "cancelled while running"
+    elif reason is StopReason.LEASE_LOST:
         error = "stopped: the lease could not be renewed in time"
-    elif reason == "timeout":
+    elif reason is StopReason.TIMEOUT:
         error = f"timed out after {format_duration(h.timeout or 0)}"
-    elif reason == "stuck":
+    elif reason is StopReason.STUCK:
         error = f"no heartbeat for {format_duration(h.heartbeat_timeout or 0)}: stuck"
-    elif report is not None and report["t"] == "error":
-        error = report["error"] + ("\n" + report["traceback"] if report["traceback"] else "")
-    elif report is not None:
-        error = f"interrupted from outside the daemon: {report.get('error')}"
+    elif isinstance(report, Failed):
+        error = report.error + ("\n" + report.traceback if report.traceback else "")
+    elif isinstance(report, Interrupted):
+        error = f"interrupted from outside the daemon: {report.error}"
     else:
         error = f"child process {exit_description or 'vanished'}"
-    if reason in ("timeout", "stuck") and report is not None and report.get("traceback"):
-        error += "\n" + report["traceback"]
+    if (
+        reason in (StopReason.TIMEOUT, StopReason.STUCK)
+        and isinstance(report, Failed | Interrupted)
+        and report.traceback
+    ):
+        error += "\n" + report.traceback
     backoff = (
         h.backoff if h.backoff is not None else worker.backoff,
         h.backoff_max if h.backoff_max is not None else worker.backoff_max,
@@ -149,7 +170,7 @@ def write(
     metrics: NullMetrics | None = None,
 ) -> bool:
     """Write a batch: completions (any number, one statement) or one other outcome."""
-    if all(o.kind == "complete" for o in batch):
+    if all(o.kind is OutcomeKind.COMPLETE for o in batch):
         done = lease.complete_many(
             conn,
             worker,
@@ -167,7 +188,7 @@ def write(
         return True
     [o] = batch
     j, took = o.job, f"{o.duration:.2f}s"
-    if o.kind == "release":
+    if o.kind is OutcomeKind.RELEASE:
         released = lease.release(
             conn,
             worker,
@@ -179,12 +200,12 @@ def write(
         )
         ok = released is not None
         message = f"{o.name}: released after {took} (attempt not counted)"
-    elif o.kind == "cancel":
+    elif o.kind is OutcomeKind.CANCEL:
         ok = lease.cancel_running(
             conn, worker, j.id, j.token, o.error, progress=o.progress, schema=schema
         )
         message = f"{o.name}: cancelled after {took}"
-    elif o.kind == "bury":
+    elif o.kind is OutcomeKind.BURY:
         ok = lease.bury(conn, worker, j.id, j.token, o.error, schema=schema)
         message = f"{o.name}: dead at once: {o.error}"
     else:
@@ -225,11 +246,11 @@ def _checked(
 
 # What each outcome leaves in the row, under the token it was written with.
 _STATUS_AFTER = {
-    "complete": {"completed"},
-    "release": {"pending", "cancelled"},
-    "cancel": {"cancelled"},
-    "fail": {"pending", "dead", "cancelled"},
-    "bury": {"dead"},
+    OutcomeKind.COMPLETE: {"completed"},
+    OutcomeKind.RELEASE: {"pending", "cancelled"},
+    OutcomeKind.CANCEL: {"cancelled"},
+    OutcomeKind.FAIL: {"pending", "dead", "cancelled"},
+    OutcomeKind.BURY: {"dead"},
 }
 
 
@@ -253,9 +274,9 @@ def _report(metrics: NullMetrics | None, o: Outcome, ok: bool, message: str) -> 
     if ok:
         level = (
             logging.ERROR
-            if o.kind == "bury"
+            if o.kind is OutcomeKind.BURY
             else logging.WARNING
-            if o.kind == "fail"
+            if o.kind is OutcomeKind.FAIL
             else logging.INFO
         )
         log.log(level, "%s", message, extra=o.fields(o.kind))
@@ -266,3 +287,64 @@ def _report(metrics: NullMetrics | None, o: Outcome, ok: bool, message: str) -> 
             o.kind,
             extra=o.fields("fenced"),
         )
+
+
+# An outcome whose write fails this often (with the database up) is dropped; the job's
+# lease then expires and the claim rescues it.
+MAX_OUTCOME_WRITES = 3
+
+
+class OutcomeWriter:
+    """Keeps finished attempts' outcomes until the database takes them: all completions
+    in one statement, the other outcomes one by one; kept in memory while the database is
+    away (they are fenced by the lease token whenever they land)."""
+
+    def __init__(
+        self,
+        write: Callable[[list[Outcome]], bool | None],
+        database_up: Callable[[], bool],
+        on_retry_due: Callable[[float], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.write = write  # None: the write failed
+        self.database_up = database_up
+        self.on_retry_due = on_retry_due  # a failed job's retry is due at this time
+        self.clock = clock
+        self.pending: deque[Outcome] = deque()
+
+    def add(self, outcome: Outcome) -> None:
+        self.pending.append(outcome)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def tick(self, now: float) -> None:
+        while self.pending and self.database_up():
+            completions = [o for o in self.pending if o.kind is OutcomeKind.COMPLETE]
+            # After a failed write, one at a time: a value the database refuses must
+            # cost only its own job's outcome, not the whole batch's.
+            batch = (
+                completions
+                if completions and not any(o.failed_writes for o in self.pending)
+                else [self.pending[0]]
+            )
+            if self.write(batch) is None:
+                if not self.database_up():
+                    return  # kept: written when the database is back
+                for o in batch:
+                    o.failed_writes += 1
+                if batch[0].failed_writes < MAX_OUTCOME_WRITES:
+                    return  # e.g. a statement timeout: try again next tick
+                log.error(
+                    "giving up recording the outcome of job(s) %s; they run again when "
+                    "their leases expire",
+                    ", ".join(str(o.job.id) for o in batch),
+                )
+            for o in batch:
+                self.pending.remove(o)
+                if o.retry_in is not None:
+                    # Wake for the retry when it is due, not at the next poll.
+                    self.on_retry_due(self.clock() + max(0.0, o.retry_in))
+
+    def next_deadline(self) -> float | None:
+        return None  # written every tick while the database is up

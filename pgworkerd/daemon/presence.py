@@ -1,7 +1,9 @@
 """How a daemon shows itself: its registry row (heartbeat, in-flight jobs, drain
 requests read back, stale peers marked gone), its STATUS= line and process title, the
-systemd watchdog, and the metrics gauges. A mixin of Daemon: it reads the daemon's state
-and changes nothing but drain_requested_in_db and the registry row."""
+systemd watchdog, and the metrics gauges (the queue-depth count on a thread of its own).
+
+Presence reads the daemon's lifecycle and its job table; what it learns from the database
+(a drain requested through it) it only reports: `drain_requested`."""
 
 from __future__ import annotations
 
@@ -11,26 +13,24 @@ import os
 import socket
 import threading
 import time
-from collections import deque
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import psycopg
 from setproctitle import setproctitle
 
 from pgworkerd import __version__
+from pgworkerd.config import Config
+from pgworkerd.daemon.dblink import ESCALATE_AFTER, DatabaseLink
+from pgworkerd.daemon.jobtable import JobTable
+from pgworkerd.daemon.statements import Statements
+from pgworkerd.daemon.states import DaemonState
+from pgworkerd.durations import format_duration
+from pgworkerd.ops.metrics import NullMetrics
+from pgworkerd.ops.systemd import Notifier
 from pgworkerd.queue import registry, session
 from pgworkerd.queue.db import scrub
 from pgworkerd.queue.queries import query
-
-if TYPE_CHECKING:
-    from pgworkerd.config import Config
-    from pgworkerd.daemon.dblink import DatabaseLink
-    from pgworkerd.daemon.loop import Timers
-    from pgworkerd.daemon.outcomes import InFlight, Outcome
-    from pgworkerd.daemon.supervisor import Supervisor
-    from pgworkerd.ops.metrics import NullMetrics
-    from pgworkerd.ops.systemd import Notifier
 
 log = logging.getLogger("pgworkerd")
 
@@ -99,23 +99,48 @@ class QueueDepthCounter:
             self._conn = None
 
 
+@dataclass
+class Lifecycle:
+    """The daemon's own state, as Presence shows it (the loop changes it)."""
+
+    state: DaemonState = DaemonState.STARTING
+    reload_error: str = ""  # "" or why the last SIGHUP reload failed (shown in STATUS=)
+
+
 class Presence:
-    # provided by Daemon
-    config: Config
-    worker_id: str
-    schema: str
-    state: str
-    db: DatabaseLink
-    supervisor: Supervisor
-    notifier: Notifier
-    metrics: NullMetrics
-    in_flight: dict[int, InFlight]
-    outcomes: deque[Outcome]
-    timers: Timers
-    drain_requested_in_db: bool
-    claim_wanted: bool
-    depth_counter: QueueDepthCounter
-    reload_error: str  # "" or why the last SIGHUP reload failed (shown in STATUS=)
+    def __init__(
+        self,
+        config: Config,
+        worker_id: str,
+        lifecycle: Lifecycle,
+        statements: Statements,
+        link: DatabaseLink,
+        table: JobTable,
+        notifier: Notifier,
+        metrics: NullMetrics,
+        depth_counter: QueueDepthCounter,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.worker_id = worker_id
+        self.lifecycle = lifecycle
+        self.statements = statements
+        self.link = link
+        self.table = table
+        self.notifier = notifier
+        self.metrics = metrics
+        self.depth_counter = depth_counter
+        self.clock = clock
+        self.drain_requested = False  # through the database (pgworkerd drain)
+        self.heartbeat_at = 0.0
+        self.stale_check_at = 0.0
+        self.watchdog_at = 0.0
+
+    def configure(self, config: Config) -> None:
+        self.config = config
+
+    def heartbeat_now(self) -> None:
+        self.heartbeat_at = 0.0
 
     def _worker_info(self) -> registry.WorkerInfo:
         return registry.WorkerInfo(
@@ -128,91 +153,96 @@ class Presence:
             slots=self.config.worker.slots,
         )
 
-    def _register(self) -> None:
-        self.db.run(
-            "registering",
-            lambda c: registry.register(c, self._worker_info(), self.state, self.schema),
-        )
+    def register(self) -> None:
+        self.statements.register(self._worker_info(), self.registry_state())
 
-    def _deregister(self) -> None:
-        if self.db.ok:
-            self.db.run(
-                "deregistering", lambda c: registry.deregister(c, self.worker_id, self.schema)
-            )
+    def deregister(self) -> None:
+        if self.statements.ok:
+            self.statements.deregister()
 
-    def _registry_if_due(self) -> None:
-        now = time.monotonic()
-        if not self.db.ok or now < self.timers.registry_at:
+    def next_deadline(self) -> float | None:
+        # No heartbeat while the link is down (the loop waits for the reconnect instead).
+        times = [self.heartbeat_at] if self.statements.ok else []
+        if self.notifier.watchdog_interval:
+            times.append(self.watchdog_at)
+        return min(times, default=None)
+
+    def tick(self, now: float) -> None:
+        self._heartbeat_if_due(now)
+        self._report_status(now)
+
+    def _heartbeat_if_due(self, now: float) -> None:
+        if not self.statements.ok or now < self.heartbeat_at:
             return
         interval = min(1.0, self.config.worker.renew_interval)  # drains noticed within ~1s
-        self.timers.registry_at = now + interval
-        state = self._registry_state()
-        drain = self.db.run(
-            "heartbeat",
-            lambda c: registry.heartbeat(
-                c, self._worker_info(), state, sorted(self.in_flight), self.schema
-            ),
+        self.heartbeat_at = now + interval
+        drain = self.statements.heartbeat(
+            self._worker_info(), self.registry_state(), self.table.ids()
         )
-        if drain is None and self.db.ok:
-            self._register()  # marked gone after a long outage: come back
+        if drain is None and self.statements.ok:
+            self.register()  # marked gone after a long outage: come back
             return
-        if drain is not None and drain != self.drain_requested_in_db:
-            self.drain_requested_in_db = drain
+        if drain is not None and drain != self.drain_requested:
+            self.drain_requested = drain
             log.info("drain %s through the database", "requested" if drain else "lifted")
-            if drain:
-                for child in self.supervisor.idle():
-                    self.supervisor.retire(child)
-            else:
-                self.claim_wanted = True
-        if self.db.listen_due(now):
-            self.db.listen(self.config.worker.poll_interval)
+        if self.link.listen_due(now):
+            self.link.listen(self.config.worker.poll_interval)
         if self.metrics.queue_depth_due():
             self.depth_counter.start()
-        stale = self.db.run(
-            "marking stale daemons",
-            lambda c: registry.mark_stale(
-                c,
-                max(registry.STALE_AFTER_SECONDS, 6 * self.config.worker.renew_interval),
-                self.schema,
-            ),
-        )
+        self._mark_stale_if_due(now)
+
+    def _mark_stale_if_due(self, now: float) -> None:
+        """Peers silent past stale_after are marked gone. Every daemon may do it, one at a
+        time (the statement takes an advisory lock), and only every quarter of
+        stale_after: a peer is noticed at most that much later."""
+        if now < self.stale_check_at:
+            return
+        stale_after = max(registry.STALE_AFTER_SECONDS, 6 * self.config.worker.renew_interval)
+        self.stale_check_at = now + stale_after / 4
+        stale = self.statements.mark_stale(stale_after)
         for worker_id, host, pid in stale or []:
             log.warning(
                 "daemon %s (host %s pid %d) stopped heartbeating: marked gone", worker_id, host, pid
             )
 
-    def _registry_state(self) -> str:
-        if self.state == "running" and self.drain_requested_in_db:
-            return "drained" if not self.in_flight else "draining"
-        return self.state
+    def registry_state(self) -> str:
+        state = self.lifecycle.state
+        if state is DaemonState.RUNNING and self.drain_requested:
+            return "drained" if not len(self.table) else "draining"
+        return state.value
 
-    def _status_text(self) -> str:
+    def status_text(self) -> str:
         text = self._state_text()
-        return f"{text}; {self.reload_error}" if self.reload_error else text
+        error = self.lifecycle.reload_error
+        return f"{text}; {error}" if error else text
 
     def _state_text(self) -> str:
         slots = self.config.worker.slots
-        busy = len(self.in_flight)
-        if not self.db.ok:
-            return f"database unreachable, retrying ({busy} jobs running)"
-        state = self._registry_state()
+        busy = len(self.table)
+        if not self.link.ok:
+            if self.link.schema_refusal:
+                return f"database schema refused, retrying ({busy} jobs running)"
+            too_long = self.link.unreachable_too_long
+            since = f" for over {format_duration(ESCALATE_AFTER)}" if too_long else ""
+            return f"database unreachable{since}, retrying ({busy} jobs running)"
+        state = self.registry_state()
         if state == "running":
             return f"running: {busy}/{slots} busy"
         if state in ("draining", "stopping"):
             return f"{state}: {busy} jobs left"
         return state
 
-    def _report_status(self) -> None:
-        self.metrics.set_draining(self.drain_requested_in_db or self.state != "running")
-        self.metrics.set_in_flight(len(self.in_flight), self.config.worker.slots)
-        status = self._status_text()
+    def _report_status(self, now: float) -> None:
+        state = self.lifecycle.state
+        self.metrics.set_draining(self.drain_requested or state is not DaemonState.RUNNING)
+        self.metrics.set_in_flight(len(self.table), self.config.worker.slots)
+        status = self.status_text()
         setproctitle(f"pgworkerd: {status} [{self.worker_id}]")
         self.notifier.status(status)
-        now = time.monotonic()
-        if self.notifier.watchdog_interval and now >= self.timers.watchdog_at:
+        if self.notifier.watchdog_interval and now >= self.watchdog_at:
             # The loop ticked, and every database call in a tick is bounded. Ping while
             # the database answers or while we keep to the reconnect schedule: a daemon
             # riding out an outage is healthy (restarting it would kill its jobs).
-            if self.db.ok or self.db.recently_tried(now):
+            if self.link.ok or self.link.recently_tried(now):
                 self.notifier.watchdog()
-            self.timers.watchdog_at = now + self.notifier.watchdog_interval
+            self.watchdog_at = now + self.notifier.watchdog_interval

@@ -3,6 +3,12 @@
 The daemon decides what happens to jobs; this module only runs processes and reports
 what they say and how they end. Children are reaped here, in one place, and exit
 statuses are decoded once (describe_exit).
+
+For the loop: `can_start()` says whether a job claimed now could be started (a warm
+child is idle or the fork server is up); claim only while it is True. `tick(now)`
+restarts a dead fork server once its delay is over, and `next_deadline()` says when
+that is. The delay is a jittered backoff from 1 s that starts over once a restarted
+fork server has served.
 """
 
 from __future__ import annotations
@@ -18,11 +24,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgworkerd.backoff import Backoff
 from pgworkerd.describe import short_error
+from pgworkerd.worker import protocol
 from pgworkerd.worker.forkserver import ForkServer
-from pgworkerd.worker.wire import FrameReader, encode
+from pgworkerd.worker.protocol import ChildMessage, Exit, Hello, ParentMessage
+from pgworkerd.worker.wire import FrameReader
 
 log = logging.getLogger("pgworkerd")
+# The fork server's restart delays: 1 s after a death, doubling while restarts do not
+# serve, back to 1 s once a restarted fork server has served (see _served).
+FORKSERVER_RESTART_INITIAL = 1.0
+FORKSERVER_RESTART_MAX = 30.0
+# A fork server that stayed up this long has served, even if no child was asked of it.
+FORKSERVER_STABLE_AFTER = 60.0
 
 
 def describe_exit(status: int) -> str:
@@ -53,9 +68,9 @@ class Child:
     eof: bool = False
     broken: str = ""  # why the daemon stopped it for a message it could not read
 
-    def send(self, message: dict[str, Any]) -> bool:
+    def send(self, message: ParentMessage) -> bool:
         """Best effort: a child that is gone cannot be told anything."""
-        return self.send_encoded(encode(message))
+        return self.send_encoded(protocol.encode(message))
 
     def send_encoded(self, frame: bytes) -> bool:
         try:
@@ -81,8 +96,10 @@ class Supervisor:
     def __init__(
         self,
         selector: selectors.BaseSelector,
-        on_message: Callable[[Child, dict[str, Any]], None],
+        on_message: Callable[[Child, ChildMessage], None],
         on_exit: Callable[[Child, int], None],
+        *,
+        stable_after: float = FORKSERVER_STABLE_AFTER,
     ) -> None:
         self.selector = selector
         self.on_message = on_message
@@ -92,9 +109,12 @@ class Supervisor:
         self.settings: dict[str, Any] = {}
         self.children: list[Child] = []
         self.by_pid: dict[int, Child] = {}
-        self._unmatched_exits: dict[int, int] = {}  # reaped before their hello arrived
-        self._forkserver_failures = 0
+        # pid -> (wait status, when reaped) of processes reaped before their hello arrived
+        self._unmatched_exits: dict[int, tuple[int, float]] = {}
+        self._forkserver_restarts = Backoff(FORKSERVER_RESTART_INITIAL, FORKSERVER_RESTART_MAX)
+        self._forkserver_started_at = 0.0
         self._forkserver_retry_at = 0.0
+        self._stable_after = stable_after
 
     # -- fork server -------------------------------------------------------------------
 
@@ -102,6 +122,7 @@ class Supervisor:
         """(Re)start the fork server; on failure the old one keeps serving."""
         new = ForkServer.start(modules, settings)
         old, self.forkserver = self.forkserver, new
+        self._forkserver_started_at = time.monotonic()
         self.modules, self.settings = modules, settings
         if old is not None:
             old.stop()
@@ -109,12 +130,38 @@ class Supervisor:
             for child in self.idle():
                 self.retire(child)
 
+    def can_start(self) -> bool:
+        """Whether a job claimed now could be started: a warm child is idle, or the fork
+        server is up to fork one. While False (fork server down and restarting, no warm
+        child) the daemon must not claim: it would hold jobs it cannot start and renew
+        their leases while another daemon sits idle. It turns True again when tick()
+        has restarted the fork server."""
+        return self.forkserver is not None or bool(self.idle())
+
+    def tick(self, now: float) -> None:
+        """Restart a dead fork server once its delay is over (not only when a child is
+        wanted: while can_start() is False nobody claims, so nobody would ask)."""
+        if self.forkserver is None and now >= self._forkserver_retry_at:
+            self.ensure_forkserver()
+
+    def next_deadline(self) -> float | None:
+        """When tick() has something to do: the fork server's restart, if it is down."""
+        return self._forkserver_retry_at if self.forkserver is None else None
+
     def _forkserver_died(self) -> None:
+        now = time.monotonic()
+        if self.forkserver is not None and now - self._forkserver_started_at >= self._stable_after:
+            self._served()
         self.forkserver = None
-        self._forkserver_failures += 1
-        delay = min(30.0, 0.5 * 2 ** min(self._forkserver_failures, 6))
-        self._forkserver_retry_at = time.monotonic() + delay
+        delay = self._forkserver_restarts.next_delay()
+        self._forkserver_retry_at = now + delay
         log.error("fork server died; restarting it in %.1fs", delay)
+
+    def _served(self) -> None:
+        """The current fork server works (a child of it said hello, or it stayed up for
+        a while): its next death is retried after the initial delay again, not after a
+        delay that doubled with every death over the daemon's whole life."""
+        self._forkserver_restarts.reset()
 
     def ensure_forkserver(self) -> bool:
         if self.forkserver is not None:
@@ -127,7 +174,8 @@ class Supervisor:
             log.error("cannot restart the fork server: %s", exc)
             self._forkserver_died()
             return False
-        log.info("fork server restarted (pid %d)", self.forkserver.pid)  # type: ignore[union-attr]
+        assert self.forkserver is not None
+        log.info("fork server restarted (pid %d)", self.forkserver.pid)
         return True
 
     def stop_forkserver(self) -> None:
@@ -171,46 +219,71 @@ class Supervisor:
 
     def retire(self, child: Child) -> None:
         child.exiting = True
-        child.send({"t": "exit"})
+        child.send(Exit())
 
-    def assign(self, child: Child, job_id: int, frame: bytes) -> bool:
-        """Hand a job (its message, encoded already) to an idle child."""
-        child.job = job_id
+    def assign(self, child: Child, frame: bytes) -> bool:
+        """Hand a job (its message, encoded already) to an idle child; the caller has
+        linked the child to its job (child.job)."""
         child.jobs_run += 1
         if child.jobs_run >= int(self.settings.get("max_jobs_per_child", 1)):
             child.exiting = True
         return child.send_encoded(frame)
 
     def readable(self, child: Child) -> None:
+        data = self._receive(child)
+        if not data:
+            return
+        status = self._deliver(child, data)
+        if status is not None:
+            self._exited(child, status)
+
+    def _receive(self, child: Child) -> bytes | None:
+        """One read from a child's socket: None when nothing is there yet (non-blocking);
+        b"" at its end (EOF, a broken socket or, blocking, a timeout), after which the
+        child is marked eof and its socket leaves the selector."""
         try:
             data = child.sock.recv(1 << 20)
         except BlockingIOError:
-            return
+            return None
         except OSError:
             data = b""
         if not data:
             child.eof = True
             self.selector.unregister(child.sock)
-            return
-        for message in self._messages(child, data):
-            if message.get("t") == "hello":
-                child.pid = int(message["pid"])
-                self.by_pid[child.pid] = child
-                status = self._unmatched_exits.pop(child.pid, None)
-                if status is not None:
-                    self._exited(child, status)
-                    return
-                continue
-            self.on_message(child, message)
+        return data
 
-    def _messages(self, child: Child, data: bytes) -> list[dict[str, Any]]:
+    def _deliver(self, child: Child, data: bytes) -> int | None:
+        """Hand the messages in `data` on; a hello makes the child known by its pid. The
+        wait status of a child already reaped before its hello came is returned (after
+        the rest of what it said was delivered): the caller reports its exit."""
+        matched: int | None = None
+        for message in self._messages(child, data):
+            if not isinstance(message, Hello):
+                self.on_message(child, message)
+                continue
+            child.pid = message.pid
+            self.by_pid[child.pid] = child
+            if child.spawned_at >= self._forkserver_started_at:
+                self._served()
+            exit_ = self._unmatched_exits.pop(child.pid, None)
+            # Only an exit reaped after this child was spawned can be its own: an older
+            # one belongs to an earlier process that had the same pid (pids wrap).
+            if exit_ is not None and exit_[1] >= child.spawned_at:
+                matched = exit_[0]
+        self._forget_unmatched()
+        return matched
+
+    def _messages(self, child: Child, data: bytes) -> list[ChildMessage]:
         """The complete messages in `data`. One the daemon cannot read (a frame over the
         limit, JSON it cannot parse) stops that child: its job fails with the reason, and
         nothing a child sends can raise into the loop."""
         if child.broken:
             return []
         try:
-            return child.reader.feed(data)
+            messages = [protocol.decode(frame) for frame in child.reader.feed(data)]
+            if any(isinstance(m, protocol.ParentMessage) for m in messages):
+                raise protocol.ProtocolError("a parent's message kind")
+            return messages  # type: ignore[return-value]
         except Exception as exc:
             child.broken = f"sent a message the daemon cannot read ({short_error(exc)})"
             log.error("child %s %s; stopping it", child.pid, child.broken)
@@ -223,13 +296,13 @@ class Supervisor:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                break
             except OSError as exc:
                 if exc.errno == errno.EINTR:
                     continue
                 raise
             if pid == 0:
-                return
+                break
             if self.forkserver is not None and pid == self.forkserver.pid:
                 self.forkserver.stop()
                 self._forkserver_died()
@@ -237,9 +310,21 @@ class Supervisor:
             child = self.by_pid.get(pid)
             if child is None:
                 # A child can die before its hello is read; match it when the hello comes.
-                self._unmatched_exits[pid] = status
+                self._unmatched_exits[pid] = (status, time.monotonic())
                 continue
             self._exited(child, status)
+        self._forget_unmatched()
+
+    def _forget_unmatched(self) -> None:
+        """Keep an unmatched exit only while a child spawned before it was reaped still
+        waits for its hello: nothing else can claim it (an old fork server, a process
+        adopted as subreaper), and kept for ever it would be pinned on the next child
+        that gets the same pid."""
+        waiting = [c.spawned_at for c in self.children if c.pid is None]
+        oldest = min(waiting, default=None)
+        for pid, (_status, reaped_at) in list(self._unmatched_exits.items()):
+            if oldest is None or reaped_at < oldest:
+                del self._unmatched_exits[pid]
 
     def _exited(self, child: Child, status: int) -> None:
         # Read what it said before dying (its outcome may be in the socket buffer).
@@ -247,16 +332,9 @@ class Supervisor:
             child.sock.setblocking(True)
             child.sock.settimeout(0.5)
             while not child.eof:
-                try:
-                    data = child.sock.recv(1 << 20)
-                except OSError:
-                    data = b""
-                if not data:
-                    child.eof = True
-                    self.selector.unregister(child.sock)
-                    break
-                for message in self._messages(child, data):
-                    self.on_message(child, message)
+                data = self._receive(child)
+                if data:
+                    self._deliver(child, data)
         child.sock.close()
         if child.pid is not None:
             self.by_pid.pop(child.pid, None)
@@ -276,3 +354,4 @@ class Supervisor:
                     self.selector.unregister(child.sock)
                 child.sock.close()
                 self.children.remove(child)
+        self._forget_unmatched()

@@ -47,7 +47,8 @@ class _Handler(WSGIRequestHandler):
     server: BoundedServer
 
     def setup(self) -> None:
-        self.timeout = self.server.io_timeout  # StreamRequestHandler applies it per socket
+        # StreamRequestHandler applies it per socket (a class attribute by default)
+        self.timeout = self.server.io_timeout  # type: ignore[misc]
         super().setup()
 
     def parse_request(self) -> bool:

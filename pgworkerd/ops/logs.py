@@ -124,8 +124,3 @@ def setup(fmt: str = "text", level: str = "info") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
-
-
-def event(logger: logging.Logger, message: str, level: int = logging.INFO, **fields: Any) -> None:
-    """Log a job event: the text line carries the fields readably, JSON carries them as keys."""
-    logger.log(level, message, extra={"fields": {"event": message.split(" ", 1)[0], **fields}})

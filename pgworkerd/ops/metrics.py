@@ -32,21 +32,18 @@ from typing import Any, TypeVar
 
 from pgworkerd.config import ConfigError, MetricsConfig, split_listen
 from pgworkerd.describe import printable
+from pgworkerd.model import STATUSES
 from pgworkerd.ops.boundedhttp import (
     CONNECTION_DEADLINE,
     IO_TIMEOUT,
     MAX_CONNECTIONS,
     BoundedServer,
 )
-from pgworkerd.queue import model
 
 log = logging.getLogger("pgworkerd")
 F = TypeVar("F", bound=Callable[..., Any])
 
 NAMESPACE = "pgworkerd"
-# Job statuses whose depth is always exported (0 included) for every queue exported, so
-# a series does not vanish when its count drops to zero.
-STATUSES = model.STATUSES
 # Enqueue (or due time) to start: from a few ms (warm child, NOTIFY) to hours of backlog.
 LATENCY_BUCKETS = (
     0.005,
@@ -145,15 +142,6 @@ class NullMetrics:
     def outcome(self, handler: str, kind: str, ok: bool = True) -> None:
         pass
 
-    def completed(self, handler: str) -> None:
-        pass
-
-    def failed(self, handler: str) -> None:
-        pass
-
-    def fenced(self, handler: str, kind: str) -> None:
-        pass
-
     def lease_renewed(self, count: int = 1) -> None:
         pass
 
@@ -170,9 +158,6 @@ class NullMetrics:
         return False
 
     def set_queue_depth(self, rows: Iterable[tuple[str | None, str, int]]) -> None:
-        pass
-
-    def observe_start_latency(self, seconds: float) -> None:
         pass
 
     def observe_job_start(self, run_at: datetime, created_at: datetime) -> None:
@@ -299,6 +284,8 @@ class Metrics(NullMetrics):
                     'the served queues, the top_queues biggest others, the rest as "other".',
                     labels=("queue", "status"),
                 )
+                # Every job status is exported (0 included) for every queue exported, so
+                # a series does not vanish when its count drops to zero.
                 depth, queues = outer._depth
                 statuses = sorted({*STATUSES, *(s for _, s in depth)})
                 for queue in sorted(queues):
@@ -324,7 +311,7 @@ class Metrics(NullMetrics):
                 host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
             )[0]
             server = BoundedServer(
-                (sockaddr[0], self.port),
+                (str(sockaddr[0]), self.port or 0),
                 family,
                 max_connections=self.max_connections,
                 io_timeout=self.io_timeout,
@@ -401,15 +388,6 @@ class Metrics(NullMetrics):
         elif kind == "bury":
             self.refusals.labels(handler).inc()
 
-    def completed(self, handler: str) -> None:
-        self.outcome(handler, "complete")
-
-    def failed(self, handler: str) -> None:
-        self.outcome(handler, "fail")
-
-    def fenced(self, handler: str, kind: str) -> None:
-        self.outcome(handler, kind, ok=False)
-
     @_safe
     def lease_renewed(self, count: int = 1) -> None:
         if count > 0:
@@ -459,10 +437,6 @@ class Metrics(NullMetrics):
         # Served queues and "other" are always exported (at 0 when empty); any other
         # queue only while it is in the latest count, so stale series disappear.
         self._depth = (depth, self._served_labels | {OTHER} | set(per_queue))
-
-    @_safe
-    def observe_start_latency(self, seconds: float) -> None:
-        self.start_latency.observe(max(0.0, seconds))
 
     @_safe
     def observe_job_start(self, run_at: datetime, created_at: datetime) -> None:

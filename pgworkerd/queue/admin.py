@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgworkerd.queue.model import FINAL_STATUSES, STATUSES
+from pgworkerd.model import FINAL_STATUSES, STATUSES
 from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
 
 

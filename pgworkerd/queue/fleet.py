@@ -4,11 +4,15 @@ the database (so they work across hosts and need no signal rights)."""
 from __future__ import annotations
 
 import socket
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
+from pgworkerd.queue import registry
 from pgworkerd.queue.queries import query
 
 
@@ -75,3 +79,55 @@ def daemons_still_busy(
         for w in _rows(conn, "worker_list", schema)
         if w["id"] in ids and w["state"] != "gone" and (w["state"] != "drained" or w["in_flight"])
     ]
+
+
+@dataclass(frozen=True)
+class DrainProgress:
+    """One look at the daemons a drain waits for."""
+
+    # Those not yet drained or still holding jobs (worker_list rows).
+    busy: list[dict[str, Any]]
+    # The ids of the jobs they still run, sorted.
+    running_jobs: list[int]
+    # Daemons waited for that this look marked gone (id, host, pid): silent for
+    # registry.STALE_AFTER_SECONDS, so they are waited for no longer.
+    marked_gone: list[tuple[str, str, int]] = field(default_factory=list)
+
+    @property
+    def drained(self) -> bool:
+        return not self.busy
+
+
+def wait_drained(
+    conn: psycopg.Connection,
+    schema: str,
+    ids: Collection[str],
+    timeout: float | None,
+    on_progress: Callable[[DrainProgress], None] = lambda progress: None,
+    *,
+    interval: float = 0.5,
+) -> DrainProgress:
+    """Wait until the daemons `ids` are drained and run no jobs, or `timeout` seconds
+    passed (None: no limit). Calls `on_progress` after every look, the last included,
+    and returns the last look (`drained` False: timed out).
+
+    A killed daemon never reports drained; with no other daemon left to notice, waiting
+    on it would never end. So each look also marks daemons silent for
+    registry.STALE_AFTER_SECONDS gone (as every daemon does): dead, their children died
+    with them; cut off from the database, their jobs stop by the end of their leases.
+    Either way the leases bring the jobs back to the queue.
+    """
+    wanted = set(ids)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        gone = [
+            row
+            for row in registry.mark_stale(conn, registry.STALE_AFTER_SECONDS, schema)
+            if row[0] in wanted
+        ]
+        busy = daemons_still_busy(conn, schema, wanted)
+        progress = DrainProgress(busy, sorted(j for d in busy for j in d["in_flight"]), gone)
+        on_progress(progress)
+        if progress.drained or (deadline is not None and time.monotonic() >= deadline):
+            return progress
+        time.sleep(interval)

@@ -176,7 +176,7 @@ _STATE_LOCK = threading.Lock()
 
 def _state(conn: psycopg.Connection[Any]) -> _ConnectionState:
     try:
-        return conn._pgworkerd_hotpath  # type: ignore[attr-defined,no-any-return]
+        return conn._pgworkerd_hotpath  # type: ignore[attr-defined]
     except AttributeError:
         with _STATE_LOCK:  # two threads' first statements must not make two states
             state = getattr(conn, "_pgworkerd_hotpath", None)

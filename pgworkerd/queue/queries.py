@@ -11,19 +11,9 @@ import functools
 import re
 from importlib import resources
 
-DEFAULT_SCHEMA = "pgworkerd"
+from pgworkerd.names import DEFAULT_SCHEMA, check_schema_name  # re-exported here too
+
 _NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
-_SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-
-
-def check_schema_name(schema: str) -> str:
-    """Schema names are restricted to plain lower-case identifiers: no quoting surprises."""
-    if not _SCHEMA_RE.match(schema):
-        raise ValueError(
-            f"invalid schema name {schema!r}: use lower-case letters, digits and _ "
-            "(at most 63, not starting with a digit)"
-        )
-    return schema
 
 
 def render(text: str, schema: str) -> str:

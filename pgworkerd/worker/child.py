@@ -25,7 +25,22 @@ from typing import Any
 from setproctitle import setproctitle
 
 from pgworkerd.jsontext import storable_json, storable_text
-from pgworkerd.worker.wire import FrameReader, FrameTooLarge, encode
+from pgworkerd.worker import protocol
+from pgworkerd.worker.protocol import (
+    Beat,
+    Cancel,
+    Done,
+    Exit,
+    Failed,
+    Hello,
+    Interrupted,
+    Job,
+    LeaseExtended,
+    Report,
+    Shutdown,
+    Started,
+)
+from pgworkerd.worker.wire import FrameReader, FrameTooLarge
 
 PR_SET_PDEATHSIG = 1
 # How often the monitor wakes to check the lease and refresh the title.
@@ -56,16 +71,16 @@ class JobContext:
     A handler is a plain function `def handler(job: JobContext) -> JSON value`.
     """
 
-    def __init__(self, channel: _Channel, job: dict[str, Any]) -> None:
+    def __init__(self, channel: _Channel, job: Job) -> None:
         self._channel = channel
-        self.id: int = job["id"]
-        self.handler: str = job["handler"]
-        self.queue: str = job["queue"]
-        self.payload: dict[str, Any] = job["payload"]
-        self.attempt: int = job["attempt"]
-        self.max_attempts: int = job["max_attempts"]
+        self.id: int = job.id
+        self.handler: str = job.handler
+        self.queue: str = job.queue
+        self.payload: dict[str, Any] = job.payload
+        self.attempt: int = job.attempt
+        self.max_attempts: int = job.max_attempts
         #: The checkpoint saved by an earlier attempt (None on a fresh start).
-        self.checkpoint: Any = job["checkpoint"]
+        self.checkpoint: Any = job.checkpoint
         self._last_beat = 0.0
         self._pending_progress: Any = None
 
@@ -87,14 +102,12 @@ class JobContext:
         """Tell the daemon the job is alive, optionally with progress (any JSON value,
         shown in `pgworkerd status`) and a checkpoint (handed to the next attempt if this
         one fails). Both must be JSON-serialisable; saving is throttled."""
-        message: dict[str, Any] = {"t": "beat"}
         if progress is not None:
             _check_storable(progress)  # fail in the handler, not later
-            message["progress"] = progress
         if checkpoint is not None:
             _check_storable(checkpoint)
-            message["checkpoint"] = checkpoint
             self.checkpoint = checkpoint
+        message = Beat(progress, checkpoint)
         now = time.monotonic()
         if checkpoint is None and now - self._last_beat < _BEAT_INTERVAL:
             self._channel.set_pending_beat(message)
@@ -109,25 +122,25 @@ class _Channel:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self._lock = threading.Lock()
-        self.jobs: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.cancel_requested = False
         self.shutdown_requested = False
         self.deadline: float | None = None  # time.monotonic() when the lease runs out
         self.title = "pgworkerd: idle child"
         self.job_started = 0.0
-        self._pending_beat: dict[str, Any] | None = None
+        self._pending_beat: Beat | None = None
 
-    def send(self, message: dict[str, Any]) -> None:
-        data = encode(message)
+    def send(self, message: protocol.ChildMessage) -> None:
+        data = protocol.encode(message)
         with self._lock:
-            self._pending_beat = None if message.get("t") == "beat" else self._pending_beat
+            self._pending_beat = None if isinstance(message, Beat) else self._pending_beat
             self.sock.sendall(data)
 
     def send_encoded(self, frame: bytes) -> None:
         with self._lock:
             self.sock.sendall(frame)
 
-    def set_pending_beat(self, message: dict[str, Any]) -> None:
+    def set_pending_beat(self, message: Beat) -> None:
         with self._lock:
             self._pending_beat = message
 
@@ -158,17 +171,17 @@ def _monitor(channel: _Channel) -> None:
                 if channel.deadline is not None:
                     _fence("the daemon is gone")
                 os._exit(0)  # idle and orphaned: nothing to protect
-            for message in reader.feed(data):
-                kind = message["t"]
-                if kind == "job":
+            for frame in reader.feed(data):
+                message = protocol.decode(frame)
+                if isinstance(message, Job):
                     channel.jobs.put(message)
-                elif kind == "lease":
-                    channel.deadline = message["deadline"]
-                elif kind == "cancel":
+                elif isinstance(message, LeaseExtended):
+                    channel.deadline = message.deadline
+                elif isinstance(message, Cancel):
                     channel.cancel_requested = True
-                elif kind == "shutdown":
+                elif isinstance(message, Shutdown):
                     channel.shutdown_requested = True
-                elif kind == "exit":
+                elif isinstance(message, Exit):
                     channel.jobs.put(None)
         except TimeoutError:
             pass
@@ -204,60 +217,45 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise JobInterrupted(f"stopped by the daemon ({signal.Signals(signum).name})")
 
 
-def _run_one(channel: _Channel, job: dict[str, Any]) -> None:
+def _run_one(channel: _Channel, job: Job) -> None:
     # (cancel/shutdown flags are cleared after a job, not before: a shutdown message can
     # arrive right behind the job message and must not be lost)
-    channel.title = f"pgworkerd: job {job['id']} {job['handler']} attempt {job['attempt']}"
+    channel.title = f"pgworkerd: job {job.id} {job.handler} attempt {job.attempt}"
     channel.job_started = time.monotonic()
-    channel.deadline = job["deadline"]
+    channel.deadline = job.deadline
     setproctitle(f"{channel.title} 0s")
     ctx = JobContext(channel, job)
-    outcome: dict[str, Any]
+    outcome: Report
     try:
-        module_name, _, function = job["target"].partition(":")
+        module_name, _, function = job.target.partition(":")
         # Preloaded by the fork server, so this is a dictionary look-up, not an import.
         func = getattr(importlib.import_module(module_name), function)
-        channel.send({"t": "started", "id": job["id"]})
+        channel.send(Started(job.id))
         result = func(ctx)
         try:
             _check_storable(result)
-            outcome = {"t": "done", "id": job["id"], "result": result}
+            outcome = Done(job.id, result)
         except (TypeError, ValueError) as exc:
-            outcome = {
-                "t": "error",
-                "id": job["id"],
-                "error": f"handler returned a value that cannot be stored as JSON: {exc}",
-                "traceback": "",
-            }
+            outcome = Failed(
+                job.id,
+                storable_text(f"handler returned a value that cannot be stored as JSON: {exc}"),
+            )
     except JobInterrupted as exc:
-        outcome = {
-            "t": "interrupted",
-            "id": job["id"],
-            "error": str(exc),
-            "traceback": traceback.format_exc(),
-        }
-    except BaseException as exc:  # the handler's failure, whatever it is, is the outcome
-        outcome = {
-            "t": "error",
-            "id": job["id"],
-            "error": f"{type(exc).__name__}: {exc}",
-            "traceback": traceback.format_exc(),
-        }
-    if outcome["t"] != "done":  # text PostgreSQL can store, for last_error
-        outcome["error"] = storable_text(outcome["error"])
-        outcome["traceback"] = storable_text(outcome["traceback"])
-    try:
-        frame = encode(outcome)
-    except FrameTooLarge as exc:  # the attempt fails, saying why (not "exited with 70")
-        what = "result" if outcome["t"] == "done" else "error report"
-        frame = encode(
-            {
-                "t": "error",
-                "id": job["id"],
-                "error": f"the {what} is too large to store: {exc}",
-                "traceback": "",
-            }
+        # text PostgreSQL can store, for last_error
+        outcome = Interrupted(
+            job.id, storable_text(str(exc)), storable_text(traceback.format_exc())
         )
+    except BaseException as exc:  # the handler's failure, whatever it is, is the outcome
+        outcome = Failed(
+            job.id,
+            storable_text(f"{type(exc).__name__}: {exc}"),
+            storable_text(traceback.format_exc()),
+        )
+    try:
+        frame = protocol.encode(outcome)
+    except FrameTooLarge as exc:  # the attempt fails, saying why (not "exited with 70")
+        what = "result" if isinstance(outcome, Done) else "error report"
+        frame = protocol.encode(Failed(job.id, f"the {what} is too large to store: {exc}"))
     channel.flush_pending_beat()
     # Ignore further SIGTERMs while reporting: the outcome must reach the parent whole.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -281,7 +279,7 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         setproctitle("pgworkerd: idle child")
         channel = _Channel(socket.socket(fileno=fd))
-        channel.send({"t": "hello", "pid": os.getpid()})
+        channel.send(Hello(os.getpid()))
         threading.Thread(target=_monitor, args=(channel,), daemon=True).start()
         for _ in range(int(settings.get("max_jobs_per_child", 1))):
             job = channel.jobs.get()

@@ -1,12 +1,12 @@
 """Frames between the parent and its children: a 4-byte length, then a JSON object.
 
-The parent reads non-blockingly through FrameReader; children write with send_frame.
+What goes in the frames is pgworkerd.worker.protocol's; the parent reads them
+non-blockingly through FrameReader, the child's monitor thread too.
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import struct
 from typing import Any
 
@@ -25,10 +25,6 @@ def encode(message: dict[str, Any]) -> bytes:
             f"{len(body):,} bytes as JSON, over the {MAX_FRAME // (1024 * 1024)} MiB limit"
         )
     return _HEADER.pack(len(body)) + body
-
-
-def send_frame(sock: socket.socket, message: dict[str, Any]) -> None:
-    sock.sendall(encode(message))
 
 
 class FrameReader:
@@ -50,15 +46,3 @@ class FrameReader:
             messages.append(json.loads(self._buffer[_HEADER.size : end]))
             del self._buffer[:end]
         return messages
-
-
-def recv_frame(
-    sock: socket.socket, reader: FrameReader, pending: list[dict[str, Any]]
-) -> dict[str, Any] | None:
-    """Blocking read of the next message (None at EOF); `pending` keeps extra ones."""
-    while not pending:
-        data = sock.recv(65536)
-        if not data:
-            return None
-        pending.extend(reader.feed(data))
-    return pending.pop(0)

@@ -37,11 +37,11 @@ from daemon_harness import wait_for
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgworkerd import client
+from pgworkerd import client, model
 from pgworkerd.config import ConfigError, load_config
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.exitcodes import ExitCode
-from pgworkerd.queue import admin, model
+from pgworkerd.queue import admin
 from pgworkerd.queue.migrate import latest_version, migrate
 from pgworkerd.queue.queries import render
 

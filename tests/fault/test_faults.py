@@ -276,6 +276,32 @@ def test_postgres_crash_immediate_and_restart_jobs_complete_outcomes_written_onc
         assert completions_logged(daemon, job_id) == 1, job_id
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_a_daemon_riding_out_an_outage_sleeps_between_reconnects(
+    crashable: tuple[LocalPostgres, Daemons], tmp_path: Path
+) -> None:
+    """While the database is away the loop waits for its next deadline (a reconnect, a
+    child's message, a job's limit); it must not spin on timers it cannot serve."""
+    pg, daemons = crashable
+    execs = tmp_path / "executions.jsonl"
+    daemon = daemons.start(write_config(daemons, {"slots": 2, "lease": "30s"}))
+    with connect_retrying(daemons.dsn) as conn:
+        db = Db(conn, daemons.schema)
+        job_id = db.enqueue("work", {"file": str(execs), "seconds": 20})
+        wait_for(lambda: read_executions(execs, job_id), what="the job to start")
+    pg.crash()
+    daemon.wait_log("database connection lost")
+    before = cpu_seconds(daemon.pid)
+    time.sleep(4)
+    used = cpu_seconds(daemon.pid) - before
+    # A loop that spins burns seconds of CPU here; one that sleeps, a few milliseconds.
+    assert used < 0.5, f"{used:.2f}s of CPU in 4 s"
+
+
 def daemon_backends(conn: psycopg.Connection) -> list[tuple[int, str]]:
     return conn.execute(
         "SELECT pid, query FROM pg_stat_activity "
@@ -357,6 +383,39 @@ def test_kill_9_of_the_fork_server_is_restarted_new_jobs_run_in_flight_unaffecte
     assert row["status"] == "completed" and row["attempts"] == 1
     assert only_execution(execs, in_flight).ended
     assert "failed" not in daemon.log()
+
+
+def test_a_daemon_that_cannot_start_children_claims_nothing_until_it_can_again(
+    db: Db, daemons: Daemons, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A's fork server dies and cannot be restarted (a handler module no longer imports):
+    A claims nothing while B runs every job at its first attempt; once the module imports
+    again A restarts its fork server by itself and runs jobs again."""
+    execs = tmp_path / "executions.jsonl"
+    gate = tmp_path / "gate-closed"
+    monkeypatch.setenv("IMPORTGATE_CLOSED", str(gate))  # read by importgate.py at import
+    handlers = {"work": {"target": "importgate:work"}}
+    worker = {**LEASE, "slots": 2, "warm_children": 0}
+    a = daemons.start(daemons.config(handlers, worker), tag="A")
+    b = daemons.start(daemons.config(handlers, worker), tag="B")
+    gate.touch()
+    os.kill(forkserver_of(a), signal.SIGKILL)
+    a.wait_log("fork server died")
+
+    jobs = [db.enqueue("work", {"file": str(execs), "seconds": 0.2}) for _ in range(6)]
+    for job_id in jobs:
+        row = db.wait_status(job_id, "completed", "dead")
+        assert row["status"] == "completed" and row["attempts"] == 1
+    assert {e.tag for e in read_executions(execs)} == {"B"}
+    assert "claimed" not in a.log()
+
+    gate.unlink()
+    a.wait_log(r"fork server restarted \(pid \d+\)", timeout=60)
+    b.send(signal.SIGTERM)
+    b.wait_exit()
+    later = db.enqueue("work", {"file": str(execs), "seconds": 0.2})
+    assert db.wait_status(later, "completed", "dead")["status"] == "completed"
+    assert only_execution(execs, later).tag == "A"
 
 
 def test_sigstop_of_the_parent_past_its_lease_child_fences_rescue_then_late_outcome_fenced(

@@ -21,10 +21,10 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgworkerd import client
+from pgworkerd import client, model
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.exitcodes import ExitCode
-from pgworkerd.queue import admin, lease, model
+from pgworkerd.queue import admin, lease
 from pgworkerd.queue.migrate import migrations
 from pgworkerd.queue.queries import render
 

@@ -23,10 +23,10 @@ from daemon_harness import wait_for
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from pgworkerd import client
+from pgworkerd import client, model
 from pgworkerd.client import InvalidJob, JobSpec
 from pgworkerd.config import ConfigError, parse_config
-from pgworkerd.queue import admin, lease, model, session
+from pgworkerd.queue import admin, lease, session
 from pgworkerd.queue.db import connect
 from pgworkerd.queue.lease import ClaimedJob, HandlerCapacity, Lease, RenewOutcome
 from pgworkerd.queue.queries import notify_channel, query, render
@@ -1388,7 +1388,7 @@ def test_the_statuses_the_metrics_and_the_statement_texts_import_no_psycopg() ->
     not the database stack: importing them must not load psycopg (~0.2 s)."""
     code = (
         "import sys\n"
-        "import pgworkerd.ops.metrics, pgworkerd.queue.model, pgworkerd.queue.queries\n"
+        "import pgworkerd.ops.metrics, pgworkerd.model, pgworkerd.queue.queries\n"
         "from pgworkerd.queue.queries import query\n"
         "assert query('job_claim', 'x').count('\"x\".') > 0\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg'))\n"

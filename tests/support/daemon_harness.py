@@ -16,10 +16,17 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import psycopg
 import pytest
+
+# The process helpers live in proctree (the benchmarks use them too); re-exported here
+# for the tests that import them with the rest of the harness.
+from proctree import children_of as children_of
+from proctree import is_gone as is_gone
+from proctree import process_state as process_state
+from proctree import process_title as process_title
 from psycopg import sql
 from psycopg.rows import dict_row
 
@@ -61,7 +68,10 @@ DEFAULT_WORKER: dict[str, Any] = {
 
 
 def wait_for(
-    condition: Callable[[], T], *, timeout: float = DEADLINE, what: str = "condition"
+    condition: Callable[[], T | Literal[False] | None],
+    *,
+    timeout: float = DEADLINE,
+    what: str = "condition",
 ) -> T:
     """Poll until `condition()` is truthy and return its value; fail after `timeout`."""
     deadline = time.monotonic() + timeout
@@ -105,45 +115,6 @@ def write_config(
         lines += [f"{k} = {_toml_value(v)}" for k, v in keys.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-# -- processes ------------------------------------------------------------------------------
-
-
-def process_state(pid: int) -> str | None:
-    """The /proc state letter of `pid`, or None if it no longer exists."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return stat.rpartition(")")[2].split()[0]
-
-
-def is_gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie nobody reaped (PID 1 here may not reap)."""
-    return process_state(pid) in (None, "Z", "X")
-
-
-def process_title(pid: int) -> str:
-    """The process title as `ps` shows it (setproctitle rewrites argv in place)."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (FileNotFoundError, ProcessLookupError):
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-            if int(stat.rpartition(")")[2].split()[1]) == pid:
-                found.append(int(entry.name))
-    return found
 
 
 @dataclass

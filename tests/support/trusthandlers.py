@@ -7,8 +7,8 @@ import os
 import time
 from typing import Any
 
+from pgworkerd.worker import protocol
 from pgworkerd.worker.child import JobContext, JobInterrupted, _check_storable
-from pgworkerd.worker.wire import encode
 
 
 def deepest_result(job: JobContext) -> Any:
@@ -21,7 +21,7 @@ def deepest_result(job: JobContext) -> Any:
         try:
             # what the child does with a result before it sends it
             _check_storable(value)
-            encode({"t": "done", "id": job.id, "result": value})
+            protocol.encode(protocol.Done(job.id, value))
         except RecursionError:
             continue
         return value

@@ -1,0 +1,209 @@
+"""Commands on the fleet of daemons, through the database: status, drain, resume."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import click
+
+from pgworkerd.cli import Context, database, fail, main
+from pgworkerd.cli.display import RawJson, echo_json, printable
+from pgworkerd.cli.params import DURATION
+from pgworkerd.durations import format_duration
+from pgworkerd.exitcodes import ExitCode
+
+
+def age(seconds: float | None) -> str:
+    return "-" if seconds is None else format_duration(seconds, rounded=True)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.pass_obj
+def status(ctx: Context, as_json: bool) -> None:
+    """Daemons, running jobs, counts per queue, and jobs no daemon serves.
+
+    Exit code 0; 1 when a drain is left in place or jobs wait for a handler nobody serves.
+    """
+    from pgworkerd.queue import fleet
+
+    with database(ctx, needs="read jobs") as conn:
+        snap = fleet.snapshot(conn, ctx.schema)
+    live = [d for d in snap["daemons"] if d["state"] != "gone"]
+    drained = [d for d in live if d["drain_requested"]]
+    if as_json:
+        echo_json(snap)
+    else:
+        for d in drained:
+            click.secho(
+                f"WARNING: daemon {printable(d['id'])} on {printable(d['host'])} is DRAINED "
+                "and takes no jobs; "
+                f"`pgworkerd resume --worker {printable(d['id'])}` (or --all) undoes it",
+                fg="red",
+                bold=True,
+                err=True,
+            )
+        click.echo(f"daemons ({len(live)} live):")
+        for d in snap["daemons"]:
+            click.echo(f"  {_daemon_line(d)}")
+        click.echo(f"running jobs ({len(snap['running_jobs'])}):")
+        for j in snap["running_jobs"]:
+            progress = _progress(j["progress"])
+            click.echo(
+                f"  {j['id']:>8} {printable(j['handler']):<24} attempt {j['attempts']}/"
+                f"{j['max_attempts']}  {age(j['age_seconds'])}  on {printable(j['locked_by'])}"
+                f"  {progress}".rstrip()
+            )
+        click.echo("jobs per queue:")
+        for queue, by_status in sorted(snap["counts"].items()):
+            parts = ", ".join(f"{s} {n}" for s, n in sorted(by_status.items()))
+            click.echo(f"  {printable(queue)}: {parts}")
+        if snap["other_queues"]:
+            parts = ", ".join(f"{s} {n}" for s, n in sorted(snap["other_queues"].items()))
+            click.echo(f"  (all other queues): {parts}")
+        click.echo(f"oldest due pending job: {age(snap['oldest_pending_seconds'])}")
+        for u in snap["unserved"]:
+            click.secho(
+                f"WARNING: {u['jobs']} pending job(s) of handler {u['handler']!r} on "
+                f"queue {u['queue']!r} have no live daemon serving them (oldest "
+                f"{age(u['oldest_seconds'])})",
+                fg="yellow",
+                err=True,
+            )
+        more = (snap["unserved"][0]["groups"] - len(snap["unserved"])) if snap["unserved"] else 0
+        if more > 0:
+            click.secho(
+                f"WARNING: and {more} more handler and queue pair(s) with unserved jobs",
+                fg="yellow",
+                err=True,
+            )
+    if drained or snap["unserved"]:
+        sys.exit(int(ExitCode.FAILURE))
+
+
+def _daemon_line(d: dict[str, Any]) -> str:
+    head = f"{printable(d['id']):<32} {printable(d['host']):<16} pid {d['pid']:<7}"
+    if d["state"] != "gone":
+        return (
+            f"{head} {printable(d['state']):<9} {d['busy']}/{d['slots']} busy  "
+            f"up {age(d['uptime_seconds'])}  heartbeat {age(d['heartbeat_age_seconds'])} ago"
+        )
+    # Gone: a fixed point in time, not ages that keep growing after the daemon stopped.
+    stopped = d["stopped_at"] or d["heartbeat_at"]
+    ran = (
+        age((stopped - d["started_at"]).total_seconds())
+        if isinstance(stopped, datetime) and isinstance(d["started_at"], datetime)
+        else "-"
+    )
+    return f"{head} gone      since {_utc(stopped)} (ran {ran}, last busy {d['busy']}/{d['slots']})"
+
+
+def _utc(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return printable(value)  # a timestamp Python cannot hold comes as the server's text
+
+
+def _progress(value: Any) -> str:
+    if value is None:
+        return ""
+    # json.dumps escapes control characters itself
+    return printable(value) if isinstance(value, RawJson) else json.dumps(value)
+
+
+def _drain_target(worker: str | None, all_hosts: bool) -> str:
+    if worker and all_hosts:
+        raise click.UsageError("give --worker or --all, not both")
+    if worker:
+        return f"daemon {printable(worker)}"
+    return "all daemons" if all_hosts else "this host's daemons"
+
+
+@main.command()
+@click.option("--all", "all_hosts", is_flag=True, help="every daemon on every host")
+@click.option("--worker", help="one daemon, by the id `status` shows")
+@click.option("--wait", is_flag=True, help="wait until their running jobs have finished")
+@click.option(
+    "--timeout",
+    type=DURATION,
+    help="with --wait: give up after this long (exit 1, listing the jobs still running)",
+)
+@click.pass_obj
+def drain(
+    ctx: Context, all_hosts: bool, worker: str | None, wait: bool, timeout: float | None
+) -> None:
+    """Ask daemons to stop claiming jobs (they stay up until stopped or resumed).
+
+    Exit code 0 when drained; 1 when --timeout expired; 4/5 for database/schema trouble.
+    """
+    from pgworkerd.queue import fleet, registry
+
+    target = _drain_target(worker, all_hosts)
+    if timeout is not None and not wait:
+        raise click.UsageError("--timeout only applies with --wait")
+    with database(ctx, needs="change the daemons' registry") as conn:
+        affected = fleet.request_drain(
+            conn, ctx.schema, drain=True, worker_id=worker, all_hosts=all_hosts
+        )
+        if not affected:
+            fail(f"no live daemon matches ({target})", ExitCode.FAILURE)
+        click.echo(
+            f"drain requested for {len(affected)} daemon(s): "
+            + ", ".join(printable(a["id"]) for a in affected)
+        )
+        if not wait:
+            return
+        shown = ""
+
+        def report(progress: fleet.DrainProgress) -> None:
+            nonlocal shown
+            for worker_id, host, pid in progress.marked_gone:
+                click.echo(
+                    f"daemon {printable(worker_id)} (host {printable(host)} pid {pid})"
+                    " has been silent for"
+                    f" {registry.STALE_AFTER_SECONDS:.0f} s: marked gone (killed, or cut"
+                    " off from the database: then its jobs stop by the end of their"
+                    " leases); they go back to the queue when their leases expire"
+                )
+            if progress.drained:
+                return
+            jobs_left = progress.running_jobs
+            line = f"waiting for {len(progress.busy)} daemon(s), {len(jobs_left)} job(s) running"
+            line += f": {', '.join(map(str, jobs_left[:20]))}" if jobs_left else ""
+            if line != shown:  # a line each time something changed, not every poll
+                click.echo(line)
+                shown = line
+
+        last = fleet.wait_drained(conn, ctx.schema, {a["id"] for a in affected}, timeout, report)
+    if last.drained:
+        click.echo("drained: no jobs running on " + target)
+        return
+    click.echo(
+        f"timed out; still running: {', '.join(map(str, last.running_jobs)) or '-'}"
+        " (the drain stays requested; `pgworkerd resume` undoes it)",
+        err=True,
+    )
+    sys.exit(int(ExitCode.FAILURE))
+
+
+@main.command()
+@click.option("--all", "all_hosts", is_flag=True, help="every daemon on every host")
+@click.option("--worker", help="one daemon, by the id `status` shows")
+@click.pass_obj
+def resume(ctx: Context, all_hosts: bool, worker: str | None) -> None:
+    """Undo a drain: the daemons claim jobs again."""
+    from pgworkerd.queue import fleet
+
+    target = _drain_target(worker, all_hosts)
+    with database(ctx, needs="change the daemons' registry") as conn:
+        affected = fleet.request_drain(
+            conn, ctx.schema, drain=False, worker_id=worker, all_hosts=all_hosts
+        )
+    if not affected:
+        fail(f"no live daemon matches ({target})", ExitCode.FAILURE)
+    click.echo(
+        f"resumed {len(affected)} daemon(s): " + ", ".join(printable(a["id"]) for a in affected)
+    )

@@ -1,0 +1,247 @@
+"""Commands on jobs: enqueue, cancel, retry, prune, jobs, show."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timedelta
+from typing import Any
+
+import click
+
+from pgworkerd import client, model
+from pgworkerd.cli import Context, database, fail, main
+from pgworkerd.cli.display import RawJson, echo_json, printable
+from pgworkerd.cli.params import DURATION
+from pgworkerd.exitcodes import ExitCode
+from pgworkerd.queue import admin
+
+
+def _parse_payload(text: str) -> dict[str, Any]:
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
+    if not isinstance(payload, dict):
+        raise click.BadParameter(
+            f"must be a JSON object, not {client.json_type_name(payload)}", param_hint="--payload"
+        )
+    return payload
+
+
+@main.command()
+@click.argument("handler")
+@click.option("--payload", default="{}", show_default=True, help="JSON object for the handler")
+@click.option("--queue", default=client.DEFAULT_QUEUE, show_default=True)
+@click.option(
+    "--priority",
+    type=int,
+    default=0,
+    show_default=True,
+    help="lower runs sooner; negative is urgent",
+)
+@click.option(
+    "--run-at",
+    type=click.DateTime(
+        ["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]
+    ),
+    help="when to run (ISO 8601; local time if no offset)",
+)
+@click.option("--delay", type=DURATION, help="run after this long, e.g. 30s, 10m")
+@click.option("--max-attempts", type=int, default=client.DEFAULT_MAX_ATTEMPTS, show_default=True)
+@click.option(
+    "--dedupe-key",
+    help="while a job with this key is pending or running, return its id instead of adding another",
+)
+@click.pass_obj
+def enqueue(
+    ctx: Context,
+    handler: str,
+    payload: str,
+    queue: str,
+    priority: int,
+    run_at: datetime | None,
+    delay: float | None,
+    max_attempts: int,
+    dedupe_key: str | None,
+) -> None:
+    """Enqueue a job for HANDLER and print its id."""
+    if run_at is not None and delay is not None:
+        raise click.UsageError("give --run-at or --delay, not both")
+    if run_at is not None and run_at.tzinfo is None:
+        run_at = run_at.astimezone()
+    spec = client.JobSpec(
+        handler, _parse_payload(payload), queue, priority, run_at, delay, max_attempts, dedupe_key
+    )
+    try:
+        spec.as_json()
+    except client.InvalidJob as exc:
+        fail(str(exc), ExitCode.CONFIG)
+    with database(ctx, needs="enqueue jobs") as conn:
+        [job_id] = client.enqueue_many(conn, [spec], schema=ctx.schema)
+    click.echo(job_id)
+
+
+@main.command()
+@click.argument("ids", nargs=-1, type=int, required=True)
+@click.pass_obj
+def cancel(ctx: Context, ids: tuple[int, ...]) -> None:
+    """Cancel jobs: pending ones at once, running ones by asking their daemon."""
+    with database(ctx, needs="change jobs") as conn:
+        outcomes = admin.cancel(conn, ids, schema=ctx.schema)
+    for job_id in ids:
+        click.echo(f"{job_id}: {printable(outcomes[job_id])}")
+    # Cancelling a cancelled job again is fine (it is as asked); an unknown one, or one
+    # that completed or died before the cancel, was not cancelled.
+    done = ("cancelled", "cancel requested", "already cancelled")
+    if any(outcomes[i] not in done for i in ids):
+        sys.exit(int(ExitCode.FAILURE))
+
+
+@main.command()
+@click.argument("ids", nargs=-1, type=int)
+@click.option("--queue", help="every dead or cancelled job of this queue")
+@click.option("--handler", help="every dead or cancelled job of this handler")
+@click.pass_obj
+def retry(ctx: Context, ids: tuple[int, ...], queue: str | None, handler: str | None) -> None:
+    """Put dead or cancelled jobs back to pending with fresh attempts."""
+    if not ids and queue is None and handler is None:
+        raise click.UsageError("give job ids, --queue or --handler")
+    with database(ctx, needs="change jobs") as conn:
+        retried = admin.retry(
+            conn, ids=list(ids) or None, queue=queue, handler=handler, schema=ctx.schema
+        )
+        # Ids given but not retried: say why, one line each, and exit 1 (as cancel does).
+        left = [i for i in dict.fromkeys(ids) if i not in set(retried)]
+        why = {i: _not_retried(admin.get(conn, i, schema=ctx.schema)) for i in left}
+    click.echo(
+        f"retried {len(retried)} job(s)"
+        + (f": {', '.join(map(str, retried))}" if 0 < len(retried) <= 50 else "")
+    )
+    for job_id, reason in why.items():
+        click.echo(f"{job_id}: {reason}")
+    if why:
+        sys.exit(int(ExitCode.FAILURE))
+
+
+def _not_retried(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "not found"
+    if row["status"] in ("dead", "cancelled") and row["dedupe_key"] is not None:
+        # job_retry leaves a job whose dedupe key a live job (or a newer one) holds
+        return f"not retried: another job holds its dedupe key '{printable(row['dedupe_key'])}'"
+    if row["status"] in ("dead", "cancelled"):
+        return "not retried: it changed meanwhile, try again"
+    return f"not retried: it is {row['status']} (only dead or cancelled jobs are)"
+
+
+@main.command()
+@click.option(
+    "--older-than",
+    type=DURATION,
+    required=True,
+    help="retention: delete jobs finished longer ago than this, e.g. 7d",
+)
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(list(model.FINAL_STATUSES)),
+    help="only these final statuses (repeatable; default all three)",
+)
+@click.pass_obj
+def prune(ctx: Context, older_than: float, statuses: tuple[str, ...]) -> None:
+    """Delete finished jobs older than a retention."""
+    with database(ctx, needs="delete jobs") as conn:
+        deleted = admin.prune(
+            conn,
+            timedelta(seconds=older_than),
+            statuses=statuses or model.FINAL_STATUSES,
+            schema=ctx.schema,
+        )
+    click.echo(f"deleted {deleted} job(s)")
+
+
+@main.command("jobs")
+@click.option(
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(list(model.STATUSES)),
+    help="repeatable",
+)
+@click.option("--queue")
+@click.option("--handler")
+@click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.pass_obj
+def list_jobs(
+    ctx: Context,
+    statuses: tuple[str, ...],
+    queue: str | None,
+    handler: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List jobs, newest first."""
+    with database(ctx) as conn:
+        rows = admin.list_jobs(
+            conn,
+            statuses=statuses or None,
+            queue=queue,
+            handler=handler,
+            limit=limit,
+            schema=ctx.schema,
+        )
+    if as_json:
+        echo_json(rows)
+        return
+    click.echo(f"{'ID':>8} {'STATUS':<9} {'QUEUE':<12} {'HANDLER':<24} {'ATTEMPTS':<8}  ERROR")
+    for r in rows:
+        attempts = f"{r['attempts']}/{r['max_attempts']}"
+        line = (
+            f"{r['id']:>8} {r['status']:<9} {printable(r['queue']):<12} "
+            f"{printable(r['handler']):<24} {attempts:<8}"
+        )
+        click.echo(f"{line}  {_error_summary(r)}".rstrip())
+
+
+def _error_summary(row: dict[str, Any]) -> str:
+    """The last line of a job's last error. The column is never cleared, so the error is
+    marked as history unless it is why the job is where it is: dead, cancelled, or
+    pending for a retry (a job retried by hand starts again at attempt 0)."""
+    lines = (row["last_error"] or "").strip().split("\n")
+    last = printable(lines[-1].strip())[:80]
+    if not last:
+        return ""
+    current = row["status"] in ("dead", "cancelled") or (
+        row["status"] == "pending" and row["attempts"] > 0
+    )
+    return last if current else f"(earlier attempt: {last})"
+
+
+@main.command("show")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.pass_obj
+def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
+    """Show one job with every column, its last error and traceback."""
+    with database(ctx) as conn:
+        row = admin.get(conn, job_id, schema=ctx.schema)
+    if row is None:
+        fail(f"job {job_id} not found", ExitCode.FAILURE)
+    if as_json:
+        echo_json(row)
+        return
+    for key, value in row.items():
+        if key == "last_error" and value:
+            # a traceback reads best on its own lines; each is escaped and indented, so
+            # nothing in it can pass for a field of its own
+            lines = str(value).rstrip("\n").split("\n")
+            click.echo("last_error:\n" + "\n".join(f"  {printable(ln)}" for ln in lines))
+        elif isinstance(value, dict | list):
+            click.echo(f"{key}: {json.dumps(value, default=str)}")
+        elif isinstance(value, RawJson):  # JSON text Python could not load: shown as is
+            click.echo(f"{key}: {printable(value)}")
+        else:
+            click.echo(f"{key}: {printable(value)}")

@@ -1,0 +1,330 @@
+"""The jobs this daemon holds, from claim to outcome: each with its child, its limits
+(lease deadline, timeout, heartbeat timeout, kill grace) and why it was stopped.
+
+The table is the one place that links a job to its child (its map and Child.job change
+together, in _link and _unlink), that reads what children report about their jobs,
+and that decides a finished attempt's outcome (once: settle). Outcomes leave through
+`on_settled`; nothing here touches the database.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+from pgworkerd.config import HandlerConfig, WorkerConfig
+from pgworkerd.daemon.outcomes import InFlight, Outcome, decide, fence_margin
+from pgworkerd.daemon.states import OutcomeKind, StopReason
+from pgworkerd.daemon.supervisor import Child, Supervisor, describe_exit
+from pgworkerd.describe import short_error
+from pgworkerd.ops.metrics import NullMetrics
+from pgworkerd.queue.lease import ClaimedJob, RefusedJob, encode_json
+from pgworkerd.worker import protocol
+from pgworkerd.worker.protocol import (
+    Beat,
+    Cancel,
+    ChildMessage,
+    Done,
+    Failed,
+    Interrupted,
+    LeaseExtended,
+    Report,
+    Shutdown,
+    Started,
+)
+
+log = logging.getLogger("pgworkerd")
+
+# A claimed job that no child could take for this long, while none can be started (the
+# fork server is down), is handed back for another daemon to run.
+START_TIMEOUT = 10.0
+
+
+class JobTable:
+    def __init__(
+        self,
+        worker: WorkerConfig,
+        supervisor: Supervisor,
+        metrics: NullMetrics,
+        on_settled: Callable[[Outcome], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.worker = worker
+        self.supervisor = supervisor
+        self.metrics = metrics
+        self.on_settled = on_settled
+        self.clock = clock
+        self.jobs: dict[int, InFlight] = {}
+        self._child_of: dict[int, Child] = {}  # job id -> the child running it
+        self.draining = False
+
+    def configure(self, worker: WorkerConfig) -> None:
+        """After a reload: new slots, kill grace and backoff; jobs in flight keep theirs."""
+        self.worker = worker
+
+    # -- what is in it -------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def __iter__(self) -> Iterator[InFlight]:
+        return iter(list(self.jobs.values()))
+
+    def holds(self, job: InFlight) -> bool:
+        return self.jobs.get(job.job.id) is job
+
+    def ids(self) -> list[int]:
+        return sorted(self.jobs)
+
+    def free_slots(self) -> int:
+        return self.worker.slots - len(self.jobs)
+
+    def busy_per_handler(self) -> dict[str, int]:
+        busy: dict[str, int] = {}
+        for j in self.jobs.values():
+            busy[j.job.handler] = busy.get(j.job.handler, 0) + 1
+        return busy
+
+    def waiting(self) -> list[InFlight]:
+        """Claimed, not handed to a child yet, and not stopped."""
+        return [
+            j
+            for j in self.jobs.values()
+            if j.job.id not in self._child_of and j.stop_reason is None
+        ]
+
+    def has_unsaved(self) -> bool:
+        return any(j.unsaved for j in self.jobs.values())
+
+    def busy(self) -> bool:
+        """Jobs held, or children still running (their outcome may be on its way)."""
+        return bool(self.jobs) or any(c.pid is not None for c in self.supervisor.children)
+
+    # -- claim to child ------------------------------------------------------------------
+
+    def add(self, job: ClaimedJob, handler: HandlerConfig, lease: float, claimed_at: float) -> None:
+        self.jobs[job.id] = InFlight(
+            job=job,
+            handler=handler,
+            lease=lease,
+            claimed_at=claimed_at,
+            deadline=claimed_at + lease - fence_margin(lease),
+        )
+
+    def refuse(
+        self, job: ClaimedJob | RefusedJob, handler: HandlerConfig | None, reason: str
+    ) -> None:
+        """A claimed job this daemon cannot run at all: dead at once with the reason
+        (written like any outcome: fenced, kept while the database is away)."""
+        self.jobs.pop(job.id, None)
+        self.on_settled(Outcome(job, handler, OutcomeKind.BURY, 0.0, error=reason))
+
+    def dispatch(self) -> None:
+        """Hand waiting jobs to idle children."""
+        waiting = self.waiting()
+        if not waiting:
+            return
+        idle = self.supervisor.idle()
+        for job in waiting:
+            if not idle:
+                return
+            try:
+                frame = protocol.encode(
+                    protocol.Job(
+                        id=job.job.id,
+                        handler=job.job.handler,
+                        target=job.handler.target,
+                        queue=job.job.queue,
+                        payload=job.job.payload,
+                        attempt=job.job.attempt,
+                        max_attempts=job.job.max_attempts,
+                        checkpoint=job.job.checkpoint,
+                        deadline=job.deadline,
+                    )
+                )
+            except Exception as exc:  # this job's data: too big, too deep, not JSON
+                self.refuse(
+                    job.job, job.handler, f"cannot be handed to a child: {short_error(exc)}"
+                )
+                continue
+            child = idle.pop(0)
+            self._link(job, child)
+            if not self.supervisor.assign(child, frame):
+                self._unlink(job)
+
+    def child_of(self, job: InFlight) -> Child | None:
+        return self._child_of.get(job.job.id)
+
+    def _link(self, job: InFlight, child: Child) -> None:
+        self._child_of[job.job.id], child.job = child, job.job.id
+
+    def _unlink(self, job: InFlight) -> None:
+        child = self._child_of.pop(job.job.id, None)
+        if child is not None and child.job == job.job.id:
+            child.job = None
+
+    # -- what children say and how they end ---------------------------------------------
+
+    def on_message(self, child: Child, message: ChildMessage) -> None:
+        job = self.jobs.get(child.job) if child.job is not None else None
+        if job is None or self.child_of(job) is not child:
+            return
+        if isinstance(message, Started | Done | Failed | Interrupted) and message.id != job.job.id:
+            return
+        now = self.clock()
+        if isinstance(message, Started):
+            job.started_at = job.last_beat = now
+            log.info(
+                "%s: started in child %s (%.1f ms after the claim)",
+                job.name,
+                child.pid,
+                (now - job.claimed_at) * 1000,
+                extra={
+                    "fields": {
+                        "job_id": job.job.id,
+                        "handler": job.job.handler,
+                        "attempt": job.job.attempt,
+                        "pid": child.pid,
+                        "event": "started",
+                    }
+                },
+            )
+            if not job.job.rescued:  # a rescued job's run_at predates its lost attempt
+                self.metrics.observe_job_start(job.job.run_at, job.job.created_at)
+        elif isinstance(message, Beat):
+            job.last_beat = now
+            for key in ("progress", "checkpoint"):
+                value = getattr(message, key)
+                if value is None:
+                    continue
+                # Encoded (and so checked) here, once: one job's odd value must never
+                # fail the renewal statement that carries every job's lease.
+                try:
+                    setattr(job, key, encode_json(value))
+                    job.unsaved = True
+                except Exception as exc:
+                    log.warning("%s: %s not saved: %s", job.name, key, short_error(exc))
+        elif isinstance(message, Done | Failed | Interrupted):
+            report: Report = message
+            if isinstance(message, Done) and message.result is not None:
+                try:
+                    report = Done(message.id, encode_json(message.result))
+                except Exception as exc:
+                    report = Failed(message.id, f"the result cannot be stored: {short_error(exc)}")
+            self._settle(job, report)
+
+    def on_exit(self, child: Child, status: int) -> None:
+        job = self.jobs.get(child.job) if child.job is not None else None
+        if job is not None and self.child_of(job) is child:
+            self._settle(job, None, exit_description=child.broken or describe_exit(status))
+        elif status != 0 and not child.exiting:
+            log.warning("idle child %s %s", child.pid, describe_exit(status))
+
+    # -- stopping ------------------------------------------------------------------------
+
+    def stop(self, job: InFlight, reason: StopReason, *, now_kill: bool = False) -> None:
+        """Stop a job's child: SIGTERM to its group, SIGKILL after the kill grace."""
+        if job.stop_reason is None:
+            job.stop_reason = reason
+        child = self.child_of(job)
+        if child is None:
+            self._settle(job, None)
+            return
+        if now_kill:
+            child.signal_group(signal.SIGKILL)
+            job.kill_at = None
+        elif job.kill_at is None:
+            child.signal_group(signal.SIGTERM)
+            job.kill_at = self.clock() + self.worker.kill_grace
+
+    def stop_all(self, reason: StopReason) -> None:
+        for job in self:
+            self.stop(job, reason)
+
+    def drain(self) -> None:
+        """No new jobs: ones never started go back at once; running ones are asked to
+        finish (JobContext.shutdown_requested) until the drain timeout stops them."""
+        self.draining = True
+        for job in self:
+            child = self.child_of(job)
+            if child is None:
+                self.stop(job, StopReason.DRAIN)
+            else:
+                child.send(Shutdown())
+
+    def lease_renewed(self, job: InFlight, deadline: float, *, saved: bool) -> None:
+        job.deadline = deadline
+        job.unsaved = job.unsaved and not saved
+        child = self.child_of(job)
+        if child is not None:
+            child.send(LeaseExtended(deadline))
+
+    def lease_lost(self, job: InFlight, why: str) -> None:
+        log.error(
+            "%s: %s; stopping it",
+            job.name,
+            why,
+            extra={"fields": {"job_id": job.job.id, "event": "lease_lost"}},
+        )
+        self.metrics.lease_lost(job.handler.name)
+        self.stop(job, StopReason.LEASE_LOST, now_kill=True)
+
+    def cancel(self, job: InFlight) -> None:
+        """The database asked to cancel this job: tell the handler, then stop it."""
+        if job.stop_reason is not None:
+            return
+        job.cancel_seen = True
+        log.info("%s: cancel requested; stopping it", job.name)
+        child = self.child_of(job)
+        if child is not None:
+            child.send(Cancel())
+        self.stop(job, StopReason.CANCEL)
+
+    def _settle(self, job: InFlight, report: Report | None, exit_description: str = "") -> None:
+        """Decide a finished attempt's outcome (once) and pass it on."""
+        if self.jobs.pop(job.job.id, None) is None:
+            return
+        self._unlink(job)
+        self.on_settled(decide(job, report, exit_description, self.draining, self.worker))
+
+    # -- limits --------------------------------------------------------------------------
+
+    def tick(self, now: float, *, can_start: bool = True) -> None:
+        """Enforce every job's limits: lease deadline, kill grace, timeout, heartbeat."""
+        for job in self:
+            h = job.handler
+            if now >= job.deadline and job.stop_reason is not StopReason.LEASE_LOST:
+                # Self-fencing: the lease may be gone; the job must not run on.
+                self.lease_lost(job, "lease not renewed in time")
+            elif job.kill_at is not None and now >= job.kill_at:
+                child = self.child_of(job)
+                if child is not None:
+                    child.signal_group(signal.SIGKILL)
+                job.kill_at = None
+            elif job.started_at is not None and job.stop_reason is None:
+                if h.timeout is not None and now - job.started_at >= h.timeout:
+                    self.stop(job, StopReason.TIMEOUT)
+                elif h.heartbeat_timeout is not None and (
+                    now - job.last_beat >= h.heartbeat_timeout
+                ):
+                    self.stop(job, StopReason.STUCK)
+            elif (
+                not can_start
+                and self.child_of(job) is None
+                and job.stop_reason is None
+                and now - job.claimed_at >= START_TIMEOUT
+            ):
+                log.warning(
+                    "%s: no child could be started for it in %.0fs; handing it back",
+                    job.name,
+                    START_TIMEOUT,
+                )
+                self.stop(job, StopReason.NO_CHILD)
+
+    def next_deadline(self, can_start: bool = True) -> float | None:
+        times = [t for job in self.jobs.values() for t in job.limits()]
+        if not can_start:
+            times += [j.claimed_at + START_TIMEOUT for j in self.waiting()]
+        return min(times, default=None)

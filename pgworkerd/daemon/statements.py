@@ -1,0 +1,89 @@
+"""The daemon's database calls, typed, each run over the link.
+
+Every method returns None when its call failed: the link has logged why, and a lost
+connection marks it down until a reconnect. This is the only daemon module that runs
+the queue's statements, so the components above it can be driven in-process by a fake
+with the same methods (tests/unit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pgworkerd.daemon import outcomes
+from pgworkerd.daemon.dblink import DatabaseLink
+from pgworkerd.daemon.outcomes import Outcome
+from pgworkerd.ops.metrics import NullMetrics
+from pgworkerd.queue import lease, registry
+
+
+class Statements:
+    def __init__(
+        self, link: DatabaseLink, worker_id: str, schema: str, metrics: NullMetrics
+    ) -> None:
+        self.link = link
+        self.worker_id = worker_id
+        self.schema = schema
+        self.metrics = metrics
+
+    @property
+    def ok(self) -> bool:
+        """The link is up (a call may still fail)."""
+        return self.link.ok
+
+    def claim(
+        self, queues: Sequence[str], capacity: dict[str, lease.HandlerCapacity], limit: int
+    ) -> tuple[list[lease.ClaimedJob], list[lease.RefusedJob]] | None:
+        return self.link.run(
+            "claiming jobs",
+            lambda c: lease.claim_checked(
+                c,
+                self.worker_id,
+                queues=queues,
+                handlers=capacity,
+                limit=limit,
+                schema=self.schema,
+            ),
+        )
+
+    def next_run_in(self, queues: Sequence[str], handlers: Sequence[str]) -> float | None:
+        """Seconds until the earliest scheduled job this daemon could claim (None: none,
+        or the lookup failed)."""
+        return self.link.run(
+            "looking up scheduled jobs",
+            lambda c: lease.next_run_in(c, queues, handlers, schema=self.schema),
+        )
+
+    def renew(self, leases: list[lease.Lease]) -> list[lease.RenewOutcome] | None:
+        return self.link.run(
+            "renewing leases",
+            lambda c: lease.renew(c, self.worker_id, leases, schema=self.schema),
+        )
+
+    def write_outcomes(self, batch: list[Outcome]) -> bool | None:
+        return self.link.run(
+            "recording outcomes",
+            lambda c: outcomes.write(c, self.worker_id, self.schema, batch, self.metrics),
+        )
+
+    def register(self, info: registry.WorkerInfo, state: str) -> None:
+        self.link.run("registering", lambda c: registry.register(c, info, state, self.schema))
+
+    def deregister(self) -> None:
+        self.link.run(
+            "deregistering", lambda c: registry.deregister(c, self.worker_id, self.schema)
+        )
+
+    def heartbeat(self, info: registry.WorkerInfo, state: str, job_ids: list[int]) -> bool | None:
+        """The registry heartbeat; returns whether a drain is requested for this daemon
+        (None: the call failed, or the row is gone)."""
+        return self.link.run(
+            "heartbeat",
+            lambda c: registry.heartbeat(c, info, state, job_ids, self.schema),
+        )
+
+    def mark_stale(self, stale_after: float) -> list[tuple[str, str, int]] | None:
+        return self.link.run(
+            "marking stale daemons",
+            lambda c: registry.mark_stale(c, stale_after, self.schema),
+        )

@@ -1,0 +1,196 @@
+"""The parent<->child protocol: every message either side sends, typed, and the one place
+where messages become frames and frames become messages again.
+
+Dependency-free (the child imports it; it must not load database code). A frame is a
+4-byte length and a JSON object whose "t" names the kind (pgworkerd.worker.wire).
+
+Child -> parent: Hello (once, first), then per job Started, any number of Beat, and one
+report: Done, Failed or Interrupted.
+Parent -> child: Job, LeaseExtended, Cancel, Shutdown (finish or stop the current job,
+then exit), Exit (exit when idle).
+
+decode() checks what it is given: the parent reads children that run arbitrary handler
+code, so a message of an unknown kind, with a missing field or a field of the wrong type
+raises ProtocolError (the parent then stops that child; nothing else is affected).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from pgworkerd.worker.wire import encode as encode_frame
+
+
+class Kind(StrEnum):
+    HELLO = "hello"
+    STARTED = "started"
+    BEAT = "beat"
+    DONE = "done"
+    FAILED = "error"
+    INTERRUPTED = "interrupted"
+    JOB = "job"
+    LEASE_EXTENDED = "lease"
+    CANCEL = "cancel"
+    SHUTDOWN = "shutdown"
+    EXIT = "exit"
+
+
+class ProtocolError(ValueError):
+    """A message that is not one of the protocol's, or not well-formed."""
+
+
+# -- child -> parent ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hello:
+    kind: ClassVar[Kind] = Kind.HELLO
+    pid: int
+
+
+@dataclass(frozen=True)
+class Started:
+    kind: ClassVar[Kind] = Kind.STARTED
+    id: int
+
+
+@dataclass(frozen=True)
+class Beat:
+    """The job is alive; progress and checkpoint are None when not given."""
+
+    kind: ClassVar[Kind] = Kind.BEAT
+    progress: Any = None
+    checkpoint: Any = None
+
+
+@dataclass(frozen=True)
+class Done:
+    kind: ClassVar[Kind] = Kind.DONE
+    id: int
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The handler raised (or its outcome could not be sent whole)."""
+
+    kind: ClassVar[Kind] = Kind.FAILED
+    id: int
+    error: str
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """The handler ended with JobInterrupted: stopped by the daemon or by itself."""
+
+    kind: ClassVar[Kind] = Kind.INTERRUPTED
+    id: int
+    error: str
+    traceback: str = ""
+
+
+Report = Done | Failed | Interrupted
+
+
+# -- parent -> child ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    kind: ClassVar[Kind] = Kind.JOB
+    id: int
+    handler: str
+    target: str  # "module:function"
+    queue: str
+    payload: Any
+    attempt: int
+    max_attempts: int
+    checkpoint: Any
+    deadline: float  # time.monotonic() when the lease runs out (as last renewed)
+
+
+@dataclass(frozen=True)
+class LeaseExtended:
+    kind: ClassVar[Kind] = Kind.LEASE_EXTENDED
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Cancel:
+    kind: ClassVar[Kind] = Kind.CANCEL
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    kind: ClassVar[Kind] = Kind.SHUTDOWN
+
+
+@dataclass(frozen=True)
+class Exit:
+    kind: ClassVar[Kind] = Kind.EXIT
+
+
+ChildMessage = Hello | Started | Beat | Done | Failed | Interrupted
+ParentMessage = Job | LeaseExtended | Cancel | Shutdown | Exit
+Message = ChildMessage | ParentMessage
+
+_CLASSES: dict[str, type[Any]] = {
+    cls.kind.value: cls
+    for cls in (
+        Hello,
+        Started,
+        Beat,
+        Done,
+        Failed,
+        Interrupted,
+        Job,
+        LeaseExtended,
+        Cancel,
+        Shutdown,
+        Exit,
+    )
+}
+# Fields that hold any JSON value; every other field's type is checked.
+_ANY = {"progress", "checkpoint", "result", "payload"}
+_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "str": (str,),
+    "float": (int, float),
+}
+
+
+def encode(message: Message) -> bytes:
+    """One frame; raises wire.FrameTooLarge, or ValueError/TypeError for a value JSON
+    cannot carry (callers decide what that costs: the job, never the loop)."""
+    body: dict[str, Any] = {"t": message.kind.value}
+    for f in dataclasses.fields(message):
+        body[f.name] = getattr(message, f.name)  # shallow: a payload is not copied
+    return encode_frame(body)
+
+
+def decode(obj: Any) -> Message:
+    """The message a decoded JSON frame holds; ProtocolError if it is not one."""
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"a message must be a JSON object, not {type(obj).__name__}")
+    cls = _CLASSES.get(obj.get("t"))  # type: ignore[arg-type]
+    if cls is None:
+        raise ProtocolError(f"unknown message kind {str(obj.get('t'))[:40]!r}")
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in obj:
+            if f.default is dataclasses.MISSING:
+                raise ProtocolError(f"{cls.kind.value} message without {f.name!r}")
+            continue
+        value = obj[f.name]
+        if f.name not in _ANY:
+            wanted = _TYPES[str(f.type)]
+            if isinstance(value, bool) or not isinstance(value, wanted):
+                raise ProtocolError(
+                    f"{cls.kind.value} message: {f.name!r} is {type(value).__name__}, not {f.type}"
+                )
+        values[f.name] = value
+    return cls(**values)  # type: ignore[no-any-return]

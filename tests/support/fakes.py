@@ -1,0 +1,158 @@
+"""Fakes for the in-process unit tier (tests/unit): a clock, the daemon's statements and
+its supervisor. They stand in for the database and for processes only where a test drives
+a component's logic (decide, limits, capacity, deadlines) in milliseconds; the same
+behaviours are tested against real PostgreSQL and real processes in the other tiers."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pgworkerd.config import Config, parse_config
+from pgworkerd.queue.lease import ClaimedJob, HandlerCapacity, Lease, RefusedJob, RenewOutcome
+from pgworkerd.worker import protocol
+
+
+class FakeClock:
+    """time.monotonic() that moves only when told."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+@dataclass(eq=False)
+class FakeChild:
+    pid: int
+    job: int | None = None
+    exiting: bool = False
+    broken: str = ""
+    jobs_run: int = 0
+    sent: list[Any] = field(default_factory=list)  # protocol messages, decoded
+    signals: list[int] = field(default_factory=list)
+
+    def send(self, message: Any) -> bool:
+        self.sent.append(message)
+        return True
+
+    def signal_group(self, sig: int) -> None:
+        self.signals.append(sig)
+
+
+class FakeSupervisor:
+    """Children that exist as soon as they are spawned (while `startable`)."""
+
+    def __init__(self, idle_children: int = 0, *, startable: bool = True) -> None:
+        self._pids = itertools.count(100)
+        self.children: list[FakeChild] = []
+        self.startable = startable
+        self.spawned = 0
+        self.retired: list[FakeChild] = []
+        for _ in range(idle_children):
+            self.children.append(FakeChild(next(self._pids)))
+
+    def idle(self) -> list[FakeChild]:
+        return [c for c in self.children if c.job is None and not c.exiting]
+
+    def starting(self) -> int:
+        return 0
+
+    def can_start(self) -> bool:
+        return self.startable or bool(self.idle())
+
+    def spawn(self) -> bool:
+        if not self.startable:
+            return False
+        self.spawned += 1
+        self.children.append(FakeChild(next(self._pids)))
+        return True
+
+    def retire(self, child: FakeChild) -> None:
+        child.exiting = True
+        self.retired.append(child)
+
+    def assign(self, child: FakeChild, frame: bytes) -> bool:
+        child.jobs_run += 1
+        # What the child would read: the frame decoded (4-byte length, then JSON).
+        import json
+
+        child.sent.append(protocol.decode(json.loads(frame[4:])))
+        return True
+
+
+class FakeStatements:
+    """The daemon's database calls, answered from what the test queued up."""
+
+    def __init__(self) -> None:
+        self.ok = True
+        self.claims: list[tuple[list[ClaimedJob], list[RefusedJob]] | None] = []
+        self.claim_calls: list[tuple[list[str], dict[str, HandlerCapacity], int]] = []
+        self.next_run: float | None = None
+        self.renewals: list[list[Lease]] = []
+        self.renew_answer: dict[int, RenewOutcome] = {}
+        self.renew_fails = 0  # this many renew calls return None (a failed statement)
+        self.written: list[list[Any]] = []
+        self.write_fails = 0
+
+    def claim(
+        self, queues: Any, capacity: dict[str, HandlerCapacity], limit: int
+    ) -> tuple[list[ClaimedJob], list[RefusedJob]] | None:
+        self.claim_calls.append((list(queues), capacity, limit))
+        return self.claims.pop(0) if self.claims else ([], [])
+
+    def next_run_in(self, queues: Any, handlers: Any) -> float | None:
+        return self.next_run
+
+    def renew(self, leases: list[Lease]) -> list[RenewOutcome] | None:
+        self.renewals.append(leases)
+        if self.renew_fails:
+            self.renew_fails -= 1
+            return None
+        return [
+            self.renew_answer.get(lease.id, RenewOutcome(lease.id, True, False)) for lease in leases
+        ]
+
+    def write_outcomes(self, batch: list[Any]) -> bool | None:
+        if self.write_fails:
+            self.write_fails -= 1
+            return None
+        self.written.append(list(batch))
+        return True
+
+
+_ids = itertools.count(1)
+
+
+def claimed_job(handler: str = "h", *, attempt: int = 1, **kw: Any) -> ClaimedJob:
+    now = datetime.now(UTC)
+    values: dict[str, Any] = {
+        "id": next(_ids),
+        "queue": "default",
+        "handler": handler,
+        "payload": {},
+        "priority": 0,
+        "attempt": attempt,
+        "max_attempts": 5,
+        "token": 1,
+        "checkpoint": None,
+        "run_at": now,
+        "created_at": now,
+        "locked_until": now,
+        "rescued": False,
+    }
+    values.update(kw)
+    return ClaimedJob(**values)
+
+
+def config(text: str = "") -> Config:
+    """A Config from TOML, with handler "h" (and whatever `text` adds)."""
+    base = '[handlers.h]\ntarget = "jobhandlers:noop"\n'
+    return parse_config(base + text)

@@ -1,0 +1,186 @@
+"""Unit tier: the claimer with a fake clock, statements and supervisor: the per-handler
+capacity arithmetic, when it claims (and when not), NOTIFY coalescing, its deadlines."""
+
+from __future__ import annotations
+
+from fakes import FakeClock, FakeStatements, FakeSupervisor, claimed_job, config
+
+from pgworkerd.daemon.claimer import NOTIFY_CLAIM_INTERVAL, Claimer
+from pgworkerd.daemon.jobtable import JobTable
+from pgworkerd.daemon.outcomes import Outcome
+from pgworkerd.daemon.states import OutcomeKind
+from pgworkerd.ops.metrics import NullMetrics
+from pgworkerd.queue.lease import RefusedJob
+from pgworkerd.worker import protocol
+
+CONFIG = """
+[worker]
+slots = 4
+poll_interval = "5s"
+warm_children = 1
+[handlers.solo]
+target = "jobhandlers:work"
+slots = 2
+lease = "30s"
+"""
+
+
+class Setup:
+    def __init__(self, *, startable: bool = True, idle: int = 4) -> None:
+        self.config = config(CONFIG)
+        self.clock = FakeClock()
+        self.statements = FakeStatements()
+        self.supervisor = FakeSupervisor(idle, startable=startable)
+        self.outcomes: list[Outcome] = []
+        self.table = JobTable(
+            self.config.worker,
+            self.supervisor,  # type: ignore[arg-type]
+            NullMetrics(),
+            self.outcomes.append,
+            clock=self.clock,
+        )
+        self.claimer = Claimer(
+            self.config,
+            self.statements,  # type: ignore[arg-type]
+            self.table,
+            self.supervisor,  # type: ignore[arg-type]
+            NullMetrics(),
+            clock=self.clock,
+        )
+        self.claimer.set_accepting(True)
+
+    def tick(self, advance: float = 0.0) -> None:
+        self.claimer.tick(self.clock.advance(advance))
+
+
+def test_capacity_is_the_free_slots_capped_by_each_handlers_own() -> None:
+    s = Setup()
+    s.statements.claims = [([claimed_job("solo")], [])]
+    s.tick()
+    queues, capacity, limit = s.statements.claim_calls[0]
+    assert limit == 4 and queues == ["default"]
+    assert (capacity["h"].free, capacity["solo"].free) == (4, 2)
+    assert (capacity["h"].lease_seconds, capacity["solo"].lease_seconds) == (60.0, 30.0)
+    s.claimer.request()
+    s.tick()
+    _, capacity, limit = s.statements.claim_calls[1]
+    assert limit == 3 and (capacity["h"].free, capacity["solo"].free) == (3, 1)
+
+
+def test_claimed_jobs_go_to_idle_children_at_once() -> None:
+    s = Setup(idle=1)
+    s.statements.claims = [([claimed_job("h"), claimed_job("h")], [])]
+    s.tick()
+    assert len(s.table) == 2 and len(s.table.waiting()) == 1
+    assert s.supervisor.spawned >= 1  # the waiting one gets a child started for it
+
+
+def test_no_claim_while_no_child_can_be_started_and_one_when_it_can() -> None:
+    s = Setup(startable=False, idle=0)
+    s.tick(10.0)
+    assert s.statements.claim_calls == [] and s.claimer.next_deadline() is None
+    s.supervisor.startable = True
+    s.tick()
+    assert len(s.statements.claim_calls) == 1
+
+
+def test_no_claim_while_not_accepting_and_one_as_soon_as_it_is_again() -> None:
+    s = Setup()
+    s.claimer.set_accepting(False)
+    s.tick(10.0)
+    assert s.statements.claim_calls == []
+    assert all(c.exiting for c in s.supervisor.children)  # idle children retired
+    s.claimer.set_accepting(True)
+    s.tick()
+    assert len(s.statements.claim_calls) == 1
+
+
+def test_the_poll_interval_paces_claims_and_a_request_comes_first() -> None:
+    s = Setup()
+    s.tick()
+    assert s.claimer.next_deadline() == s.clock() + 5.0
+    s.tick(4.9)
+    assert len(s.statements.claim_calls) == 1
+    s.tick(0.1)
+    assert len(s.statements.claim_calls) == 2
+    s.claimer.request()
+    s.tick(0.1)
+    assert len(s.statements.claim_calls) == 3
+
+
+def test_a_full_claim_means_a_backlog_so_a_freed_slot_claims_again() -> None:
+    s = Setup()
+    s.statements.claims = [([claimed_job("h") for _ in range(4)], [])]
+    s.tick()
+    assert s.claimer.backlog
+    s.claimer.slot_freed()
+    s.tick()  # no free slot: nothing to claim yet
+    assert len(s.statements.claim_calls) == 1
+    job = next(iter(s.table))
+    child = s.table.child_of(job)
+    s.table.on_message(child, protocol.Done(job.job.id))  # type: ignore[arg-type]
+    s.claimer.slot_freed()  # what the daemon does when a job leaves the table
+    s.tick()
+    assert len(s.statements.claim_calls) == 2
+
+
+def test_a_partial_claim_waits_for_the_next_scheduled_job() -> None:
+    s = Setup()
+    s.statements.next_run = 2.5
+    s.tick()
+    assert not s.claimer.backlog and s.claimer.next_deadline() == s.clock() + 2.5
+    s.tick(2.5)
+    assert len(s.statements.claim_calls) == 2
+
+
+def test_notifications_are_coalesced() -> None:
+    s = Setup()
+    s.tick()
+    s.claimer.notified(s.clock())  # an idle daemon claims at once
+    assert s.claimer.next_deadline() <= s.clock()  # type: ignore[operator]
+    s.tick()
+    assert len(s.statements.claim_calls) == 2
+    for _ in range(100):  # a flood: one claim per NOTIFY_CLAIM_INTERVAL
+        s.claimer.notified(s.clock())
+    assert s.claimer.next_deadline() == s.clock() + NOTIFY_CLAIM_INTERVAL
+    s.tick(NOTIFY_CLAIM_INTERVAL / 2)
+    assert len(s.statements.claim_calls) == 2
+    s.tick(NOTIFY_CLAIM_INTERVAL / 2)
+    assert len(s.statements.claim_calls) == 3
+    s.tick(0.001)
+    assert len(s.statements.claim_calls) == 3
+
+
+def test_a_retry_due_wakes_the_claimer_then() -> None:
+    s = Setup()
+    s.tick()
+    s.claimer.request_at(s.clock() + 1.0)
+    assert s.claimer.next_deadline() == s.clock() + 1.0
+
+
+def test_rows_that_cannot_be_loaded_are_buried_and_the_rest_run() -> None:
+    s = Setup()
+    good = claimed_job("h")
+    s.statements.claims = [([good], [RefusedJob(99, 1, "h", 1, "payload cannot be loaded")])]
+    s.tick()
+    assert [(o.job.id, o.kind) for o in s.outcomes] == [(99, OutcomeKind.BURY)]
+    assert s.outcomes[0].error == "cannot run: payload cannot be loaded"
+    assert s.table.child_of(s.table.jobs[good.id]) is not None
+
+
+def test_a_failed_claim_waits_for_the_poll_interval() -> None:
+    s = Setup()
+    s.statements.claims = [None]
+    s.tick()
+    s.tick(0.5)
+    assert len(s.statements.claim_calls) == 1
+
+
+def test_a_failed_claim_leaves_no_past_deadline_behind() -> None:
+    s = Setup()
+    s.statements.next_run = 1.0
+    s.tick()  # a partial claim: the next scheduled job is due in 1 s
+    s.statements.claims = [None]  # that claim fails (a statement timeout)
+    s.tick(1.0)
+    assert len(s.statements.claim_calls) == 2
+    assert s.claimer.next_deadline() == s.clock() + 5.0  # the poll, not a past time

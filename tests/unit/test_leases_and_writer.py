@@ -1,0 +1,204 @@
+"""Unit tier: the lease keeper and the outcome writer with a fake clock and fake
+statements: renewal deadlines, lost leases, cancels read back, a refused progress save,
+batching, retries and giving up."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+from fakes import FakeClock, FakeStatements, FakeSupervisor, claimed_job
+
+from pgworkerd.config import HandlerConfig, WorkerConfig
+from pgworkerd.daemon.jobtable import JobTable
+from pgworkerd.daemon.leases import PROGRESS_SAVE_INTERVAL, LeaseKeeper
+from pgworkerd.daemon.outcomes import MAX_OUTCOME_WRITES, Outcome, OutcomeWriter, fence_margin
+from pgworkerd.daemon.states import OutcomeKind, StopReason
+from pgworkerd.ops.metrics import NullMetrics
+from pgworkerd.queue.lease import RenewOutcome
+from pgworkerd.worker import protocol
+
+HANDLER = HandlerConfig("h", "jobhandlers:work")
+LEASE = 60.0
+
+
+class Setup:
+    def __init__(self) -> None:
+        self.clock = FakeClock()
+        self.statements = FakeStatements()
+        self.supervisor = FakeSupervisor(2)
+        self.outcomes: list[Outcome] = []
+        self.table = JobTable(
+            WorkerConfig(),
+            self.supervisor,  # type: ignore[arg-type]
+            NullMetrics(),
+            self.outcomes.append,
+            clock=self.clock,
+        )
+        self.leases = LeaseKeeper(
+            self.statements,  # type: ignore[arg-type]
+            self.table,
+            NullMetrics(),
+            renew_interval=10.0,
+            clock=self.clock,
+        )
+
+    def start(self):  # type: ignore[no-untyped-def]
+        job = claimed_job("h")
+        self.table.add(job, HANDLER, LEASE, self.clock())
+        self.table.dispatch()
+        held = self.table.jobs[job.id]
+        child = self.table.child_of(held)
+        self.table.on_message(child, protocol.Started(job.id))  # type: ignore[arg-type]
+        return held, child
+
+
+def test_renewals_come_every_renew_interval_and_move_the_deadline() -> None:
+    s = Setup()
+    job, child = s.start()
+    s.leases.tick(s.clock())
+    assert len(s.statements.renewals) == 1 and s.leases.next_deadline() == s.clock() + 10.0
+    s.leases.tick(s.clock.advance(9.9))
+    assert len(s.statements.renewals) == 1
+    now = s.clock.advance(0.1)
+    s.leases.tick(now)
+    assert len(s.statements.renewals) == 2
+    assert job.deadline == now + LEASE - fence_margin(LEASE)
+    assert child.sent[-1] == protocol.LeaseExtended(job.deadline)
+
+
+def test_a_lease_the_database_refuses_kills_the_job() -> None:
+    s = Setup()
+    job, child = s.start()
+    s.statements.renew_answer[job.job.id] = RenewOutcome(job.job.id, False, False)
+    s.leases.tick(s.clock())
+    assert job.stop_reason is StopReason.LEASE_LOST and child.signals == [signal.SIGKILL]
+
+
+def test_a_cancel_read_back_with_the_renewal_stops_the_job() -> None:
+    s = Setup()
+    job, child = s.start()
+    s.statements.renew_answer[job.job.id] = RenewOutcome(job.job.id, True, True)
+    s.leases.tick(s.clock())
+    assert job.stop_reason is StopReason.CANCEL and isinstance(child.sent[-1], protocol.Cancel)
+
+
+def test_progress_is_saved_at_most_every_second_between_renewals() -> None:
+    s = Setup()
+    job, child = s.start()
+    s.leases.tick(s.clock())  # the first renewal
+    s.table.on_message(child, protocol.Beat(progress={"n": 1}))
+    assert s.leases.next_deadline() == s.clock() + PROGRESS_SAVE_INTERVAL
+    s.leases.tick(s.clock.advance(PROGRESS_SAVE_INTERVAL))
+    saved = s.statements.renewals[-1]
+    assert len(s.statements.renewals) == 2 and json.loads(saved[0].progress) == {"n": 1}
+    assert not job.unsaved
+
+
+def test_a_refused_save_renews_the_leases_alone_and_keeps_the_values_for_later() -> None:
+    s = Setup()
+    job, child = s.start()
+    s.table.on_message(child, protocol.Beat(progress={"n": 1}))
+    s.statements.renew_fails = 1
+    now = s.clock()
+    s.leases.tick(now)
+    with_values, bare = s.statements.renewals
+    assert with_values[0].progress is not None and bare[0].progress is None
+    assert job.unsaved and job.deadline == now + LEASE - fence_margin(LEASE)
+
+
+def test_a_job_settled_while_its_renewal_ran_is_left_alone() -> None:
+    s = Setup()
+    job, child = s.start()
+    s.table.on_message(child, protocol.Done(job.job.id))
+    s.statements.renew_answer[job.job.id] = RenewOutcome(job.job.id, False, False)
+    s.leases.tick(s.clock())  # nothing to renew any more
+    assert child.signals == []
+
+
+# -- the outcome writer -----------------------------------------------------------------
+
+
+def writer(statements: FakeStatements, clock: FakeClock, retries: list[float]) -> OutcomeWriter:
+    return OutcomeWriter(
+        statements.write_outcomes,  # type: ignore[arg-type]
+        lambda: statements.ok,
+        retries.append,
+        clock=clock,
+    )
+
+
+def outcome(kind: OutcomeKind, retry_in: float | None = None) -> Outcome:
+    o = Outcome(claimed_job("h"), HANDLER, kind, 1.0)
+    o.retry_in = retry_in
+    return o
+
+
+def test_completions_go_in_one_write_the_rest_one_by_one() -> None:
+    statements, clock, retries = FakeStatements(), FakeClock(), []
+    w = writer(statements, clock, retries)
+    for kind in (OutcomeKind.COMPLETE, OutcomeKind.FAIL, OutcomeKind.COMPLETE):
+        w.add(outcome(kind))
+    w.tick(clock())
+    assert [[o.kind for o in batch] for batch in statements.written] == [
+        [OutcomeKind.COMPLETE, OutcomeKind.COMPLETE],
+        [OutcomeKind.FAIL],
+    ]
+    assert not w.pending
+
+
+def test_outcomes_wait_while_the_database_is_away() -> None:
+    statements, clock, retries = FakeStatements(), FakeClock(), []
+    w = writer(statements, clock, retries)
+    statements.ok = False
+    w.add(outcome(OutcomeKind.COMPLETE))
+    w.tick(clock())
+    assert len(w.pending) == 1 and statements.written == []
+    statements.ok = True
+    w.tick(clock())
+    assert not w.pending
+
+
+def test_a_write_that_keeps_failing_is_given_up_after_three_tries_one_at_a_time() -> None:
+    statements, clock, retries = FakeStatements(), FakeClock(), []
+    w = writer(statements, clock, retries)
+    first, second = outcome(OutcomeKind.COMPLETE), outcome(OutcomeKind.COMPLETE)
+    w.add(first)
+    w.add(second)
+    statements.write_fails = MAX_OUTCOME_WRITES
+    w.tick(clock())  # the batch fails: from now on one at a time
+    w.tick(clock())  # the first fails again
+    assert list(w.pending) == [first, second] and statements.written == []
+    w.tick(clock())  # its third failure: given up; the second then goes alone
+    assert not w.pending and statements.written == [[second]]
+
+
+def test_a_failed_jobs_retry_wakes_the_claimer_when_due() -> None:
+    statements, clock, retries = FakeStatements(), FakeClock(), []
+    w = writer(statements, clock, retries)
+    w.add(outcome(OutcomeKind.FAIL, retry_in=None))
+    o = outcome(OutcomeKind.FAIL)
+    w.add(o)
+    # write() sets retry_in once the database said when the retry is due
+    statements_write = statements.write_outcomes
+
+    def write(batch: list[Outcome]) -> bool | None:
+        for item in batch:
+            if item is o:
+                item.retry_in = 12.5
+        return statements_write(batch)
+
+    w.write = write
+    w.tick(clock())
+    assert retries == [clock() + 12.5]
+
+
+def test_no_renewal_deadline_while_the_database_is_away() -> None:
+    # A past deadline that cannot be served would make the loop spin through an outage.
+    s = Setup()
+    s.start()
+    s.statements.ok = False
+    s.leases.tick(s.clock.advance(30.0))
+    assert s.leases.next_deadline() is None
+    s.statements.ok = True
+    assert s.leases.next_deadline() == 0.0  # renew at once when it is back

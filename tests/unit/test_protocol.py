@@ -1,0 +1,102 @@
+"""Unit tier: the parent<->child protocol and its frames: every message survives the
+trip, what is not a message is refused with a clear reason, frames split or joined
+anywhere decode the same, and exit statuses read as words."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+
+from pgworkerd.daemon.supervisor import describe_exit
+from pgworkerd.worker import protocol
+from pgworkerd.worker.wire import MAX_FRAME, FrameReader, FrameTooLarge
+
+EVERY_MESSAGE: list[protocol.Message] = [
+    protocol.Hello(4242),
+    protocol.Started(7),
+    protocol.Beat(),
+    protocol.Beat(progress={"done": 3}, checkpoint=[1, 2]),
+    protocol.Done(7, {"ok": True}),
+    protocol.Done(7),
+    protocol.Failed(7, "ValueError: bad", "Traceback ..."),
+    protocol.Interrupted(7, "stopped by the daemon (SIGTERM)"),
+    protocol.Job(7, "h", "m:f", "default", {"x": 1}, 1, 5, None, 1234.5),
+    protocol.LeaseExtended(1300.25),
+    protocol.Cancel(),
+    protocol.Shutdown(),
+    protocol.Exit(),
+]
+
+
+@pytest.mark.parametrize("message", EVERY_MESSAGE, ids=lambda m: type(m).__name__)
+def test_every_message_survives_encode_and_decode(message: protocol.Message) -> None:
+    [frame] = FrameReader().feed(protocol.encode(message))
+    assert frame["t"] == message.kind.value
+    assert protocol.decode(frame) == message
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        ([1, 2], "must be a JSON object"),
+        ({"t": "bogus"}, "unknown message kind 'bogus'"),
+        ({"pid": 1}, "unknown message kind"),
+        ({"t": "hello"}, "hello message without 'pid'"),
+        ({"t": "hello", "pid": "12"}, "'pid' is str, not int"),
+        ({"t": "done", "id": True}, "'id' is bool, not int"),
+        ({"t": "error", "id": 1, "error": None}, "'error' is NoneType, not str"),
+        ({"t": "lease", "deadline": "soon"}, "'deadline' is str, not float"),
+    ],
+)
+def test_what_is_not_a_message_is_refused_with_the_reason(frame: object, reason: str) -> None:
+    with pytest.raises(protocol.ProtocolError, match=reason):
+        protocol.decode(frame)
+
+
+def test_optional_fields_may_be_left_out() -> None:
+    assert protocol.decode({"t": "beat"}) == protocol.Beat()
+    assert protocol.decode({"t": "error", "id": 3, "error": "x"}) == protocol.Failed(3, "x", "")
+    assert protocol.decode({"t": "lease", "deadline": 5}) == protocol.LeaseExtended(5)
+
+
+def test_frames_split_or_joined_anywhere_decode_the_same() -> None:
+    stream = b"".join(protocol.encode(m) for m in EVERY_MESSAGE)
+    for size in (1, 3, 7, 64, len(stream)):
+        reader = FrameReader()
+        frames = []
+        for start in range(0, len(stream), size):
+            frames += reader.feed(stream[start : start + size])
+        assert [protocol.decode(f) for f in frames] == EVERY_MESSAGE
+
+
+def test_a_frame_over_the_limit_is_refused_on_both_sides() -> None:
+    with pytest.raises(FrameTooLarge, match="over the 64 MiB limit"):
+        protocol.encode(protocol.Done(1, "x" * MAX_FRAME))
+    announced = (MAX_FRAME + 1).to_bytes(4, "big")
+    with pytest.raises(FrameTooLarge, match="peer announced a frame"):
+        FrameReader().feed(announced + b"{}")
+
+
+def test_values_json_cannot_carry_are_refused_at_encoding() -> None:
+    with pytest.raises(ValueError):
+        protocol.encode(protocol.Done(1, float("nan")))
+    with pytest.raises(TypeError):
+        protocol.encode(protocol.Done(1, {1, 2}))
+
+
+def test_the_parent_side_json_is_what_older_children_sent() -> None:
+    # The wire format is unchanged by typing it: a child of the previous release (a
+    # rolling upgrade keeps both) speaks the same frames.
+    body = json.loads(protocol.encode(protocol.Failed(3, "boom", "tb"))[4:])
+    assert body == {"t": "error", "id": 3, "error": "boom", "traceback": "tb"}
+
+
+def test_describe_exit_reads_statuses_as_words() -> None:
+    # raw wait statuses, as os.waitpid returns them
+    assert describe_exit(3 << 8) == "exited with code 3"
+    assert describe_exit(signal.SIGKILL) == "killed by SIGKILL (the OOM killer or kill -9)"
+    assert describe_exit(signal.SIGSEGV) == "killed by SIGSEGV (segmentation fault)"
+    assert describe_exit(signal.SIGTERM) == "killed by SIGTERM"
+    assert describe_exit(77) == "killed by signal 77"

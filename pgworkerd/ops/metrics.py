@@ -293,7 +293,7 @@ class Metrics(NullMetrics):
                         family.add_metric((queue, status), depth.get((queue, status), 0))
                 yield family
 
-        registry.register(_QueueDepth())  # type: ignore[arg-type]
+        registry.register(_QueueDepth())
 
     # -- the endpoint ----------------------------------------------------------------------
 

@@ -193,4 +193,4 @@ def decode(obj: Any) -> Message:
                     f"{cls.kind.value} message: {f.name!r} is {type(value).__name__}, not {f.type}"
                 )
         values[f.name] = value
-    return cls(**values)  # type: ignore[no-any-return]
+    return cls(**values)

@@ -1,4 +1,4 @@
-"""The code stays ruff-clean (the project's lint rules live in pyproject.toml)."""
+"""The code stays ruff-clean and mypy-clean (both configured in pyproject.toml)."""
 
 import subprocess
 import sys
@@ -15,5 +15,16 @@ def test_ruff_clean() -> None:
         capture_output=True,
         text=True,
         timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_mypy_clean() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy"],  # the files and settings: [tool.mypy]
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr

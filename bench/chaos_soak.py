@@ -48,8 +48,8 @@ from typing import Any
 import psycopg
 from daemon_bench import children_of
 
+from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
-from pgworkerd.queue import jobs
 from pgworkerd.queue.migrate import migrate
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -240,21 +240,21 @@ class Soak:
             d.start()
             self.daemons.append(d)
 
-    def job_specs(self, count: int) -> list[jobs.JobSpec]:
+    def job_specs(self, count: int) -> list[client.JobSpec]:
         specs = []
         for _ in range(count):
             r = self.rng.random()
             d = self.rng.uniform(0, 0.3) if r < 0.6 else self.rng.uniform(0.3, 2.0)
             if self.rng.random() < 0.02:  # doomed: fails every attempt, ends dead
-                specs.append(jobs.JobSpec("chaos", {"d": d, "raise": 1.0}, max_attempts=3))
+                specs.append(client.JobSpec("chaos", {"d": d, "raise": 1.0}, max_attempts=3))
             else:
                 payload = {"d": round(d, 3), "raise": 0.08, "crash": 0.02}
-                specs.append(jobs.JobSpec("chaos", payload, max_attempts=10))
+                specs.append(client.JobSpec("chaos", payload, max_attempts=10))
         return specs
 
     def enqueue(self, conn: psycopg.Connection, count: int) -> None:
         if count > 0:
-            self.ids += jobs.enqueue_many(conn, self.job_specs(count), schema=SCHEMA)
+            self.ids += client.enqueue_many(conn, self.job_specs(count), schema=SCHEMA)
 
     def enqueue_poison(self, conn: psycopg.Connection) -> None:
         kind = self.poison_kinds[0] if self.poison_kinds else self.rng.choice(list(POISON))

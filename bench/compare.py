@@ -46,8 +46,8 @@ from typing import Any
 import psycopg
 from daemon_bench import wait_for
 
+from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
-from pgworkerd.queue import jobs
 
 BENCH_DIR = Path(__file__).resolve().parent
 # The process-tree helpers the tests use (tests/support/proctree.py, standard library only).
@@ -258,22 +258,24 @@ class Pgworkerd(Library):
         )
 
     def enqueue_record(self, token: str, task: str = "record") -> None:
-        jobs.enqueue(self.conn, task, {"k": token})
+        client.enqueue(self.conn, task, {"k": token})
 
     def enqueue_noops(self, n: int) -> None:
-        jobs.enqueue_many(self.conn, [jobs.JobSpec("noop") for _ in range(n)])
+        client.enqueue_many(self.conn, [client.JobSpec("noop") for _ in range(n)])
 
     def single_enqueue(self, seconds: float) -> tuple[int, float]:
         done, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
-            jobs.enqueue(self.conn, "noop")
+            client.enqueue(self.conn, "noop")
             done += 1
         return done, time.perf_counter() - start
 
     def bulk_enqueue(self, seconds: float) -> tuple[int, float]:
         done, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
-            done += len(jobs.enqueue_many(self.conn, [jobs.JobSpec("noop") for _ in range(BULK)]))
+            done += len(
+                client.enqueue_many(self.conn, [client.JobSpec("noop") for _ in range(BULK)])
+            )
         return done, time.perf_counter() - start
 
     def close(self) -> None:

@@ -32,8 +32,9 @@ from typing import Any
 
 import psycopg
 
+from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
-from pgworkerd.queue import jobs
+from pgworkerd.queue import lease
 from pgworkerd.queue.db import connect
 from pgworkerd.queue.migrate import migrate
 
@@ -136,7 +137,7 @@ def throughput(dsn: str, workdir: Path, per_child: int, n_jobs: int) -> dict[str
         )
         try:
             start = time.monotonic()
-            jobs.enqueue_many(conn, [jobs.JobSpec("noop") for _ in range(n_jobs)])
+            client.enqueue_many(conn, [client.JobSpec("noop") for _ in range(n_jobs)])
             wait_for(lambda: completed(conn) >= n_jobs, 600, "all jobs", 0.05)
             elapsed = time.monotonic() - start
             cpu = cpu_seconds(daemon.proc.pid)
@@ -165,7 +166,7 @@ def latency(dsn: str, workdir: Path, samples: int) -> dict[str, Any]:
         try:
             gaps = []
             for n in range(samples):
-                job_id = jobs.enqueue(conn, "record_start")
+                job_id = client.enqueue(conn, "record_start")
                 enqueued = time.time()
                 line = wait_for(
                     functools.partial(_start_of, starts, job_id), 10, f"job {n}", 0.0005
@@ -198,19 +199,19 @@ def renewal(dsn: str, workdir: Path, in_flight: int, window: float) -> dict[str,
     with connect(dsn) as conn:
         conn.execute("TRUNCATE pgworkerd.jobs")
         # The statement alone: renew `in_flight` leases of one worker, repeatedly.
-        jobs.enqueue_many(conn, [jobs.JobSpec("noop") for _ in range(in_flight)])
-        held = jobs.claim(
+        client.enqueue_many(conn, [client.JobSpec("noop") for _ in range(in_flight)])
+        held = lease.claim(
             conn,
             "bench",
             queues=["default"],
-            handlers={"noop": jobs.HandlerCapacity(60, in_flight)},
+            handlers={"noop": lease.HandlerCapacity(60, in_flight)},
             limit=in_flight,
         )
-        leases = [jobs.Lease(j.id, j.token, 60) for j in held]
+        leases = [lease.Lease(j.id, j.token, 60) for j in held]
         times = []
         for _ in range(20):
             t0 = time.perf_counter()
-            jobs.renew(conn, "bench", leases)
+            lease.renew(conn, "bench", leases)
             times.append((time.perf_counter() - t0) * 1000)
         conn.execute("TRUNCATE pgworkerd.jobs")
         # The real daemon holding them: children sleep, the parent renews every second.
@@ -227,8 +228,8 @@ def renewal(dsn: str, workdir: Path, in_flight: int, window: float) -> dict[str,
             {"sleep": "pgworkerd.examples:hang"},
         )
         try:
-            jobs.enqueue_many(
-                conn, [jobs.JobSpec("sleep", {"seconds": 3600}) for _ in range(in_flight)]
+            client.enqueue_many(
+                conn, [client.JobSpec("sleep", {"seconds": 3600}) for _ in range(in_flight)]
             )
             wait_for(lambda: len(daemon.children()) >= in_flight, 300, "children", 0.5)
             time.sleep(2)  # let the start-up burst settle before measuring

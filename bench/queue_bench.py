@@ -4,7 +4,7 @@
 
 Every row times the same work three ways, on the same server, table and kind of connection:
 
-  python    the pgworkerd.queue.jobs API (claim/complete, enqueue, enqueue_many)
+  python    pgworkerd's API: queue.lease (claim/complete), client (enqueue, enqueue_many)
   same SQL  pgworkerd's own statements from sql/queries.sql, run by pgbench with the same
             parameters: what the API would reach with a free client (shows the Python share)
   raw SQL   hand-written minimal SQL doing the same work, run by pgbench: the ceiling
@@ -45,8 +45,9 @@ from typing import Any, LiteralString
 import psycopg
 from psycopg import sql
 
+from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
-from pgworkerd.queue import jobs
+from pgworkerd.queue import lease
 from pgworkerd.queue.db import PREPARE_THRESHOLD, connect
 from pgworkerd.queue.migrate import migrate
 from pgworkerd.queue.queries import query, render
@@ -151,7 +152,7 @@ def claim_loop(
 
     Returns (jobs, elapsed seconds, drained: a claim came back short, the queue ran dry).
     """
-    handlers = {HANDLER: jobs.HandlerCapacity(lease_seconds=LEASE_SECONDS, free=batch)}
+    handlers = {HANDLER: lease.HandlerCapacity(lease_seconds=LEASE_SECONDS, free=batch)}
     queues = [QUEUE]
     done = 0
     drained = False
@@ -159,15 +160,15 @@ def claim_loop(
         start = time.perf_counter()
         deadline = start + seconds
         while time.perf_counter() < deadline:
-            claimed = jobs.claim(
+            claimed = lease.claim(
                 conn, worker, queues=queues, handlers=handlers, limit=batch, schema=schema
             )
             if many:
-                done_now = [jobs.Completion(job.id, job.token) for job in claimed]
-                jobs.complete_many(conn, worker, done_now, schema=schema)
+                done_now = [lease.Completion(job.id, job.token) for job in claimed]
+                lease.complete_many(conn, worker, done_now, schema=schema)
             else:
                 for job in claimed:
-                    jobs.complete(conn, worker, job.id, job.token, schema=schema)
+                    lease.complete(conn, worker, job.id, job.token, schema=schema)
             done += len(claimed)
             if len(claimed) < batch:
                 drained = True
@@ -177,27 +178,27 @@ def claim_loop(
 
 
 def enqueue_loop(dsn: str, schema: str, seconds: float, prepare: bool) -> tuple[int, float]:
-    """jobs.enqueue() on an autocommit connection: one job per transaction."""
+    """client.enqueue() on an autocommit connection: one job per transaction."""
     done = 0
     with connect(dsn, prepare=prepare) as conn:
         start = time.perf_counter()
         deadline = start + seconds
         while time.perf_counter() < deadline:
-            jobs.enqueue(conn, HANDLER, {}, schema=schema)
+            client.enqueue(conn, HANDLER, {}, schema=schema)
             done += 1
         elapsed = time.perf_counter() - start
     return done, elapsed
 
 
 def enqueue_many_loop(dsn: str, schema: str, seconds: float, prepare: bool) -> tuple[int, float]:
-    """jobs.enqueue_many() of BULK_SIZE specs per call (the specs are built before the clock)."""
-    specs = [jobs.JobSpec(HANDLER, {}) for _ in range(BULK_SIZE)]
+    """client.enqueue_many() of BULK_SIZE specs per call (the specs are built before the clock)."""
+    specs = [client.JobSpec(HANDLER, {}) for _ in range(BULK_SIZE)]
     done = 0
     with connect(dsn, prepare=prepare) as conn:
         start = time.perf_counter()
         deadline = start + seconds
         while time.perf_counter() < deadline:
-            done += len(jobs.enqueue_many(conn, specs, schema=schema))
+            done += len(client.enqueue_many(conn, specs, schema=schema))
         elapsed = time.perf_counter() - start
     return done, elapsed
 
@@ -359,7 +360,7 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
     psycopg's. job_claim (a SELECT from the claim function) becomes a CTE so that the
     claimed ids can be \\gset.
     """
-    cap = jobs.HandlerCapacity(lease_seconds=LEASE_SECONDS, free=batch)
+    cap = lease.HandlerCapacity(lease_seconds=LEASE_SECONDS, free=batch)
     max_attempts = getattr(cap, "max_attempts", None)  # a handler's override, if configured
     variables = {
         "queues": f"{{{QUEUE}}}",
@@ -397,7 +398,7 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
     if many:
         script += complete(":ids", ":tokens", batch)
     else:
-        for k in range(1, batch + 1):  # jobs.complete(): result and progress None
+        for k in range(1, batch + 1):  # lease.complete(): result and progress None
             script += (
                 own_statement(
                     "job_complete_one",
@@ -417,18 +418,18 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
 
 def _jobs_json(count: int) -> str:
     """What enqueue_many sends for `count` no-op jobs, made by the API's own jobs_json."""
-    return jobs.jobs_json([jobs.JobSpec(HANDLER, {})] * count)
+    return client.jobs_json([client.JobSpec(HANDLER, {})] * count)
 
 
 def same_enqueue_script(schema: str) -> Script:
-    """job_enqueue (the SQL function enqueue) with the parameters jobs.enqueue sends for a
+    """job_enqueue (the SQL function enqueue) with the parameters client.enqueue sends for a
     no-op job; the NULLs are literals (pgbench variables cannot be NULL)."""
     variables = {
         "handler": HANDLER,
         "payload": "{}",
         "queue": QUEUE,
         "priority": "0",
-        "max_attempts": str(jobs.DEFAULT_MAX_ATTEMPTS),
+        "max_attempts": str(client.DEFAULT_MAX_ATTEMPTS),
     }
     return own_statement(
         "job_enqueue",
@@ -749,7 +750,7 @@ def render_report(report: Report, cfg: Config) -> str:
     )
     lines += [
         "",
-        "  python   = pgworkerd's jobs API    same SQL = pgworkerd's own statements via pgbench",
+        "  python   = pgworkerd's Python API  same SQL = pgworkerd's own statements via pgbench",
         "  raw SQL  = minimal hand-written SQL via pgbench (the ceiling)",
         "",
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pgworkerd.queue.jobs import JobSpec, enqueue, enqueue_many
+    from pgworkerd.client import JobSpec, enqueue, enqueue_many
 
 __version__ = "0.3.0.dev0"
 __all__ = ["JobSpec", "__version__", "enqueue", "enqueue_many"]
@@ -15,7 +15,7 @@ def __getattr__(name: str) -> Any:
     # Loaded on first use, not with the package: `pgworkerd run` must mask a password in
     # its argv before psycopg's ~0.2 s import (pgworkerd.masking).
     if name in ("JobSpec", "enqueue", "enqueue_many"):
-        from pgworkerd.queue import jobs
+        from pgworkerd import client
 
-        return getattr(jobs, name)
+        return getattr(client, name)
     raise AttributeError(f"module 'pgworkerd' has no attribute {name!r}")

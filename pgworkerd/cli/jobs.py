@@ -9,11 +9,12 @@ from typing import Any
 
 import click
 
+from pgworkerd import client, model
 from pgworkerd.cli import Context, database, fail, main
 from pgworkerd.cli.display import RawJson, echo_json, printable
 from pgworkerd.cli.params import DURATION
 from pgworkerd.exitcodes import ExitCode
-from pgworkerd.queue import jobs
+from pgworkerd.queue import admin
 
 
 def _parse_payload(text: str) -> dict[str, Any]:
@@ -23,7 +24,7 @@ def _parse_payload(text: str) -> dict[str, Any]:
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
     if not isinstance(payload, dict):
         raise click.BadParameter(
-            f"must be a JSON object, not {jobs.json_type_name(payload)}", param_hint="--payload"
+            f"must be a JSON object, not {client.json_type_name(payload)}", param_hint="--payload"
         )
     return payload
 
@@ -31,7 +32,7 @@ def _parse_payload(text: str) -> dict[str, Any]:
 @main.command()
 @click.argument("handler")
 @click.option("--payload", default="{}", show_default=True, help="JSON object for the handler")
-@click.option("--queue", default=jobs.DEFAULT_QUEUE, show_default=True)
+@click.option("--queue", default=client.DEFAULT_QUEUE, show_default=True)
 @click.option(
     "--priority",
     type=int,
@@ -47,7 +48,7 @@ def _parse_payload(text: str) -> dict[str, Any]:
     help="when to run (ISO 8601; local time if no offset)",
 )
 @click.option("--delay", type=DURATION, help="run after this long, e.g. 30s, 10m")
-@click.option("--max-attempts", type=int, default=jobs.DEFAULT_MAX_ATTEMPTS, show_default=True)
+@click.option("--max-attempts", type=int, default=client.DEFAULT_MAX_ATTEMPTS, show_default=True)
 @click.option(
     "--dedupe-key",
     help="while a job with this key is pending or running, return its id instead of adding another",
@@ -69,15 +70,15 @@ def enqueue(
         raise click.UsageError("give --run-at or --delay, not both")
     if run_at is not None and run_at.tzinfo is None:
         run_at = run_at.astimezone()
-    spec = jobs.JobSpec(
+    spec = client.JobSpec(
         handler, _parse_payload(payload), queue, priority, run_at, delay, max_attempts, dedupe_key
     )
     try:
         spec.as_json()
-    except jobs.InvalidJob as exc:
+    except client.InvalidJob as exc:
         fail(str(exc), ExitCode.CONFIG)
     with database(ctx, needs="enqueue jobs") as conn:
-        [job_id] = jobs.enqueue_many(conn, [spec], schema=ctx.schema)
+        [job_id] = client.enqueue_many(conn, [spec], schema=ctx.schema)
     click.echo(job_id)
 
 
@@ -87,7 +88,7 @@ def enqueue(
 def cancel(ctx: Context, ids: tuple[int, ...]) -> None:
     """Cancel jobs: pending ones at once, running ones by asking their daemon."""
     with database(ctx, needs="change jobs") as conn:
-        outcomes = jobs.cancel(conn, ids, schema=ctx.schema)
+        outcomes = admin.cancel(conn, ids, schema=ctx.schema)
     for job_id in ids:
         click.echo(f"{job_id}: {printable(outcomes[job_id])}")
     # Cancelling a cancelled job again is fine (it is as asked); an unknown one, or one
@@ -107,12 +108,12 @@ def retry(ctx: Context, ids: tuple[int, ...], queue: str | None, handler: str | 
     if not ids and queue is None and handler is None:
         raise click.UsageError("give job ids, --queue or --handler")
     with database(ctx, needs="change jobs") as conn:
-        retried = jobs.retry(
+        retried = admin.retry(
             conn, ids=list(ids) or None, queue=queue, handler=handler, schema=ctx.schema
         )
         # Ids given but not retried: say why, one line each, and exit 1 (as cancel does).
         left = [i for i in dict.fromkeys(ids) if i not in set(retried)]
-        why = {i: _not_retried(jobs.get(conn, i, schema=ctx.schema)) for i in left}
+        why = {i: _not_retried(admin.get(conn, i, schema=ctx.schema)) for i in left}
     click.echo(
         f"retried {len(retried)} job(s)"
         + (f": {', '.join(map(str, retried))}" if 0 < len(retried) <= 50 else "")
@@ -145,7 +146,7 @@ def _not_retried(row: dict[str, Any] | None) -> str:
     "--status",
     "statuses",
     multiple=True,
-    type=click.Choice(list(jobs.FINAL_STATUSES)),
+    type=click.Choice(list(model.FINAL_STATUSES)),
     help="only these final statuses (repeatable; default all three)",
 )
 @click.option(
@@ -165,10 +166,10 @@ def prune(
     from pgworkerd.queue import registry
 
     with database(ctx, needs="delete jobs") as conn:
-        deleted = jobs.prune(
+        deleted = admin.prune(
             conn,
             timedelta(seconds=older_than),
-            statuses=statuses or jobs.FINAL_STATUSES,
+            statuses=statuses or model.FINAL_STATUSES,
             schema=ctx.schema,
         )
     click.echo(f"deleted {deleted} job(s)")
@@ -180,7 +181,11 @@ def prune(
 
 @main.command("jobs")
 @click.option(
-    "--status", "statuses", multiple=True, type=click.Choice(list(jobs.STATUSES)), help="repeatable"
+    "--status",
+    "statuses",
+    multiple=True,
+    type=click.Choice(list(model.STATUSES)),
+    help="repeatable",
 )
 @click.option("--queue")
 @click.option("--handler")
@@ -197,7 +202,7 @@ def list_jobs(
 ) -> None:
     """List jobs, newest first."""
     with database(ctx) as conn:
-        rows = jobs.list_jobs(
+        rows = admin.list_jobs(
             conn,
             statuses=statuses or None,
             queue=queue,
@@ -239,7 +244,7 @@ def _error_summary(row: dict[str, Any]) -> str:
 def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
     """Show one job with every column, its last error and traceback."""
     with database(ctx) as conn:
-        row = jobs.get(conn, job_id, schema=ctx.schema)
+        row = admin.get(conn, job_id, schema=ctx.schema)
     if row is None:
         fail(f"job {job_id} not found", ExitCode.FAILURE)
     if as_json:

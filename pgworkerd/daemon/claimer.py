@@ -19,7 +19,7 @@ from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.supervisor import Supervisor
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue.jobs import HandlerCapacity
+from pgworkerd.queue.lease import HandlerCapacity
 
 log = logging.getLogger("pgworkerd")
 

@@ -33,9 +33,9 @@ from pgworkerd.backoff import Backoff
 from pgworkerd.config import DatabaseConfig
 from pgworkerd.describe import short_error
 from pgworkerd.durations import format_duration
+from pgworkerd.queue import session
 from pgworkerd.queue.db import DatabaseError, connect, scrub
 from pgworkerd.queue.migrate import SchemaError, check_current
-from pgworkerd.queue.queries import notify_channel
 
 log = logging.getLogger("pgworkerd")
 T = TypeVar("T")
@@ -312,7 +312,7 @@ class DatabaseLink:
     def _open_listener(self) -> psycopg.Connection:
         conn = self.connect(self.config.listen_dsn or self.dsn)
         try:
-            conn.execute(f'LISTEN "{notify_channel(self.schema)}"')
+            session.listen(conn, schema=self.schema)
         except BaseException:
             conn.close()
             raise

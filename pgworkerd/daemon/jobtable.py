@@ -20,7 +20,7 @@ from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.daemon.supervisor import Child, Supervisor, describe_exit
 from pgworkerd.describe import short_error
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue.jobs import ClaimedJob, RefusedJob, encode_json
+from pgworkerd.queue.lease import ClaimedJob, RefusedJob, encode_json
 from pgworkerd.worker import protocol
 from pgworkerd.worker.protocol import (
     Beat,

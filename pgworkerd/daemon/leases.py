@@ -13,7 +13,7 @@ from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.outcomes import fence_margin
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue.jobs import Lease
+from pgworkerd.queue.lease import Lease
 
 log = logging.getLogger("pgworkerd")
 

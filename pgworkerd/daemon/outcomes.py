@@ -20,7 +20,8 @@ from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.durations import format_duration
 from pgworkerd.jsontext import storable_text
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue import jobs
+from pgworkerd.queue import lease
+from pgworkerd.queue.lease import ClaimedJob, EncodedJson, RefusedJob
 from pgworkerd.worker.protocol import Done, Failed, Interrupted, Report
 
 log = logging.getLogger("pgworkerd")
@@ -40,7 +41,7 @@ def fence_margin(lease: float) -> float:
 class Outcome:
     """What to write for a finished attempt; kept until the database takes it."""
 
-    job: jobs.ClaimedJob | jobs.RefusedJob
+    job: ClaimedJob | RefusedJob
     handler: HandlerConfig | None  # None: a refused row's handler name did not decode
     kind: OutcomeKind
     duration: float
@@ -75,15 +76,15 @@ class Outcome:
 class InFlight:
     """A claimed job this daemon holds, from claim to recorded outcome."""
 
-    job: jobs.ClaimedJob
+    job: ClaimedJob
     handler: HandlerConfig
     lease: float
     claimed_at: float
     deadline: float  # monotonic: stop the child here if no renewal came
     started_at: float | None = None
     last_beat: float = 0.0
-    progress: jobs.EncodedJson | None = None
-    checkpoint: jobs.EncodedJson | None = None
+    progress: EncodedJson | None = None
+    checkpoint: EncodedJson | None = None
     unsaved: bool = False  # progress or checkpoint not yet in the row
     stop_reason: StopReason | None = None  # None: the daemon did not stop it
     kill_at: float | None = None  # SIGKILL the child's group at this time
@@ -170,10 +171,10 @@ def write(
 ) -> bool:
     """Write a batch: completions (any number, one statement) or one other outcome."""
     if all(o.kind is OutcomeKind.COMPLETE for o in batch):
-        done = jobs.complete_many(
+        done = lease.complete_many(
             conn,
             worker,
-            [jobs.Completion(o.job.id, o.job.token, o.result, o.progress) for o in batch],
+            [lease.Completion(o.job.id, o.job.token, o.result, o.progress) for o in batch],
             schema=schema,
         )
         for o in batch:
@@ -188,7 +189,7 @@ def write(
     [o] = batch
     j, took = o.job, f"{o.duration:.2f}s"
     if o.kind is OutcomeKind.RELEASE:
-        released = jobs.release(
+        released = lease.release(
             conn,
             worker,
             j.id,
@@ -200,15 +201,15 @@ def write(
         ok = released is not None
         message = f"{o.name}: released after {took} (attempt not counted)"
     elif o.kind is OutcomeKind.CANCEL:
-        ok = jobs.cancel_running(
+        ok = lease.cancel_running(
             conn, worker, j.id, j.token, o.error, progress=o.progress, schema=schema
         )
         message = f"{o.name}: cancelled after {took}"
     elif o.kind is OutcomeKind.BURY:
-        ok = jobs.bury(conn, worker, j.id, j.token, o.error, schema=schema)
+        ok = lease.bury(conn, worker, j.id, j.token, o.error, schema=schema)
         message = f"{o.name}: dead at once: {o.error}"
     else:
-        failed = jobs.fail(
+        failed = lease.fail(
             conn,
             worker,
             j.id,
@@ -258,7 +259,7 @@ def _recorded_earlier(conn: psycopg.Connection, schema: str, o: Outcome) -> bool
     its reply was lost (the connection died), so the daemon wrote it again. The token is
     still ours (every claim, and every burial of an expired job, bumps it), nobody holds
     the job, and the row is in a state this outcome leaves."""
-    row = jobs.lease_state(conn, o.job.id, schema=schema)
+    row = lease.lease_state(conn, o.job.id, schema=schema)
     return (
         row is not None
         and row.token == o.job.token

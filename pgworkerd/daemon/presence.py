@@ -28,7 +28,7 @@ from pgworkerd.daemon.states import DaemonState
 from pgworkerd.durations import format_duration
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.ops.systemd import Notifier
-from pgworkerd.queue import registry
+from pgworkerd.queue import registry, session
 from pgworkerd.queue.db import scrub
 from pgworkerd.queue.queries import query
 
@@ -85,10 +85,7 @@ class QueueDepthCounter:
             with self.db.connect() as conn:
                 self._conn = conn
                 with conn.transaction():
-                    conn.execute(
-                        "SELECT set_config('statement_timeout', %s, true)",
-                        [f"{int(self.timeout * 1000)}ms"],
-                    )
+                    session.set_local_statement_timeout(conn, self.timeout)
                     rows = capped_job_counts(
                         conn, self.schema, self.metrics.served_queues, self.metrics.top_queues
                     )

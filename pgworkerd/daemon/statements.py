@@ -14,7 +14,7 @@ from pgworkerd.daemon import outcomes
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue import jobs, registry
+from pgworkerd.queue import lease, registry
 
 
 class Statements:
@@ -32,11 +32,11 @@ class Statements:
         return self.link.ok
 
     def claim(
-        self, queues: Sequence[str], capacity: dict[str, jobs.HandlerCapacity], limit: int
-    ) -> tuple[list[jobs.ClaimedJob], list[jobs.RefusedJob]] | None:
+        self, queues: Sequence[str], capacity: dict[str, lease.HandlerCapacity], limit: int
+    ) -> tuple[list[lease.ClaimedJob], list[lease.RefusedJob]] | None:
         return self.link.run(
             "claiming jobs",
-            lambda c: jobs.claim_checked(
+            lambda c: lease.claim_checked(
                 c,
                 self.worker_id,
                 queues=queues,
@@ -49,19 +49,15 @@ class Statements:
     def next_run_in(self, queues: Sequence[str], handlers: Sequence[str]) -> float | None:
         """Seconds until the earliest scheduled job this daemon could claim (None: none,
         or the lookup failed)."""
-        row = self.link.run(
+        return self.link.run(
             "looking up scheduled jobs",
-            lambda c: c.execute(
-                jobs.query("job_next_run_at", self.schema),
-                {"queues": list(queues), "handlers": list(handlers)},
-            ).fetchone(),
+            lambda c: lease.next_run_in(c, queues, handlers, schema=self.schema),
         )
-        return None if not row or row[0] is None else float(row[0])
 
-    def renew(self, leases: list[jobs.Lease]) -> list[jobs.RenewOutcome] | None:
+    def renew(self, leases: list[lease.Lease]) -> list[lease.RenewOutcome] | None:
         return self.link.run(
             "renewing leases",
-            lambda c: jobs.renew(c, self.worker_id, leases, schema=self.schema),
+            lambda c: lease.renew(c, self.worker_id, leases, schema=self.schema),
         )
 
     def write_outcomes(self, batch: list[Outcome]) -> bool | None:

@@ -7,10 +7,10 @@ import os
 import signal
 import threading
 
+from pgworkerd import client
 from pgworkerd.config import parse_config
 from pgworkerd.daemon.loop import run_daemon
 from pgworkerd.devcluster.localpg import LocalPostgres, LocalPostgresError
-from pgworkerd.queue import jobs
 from pgworkerd.queue.db import connect
 from pgworkerd.queue.migrate import migrate_conn
 
@@ -36,13 +36,15 @@ target = "pgworkerd.examples:echo"
 """
 
 
-def _example_jobs() -> list[jobs.JobSpec]:
-    specs = [jobs.JobSpec("sleep_with_progress", {"seconds": 2 + n, "steps": 4}) for n in range(4)]
+def _example_jobs() -> list[client.JobSpec]:
+    specs = [
+        client.JobSpec("sleep_with_progress", {"seconds": 2 + n, "steps": 4}) for n in range(4)
+    ]
     specs += [
-        jobs.JobSpec("flaky", {"failures": 1}, max_attempts=3),
-        jobs.JobSpec("echo", {"hello": "world"}),
-        jobs.JobSpec("echo", {"scheduled": True}, delay=5.0),
-        jobs.JobSpec("sleep_with_progress", {"seconds": 1}, priority=-1),
+        client.JobSpec("flaky", {"failures": 1}, max_attempts=3),
+        client.JobSpec("echo", {"hello": "world"}),
+        client.JobSpec("echo", {"scheduled": True}, delay=5.0),
+        client.JobSpec("sleep_with_progress", {"seconds": 1}, priority=-1),
     ]
     return specs
 
@@ -58,7 +60,7 @@ def run_demo(log_format: str, seconds: float | None) -> int:
         dsn = pg.dsn()
         with connect(dsn) as conn:
             migrate_conn(conn)
-            ids = jobs.enqueue_many(conn, _example_jobs())
+            ids = client.enqueue_many(conn, _example_jobs())
         log.info(
             "demo: PostgreSQL at %s; enqueued jobs %s; Ctrl-C drains and stops",
             dsn,

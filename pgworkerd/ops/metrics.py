@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 from pgworkerd.config import ConfigError, MetricsConfig, split_listen
 from pgworkerd.describe import printable
+from pgworkerd.model import STATUSES
 from pgworkerd.ops.boundedhttp import (
     CONNECTION_DEADLINE,
     IO_TIMEOUT,
@@ -284,11 +285,7 @@ class Metrics(NullMetrics):
                     labels=("queue", "status"),
                 )
                 # Every job status is exported (0 included) for every queue exported, so
-                # a series does not vanish when its count drops to zero. Imported here, not
-                # at module level: ops imports nothing from the SQL core (tests/unit/
-                # test_layout.py) until the statuses live in a dependency-free module.
-                from pgworkerd.queue.jobs import STATUSES
-
+                # a series does not vanish when its count drops to zero.
                 depth, queues = outer._depth
                 statuses = sorted({*STATUSES, *(s for _, s in depth)})
                 for queue in sorted(queues):

@@ -1,41 +1,141 @@
-"""Running the queue statements with as little client work as psycopg allows.
+"""Running the daemon's queue statements with as little client work as psycopg allows.
 
-A worker spends its life in a handful of statements (claim, complete, renew, fail), each a
-round trip of ~0.1 ms on a local server. psycopg's cursor adds ~20 µs of Python
-bookkeeping to each (query conversion, the prepared-statement cache, result selection):
-on one connection the claim-and-complete loop reached 67 % of the raw SQL ceiling through
-a cursor and 75-78 % this way (bench/queue_bench.py). This module
-sends them through psycopg's own lower layers instead: libpq's protocol calls, psycopg's
-wait loop (so signals, timeouts and cancels behave as with a cursor) and its Transformer
-(so every value is dumped and loaded by the connection's adapters, as a cursor would).
+Where it runs: only the daemon's own fenced statements (queue.lease: claim, renew,
+complete, fail, release, ...) come through here; they run on the daemon's own connection.
+The application's enqueue (pgworkerd.client) and the operators' statements (queue.admin)
+use psycopg's public API only. That is the whole opt-in: no connection is marked, the
+statement decides.
+
+Why: a worker spends its life in a handful of statements, each a round trip of ~0.1 ms on
+a local server. psycopg's cursor adds ~20 µs of Python bookkeeping to each (query
+conversion, the prepared-statement cache, result selection). This module sends them
+through psycopg's own lower layers instead: libpq's protocol calls, psycopg's wait loop
+(so signals, timeouts and cancels behave as with a cursor) and a Transformer made for each
+statement, as a cursor makes one (so every value is dumped and loaded by the connection's
+adapters, as they are now).
+
+Those layers are psycopg internals (`Connection.lock`, `Connection.wait`,
+`psycopg.generators.execute`, `errors.error_from_result`, Transformer methods). At import,
+`probe()` checks that each exists with the shape used here. If one does not (a psycopg
+release renamed it), or PGWORKERD_HOTPATH=off is set, every statement goes through a plain
+cursor instead (the same rows, errors and transactions, a little more client CPU) and the
+reason is logged once, at the first statement: importing pgworkerd never fails for it.
+pyproject.toml pins psycopg to the versions CI runs this module against.
 
 Parameters travel as text with no declared type: the server takes each one's type from
 the statement (every parameter of a queue statement has a cast or a typed context), so
 one prepared statement serves every value. When the connection cannot take a statement
-this way — closed, in pipeline mode, or idle outside autocommit, where psycopg would open
-the caller's transaction first — the statement goes through an ordinary cursor.
+this way (closed, in pipeline mode, or idle outside autocommit, where psycopg would open
+the caller's transaction first) the statement goes through a cursor as well.
+
+What is kept per connection, as a cached cursor would keep it: a Transformer (dumpers and
+loaders found once: ~10 µs per statement measured, a third of this module's gain) and the
+names of the statements prepared on its server session. It hangs on the connection object
+itself (attribute `_pgworkerd_hotpath`), which only ever is the daemon's own (or a test's
+or benchmark's) since only queue.lease calls here: a cache keyed weakly by connection
+could not hold a Transformer, which refers to its connection, without keeping every
+connection alive. The daemon registers no adapters after its first statement, so the
+cached Transformer sees all of them.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import importlib
+import inspect
+import logging
+import os
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from psycopg import errors, generators, pq
-from psycopg.adapt import PyFormat, Transformer
+from psycopg import errors, pq
+from psycopg.adapt import PyFormat
 from psycopg.rows import tuple_row
 
 from pgworkerd.describe import short_error
 from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
 
+if TYPE_CHECKING:
+    from psycopg.abc import Transformer as TransformerT
+
+log = logging.getLogger("pgworkerd")
+
 _PLACEHOLDER_RE = re.compile(r"%\((\w+)\)s|%%")
 T = TypeVar("T")
+
+# (module, attribute, what it must be) for every psycopg internal the direct path uses.
+REQUIRED: tuple[tuple[str, str, str], ...] = (
+    ("psycopg.generators", "execute", "callable"),
+    ("psycopg.errors", "error_from_result", "callable"),
+    ("psycopg.adapt", "Transformer", "callable"),
+    ("psycopg.adapt.Transformer", "dump_sequence", "callable"),
+    ("psycopg.adapt.Transformer", "set_pgresult", "callable"),
+    ("psycopg.adapt.Transformer", "load_rows", "callable"),
+    ("psycopg.adapt.Transformer", "load_row", "callable"),
+    ("psycopg.adapt.Transformer", "get_loader", "callable"),
+    ("psycopg.Connection", "wait", "wait(gen, ...)"),
+    ("psycopg.pq.PGconn", "send_prepare", "callable"),
+    ("psycopg.pq.PGconn", "send_query_prepared", "callable"),
+    ("psycopg.pq.PGconn", "send_query_params", "callable"),
+)
+
+
+def _resolve(dotted: str) -> Any:
+    """The object a dotted name stands for: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:n]))
+        except ImportError:
+            continue
+        for attr in parts[n:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(f"no module named {parts[0]!r}")
+
+
+def probe(required: Sequence[tuple[str, str, str]] = REQUIRED) -> str | None:
+    """Why the direct path cannot be used with the installed psycopg; None if it can."""
+    setting = os.environ.get("PGWORKERD_HOTPATH", "").strip().lower()
+    if setting in ("off", "0", "no", "false"):
+        return f"PGWORKERD_HOTPATH={setting}"
+    for owner, name, shape in required:
+        try:
+            value = getattr(_resolve(owner), name)
+        except (ImportError, AttributeError):
+            return f"psycopg {psycopg.__version__} has no {owner}.{name}"
+        if not callable(value):
+            return f"psycopg {psycopg.__version__}: {owner}.{name} is not callable"
+        if shape.startswith("wait("):
+            try:
+                params = list(inspect.signature(value).parameters)
+            except (TypeError, ValueError):
+                params = []
+            if params[:2] != ["self", "gen"]:
+                return f"psycopg {psycopg.__version__}: {owner}.{name} takes {params}, not {shape}"
+    return None
+
+
+UNAVAILABLE = probe()
+DIRECT = UNAVAILABLE is None  # tests set it to False to run the cursor path
+if DIRECT:
+    from psycopg import generators
+    from psycopg.adapt import Transformer
+
+_reported = threading.Event()
+
+
+def _report_fallback(reason: str) -> None:
+    """Say once, at the first statement (the daemon's logging is set up by then), why the
+    cursor path runs."""
+    if not _reported.is_set():
+        _reported.set()
+        log.warning("queue statements run through a plain cursor (%s)", reason)
 
 
 @functools.cache
@@ -63,31 +163,29 @@ def _statement_name(text: bytes) -> bytes:
 
 
 class _ConnectionState:
-    """What this module keeps per connection, like a cached cursor would: a Transformer
-    (adapters as the connection had them at its first statement) and the statements
-    prepared on the server."""
+    """What this module keeps per connection: a Transformer (adapters as the connection
+    had them at its first statement) and the statements prepared on the server."""
 
-    def __init__(self, conn: psycopg.Connection) -> None:
-        self.transformer = Transformer(conn)
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self.transformer: TransformerT = Transformer(conn)
         self.prepared: set[bytes] = set()
-        self.cursors: dict[int, psycopg.Cursor[Any]] = {}  # thread id -> fallback cursor
 
 
 _STATE_LOCK = threading.Lock()
 
 
-def _state(conn: psycopg.Connection) -> _ConnectionState:
+def _state(conn: psycopg.Connection[Any]) -> _ConnectionState:
     try:
-        return conn._pgworkerd_state  # type: ignore[attr-defined,no-any-return]
+        return conn._pgworkerd_hotpath  # type: ignore[attr-defined]
     except AttributeError:
         with _STATE_LOCK:  # two threads' first statements must not make two states
-            state = getattr(conn, "_pgworkerd_state", None)
+            state = getattr(conn, "_pgworkerd_hotpath", None)
             if state is None:
-                state = conn._pgworkerd_state = _ConnectionState(conn)  # type: ignore[attr-defined]
+                state = conn._pgworkerd_hotpath = _ConnectionState(conn)  # type: ignore[attr-defined]
             return state
 
 
-def _direct_ok(conn: psycopg.Connection) -> bool:
+def _direct_ok(conn: psycopg.Connection[Any]) -> bool:
     """Whether a statement can go straight to libpq with the same effect as a cursor's."""
     pgconn = conn.pgconn
     if pgconn.status != pq.ConnStatus.OK or pgconn.pipeline_status != pq.PipelineStatus.OFF:
@@ -99,14 +197,22 @@ def _direct_ok(conn: psycopg.Connection) -> bool:
 
 
 def run(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     name: str,
     params: Mapping[str, Any],
     *,
     schema: str = DEFAULT_SCHEMA,
 ) -> list[tuple[Any, ...]]:
     """Execute statement `name` of sql/queries.sql; returns its rows as tuples."""
-    return _execute(conn, name, params, schema, _load_all)
+    if DIRECT:
+        rows = _execute(conn, name, params, schema, _load_all)
+        if rows is not None:
+            return rows
+    else:
+        _report_fallback(UNAVAILABLE or "disabled")
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query(name, schema), params)
+        return cur.fetchall()
 
 
 @dataclass(frozen=True)
@@ -120,7 +226,7 @@ class UnloadableRow:
 
 
 def run_guarded(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     name: str,
     params: Mapping[str, Any],
     *,
@@ -129,14 +235,23 @@ def run_guarded(
     """Like run, but a row that cannot be loaded comes back as an UnloadableRow instead
     of failing the whole result: the claim has committed by then, and one job's bad data
     must not cost the others of the same claim their start."""
-    return _execute(conn, name, params, schema, _load_each)
+    if DIRECT:
+        rows = _execute(conn, name, params, schema, _load_each)
+        if rows is not None:
+            return rows
+    else:
+        _report_fallback(UNAVAILABLE or "disabled")
+    return _guarded_via_cursor(conn, name, params, schema)
 
 
-def _load_all(tx: Transformer, result: pq.abc.PGresult) -> list[tuple[Any, ...]]:
+# -- the direct path ----------------------------------------------------------------------
+
+
+def _load_all(tx: TransformerT, result: pq.abc.PGresult) -> list[tuple[Any, ...]]:
     return tx.load_rows(0, result.ntuples, tuple)
 
 
-def _load_each(tx: Transformer, result: pq.abc.PGresult) -> list[tuple[Any, ...] | UnloadableRow]:
+def _load_each(tx: TransformerT, result: pq.abc.PGresult) -> list[tuple[Any, ...] | UnloadableRow]:
     try:
         return list(tx.load_rows(0, result.ntuples, tuple))
     except Exception:  # any loader's error: find the rows at fault, load the others
@@ -144,7 +259,7 @@ def _load_each(tx: Transformer, result: pq.abc.PGresult) -> list[tuple[Any, ...]
 
 
 def _load_row(
-    tx: Transformer, result: pq.abc.PGresult, row: int
+    tx: TransformerT, result: pq.abc.PGresult, row: int
 ) -> tuple[Any, ...] | UnloadableRow:
     try:
         return tuple(tx.load_row(row, tuple))
@@ -158,61 +273,66 @@ def _load_row(
         try:
             tx.get_loader(result.ftype(col), pq.Format(result.fformat(col))).load(value)
         except Exception as exc:
-            name = (result.fname(col) or b"?").decode(errors="replace")
-            reason = f"{name} cannot be loaded: {short_error(exc)}"
+            reason = f"{_column_name(result, col)} cannot be loaded: {short_error(exc)}"
             break
     return UnloadableRow(raw, reason)
 
 
+def _column_name(result: pq.abc.PGresult, col: int) -> str:
+    return (result.fname(col) or b"?").decode(errors="replace")
+
+
 def _execute(
-    conn: psycopg.Connection,
+    conn: psycopg.Connection[Any],
     name: str,
     params: Mapping[str, Any],
     schema: str,
-    load: Callable[[Transformer, pq.abc.PGresult], list[T]],
-) -> list[T]:
+    load: Callable[[TransformerT, pq.abc.PGresult], list[T]],
+) -> list[T] | None:
+    """The statement below the cursor; None when the connection's state asks for a
+    cursor instead (the caller runs it through one)."""
     state = _state(conn)
     with conn.lock:
-        if _direct_ok(conn):
-            text, order = _numbered(name, schema)
-            tx = state.transformer
-            values = tx.dump_sequence([params[p] for p in order], [PyFormat.TEXT] * len(order))
-            if conn.prepare_threshold is None:  # no server-side statements (old PgBouncer)
-                result = _send(conn, lambda: conn.pgconn.send_query_params(text, values))
-            else:
-                result = _run_prepared(conn, state, text, values)
-            tx.set_pgresult(result)
-            return load(tx, result)
-    return _via_cursor(conn, state, name, params, schema, load)
+        if not _direct_ok(conn):
+            return None
+        text, order = _numbered(name, schema)
+        tx = state.transformer
+        values = tx.dump_sequence([params[p] for p in order], [PyFormat.TEXT] * len(order))
+        if conn.prepare_threshold is None:  # no server-side statements (old PgBouncer)
+            result = _send(conn, lambda: conn.pgconn.send_query_params(text, values))
+        else:
+            result = _run_prepared(conn, state.prepared, text, values)
+        tx.set_pgresult(result)
+        return load(tx, result)
 
 
 def _run_prepared(
-    conn: psycopg.Connection, state: _ConnectionState, text: bytes, values: Any
+    conn: psycopg.Connection[Any], prepared: set[bytes], text: bytes, values: Any
 ) -> pq.abc.PGresult:
     pgconn = conn.pgconn
     statement = _statement_name(text)
-    if statement not in state.prepared:
+    if statement not in prepared:
         try:
             _send(conn, lambda: pgconn.send_prepare(statement, text))
         except errors.DuplicatePreparedStatement:
             # Prepared already (its reply was lost, or this state was cleared): the name
             # can only stand for this text. Inside a transaction the error aborted it.
             if pgconn.transaction_status != pq.TransactionStatus.IDLE:
-                state.prepared.add(statement)
+                prepared.add(statement)
                 raise
-        state.prepared.add(statement)
+        prepared.add(statement)
     try:
         return _send(conn, lambda: pgconn.send_query_prepared(statement, values))
     except errors.InvalidSqlStatementName:
         # Someone ran DEALLOCATE (ALL) or DISCARD ALL on this session: forget what was
         # prepared, and prepare again unless the failed attempt aborted a transaction.
-        state.prepared.clear()
+        prepared.clear()
         if pgconn.transaction_status != pq.TransactionStatus.IDLE:
             raise
-        return _run_prepared(conn, state, text, values)
+        return _run_prepared(conn, prepared, text, values)
 
 
-def _send(conn: psycopg.Connection, send: Any) -> pq.abc.PGresult:
+def _send(conn: psycopg.Connection[Any], send: Callable[[], object]) -> pq.abc.PGresult:
     """Send one command, wait for its result with psycopg's wait loop, raise its error."""
     try:
         send()
@@ -227,30 +347,51 @@ def _send(conn: psycopg.Connection, send: Any) -> pq.abc.PGresult:
     return result
 
 
-def _via_cursor(
-    conn: psycopg.Connection,
-    state: _ConnectionState,
-    name: str,
-    params: Mapping[str, Any],
-    schema: str,
-    load: Callable[[Transformer, pq.abc.PGresult], list[T]],
-) -> list[T]:
-    """The same statement through a cursor (which begins the caller's transaction, raises
+# -- the cursor path (public psycopg API only) ---------------------------------------------
+
+
+def _guarded_via_cursor(
+    conn: psycopg.Connection[Any], name: str, params: Mapping[str, Any], schema: str
+) -> list[tuple[Any, ...] | UnloadableRow]:
+    """run_guarded through a cursor (which begins the caller's transaction, raises
     psycopg's errors for a closed or broken connection, and works in pipeline mode)."""
-    ident = threading.get_ident()
-    cur = state.cursors.get(ident)
-    if cur is None or cur.closed:
-        cur = state.cursors[ident] = conn.cursor(row_factory=tuple_row)
-    cur.execute(query(name, schema), params)
-    try:
-        return cur.fetchall()  # type: ignore[return-value]
-    except Exception:
-        # A loader's error (psycopg's DataError for a timestamp out of range, json's
-        # ValueError, ...) leaves the rows in the cursor's result; a server error does not.
-        result = cur.pgresult
-        if load is _load_all or result is None or result.status != pq.ExecStatus.TUPLES_OK:
-            raise
-    # A row that cannot be loaded: the result again, through the direct path's loader.
-    tx = Transformer(conn)
-    tx.set_pgresult(cur.pgresult)
-    return load(tx, cur.pgresult)
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(query(name, schema), params)
+        try:
+            return list(cur.fetchall())
+        except Exception:
+            # A loader's error (psycopg's DataError for a timestamp out of range, json's
+            # ValueError, ...) leaves the rows in the cursor's result; a server error,
+            # or a result with no rows, does not.
+            result = cur.pgresult
+            if result is None or result.status != pq.ExecStatus.TUPLES_OK:
+                raise
+        rows: list[tuple[Any, ...] | UnloadableRow] = []
+        for row in range(result.ntuples):
+            cur.scroll(row, mode="absolute")
+            try:
+                loaded = cur.fetchone()
+            except Exception:
+                rows.append(_unloadable(conn, result, row))
+            else:
+                assert loaded is not None  # row < ntuples
+                rows.append(loaded)
+        return rows
+
+
+def _unloadable(conn: psycopg.Connection[Any], result: pq.abc.PGresult, row: int) -> UnloadableRow:
+    raw = tuple(result.get_value(row, col) for col in range(result.nfields))
+    reason = "a value cannot be loaded"
+    for col, value in enumerate(raw):
+        if value is None:
+            continue
+        fmt = pq.Format(result.fformat(col))
+        loader = conn.adapters.get_loader(result.ftype(col), fmt)
+        if loader is None:
+            continue  # loaded as text (str or bytes): cannot fail
+        try:
+            loader(result.ftype(col), conn).load(value)
+        except Exception as exc:
+            reason = f"{_column_name(result, col)} cannot be loaded: {short_error(exc)}"
+            break
+    return UnloadableRow(raw, reason)

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from importlib import resources
 
 import psycopg
-from psycopg import sql
 
 from pgworkerd.queue.db import connect
 from pgworkerd.queue.queries import DEFAULT_SCHEMA, check_schema_name, query, render
@@ -76,17 +75,10 @@ def _lock_key(schema: str) -> str:
 
 def _applied(conn: psycopg.Connection, schema: str) -> int | None:
     """Highest applied version, or None when the schema or its version table is absent."""
-    row = conn.execute(
-        "SELECT to_regclass(%s) IS NOT NULL",
-        [f"{sql.Identifier(schema).as_string(None)}.schema_version"],
-    ).fetchone()
+    row = conn.execute(query("schema_version_table_exists", schema)).fetchone()
     if not row or not row[0]:
         return None
-    found = conn.execute(
-        sql.SQL("SELECT coalesce(max(version), 0) FROM {}.schema_version").format(
-            sql.Identifier(schema)
-        )
-    ).fetchone()
+    found = conn.execute(query("schema_version_get", schema)).fetchone()
     return int(found[0]) if found else 0
 
 
@@ -100,18 +92,11 @@ def migrate_conn(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list
     known = latest_version()
     applied_now: list[int] = []
     with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [_lock_key(schema)])
+        conn.execute(query("schema_migrate_lock", schema), {"key": _lock_key(schema)})
         current = _applied(conn, schema)
         if current is None:
-            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-            conn.execute(
-                sql.SQL(
-                    "CREATE TABLE {}.schema_version ("
-                    " version integer PRIMARY KEY,"
-                    " name text NOT NULL,"
-                    " applied_at timestamptz NOT NULL DEFAULT now())"
-                ).format(sql.Identifier(schema))
-            )
+            conn.execute(query("schema_create", schema))
+            conn.execute(query("schema_version_create", schema))
             current = 0
         if current > known:
             if _oldest_compatible_code(conn, schema) <= known:
@@ -124,10 +109,8 @@ def migrate_conn(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list
                 continue
             conn.execute(render(migration.sql, schema))
             conn.execute(
-                sql.SQL("INSERT INTO {}.schema_version (version, name) VALUES (%s, %s)").format(
-                    sql.Identifier(schema)
-                ),
-                [migration.version, migration.name],
+                query("schema_version_insert", schema),
+                {"version": migration.version, "name": migration.name},
             )
             _record_compatibility(conn, schema, migration)
             applied_now.append(migration.version)

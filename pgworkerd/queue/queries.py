@@ -1,7 +1,8 @@
 """All SQL in one place: `sql/queries.sql` split by its `-- name:` headers.
 
 Statements are rendered once per schema name (the schema is configurable, so it cannot be
-a bind parameter) and cached; callers pass the rendered text to psycopg.
+a bind parameter) and cached; callers pass the rendered text to psycopg. Free of psycopg
+itself: config and the metrics endpoint import it for the schema name.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ import functools
 import re
 from importlib import resources
 
-from psycopg import sql
-
 from pgworkerd.names import DEFAULT_SCHEMA, check_schema_name  # re-exported here too
 
 _NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
@@ -19,10 +18,13 @@ _NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 def render(text: str, schema: str) -> str:
     """Substitute the schema placeholders of a SQL text."""
+    # A checked name holds no quote, backslash or upper case: quoting it is just wrapping.
     check_schema_name(schema)
-    quoted = sql.Identifier(schema).as_string(None)
-    literal = sql.Literal(schema).as_string(None)
-    return text.replace("@schema_literal@", literal).replace("@schema@", quoted)
+    return (
+        text.replace("@schema_literal@", f"'{schema}'")
+        .replace("@notify_channel@", f'"{notify_channel(schema)}"')
+        .replace("@schema@", f'"{schema}"')
+    )
 
 
 def _split(text: str) -> dict[str, str]:
@@ -45,10 +47,6 @@ def _raw() -> dict[str, str]:
 def query(name: str, schema: str = DEFAULT_SCHEMA) -> str:
     """The statement called `name`, rendered for `schema`."""
     return render(_raw()[name], schema)
-
-
-def names() -> list[str]:
-    return list(_raw())
 
 
 def notify_channel(schema: str) -> str:

@@ -37,8 +37,8 @@ from daemon_harness import (
     wait_for,
 )
 
+from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
-from pgworkerd.queue import jobs
 from pgworkerd.queue.migrate import migrate
 
 WORK = {"target": "jobhandlers:work"}
@@ -365,9 +365,9 @@ def test_two_daemons_on_one_queue_run_every_job_exactly_once(db: Db, daemons: Da
     config = daemons.config({"work": WORK}, {"slots": 3, "warm_children": 2})
     daemons.start(config, tag="A")
     daemons.start(config, tag="B")
-    ids = jobs.enqueue_many(
+    ids = client.enqueue_many(
         db.conn,
-        [jobs.JobSpec("work", {"seconds": 0.2 + 0.1 * (n % 3)}) for n in range(40)],
+        [client.JobSpec("work", {"seconds": 0.2 + 0.1 * (n % 3)}) for n in range(40)],
         schema=db.schema,
     )
 

@@ -23,7 +23,7 @@ from typing import Any
 import test_systemd as sd
 from test_systemd import DB, PGWORKERD, REPO, Service
 
-from pgworkerd.queue import jobs
+from pgworkerd import client
 
 DEPLOY_HOST = REPO / "deploy" / "deploy-host"
 
@@ -124,7 +124,7 @@ def test_deploy_drains_installs_and_restarts(
     assert installed.exists()
     at_install = json.loads(snapshot.read_text())
     assert at_install["running_jobs"] == []
-    assert at_install["counts"] == {jobs.DEFAULT_QUEUE: {"completed": 1}}
+    assert at_install["counts"] == {client.DEFAULT_QUEUE: {"completed": 1}}
     [old] = [d for d in at_install["daemons"] if d["state"] != "gone"]
     assert (old["pid"], old["state"], old["drain_requested"], old["in_flight"]) == (
         int(old_pid),

@@ -25,7 +25,7 @@ from daemon_harness import (
     write_config,
 )
 
-from pgworkerd.queue import jobs
+from pgworkerd import client
 
 WORK = {"target": "jobhandlers:work"}
 # Only the daemon named alpha serves "solo": its jobs show whether alpha claims.
@@ -354,9 +354,9 @@ def test_a_drain_survives_being_marked_gone_and_re_registering(db: Db, daemons: 
 def test_status_stays_short_whatever_queues_enqueuers_make_up(db: Db, daemons: Daemons) -> None:
     """5,000 queues of one job each (any enqueuer can make them up): status names the
     busiest 20 and sums the rest; jobs no daemon serves are listed 50 groups at most."""
-    specs = [jobs.JobSpec("nobody_serves_this", queue=f"q{n}") for n in range(5000)]
-    specs += [jobs.JobSpec("nobody_serves_this", queue="busy") for _ in range(3)]
-    jobs.enqueue_many(db.conn, specs, schema=db.schema)
+    specs = [client.JobSpec("nobody_serves_this", queue=f"q{n}") for n in range(5000)]
+    specs += [client.JobSpec("nobody_serves_this", queue="busy") for _ in range(3)]
+    client.enqueue_many(db.conn, specs, schema=db.schema)
     _, snap = status_json(daemons)
     assert len(snap["counts"]) == 20 and snap["counts"]["busy"] == {"pending": 3}
     assert snap["other_queues"] == {"pending": 5000 - 19}
@@ -372,8 +372,10 @@ def test_status_always_shows_the_queues_daemons_serve(db: Db, daemons: Daemons) 
     queues live daemons serve out of `status`."""
     daemons.start({"work": WORK}, {"queues": ["default"]})
     specs = [
-        jobs.JobSpec("nobody_serves_this", queue=f"loud{n}") for n in range(30) for _ in range(3)
+        client.JobSpec("nobody_serves_this", queue=f"loud{n}") for n in range(30) for _ in range(3)
     ]
-    jobs.enqueue_many(db.conn, [*specs, jobs.JobSpec("work", {"seconds": 60})], schema=db.schema)
+    client.enqueue_many(
+        db.conn, [*specs, client.JobSpec("work", {"seconds": 60})], schema=db.schema
+    )
     _, snap = status_json(daemons)
     assert "default" in snap["counts"]

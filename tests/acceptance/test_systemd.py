@@ -362,7 +362,7 @@ class Service:
 
     def job(self, job_id: int) -> dict[str, Any]:
         with self.connect() as conn:
-            row = pgworkerd.queue.jobs.get(conn, job_id, schema=self.schema)
+            row = pgworkerd.queue.admin.get(conn, job_id, schema=self.schema)
         assert row is not None
         return row
 

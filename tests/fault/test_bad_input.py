@@ -37,10 +37,11 @@ from daemon_harness import wait_for
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from pgworkerd import client, model
 from pgworkerd.config import ConfigError, load_config
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.exitcodes import ExitCode
-from pgworkerd.queue import jobs
+from pgworkerd.queue import admin
 from pgworkerd.queue.migrate import latest_version, migrate
 from pgworkerd.queue.queries import render
 
@@ -400,7 +401,7 @@ def unstorable_run(
     try:
         with psycopg.connect(test_db_dsn, autocommit=True) as conn:
             ids = {
-                name: jobs.enqueue(conn, name, {"n": 1}, max_attempts=1, schema=schema)
+                name: client.enqueue(conn, name, {"n": 1}, max_attempts=1, schema=schema)
                 for name in [*UNSTORABLE, "echo"]
             }
             with log_path.open("wb") as out:
@@ -422,8 +423,8 @@ def unstorable_run(
                 assert proc is not None
                 if proc.poll() is not None:
                     pytest.fail(f"daemon exited with {proc.returncode}:\n{log_path.read_text()}")
-                rows = {name: jobs.get(conn, i, schema=schema) for name, i in ids.items()}
-                done = all(r and r["status"] in jobs.FINAL_STATUSES for r in rows.values())
+                rows = {name: admin.get(conn, i, schema=schema) for name, i in ids.items()}
+                done = all(r and r["status"] in model.FINAL_STATUSES for r in rows.values())
                 return rows if done else None
 
             rows = wait_for(all_final, timeout=60, what="every job to finish")
@@ -791,11 +792,11 @@ def test_python_api_refuses_out_of_bounds_jobs_before_the_database(
     schema = bounds_schema
     before = snapshot(bounds_conn, schema)
     with psycopg.connect(test_db_dsn) as tx:
-        with pytest.raises(jobs.InvalidJob) as info:
-            jobs.enqueue(tx, schema=schema, **kwargs)
+        with pytest.raises(client.InvalidJob) as info:
+            client.enqueue(tx, schema=schema, **kwargs)
         assert str(info.value).startswith(f"job 1: {bad.message}"), str(info.value)
-        with pytest.raises(jobs.InvalidJob, match=re.escape(f"job 2: {bad.message}")):
-            jobs.enqueue_many(tx, [jobs.JobSpec("h"), jobs.JobSpec(**kwargs)], schema=schema)
+        with pytest.raises(client.InvalidJob, match=re.escape(f"job 2: {bad.message}")):
+            client.enqueue_many(tx, [client.JobSpec("h"), client.JobSpec(**kwargs)], schema=schema)
         # refused before any statement: the caller's transaction is intact
         assert tx.info.transaction_status != psycopg.pq.TransactionStatus.INERROR
         tx.commit()
@@ -874,8 +875,8 @@ def test_values_at_the_bounds_are_accepted_by_every_path(
         "dedupe_key": "p" * 512,
         "run_at": datetime(8999, 12, 31, 23, 59, tzinfo=UTC),
     }
-    jobs.enqueue(conn, schema=schema, **spec)
-    jobs.enqueue_many(conn, [jobs.JobSpec(**{**spec, "dedupe_key": None})], schema=schema)
+    client.enqueue(conn, schema=schema, **spec)
+    client.enqueue_many(conn, [client.JobSpec(**{**spec, "dedupe_key": None})], schema=schema)
     proc = cli(
         *("--dsn", test_db_dsn, "--schema", schema, "enqueue", edge["handler"]),
         *("--queue", edge["queue"], "--priority", "32767", "--max-attempts", "1000"),
@@ -889,7 +890,7 @@ def test_values_at_the_bounds_are_accepted_by_every_path(
     assert {r[0] for r in rows} == {-32768, 32767}
     assert {r[1] for r in rows} == {1000}
     # psycopg loads every one of them (every stored run_at is a Python datetime)
-    assert len(jobs.list_jobs(conn, schema=schema)) == 6
+    assert len(admin.list_jobs(conn, schema=schema)) == 6
 
 
 # -- the database: unreachable, refusing the password, unparsable DSN --------------------------
@@ -1214,7 +1215,7 @@ def test_unknown_option_exits_2_with_usage(args: list[str], usage: str, error: s
 def test_snapshot_sees_a_written_job(schema: str, conn: psycopg.Connection) -> None:
     """Sanity for `snapshot`, which every case above compares: a job row changes it."""
     before = snapshot(conn, schema)
-    jobs.enqueue(conn, "h", schema=schema)
+    client.enqueue(conn, "h", schema=schema)
     assert snapshot(conn, schema) == {**before, "jobs": before["jobs"] + 1}
 
 
@@ -1297,7 +1298,7 @@ def test_a_tiny_delay_from_python_is_read_by_enqueue_many(
     conn: psycopg.Connection, schema: str
 ) -> None:
     """Python writes 0.00001 as 1e-05, which PostgreSQL does not read as an interval."""
-    [job_id] = jobs.enqueue_many(conn, [jobs.JobSpec("h", delay=0.00001)], schema=schema)
+    [job_id] = client.enqueue_many(conn, [client.JobSpec("h", delay=0.00001)], schema=schema)
     assert job_id > 0
 
 
@@ -1354,7 +1355,7 @@ def test_a_payload_just_within_the_bounds_is_enqueued(
     assert job_id > 0
     # and from Python: the database's refusal reaches the caller as the same 22023 error
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="255 levels"):
-        jobs.enqueue(conn, "h", json.loads(DEEP_PAYLOAD), schema=schema)
+        client.enqueue(conn, "h", json.loads(DEEP_PAYLOAD), schema=schema)
 
 
 def test_cli_enqueue_refuses_a_payload_nested_too_deep_exit_3(

@@ -14,7 +14,7 @@ import pytest
 from daemon_harness import Daemons, Db, wait_for
 from psycopg import sql
 
-from pgworkerd.queue import jobs
+from pgworkerd.queue import lease
 from pgworkerd.queue.queries import notify_channel
 
 WORK = {"target": "jobhandlers:work"}
@@ -237,16 +237,16 @@ def test_the_claim_api_buries_an_unloadable_row_and_returns_the_others(
     run_at: str | None,
     reason: str,
 ) -> None:
-    """jobs.claim for any caller (not just the daemon), on any kind of connection: the
+    """lease.claim for any caller (not just the daemon), on any kind of connection: the
     claim has committed (or will), so the rows it cannot load are finished as dead there
     and then, and the others come back."""
     db = Db(conn, schema)
     good = [db.enqueue("work", {"n": n}) for n in range(2)]
     bad = insert_raw(db, payload, run_at, None)
-    capacity = {"work": jobs.HandlerCapacity(lease_seconds=30, free=10)}
+    capacity = {"work": lease.HandlerCapacity(lease_seconds=30, free=10)}
 
-    def claim() -> list[jobs.ClaimedJob]:
-        return jobs.claim(
+    def claim() -> list[lease.ClaimedJob]:
+        return lease.claim(
             conn, "w1", queues=["default"], handlers=capacity, limit=10, schema=schema
         )
 

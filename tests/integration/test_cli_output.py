@@ -18,7 +18,7 @@ from test_roles import roles  # noqa: F401  (fixture: deploy/roles.sql for this 
 
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.exitcodes import ExitCode
-from pgworkerd.queue import jobs
+from pgworkerd.queue import admin
 
 
 @pytest.fixture
@@ -233,7 +233,7 @@ def test_daemon_role_may_not_prune(
     cli: Cli,
 ) -> None:
     done = cli.enqueue("h")
-    jobs.cancel(cli.conn, [done], schema=schema)
+    admin.cancel(cli.conn, [done], schema=schema)
     daemon = f"{schema}_daemon"
     as_daemon = Cli(roles[daemon], schema, cli.conn)
     proc = as_daemon("prune", "--older-than", "0s", code=ExitCode.DATABASE)
@@ -275,7 +275,7 @@ def test_status_shows_when_a_gone_daemon_stopped_instead_of_ageing_it(cli: Cli) 
 
 def test_retry_of_unknown_or_live_ids_exits_1_and_names_them(cli: Cli) -> None:
     dead = cli.enqueue("h")
-    jobs.cancel(cli.conn, [dead], schema=cli.schema)
+    admin.cancel(cli.conn, [dead], schema=cli.schema)
     pending = cli.enqueue("h")
     missing = 10**12
     proc = cli("retry", str(missing), str(dead), str(pending), code=ExitCode.FAILURE)

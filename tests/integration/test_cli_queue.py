@@ -21,9 +21,10 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from pgworkerd import client, model
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.exitcodes import ExitCode
-from pgworkerd.queue import jobs
+from pgworkerd.queue import admin, lease
 from pgworkerd.queue.migrate import migrations
 from pgworkerd.queue.queries import render
 
@@ -55,7 +56,7 @@ class Cli:
         return int(self("enqueue", *args).stdout.strip())
 
     def row(self, job_id: int) -> dict[str, Any]:
-        found = jobs.get(self.conn, job_id, schema=self.schema)
+        found = admin.get(self.conn, job_id, schema=self.schema)
         assert found is not None, f"job {job_id} does not exist"
         return found
 
@@ -229,17 +230,17 @@ def test_cancel_and_retry(cli: Cli) -> None:
     assert cli.row(a)["finished_at"] is not None
     assert cli("cancel", str(a)).stdout == f"{a}: already cancelled\n"  # as asked: exit 0
 
-    [held] = jobs.claim(
+    [held] = lease.claim(
         cli.conn,
         "w1",
         queues=["qb"],
-        handlers={"h2": jobs.HandlerCapacity(30, 1)},
+        handlers={"h2": lease.HandlerCapacity(30, 1)},
         limit=1,
         schema=cli.schema,
     )
     assert cli("cancel", str(b)).stdout == f"{b}: cancel requested\n"
     assert cli.row(b)["cancel_requested"]
-    assert jobs.fail(cli.conn, "w1", held.id, held.token, "stop", schema=cli.schema)
+    assert lease.fail(cli.conn, "w1", held.id, held.token, "stop", schema=cli.schema)
 
     assert cli("retry", str(a)).stdout == f"retried 1 job(s): {a}\n"
     row = cli.row(a)
@@ -255,7 +256,7 @@ def test_prune(cli: Cli) -> None:
     old = [cli.enqueue("h") for _ in range(3)]
     recent = cli.enqueue("h")
     pending = cli.enqueue("h")
-    jobs.cancel(cli.conn, [*old, recent], schema=cli.schema)
+    admin.cancel(cli.conn, [*old, recent], schema=cli.schema)
     cli.sql(
         "UPDATE @schema@.jobs SET finished_at = now() - interval '8 days' WHERE id = ANY(%s)",
         [old],
@@ -266,7 +267,7 @@ def test_prune(cli: Cli) -> None:
 
     assert cli("prune", "--older-than", "7d", "--status", "dead").stdout == "deleted 0 job(s)\n"
     assert cli("prune", "--older-than", "7d").stdout == "deleted 3 job(s)\n"
-    remaining = {r["id"] for r in jobs.list_jobs(cli.conn, schema=cli.schema)}
+    remaining = {r["id"] for r in admin.list_jobs(cli.conn, schema=cli.schema)}
     assert remaining == {recent, pending}
     assert "--older-than" in cli("prune", code=ExitCode.USAGE).stderr
     proc = cli("prune", "--older-than", "1s", "--status", "pending", code=ExitCode.USAGE)
@@ -281,7 +282,7 @@ def test_jobs_lists_newest_first_with_filters_and_json(cli: Cli) -> None:
     a = cli.enqueue("h", "--queue", "qa")
     b = cli.enqueue("h2", "--queue", "qb", "--payload", '{"k": 1}')
     c = cli.enqueue("h", "--queue", "qa")
-    jobs.cancel(cli.conn, [a], schema=cli.schema)
+    admin.cancel(cli.conn, [a], schema=cli.schema)
 
     listed = json.loads(cli("jobs", "--json").stdout)
     assert [r["id"] for r in listed] == [c, b, a]
@@ -304,7 +305,7 @@ def test_jobs_refuses_an_unknown_status(cli: Cli) -> None:
     cli.enqueue("h")
     proc = cli("jobs", "--status", "bogus", code=ExitCode.USAGE)
     assert "'bogus' is not one of" in proc.stderr
-    for status in jobs.STATUSES:
+    for status in model.STATUSES:
         assert status in proc.stderr
     assert proc.stdout == ""
 
@@ -432,20 +433,20 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
 
 def test_cancel_of_a_finished_job_exits_1_and_says_so(cli: Cli) -> None:
     job_id = cli.enqueue("h")
-    [held] = jobs.claim(
+    [held] = lease.claim(
         cli.conn,
         "w1",
         queues=["default"],
-        handlers={"h": jobs.HandlerCapacity(lease_seconds=30, free=1)},
+        handlers={"h": lease.HandlerCapacity(lease_seconds=30, free=1)},
         limit=1,
         schema=cli.schema,
     )
-    assert jobs.complete(cli.conn, "w1", held.id, held.token, schema=cli.schema)
+    assert lease.complete(cli.conn, "w1", held.id, held.token, schema=cli.schema)
     proc = cli("cancel", str(job_id), code=ExitCode.FAILURE)
     assert proc.stdout == f"{job_id}: already completed\n"
     assert cli.row(job_id)["status"] == "completed"
 
 
 def test_enqueue_many_refuses_what_is_not_a_jobspec(cli: Cli) -> None:
-    with pytest.raises(jobs.InvalidJob, match="job 1: expected a JobSpec, not dict"):
-        jobs.enqueue_many(cli.conn, [{"handler": "h", "payloda": {}}], schema=cli.schema)  # type: ignore[list-item]
+    with pytest.raises(client.InvalidJob, match="job 1: expected a JobSpec, not dict"):
+        client.enqueue_many(cli.conn, [{"handler": "h", "payloda": {}}], schema=cli.schema)  # type: ignore[list-item]

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from daemon_harness import Daemons, Db, wait_for
 
+from pgworkerd import client
 from pgworkerd.ops import metrics
-from pgworkerd.queue import jobs
 
 pytest.importorskip("prometheus_client")
 
@@ -161,10 +161,10 @@ def test_queue_labels_are_capped_and_stale_ones_removed(
     port = free_port()
     daemons.start(metrics_config(daemons, port, "top_queues = 3\n"))
     # Jobs of a handler nobody serves stay pending; q0..q2 hold more jobs than the rest.
-    specs = [jobs.JobSpec("nobody", queue=f"q{i}") for i in range(5000)]
-    specs += [jobs.JobSpec("nobody", queue=f"q{i}") for i in range(3) for _ in range(5 - i)]
-    specs.append(jobs.JobSpec("nobody", queue="default"))
-    jobs.enqueue_many(conn, specs, schema=schema)
+    specs = [client.JobSpec("nobody", queue=f"q{i}") for i in range(5000)]
+    specs += [client.JobSpec("nobody", queue=f"q{i}") for i in range(3) for _ in range(5 - i)]
+    specs.append(client.JobSpec("nobody", queue="default"))
+    client.enqueue_many(conn, specs, schema=schema)
 
     def scrape() -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:

@@ -16,9 +16,9 @@ import psycopg
 import pytest
 from daemon_harness import DaemonProcess, Daemons, Db
 
+from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.ops.logs import _TextFormatter, under_journald
-from pgworkerd.queue import jobs
 
 PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
 
@@ -53,8 +53,8 @@ def test_json_logs_carry_job_events_and_no_password(
         stdout=subprocess.DEVNULL,
     )
     try:
-        ok = jobs.enqueue(conn, "echo", {"x": 1}, schema=schema)
-        bad = jobs.enqueue(conn, "flaky", {"failures": 5}, max_attempts=1, schema=schema)
+        ok = client.enqueue(conn, "echo", {"x": 1}, schema=schema)
+        bad = client.enqueue(conn, "flaky", {"failures": 5}, max_attempts=1, schema=schema)
         deadline = time.monotonic() + 30
         while True:
             rows = conn.execute(

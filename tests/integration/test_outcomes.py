@@ -9,23 +9,24 @@ import logging
 import psycopg
 import pytest
 
+from pgworkerd import client
 from pgworkerd.config import HandlerConfig
 from pgworkerd.daemon import outcomes
 from pgworkerd.daemon.outcomes import Outcome
-from pgworkerd.queue import jobs
-from pgworkerd.queue.jobs import HandlerCapacity
+from pgworkerd.queue import admin, lease
+from pgworkerd.queue.lease import HandlerCapacity
 
 HANDLER = HandlerConfig(name="h", target="jobhandlers:work")
 
 
 def claim(
-    conn: psycopg.Connection, schema: str, worker: str, lease: float = 30.0
-) -> jobs.ClaimedJob:
-    [job] = jobs.claim(
+    conn: psycopg.Connection, schema: str, worker: str, lease_seconds: float = 30.0
+) -> lease.ClaimedJob:
+    [job] = lease.claim(
         conn,
         worker,
         queues=["default"],
-        handlers={"h": HandlerCapacity(lease_seconds=lease, free=1)},
+        handlers={"h": HandlerCapacity(lease_seconds=lease_seconds, free=1)},
         limit=1,
         schema=schema,
     )
@@ -47,14 +48,14 @@ def expire_lease(conn: psycopg.Connection, schema: str, job_id: int) -> None:
 def test_an_outcome_written_again_is_already_recorded_not_fenced(
     conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
-    jobs.enqueue(conn, "h", schema=schema)
+    client.enqueue(conn, "h", schema=schema)
     job = claim(conn, schema, "w1")
     outcome = Outcome(job, HANDLER, kind, 0.5, error="" if kind == "complete" else "boom")
     caplog.set_level(logging.INFO, logger="pgworkerd")
     write(conn, schema, "w1", outcome)
-    before = jobs.get(conn, job.id, schema=schema)
+    before = admin.get(conn, job.id, schema=schema)
     write(conn, schema, "w1", outcome)  # the first reply was lost: the daemon writes again
-    assert jobs.get(conn, job.id, schema=schema) == before  # nothing changed twice
+    assert admin.get(conn, job.id, schema=schema) == before  # nothing changed twice
     messages = [r.getMessage() for r in caplog.records]
     assert messages[-1] == f"job {job.id} h attempt 1: {kind} already recorded by an earlier write"
     assert not any("fenced off" in m for m in messages), messages
@@ -63,7 +64,7 @@ def test_an_outcome_written_again_is_already_recorded_not_fenced(
 def test_an_outcome_after_the_job_was_re_claimed_is_fenced_off(
     conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    jobs.enqueue(conn, "h", schema=schema)
+    client.enqueue(conn, "h", schema=schema)
     old = claim(conn, schema, "w1")
     expire_lease(conn, schema, old.id)
     new = claim(conn, schema, "w2")
@@ -71,7 +72,7 @@ def test_an_outcome_after_the_job_was_re_claimed_is_fenced_off(
     caplog.set_level(logging.INFO, logger="pgworkerd")
     write(conn, schema, "w1", Outcome(old, HANDLER, "complete", 0.5))
     assert "outcome complete rejected" in caplog.records[-1].getMessage()
-    assert jobs.get(conn, old.id, schema=schema)["locked_by"] == "w2"
+    assert admin.get(conn, old.id, schema=schema)["locked_by"] == "w2"
 
 
 @pytest.mark.parametrize("kind", ["complete", "fail", "release", "cancel"])
@@ -86,14 +87,14 @@ def test_an_outcome_after_burial_is_fenced_off(
     """Another daemon's claim buries an expired job without attempts left (dead) or with a
     cancel requested (cancelled), the state the old holder's own outcome could also have
     left: its late outcome must not pass for an earlier write of its own."""
-    jobs.enqueue(conn, "h", max_attempts=1, schema=schema)
+    client.enqueue(conn, "h", max_attempts=1, schema=schema)
     old = claim(conn, schema, "w1")
     if cancel_requested:
-        assert jobs.cancel(conn, [old.id], schema=schema) == {old.id: "cancel requested"}
+        assert admin.cancel(conn, [old.id], schema=schema) == {old.id: "cancel requested"}
     expected = "cancelled" if cancel_requested else "dead"
     expire_lease(conn, schema, old.id)
     assert (
-        jobs.claim(
+        lease.claim(
             conn,
             "w2",
             queues=["default"],
@@ -103,7 +104,7 @@ def test_an_outcome_after_burial_is_fenced_off(
         )
         == []
     )
-    buried = jobs.get(conn, old.id, schema=schema)
+    buried = admin.get(conn, old.id, schema=schema)
     assert (buried["status"], buried["locked_by"]) == (expected, None)
     caplog.set_level(logging.INFO, logger="pgworkerd")
     write(conn, schema, "w1", Outcome(old, HANDLER, kind, 0.5, error="boom"))

@@ -19,8 +19,9 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
-from pgworkerd.queue import jobs
+from pgworkerd.queue import lease
 from pgworkerd.queue.db import connect
 
 PGBOUNCER = shutil.which("pgbouncer") or "/usr/sbin/pgbouncer"
@@ -112,23 +113,23 @@ def _worker(dsn: str, schema: str, name: str, rounds: int, queue: mp.Queue) -> N
     with connect(dsn) as conn:
         for _ in range(rounds):
             try:
-                held = jobs.claim(
+                held = lease.claim(
                     conn,
                     name,
                     queues=["default"],
-                    handlers={"h": jobs.HandlerCapacity(30, 5)},
+                    handlers={"h": lease.HandlerCapacity(30, 5)},
                     limit=5,
                     schema=schema,
                 )
                 if held:
-                    jobs.renew(
-                        conn, name, [jobs.Lease(j.id, j.token, 30) for j in held], schema=schema
+                    lease.renew(
+                        conn, name, [lease.Lease(j.id, j.token, 30) for j in held], schema=schema
                     )
                     done += len(
-                        jobs.complete_many(
+                        lease.complete_many(
                             conn,
                             name,
-                            [jobs.Completion(j.id, j.token, {"by": name}) for j in held],
+                            [lease.Completion(j.id, j.token, {"by": name}) for j in held],
                             schema=schema,
                         )
                     )
@@ -141,7 +142,7 @@ def test_clients_share_server_connections(
     bouncer: str, schema: str, conn: psycopg.Connection
 ) -> None:
     total = 400
-    jobs.enqueue_many(conn, [jobs.JobSpec("h") for _ in range(total)], schema=schema)
+    client.enqueue_many(conn, [client.JobSpec("h") for _ in range(total)], schema=schema)
     ctx = mp.get_context("spawn")
     results: mp.Queue = ctx.Queue()
     procs = [
@@ -192,7 +193,7 @@ target = "pgworkerd.examples:sleep_with_progress"
             time.sleep(0.05)
         time.sleep(0.5)  # past the start-up claim: from here only a NOTIFY can wake it
         # Runs longer than the lease: renewals must go through the bouncer too.
-        job_id = jobs.enqueue(
+        job_id = client.enqueue(
             conn, "sleep_with_progress", {"seconds": 4, "steps": 4}, schema=schema
         )
         enqueued = time.monotonic()

@@ -1,32 +1,34 @@
-"""Integration tier: the queue's statements against real PostgreSQL, through pgworkerd.queue.jobs
-(and the enqueue SQL functions), one freshly migrated schema per test."""
+"""Integration tier: the queue's statements against real PostgreSQL, through pgworkerd.client
+(and the enqueue SQL functions), pgworkerd.queue.lease and pgworkerd.queue.admin, one freshly
+migrated schema per test."""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
 import pytest
 from daemon_harness import wait_for
 from psycopg import sql
+from psycopg.rows import dict_row
 
+from pgworkerd import client, model
+from pgworkerd.client import InvalidJob, JobSpec
 from pgworkerd.config import ConfigError, parse_config
-from pgworkerd.queue import jobs
+from pgworkerd.queue import admin, lease, session
 from pgworkerd.queue.db import connect
-from pgworkerd.queue.jobs import (
-    ClaimedJob,
-    HandlerCapacity,
-    InvalidJob,
-    JobSpec,
-    Lease,
-    RenewOutcome,
-)
+from pgworkerd.queue.lease import ClaimedJob, HandlerCapacity, Lease, RenewOutcome
 from pgworkerd.queue.queries import notify_channel, query, render
 
 T = TypeVar("T")
@@ -34,14 +36,14 @@ T = TypeVar("T")
 
 @dataclass
 class Queue:
-    """pgworkerd.queue.jobs bound to one connection and test schema; handler "h" and queue
-    "default" unless a test says otherwise."""
+    """The client, lease and admin statements bound to one connection and test schema;
+    handler "h" and queue "default" unless a test says otherwise."""
 
     conn: psycopg.Connection
     schema: str
 
     def enqueue(self, handler: str = "h", payload: dict[str, Any] | None = None, **kw: Any) -> int:
-        return jobs.enqueue(self.conn, handler, payload, schema=self.schema, **kw)
+        return client.enqueue(self.conn, handler, payload, schema=self.schema, **kw)
 
     def claim(
         self,
@@ -50,14 +52,14 @@ class Queue:
         handlers: Sequence[str] | dict[str, HandlerCapacity] = ("h",),
         queues: Sequence[str] = ("default",),
         limit: int = 10,
-        lease: float = 30.0,
+        lease_seconds: float = 30.0,
     ) -> list[ClaimedJob]:
         served = (
             handlers
             if isinstance(handlers, dict)
-            else {h: HandlerCapacity(lease_seconds=lease, free=100) for h in handlers}
+            else {h: HandlerCapacity(lease_seconds=lease_seconds, free=100) for h in handlers}
         )
-        return jobs.claim(
+        return lease.claim(
             self.conn, worker, queues=queues, handlers=served, limit=limit, schema=self.schema
         )
 
@@ -67,7 +69,7 @@ class Queue:
         return claimed[0]
 
     def row(self, job_id: int) -> dict[str, Any]:
-        found = jobs.get(self.conn, job_id, schema=self.schema)
+        found = admin.get(self.conn, job_id, schema=self.schema)
         assert found is not None, f"job {job_id} does not exist"
         return found
 
@@ -174,7 +176,7 @@ def test_bulk_enqueue_of_5000_jobs_returns_ids_in_input_order(q: Queue) -> None:
         JobSpec("bulk", {"n": n}, queue=f"q{n % 3}", priority=(n * 7919) % 11 - 5)
         for n in range(5000)
     ]
-    ids = jobs.enqueue_many(q.conn, specs, schema=q.schema)
+    ids = client.enqueue_many(q.conn, specs, schema=q.schema)
     assert len(ids) == 5000
     assert len(set(ids)) == 5000
     stored = {
@@ -186,18 +188,18 @@ def test_bulk_enqueue_of_5000_jobs_returns_ids_in_input_order(q: Queue) -> None:
     assert len(stored) == 5000
     for n, (job_id, spec) in enumerate(zip(ids, specs, strict=True)):
         assert stored[job_id] == (n, spec.queue, spec.priority)
-    assert jobs.enqueue_many(q.conn, [], schema=q.schema) == []
+    assert client.enqueue_many(q.conn, [], schema=q.schema) == []
 
 
 def test_enqueue_joins_the_callers_transaction(q: Queue, test_db_dsn: str) -> None:
     with psycopg.connect(test_db_dsn) as tx_conn:  # not autocommit: one open transaction
-        rolled_back = jobs.enqueue(tx_conn, "h", {"n": 1}, schema=q.schema)
+        rolled_back = client.enqueue(tx_conn, "h", {"n": 1}, schema=q.schema)
         assert q.count() == 0, "an uncommitted job is visible to others"
         tx_conn.rollback()
         assert q.count() == 0
-        assert jobs.get(q.conn, rolled_back, schema=q.schema) is None
+        assert admin.get(q.conn, rolled_back, schema=q.schema) is None
 
-        committed = jobs.enqueue(tx_conn, "h", {"n": 2}, schema=q.schema)
+        committed = client.enqueue(tx_conn, "h", {"n": 2}, schema=q.schema)
         assert q.count() == 0
         tx_conn.commit()
     assert q.row(committed)["payload"] == {"n": 2}
@@ -221,7 +223,7 @@ def test_notify_is_sent_on_commit_only(q: Queue, test_db_dsn: str) -> None:
                     sql.Literal(notify_channel(q.schema)), sql.Literal(marker)
                 )
             )
-            got = []
+            got: list[str] = []
             deadline = time.monotonic() + 15
             while time.monotonic() < deadline:
                 for n in listener.notifies(timeout=1.0):
@@ -230,13 +232,13 @@ def test_notify_is_sent_on_commit_only(q: Queue, test_db_dsn: str) -> None:
                     got.append(n.payload)
             pytest.fail(f"marker {marker!r} never arrived; got {got}")
 
-        jobs.enqueue(producer, "h", queue="rolled", schema=q.schema)
+        client.enqueue(producer, "h", queue="rolled", schema=q.schema)
         assert received_until("m1") == []
         producer.rollback()
         assert received_until("m2") == []
 
-        jobs.enqueue(producer, "h", queue="mail", schema=q.schema)
-        jobs.enqueue_many(
+        client.enqueue(producer, "h", queue="mail", schema=q.schema)
+        client.enqueue_many(
             producer,
             [JobSpec("h", queue="mail"), JobSpec("h", queue="sms")],
             schema=q.schema,
@@ -265,7 +267,7 @@ def test_dedupe_returns_the_live_job_while_pending_or_running(q: Queue) -> None:
     assert q.one("SELECT @schema@.enqueue('h', dedupe_key => 'k')") == first
     assert q.count() == 2
 
-    assert jobs.complete(q.conn, "w1", held.id, held.token, schema=q.schema)
+    assert lease.complete(q.conn, "w1", held.id, held.token, schema=q.schema)
     again = q.enqueue(payload={"v": 3}, dedupe_key="k")
     assert again not in (first, other)
     assert q.row(again)["status"] == "pending"
@@ -275,17 +277,18 @@ def test_dedupe_returns_the_live_job_while_pending_or_running(q: Queue) -> None:
 def test_dedupe_after_dead_or_cancelled_creates_a_new_job(q: Queue) -> None:
     dead = q.enqueue(dedupe_key="k", max_attempts=1)
     held = q.claim_one()
-    assert jobs.fail(q.conn, "w1", held.id, held.token, "x", schema=q.schema).status == "dead"
+    failed = lease.fail(q.conn, "w1", held.id, held.token, "x", schema=q.schema)
+    assert failed is not None and failed.status == "dead"
     cancelled = q.enqueue(dedupe_key="k")
     assert cancelled != dead
-    assert jobs.cancel(q.conn, [cancelled], schema=q.schema) == {cancelled: "cancelled"}
+    assert admin.cancel(q.conn, [cancelled], schema=q.schema) == {cancelled: "cancelled"}
     fresh = q.enqueue(dedupe_key="k")
     assert fresh not in (dead, cancelled)
 
 
 def test_dedupe_within_one_bulk_batch_and_against_existing_jobs(q: Queue) -> None:
     existing = q.enqueue(dedupe_key="live")
-    ids = jobs.enqueue_many(
+    ids = client.enqueue_many(
         q.conn,
         [
             JobSpec("h", {"n": 0}, dedupe_key="a"),
@@ -320,7 +323,7 @@ def test_dedupe_keys_are_scoped_per_handler_so_a_key_cannot_be_squatted(q: Queue
     # the same handler and key still dedupes, through every path
     assert q.one("SELECT @schema@.enqueue('send_email', dedupe_key => 'welcome:42')") == real
     assert q.enqueue("send_email", dedupe_key="welcome:42") == real
-    ids = jobs.enqueue_many(
+    ids = client.enqueue_many(
         q.conn,
         [
             JobSpec("send_email", dedupe_key="welcome:42"),
@@ -374,9 +377,9 @@ def test_one_bad_job_in_a_batch_writes_nothing_and_keeps_the_transaction(
     q: Queue, test_db_dsn: str
 ) -> None:
     with psycopg.connect(test_db_dsn) as tx_conn:
-        kept = jobs.enqueue(tx_conn, "h", {"n": 1}, schema=q.schema)
+        kept = client.enqueue(tx_conn, "h", {"n": 1}, schema=q.schema)
         with pytest.raises(InvalidJob, match="job 2: max_attempts"):
-            jobs.enqueue_many(
+            client.enqueue_many(
                 tx_conn,
                 [JobSpec("h", {"n": 2}), JobSpec("h", max_attempts=0), JobSpec("h")],
                 schema=q.schema,
@@ -418,11 +421,11 @@ def test_sql_functions_refuse_bad_input_and_write_nothing(
 
 def test_unknown_status_filter_is_refused_naming_the_valid_ones(q: Queue) -> None:
     with pytest.raises(ValueError, match="unknown status 'bogus'") as info:
-        jobs.list_jobs(q.conn, statuses=["pending", "bogus"], schema=q.schema)
-    for status in jobs.STATUSES:
+        admin.list_jobs(q.conn, statuses=["pending", "bogus"], schema=q.schema)
+    for status in model.STATUSES:
         assert status in str(info.value)
     with pytest.raises(ValueError, match="unknown status 'finished'"):
-        jobs.prune(q.conn, timedelta(days=1), statuses=["finished"], schema=q.schema)
+        admin.prune(q.conn, timedelta(days=1), statuses=["finished"], schema=q.schema)
 
 
 # -- CHECK constraints ----------------------------------------------------------------------
@@ -529,7 +532,7 @@ def test_claim_orders_by_priority_then_run_at_then_id(q: Queue) -> None:
 def test_claim_returns_what_a_child_needs(q: Queue) -> None:
     job_id = q.enqueue("h", {"k": "v"}, queue="default", priority=2, max_attempts=4)
     before = q.now()
-    job = q.claim_one("w9", lease=45)
+    job = q.claim_one("w9", lease_seconds=45)
     assert job.id == job_id
     assert (job.handler, job.queue, job.payload, job.priority) == ("h", "default", {"k": "v"}, 2)
     assert (job.attempt, job.max_attempts, job.token, job.rescued) == (1, 4, 1, False)
@@ -553,8 +556,8 @@ def test_other_languages_claim_with_one_select_as_the_readme_shows(q: Queue) -> 
     [(until,)] = q.sql("SELECT locked_until - now() FROM @schema@.jobs WHERE id = %s", [ids[0]])
     assert timedelta(seconds=290) < until <= timedelta(seconds=300)
     # ... and finish them with the same fencing as the Python API.
-    assert jobs.complete(q.conn, "worker-1", ids[0], 1, schema=q.schema)
-    assert not jobs.complete(q.conn, "worker-2", ids[1], 1, schema=q.schema)
+    assert lease.complete(q.conn, "worker-1", ids[0], 1, schema=q.schema)
+    assert not lease.complete(q.conn, "worker-2", ids[1], 1, schema=q.schema)
 
 
 def test_scheduled_jobs_are_invisible_until_due(q: Queue) -> None:
@@ -571,14 +574,16 @@ def test_scheduled_jobs_are_invisible_until_due(q: Queue) -> None:
 
 
 def next_run_at(q: Queue, queues: Sequence[str], handlers: Sequence[str]) -> datetime | None:
-    """The wake-up as a time: job_next_run_at gives seconds from the server's now(), which
-    is fixed within a transaction."""
+    """The wake-up as a time: lease.next_run_in gives seconds from the server's now(),
+    which is fixed within a transaction."""
     params = {"queues": list(queues), "handlers": list(handlers)}
     with q.conn.transaction():
         now = q.one("SELECT now()")
         rows = q.sql(query("job_next_run_at", q.schema), params)
+        wait = lease.next_run_in(q.conn, queues, handlers, schema=q.schema)
     assert len(rows) <= 1, rows
-    return now + timedelta(seconds=rows[0][0]) if rows else None
+    assert wait == (rows[0][0] if rows else None)
+    return now + timedelta(seconds=wait) if wait is not None else None
 
 
 def test_next_run_at_is_the_earliest_future_job_the_worker_serves(q: Queue) -> None:
@@ -685,8 +690,8 @@ def test_a_capped_handler_does_not_hide_other_handlers_jobs(q: Queue) -> None:
 
 def test_renew_extends_the_lease_and_saves_progress_and_checkpoint(q: Queue) -> None:
     job_id = q.enqueue()
-    held = q.claim_one(lease=5)
-    out = jobs.renew(
+    held = q.claim_one(lease_seconds=5)
+    out = lease.renew(
         q.conn,
         "w1",
         [Lease(held.id, held.token, 120, progress={"done": 10}, checkpoint={"offset": 3})],
@@ -697,12 +702,12 @@ def test_renew_extends_the_lease_and_saves_progress_and_checkpoint(q: Queue) -> 
     assert row["locked_until"] - q.now() > timedelta(seconds=100)
     assert (row["progress"], row["checkpoint"]) == ({"done": 10}, {"offset": 3})
     # None keeps what was saved.
-    jobs.renew(q.conn, "w1", [Lease(held.id, held.token, 120)], schema=q.schema)
+    lease.renew(q.conn, "w1", [Lease(held.id, held.token, 120)], schema=q.schema)
     row = q.row(job_id)
     assert (row["progress"], row["checkpoint"]) == ({"done": 10}, {"offset": 3})
-    assert jobs.renew(q.conn, "w1", [], schema=q.schema) == []
+    assert lease.renew(q.conn, "w1", [], schema=q.schema) == []
 
-    assert jobs.complete(
+    assert lease.complete(
         q.conn, "w1", held.id, held.token, {"sent": 3}, progress={"done": 11}, schema=q.schema
     )
     row = q.row(job_id)
@@ -713,17 +718,17 @@ def test_renew_extends_the_lease_and_saves_progress_and_checkpoint(q: Queue) -> 
     assert row["locked_by"] is None and row["locked_until"] is None
     assert row["attempts"] == 1
     # A completed job is final: finishing it again changes nothing.
-    assert not jobs.complete(q.conn, "w1", held.id, held.token, schema=q.schema)
+    assert not lease.complete(q.conn, "w1", held.id, held.token, schema=q.schema)
     assert q.claim() == []
 
 
 def test_a_checkpoint_survives_into_the_next_attempt(q: Queue) -> None:
     q.enqueue()
     held = q.claim_one()
-    jobs.renew(
+    lease.renew(
         q.conn, "w1", [Lease(held.id, held.token, 30, checkpoint={"page": 7})], schema=q.schema
     )
-    assert jobs.release(q.conn, "w1", held.id, held.token, schema=q.schema) == "pending"
+    assert lease.release(q.conn, "w1", held.id, held.token, schema=q.schema) == "pending"
     again = q.claim_one("w2")
     assert again.checkpoint == {"page": 7}
 
@@ -742,7 +747,7 @@ def test_fail_backs_off_exponentially_with_jitter_then_goes_dead(q: Queue) -> No
     job_id = q.enqueue(max_attempts=3)
 
     held = q.claim_one()
-    outcome = jobs.fail(
+    outcome = lease.fail(
         q.conn,
         "w1",
         held.id,
@@ -761,7 +766,7 @@ def test_fail_backs_off_exponentially_with_jitter_then_goes_dead(q: Queue) -> No
 
     held = wait_for(lambda: q.claim(), what="the first retry to become due")[0]
     assert held.attempt == 2
-    outcome = jobs.fail(
+    outcome = lease.fail(
         q.conn,
         "w1",
         held.id,
@@ -778,7 +783,7 @@ def test_fail_backs_off_exponentially_with_jitter_then_goes_dead(q: Queue) -> No
     held = wait_for(lambda: q.claim(), what="the second retry to become due")[0]
     assert held.attempt == 3
     run_at_before = q.row(job_id)["run_at"]
-    outcome = jobs.fail(
+    outcome = lease.fail(
         q.conn,
         "w1",
         held.id,
@@ -800,9 +805,9 @@ def test_fail_backs_off_exponentially_with_jitter_then_goes_dead(q: Queue) -> No
 
 
 def test_backoff_uses_the_base_and_spreads_retries(q: Queue) -> None:
-    ids = jobs.enqueue_many(q.conn, [JobSpec("h", {"n": n}) for n in range(20)], schema=q.schema)
+    ids = client.enqueue_many(q.conn, [JobSpec("h", {"n": n}) for n in range(20)], schema=q.schema)
     for held in q.claim(limit=20):
-        jobs.fail(q.conn, "w1", held.id, held.token, "x", backoff_base=10, schema=q.schema)
+        lease.fail(q.conn, "w1", held.id, held.token, "x", backoff_base=10, schema=q.schema)
     delays = [backoff_seconds(q, job_id) for job_id in ids]
     assert all(7.5 <= d <= 12.5 for d in delays), delays
     assert len({round(d, 3) for d in delays}) > 1, "no jitter: every retry at the same time"
@@ -813,7 +818,7 @@ def test_backoff_is_capped_for_any_attempt_number(q: Queue) -> None:
     job_id = q.enqueue(max_attempts=1000)  # the most enqueue accepts
     q.sql("UPDATE @schema@.jobs SET attempts = 998 WHERE id = %s", [job_id])
     held = q.claim_one()
-    outcome = jobs.fail(
+    outcome = lease.fail(
         q.conn, "w1", held.id, held.token, "x", backoff_base=10, backoff_max=60, schema=q.schema
     )
     assert outcome is not None and outcome.status == "pending"
@@ -824,7 +829,7 @@ def test_release_hands_the_job_back_without_counting_the_attempt(q: Queue) -> No
     job_id = q.enqueue(max_attempts=1)
     held = q.claim_one()
     newer = q.enqueue()
-    assert jobs.release(q.conn, "w1", held.id, held.token, schema=q.schema) == "pending"
+    assert lease.release(q.conn, "w1", held.id, held.token, schema=q.schema) == "pending"
     row = q.row(job_id)
     assert (row["status"], row["attempts"]) == ("pending", 0)
     assert row["locked_by"] is None and row["finished_at"] is None
@@ -833,7 +838,7 @@ def test_release_hands_the_job_back_without_counting_the_attempt(q: Queue) -> No
     assert q.row(newer)["status"] == "pending"
     assert (again.id, again.attempt, again.token, again.rescued) == (job_id, 1, 2, False)
     # With max_attempts=1, a counted release would have made this attempt impossible.
-    assert jobs.complete(q.conn, "w2", again.id, again.token, schema=q.schema)
+    assert lease.complete(q.conn, "w2", again.id, again.token, schema=q.schema)
 
 
 # -- fencing: expired leases ----------------------------------------------------------------
@@ -846,13 +851,13 @@ def test_an_expired_lease_is_rescued_and_the_old_holder_is_fenced_off(
     q: Queue, rescuer: str
 ) -> None:
     job_id = q.enqueue(max_attempts=3)
-    old = q.claim_one("w1", lease=30)
+    old = q.claim_one("w1", lease_seconds=30)
     assert q.claim("w2") == [], "a live lease must not be rescued"
     # The holder goes quiet right after this renew: its lease runs out 0.2 s later.
-    jobs.renew(q.conn, "w1", [Lease(old.id, old.token, 0.2, progress={"p": 1})], schema=q.schema)
+    lease.renew(q.conn, "w1", [Lease(old.id, old.token, 0.2, progress={"p": 1})], schema=q.schema)
     wait_for(lambda: q.lease_expired(job_id), what="the lease to expire")
 
-    new = q.claim_one(rescuer, lease=30)
+    new = q.claim_one(rescuer, lease_seconds=30)
     assert new.id == job_id
     assert new.rescued
     assert new.token == old.token + 1
@@ -862,30 +867,30 @@ def test_an_expired_lease_is_rescued_and_the_old_holder_is_fenced_off(
     assert "lease of w1 expired during attempt 1" in rescued["last_error"]
     assert rescued["progress"] == {"p": 1}
 
-    stale = jobs.renew(
+    stale = lease.renew(
         q.conn, "w1", [Lease(old.id, old.token, 30, progress={"p": 99})], schema=q.schema
     )
     assert stale == [RenewOutcome(id=job_id, renewed=False, cancel_requested=False)]
-    assert not jobs.complete(q.conn, "w1", old.id, old.token, {"r": 1}, schema=q.schema)
-    assert jobs.fail(q.conn, "w1", old.id, old.token, "late", schema=q.schema) is None
-    assert jobs.release(q.conn, "w1", old.id, old.token, schema=q.schema) is None
-    assert not jobs.cancel_running(q.conn, "w1", old.id, old.token, "x", schema=q.schema)
+    assert not lease.complete(q.conn, "w1", old.id, old.token, {"r": 1}, schema=q.schema)
+    assert lease.fail(q.conn, "w1", old.id, old.token, "late", schema=q.schema) is None
+    assert lease.release(q.conn, "w1", old.id, old.token, schema=q.schema) is None
+    assert not lease.cancel_running(q.conn, "w1", old.id, old.token, "x", schema=q.schema)
     # The right token under the wrong name is no better.
-    assert not jobs.complete(q.conn, "w3", new.id, new.token, schema=q.schema)
+    assert not lease.complete(q.conn, "w3", new.id, new.token, schema=q.schema)
     assert q.row(job_id) == rescued
 
-    [renewed] = jobs.renew(q.conn, rescuer, [Lease(new.id, new.token, 30)], schema=q.schema)
+    [renewed] = lease.renew(q.conn, rescuer, [Lease(new.id, new.token, 30)], schema=q.schema)
     assert renewed.renewed
-    assert jobs.complete(q.conn, rescuer, new.id, new.token, {"r": 2}, schema=q.schema)
+    assert lease.complete(q.conn, rescuer, new.id, new.token, {"r": 2}, schema=q.schema)
     assert q.row(job_id)["result"] == {"r": 2}
 
 
 def test_an_expired_job_without_attempts_left_is_buried_by_the_claim(q: Queue) -> None:
     dead = q.enqueue(max_attempts=1)
-    q.claim_one("w1", lease=0.2)
+    q.claim_one("w1", lease_seconds=0.2)
     requested = q.enqueue(max_attempts=3)
-    held = q.claim_one("w1", lease=0.2)
-    assert jobs.cancel(q.conn, [requested], schema=q.schema) == {requested: "cancel requested"}
+    held = q.claim_one("w1", lease_seconds=0.2)
+    assert admin.cancel(q.conn, [requested], schema=q.schema) == {requested: "cancel requested"}
     wait_for(
         lambda: q.lease_expired(dead) and q.lease_expired(requested), what="the leases to expire"
     )
@@ -902,7 +907,7 @@ def test_an_expired_job_without_attempts_left_is_buried_by_the_claim(q: Queue) -
     row = q.row(requested)
     assert row["status"] == "cancelled"
     assert row["finished_at"] is not None
-    assert not jobs.complete(q.conn, "w1", held.id, held.token, schema=q.schema)
+    assert not lease.complete(q.conn, "w1", held.id, held.token, schema=q.schema)
 
 
 # -- cancel, retry, prune -------------------------------------------------------------------
@@ -914,10 +919,10 @@ def test_cancel_pending_running_finished_and_unknown_jobs(q: Queue) -> None:
     held = q.claim_one(handlers=["r"])
     done = q.enqueue("d")
     d = q.claim_one(handlers=["d"])
-    jobs.complete(q.conn, "w1", d.id, d.token, schema=q.schema)
+    lease.complete(q.conn, "w1", d.id, d.token, schema=q.schema)
     missing = 10**12
 
-    outcomes = jobs.cancel(q.conn, [pending, running, done, missing], schema=q.schema)
+    outcomes = admin.cancel(q.conn, [pending, running, done, missing], schema=q.schema)
     assert outcomes == {
         pending: "cancelled",
         running: "cancel requested",
@@ -930,11 +935,11 @@ def test_cancel_pending_running_finished_and_unknown_jobs(q: Queue) -> None:
     row = q.row(running)
     assert row["status"] == "running" and row["cancel_requested"]
     assert row["locked_by"] == "w1"
-    assert jobs.cancel(q.conn, [pending], schema=q.schema) == {pending: "already cancelled"}
+    assert admin.cancel(q.conn, [pending], schema=q.schema) == {pending: "already cancelled"}
 
-    [out] = jobs.renew(q.conn, "w1", [Lease(held.id, held.token, 30)], schema=q.schema)
+    [out] = lease.renew(q.conn, "w1", [Lease(held.id, held.token, 30)], schema=q.schema)
     assert out == RenewOutcome(id=running, renewed=True, cancel_requested=True)
-    assert jobs.cancel_running(
+    assert lease.cancel_running(
         q.conn, "w1", held.id, held.token, "cancelled by request", schema=q.schema
     )
     row = q.row(running)
@@ -948,13 +953,13 @@ def test_fail_or_release_of_a_cancel_requested_job_cancels_it(q: Queue) -> None:
     f = q.claim_one()
     releasing = q.enqueue(max_attempts=5)
     r = q.claim_one()
-    assert jobs.cancel(q.conn, [failing, releasing], schema=q.schema) == {
+    assert admin.cancel(q.conn, [failing, releasing], schema=q.schema) == {
         failing: "cancel requested",
         releasing: "cancel requested",
     }
-    outcome = jobs.fail(q.conn, "w1", f.id, f.token, "stopped", schema=q.schema)
+    outcome = lease.fail(q.conn, "w1", f.id, f.token, "stopped", schema=q.schema)
     assert outcome is not None and outcome.status == "cancelled"
-    assert jobs.release(q.conn, "w1", r.id, r.token, schema=q.schema) == "cancelled"
+    assert lease.release(q.conn, "w1", r.id, r.token, schema=q.schema) == "cancelled"
     for job_id in (failing, releasing):
         row = q.row(job_id)
         assert row["status"] == "cancelled"
@@ -967,7 +972,7 @@ def make_dead(q: Queue, handler: str = "h", queue: str = "default", **kw: Any) -
     job_id = q.enqueue(handler, queue=queue, max_attempts=1, **kw)
     held = q.claim_one(handlers=[handler], queues=[queue])
     assert held.id == job_id
-    outcome = jobs.fail(q.conn, "w1", held.id, held.token, "gave up", schema=q.schema)
+    outcome = lease.fail(q.conn, "w1", held.id, held.token, "gave up", schema=q.schema)
     assert outcome is not None and outcome.status == "dead"
     return job_id
 
@@ -975,34 +980,34 @@ def make_dead(q: Queue, handler: str = "h", queue: str = "default", **kw: Any) -
 def test_retry_dead_or_cancelled_jobs_by_id_queue_and_handler(q: Queue) -> None:
     a = make_dead(q, "h1", "qa")
     b = q.enqueue("h2", queue="qb")
-    jobs.cancel(q.conn, [b], schema=q.schema)
+    admin.cancel(q.conn, [b], schema=q.schema)
     c = make_dead(q, "h3", "qb")
     f = make_dead(q, "h4", "qc")
     d = q.enqueue("h1", queue="qa")
     held = q.claim_one(handlers=["h1"], queues=["qa"])
-    jobs.complete(q.conn, "w1", held.id, held.token, schema=q.schema)
+    lease.complete(q.conn, "w1", held.id, held.token, schema=q.schema)
     e = q.enqueue("h1", queue="qa")
 
-    assert jobs.retry(q.conn, ids=[a, d, e], schema=q.schema) == [a]
+    assert admin.retry(q.conn, ids=[a, d, e], schema=q.schema) == [a]
     row = q.row(a)
     assert (row["status"], row["attempts"], row["finished_at"]) == ("pending", 0, None)
     assert row["run_at"] <= q.now()
-    assert jobs.retry(q.conn, handler="h4", schema=q.schema) == [f]
-    assert jobs.retry(q.conn, queue="qb", schema=q.schema) == sorted([b, c])
-    assert jobs.retry(q.conn, queue="qb", schema=q.schema) == []
+    assert admin.retry(q.conn, handler="h4", schema=q.schema) == [f]
+    assert admin.retry(q.conn, queue="qb", schema=q.schema) == sorted([b, c])
+    assert admin.retry(q.conn, queue="qb", schema=q.schema) == []
     assert q.row(d)["status"] == "completed"
 
     again = q.claim(handlers=["h1", "h2", "h3", "h4"], queues=["qa", "qb", "qc"], limit=10)
     assert sorted(j.id for j in again) == sorted([a, b, c, e, f])
     assert all(j.attempt == 1 for j in again)
     with pytest.raises(ValueError, match="needs job ids, a queue or a handler"):
-        jobs.retry(q.conn, schema=q.schema)
+        admin.retry(q.conn, schema=q.schema)
 
 
 def test_retry_skips_a_job_whose_dedupe_key_is_live_again(q: Queue) -> None:
     dead = make_dead(q, dedupe_key="k")
     live = q.enqueue(dedupe_key="k")
-    assert jobs.retry(q.conn, ids=[dead], schema=q.schema) == []
+    assert admin.retry(q.conn, ids=[dead], schema=q.schema) == []
     assert q.row(dead)["status"] == "dead"
     assert q.row(live)["status"] == "pending"
 
@@ -1010,7 +1015,7 @@ def test_retry_skips_a_job_whose_dedupe_key_is_live_again(q: Queue) -> None:
 def test_retry_ignores_a_live_job_of_another_handler_with_the_same_key(q: Queue) -> None:
     dead = make_dead(q, "h1", dedupe_key="k")
     other = q.enqueue("h2", dedupe_key="k")
-    assert jobs.retry(q.conn, ids=[dead], schema=q.schema) == [dead]
+    assert admin.retry(q.conn, ids=[dead], schema=q.schema) == [dead]
     assert q.row(dead)["status"] == "pending"
     assert q.row(other)["status"] == "pending"
     # and now h1's key is live again: enqueueing it dedupes to the retried job
@@ -1020,7 +1025,7 @@ def test_retry_ignores_a_live_job_of_another_handler_with_the_same_key(q: Queue)
 def test_retry_of_two_dead_jobs_with_the_same_dedupe_key(q: Queue) -> None:
     first = make_dead(q, dedupe_key="k")
     second = make_dead(q, dedupe_key="k")
-    retried = jobs.retry(q.conn, queue="default", schema=q.schema)
+    retried = admin.retry(q.conn, queue="default", schema=q.schema)
     assert len(retried) == 1 and retried[0] in (first, second)
     assert q.count("status = 'pending'") == 1
 
@@ -1028,13 +1033,13 @@ def test_retry_of_two_dead_jobs_with_the_same_dedupe_key(q: Queue) -> None:
 def test_prune_deletes_only_finished_jobs_older_than_the_retention(q: Queue) -> None:
     old_completed = q.enqueue("c")
     held = q.claim_one(handlers=["c"])
-    jobs.complete(q.conn, "w1", held.id, held.token, schema=q.schema)
+    lease.complete(q.conn, "w1", held.id, held.token, schema=q.schema)
     old_dead = make_dead(q, "d")
     old_cancelled = q.enqueue("x")
-    jobs.cancel(q.conn, [old_cancelled], schema=q.schema)
+    admin.cancel(q.conn, [old_cancelled], schema=q.schema)
     recent = q.enqueue("r")
     held = q.claim_one(handlers=["r"])
-    jobs.complete(q.conn, "w1", held.id, held.token, schema=q.schema)
+    lease.complete(q.conn, "w1", held.id, held.token, schema=q.schema)
     old_pending = q.enqueue("p")
     old_running = q.enqueue("run")
     q.claim_one(handlers=["run"])
@@ -1049,36 +1054,38 @@ def test_prune_deletes_only_finished_jobs_older_than_the_retention(q: Queue) -> 
         [[old_pending, old_running]],
     )
 
-    assert jobs.prune(q.conn, timedelta(days=1), statuses=["dead"], schema=q.schema) == 1
-    assert jobs.prune(q.conn, timedelta(days=3), schema=q.schema) == 0
-    assert jobs.prune(q.conn, timedelta(days=1), schema=q.schema) == 2
+    assert admin.prune(q.conn, timedelta(days=1), statuses=["dead"], schema=q.schema) == 1
+    assert admin.prune(q.conn, timedelta(days=3), schema=q.schema) == 0
+    assert admin.prune(q.conn, timedelta(days=1), schema=q.schema) == 2
     remaining = {r[0] for r in q.sql("SELECT id FROM @schema@.jobs")}
     assert remaining == {recent, old_pending, old_running}
     with pytest.raises(ValueError, match="only deletes finished jobs, not pending"):
-        jobs.prune(q.conn, timedelta(0), statuses=["pending"], schema=q.schema)
+        admin.prune(q.conn, timedelta(0), statuses=["pending"], schema=q.schema)
     assert q.count() == 3
 
 
 def test_prune_works_through_batches(q: Queue) -> None:
-    ids = jobs.enqueue_many(q.conn, [JobSpec("h") for _ in range(7)], schema=q.schema)
-    jobs.cancel(q.conn, ids, schema=q.schema)
+    ids = client.enqueue_many(q.conn, [JobSpec("h") for _ in range(7)], schema=q.schema)
+    admin.cancel(q.conn, ids, schema=q.schema)
     q.sql("UPDATE @schema@.jobs SET finished_at = now() - interval '1 hour'")
-    assert jobs.prune(q.conn, timedelta(minutes=30), batch=2, schema=q.schema) == 7
+    assert admin.prune(q.conn, timedelta(minutes=30), batch=2, schema=q.schema) == 7
     assert q.count() == 0
 
 
 def test_list_counts_and_get(q: Queue) -> None:
     a = q.enqueue("h", queue="qa")
     b = q.enqueue("h2", queue="qb")
-    jobs.cancel(q.conn, [b], schema=q.schema)
+    admin.cancel(q.conn, [b], schema=q.schema)
     c = q.enqueue("h", queue="qa")
-    listed = jobs.list_jobs(q.conn, schema=q.schema)
+    listed = admin.list_jobs(q.conn, schema=q.schema)
     assert [r["id"] for r in listed] == [c, b, a]
-    assert [r["id"] for r in jobs.list_jobs(q.conn, statuses=["cancelled"], schema=q.schema)] == [b]
-    assert [r["id"] for r in jobs.list_jobs(q.conn, queue="qa", limit=1, schema=q.schema)] == [c]
-    assert [r["id"] for r in jobs.list_jobs(q.conn, handler="h2", schema=q.schema)] == [b]
-    assert jobs.counts(q.conn, schema=q.schema) == [("qa", "pending", 2), ("qb", "cancelled", 1)]
-    assert jobs.get(q.conn, 10**12, schema=q.schema) is None
+    assert [r["id"] for r in admin.list_jobs(q.conn, statuses=["cancelled"], schema=q.schema)] == [
+        b
+    ]
+    assert [r["id"] for r in admin.list_jobs(q.conn, queue="qa", limit=1, schema=q.schema)] == [c]
+    assert [r["id"] for r in admin.list_jobs(q.conn, handler="h2", schema=q.schema)] == [b]
+    assert admin.counts(q.conn, schema=q.schema) == [("qa", "pending", 2), ("qb", "cancelled", 1)]
+    assert admin.get(q.conn, 10**12, schema=q.schema) is None
     json.dumps(listed, default=str)  # what `jobs --json` prints
 
 
@@ -1128,10 +1135,10 @@ def test_claim_uses_the_partial_indexes_not_a_seq_scan(q: Queue) -> None:
         "        now() - interval '1 day', now() - interval '2 days', now() - interval '2 days'"
         " FROM generate_series(1, 200000)"
     )
-    jobs.enqueue_many(
+    client.enqueue_many(
         q.conn, [JobSpec("h", {"n": n}, priority=n % 7) for n in range(300)], schema=q.schema
     )
-    q.claim(limit=40, lease=300)
+    q.claim(limit=40, lease_seconds=300)
     q.sql("ANALYZE @schema@.jobs")
 
     with explained(q.conn) as plans:
@@ -1165,12 +1172,12 @@ def test_finishing_and_renewing_look_jobs_up_by_primary_key(
         "INSERT INTO @schema@.jobs (handler, status, attempts, started_at, finished_at)"
         " SELECT 'h', 'completed', 1, now(), now() FROM generate_series(1, 50000)"
     )
-    jobs.enqueue_many(q.conn, [JobSpec("h") for _ in range(2100)], schema=q.schema)
+    client.enqueue_many(q.conn, [JobSpec("h") for _ in range(2100)], schema=q.schema)
     q.sql("VACUUM ANALYZE @schema@.jobs")  # statistics from before anything runs
     q.sql("ALTER TABLE @schema@.jobs SET (autovacuum_enabled = false)")  # ...and they stay
     for n in range(20):
-        q.claim(f"other{n}", limit=100, lease=300)
-    mine = q.claim("w1", limit=10, lease=300)
+        q.claim(f"other{n}", limit=100, lease_seconds=300)
+    mine = q.claim("w1", limit=10, lease_seconds=300)
     assert q.count("status = 'running'") == 2010
 
     conn = connect(test_db_dsn, prepare=True)
@@ -1179,15 +1186,15 @@ def test_finishing_and_renewing_look_jobs_up_by_primary_key(
         if generic:
             conn.execute("SET plan_cache_mode = force_generic_plan")
         with explained(conn) as plans:
-            renewed = jobs.renew(
+            renewed = lease.renew(
                 conn, "w1", [Lease(j.id, j.token, 60) for j in mine[:5]], schema=q.schema
             )
-            done = jobs.complete_many(
-                conn, "w1", [jobs.Completion(j.id, j.token) for j in mine[:5]], schema=q.schema
+            done = lease.complete_many(
+                conn, "w1", [lease.Completion(j.id, j.token) for j in mine[:5]], schema=q.schema
             )
-            one = jobs.complete(conn, "w1", mine[5].id, mine[5].token, {"r": 1}, schema=q.schema)
-            failed = jobs.fail(conn, "w1", mine[6].id, mine[6].token, "boom", schema=q.schema)
-            released = jobs.release(conn, "w1", mine[7].id, mine[7].token, schema=q.schema)
+            one = lease.complete(conn, "w1", mine[5].id, mine[5].token, {"r": 1}, schema=q.schema)
+            failed = lease.fail(conn, "w1", mine[6].id, mine[6].token, "boom", schema=q.schema)
+            released = lease.release(conn, "w1", mine[7].id, mine[7].token, schema=q.schema)
     assert all(r.renewed for r in renewed)
     assert done == {j.id for j in mine[:5]} and one and failed and released == "pending"
 
@@ -1226,7 +1233,7 @@ def test_enqueue_many_checks_every_job_with_or_without_dedupe_keys(
 
 
 def test_enqueue_many_sends_short_json_and_stores_every_default(q: Queue) -> None:
-    text = jobs.jobs_json([JobSpec("h"), JobSpec("h", {"a": 1}, queue="q", priority=2)])
+    text = client.jobs_json([JobSpec("h"), JobSpec("h", {"a": 1}, queue="q", priority=2)])
     assert json.loads(text) == [
         {"handler": "h"},
         {"handler": "h", "payload": {"a": 1}, "queue": "q", "priority": 2},
@@ -1239,7 +1246,7 @@ def test_enqueue_many_sends_short_json_and_stores_every_default(q: Queue) -> Non
         "priority": 0,
         "max_attempts": 5,
     }
-    [plain, other] = jobs.enqueue_many(
+    [plain, other] = client.enqueue_many(
         q.conn, [JobSpec("h"), JobSpec("h", {"a": 1}, queue="q", priority=2)], schema=q.schema
     )
     row = q.row(plain)
@@ -1253,27 +1260,26 @@ def test_enqueue_many_sends_short_json_and_stores_every_default(q: Queue) -> Non
     assert q.row(other)["payload"] == {"a": 1}
     # ids in input order without dedupe keys too (the plain INSERT path), across queues
     specs = [JobSpec("h", {"n": n}, queue=f"q{n % 4}") for n in range(300)]
-    ids = jobs.enqueue_many(q.conn, specs, schema=q.schema)
+    ids = client.enqueue_many(q.conn, specs, schema=q.schema)
     assert [q.row(i)["payload"]["n"] for i in ids[::37]] == list(range(300))[::37]
     assert ids == sorted(ids)
 
 
 def test_enqueue_many_refuses_an_unserialisable_payload_naming_the_job(q: Queue) -> None:
     with pytest.raises(InvalidJob, match="job 3: payload is not JSON-serialisable"):
-        jobs.enqueue_many(
+        client.enqueue_many(
             q.conn,
             [JobSpec("h"), JobSpec("h", {"a": 1}), JobSpec("h", {"x": {1, 2}})],
             schema=q.schema,
         )
     with pytest.raises(InvalidJob, match="job 1: payload is not JSON-serialisable"):
-        jobs.enqueue(q.conn, "h", {"x": float("nan")}, schema=q.schema)
+        client.enqueue(q.conn, "h", {"x": float("nan")}, schema=q.schema)
     assert q.count() == 0
 
 
 def test_sql_enqueue_notifies_and_dedupes_in_one_insert(q: Queue, test_db_dsn: str) -> None:
-    channel = sql.Identifier(notify_channel(q.schema))
     with psycopg.connect(test_db_dsn, autocommit=True) as listener:
-        listener.execute(sql.SQL("LISTEN {}").format(channel))
+        session.listen(listener, schema=q.schema)  # what the daemon's LISTEN runs
         first = q.one("SELECT @schema@.enqueue('h', dedupe_key => 'k', queue => 'mail')")
         again = q.one("SELECT @schema@.enqueue('h', dedupe_key => 'k', queue => 'mail')")
         assert first == again and q.count() == 1
@@ -1317,14 +1323,14 @@ def claim_query_as_prepared_statement(q: Queue) -> str:
 def test_the_claims_plan_settles_on_the_generic_plan(q: Queue) -> None:
     """PL/pgSQL keeps claim()'s plan in the session's plan cache: it must settle on the
     generic plan, or every claim is planned again (the planning cost more than running it)."""
-    jobs.enqueue_many(q.conn, [JobSpec("h") for _ in range(500)], schema=q.schema)
+    client.enqueue_many(q.conn, [JobSpec("h") for _ in range(500)], schema=q.schema)
     q.sql("VACUUM ANALYZE @schema@.jobs")
     q.sql(claim_query_as_prepared_statement(q))
     for _ in range(20):
         held = q.sql("EXECUTE claim_body('w', '{default}', '{h}', '{30}', '{10}', 10, '{NULL}')")
         assert len(held) == 10
         for job in held:
-            assert jobs.complete(q.conn, "w", job[0], job[7], schema=q.schema)
+            assert lease.complete(q.conn, "w", job[0], job[7], schema=q.schema)
     [(generic, custom)] = q.sql(
         "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'claim_body'"
     )
@@ -1335,7 +1341,7 @@ def test_the_claim_never_pays_for_jit_compilation(q: Queue) -> None:
     """A large backlog makes the claim's estimated cost cross jit_above_cost; compiling it
     then took ~60 ms for a 0.2 ms statement. claim() runs with JIT off whatever the
     server's settings; the statement that calls it shows that JIT is otherwise on."""
-    jobs.enqueue_many(q.conn, [JobSpec("h") for _ in range(20)], schema=q.schema)
+    client.enqueue_many(q.conn, [JobSpec("h") for _ in range(20)], schema=q.schema)
     q.sql("SET jit = on")
     q.sql("SET jit_above_cost = 0")  # every plan would be compiled...
     q.sql("SET jit_optimize_above_cost = -1")
@@ -1363,7 +1369,7 @@ def test_threads_sharing_a_connection_get_their_own_results(q: Queue) -> None:
     def work(n: int) -> None:
         try:
             for k in range(100):
-                job_id = jobs.enqueue(q.conn, "h", {"t": n, "k": k}, schema=q.schema)
+                job_id = client.enqueue(q.conn, "h", {"t": n, "k": k}, schema=q.schema)
                 assert q.row(job_id)["payload"] == {"t": n, "k": k}
         except BaseException as exc:  # reported below
             errors.append(exc)
@@ -1375,3 +1381,84 @@ def test_threads_sharing_a_connection_get_their_own_results(q: Queue) -> None:
         t.join()
     assert errors == []
     assert q.count() == 400
+
+
+def test_the_statuses_the_metrics_and_the_statement_texts_import_no_psycopg() -> None:
+    """ops/metrics (and config, through queries) need the statuses and the schema name,
+    not the database stack: importing them must not load psycopg (~0.2 s)."""
+    code = (
+        "import sys\n"
+        "import pgworkerd.ops.metrics, pgworkerd.model, pgworkerd.queue.queries\n"
+        "from pgworkerd.queue.queries import query\n"
+        "assert query('job_claim', 'x').count('\"x\".') > 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg'))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert proc.stdout.strip() == "[]"
+
+
+def test_enqueue_on_a_connection_whose_rows_are_dicts(test_db_dsn: str, schema: str) -> None:
+    """The application's connection keeps its own row factory; enqueue reads its ids anyway."""
+    with psycopg.connect(test_db_dsn, autocommit=True, row_factory=dict_row) as conn:
+        one = client.enqueue(conn, "h", schema=schema)
+        many = client.enqueue_many(conn, [JobSpec("h"), JobSpec("h")], schema=schema)
+        with conn.pipeline():
+            piped = client.enqueue(conn, "h", schema=schema)
+        assert sorted([one, *many, piped]) == list(range(one, one + 4))
+        assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+
+
+def test_a_local_statement_timeout_bounds_the_transaction_only(conn: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.errors.QueryCanceled), conn.transaction():
+        session.set_local_statement_timeout(conn, 0.05)
+        conn.execute("SELECT pg_sleep(5)")
+    with conn.transaction():
+        session.set_local_statement_timeout(conn, 30)
+        assert conn.execute("SHOW statement_timeout").fetchone() == ("30s",)
+    assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)
+
+
+PACKAGE = Path(__file__).resolve().parents[2] / "pgworkerd"
+
+
+def package_trees() -> Iterator[tuple[str, ast.AST]]:
+    """Every module of the runtime package, throwaway-cluster tooling (devcluster/) aside."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if "devcluster" not in path.parts:
+            yield str(path.relative_to(PACKAGE)), ast.parse(path.read_text())
+
+
+def test_every_statement_the_package_runs_comes_from_queries_sql() -> None:
+    """No SQL text written in Python: what execute() (or psycopg's sql.SQL) is given is
+    a statement looked up by name (or a migration file), never a literal or an f-string."""
+    inline = []
+    for name, tree in package_trees():
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("execute", "executemany", "SQL")
+                and node.args
+                and isinstance(node.args[0], ast.Constant | ast.JoinedStr)
+            ):
+                inline.append(f"{name}:{node.lineno}: {ast.unparse(node.args[0])[:50]}")
+    assert inline == []
+
+
+def package_strings() -> set[str]:
+    return {
+        node.value
+        for _, tree in package_trees()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+
+
+def test_every_named_statement_is_run_somewhere() -> None:
+    text = (PACKAGE / "queue" / "sql" / "queries.sql").read_text()
+    named = re.findall(r"^-- name: (\w+)", text, flags=re.MULTILINE)
+    used = package_strings()
+    assert len(named) == len(set(named))
+    assert [name for name in named if name not in used] == []

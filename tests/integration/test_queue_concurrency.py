@@ -18,8 +18,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgworkerd.queue import jobs
-from pgworkerd.queue.jobs import ClaimedJob, HandlerCapacity, JobSpec, Lease
+from pgworkerd import client
+from pgworkerd.client import JobSpec
+from pgworkerd.queue import lease
+from pgworkerd.queue.lease import ClaimedJob, HandlerCapacity, Lease
 from pgworkerd.queue.queries import render
 
 WORKERS = 4
@@ -74,14 +76,14 @@ def run_worker(dsn: str, schema: str, process: str, seed: int, budget: float) ->
             outcome: str | None = None
             with conn.transaction():
                 if kind == "renew":
-                    [out] = jobs.renew(conn, worker, [Lease(job.id, job.token, 30)], schema=schema)
+                    [out] = lease.renew(conn, worker, [Lease(job.id, job.token, 30)], schema=schema)
                     ok = out.renewed
                 elif kind == "complete":
-                    ok = jobs.complete(
+                    ok = lease.complete(
                         conn, worker, job.id, job.token, {"by": process}, schema=schema
                     )
                 elif kind == "fail":
-                    failed = jobs.fail(
+                    failed = lease.fail(
                         conn,
                         worker,
                         job.id,
@@ -93,7 +95,7 @@ def run_worker(dsn: str, schema: str, process: str, seed: int, budget: float) ->
                     )
                     ok, outcome = failed is not None, failed and failed.status
                 else:
-                    outcome = jobs.release(conn, worker, job.id, job.token, schema=schema)
+                    outcome = lease.release(conn, worker, job.id, job.token, schema=schema)
                     ok = outcome is not None
                 conn.execute(record, (job.id, job.token, process, kind, ok, None, outcome))
             stats[f"{kind}_{'ok' if ok else 'lost'}"] += 1
@@ -128,7 +130,7 @@ def run_worker(dsn: str, schema: str, process: str, seed: int, budget: float) ->
                 abandon = rng.random() < 0.08
                 capacity = HandlerCapacity(SHORT_LEASE if abandon else 30.0, free)
                 with conn.transaction():
-                    claimed = jobs.claim(
+                    claimed = lease.claim(
                         conn,
                         worker,
                         queues=QUEUES,
@@ -168,7 +170,7 @@ def test_concurrent_workers_never_share_a_job_and_lose_none(
     test_db_dsn: str, conn: psycopg.Connection, schema: str
 ) -> None:
     conn.execute(render(EVENTS_TABLE, schema))
-    ids = jobs.enqueue_many(
+    ids = client.enqueue_many(
         conn,
         [
             JobSpec(

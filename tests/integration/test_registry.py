@@ -10,7 +10,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from pgworkerd.queue import fleet, jobs, registry
+from pgworkerd import client
+from pgworkerd.queue import fleet, lease, registry
 from pgworkerd.queue.queries import query
 
 PGWORKERD = Path(sys.executable).with_name("pgworkerd")
@@ -18,28 +19,32 @@ PGWORKERD = Path(sys.executable).with_name("pgworkerd")
 INFO = registry.WorkerInfo(
     id="host:1:abc", host="host", pid=1, version="t", queues=["default"], handlers=["h"], slots=4
 )
-CAPACITY = {"h": jobs.HandlerCapacity(lease_seconds=30, free=4)}
+CAPACITY = {"h": lease.HandlerCapacity(lease_seconds=30, free=4)}
 
 
 def test_drained_worker_claims_nothing(conn: psycopg.Connection, schema: str) -> None:
     registry.register(conn, INFO, "running", schema)
-    jobs.enqueue_many(conn, [jobs.JobSpec("h") for _ in range(3)], schema=schema)
+    client.enqueue_many(conn, [client.JobSpec("h") for _ in range(3)], schema=schema)
     fleet.request_drain(conn, schema, drain=True, worker_id=INFO.id)
     assert (
-        jobs.claim(conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=4, schema=schema)
+        lease.claim(conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=4, schema=schema)
         == []
     )
     # another worker is not affected
     assert (
         len(
-            jobs.claim(conn, "other", queues=["default"], handlers=CAPACITY, limit=1, schema=schema)
+            lease.claim(
+                conn, "other", queues=["default"], handlers=CAPACITY, limit=1, schema=schema
+            )
         )
         == 1
     )
     fleet.request_drain(conn, schema, drain=False, worker_id=INFO.id)
     assert (
         len(
-            jobs.claim(conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=4, schema=schema)
+            lease.claim(
+                conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=4, schema=schema
+            )
         )
         == 2
     )

@@ -11,10 +11,11 @@ from daemon_harness import Daemons, Db, wait_for
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from pgworkerd import client
 from pgworkerd.config import DatabaseConfig
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.devcluster.localpg import LocalPostgres
-from pgworkerd.queue import jobs
+from pgworkerd.queue import admin, lease
 from pgworkerd.queue.db import connect
 
 ROLES_SQL = Path(__file__).resolve().parents[2] / "deploy" / "roles.sql"
@@ -51,19 +52,19 @@ def test_enqueuer_can_only_enqueue(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
 ) -> None:
     with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c:
-        job_id = jobs.enqueue(c, "h", {"x": 1}, schema=schema)
-        [bulk] = jobs.enqueue_many(c, [jobs.JobSpec("h")], schema=schema)
+        job_id = client.enqueue(c, "h", {"x": 1}, schema=schema)
+        [bulk] = client.enqueue_many(c, [client.JobSpec("h")], schema=schema)
         assert bulk == job_id + 1
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute(sql.SQL("SELECT payload FROM {}.jobs").format(sql.Identifier(schema)))
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute(sql.SQL("UPDATE {}.jobs SET priority = 1").format(sql.Identifier(schema)))
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # claim() is INVOKER
-            jobs.claim(
+            lease.claim(
                 c,
                 "w",
                 queues=["default"],
-                handlers={"h": jobs.HandlerCapacity(30, 1)},
+                handlers={"h": lease.HandlerCapacity(30, 1)},
                 limit=1,
                 schema=schema,
             )
@@ -79,26 +80,26 @@ def test_enqueuer_can_only_enqueue(
 def test_daemon_role_claims_renews_and_finishes(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
 ) -> None:
-    jobs.enqueue_many(conn, [jobs.JobSpec("h") for _ in range(3)], schema=schema)
+    client.enqueue_many(conn, [client.JobSpec("h") for _ in range(3)], schema=schema)
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
-        held = jobs.claim(
+        held = lease.claim(
             c,
             "w",
             queues=["default"],
-            handlers={"h": jobs.HandlerCapacity(30, 3)},
+            handlers={"h": lease.HandlerCapacity(30, 3)},
             limit=3,
             schema=schema,
         )
         assert len(held) == 3
         assert all(
             r.renewed
-            for r in jobs.renew(
-                c, "w", [jobs.Lease(j.id, j.token, 30) for j in held], schema=schema
+            for r in lease.renew(
+                c, "w", [lease.Lease(j.id, j.token, 30) for j in held], schema=schema
             )
         )
-        assert jobs.complete(c, "w", held[0].id, held[0].token, {"ok": 1}, schema=schema)
-        assert jobs.fail(c, "w", held[1].id, held[1].token, "boom", schema=schema)
-        assert jobs.release(c, "w", held[2].id, held[2].token, schema=schema) == "pending"
+        assert lease.complete(c, "w", held[0].id, held[0].token, {"ok": 1}, schema=schema)
+        assert lease.fail(c, "w", held[1].id, held[1].token, "boom", schema=schema)
+        assert lease.release(c, "w", held[2].id, held[2].token, schema=schema) == "pending"
         # it cannot delete history (prune is for operators who are granted DELETE)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute(sql.SQL("DELETE FROM {}.jobs").format(sql.Identifier(schema)))
@@ -141,8 +142,8 @@ def test_public_cannot_enqueue(pg: LocalPostgres, conn: psycopg.Connection, sche
 def test_daemon_role_cannot_update_what_a_job_runs(
     roles: dict[str, str], schema: str, conn: psycopg.Connection, column: str, value: str
 ) -> None:
-    job_id = jobs.enqueue(conn, "h", {"x": 1}, schema=schema)
-    before = jobs.get(conn, job_id, schema=schema)
+    job_id = client.enqueue(conn, "h", {"x": 1}, schema=schema)
+    before = admin.get(conn, job_id, schema=schema)
     with (
         psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c,
         pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"),
@@ -153,7 +154,7 @@ def test_daemon_role_cannot_update_what_a_job_runs(
             ),
             [value, job_id],
         )
-    assert jobs.get(conn, job_id, schema=schema) == before
+    assert admin.get(conn, job_id, schema=schema) == before
 
 
 def test_enqueuer_role_has_a_statement_timeout(roles: dict[str, str], schema: str) -> None:
@@ -168,12 +169,12 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
     operator commands that role is for (jobs, status, cancel, retry)."""
     daemon_dsn, enqueuer_dsn = roles[f"{schema}_daemon"], roles[f"{schema}_enqueuer"]
     with psycopg.connect(enqueuer_dsn, autocommit=True) as c:
-        done = jobs.enqueue(c, "echo", {"n": 1}, schema=schema)
-        crashed, later = jobs.enqueue_many(
+        done = client.enqueue(c, "echo", {"n": 1}, schema=schema)
+        crashed, later = client.enqueue_many(
             c,
             [
-                jobs.JobSpec("crash", max_attempts=2),
-                jobs.JobSpec("echo", {"n": 2}, delay=3600),
+                client.JobSpec("crash", max_attempts=2),
+                client.JobSpec("echo", {"n": 2}, delay=3600),
             ],
             schema=schema,
         )
@@ -277,16 +278,16 @@ def test_planted_overloads_in_public_hijack_nothing(
     claim() itself is safe whatever its caller's search_path."""
     daemon_dsn, enqueuer_dsn = roles[f"{schema}_daemon"], roles[f"{schema}_enqueuer"]
     with connect(enqueuer_dsn) as c:
-        ids = [jobs.enqueue(c, "h", {"n": 0}, schema=schema)]
-        ids += jobs.enqueue_many(
+        ids = [client.enqueue(c, "h", {"n": 0}, schema=schema)]
+        ids += client.enqueue_many(
             c,
-            [jobs.JobSpec("h", {"n": n}, max_attempts=1 if n == 5 else 3) for n in range(1, 6)],
+            [client.JobSpec("h", {"n": n}, max_attempts=1 if n == 5 else 3) for n in range(1, 6)],
             schema=schema,
         )
-    short = {"h": jobs.HandlerCapacity(lease_seconds=0.2, free=10)}
-    served = {"h": jobs.HandlerCapacity(lease_seconds=30, free=10)}
+    short = {"h": lease.HandlerCapacity(lease_seconds=0.2, free=10)}
+    served = {"h": lease.HandlerCapacity(lease_seconds=30, free=10)}
     with connect(daemon_dsn, prepare=True) as c:
-        first = jobs.claim(c, "w1", queues=["default"], handlers=short, limit=10, schema=schema)
+        first = lease.claim(c, "w1", queues=["default"], handlers=short, limit=10, schema=schema)
         assert len(first) == 6
 
         def all_expired() -> bool:
@@ -300,17 +301,17 @@ def test_planted_overloads_in_public_hijack_nothing(
         wait_for(all_expired, what="the short leases to run out")
         # the rescue path builds last_error with text || integer; job 5 (no attempts left)
         # is buried by the same branch
-        held = jobs.claim(c, "w2", queues=["default"], handlers=served, limit=10, schema=schema)
+        held = lease.claim(c, "w2", queues=["default"], handlers=served, limit=10, schema=schema)
         assert sorted(j.id for j in held) == ids[:5] and all(j.rescued for j in held)
         assert all(
             r.renewed
-            for r in jobs.renew(
-                c, "w2", [jobs.Lease(j.id, j.token, 30) for j in held], schema=schema
+            for r in lease.renew(
+                c, "w2", [lease.Lease(j.id, j.token, 30) for j in held], schema=schema
             )
         )
-        assert jobs.fail(c, "w2", held[0].id, held[0].token, "boom", schema=schema)  # power()
-        assert jobs.complete(c, "w2", held[1].id, held[1].token, {"ok": 1}, schema=schema)
-        assert jobs.release(c, "w2", held[2].id, held[2].token, schema=schema) == "pending"
+        assert lease.fail(c, "w2", held[0].id, held[0].token, "boom", schema=schema)  # power()
+        assert lease.complete(c, "w2", held[1].id, held[1].token, {"ok": 1}, schema=schema)
+        assert lease.release(c, "w2", held[2].id, held[2].token, schema=schema) == "pending"
     # claim() pins its own search_path: even a session that puts public first is safe
     with psycopg.connect(daemon_dsn, autocommit=True) as c:
         c.execute("SET search_path = public, pg_catalog")
@@ -320,7 +321,7 @@ def test_planted_overloads_in_public_hijack_nothing(
             ),
             [held[3].id],
         )
-        again = jobs.claim(c, "w3", queues=["default"], handlers=served, limit=10, schema=schema)
+        again = lease.claim(c, "w3", queues=["default"], handlers=served, limit=10, schema=schema)
         assert held[3].id in {j.id for j in again if j.rescued}
 
     hits = conn.execute(sql.SQL("SELECT who, what FROM public.{}").format(hostile_public))
@@ -329,7 +330,7 @@ def test_planted_overloads_in_public_hijack_nothing(
         sql.SQL("SELECT id, payload FROM {}.jobs ORDER BY id").format(sql.Identifier(schema))
     ).fetchall()
     assert payloads == [(job_id, {"n": n}) for n, job_id in enumerate(ids)]
-    rows = {r["id"]: r for r in jobs.list_jobs(conn, schema=schema)}
+    rows = {r["id"]: r for r in admin.list_jobs(conn, schema=schema)}
     assert rows[ids[5]]["status"] == "dead"
     assert "expired during attempt 1 of 1" in rows[ids[5]]["last_error"]
     assert "expired during attempt 2" in rows[held[3].id]["last_error"]

@@ -11,7 +11,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from pgworkerd.queue import jobs
+from pgworkerd import client
+from pgworkerd.queue import lease
 from pgworkerd.queue.queries import render
 
 # What a finishing statement leaves in the row (run_at and timestamps compared apart).
@@ -29,9 +30,9 @@ class Twins:
     def __init__(self, conn: psycopg.Connection, schema: str) -> None:
         self.conn, self.schema = conn, schema
         for n in range(2):
-            jobs.enqueue(conn, "h", {"n": n}, max_attempts=2, schema=schema)
-        served = {"h": jobs.HandlerCapacity(lease_seconds=60, free=2)}
-        self.by_function, self.by_statement = jobs.claim(
+            client.enqueue(conn, "h", {"n": n}, max_attempts=2, schema=schema)
+        served = {"h": lease.HandlerCapacity(lease_seconds=60, free=2)}
+        self.by_function, self.by_statement = lease.claim(
             conn, "w1", queues=["default"], handlers=served, limit=2, schema=schema
         )
 
@@ -39,7 +40,7 @@ class Twins:
         cur = self.conn.execute(render(text, self.schema), params)  # type: ignore[arg-type]
         return cur.fetchall() if cur.description else []
 
-    def state(self, job: jobs.ClaimedJob) -> dict[str, Any]:
+    def state(self, job: lease.ClaimedJob) -> dict[str, Any]:
         with self.conn.cursor(row_factory=dict_row) as cur:
             row = cur.execute(
                 render(f"SELECT {COMPARED} FROM @schema@.jobs WHERE id = %s", self.schema),
@@ -66,7 +67,7 @@ def test_complete_job(twins: Twins) -> None:
         "SELECT @schema@.complete_job(%s, 'w1', %s, %s::jsonb, %s::jsonb)",
         (f.id, f.token, '{"ok": 1}', '{"p": 9}'),
     ) == [(True,)]
-    assert jobs.complete(
+    assert lease.complete(
         twins.conn, "w1", s.id, s.token, {"ok": 1}, progress={"p": 9}, schema=twins.schema
     )
     twins.assert_same()
@@ -80,10 +81,10 @@ def test_renew_lease(twins: Twins) -> None:
         (f.id, f.token, '{"step": 2}', '{"at": 2}'),
     )
     assert cancel is False and until > f.locked_until
-    [renewed] = jobs.renew(
+    [renewed] = lease.renew(
         twins.conn,
         "w1",
-        [jobs.Lease(s.id, s.token, 300, {"step": 2}, {"at": 2})],
+        [lease.Lease(s.id, s.token, 300, {"step": 2}, {"at": 2})],
         schema=twins.schema,
     )
     assert renewed.renewed
@@ -99,7 +100,7 @@ def test_fail_job(twins: Twins, attempts_left: bool) -> None:
         "SELECT * FROM @schema@.fail_job(%s, 'w1', %s, 'boom', 100, 3600, NULL, %s::jsonb)",
         (f.id, f.token, '{"at": 5}'),
     )
-    failed = jobs.fail(
+    failed = lease.fail(
         twins.conn,
         "w1",
         s.id,
@@ -125,7 +126,7 @@ def test_release_job(twins: Twins) -> None:
         (f.id, f.token, '{"at": 7}'),
     ) == [("pending",)]
     assert (
-        jobs.release(twins.conn, "w1", s.id, s.token, checkpoint={"at": 7}, schema=twins.schema)
+        lease.release(twins.conn, "w1", s.id, s.token, checkpoint={"at": 7}, schema=twins.schema)
         == "pending"
     )
     twins.assert_same()

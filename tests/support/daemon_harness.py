@@ -30,7 +30,8 @@ from proctree import process_title as process_title
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from pgworkerd.queue import jobs
+from pgworkerd import client
+from pgworkerd.queue import admin
 
 T = TypeVar("T")
 
@@ -227,10 +228,10 @@ class Db:
         return cls(conn, schema)
 
     def enqueue(self, handler: str, payload: dict[str, Any] | None = None, **kw: Any) -> int:
-        return jobs.enqueue(self.conn, handler, payload, schema=self.schema, **kw)
+        return client.enqueue(self.conn, handler, payload, schema=self.schema, **kw)
 
     def job(self, job_id: int) -> dict[str, Any]:
-        row = jobs.get(self.conn, job_id, schema=self.schema)
+        row = admin.get(self.conn, job_id, schema=self.schema)
         assert row is not None, f"job {job_id} not found"
         return row
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgworkerd.config import Config, parse_config
-from pgworkerd.queue.jobs import ClaimedJob, HandlerCapacity, Lease, RefusedJob, RenewOutcome
+from pgworkerd.queue.lease import ClaimedJob, HandlerCapacity, Lease, RefusedJob, RenewOutcome
 from pgworkerd.worker import protocol
 
 

@@ -10,7 +10,7 @@ from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.daemon.states import OutcomeKind
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue.jobs import RefusedJob
+from pgworkerd.queue.lease import RefusedJob
 from pgworkerd.worker import protocol
 
 CONFIG = """

@@ -10,7 +10,7 @@ from fakes import claimed_job
 from pgworkerd.config import HandlerConfig, WorkerConfig
 from pgworkerd.daemon.outcomes import InFlight, decide
 from pgworkerd.daemon.states import OutcomeKind, StopReason
-from pgworkerd.queue.jobs import encode_json
+from pgworkerd.queue.lease import encode_json
 from pgworkerd.worker.protocol import Done, Failed, Interrupted, Report
 
 WORKER = WorkerConfig(backoff=10.0, backoff_max=3600.0)

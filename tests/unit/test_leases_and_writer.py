@@ -15,7 +15,7 @@ from pgworkerd.daemon.leases import PROGRESS_SAVE_INTERVAL, LeaseKeeper
 from pgworkerd.daemon.outcomes import MAX_OUTCOME_WRITES, Outcome, OutcomeWriter, fence_margin
 from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue.jobs import RenewOutcome
+from pgworkerd.queue.lease import RenewOutcome
 from pgworkerd.worker import protocol
 
 HANDLER = HandlerConfig("h", "jobhandlers:work")

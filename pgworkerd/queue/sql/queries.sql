@@ -1,10 +1,44 @@
--- Every statement pgworkerd runs, each under a "-- name:" header with a one-line
--- description. @schema@ is replaced by the quoted schema name; parameters are psycopg's
--- %(name)s placeholders (so a literal percent sign is written %%).
+-- Every statement pgworkerd runs (the migrations under migrations/ aside), each under a
+-- "-- name:" header with a one-line description. @schema@ is replaced by the quoted schema
+-- name, @schema_literal@ by it as a string literal and @notify_channel@ by the quoted name
+-- of the channel enqueue notifies; parameters are psycopg's %(name)s placeholders (so a
+-- literal percent sign is written %%).
+
+-- name: schema_migrate_lock
+-- Serialise migrations of one schema across hosts, until the transaction ends.
+SELECT pg_advisory_xact_lock(hashtextextended(%(key)s, 0));
+
+-- name: schema_version_table_exists
+-- Whether the schema and its version table exist (false before the first migration).
+SELECT to_regclass(quote_ident(@schema_literal@) || '.schema_version') IS NOT NULL AS present;
 
 -- name: schema_version_get
--- The highest applied migration, or NULL when the version table is empty.
-SELECT max(version) AS version FROM @schema@.schema_version;
+-- The highest applied migration, 0 when the version table is empty.
+SELECT coalesce(max(version), 0) AS version FROM @schema@.schema_version;
+
+-- name: schema_create
+-- The schema itself, before the first migration.
+CREATE SCHEMA IF NOT EXISTS @schema@;
+
+-- name: schema_version_create
+-- The table of applied migrations, before the first migration.
+CREATE TABLE @schema@.schema_version (
+    version integer PRIMARY KEY,
+    name text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now());
+
+-- name: schema_version_insert
+-- Record one applied migration.
+INSERT INTO @schema@.schema_version (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: session_listen
+-- Receive the notifications enqueue sends (a hint that due jobs may be waiting).
+LISTEN @notify_channel@;
+
+-- name: session_statement_timeout_set_local
+-- Bound the statements of the current transaction only (PgBouncer may not forward the
+-- connection's own statement_timeout startup option).
+SELECT set_config('statement_timeout', %(timeout)s, true);
 
 -- name: schema_version_add_compatibility
 -- Version tables created before 0.2.0 lack compatible_with (NULL there means the version's

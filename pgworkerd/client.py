@@ -1,0 +1,290 @@
+"""The application API: describe jobs (JobSpec) and enqueue them on your own connection.
+
+`enqueue` and `enqueue_many` join the caller's current transaction: the jobs commit or roll
+back with it. They use only psycopg's public API, one short-lived cursor per call (psycopg
+prepares the statement after a few uses, like any other), and keep no state on or about
+the caller's connection: its adapters apply as to any query, its row factory is left alone.
+
+Why not one cached cursor per connection: a cursor refers to its connection, so a cache
+keyed weakly by connection would still keep every connection alive (and open, if the
+application drops it without closing it). Measured, the cached cursor would save ~10 µs
+of client CPU per call, against a round trip of ~250 µs on a local server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import tuple_row
+
+from pgworkerd import bounds
+from pgworkerd.bounds import MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_MIN, PRIORITY_MAX, PRIORITY_MIN
+from pgworkerd.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_QUEUE",
+    "InvalidJob",
+    "JobSpec",
+    "enqueue",
+    "enqueue_many",
+    "jobs_json",
+    "json_type_name",
+]
+
+
+class InvalidJob(ValueError):
+    """A job that cannot be enqueued; nothing was written."""
+
+
+def json_type_name(value: Any) -> str:
+    """What `value` would be in JSON, named as jsonb_typeof names it (for messages that
+    read the same from SQL, Python and the CLI)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list | tuple):
+        return "array"
+    return type(value).__name__
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job to enqueue. Priority: lower runs sooner (0 is the default)."""
+
+    handler: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    run_at: datetime | None = None
+    delay: float | timedelta | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    dedupe_key: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        """Validated JSON form, every field spelt out; raises InvalidJob on bad input.
+
+        (enqueue_many sends the shorter form of jobs_json: same jobs, defaults left out.)
+        """
+        job = self._checked()
+        try:
+            job["payload"] = json.loads(json.dumps(self.payload, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
+        job.setdefault("payload", {})
+        job.setdefault("queue", DEFAULT_QUEUE)
+        job.setdefault("priority", 0)
+        job.setdefault("max_attempts", DEFAULT_MAX_ATTEMPTS)
+        return {k: job[k] for k in _JSON_ORDER if k in job}
+
+    def _checked(self) -> dict[str, Any]:
+        """The job as enqueue_many's SQL function takes it, checked but not serialised
+        (the payload is the caller's object): fields equal to the function's defaults are
+        left out, so the server has less JSON to parse.
+
+        The bounds (pgworkerd.bounds) and messages are those of the SQL functions, which
+        check again: Python callers and the CLI are refused before any round trip."""
+        if not isinstance(self.handler, str) or not self.handler:
+            raise InvalidJob("handler must be a non-empty string")
+        payload = self.payload
+        if not isinstance(payload, Mapping):
+            raise InvalidJob(f"payload must be a JSON object, not {json_type_name(payload)}")
+        if not isinstance(self.queue, str) or not self.queue:
+            raise InvalidJob("queue must be a non-empty string")
+        problem = bounds.job_names_problem(self.handler, self.queue)
+        if problem is not None:
+            raise InvalidJob(problem)
+        priority, max_attempts = self.priority, self.max_attempts
+        if (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not (PRIORITY_MIN <= priority <= PRIORITY_MAX)
+        ):
+            raise InvalidJob(
+                f"priority must be an integer from {PRIORITY_MIN} to "
+                f"{PRIORITY_MAX}, not {priority!r}"
+            )
+        if (
+            isinstance(max_attempts, bool)
+            or not isinstance(max_attempts, int)
+            or not (MAX_ATTEMPTS_MIN <= max_attempts <= MAX_ATTEMPTS_MAX)
+        ):
+            raise InvalidJob(
+                f"max_attempts must be a positive integer up to {MAX_ATTEMPTS_MAX}, "
+                f"not {max_attempts!r}"
+            )
+        if self.run_at is not None and self.delay is not None:
+            raise InvalidJob("give run_at or delay, not both")
+        if self.dedupe_key is not None:
+            if not isinstance(self.dedupe_key, str):
+                raise InvalidJob("dedupe_key must be a string")
+            if not 1 <= len(self.dedupe_key) <= bounds.DEDUPE_KEY_MAX_CHARS:
+                raise InvalidJob(
+                    f"dedupe_key must be 1 to {bounds.DEDUPE_KEY_MAX_CHARS} characters, "
+                    f"not {len(self.dedupe_key)}"
+                )
+        job: dict[str, Any] = {"handler": self.handler}
+        if payload or type(payload) is not dict:  # {} is the default
+            job["payload"] = payload
+        if self.queue != DEFAULT_QUEUE:
+            job["queue"] = self.queue
+        if priority != 0:
+            job["priority"] = priority
+        if max_attempts != DEFAULT_MAX_ATTEMPTS:
+            job["max_attempts"] = max_attempts
+        if self.run_at is not None:
+            if not isinstance(self.run_at, datetime) or self.run_at.tzinfo is None:
+                raise InvalidJob("run_at must be a timezone-aware datetime")
+            if not bounds.RUN_AT_MIN <= self.run_at < bounds.RUN_AT_MAX:
+                raise InvalidJob(
+                    f"run_at must be {bounds.RUN_AT_RANGE}, not {self.run_at.isoformat()}"
+                )
+            job["run_at"] = self.run_at.isoformat()
+        if self.delay is not None:
+            # fixed-point: PostgreSQL reads "0.00001 seconds", not Python's "1e-05 seconds"
+            job["delay"] = f"{_delay_seconds(self.delay):.6f} seconds"
+        if self.dedupe_key is not None:
+            job["dedupe_key"] = self.dedupe_key
+        return job
+
+
+_JSON_ORDER = (
+    "handler",
+    "payload",
+    "queue",
+    "priority",
+    "max_attempts",
+    "run_at",
+    "delay",
+    "dedupe_key",
+)
+
+
+def _delay_seconds(delay: Any) -> float:
+    seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or seconds < 0
+    ):
+        raise InvalidJob(f"delay must be a non-negative number of seconds, not {delay!r}")
+    # The database adds the delay to its own now(); this clock is close enough to refuse
+    # what could never fit (the function checks again with its own).
+    if seconds >= (bounds.RUN_AT_MAX - datetime.now(UTC)).total_seconds():
+        raise InvalidJob(f"delay must keep run_at {bounds.RUN_AT_RANGE}, not {delay!r}")
+    return seconds
+
+
+def enqueue(
+    conn: psycopg.Connection[Any],
+    handler: str,
+    payload: Mapping[str, Any] | None = None,
+    *,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+    run_at: datetime | None = None,
+    delay: float | timedelta | None = None,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    dedupe_key: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> int:
+    """Enqueue one job inside the caller's current transaction; returns its id.
+
+    With a dedupe key equal to a pending or running job's, that job's id comes back and
+    nothing is inserted.
+    """
+    spec = JobSpec(
+        handler,
+        {} if payload is None else payload,
+        queue,
+        priority,
+        run_at,
+        delay,
+        max_attempts,
+        dedupe_key,
+    )
+    try:
+        job = spec._checked()
+        payload_json = _dumps(job.get("payload", {}))
+    except InvalidJob as exc:
+        raise InvalidJob(f"job 1: {exc}") from None
+    # The SQL function enqueue: one INSERT, no JSON array to unpack.
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(
+            query("job_enqueue", schema),
+            {
+                "handler": spec.handler,
+                "payload": payload_json,
+                "queue": spec.queue,
+                "priority": spec.priority,
+                "run_at": spec.run_at,
+                "delay": None if spec.delay is None else _delay_seconds(spec.delay),
+                "max_attempts": spec.max_attempts,
+                "dedupe_key": spec.dedupe_key,
+            },
+        )
+        row = cur.fetchone()
+    assert row is not None  # the function returns the job's id or raises
+    return int(row[0])
+
+
+def _dumps(value: Any) -> str:
+    """JSON text of a job or payload; InvalidJob if it cannot be serialised."""
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
+
+
+def jobs_json(specs: Iterable[JobSpec]) -> str:
+    """The JSON array text enqueue_many sends: every job checked, serialised once.
+
+    Raises InvalidJob naming the job's position (1-based) on bad input.
+    """
+    jobs = []
+    for n, spec in enumerate(specs, 1):
+        if not isinstance(spec, JobSpec):
+            raise InvalidJob(f"job {n}: expected a JobSpec, not {type(spec).__name__}")
+        try:
+            jobs.append(spec._checked())
+        except InvalidJob as exc:
+            raise InvalidJob(f"job {n}: {exc}") from None
+    try:
+        return json.dumps(jobs, allow_nan=False)
+    except (TypeError, ValueError):
+        for n, job in enumerate(jobs, 1):  # find the job at fault, for the message
+            try:
+                _dumps(job.get("payload", {}))
+            except InvalidJob as exc:
+                raise InvalidJob(f"job {n}: {exc}") from None
+        raise
+
+
+def enqueue_many(
+    conn: psycopg.Connection[Any], specs: Iterable[JobSpec], *, schema: str = DEFAULT_SCHEMA
+) -> list[int]:
+    """Enqueue many jobs in one round trip; ids come back in input order.
+
+    Everything is validated before the database sees it, so bad input never aborts the
+    caller's transaction.
+    """
+    text = jobs_json(specs)
+    if text == "[]":
+        return []
+    # Sent as text, parsed once by the server as jsonb (no second serialisation).
+    with conn.cursor(row_factory=tuple_row) as cur:
+        [(ids,)] = cur.execute(query("job_enqueue_many", schema), {"jobs": text}).fetchall()
+    return list(ids)

@@ -1,0 +1,104 @@
+"""What operators run (the CLI's cancel, retry, prune, jobs and show): plain statements
+through psycopg's public API, each on a connection owned by the caller."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgworkerd.model import FINAL_STATUSES, STATUSES
+from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
+
+
+def cancel(
+    conn: psycopg.Connection[Any], ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
+) -> dict[int, str]:
+    """Cancel jobs: id → 'cancelled', 'cancel requested', 'already <status>' or 'not found'."""
+    rows = conn.execute(query("job_cancel", schema), {"ids": list(ids)}).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def retry(
+    conn: psycopg.Connection[Any],
+    *,
+    ids: Sequence[int] | None = None,
+    queue: str | None = None,
+    handler: str | None = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[int]:
+    """Dead or cancelled jobs back to pending with fresh attempts; returns their ids."""
+    if ids is None and queue is None and handler is None:
+        raise ValueError("retry needs job ids, a queue or a handler")
+    rows = conn.execute(
+        query("job_retry", schema),
+        {"ids": None if ids is None else list(ids), "queue": queue, "handler": handler},
+    ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def check_statuses(statuses: Iterable[str]) -> list[str]:
+    chosen = list(statuses)
+    unknown = [s for s in chosen if s not in STATUSES]
+    if unknown:
+        raise ValueError(
+            f"unknown status {', '.join(map(repr, unknown))}: choose from {', '.join(STATUSES)}"
+        )
+    return chosen
+
+
+def prune(
+    conn: psycopg.Connection[Any],
+    older_than: timedelta,
+    *,
+    statuses: Iterable[str] = FINAL_STATUSES,
+    batch: int = 10_000,
+    schema: str = DEFAULT_SCHEMA,
+) -> int:
+    """Delete finished jobs older than the retention, in batches; returns how many."""
+    chosen = check_statuses(statuses)
+    live = [s for s in chosen if s not in FINAL_STATUSES]
+    if live:
+        raise ValueError(f"prune only deletes finished jobs, not {', '.join(live)}")
+    total = 0
+    while True:
+        deleted = conn.execute(
+            query("job_prune", schema),
+            {"older_than": older_than.total_seconds(), "statuses": chosen, "batch": batch},
+        ).rowcount
+        total += deleted
+        if deleted < batch:
+            return total
+
+
+def get(conn: psycopg.Connection[Any], job_id: int, *, schema: str = DEFAULT_SCHEMA) -> dict | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("job_get", schema), {"id": job_id}).fetchone()
+
+
+def list_jobs(
+    conn: psycopg.Connection[Any],
+    *,
+    statuses: Iterable[str] | None = None,
+    queue: str | None = None,
+    handler: str | None = None,
+    limit: int = 50,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[dict[str, Any]]:
+    params = {
+        "statuses": None if statuses is None else check_statuses(statuses),
+        "queue": queue,
+        "handler": handler,
+        "limit": limit,
+    }
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("job_list", schema), params).fetchall()
+
+
+def counts(
+    conn: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA
+) -> list[tuple[str, str, int]]:
+    return [(r[0], r[1], r[2]) for r in conn.execute(query("job_counts", schema)).fetchall()]

@@ -1,0 +1,412 @@
+"""The daemon's fenced statements and their records: claim, renew, complete, fail, release,
+cancel a running job, bury, and read a job's lease.
+
+Every write names the worker and the lease token it holds: zero rows back means the lease
+was lost, and the caller handles that on purpose. These statements are the daemon's own
+(the application enqueues through pgworkerd.client, operators through queue.admin), so
+they always go through queue.hotpath, which runs them below psycopg's cursor when the
+installed psycopg passed hotpath's import-time probe and through a plain cursor otherwise.
+Each function takes a connection owned by the caller and commits at once on an autocommit
+connection (or joins the caller's transaction).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from pgworkerd.jsontext import storable_json
+from pgworkerd.queue import hotpath
+from pgworkerd.queue.queries import DEFAULT_SCHEMA
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """What a child needs to run a job, as the claim returned it."""
+
+    id: int
+    queue: str
+    handler: str
+    payload: dict[str, Any]
+    priority: int
+    attempt: int
+    max_attempts: int
+    token: int
+    checkpoint: Any
+    run_at: datetime
+    created_at: datetime
+    locked_until: datetime
+    rescued: bool
+
+
+@dataclass(frozen=True)
+class HandlerCapacity:
+    """A handler a worker serves in one claim: its lease and how many more it may take."""
+
+    lease_seconds: float
+    free: int
+    max_attempts: int | None = None  # overrides the job's own when set
+    queues: Sequence[str] | None = None  # the queues it claims from; None: all (schema 6)
+
+
+@dataclass(frozen=True)
+class RefusedJob:
+    """A claimed job the claimer cannot run because its row cannot be loaded or handed to
+    a child (a number too long for Python, JSON nested too deep, a timestamp out of
+    range, a payload over the frame limit): it is finished as dead with `reason`."""
+
+    id: int
+    token: int
+    handler: str
+    attempt: int
+    reason: str
+
+
+def claim_checked(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    *,
+    queues: Sequence[str],
+    handlers: Mapping[str, HandlerCapacity],
+    limit: int,
+    schema: str = DEFAULT_SCHEMA,
+) -> tuple[list[ClaimedJob], list[RefusedJob]]:
+    """Claim up to `limit` due jobs (and rescue expired leases) in one statement; returns
+    the jobs to run and those whose rows could not be loaded. The claim has committed:
+    the caller must finish every refused job (bury) or its lease runs out."""
+    served = {name: cap for name, cap in handlers.items() if cap.free > 0}
+    if limit <= 0 or not served or not queues:
+        return [], []
+    params = {
+        "worker": worker,
+        "queues": list(queues),
+        "handlers": list(served),
+        "lease_seconds": [cap.lease_seconds for cap in served.values()],
+        "handler_free": [cap.free for cap in served.values()],
+        "max_attempts": [cap.max_attempts for cap in served.values()],
+        "handler_queues": json.dumps([_list_or_none(c.queues) for c in served.values()]),
+        "limit": limit,
+    }
+    claimed: list[ClaimedJob] = []
+    refused: list[RefusedJob] = []
+    for row in hotpath.run_guarded(conn, "job_claim", params, schema=schema):
+        if isinstance(row, hotpath.UnloadableRow):
+            refused.append(_refused(row.raw, row.reason, conn.info.encoding))
+        else:
+            # job_claim returns the columns in ClaimedJob's field order
+            claimed.append(ClaimedJob(*row))
+    claimed.sort(key=lambda j: (j.priority, j.run_at, j.id))
+    return claimed, refused
+
+
+def _list_or_none(queues: Sequence[str] | None) -> list[str] | None:
+    return None if queues is None else list(queues)
+
+
+def _refused(raw: tuple[bytes | None, ...], reason: str, encoding: str) -> RefusedJob:
+    # The columns of job_claim as the server sent them (text format): id, queue, handler,
+    # payload, priority, attempts, max_attempts, lease_token, ... Integers and text
+    # always load; the bad value is elsewhere in the row.
+    def text(i: int) -> str:
+        value = raw[i]
+        return "" if value is None else value.decode(encoding, errors="replace")
+
+    return RefusedJob(
+        id=int(text(0)), token=int(text(7)), handler=text(2), attempt=int(text(5)), reason=reason
+    )
+
+
+def claim(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    *,
+    queues: Sequence[str],
+    handlers: Mapping[str, HandlerCapacity],
+    limit: int,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[ClaimedJob]:
+    """Claim up to `limit` due jobs (and rescue expired leases) in one statement. A job
+    whose row cannot be loaded is finished as dead at once, with the reason in
+    last_error; the others are returned."""
+    claimed, refused = claim_checked(
+        conn, worker, queues=queues, handlers=handlers, limit=limit, schema=schema
+    )
+    for job in refused:
+        bury(conn, worker, job.id, job.token, f"cannot run: {job.reason}", schema=schema)
+    return claimed
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One lease to renew, with progress and checkpoint to save (None: keep)."""
+
+    id: int
+    token: int
+    lease_seconds: float
+    progress: Any = None
+    checkpoint: Any = None
+
+
+@dataclass(frozen=True)
+class RenewOutcome:
+    id: int
+    renewed: bool
+    cancel_requested: bool
+
+
+class EncodedJson(str):
+    """JSON text encoded (and so checked) already, e.g. when a child's message arrived:
+    sent as it is, never encoded again inside a statement."""
+
+
+def encode_json(value: Any) -> EncodedJson:
+    """`value` as JSON text that jsonb accepts; raises ValueError (or TypeError,
+    RecursionError) if there is none (see jsontext.storable_json)."""
+    return EncodedJson(storable_json(value))
+
+
+def _as_is(text: str) -> str:
+    return text
+
+
+def _jsonb_or_none(value: Any) -> Jsonb | None:
+    if value is None:
+        return None
+    if isinstance(value, EncodedJson):
+        return Jsonb(value, dumps=_as_is)
+    return Jsonb(value)
+
+
+def renew(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    leases: Sequence[Lease],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[RenewOutcome]:
+    """Renew many leases in one statement; lost leases come back with renewed=False."""
+    if not leases:
+        return []
+    params = {
+        "worker": worker,
+        "ids": [lease.id for lease in leases],
+        "tokens": [lease.token for lease in leases],
+        "lease_seconds": [lease.lease_seconds for lease in leases],
+        "progress": [_jsonb_or_none(lease.progress) for lease in leases],
+        "checkpoints": [_jsonb_or_none(lease.checkpoint) for lease in leases],
+    }
+    rows = hotpath.run(conn, "job_renew", params, schema=schema)
+    return [RenewOutcome(id=r[0], renewed=r[1], cancel_requested=r[2]) for r in rows]
+
+
+def complete(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    job_id: int,
+    token: int,
+    result: Any = None,
+    *,
+    progress: Any = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> bool:
+    """Mark a held job completed. False: the lease was lost, nothing changed."""
+    rows = hotpath.run(
+        conn,
+        "job_complete_one",
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "result": _jsonb_or_none(result),
+            "progress": _jsonb_or_none(progress),
+        },
+        schema=schema,
+    )
+    return bool(rows)
+
+
+@dataclass(frozen=True)
+class Completion:
+    id: int
+    token: int
+    result: Any = None
+    progress: Any = None
+
+
+def complete_many(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    done: Sequence[Completion],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> set[int]:
+    """Complete many held jobs in one statement; returns the ids whose lease still held."""
+    if not done:
+        return set()
+    rows = hotpath.run(
+        conn,
+        "job_complete",
+        {
+            "worker": worker,
+            "ids": [d.id for d in done],
+            "tokens": [d.token for d in done],
+            "results": [_jsonb_or_none(d.result) for d in done],
+            "progress": [_jsonb_or_none(d.progress) for d in done],
+        },
+        schema=schema,
+    )
+    return {r[0] for r in rows}
+
+
+@dataclass(frozen=True)
+class FailOutcome:
+    status: str  # pending (will retry), dead or cancelled
+    run_at: datetime
+    retry_in: float | None = None  # seconds until the retry is due (pending only)
+
+
+def fail(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    job_id: int,
+    token: int,
+    error: str,
+    *,
+    backoff_base: float = 10.0,
+    backoff_max: float = 3600.0,
+    progress: Any = None,
+    checkpoint: Any = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> FailOutcome | None:
+    """Record a failed attempt, with its latest progress and checkpoint (None keeps the
+    saved ones). None: the lease was lost, nothing changed."""
+    rows = hotpath.run(
+        conn,
+        "job_fail",
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "error": error,
+            "backoff_base": backoff_base,
+            "backoff_max": backoff_max,
+            "progress": _jsonb_or_none(progress),
+            "checkpoint": _jsonb_or_none(checkpoint),
+        },
+        schema=schema,
+    )
+    row = rows[0] if rows else None
+    return None if row is None else FailOutcome(status=row[1], run_at=row[2], retry_in=row[3])
+
+
+def release(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    job_id: int,
+    token: int,
+    *,
+    progress: Any = None,
+    checkpoint: Any = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> str | None:
+    """Hand a held job back without counting the attempt, with its latest progress and
+    checkpoint (None keeps the saved ones); returns its new status."""
+    rows = hotpath.run(
+        conn,
+        "job_release",
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "progress": _jsonb_or_none(progress),
+            "checkpoint": _jsonb_or_none(checkpoint),
+        },
+        schema=schema,
+    )
+    row = rows[0] if rows else None
+    return None if row is None else str(row[1])
+
+
+def cancel_running(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    job_id: int,
+    token: int,
+    reason: str,
+    *,
+    progress: Any = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> bool:
+    """The holder stopped a job whose cancel was requested: mark it cancelled."""
+    rows = hotpath.run(
+        conn,
+        "job_cancel_running",
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "error": reason,
+            "progress": _jsonb_or_none(progress),
+        },
+        schema=schema,
+    )
+    return bool(rows)
+
+
+def bury(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    job_id: int,
+    token: int,
+    reason: str,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> bool:
+    """The holder cannot run a claimed job at all (its data is unusable): dead at once,
+    whatever attempts are left, with the reason. False: the lease was lost."""
+    rows = hotpath.run(
+        conn,
+        "job_bury",
+        {"id": job_id, "worker": worker, "token": token, "error": reason},
+        schema=schema,
+    )
+    return bool(rows)
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    status: str
+    token: int
+    locked_by: str | None
+
+
+def lease_state(
+    conn: psycopg.Connection[Any], job_id: int, *, schema: str = DEFAULT_SCHEMA
+) -> LeaseState | None:
+    """Who holds a job, under which token (None: no such job); loads nothing else."""
+    rows = hotpath.run(conn, "job_lease_state", {"id": job_id}, schema=schema)
+    return LeaseState(*rows[0]) if rows else None
+
+
+def next_run_in(
+    conn: psycopg.Connection[Any],
+    queues: Iterable[str],
+    handlers: Iterable[str],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> float | None:
+    """Seconds until the earliest scheduled (future) job this worker could claim, by the
+    server's clock; None when there is none."""
+    rows = hotpath.run(
+        conn,
+        "job_next_run_at",
+        {"queues": list(queues), "handlers": list(handlers)},
+        schema=schema,
+    )
+    return None if not rows or rows[0][0] is None else float(rows[0][0])

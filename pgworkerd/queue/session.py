@@ -1,0 +1,24 @@
+"""Statements about the session itself rather than about jobs: subscribing to enqueue's
+notifications and bounding the current transaction's statements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
+
+
+def listen(conn: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA) -> None:
+    """Receive the notifications enqueue sends for `schema` on this connection (read them
+    with conn.notifies()); NOTIFY is a hint that due jobs may be waiting, nothing more."""
+    conn.execute(query("session_listen", schema))
+
+
+def set_local_statement_timeout(conn: psycopg.Connection[Any], seconds: float) -> None:
+    """Bound every statement of the current transaction to `seconds` (whole milliseconds),
+    whatever the connection's own statement_timeout is."""
+    conn.execute(
+        query("session_statement_timeout_set_local"), {"timeout": f"{int(seconds * 1000)}ms"}
+    )

@@ -90,8 +90,9 @@ class Claimer:
         self._keep_warm()
 
     def next_deadline(self) -> float | None:
-        # Claim timers only matter with a free slot; past ones would spin the loop.
-        if not self._may_claim() or self.table.free_slots() <= 0:
+        # Claim timers only matter with a free slot and something to claim for; past
+        # ones would spin the loop.
+        if not self._may_claim() or self.table.free_slots() <= 0 or not self.config.handlers:
             return None
         times = [self.poll_at]
         if self.scheduled_at is not None:

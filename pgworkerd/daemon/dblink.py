@@ -165,6 +165,11 @@ class DatabaseLink:
         if self.down_since is None:
             self.down_since = now
 
+    def next_deadline(self) -> float | None:
+        """When reconnect_if_due() has something to do while the link is down. (The
+        lifetime recycling waits for a tick: it is never urgent.)"""
+        return None if self.ok else self.reconnect_at
+
     def reconnect_if_due(self) -> bool:
         """Between two statements (once per tick): reconnect when the backoff allows, or
         recycle a connection past its lifetime. True when the link just came back."""

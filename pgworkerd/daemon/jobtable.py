@@ -28,6 +28,7 @@ from pgworkerd.worker.protocol import (
     ChildMessage,
     Done,
     Failed,
+    Hello,
     Interrupted,
     LeaseExtended,
     Report,
@@ -100,7 +101,7 @@ class JobTable:
 
     def busy(self) -> bool:
         """Jobs held, or children still running (their outcome may be on its way)."""
-        return bool(self.jobs) or any(c.pid is not None for c in self.supervisor.children)
+        return bool(self.jobs) or self.supervisor.has_children()
 
     # -- claim to child ------------------------------------------------------------------
 
@@ -171,8 +172,8 @@ class JobTable:
         job = self.jobs.get(child.job) if child.job is not None else None
         if job is None or self.child_of(job) is not child:
             return
-        if isinstance(message, Started | Done | Failed | Interrupted) and message.id != job.job.id:
-            return
+        if isinstance(message, Hello) or message.id not in (None, job.job.id):
+            return  # a hello is the supervisor's; a late beat is about an ended job
         now = self.clock()
         if isinstance(message, Started):
             job.started_at = job.last_beat = now
@@ -259,9 +260,14 @@ class JobTable:
         job.unsaved = job.unsaved and not saved
         child = self.child_of(job)
         if child is not None:
-            child.send(LeaseExtended(deadline))
+            child.send(LeaseExtended(deadline, job.job.id))
 
     def lease_lost(self, job: InFlight, why: str) -> None:
+        """Kill the job now (once): its lease is gone or may be. A job stopped for
+        another reason first keeps that reason (decide() reports it)."""
+        if job.fenced:
+            return
+        job.fenced = True
         log.error(
             "%s: %s; stopping it",
             job.name,
@@ -279,7 +285,7 @@ class JobTable:
         log.info("%s: cancel requested; stopping it", job.name)
         child = self.child_of(job)
         if child is not None:
-            child.send(Cancel())
+            child.send(Cancel(job.job.id))
         self.stop(job, StopReason.CANCEL)
 
     def _settle(self, job: InFlight, report: Report | None, exit_description: str = "") -> None:
@@ -295,7 +301,7 @@ class JobTable:
         """Enforce every job's limits: lease deadline, kill grace, timeout, heartbeat."""
         for job in self:
             h = job.handler
-            if now >= job.deadline and job.stop_reason is not StopReason.LEASE_LOST:
+            if now >= job.deadline and not job.fenced:
                 # Self-fencing: the lease may be gone; the job must not run on.
                 self.lease_lost(job, "lease not renewed in time")
             elif job.kill_at is not None and now >= job.kill_at:

@@ -38,6 +38,10 @@ class LeaseKeeper:
         self.renew_at = 0.0
         self.progress_at = 0.0
 
+    def configure(self, renew_interval: float) -> None:
+        """After a reload; the next renewal keeps its time."""
+        self.renew_interval = renew_interval
+
     def renew_now(self) -> None:
         """At the next tick (after a reconnect: leases may be short by now)."""
         self.renew_at = 0.0

@@ -285,10 +285,9 @@ class Daemon:
             self.writer.next_deadline(),
             self.presence.next_deadline(),
             self.supervisor.next_deadline(),
+            self.link.next_deadline(),
             self.drain_deadline,
         ]
-        if not self.link.ok:
-            candidates.append(self.link.reconnect_at)
         return min(t for t in candidates if t is not None)
 
     def _wait(self) -> None:
@@ -404,7 +403,7 @@ class Daemon:
         self.table.configure(new.worker)
         self.claimer.configure(new)
         self.presence.configure(new)
-        self.leases.renew_interval = new.worker.renew_interval
+        self.leases.configure(new.worker.renew_interval)
         log.info(
             "reloaded %s: %d slots, queues %s, handlers %s",
             self.config_path,
@@ -415,7 +414,7 @@ class Daemon:
         self.notifier.ready(self.presence.status_text())
 
     def _shutdown_processes(self) -> None:
-        self.presence.depth_counter.stop()
+        self.presence.stop()
         self.metrics.stop()
         self.supervisor.signal_all(signal.SIGKILL)
         self.supervisor.stop_forkserver()

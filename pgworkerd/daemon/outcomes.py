@@ -89,6 +89,7 @@ class InFlight:
     stop_reason: StopReason | None = None  # None: the daemon did not stop it
     kill_at: float | None = None  # SIGKILL the child's group at this time
     cancel_seen: bool = False  # the database asked to cancel this job
+    fenced: bool = False  # its lease is (or may be) gone: killed, whatever stopped it first
 
     @property
     def name(self) -> str:
@@ -96,7 +97,7 @@ class InFlight:
 
     def limits(self) -> Iterator[float]:
         """The times at which this job's limits next need a look."""
-        if self.stop_reason is not StopReason.LEASE_LOST:  # acted on already
+        if not self.fenced:  # once acted on, the passed deadline is no deadline
             yield self.deadline
         if self.kill_at is not None:
             yield self.kill_at

@@ -24,7 +24,7 @@ from pgworkerd.config import Config
 from pgworkerd.daemon.dblink import ESCALATE_AFTER, DatabaseLink
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.statements import Statements
-from pgworkerd.daemon.states import DaemonState
+from pgworkerd.daemon.states import DaemonState, RegistryState
 from pgworkerd.durations import format_duration
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.ops.systemd import Notifier
@@ -139,6 +139,10 @@ class Presence:
     def configure(self, config: Config) -> None:
         self.config = config
 
+    def stop(self) -> None:
+        """At exit: a queue-depth count still running is cancelled."""
+        self.depth_counter.stop()
+
     def heartbeat_now(self) -> None:
         self.heartbeat_at = 0.0
 
@@ -205,11 +209,11 @@ class Presence:
                 "daemon %s (host %s pid %d) stopped heartbeating: marked gone", worker_id, host, pid
             )
 
-    def registry_state(self) -> str:
+    def registry_state(self) -> RegistryState:
         state = self.lifecycle.state
         if state is DaemonState.RUNNING and self.drain_requested:
-            return "drained" if not len(self.table) else "draining"
-        return state.value
+            return RegistryState.DRAINED if not len(self.table) else RegistryState.DRAINING
+        return RegistryState(state.value)
 
     def status_text(self) -> str:
         text = self._state_text()
@@ -226,11 +230,11 @@ class Presence:
             since = f" for over {format_duration(ESCALATE_AFTER)}" if too_long else ""
             return f"database unreachable{since}, retrying ({busy} jobs running)"
         state = self.registry_state()
-        if state == "running":
+        if state is RegistryState.RUNNING:
             return f"running: {busy}/{slots} busy"
-        if state in ("draining", "stopping"):
+        if state in (RegistryState.DRAINING, RegistryState.STOPPING):
             return f"{state}: {busy} jobs left"
-        return state
+        return state.value
 
     def _report_status(self, now: float) -> None:
         state = self.lifecycle.state

@@ -18,6 +18,17 @@ class DaemonState(StrEnum):
         return self in (DaemonState.DRAINING, DaemonState.STOPPING)
 
 
+class RegistryState(StrEnum):
+    """What a daemon's registry row says (pgworkerd status shows it)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"  # a drain: jobs still in flight
+    DRAINED = "drained"  # drained through the database: running, claiming nothing
+    STOPPING = "stopping"
+    GONE = "gone"  # exited, or marked gone by a peer after it stopped heartbeating
+
+
 class StopReason(StrEnum):
     """Why the daemon stopped a job's child (None on an InFlight: it did not)."""
 

@@ -22,6 +22,7 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pgworkerd.backoff import Backoff
@@ -52,6 +53,15 @@ def describe_exit(status: int) -> str:
         hint = " (segmentation fault)" if sig == signal.SIGSEGV else hint
         return f"killed by {name}{hint}"
     return f"exited with code {os.waitstatus_to_exitcode(status)}"
+
+
+def _parent_of(pid: int) -> int | None:
+    """The parent pid of a process (a zombie too), None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    return int(stat.rpartition(")")[2].split()[1])
 
 
 @dataclass(eq=False)
@@ -206,12 +216,16 @@ class Supervisor:
         self.selector.register(ours, selectors.EVENT_READ, ("child", child))
         return True
 
+    def has_children(self) -> bool:
+        """Any child process alive (one that said hello and has not been reaped)."""
+        return any(c.pid is not None for c in self.children)
+
     def idle(self) -> list[Child]:
         """Warm children ready for a job."""
         return [
             c
             for c in self.children
-            if c.pid is not None and c.job is None and not c.exiting and not c.eof
+            if c.pid is not None and c.job is None and not c.exiting and not c.eof and not c.broken
         ]
 
     def starting(self) -> int:
@@ -261,6 +275,9 @@ class Supervisor:
             if not isinstance(message, Hello):
                 self.on_message(child, message)
                 continue
+            if not self._hello_is_genuine(child, message.pid):
+                self._break(child, f"said hello as pid {message.pid}, not its own")
+                return None
             child.pid = message.pid
             self.by_pid[child.pid] = child
             if child.spawned_at >= self._forkserver_started_at:
@@ -285,10 +302,26 @@ class Supervisor:
                 raise protocol.ProtocolError("a parent's message kind")
             return messages  # type: ignore[return-value]
         except Exception as exc:
-            child.broken = f"sent a message the daemon cannot read ({short_error(exc)})"
-            log.error("child %s %s; stopping it", child.pid, child.broken)
-            child.signal_group(signal.SIGKILL)
+            self._break(child, f"sent a message the daemon cannot read ({short_error(exc)})")
             return []
+
+    def _break(self, child: Child, why: str) -> None:
+        """Stop a child that broke the protocol: its job fails with the reason. (One whose
+        pid is unknown is forgotten with the children that never said hello.)"""
+        child.broken = why
+        log.error("child %s %s; stopping it", child.pid, why)
+        child.signal_group(signal.SIGKILL)
+
+    def _hello_is_genuine(self, child: Child, pid: int) -> bool:
+        """A child says hello once, with its own pid: a process this daemon adopted (a
+        subreaper's child; the child waits for that before it says hello), or one it has
+        reaped already. Anything else would aim the daemon's signals elsewhere."""
+        if child.pid is not None or pid <= 0:
+            return False
+        reaped = self._unmatched_exits.get(pid)
+        if reaped is not None and reaped[1] >= child.spawned_at:
+            return True
+        return _parent_of(pid) == os.getpid()
 
     def reap(self) -> None:
         """Collect every exited child (SIGCHLD woke us) and report it once."""

@@ -107,7 +107,7 @@ class JobContext:
         if checkpoint is not None:
             _check_storable(checkpoint)
             self.checkpoint = checkpoint
-        message = Beat(progress, checkpoint)
+        message = Beat(self.id, progress, checkpoint)
         now = time.monotonic()
         if checkpoint is None and now - self._last_beat < _BEAT_INTERVAL:
             self._channel.set_pending_beat(message)
@@ -128,6 +128,7 @@ class _Channel:
         self.deadline: float | None = None  # time.monotonic() when the lease runs out
         self.title = "pgworkerd: idle child"
         self.job_started = 0.0
+        self.job_id: int | None = None  # the job running now
         self._pending_beat: Beat | None = None
 
     def send(self, message: protocol.ChildMessage) -> None:
@@ -139,6 +140,11 @@ class _Channel:
     def send_encoded(self, frame: bytes) -> None:
         with self._lock:
             self.sock.sendall(frame)
+
+    def is_current(self, job_id: int | None) -> bool:
+        """Whether a message about job `job_id` is about the job running now (None:
+        about whatever runs, as a parent of release 0.2 sends them)."""
+        return job_id is None or job_id == self.job_id
 
     def set_pending_beat(self, message: Beat) -> None:
         with self._lock:
@@ -175,10 +181,14 @@ def _monitor(channel: _Channel) -> None:
                 message = protocol.decode(frame)
                 if isinstance(message, Job):
                     channel.jobs.put(message)
+                # (a lease or cancel sent for a job that has ended here meanwhile is
+                # ignored: it must not fence or cancel the next one)
                 elif isinstance(message, LeaseExtended):
-                    channel.deadline = message.deadline
+                    if channel.is_current(message.id):
+                        channel.deadline = message.deadline
                 elif isinstance(message, Cancel):
-                    channel.cancel_requested = True
+                    if channel.is_current(message.id):
+                        channel.cancel_requested = True
                 elif isinstance(message, Shutdown):
                     channel.shutdown_requested = True
                 elif isinstance(message, Exit):
@@ -223,6 +233,7 @@ def _run_one(channel: _Channel, job: Job) -> None:
     channel.title = f"pgworkerd: job {job.id} {job.handler} attempt {job.attempt}"
     channel.job_started = time.monotonic()
     channel.deadline = job.deadline
+    channel.job_id = job.id
     setproctitle(f"{channel.title} 0s")
     ctx = JobContext(channel, job)
     outcome: Report
@@ -260,6 +271,7 @@ def _run_one(channel: _Channel, job: Job) -> None:
     # Ignore further SIGTERMs while reporting: the outcome must reach the parent whole.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     channel.deadline = None
+    channel.job_id = None
     channel.send_encoded(frame)
     channel.cancel_requested = False
     signal.signal(signal.SIGTERM, _raise_interrupted)

@@ -62,6 +62,7 @@ class Beat:
     """The job is alive; progress and checkpoint are None when not given."""
 
     kind: ClassVar[Kind] = Kind.BEAT
+    id: int | None = None  # the job; None from a child of release 0.2 (its current job)
     progress: Any = None
     checkpoint: Any = None
 
@@ -117,11 +118,13 @@ class Job:
 class LeaseExtended:
     kind: ClassVar[Kind] = Kind.LEASE_EXTENDED
     deadline: float
+    id: int | None = None  # the job it is for: one that ended already ignores it
 
 
 @dataclass(frozen=True)
 class Cancel:
     kind: ClassVar[Kind] = Kind.CANCEL
+    id: int | None = None  # the job it is for: one that ended already ignores it
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ _CLASSES: dict[str, type[Any]] = {
 _ANY = {"progress", "checkpoint", "result", "payload"}
 _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,),
+    "int | None": (int, type(None)),
     "str": (str,),
     "float": (int, float),
 }
@@ -168,7 +172,10 @@ def encode(message: Message) -> bytes:
     cannot carry (callers decide what that costs: the job, never the loop)."""
     body: dict[str, Any] = {"t": message.kind.value}
     for f in dataclasses.fields(message):
-        body[f.name] = getattr(message, f.name)  # shallow: a payload is not copied
+        value = getattr(message, f.name)  # shallow: a payload is not copied
+        if value is None and f.default is None:
+            continue  # left out, as release 0.2 did: to it a key means a value
+        body[f.name] = value
     return encode_frame(body)
 
 

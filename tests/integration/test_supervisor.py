@@ -259,14 +259,19 @@ def test_an_old_exit_is_not_pinned_on_a_later_child_that_got_the_same_pid(
     pid = os.posix_spawn("/bin/true", ["true"], dict(os.environ))
     wait_for(lambda: exited(pid), what="/bin/true exited")
     sup.reap()
-    # The later child, played over a real socket pair: it says hello with that pid.
+    # The later child: a live process of ours (a hello is only believed from one) that
+    # got the old pid; played here by re-keying whatever the supervisor kept of the old
+    # exit to the new process's pid. It says hello over a real socket pair.
+    later = os.posix_spawn("/bin/sleep", ["sleep", "30"], dict(os.environ))
+    if pid in sup._unmatched_exits:
+        sup._unmatched_exits[later] = sup._unmatched_exits.pop(pid)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ours.setblocking(False)
     child = Child(sock=ours, spawned_at=time.monotonic())
     sup.children.append(child)
     harness.selector.register(ours, selectors.EVENT_READ, ("child", child))
     try:
-        theirs.sendall(encode({"t": "hello", "pid": pid}))
+        theirs.sendall(encode({"t": "hello", "pid": later}))
         harness.pump_until(lambda: child.pid is not None, "the hello")
         harness.pump(0.1)
         assert not harness.exits, "a live child was declared dead at its hello"
@@ -277,6 +282,8 @@ def test_an_old_exit_is_not_pinned_on_a_later_child_that_got_the_same_pid(
             harness.pump_until(lambda: child.eof, "the socket's end")
             sup.children.remove(child)
         ours.close()
+        os.kill(later, signal.SIGKILL)
+        os.waitpid(later, 0)
 
 
 def test_unmatched_exits_are_forgotten_once_no_child_waits_for_its_hello(
@@ -288,3 +295,40 @@ def test_unmatched_exits_are_forgotten_once_no_child_waits_for_its_hello(
         wait_for(functools.partial(exited, pid), what="/bin/true exited")
         sup.reap()
     assert not sup._unmatched_exits
+
+
+@pytest.mark.parametrize("claimed", ["zero", "huge", "not ours", "twice"])
+def test_a_hello_that_is_not_the_childs_own_stops_that_child_only(
+    harness: Harness, claimed: str
+) -> None:
+    """A child runs handler code, which owns the socket: a hello naming a pid that is not
+    a process of this daemon's (or a second hello) would aim the daemon's signals at
+    someone else, or at its own process group (pid 0)."""
+    sup = harness.sup
+    live = os.posix_spawn("/bin/sleep", ["sleep", "30"], dict(os.environ))  # ours
+    pids = {"zero": [0], "huge": [2**70], "not ours": [1], "twice": [live, os.getppid()]}
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.setblocking(False)
+    child = Child(sock=ours, spawned_at=time.monotonic())
+    sup.children.append(child)
+    harness.selector.register(ours, selectors.EVENT_READ, ("child", child))
+    try:
+        for pid in pids[claimed]:
+            theirs.sendall(encode({"t": "hello", "pid": pid}))
+        harness.pump_until(lambda: child.broken, "the child to be stopped")
+        assert "said hello as pid" in child.broken
+        if claimed == "twice":  # the genuine one is killed: it broke the protocol
+            assert child.pid == live
+            wait_for(lambda: exited(live), what="the child to be killed")
+        else:
+            assert child.pid is None and not exited(live)
+        assert sup.idle() == []
+    finally:
+        theirs.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(live, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(live, 0)
+        if child in sup.children:
+            sup.children.remove(child)
+        ours.close()

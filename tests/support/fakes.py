@@ -50,8 +50,11 @@ class FakeChild:
 class FakeSupervisor:
     """Children that exist as soon as they are spawned (while `startable`)."""
 
-    def __init__(self, idle_children: int = 0, *, startable: bool = True) -> None:
+    def __init__(
+        self, idle_children: int = 0, *, startable: bool = True, max_jobs_per_child: int = 1
+    ) -> None:
         self._pids = itertools.count(100)
+        self.max_jobs_per_child = max_jobs_per_child
         self.children: list[FakeChild] = []
         self.startable = startable
         self.spawned = 0
@@ -79,8 +82,13 @@ class FakeSupervisor:
         child.exiting = True
         self.retired.append(child)
 
+    def has_children(self) -> bool:
+        return bool(self.children)
+
     def assign(self, child: FakeChild, frame: bytes) -> bool:
         child.jobs_run += 1
+        if child.jobs_run >= self.max_jobs_per_child:  # as Supervisor.assign
+            child.exiting = True
         # What the child would read: the frame decoded (4-byte length, then JSON).
         import json
 
@@ -101,6 +109,8 @@ class FakeStatements:
         self.renew_fails = 0  # this many renew calls return None (a failed statement)
         self.written: list[list[Any]] = []
         self.write_fails = 0
+        self.retry_in: float | None = None  # what the database says of a failed job's retry
+        self.during_renew: Any = None  # called with the leases while the renewal "runs"
 
     def claim(
         self, queues: Any, capacity: dict[str, HandlerCapacity], limit: int
@@ -113,6 +123,8 @@ class FakeStatements:
 
     def renew(self, leases: list[Lease]) -> list[RenewOutcome] | None:
         self.renewals.append(leases)
+        if self.during_renew is not None:
+            self.during_renew(leases)
         if self.renew_fails:
             self.renew_fails -= 1
             return None
@@ -125,6 +137,9 @@ class FakeStatements:
             self.write_fails -= 1
             return None
         self.written.append(list(batch))
+        for o in batch:  # as outcomes.write: a failed attempt learns when it is retried
+            if o.kind == "fail":
+                o.retry_in = self.retry_in
         return True
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fakes import FakeClock, FakeStatements, FakeSupervisor, claimed_job, config
 
+from pgworkerd.config import Config
 from pgworkerd.daemon.claimer import NOTIFY_CLAIM_INTERVAL, Claimer
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.outcomes import Outcome
@@ -184,3 +185,12 @@ def test_a_failed_claim_leaves_no_past_deadline_behind() -> None:
     s.tick(1.0)
     assert len(s.statements.claim_calls) == 2
     assert s.claimer.next_deadline() == s.clock() + 5.0  # the poll, not a past time
+
+
+def test_no_handlers_no_claim_and_no_deadline() -> None:
+    # Until a reload adds handlers there is nothing to claim for; a poll deadline that
+    # never moves would make the loop spin.
+    s = Setup()
+    s.claimer.configure(Config(worker=s.config.worker, handlers={}))
+    s.tick(10.0)
+    assert s.statements.claim_calls == [] and s.claimer.next_deadline() is None

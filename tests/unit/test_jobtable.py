@@ -179,3 +179,31 @@ def test_a_job_no_child_can_take_is_handed_back_after_the_start_timeout(startabl
     t.table.tick(t.clock.advance(0.1), can_start=can_start)
     # While children can be started the job waits for one (until its lease says so).
     assert [o.kind for o in t.outcomes] == ([] if startable else [OutcomeKind.RELEASE])
+
+
+def test_a_job_stopped_for_a_timeout_that_then_misses_its_lease_is_killed_once() -> None:
+    # The kill grace outlasts the lease's deadline (no renewals: the database is away).
+    t = Table(kill_grace=60.0)
+    job, child = t.start()
+    t.table.tick(t.clock.advance(30.0))
+    assert job.stop_reason is StopReason.TIMEOUT and child.signals == [signal.SIGTERM]
+    for _ in range(5):
+        t.table.tick(t.clock.advance(6.0))
+    assert child.signals == [signal.SIGTERM, signal.SIGKILL]  # killed once, not per tick
+    assert job.fenced and job.stop_reason is StopReason.TIMEOUT  # the reason it reports
+    deadline = t.table.next_deadline()
+    assert deadline is None or deadline > t.clock()
+
+
+def test_a_late_beat_about_an_ended_job_is_not_pinned_on_the_next() -> None:
+    t = Table(idle=1)
+    first, child = t.start()
+    t.table.on_message(child, protocol.Done(first.job.id))
+    child.exiting = False  # a child that runs several jobs (max_jobs_per_child > 1)
+    second = t.add()
+    t.table.dispatch()
+    assert t.table.child_of(second) is child
+    t.table.on_message(child, protocol.Beat(first.job.id, progress={"of": "first"}))
+    assert second.progress is None and not second.unsaved
+    t.table.on_message(child, protocol.Beat(second.job.id, progress={"of": "second"}))
+    assert json.loads(second.progress) == {"of": "second"}

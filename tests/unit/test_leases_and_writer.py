@@ -64,7 +64,7 @@ def test_renewals_come_every_renew_interval_and_move_the_deadline() -> None:
     s.leases.tick(now)
     assert len(s.statements.renewals) == 2
     assert job.deadline == now + LEASE - fence_margin(LEASE)
-    assert child.sent[-1] == protocol.LeaseExtended(job.deadline)
+    assert child.sent[-1] == protocol.LeaseExtended(job.deadline, job.job.id)
 
 
 def test_a_lease_the_database_refuses_kills_the_job() -> None:
@@ -110,10 +110,12 @@ def test_a_refused_save_renews_the_leases_alone_and_keeps_the_values_for_later()
 def test_a_job_settled_while_its_renewal_ran_is_left_alone() -> None:
     s = Setup()
     job, child = s.start()
-    s.table.on_message(child, protocol.Done(job.job.id))
+    # Its outcome arrives while the renewal statement runs (the lease is gone with it).
+    s.statements.during_renew = lambda leases: s.table.on_message(child, protocol.Done(job.job.id))
     s.statements.renew_answer[job.job.id] = RenewOutcome(job.job.id, False, False)
-    s.leases.tick(s.clock())  # nothing to renew any more
-    assert child.signals == []
+    s.leases.tick(s.clock())
+    assert [o.kind for o in s.outcomes] == [OutcomeKind.COMPLETE]
+    assert child.signals == [] and not job.fenced  # not killed for a lease it gave up
 
 
 # -- the outcome writer -----------------------------------------------------------------
@@ -176,21 +178,11 @@ def test_a_write_that_keeps_failing_is_given_up_after_three_tries_one_at_a_time(
 def test_a_failed_jobs_retry_wakes_the_claimer_when_due() -> None:
     statements, clock, retries = FakeStatements(), FakeClock(), []
     w = writer(statements, clock, retries)
-    w.add(outcome(OutcomeKind.FAIL, retry_in=None))
-    o = outcome(OutcomeKind.FAIL)
-    w.add(o)
-    # write() sets retry_in once the database said when the retry is due
-    statements_write = statements.write_outcomes
-
-    def write(batch: list[Outcome]) -> bool | None:
-        for item in batch:
-            if item is o:
-                item.retry_in = 12.5
-        return statements_write(batch)
-
-    w.write = write
+    statements.retry_in = 12.5
+    w.add(outcome(OutcomeKind.COMPLETE))
+    w.add(outcome(OutcomeKind.FAIL))
     w.tick(clock())
-    assert retries == [clock() + 12.5]
+    assert retries == [clock() + 12.5]  # once: a completion schedules nothing
 
 
 def test_no_renewal_deadline_while_the_database_is_away() -> None:

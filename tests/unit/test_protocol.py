@@ -86,11 +86,56 @@ def test_values_json_cannot_carry_are_refused_at_encoding() -> None:
         protocol.encode(protocol.Done(1, {1, 2}))
 
 
-def test_the_parent_side_json_is_what_older_children_sent() -> None:
-    # The wire format is unchanged by typing it: a child of the previous release (a
-    # rolling upgrade keeps both) speaks the same frames.
-    body = json.loads(protocol.encode(protocol.Failed(3, "boom", "tb"))[4:])
-    assert body == {"t": "error", "id": 3, "error": "boom", "traceback": "tb"}
+# What release 0.2 sent for each kind (its parent and children built these dicts by
+# hand). During an upgrade a fork server restarted from the new package serves the old
+# parent, so the new frames must read the same to it: the same keys, a key only with a
+# value, plus the job `id` on beat, lease and cancel, which release 0.2 ignores.
+AS_RELEASE_0_2 = [
+    (protocol.Hello(4242), {"t": "hello", "pid": 4242}),
+    (protocol.Started(7), {"t": "started", "id": 7}),
+    (protocol.Beat(7), {"t": "beat", "id": 7}),
+    (protocol.Beat(7, progress={"n": 1}), {"t": "beat", "id": 7, "progress": {"n": 1}}),
+    (protocol.Beat(7, checkpoint=[1]), {"t": "beat", "id": 7, "checkpoint": [1]}),
+    (protocol.Done(7, {"ok": 1}), {"t": "done", "id": 7, "result": {"ok": 1}}),
+    (protocol.Done(7), {"t": "done", "id": 7}),
+    (protocol.Failed(7, "e", "tb"), {"t": "error", "id": 7, "error": "e", "traceback": "tb"}),
+    (protocol.Failed(7, "e"), {"t": "error", "id": 7, "error": "e", "traceback": ""}),
+    (
+        protocol.Interrupted(7, "e", "tb"),
+        {"t": "interrupted", "id": 7, "error": "e", "traceback": "tb"},
+    ),
+    (
+        protocol.Job(7, "h", "m:f", "q", {"x": 1}, 2, 5, None, 12.5),
+        {
+            "t": "job",
+            "id": 7,
+            "handler": "h",
+            "target": "m:f",
+            "queue": "q",
+            "payload": {"x": 1},
+            "attempt": 2,
+            "max_attempts": 5,
+            "checkpoint": None,  # always there: release 0.2's child reads job["checkpoint"]
+            "deadline": 12.5,
+        },
+    ),
+    (protocol.LeaseExtended(99.5, 7), {"t": "lease", "deadline": 99.5, "id": 7}),
+    (protocol.Cancel(7), {"t": "cancel", "id": 7}),
+    (protocol.Shutdown(), {"t": "shutdown"}),
+    (protocol.Exit(), {"t": "exit"}),
+]
+
+
+@pytest.mark.parametrize(("message", "sent"), AS_RELEASE_0_2, ids=lambda v: str(v)[:30])
+def test_frames_read_as_release_0_2s_did(message: protocol.Message, sent: dict) -> None:
+    assert json.loads(protocol.encode(message)[4:]) == sent
+    assert protocol.decode(sent) == message
+
+
+def test_messages_of_release_0_2_without_a_job_id_still_decode() -> None:
+    assert protocol.decode({"t": "beat", "progress": 1}) == protocol.Beat(None, progress=1)
+    assert protocol.decode({"t": "lease", "deadline": 5.0}) == protocol.LeaseExtended(5.0)
+    assert protocol.decode({"t": "cancel"}) == protocol.Cancel()
 
 
 def test_describe_exit_reads_statuses_as_words() -> None:

@@ -40,7 +40,7 @@ FORBIDDEN: dict[str, set[str]] = {
     # ops reads the job statuses from the dependency-free pgworkerd.model
     "ops": {"client", "queue", "daemon", "cli", "devcluster"},
     # Nothing outside cli and devcluster imports devcluster; nothing imports cli.
-    "daemon": {"cli", "devcluster"},
+    "daemon": {"client", "cli", "devcluster"},
     "devcluster": {"cli"},
     "face": {"daemon", "cli", "ops", "devcluster", "worker"},
 }

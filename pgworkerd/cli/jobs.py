@@ -107,6 +107,9 @@ def retry(ctx: Context, ids: tuple[int, ...], queue: str | None, handler: str | 
     """Put dead or cancelled jobs back to pending with fresh attempts."""
     if not ids and queue is None and handler is None:
         raise click.UsageError("give job ids, --queue or --handler")
+    if ids and (queue is not None or handler is not None):
+        # Together they would narrow each other, and an id left out would look "changed".
+        raise click.UsageError("give job ids or --queue/--handler, not both")
     with database(ctx, needs="change jobs") as conn:
         retried = admin.retry(
             conn, ids=list(ids) or None, queue=queue, handler=handler, schema=ctx.schema

@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psycopg
@@ -28,20 +28,10 @@ from pgworkerd.daemon.states import DaemonState, RegistryState
 from pgworkerd.durations import format_duration
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.ops.systemd import Notifier
-from pgworkerd.queue import registry, session
+from pgworkerd.queue import admin, registry, session
 from pgworkerd.queue.db import scrub
-from pgworkerd.queue.queries import query
 
 log = logging.getLogger("pgworkerd")
-
-
-def capped_job_counts(
-    conn: psycopg.Connection, schema: str, served: Sequence[str], top: int
-) -> list[tuple[str | None, str, int]]:
-    """(queue, status, jobs) for the served queues and the `top` biggest others; the rest
-    of the queues come summed with queue None (job_counts_capped)."""
-    cur = conn.execute(query("job_counts_capped", schema), {"served": list(served), "top": top})
-    return [(r[0], r[1], int(r[2])) for r in cur.fetchall()]
 
 
 class QueueDepthCounter:
@@ -86,8 +76,11 @@ class QueueDepthCounter:
                 self._conn = conn
                 with conn.transaction():
                     session.set_local_statement_timeout(conn, self.timeout)
-                    rows = capped_job_counts(
-                        conn, self.schema, self.metrics.served_queues, self.metrics.top_queues
+                    rows = admin.counts_capped(
+                        conn,
+                        self.metrics.served_queues,
+                        self.metrics.top_queues,
+                        schema=self.schema,
                     )
             self.metrics.set_queue_depth(rows)
         except Exception as exc:  # whatever it is, the daemon goes on; say why, once

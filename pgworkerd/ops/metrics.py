@@ -413,7 +413,7 @@ class Metrics(NullMetrics):
 
     @_safe
     def set_queue_depth(self, rows: Iterable[tuple[str | None, str, int]]) -> None:
-        """Rows of (queue, status, jobs), as presence.capped_job_counts returns them (queue
+        """Rows of (queue, status, jobs), as queue.admin.counts_capped returns them (queue
         None: the other queues, summed): a full snapshot. A status missing from it counts
         0; a queue missing from it is no longer exported, unless this daemon serves it.
         Rows for more queues than the cap (plain per-queue counts) are folded the same

@@ -102,3 +102,15 @@ def counts(
     conn: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA
 ) -> list[tuple[str, str, int]]:
     return [(r[0], r[1], r[2]) for r in conn.execute(query("job_counts", schema)).fetchall()]
+
+
+def counts_capped(
+    conn: psycopg.Connection[Any], served: Sequence[str], top: int, *, schema: str = DEFAULT_SCHEMA
+) -> list[tuple[str | None, str, int]]:
+    """(queue, status, jobs) for the `served` queues and the `top` biggest others; the rest
+    of the queues come summed with queue None. Bounded however many queues enqueuers
+    made up (status and the metrics gauge both show it)."""
+    rows = conn.execute(
+        query("job_counts_capped", schema), {"served": list(served), "top": top}
+    ).fetchall()
+    return [(r[0], r[1], int(r[2])) for r in rows]

@@ -12,7 +12,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgworkerd.queue import registry
+from pgworkerd.queue import admin, registry
 from pgworkerd.queue.queries import query
 
 
@@ -52,10 +52,7 @@ def snapshot(conn: psycopg.Connection, schema: str) -> dict[str, Any]:
     # the busiest others by name, the rest summed (an enqueuer with 200,000 queues must
     # not make status print 200,000 lines, nor push the fleet's own queues out of view).
     served = sorted({q for w in workers if w["state"] != "gone" for q in w["queues"]})
-    rows = conn.execute(
-        query("job_counts_capped", schema), {"served": served, "top": STATUS_TOP_QUEUES}
-    ).fetchall()
-    for queue, status, n in rows:
+    for queue, status, n in admin.counts_capped(conn, served, STATUS_TOP_QUEUES, schema=schema):
         (other if queue is None else counts.setdefault(queue, {}))[status] = n
     oldest = conn.execute(query("job_oldest_pending", schema)).fetchone()
     for w in workers:

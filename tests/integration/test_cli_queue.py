@@ -250,6 +250,10 @@ def test_cancel_and_retry(cli: Cli) -> None:
     assert cli("retry", "--handler", "h2").stdout == "retried 0 job(s)\n"
     proc = cli("retry", code=ExitCode.USAGE)
     assert "give job ids, --queue or --handler" in proc.stderr
+    assert cli("cancel", str(a)).stdout == f"{a}: cancelled\n"
+    proc = cli("retry", str(a), "--queue", "qa", code=ExitCode.USAGE)
+    assert "give job ids or --queue/--handler, not both" in proc.stderr
+    assert cli.row(a)["status"] == "cancelled"  # nothing changed
 
 
 def test_prune(cli: Cli) -> None:

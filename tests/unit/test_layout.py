@@ -205,3 +205,20 @@ def test_importing_leaves_psycopg_and_the_queue_unloaded(module: str) -> None:
     )
     loaded = result.stdout.split()
     assert not loaded, f"import {module} loads {', '.join(loaded[:10])}"
+
+
+def test_the_package_face_names_the_application_api() -> None:
+    """What the README's Python examples import from `pgworkerd` itself."""
+    import pgworkerd
+    from pgworkerd import client
+
+    for name in pgworkerd.__all__:
+        if name != "__version__":
+            assert getattr(pgworkerd, name) is getattr(client, name), name
+    assert set(pgworkerd.__all__) == {
+        "InvalidJob",
+        "JobSpec",
+        "__version__",
+        "enqueue",
+        "enqueue_many",
+    }

@@ -223,7 +223,6 @@ class Daemon:
         self.supervisor.tick(now)  # a dead fork server comes back on its own schedule
         self._drain_timeout(now)
         self.table.tick(now, can_start=self.supervisor.can_start())
-        self.supervisor.prune_stuck_starts(30.0)
         if self.link.reconnect_if_due():
             self._database_restored()
         self.writer.tick(now)

@@ -33,6 +33,9 @@ from pgworkerd.worker.protocol import ChildMessage, Exit, Hello, ParentMessage
 from pgworkerd.worker.wire import FrameReader
 
 log = logging.getLogger("pgworkerd")
+
+# A child that has not said hello this long after its spawn (its fork failed) is forgotten.
+STUCK_START_TIMEOUT = 30.0
 # The fork server's restart delays: 1 s after a death, doubling while restarts do not
 # serve, back to 1 s once a restarted fork server has served (see _served).
 FORKSERVER_RESTART_INITIAL = 1.0
@@ -150,9 +153,11 @@ class Supervisor:
 
     def tick(self, now: float) -> None:
         """Restart a dead fork server once its delay is over (not only when a child is
-        wanted: while can_start() is False nobody claims, so nobody would ask)."""
+        wanted: while can_start() is False nobody claims, so nobody would ask), and
+        forget children that never said hello."""
         if self.forkserver is None and now >= self._forkserver_retry_at:
             self.ensure_forkserver()
+        self.prune_stuck_starts(STUCK_START_TIMEOUT)
 
     def next_deadline(self) -> float | None:
         """When tick() has something to do: the fork server's restart, if it is down."""

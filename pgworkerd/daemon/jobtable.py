@@ -1,10 +1,10 @@
 """The jobs this daemon holds, from claim to outcome: each with its child, its limits
 (lease deadline, timeout, heartbeat timeout, kill grace) and why it was stopped.
 
-The table is the one place that links a job to its child (its map and Child.job change
-together, in _link and _unlink), that reads what children report about their jobs,
-and that decides a finished attempt's outcome (once: settle). Outcomes leave through
-`on_settled`; nothing here touches the database.
+The table is the one place that links a job to its child (its own map, and the child's
+record through Supervisor.assign/unassign, change together in dispatch and _unlink), that
+reads what children report about their jobs, and that decides a finished attempt's
+outcome (once: settle). Outcomes leave through `on_settled`; nothing here touches the database.
 """
 
 from __future__ import annotations
@@ -151,20 +151,17 @@ class JobTable:
                 )
                 continue
             child = idle.pop(0)
-            self._link(job, child)
-            if not self.supervisor.assign(child, frame):
+            self._child_of[job.job.id] = child
+            if not self.supervisor.assign(child, job.job.id, frame):
                 self._unlink(job)
 
     def child_of(self, job: InFlight) -> Child | None:
         return self._child_of.get(job.job.id)
 
-    def _link(self, job: InFlight, child: Child) -> None:
-        self._child_of[job.job.id], child.job = child, job.job.id
-
     def _unlink(self, job: InFlight) -> None:
         child = self._child_of.pop(job.job.id, None)
-        if child is not None and child.job == job.job.id:
-            child.job = None
+        if child is not None:
+            self.supervisor.unassign(child, job.job.id)
 
     # -- what children say and how they end ---------------------------------------------
 

@@ -221,6 +221,11 @@ class Supervisor:
         self.selector.register(ours, selectors.EVENT_READ, ("child", child))
         return True
 
+    def unassign(self, child: Child, job_id: int) -> None:
+        """The child's job has settled: it is idle again (unless it exits)."""
+        if child.job == job_id:
+            child.job = None
+
     def has_children(self) -> bool:
         """Any child process alive (one that said hello and has not been reaped)."""
         return any(c.pid is not None for c in self.children)
@@ -240,9 +245,9 @@ class Supervisor:
         child.exiting = True
         child.send(Exit())
 
-    def assign(self, child: Child, frame: bytes) -> bool:
-        """Hand a job (its message, encoded already) to an idle child; the caller has
-        linked the child to its job (child.job)."""
+    def assign(self, child: Child, job_id: int, frame: bytes) -> bool:
+        """Hand a job (its message, encoded already) to an idle child."""
+        child.job = job_id
         child.jobs_run += 1
         if child.jobs_run >= int(self.settings.get("max_jobs_per_child", 1)):
             child.exiting = True

@@ -85,7 +85,12 @@ class FakeSupervisor:
     def has_children(self) -> bool:
         return bool(self.children)
 
-    def assign(self, child: FakeChild, frame: bytes) -> bool:
+    def unassign(self, child: FakeChild, job_id: int) -> None:
+        if child.job == job_id:
+            child.job = None
+
+    def assign(self, child: FakeChild, job_id: int, frame: bytes) -> bool:
+        child.job = job_id
         child.jobs_run += 1
         if child.jobs_run >= self.max_jobs_per_child:  # as Supervisor.assign
             child.exiting = True

@@ -41,7 +41,7 @@ from pgworkerd.queue.migrate import migrate
 BENCH_DIR = Path(__file__).resolve().parent
 # The process-tree helpers the tests use (tests/support/proctree.py, standard library only).
 sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
-from proctree import children_of, process_title  # noqa: E402
+from proctree import children_of, cpu_seconds, process_title  # noqa: E402
 
 PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
 SERVER_SETTINGS = {
@@ -98,11 +98,6 @@ class Daemon:
     def children(self) -> list[int]:
         """The daemon's job children, titled "pgworkerd: ..." (not its fork server)."""
         return [p for p in children_of(self.proc.pid) if process_title(p).startswith("pgworkerd: ")]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def memory_kib(pid: int) -> tuple[int, int]:

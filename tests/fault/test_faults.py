@@ -37,6 +37,7 @@ from daemon_harness import (
 )
 from faulthandlers import Execution, overlaps, read_executions
 from netns import Partition, unavailable
+from proctree import cpu_seconds
 from psycopg.conninfo import make_conninfo
 
 from pgworkerd.devcluster.localpg import LocalPostgres
@@ -274,11 +275,6 @@ def test_postgres_crash_immediate_and_restart_jobs_complete_outcomes_written_onc
     assert "database connection restored" in daemon.log()
     for job_id in ends_in_outage + spans + later:
         assert completions_logged(daemon, job_id) == 1, job_id
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def test_a_daemon_riding_out_an_outage_sleeps_between_reconnects(

@@ -4,6 +4,7 @@ in venvs without pytest."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -15,6 +16,15 @@ def _stat_fields(pid: int | str) -> list[str] | None:
     except OSError:  # FileNotFoundError, ProcessLookupError: gone meanwhile
         return None
     return stat.rpartition(")")[2].split()
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time `pid` has used so far (user + system), in seconds."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        raise ProcessLookupError(pid)
+    # utime and stime are fields 14 and 15 of stat; fields[0] here is field 3 (the state)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def process_state(pid: int) -> str | None:

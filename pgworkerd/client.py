@@ -72,6 +72,9 @@ class JobSpec:
     delay: float | timedelta | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     dedupe_key: str | None = None
+    # Jobs of one key share the key's slots of a handler's max_running_per_key (README
+    # "Fleet-wide limits"); None: the job has no key.
+    concurrency_key: str | None = None
 
     def as_json(self) -> dict[str, Any]:
         """Validated JSON form, every field spelt out; raises InvalidJob on bad input.
@@ -135,6 +138,10 @@ class JobSpec:
                     f"dedupe_key must be 1 to {bounds.DEDUPE_KEY_MAX_CHARS} characters, "
                     f"not {len(self.dedupe_key)}"
                 )
+        if self.concurrency_key is not None:
+            problem = bounds.name_problem("concurrency_key", self.concurrency_key)
+            if problem is not None:
+                raise InvalidJob(problem)
         job: dict[str, Any] = {"handler": self.handler}
         if payload or type(payload) is not dict:  # {} is the default
             job["payload"] = payload
@@ -157,6 +164,8 @@ class JobSpec:
             job["delay"] = f"{_delay_seconds(self.delay):.6f} seconds"
         if self.dedupe_key is not None:
             job["dedupe_key"] = self.dedupe_key
+        if self.concurrency_key is not None:
+            job["concurrency_key"] = self.concurrency_key
         return job
 
 
@@ -169,6 +178,7 @@ _JSON_ORDER = (
     "run_at",
     "delay",
     "dedupe_key",
+    "concurrency_key",
 )
 
 
@@ -199,6 +209,7 @@ def enqueue(
     delay: float | timedelta | None = None,
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     dedupe_key: str | None = None,
+    concurrency_key: str | None = None,
     schema: str = DEFAULT_SCHEMA,
 ) -> int:
     """Enqueue one job inside the caller's current transaction; returns its id.
@@ -215,17 +226,23 @@ def enqueue(
         delay,
         max_attempts,
         dedupe_key,
+        concurrency_key,
     )
     try:
         job = spec._checked()
         payload_json = _dumps(job.get("payload", {}))
     except InvalidJob as exc:
         raise InvalidJob(f"job 1: {exc}") from None
-    # The SQL function enqueue: one INSERT, no JSON array to unpack.
+    # The SQL function enqueue: one INSERT, no JSON array to unpack (enqueue_v2 only
+    # with a key: enqueue stays the faster path).
+    params: dict[str, Any] = {}
+    if spec.concurrency_key is not None:
+        params["concurrency_key"] = spec.concurrency_key
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(
-            query("job_enqueue", schema),
-            {
+            query("job_enqueue" if not params else "job_enqueue_v2", schema),
+            params
+            | {
                 "handler": spec.handler,
                 "payload": payload_json,
                 "queue": spec.queue,
@@ -281,10 +298,15 @@ def enqueue_many(
     Everything is validated before the database sees it, so bad input never aborts the
     caller's transaction.
     """
+    specs = list(specs)
     text = jobs_json(specs)
     if text == "[]":
         return []
+    # enqueue_many_v2 only when a job has a concurrency key: enqueue_many (which refuses
+    # the key) keeps its faster plain path for the rest.
+    keyed = any(isinstance(s, JobSpec) and s.concurrency_key is not None for s in specs)
+    name = "job_enqueue_many_v2" if keyed else "job_enqueue_many"
     # Sent as text, parsed once by the server as jsonb (no second serialisation).
     with conn.cursor(row_factory=tuple_row) as cur:
-        [(ids,)] = cur.execute(query("job_enqueue_many", schema), {"jobs": text}).fetchall()
+        [(ids,)] = cur.execute(query(name, schema), {"jobs": text}).fetchall()
     return list(ids)

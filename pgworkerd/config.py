@@ -77,6 +77,10 @@ class HandlerConfig:
     timeout: float | None = None  # whole-attempt limit; None: no limit
     heartbeat_timeout: float | None = None  # silence limit; None: not watched
     slots: int | None = None  # at most this many at once on this daemon
+    # Fleet-wide limits, enforced by the claim (claim_v3): at most this many running at
+    # once across every daemon, and at most this many per concurrency key; None: none.
+    max_running: int | None = None
+    max_running_per_key: int | None = None
 
     @property
     def module(self) -> str:
@@ -226,6 +230,14 @@ def _positive_int(value: Any) -> int:
         raise TypeError(f"expected an integer, got {_describe(value)}")
     if value < 1:
         raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_limit(value: Any) -> int:
+    """A fleet-wide limit: the claim passes it as a PostgreSQL integer."""
+    value = _positive_int(value)
+    if value > 2**31 - 1:
+        raise ValueError(f"must be at most {2**31 - 1}, got {value}")
     return value
 
 
@@ -379,6 +391,8 @@ _HANDLER = {
     "timeout": _positive_duration,
     "heartbeat_timeout": _positive_duration,
     "slots": _positive_int,
+    "max_running": _positive_limit,
+    "max_running_per_key": _positive_limit,
 }
 
 

@@ -53,6 +53,10 @@ def _parse_payload(text: str) -> dict[str, Any]:
     "--dedupe-key",
     help="while a job with this key is pending or running, return its id instead of adding another",
 )
+@click.option(
+    "--concurrency-key",
+    help="jobs with one key share its slots of the handler's max_running_per_key",
+)
 @click.pass_obj
 def enqueue(
     ctx: Context,
@@ -64,6 +68,7 @@ def enqueue(
     delay: float | None,
     max_attempts: int,
     dedupe_key: str | None,
+    concurrency_key: str | None,
 ) -> None:
     """Enqueue a job for HANDLER and print its id."""
     if run_at is not None and delay is not None:
@@ -71,7 +76,15 @@ def enqueue(
     if run_at is not None and run_at.tzinfo is None:
         run_at = run_at.astimezone()
     spec = client.JobSpec(
-        handler, _parse_payload(payload), queue, priority, run_at, delay, max_attempts, dedupe_key
+        handler,
+        _parse_payload(payload),
+        queue,
+        priority,
+        run_at,
+        delay,
+        max_attempts,
+        dedupe_key,
+        concurrency_key,
     )
     try:
         spec.as_json()

@@ -166,6 +166,8 @@ class Claimer:
                 free=free if h.slots is None else min(free, h.slots - busy.get(name, 0)),
                 max_attempts=h.max_attempts,
                 queues=h.queues or None,
+                max_running=h.max_running,
+                max_running_per_key=h.max_running_per_key,
             )
             for name, h in self.config.handlers.items()
         }

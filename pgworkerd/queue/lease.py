@@ -53,6 +53,10 @@ class HandlerCapacity:
     free: int
     max_attempts: int | None = None  # overrides the job's own when set
     queues: Sequence[str] | None = None  # the queues it claims from; None: all (schema 6)
+    # fleet-wide: at most this many current leases in all, and per concurrency key
+    # (claim_v3, migration 0009); None: no limit
+    max_running: int | None = None
+    max_running_per_key: int | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,8 @@ def claim_checked(
         "handler_free": [cap.free for cap in served.values()],
         "max_attempts": [cap.max_attempts for cap in served.values()],
         "handler_queues": json.dumps([_list_or_none(c.queues) for c in served.values()]),
+        "max_running": [cap.max_running for cap in served.values()],
+        "max_running_per_key": [cap.max_running_per_key for cap in served.values()],
         "limit": limit,
     }
     claimed: list[ClaimedJob] = []

@@ -70,15 +70,30 @@ SELECT @schema@.enqueue(
 -- %(jobs)s is JSON text (or jsonb).
 SELECT @schema@.enqueue_many(%(jobs)s::jsonb) AS ids;
 
+-- name: job_enqueue_v2
+-- job_enqueue with a concurrency key (migration 0009; used only when one is given).
+SELECT @schema@.enqueue_v2(
+    handler => %(handler)s, payload => %(payload)s::jsonb, queue => %(queue)s,
+    priority => %(priority)s, run_at => %(run_at)s,
+    delay => make_interval(secs => %(delay)s), max_attempts => %(max_attempts)s,
+    dedupe_key => %(dedupe_key)s, concurrency_key => %(concurrency_key)s) AS id;
+
+-- name: job_enqueue_many_v2
+-- job_enqueue_many whose job objects may carry "concurrency_key" (migration 0009; used
+-- only when one of the jobs has a key).
+SELECT @schema@.enqueue_many_v2(%(jobs)s::jsonb) AS ids;
+
 -- name: job_claim
 -- Claim up to %(limit)s due jobs for one worker, rescuing expired leases on the way: the
--- claim function of migration 0006 (one statement, JIT off, its plan kept per session),
--- each handler from its own queues (%(handler_queues)s: JSON, null for all).
--- Returns the columns in ClaimedJob's field order.
-SELECT * FROM @schema@.claim_v2(%(worker)s::text, %(queues)s::text[], %(handlers)s::text[],
+-- claim function of migration 0009 (claim_v3: claim_v2 of 0006, one statement, JIT off,
+-- its plan kept per session, plus fleet-wide limits and pauses), each handler from its
+-- own queues (%(handler_queues)s: JSON, null for all), within its max_running and
+-- max_running_per_key (NULL: none). Returns the columns in ClaimedJob's field order.
+SELECT * FROM @schema@.claim_v3(%(worker)s::text, %(queues)s::text[], %(handlers)s::text[],
                                 %(lease_seconds)s::float8[], %(handler_free)s::integer[],
                                 %(limit)s::integer, %(max_attempts)s::integer[],
-                                %(handler_queues)s::jsonb);
+                                %(handler_queues)s::jsonb, %(max_running)s::integer[],
+                                %(max_running_per_key)s::integer[]);
 
 -- name: job_renew
 -- Renew many leases of one worker at once, saving progress and checkpoints sent along
@@ -274,7 +289,8 @@ SELECT status::text AS status, lease_token, locked_by
 -- name: job_list
 -- Jobs filtered by status, queue and handler (NULL matches all), newest first.
 SELECT id, queue, handler, status, priority, attempts, max_attempts, run_at, locked_by,
-       locked_until, progress, last_error, created_at, started_at, finished_at
+       locked_until, progress, last_error, created_at, started_at, finished_at,
+       concurrency_key
   FROM @schema@.jobs
  WHERE (%(statuses)s::@schema@.job_status[] IS NULL
         OR status = ANY(%(statuses)s::@schema@.job_status[]))
@@ -453,3 +469,16 @@ SELECT CASE WHEN p.queue = ANY (%(served)s::text[]) OR t.queue IS NOT NULL THEN 
   FROM per_queue p LEFT JOIN top_queues t ON t.queue = p.queue
  GROUP BY 1, 2
  ORDER BY 1, 2;
+
+-- Pausing queues and handlers (migration 0009).
+
+-- name: paused_set
+-- Pause (%(pause)s true) or resume a queue or handler; true when that changed something.
+SELECT CASE WHEN %(pause)s THEN @schema@.pause(%(kind)s, %(name)s, %(comment)s)
+            ELSE @schema@.resume(%(kind)s, %(name)s) END AS changed;
+
+-- name: paused_list
+-- What is paused, oldest first, as `status` shows it.
+SELECT kind, name, paused_at, paused_by, comment,
+       extract(epoch FROM now() - paused_at)::float8 AS paused_seconds
+FROM @schema@.paused ORDER BY paused_at, kind, name;

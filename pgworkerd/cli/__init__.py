@@ -1,6 +1,6 @@
 """The `pgworkerd` command line: the click group, its shared options (`Context`), and
 what every command uses to fail and to reach the database. The commands are in
-`jobs` (enqueue, cancel, retry, prune, jobs, show), `fleet` (status, drain, resume) and
+`jobs` (enqueue, cancel, retry, prune, jobs, show), `fleet` (status, drain, resume, pause) and
 `daemon` (run, migrate, check-config, files, demo). Exit codes: pgworkerd.exitcodes."""
 
 from __future__ import annotations

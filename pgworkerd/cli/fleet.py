@@ -1,4 +1,4 @@
-"""Commands on the fleet of daemons, through the database: status, drain, resume."""
+"""Commands on the fleet of daemons, through the database: status, drain, resume, pause."""
 
 from __future__ import annotations
 
@@ -65,6 +65,9 @@ def status(ctx: Context, as_json: bool) -> None:
             parts = ", ".join(f"{s} {n}" for s, n in sorted(snap["other_queues"].items()))
             click.echo(f"  (all other queues): {parts}")
         click.echo(f"oldest due pending job: {age(snap['oldest_pending_seconds'])}")
+        click.echo(f"paused ({len(snap['paused'])}):")
+        for p in snap["paused"]:
+            click.echo(f"  {_paused_line(p)}")
         for u in snap["unserved"]:
             click.secho(
                 f"WARNING: {u['jobs']} pending job(s) of handler {u['handler']!r} on "
@@ -82,6 +85,14 @@ def status(ctx: Context, as_json: bool) -> None:
             )
     if drained or snap["unserved"]:
         sys.exit(int(ExitCode.FAILURE))
+
+
+def _paused_line(p: dict[str, Any]) -> str:
+    line = (
+        f"{p['kind']} {printable(p['name'])} since {_utc(p['paused_at'])} "
+        f"({age(p['paused_seconds'])} ago) by {printable(p['paused_by'])}"
+    )
+    return f"{line}: {printable(p['comment'])}" if p["comment"] else line
 
 
 def _daemon_line(d: dict[str, Any]) -> str:
@@ -189,14 +200,66 @@ def drain(
     sys.exit(int(ExitCode.FAILURE))
 
 
+def _pause_target(queue: str | None, handler: str | None) -> tuple[str, str]:
+    """(kind, name) of --queue or --handler; a bad name exits 3 before any connection."""
+    from pgworkerd.bounds import name_problem
+
+    if queue is not None and handler is not None:
+        raise click.UsageError("give --queue or --handler, not both")
+    kind, name = ("queue", queue) if queue is not None else ("handler", handler)
+    problem = name_problem(kind, name)
+    if problem:
+        fail(problem, ExitCode.CONFIG)
+    assert name is not None
+    return kind, name
+
+
+@main.command()
+@click.option("--queue", help="pause this queue: none of its jobs are claimed")
+@click.option("--handler", help="pause this handler: none of its jobs are claimed")
+@click.option("--comment", help="why, shown by `status` (at most 500 characters)")
+@click.pass_obj
+def pause(ctx: Context, queue: str | None, handler: str | None, comment: str | None) -> None:
+    """Pause a queue or a handler on every daemon: its pending jobs stay pending, running
+    ones finish. `pgworkerd resume --queue/--handler` undoes it.
+
+    Exit code 0, also when it was paused already (the first pause is kept).
+    """
+    from pgworkerd.queue import fleet
+
+    if queue is None and handler is None:
+        raise click.UsageError("give --queue or --handler")
+    kind, name = _pause_target(queue, handler)
+    if comment is not None and len(comment) > 500:
+        fail(f"--comment must be at most 500 characters, not {len(comment)}", ExitCode.CONFIG)
+    with database(ctx, needs="pause queues and handlers") as conn:
+        changed = fleet.set_paused(conn, ctx.schema, kind, name, pause=True, comment=comment)
+    shown = f"{kind} '{printable(name)}'"
+    click.echo(f"paused {shown}" if changed else f"{shown} was already paused")
+
+
 @main.command()
 @click.option("--all", "all_hosts", is_flag=True, help="every daemon on every host")
 @click.option("--worker", help="one daemon, by the id `status` shows")
+@click.option("--queue", help="resume a paused queue instead (see `pause`)")
+@click.option("--handler", help="resume a paused handler instead (see `pause`)")
 @click.pass_obj
-def resume(ctx: Context, all_hosts: bool, worker: str | None) -> None:
-    """Undo a drain: the daemons claim jobs again."""
+def resume(
+    ctx: Context, all_hosts: bool, worker: str | None, queue: str | None, handler: str | None
+) -> None:
+    """Undo a drain: the daemons claim jobs again. With --queue or --handler: undo a
+    pause (exit code 0, also when it was not paused)."""
     from pgworkerd.queue import fleet
 
+    if queue is not None or handler is not None:
+        if all_hosts or worker:
+            raise click.UsageError("--queue/--handler resume a pause; --all/--worker a drain")
+        kind, name = _pause_target(queue, handler)
+        with database(ctx, needs="pause queues and handlers") as conn:
+            changed = fleet.set_paused(conn, ctx.schema, kind, name, pause=False)
+        shown = f"{kind} '{printable(name)}'"
+        click.echo(f"resumed {shown}" if changed else f"{shown} was not paused")
+        return
     target = _drain_target(worker, all_hosts)
     with database(ctx, needs="change the daemons' registry") as conn:
         affected = fleet.request_drain(

@@ -64,7 +64,36 @@ def snapshot(conn: psycopg.Connection, schema: str) -> dict[str, Any]:
         "other_queues": other,
         "oldest_pending_seconds": oldest[0] if oldest else None,
         "unserved": _rows(conn, "job_unserved_list", schema),
+        "paused": paused(conn, schema),
     }
+
+
+# -- pausing queues and handlers (migration 0009) -------------------------------------------
+
+PAUSE_KINDS = ("queue", "handler")
+
+
+def set_paused(
+    conn: psycopg.Connection,
+    schema: str,
+    kind: str,
+    name: str,
+    *,
+    pause: bool,
+    comment: str | None = None,
+) -> bool:
+    """Pause (or with pause=False resume) a queue or handler fleet-wide; returns whether
+    that changed anything (False: it was already paused, or was not paused). The claim
+    reads the paused table, so daemons need no restart or signal."""
+    [row] = _rows(
+        conn, "paused_set", schema, {"pause": pause, "kind": kind, "name": name, "comment": comment}
+    )
+    return bool(row["changed"])
+
+
+def paused(conn: psycopg.Connection, schema: str) -> list[dict[str, Any]]:
+    """What is paused (kind, name, paused_at, paused_by, comment, paused_seconds)."""
+    return _rows(conn, "paused_list", schema)
 
 
 def daemons_still_busy(

@@ -1268,6 +1268,13 @@ AS $$
 #variable_conflict use_column
 DECLARE
     limited text;
+    -- handlers with a per-key limit in this call: they may need a second pass
+    keyed text[] := ARRAY(SELECT s.h FROM unnest(claim_v3.handlers, claim_v3.max_running_per_key)
+                                            AS s(h, k) WHERE s.k IS NOT NULL);
+    taken text[] := '{}';  -- the handler of each job claimed by the passes so far
+    jobs_left integer := claim_v3.max_jobs;
+    got bigint;
+    pass integer := 0;
 BEGIN
     -- The locks: one statement, before the one that counts (see above). FOR ... LOOP
     -- takes them one by one in the order of the sorted query.
@@ -1294,9 +1301,22 @@ BEGIN
     -- (filtered out of the candidates, so a full key's backlog never takes the place of
     -- other keys' jobs in a batch), the per-key ranking that keeps one batch within what
     -- each key has left, and the paused queues and handlers left out altogether.
+    --
+    -- Why more than one pass: the candidates of a handler are its best `room` pending
+    -- jobs that are not of a full key, and the per-key ranking then keeps at most what
+    -- each key has left. When the best jobs are mostly of one key that has room for
+    -- only some of them, the batch comes out short although jobs of other keys wait.
+    -- The keys it filled are full for the next pass (this transaction sees its own
+    -- claims), which then takes the others. Only handlers with a per-key limit ever
+    -- need it, and only while a pass still claims something.
+    LOOP
+    pass := pass + 1;
     RETURN QUERY
     WITH wanted AS (
-        SELECT s.handler, s.lease_seconds, s.free, s.max_attempts,
+        SELECT s.handler, s.lease_seconds,
+               -- what earlier passes took of this daemon's free slots
+               s.free - coalesce(cardinality(array_positions(taken, s.handler)), 0) AS free,
+               s.max_attempts,
                s.max_running, s.per_key,
                CASE WHEN jsonb_typeof((SELECT claim_v3.handler_queues) -> (s.n::integer - 1))
                          = 'array'
@@ -1350,7 +1370,7 @@ BEGIN
               AND (s.full_keys IS NULL OR j.concurrency_key IS NULL
                    OR j.concurrency_key <> ALL(s.full_keys))
             ORDER BY j.priority, j.run_at, j.id
-            LIMIT greatest(0, least(s.room, (SELECT claim_v3.max_jobs)))
+            LIMIT greatest(0, least(s.room, (SELECT jobs_left)))
             FOR UPDATE SKIP LOCKED) d
         WHERE s.room > 0
     ), expired AS (
@@ -1368,7 +1388,7 @@ BEGIN
                          AND (s.full_keys IS NULL OR j.concurrency_key IS NULL
                               OR j.concurrency_key <> ALL(s.full_keys)))
         ORDER BY j.locked_until
-        LIMIT (SELECT claim_v3.max_jobs)
+        LIMIT (SELECT jobs_left)
         FOR UPDATE SKIP LOCKED
     ), buried AS (
         UPDATE @schema@.jobs j
@@ -1410,7 +1430,7 @@ BEGIN
             FROM within_keys c JOIN served s USING (handler)) ranked
         WHERE n <= room
         ORDER BY priority, run_at, id
-        LIMIT (SELECT claim_v3.max_jobs)
+        LIMIT (SELECT jobs_left)
     )
     UPDATE @schema@.jobs j
        SET status = 'running',
@@ -1432,5 +1452,14 @@ BEGIN
     RETURNING j.id, j.queue, j.handler, j.payload, j.priority, j.attempts, j.max_attempts,
               j.lease_token, j.checkpoint, j.run_at, j.created_at, j.locked_until,
               c.rescued AS rescued;
+    GET DIAGNOSTICS got = ROW_COUNT;
+    jobs_left := jobs_left - got::integer;
+    EXIT WHEN got = 0 OR jobs_left <= 0 OR cardinality(keyed) = 0 OR pass >= 4;
+    -- Which handlers this transaction's passes claimed for: its own claims (this
+    -- worker's, started at this transaction's now()).
+    taken := ARRAY(SELECT j.handler FROM @schema@.jobs j
+                    WHERE j.status = 'running' AND j.handler = ANY(claim_v3.handlers)
+                      AND j.locked_by = claim_v3.worker AND j.started_at = now());
+    END LOOP;
 END;
 $$;

@@ -53,6 +53,10 @@ from pgworkerd.queue.migrate import migrate
 from pgworkerd.queue.queries import query, render
 
 HANDLER = "noop"
+# the binding-limit row: a handler at its max_running with a backlog
+BLOCKED_HANDLER = "blocked"
+BLOCKED_RUNNING = 4
+BLOCKED_BACKLOG = 100_000
 QUEUE = "default"
 LEASE_SECONDS = 60
 BULK_SIZE = 10_000
@@ -146,13 +150,15 @@ def claim_loop(
     seconds: float,
     many: bool = False,
     prepare: bool = True,
+    handlers: Mapping[str, lease.HandlerCapacity] | None = None,
 ) -> tuple[int, float, bool]:
     """claim(limit=batch), then complete() each job (many: one complete_many()), until time
-    is up.
+    is up. `handlers`: what the claim asks for (default: HANDLER, `batch` free, no limits).
 
     Returns (jobs, elapsed seconds, drained: a claim came back short, the queue ran dry).
     """
-    handlers = {HANDLER: lease.HandlerCapacity(lease_seconds=LEASE_SECONDS, free=batch)}
+    if handlers is None:
+        handlers = {HANDLER: lease.HandlerCapacity(lease_seconds=LEASE_SECONDS, free=batch)}
     queues = [QUEUE]
     done = 0
     drained = False
@@ -211,11 +217,12 @@ def _claim_process(
     seconds: float,
     many: bool,
     prepare: bool,
+    handlers: Mapping[str, lease.HandlerCapacity] | None,
     ready: Any,
     results: Any,
 ) -> None:
     ready.wait(timeout=60)  # all processes start their clocks together
-    results.put(claim_loop(dsn, schema, worker, batch, seconds, many, prepare))
+    results.put(claim_loop(dsn, schema, worker, batch, seconds, many, prepare, handlers))
 
 
 def claim_parallel(
@@ -226,10 +233,13 @@ def claim_parallel(
     processes: int,
     many: bool,
     prepare: bool,
+    handlers: Mapping[str, lease.HandlerCapacity] | None = None,
 ) -> tuple[float, bool]:
     """claim_loop in `processes` OS processes (no shared GIL); returns (jobs/s, drained)."""
     if processes == 1:
-        done, elapsed, drained = claim_loop(dsn, schema, "bench-1", batch, seconds, many, prepare)
+        done, elapsed, drained = claim_loop(
+            dsn, schema, "bench-1", batch, seconds, many, prepare, handlers
+        )
         return done / elapsed, drained
     ctx = mp.get_context("spawn")
     ready = ctx.Barrier(processes + 1)
@@ -237,7 +247,18 @@ def claim_parallel(
     procs = [
         ctx.Process(
             target=_claim_process,
-            args=(dsn, schema, f"bench-{n}", batch, seconds, many, prepare, ready, results),
+            args=(
+                dsn,
+                schema,
+                f"bench-{n}",
+                batch,
+                seconds,
+                many,
+                prepare,
+                handlers,
+                ready,
+                results,
+            ),
         )
         for n in range(1, processes + 1)
     ]
@@ -369,6 +390,8 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
         "handler_free": f"{{{cap.free}}}",
         "max_attempts": f"{{{'NULL' if max_attempts is None else max_attempts}}}",
         "handler_queues": "[null]",  # claim_v2 (0006): the handler claims from every queue
+        "max_running": "{NULL}",  # claim_v3 (0009): no fleet-wide limits
+        "max_running_per_key": "{NULL}",
         "limit": str(batch),
     }
     claim = own_statement(
@@ -470,6 +493,10 @@ class Bench:
         self.conn = connect(dsn)
         self.jobs_table = sql.Identifier(schema, "jobs")
         self.history_max = 0  # ids up to this are the history's finished jobs, kept by reset
+        # the limits rows: pending jobs spread over this many concurrency keys (0: none),
+        # and what else reset() adds (a blocked handler's backlog and running jobs)
+        self.fill_keys = 0
+        self.blocked: tuple[int, int] | None = None  # (pending backlog, running)
 
     def close(self) -> None:
         self.conn.close()
@@ -488,10 +515,28 @@ class Bench:
         if pending:
             self.conn.execute(
                 sql.SQL(
-                    "INSERT INTO {} (handler, payload)"
-                    " SELECT %s, '{{}}' FROM generate_series(1, %s)"
+                    "INSERT INTO {} (handler, payload, concurrency_key)"
+                    " SELECT %s, '{{}}', CASE WHEN %s > 0 THEN 'k' || g %% %s END"
+                    " FROM generate_series(1, %s) g"
                 ).format(self.jobs_table),
-                [HANDLER, pending],
+                [HANDLER, self.fill_keys, max(1, self.fill_keys), pending],
+            )
+        if self.blocked:
+            backlog, running = self.blocked
+            # better placed than HANDLER's jobs, and at its limit: `running` held by a
+            # worker that is not part of the run, with leases that outlast it
+            self.conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (handler, payload, priority, status, attempts, locked_by,"
+                    " locked_until, started_at)"
+                    " SELECT %s, '{{}}', -1, CASE WHEN g <= %s THEN 'running' ELSE 'pending'"
+                    " END::{}, CASE WHEN g <= %s THEN 1 ELSE 0 END,"
+                    " CASE WHEN g <= %s THEN 'elsewhere' END,"
+                    " CASE WHEN g <= %s THEN now() + interval '1 hour' END,"
+                    " CASE WHEN g <= %s THEN now() END"
+                    " FROM generate_series(1, %s) g"
+                ).format(self.jobs_table, sql.Identifier(self.schema, "job_status")),
+                [BLOCKED_HANDLER, running, running, running, running, running, backlog + running],
             )
         self.conn.execute(sql.SQL("VACUUM ANALYZE {}").format(self.jobs_table))
         self.conn.execute("CHECKPOINT")
@@ -640,6 +685,104 @@ class Bench:
             notes=[why] if why else [],
         )
 
+    def limits_row(self, batch: int, processes: int) -> Row:
+        """The claim with fleet-wide limits that do not bind (a max_running and a
+        max_running_per_key far above what runs; the jobs spread over 100 keys) against
+        the same claim without limits, interleaved in one run: what the lock, the counts
+        and the key filter cost."""
+        fill = self.cfg.fill_per_second * self.cfg.seconds * max(1, processes // 2)
+        seconds = self.cfg.seconds
+        loose = lease.HandlerCapacity(
+            lease_seconds=LEASE_SECONDS,
+            free=batch,
+            max_running=1_000_000,
+            max_running_per_key=1_000_000,
+        )
+        plain = lease.HandlerCapacity(lease_seconds=LEASE_SECONDS, free=batch)
+        self.fill_keys = 100
+        try:
+            py, (without,), drained, left_running = self.runs(
+                lambda: claim_parallel(
+                    self.dsn,
+                    self.schema,
+                    batch,
+                    seconds,
+                    processes,
+                    False,
+                    self.prepare,
+                    {HANDLER: loose},
+                ),
+                [
+                    lambda: claim_parallel(
+                        self.dsn,
+                        self.schema,
+                        batch,
+                        seconds,
+                        processes,
+                        False,
+                        self.prepare,
+                        {HANDLER: plain},
+                    )[0]
+                ],
+                fill,
+            )
+        finally:
+            self.fill_keys = 0
+        conns = "1 connection" if processes == 1 else f"{processes} processes"
+        return Row(
+            name=f"claim+complete batch {batch}, {conns}, limits not binding",
+            python=py,
+            same=[],
+            raw=without,
+            drained=drained,
+            left_running=left_running,
+            raw_what="(not SQL) the Python API's same claim without limits, same run",
+            target=">= 80% of the claim without limits",
+            notes=["py/raw here: with limits / without limits (both through the Python API)"],
+        )
+
+    def blocked_row(self, batch: int) -> Row:
+        """Another handler sits at its max_running with a big backlog better placed than
+        HANDLER's jobs, and both are claimed for in one claim: HANDLER's rate against the
+        claim of HANDLER alone (no limits anywhere)."""
+        fill = self.cfg.fill_per_second * self.cfg.seconds
+        seconds = self.cfg.seconds
+        both = {
+            BLOCKED_HANDLER: lease.HandlerCapacity(
+                lease_seconds=LEASE_SECONDS, free=batch, max_running=BLOCKED_RUNNING
+            ),
+            HANDLER: lease.HandlerCapacity(lease_seconds=LEASE_SECONDS, free=batch),
+        }
+        self.blocked = (BLOCKED_BACKLOG, BLOCKED_RUNNING)
+        try:
+            py, (alone,), drained, left_running = self.runs(
+                lambda: claim_parallel(
+                    self.dsn, self.schema, batch, seconds, 1, False, self.prepare, both
+                ),
+                [
+                    lambda: claim_parallel(
+                        self.dsn, self.schema, batch, seconds, 1, False, self.prepare
+                    )[0]
+                ],
+                fill,
+            )
+        finally:
+            self.blocked = None
+        return Row(
+            name=(
+                f"claim+complete batch {batch}, 1 connection, beside a handler blocked at"
+                f" max_running with {BLOCKED_BACKLOG:,} pending"
+            ),
+            python=py,
+            same=[],
+            raw=alone,
+            drained=drained,
+            # the blocked handler's own running jobs are left running on purpose
+            left_running=max(0, left_running - BLOCKED_RUNNING * self.cfg.reps * 2),
+            raw_what="(not SQL) the Python API's claim of the other handler alone, same run",
+            notes=["py/raw here: beside the blocked handler / alone"],
+        )
+
     def enqueue_rows(self) -> list[Row]:
         def python() -> tuple[float, bool]:
             done, elapsed = enqueue_loop(self.dsn, self.schema, self.cfg.seconds, self.prepare)
@@ -785,7 +928,18 @@ def render_report(report: Report, cfg: Config) -> str:
 
 def evaluate_targets(rows: Mapping[str, Row]) -> list[tuple[str, str, bool]]:
     claim10, bulk, single = rows["claim10"], rows["bulk"], rows["single"]
+    limits = [
+        (
+            f"{rows[key].name}: >= 80% of the claim without limits",
+            f"{rows[key].ratio:.0%} ({_rate(rows[key].py_median)} of"
+            f" {_rate(rows[key].raw_median)} jobs/s)",
+            rows[key].ratio >= 0.80,
+        )
+        for key in ("limits10", "limits10_c4")
+        if key in rows
+    ]
     return [
+        *limits,
         (
             "claim batch 10, 1 connection >= 70% of the raw ceiling",
             f"{claim10.ratio:.0%} ({_rate(claim10.py_median)} of {_rate(claim10.raw_median)}"
@@ -833,6 +987,9 @@ def run(dsn: str, schema: str, cfg: Config, local: bool, prepare: bool = True) -
             add("single", single)
             add("single_insert", single_insert)
             add("bulk", bench.bulk_row())
+            add("limits10", bench.limits_row(10, 1))
+            add("limits10_c4", bench.limits_row(10, 4))
+            add("blocked10", bench.blocked_row(10))
 
             took = bench.fill_history(cfg.history_rows)
             print(

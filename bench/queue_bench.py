@@ -1,6 +1,7 @@
 """Queue-core benchmark: pgworkerd's Python API against the raw SQL ceiling measured by pgbench.
 
     .venv/bin/python bench/queue_bench.py [--dsn DSN] [--short] [--unprepared] [--json out.json]
+                                          [--limits-only]
 
 Every row times the same work three ways, on the same server, table and kind of connection:
 
@@ -926,8 +927,9 @@ def render_report(report: Report, cfg: Config) -> str:
     return "\n".join(lines)
 
 
-def evaluate_targets(rows: Mapping[str, Row]) -> list[tuple[str, str, bool]]:
-    claim10, bulk, single = rows["claim10"], rows["bulk"], rows["single"]
+def evaluate_targets(
+    rows: Mapping[str, Row], limits_only: bool = False
+) -> list[tuple[str, str, bool]]:
     limits = [
         (
             f"{rows[key].name}: >= 80% of the claim without limits",
@@ -938,6 +940,9 @@ def evaluate_targets(rows: Mapping[str, Row]) -> list[tuple[str, str, bool]]:
         for key in ("limits10", "limits10_c4")
         if key in rows
     ]
+    if limits_only:
+        return limits
+    claim10, bulk, single = rows["claim10"], rows["bulk"], rows["single"]
     return [
         *limits,
         (
@@ -959,7 +964,14 @@ def evaluate_targets(rows: Mapping[str, Row]) -> list[tuple[str, str, bool]]:
     ]
 
 
-def run(dsn: str, schema: str, cfg: Config, local: bool, prepare: bool = True) -> Report:
+def run(
+    dsn: str,
+    schema: str,
+    cfg: Config,
+    local: bool,
+    prepare: bool = True,
+    limits_only: bool = False,
+) -> Report:
     migrate(dsn, schema)
     with tempfile.TemporaryDirectory(prefix="pgworkerd-bench-") as tmp:
         bench = Bench(dsn, schema, cfg, Path(tmp), prepare)
@@ -978,6 +990,12 @@ def run(dsn: str, schema: str, cfg: Config, local: bool, prepare: bool = True) -
                 )
                 return row
 
+            if limits_only:
+                add("limits10", bench.limits_row(10, 1))
+                add("limits10_c4", bench.limits_row(10, 4))
+                add("blocked10", bench.blocked_row(10))
+                report.targets = evaluate_targets(named, limits_only=True)
+                return report
             add("claim1", bench.claim_row(1, 1))
             empty = add("claim10", bench.claim_row(10, 1))
             add("claim10_many", bench.claim_row(10, 1, many=True))
@@ -1035,6 +1053,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no server-side prepared statements on either side (the PgBouncer < 1.21 mode)",
     )
+    parser.add_argument(
+        "--limits-only",
+        action="store_true",
+        help="only the rows of fleet-wide limits (with vs without, and beside a blocked handler)",
+    )
     parser.add_argument("--seconds", type=int, help="override the length of each timed run")
     parser.add_argument("--reps", type=int, help="override the number of repetitions")
     args = parser.parse_args(argv)
@@ -1046,10 +1069,24 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     load_before = os.getloadavg()[0]
     if args.dsn:
-        report = run(args.dsn, args.schema, cfg, local=False, prepare=not args.unprepared)
+        report = run(
+            args.dsn,
+            args.schema,
+            cfg,
+            local=False,
+            prepare=not args.unprepared,
+            limits_only=args.limits_only,
+        )
     else:
         with LocalPostgres(settings=SERVER_SETTINGS) as pg:
-            report = run(pg.dsn(), args.schema, cfg, local=True, prepare=not args.unprepared)
+            report = run(
+                pg.dsn(),
+                args.schema,
+                cfg,
+                local=True,
+                prepare=not args.unprepared,
+                limits_only=args.limits_only,
+            )
     report.header["wall time"] = f"{time.perf_counter() - started:.0f} s"
     report.header["load average"] = (
         f"{load_before:.1f} before the run (others' work), {os.getloadavg()[0]:.1f} at its end,"

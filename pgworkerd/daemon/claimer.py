@@ -73,7 +73,13 @@ class Claimer:
         self.notified_at = self.notified_at or now
 
     def slot_freed(self) -> None:
-        if self.backlog:
+        # With a fleet-wide limit, a short claim says nothing about what waits: jobs may
+        # be held back only by the limit, and the slot that just freed here may be the
+        # fleet slot they wait for. So claim again, as with a backlog.
+        if self.backlog or any(
+            h.max_running is not None or h.max_running_per_key is not None
+            for h in self.config.handlers.values()
+        ):
             self.request()
 
     def set_accepting(self, accepting: bool) -> None:

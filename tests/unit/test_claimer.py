@@ -125,6 +125,25 @@ def test_a_full_claim_means_a_backlog_so_a_freed_slot_claims_again() -> None:
     assert len(s.statements.claim_calls) == 2
 
 
+def test_with_a_fleet_wide_limit_a_freed_slot_claims_again_after_a_short_claim() -> None:
+    # the claim came back short, maybe only because of the limit: the slot that frees
+    # here may be the one the held-back jobs wait for
+    s = Setup()
+    s.claimer.configure(config(CONFIG + "max_running = 3\n"))
+    s.tick()
+    assert not s.claimer.backlog and len(s.statements.claim_calls) == 1
+    assert s.statements.claim_calls[0][1]["solo"].max_running == 3
+    s.claimer.slot_freed()
+    s.tick()
+    assert len(s.statements.claim_calls) == 2
+    # without a limit, a short claim means nothing waits: no claim before the poll
+    plain = Setup()
+    plain.tick()
+    plain.claimer.slot_freed()
+    plain.tick()
+    assert len(plain.statements.claim_calls) == 1
+
+
 def test_a_partial_claim_waits_for_the_next_scheduled_job() -> None:
     s = Setup()
     s.statements.next_run = 2.5

@@ -21,7 +21,9 @@ stuck (all completed or dead once the run settles); no outcome recorded twice (o
 accepted completion per completed job, matching a finished execution of its last
 attempt; none for dead jobs); attempts accounted for; no daemon exits on its own; no job
 but the doomed ones ends dead; every poison row is dead with the reason and never reached
-a handler.
+a handler; the fleet-wide limits held: a tenth of the jobs are of handler "limited"
+(max_running = 3, max_running_per_key = 1, four concurrency keys), and at no instant did
+more of its executions run, nor two of one key.
 Also printed: jobs per status, faults per kind, executions per job, and the time from a
 fault to the affected job running again (p50/p99).
 """
@@ -93,6 +95,12 @@ POISON: dict[str, tuple[str, str | None, str | None]] = {
 }
 # At most one 24 MiB payload per this many seconds: it is a lot of memory to parse.
 POISON_INTERVAL = 2.0
+# Fleet-wide limits: this share of the jobs is of handler "limited", whose executions
+# must never number more than LIMITED_RUNNING at once, nor two of one key.
+LIMITED_SHARE = 0.1
+LIMITED_RUNNING = 3
+LIMITED_PER_KEY = 1
+LIMITED_KEYS = ("k0", "k1", "k2", "k3")
 
 
 def log(message: str) -> None:
@@ -233,6 +241,8 @@ class Soak:
         lines = ["[worker]", 'name = "chaos"']
         lines += [f"{k} = {json.dumps(v)}" for k, v in WORKER.items()]
         lines += ["", "[handlers.chaos]", 'target = "chaos_handlers:run"']
+        lines += ["", "[handlers.limited]", 'target = "chaos_handlers:run"']
+        lines += [f"max_running = {LIMITED_RUNNING}", f"max_running_per_key = {LIMITED_PER_KEY}"]
         config = self.workdir / "chaos.toml"
         config.write_text("\n".join(lines) + "\n")
         for n in range(3):
@@ -247,6 +257,12 @@ class Soak:
             d = self.rng.uniform(0, 0.3) if r < 0.6 else self.rng.uniform(0.3, 2.0)
             if self.rng.random() < 0.02:  # doomed: fails every attempt, ends dead
                 specs.append(client.JobSpec("chaos", {"d": d, "raise": 1.0}, max_attempts=3))
+            elif self.rng.random() < LIMITED_SHARE:
+                payload = {"d": round(d, 3), "raise": 0.08, "crash": 0.02}
+                key = self.rng.choice(LIMITED_KEYS)
+                specs.append(
+                    client.JobSpec("limited", payload, max_attempts=10, concurrency_key=key)
+                )
             else:
                 payload = {"d": round(d, 3), "raise": 0.08, "crash": 0.02}
                 specs.append(client.JobSpec("chaos", payload, max_attempts=10))
@@ -452,7 +468,8 @@ class Soak:
             # (payload and other odd values of the poison rows are never loaded here)
             everything = conn.execute(
                 f"SELECT id, status::text, attempts, max_attempts, result,"
-                f" (payload->>'raise')::float8 >= 1.0 AS doomed, last_error FROM {SCHEMA}.jobs"
+                f" (payload->>'raise')::float8 >= 1.0 AS doomed, last_error, handler,"
+                f" concurrency_key FROM {SCHEMA}.jobs"
             ).fetchall()
         rows = [r[:5] for r in everything if r[0] not in self.poison]
         doomed = {r[0] for r in everything if r[5]}
@@ -514,6 +531,14 @@ class Soak:
         # Only the doomed jobs (which fail every attempt) may end dead: a poison row must
         # not cost a job claimed beside it its attempts.
         innocent_dead = [r[0] for r in rows if r[1] == "dead" and r[0] not in doomed]
+        # The limits: executions of "limited" jobs at once, in all and per key (an
+        # execution spans its start to its last sign of life).
+        limited_key = {r[0]: r[8] for r in everything if r[7] == "limited"}
+        limited_runs = [e for e in ex.values() if e["job"] in limited_key]
+        over_limit = _over(limited_runs, LIMITED_RUNNING)
+        for key in LIMITED_KEYS:
+            of_key = [e for e in limited_runs if limited_key[e["job"]] == key]
+            over_limit += _over(of_key, LIMITED_PER_KEY)
         poison_not_buried = [
             (job_id, kind)
             for job_id, kind in self.poison.items()
@@ -597,6 +622,12 @@ class Soak:
             ("attempts not accounted for", len(bad_attempts), bad_attempts[:10]),
             ("jobs dead that were not doomed to fail", len(innocent_dead), innocent_dead[:10]),
             (
+                f"instants with more limited executions than max_running {LIMITED_RUNNING}"
+                f" or max_running_per_key {LIMITED_PER_KEY} ({len(limited_runs)} executions)",
+                len(over_limit),
+                over_limit[:3],
+            ),
+            (
                 f"poison jobs ({len(self.poison)} enqueued) not dead with the reason",
                 len(poison_not_buried),
                 poison_not_buried[:10],
@@ -626,6 +657,16 @@ class Soak:
                 d.proc.wait(10)
         if not self.args.keep:
             self.pg.cleanup()
+
+
+def _over(runs: list[dict[str, Any]], limit: int) -> list[tuple[float, list[int]]]:
+    """The starts at which more than `limit` of `runs` were running (time, jobs)."""
+    found = []
+    for e in runs:
+        at_once = [o for o in runs if o["start"] <= e["start"] < o["last"] or o is e]
+        if len(at_once) > limit:
+            found.append((e["start"], sorted(o["job"] for o in at_once)))
+    return found
 
 
 def main() -> None:

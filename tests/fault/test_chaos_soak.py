@@ -1,7 +1,8 @@
 """The chaos soak's short mode (bench/chaos_soak.py --short, about a minute): three daemons,
 800 jobs, every kind of fault at random intervals, poison rows of every kind; the soak
 checks its own invariants (no overlapping executions, no lost or stuck jobs, no outcome
-recorded twice, attempts accounted for, poison rows dead alone) and exits 1 when one
+recorded twice, attempts accounted for, poison rows dead alone, the fleet-wide limits of
+its "limited" handler held) and exits 1 when one
 fails. Its summary is printed (shown with -rP or on failure)."""
 
 from __future__ import annotations
@@ -47,4 +48,8 @@ def test_chaos_soak_short(tmp_path: Path) -> None:
     for kind in POISON:
         assert kind in summary, kind
     assert "jobs dead that were not doomed to fail: 0" in summary
+    # the fleet-wide limits held across the three daemons, faults and all
+    assert re.search(
+        r"instants with more limited executions than .*\((\d+) executions\): 0", summary
+    )
     assert "daemons that exited on their own: 0" in summary

@@ -357,6 +357,7 @@ def test_the_concurrency_key_lands_from_every_path_and_is_shown(
     py_many = client.enqueue_many(
         conn, [JobSpec("h", concurrency_key="many"), JobSpec("h")], schema=schema
     )
+    conn.execute("SET intervalstyle = 'sql_standard'")  # the delay survives any style
     [(sql_one,)] = conn.execute(
         sql.SQL(
             "SELECT {}.enqueue_v2('h', '{{}}', delay => '90 seconds', concurrency_key => 'sql')"
@@ -387,6 +388,13 @@ def test_the_concurrency_key_lands_from_every_path_and_is_shown(
         sql_many[0]: "sqlm",
         cli_id: "cli",
     }
+    [(gap,)] = conn.execute(
+        sql.SQL(
+            "SELECT extract(epoch FROM run_at - created_at)::float8 FROM {}.jobs WHERE id = %s"
+        ).format(ident),
+        [sql_one],
+    ).fetchall()
+    assert gap == 90.0
     shown = json.loads(daemons.cli("show", str(cli_id), "--json").stdout)
     assert shown["concurrency_key"] == "cli"
     listed = json.loads(daemons.cli("jobs", "--json").stdout)

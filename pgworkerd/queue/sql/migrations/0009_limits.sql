@@ -204,6 +204,8 @@ LANGUAGE plpgsql
 -- Definer's rights: enqueuers need EXECUTE only, no rights on the table.
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- the delay goes through text: one style out and in, whatever the caller's
+SET intervalstyle = 'postgres'
 AS $$
 #variable_conflict use_column
 BEGIN

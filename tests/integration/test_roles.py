@@ -352,3 +352,33 @@ def test_pgworkerd_sessions_pin_search_path_whatever_the_role(
         assert daemon_conn.execute("SHOW statement_timeout").fetchone() == ("7s",)
         if options is not None:
             assert cli_conn.execute("SHOW work_mem").fetchone() == ("2MB",)
+
+
+# -- fleet-wide limits, concurrency keys, pauses (migration 0009) ---------------------------
+
+
+def test_roles_for_concurrency_keys_limits_and_pauses(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    from pgworkerd.queue import fleet
+
+    with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c:
+        keyed = client.enqueue(c, "h", concurrency_key="k", schema=schema)
+        [many] = client.enqueue_many(c, [client.JobSpec("h", concurrency_key="k")], schema=schema)
+        for kind in ("queue", "handler"):  # only operators (the daemon role) pause
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                fleet.set_paused(c, schema, kind, "x", pause=True)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            fleet.paused(c, schema)
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        assert fleet.set_paused(c, schema, "handler", "other", pause=True, comment="c")
+        assert [p["paused_by"] for p in fleet.paused(c, schema)] == [f"{schema}_daemon"]
+        limited = lease.HandlerCapacity(30, 5, max_running=5, max_running_per_key=1)
+        claimed = lease.claim(
+            c, "w", queues=["default"], handlers={"h": limited}, limit=5, schema=schema
+        )
+        assert [j.id for j in claimed] == [keyed]  # one per key
+        assert fleet.set_paused(c, schema, "handler", "other", pause=False)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # only through the functions
+            c.execute(sql.SQL("DELETE FROM {}.paused").format(sql.Identifier(schema)))
+    assert many == keyed + 1

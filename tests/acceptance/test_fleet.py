@@ -38,6 +38,7 @@ STATUS_KEYS = {
     "other_queues",
     "oldest_pending_seconds",
     "unserved",
+    "paused",  # queues and handlers paused fleet-wide (migration 0009)
 }
 DAEMON_KEYS = {
     "id",

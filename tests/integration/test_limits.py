@@ -6,8 +6,11 @@ handlers are not claimed, and the concurrency key is checked on every enqueue pa
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
+import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -17,6 +20,7 @@ from psycopg import sql
 from pgworkerd import client
 from pgworkerd.client import InvalidJob, JobSpec
 from pgworkerd.config import ConfigError, parse_config
+from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue import admin, fleet, lease
 from pgworkerd.queue.lease import HandlerCapacity
 
@@ -422,3 +426,42 @@ def test_limits_in_the_config_are_positive_integers(key: str, value: str, messag
         parse_config(text, "cfg.toml")
     good = parse_config(f'[handlers.export]\ntarget = "m:f"\n{key} = 3\n', "cfg.toml")
     assert getattr(good.handlers["export"], key) == 3
+
+
+# -- README examples, run as written --------------------------------------------------------
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_block(lang: str, after: str) -> str:
+    """The first ```lang block of the README after the line starting with `after`."""
+    text = README.read_text()
+    start = text.index(f"\n{after}")
+    match = re.search(rf"\n```{lang}\n(.*?)\n```\n", text[start:], re.S)
+    assert match, f"no {lang} block after {after!r}"
+    return match.group(1)
+
+
+def test_readme_sql_examples_of_keys_and_pauses(pg: LocalPostgres) -> None:
+    from pgworkerd.queue.migrate import migrate
+
+    name = f"readme_{uuid.uuid4().hex[:8]}"
+    pg.create_database(name)
+    try:
+        migrate(pg.dsn(name))  # the default schema, as the README has it
+        with psycopg.connect(pg.dsn(name), autocommit=True) as c:
+            c.execute(readme_block("sql", "The key comes from every enqueue path"))
+            keys = c.execute("SELECT concurrency_key FROM pgworkerd.jobs ORDER BY id").fetchall()
+            assert keys == [("customer:42",), ("customer:42",), ("customer:7",)]
+            pauses = readme_block("sql", "### Pause and resume a queue or handler")
+            c.execute(pauses)  # pause, resume, pause, resume: nothing left paused
+            assert c.execute("SELECT count(*) FROM pgworkerd.paused").fetchone() == (0,)
+            for line in pauses.splitlines():  # the pauses alone
+                if line.startswith("SELECT pgworkerd.pause_"):
+                    c.execute(line)
+            assert c.execute(
+                "SELECT kind, name, comment FROM pgworkerd.paused ORDER BY kind"
+            ).fetchall() == [("handler", "export", None), ("queue", "mail", "smtp relay down")]
+    finally:
+        with psycopg.connect(pg.dsn(), autocommit=True) as c:
+            c.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -34,22 +34,10 @@ GRANT EXECUTE ON FUNCTION pgworkerd.pause(text, text, text), pgworkerd.resume(te
                           pgworkerd.pause_queue(text, text), pgworkerd.resume_queue(text),
                           pgworkerd.pause_handler(text, text), pgworkerd.resume_handler(text)
       TO pgworkerd_daemon;
--- Pausing queues and handlers (`pgworkerd pause`/`resume --queue/--handler`, the claim
--- and `status` read what is paused; the functions are SECURITY DEFINER).
-GRANT SELECT ON pgworkerd.paused TO pgworkerd_daemon;
-GRANT EXECUTE ON FUNCTION pgworkerd.pause(text, text, text), pgworkerd.resume(text, text),
-                          pgworkerd.pause_queue(text, text), pgworkerd.resume_queue(text),
-                          pgworkerd.pause_handler(text, text), pgworkerd.resume_handler(text)
-      TO pgworkerd_daemon;
 
 GRANT EXECUTE ON FUNCTION pgworkerd.enqueue(text, jsonb, text, integer, timestamptz,
                                             interval, integer, text),
                           pgworkerd.enqueue_many(jsonb)
-      TO pgworkerd_enqueuer;
--- with concurrency keys (0009)
-GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v2(text, jsonb, text, integer, timestamptz,
-                                               interval, integer, text, text),
-                          pgworkerd.enqueue_many_v2(jsonb)
       TO pgworkerd_enqueuer;
 -- with concurrency keys (0009)
 GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v2(text, jsonb, text, integer, timestamptz,

@@ -40,16 +40,15 @@ def all_completed(db: Db, ids: list[int]) -> bool:
 
 
 def test_three_daemons_never_run_more_than_max_running(db: Db, daemons: Daemons) -> None:
+    # one slot each: the limit binds (3 slots, 2 allowed), and 2 at once takes 2 daemons
     handlers = {"rec": {"target": WORK, "max_running": 2}}
     for tag in "ABC":
-        daemons.start(handlers, {"slots": 2}, tag=tag)
+        daemons.start(handlers, {"slots": 1}, tag=tag)
     ids = [db.enqueue("rec", {"seconds": 0.8}) for _ in range(10)]
     wait_for(lambda: all_completed(db, ids), timeout=40, what="every job to complete")
     runs = spans(db)
     assert len(runs) == 10
     assert overlap([(r["started_at"], r["ended_at"]) for r in runs]) == 2  # type: ignore[misc]
-    # more than one daemon ran them: the limit held across hosts, not within one
-    assert len({r["tag"] for r in runs}) >= 2
 
 
 def test_a_killed_daemons_slot_returns_when_its_lease_ends(db: Db, daemons: Daemons) -> None:

@@ -27,6 +27,11 @@ GRANT UPDATE (status, locked_by, locked_until, lease_token, attempts, max_attemp
               started_at, finished_at, updated_at)
       ON pgworkerd.jobs TO pgworkerd_daemon;
 GRANT SELECT, INSERT, UPDATE ON pgworkerd.workers TO pgworkerd_daemon;
+-- Periodic jobs: daemons declare their schedules and fire ticks through the functions.
+GRANT SELECT ON pgworkerd.schedules, pgworkerd.schedule_runs TO pgworkerd_daemon;
+GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
+                          pgworkerd.schedule_fire(text, timestamptz, jsonb, text, text)
+      TO pgworkerd_daemon;
 
 GRANT EXECUTE ON FUNCTION pgworkerd.enqueue(text, jsonb, text, integer, timestamptz,
                                             interval, integer, text),

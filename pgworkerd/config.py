@@ -415,6 +415,8 @@ _METRICS = {
     "queue_depth_interval": _positive_duration,
     "top_queues": _non_negative_int,
 }
+
+
 def _cron(value: Any) -> str:
     from pgworkerd.cadence import cron_problem  # imports the cron library only when used
 
@@ -496,8 +498,9 @@ def _read_schedules(
             raise reader.error(None, 'missing key "handler"')
         if ("cron" in values) == ("every" in values):
             raise reader.error(
-                None, 'needs exactly one of "cron" (with "timezone") or "every", not '
-                + ("both" if "cron" in values else "neither")
+                None,
+                'needs exactly one of "cron" (with "timezone") or "every", not '
+                + ("both" if "cron" in values else "neither"),
             )
         if "timezone" in values and "cron" not in values:
             raise reader.error("timezone", 'applies to "cron" only (an interval has no zone)')

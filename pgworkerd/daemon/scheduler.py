@@ -55,9 +55,7 @@ class Scheduler:
             return
         self.schedules = dict(config.schedules)
         self.cadences = {n: Cadence(s.definition()) for n, s in self.schedules.items()}
-        self.handled_until = {
-            n: t for n, t in self.handled_until.items() if n in self.schedules
-        }
+        self.handled_until = {n: t for n, t in self.handled_until.items() if n in self.schedules}
         self.redeclare()
 
     def redeclare(self) -> None:
@@ -106,7 +104,9 @@ class Scheduler:
                 return False
             self.handled_until[name] = tick
             if fired.outcome == "fired":
-                log.info("schedule %s: tick %s enqueued job %s", name, tick.isoformat(), fired.job_id)
+                log.info(
+                    "schedule %s: tick %s enqueued job %s", name, tick.isoformat(), fired.job_id
+                )
             elif fired.outcome == "skipped":
                 log.info(
                     "schedule %s: tick %s skipped (overlap %s: job %s not finished)",

@@ -58,7 +58,13 @@ def fire(
     with conn.transaction():
         row = conn.execute(
             query("schedule_fire", schema),
-            {"name": name, "tick": tick, "job": Jsonb(job), "overlap": overlap, "worker": worker_id},
+            {
+                "name": name,
+                "tick": tick,
+                "job": Jsonb(job),
+                "overlap": overlap,
+                "worker": worker_id,
+            },
         ).fetchone()
     assert row is not None
     return Fired(row[0], row[1])

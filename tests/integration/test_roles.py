@@ -352,3 +352,24 @@ def test_pgworkerd_sessions_pin_search_path_whatever_the_role(
         assert daemon_conn.execute("SHOW statement_timeout").fetchone() == ("7s",)
         if options is not None:
             assert cli_conn.execute("SHOW work_mem").fetchone() == ("2MB",)
+
+
+def test_daemon_role_fires_schedules_and_enqueuer_cannot(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from pgworkerd.queue import schedules
+
+    tick = datetime.now(UTC) + timedelta(hours=1)
+    job = {"handler": "h", "payload": {}, "queue": "default", "priority": 0}
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        schedules.declare(c, "s", {"every": 60.0}, "w", schema)
+        fired = schedules.fire(c, "s", tick, job, "skip", "w", schema)
+        assert fired.outcome == "fired"
+        assert schedules.list_all(c, schema)[0]["last_job_id"] == fired.job_id
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # only through the functions
+            c.execute(sql.SQL("DELETE FROM {}.schedule_runs").format(sql.Identifier(schema)))
+    with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            schedules.fire(c, "s", tick + timedelta(minutes=1), job, "allow", "w", schema)

@@ -370,6 +370,8 @@ def test_daemon_role_fires_schedules_and_enqueuer_cannot(
         assert schedules.list_all(c, schema)[0]["last_job_id"] == fired.job_id
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # only through the functions
             c.execute(sql.SQL("DELETE FROM {}.schedule_runs").format(sql.Identifier(schema)))
-    with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            schedules.fire(c, "s", tick + timedelta(minutes=1), job, "allow", "w", schema)
+    with (
+        psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        schedules.fire(c, "s", tick + timedelta(minutes=1), job, "allow", "w", schema)

@@ -219,3 +219,21 @@ def test_scheduler_after_an_outage_catches_up_once_and_survives_failures() -> No
     scheduler.redeclare()
     scheduler.tick(620.0)
     assert list(fake.runs) == [("s", at("2026-01-01T00:10:10+00:00"))]  # one, the latest
+
+
+def test_the_example_schedule_is_valid() -> None:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "config.example.toml").read_text()
+    block = text[text.index("# [schedules.") :]
+    # uncomment the table and its keys (not the explanations); keep one of cron and every
+    enabled = re.sub(r"(?m)^# (\[schedules\.\w+\]|[a-z_]+ = .*)$", r"\1", block)
+    enabled = enabled.replace('\nevery = "15m"', "")
+    config = parse_config(text[: text.index("# [schedules.")] + enabled, "example")
+    [schedule] = config.schedules.values()
+    assert (schedule.cron, schedule.timezone, schedule.handler) == (
+        "0 3 * * *",
+        "Europe/Berlin",
+        "echo",
+    )

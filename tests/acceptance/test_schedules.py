@@ -221,3 +221,21 @@ def test_schedules_json_and_text(daemons: Daemons, db: Db) -> None:
     listed = {s["name"]: s for s in json.loads(daemons.cli("schedules", "--json").stdout)}
     assert listed["often"]["declared_now"] is False
     assert "NOT DECLARED" in daemons.cli("schedules").stdout
+
+
+def test_a_schedule_removed_from_the_config_stops_firing(daemons: Daemons, db: Db) -> None:
+    config = config_with_schedules(
+        daemons, {"beat": {"every": "1s", "handler": "work", "overlap": "allow"}}
+    )
+    a = daemons.start(config, tag="A")
+    wait_for(lambda: len(runs(db, "beat")) >= 2, what="two ticks")
+    config.write_text(config.read_text().split("[schedules.beat]")[0])
+    a.send(signal.SIGHUP)
+    a.wait_log("reloaded")
+    time.sleep(0.5)  # a fire in flight at the reload is committed by now
+    count = len(runs(db, "beat"))
+    time.sleep(3)
+    assert len(runs(db, "beat")) == count, "a removed schedule kept firing"
+    listed = {s["name"]: s for s in json.loads(daemons.cli("schedules", "--json").stdout)}
+    assert listed["beat"]["declared_now"] is False
+    assert listed["beat"]["next_run"] is not None  # still computed from the stored definition

@@ -28,8 +28,6 @@ from cronsim import CronSim, CronSimError
 MAX_GRACE = 60.0
 # Short schedules get at least this much slack for a loaded host's late loop turn.
 MIN_GRACE = 2.0
-# How many due ticks one look walks at most (a cron schedule after a long outage).
-MAX_WALK = 10_000
 
 
 def cron_problem(expr: str) -> str | None:
@@ -91,18 +89,15 @@ class Cadence:
         return tick if tick > after else self.next_after(tick)
 
     def due(self, after: datetime, until: datetime) -> list[datetime]:
-        """The ticks in (after, until], oldest first; only the last MAX_WALK of them."""
+        """The ticks in (after, until], oldest first (callers keep the span short)."""
         if self.every is not None:
             first = math.floor(after.timestamp() / self.every) + 1
             last = math.floor(until.timestamp() / self.every)
-            first = max(first, last - MAX_WALK + 1)
             return [datetime.fromtimestamp(n * self.every, UTC) for n in range(first, last + 1)]
         ticks: list[datetime] = []
         tick = self.next_after(after)
         while tick is not None and tick <= until:
             ticks.append(tick)
-            if len(ticks) > MAX_WALK:
-                del ticks[0]
             tick = self.next_after(tick)
         return ticks
 
@@ -124,16 +119,19 @@ def to_fire(
     down, or this daemon could not reach the database): "last" fires the most recent due
     tick, once; "none" fires it only if it is still on time. Never a burst.
     """
-    due = cadence.due(after, now)
-    if not due:
+    first = cadence.next_after(after)
+    if first is None or first > now:
         return [], None
-    latest = due[-1]
 
     def on_time(tick: datetime) -> bool:
         return (now - tick).total_seconds() <= cadence.grace(tick)
 
-    if on_time(due[0]):
-        return due, latest
+    if on_time(first):
+        # within the grace of the first, so a short walk (at most 60 s of ticks)
+        due = cadence.due(after, now)
+        return due, due[-1]
+    # missed: only the latest due tick matters, however long the outage
+    latest = cadence.previous(now) or first
     if catch_up == "last" or on_time(latest):
         return [latest], latest
     return [], latest

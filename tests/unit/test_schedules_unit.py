@@ -237,3 +237,14 @@ def test_the_example_schedule_is_valid() -> None:
         "Europe/Berlin",
         "echo",
     )
+
+
+def test_a_year_of_missed_minutes_is_one_catch_up_tick_found_without_walking_them() -> None:
+    import time
+
+    every_minute = Cadence({"cron": "* * * * *", "timezone": "Europe/Berlin"})
+    now = at("2026-06-01T12:00:30+00:00")
+    started = time.perf_counter()
+    ticks, latest = to_fire(every_minute, now - timedelta(days=365), now, "last")
+    assert ticks == [at("2026-06-01T12:00:00+00:00")] == [latest]
+    assert time.perf_counter() - started < 0.5  # 525,600 ticks one by one take seconds

@@ -36,11 +36,10 @@ class Scheduler:
         self,
         config: Config,
         statements: Statements,
-        clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
+        # Ticks are wall-clock times; the loop's `now` (monotonic) only says when to look.
         self.statements = statements
-        self.clock = clock
         self.wall_clock = wall_clock
         self.schedules: dict[str, ScheduleConfig] = {}
         self.cadences: dict[str, Cadence] = {}

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from fakes import FakeClock
 
 from pgworkerd.cadence import Cadence, to_fire
 from pgworkerd.config import ConfigError, parse_config
@@ -182,17 +183,16 @@ handler = "h"
 
 
 def test_scheduler_fires_each_tick_once_and_sleeps_until_the_next() -> None:
-    wall = [at("2026-01-01T00:00:05+00:00").timestamp()]
-    mono = [100.0]
+    wall = FakeClock(at("2026-01-01T00:00:05+00:00").timestamp())  # time.time()
+    mono = FakeClock(100.0)  # time.monotonic()
     fake = FakeScheduleStatements()
-    scheduler = Scheduler(parse_config(CONFIG), fake, lambda: mono[0], lambda: wall[0])  # type: ignore[arg-type]
-    scheduler.tick(mono[0])
+    scheduler = Scheduler(parse_config(CONFIG), fake, wall)  # type: ignore[arg-type]
+    scheduler.tick(mono())
     assert fake.declared == ["s"] and fake.runs == {}  # 00:00:00 was handled already
     assert scheduler.next_deadline() == pytest.approx(105.0, abs=0.01)
     for step in range(1, 4):
-        wall[0] += 10
-        mono[0] += 10
-        scheduler.tick(mono[0])
+        wall.advance(10)
+        scheduler.tick(mono.advance(10))
         assert len(fake.runs) == step
     assert sorted(t for _, t in fake.runs) == [
         at("2026-01-01T00:00:10+00:00"),
@@ -204,7 +204,7 @@ def test_scheduler_fires_each_tick_once_and_sleeps_until_the_next() -> None:
 def test_scheduler_after_an_outage_catches_up_once_and_survives_failures() -> None:
     wall = [at("2026-01-01T00:00:05+00:00").timestamp()]
     fake = FakeScheduleStatements()
-    scheduler = Scheduler(parse_config(CONFIG), fake, lambda: 0.0, lambda: wall[0])  # type: ignore[arg-type]
+    scheduler = Scheduler(parse_config(CONFIG), fake, lambda: wall[0])  # type: ignore[arg-type]
     scheduler.tick(0.0)
     fake.failing = True
     wall[0] += 10

@@ -24,6 +24,9 @@ but the doomed ones ends dead; every poison row is dead with the reason and neve
 a handler; the fleet-wide limits held: a tenth of the jobs are of handler "limited"
 (max_running = 3, max_running_per_key = 1, four concurrency keys), and at no instant did
 more of its executions run, nor two of one key.
+Every daemon declares a one-second schedule (removed by a SIGHUP reload
+before the run settles): every scheduled job belongs to exactly one tick, and no two
+consecutive ticks were caught up late (no catch-up burst).
 Also printed: jobs per status, faults per kind, executions per job, and the time from a
 fault to the affected job running again (p50/p99).
 """
@@ -31,6 +34,7 @@ fault to the affected job running again (p50/p99).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -44,6 +48,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +74,18 @@ WORKER = {
     "backoff": "0.2s",
     "backoff_max": "2s",
 }
+# Periodic jobs: every daemon declares a one-second schedule, so each tick is raced by
+# all three through every fault; removed (SIGHUP) before the soak settles.
+SCHEDULE = """
+[schedules.chaos_tick]
+every = "1s"
+handler = "chaos"
+overlap = "allow"
+max_attempts = 10
+payload = { d = 0.05, raise = 0.0, crash = 0.0, scheduled = true }
+"""
+# A run fired this long after its tick was caught up (a 1 s tick is on time for 2 s).
+SCHEDULE_LATE = 2.5
 # kind: weight. pg_restart is also capped per run (see Soak.pg_restarts_left).
 FAULTS = {
     "kill_child": 4.0,
@@ -244,7 +261,7 @@ class Soak:
         lines += ["", "[handlers.limited]", 'target = "chaos_handlers:run"']
         lines += [f"max_running = {LIMITED_RUNNING}", f"max_running_per_key = {LIMITED_PER_KEY}"]
         config = self.workdir / "chaos.toml"
-        config.write_text("\n".join(lines) + "\n")
+        config.write_text("\n".join(lines) + "\n" + SCHEDULE)
         for n in range(3):
             d = Daemon(f"d{n}", self.dsn, config, self.workdir, self.execs)
             d.start()
@@ -443,7 +460,23 @@ class Soak:
                 assert d.proc is not None
                 d.proc.wait(30)
         self.check_daemons()
+        self.unschedule()
         self.settle()
+
+    def unschedule(self) -> None:
+        """Take the schedule out of the config and reload every daemon, so that no tick
+        fires a job while the soak settles (a removed schedule stops firing)."""
+        config = self.workdir / "chaos.toml"
+        config.write_text(config.read_text().replace(SCHEDULE, ""))
+        live = [d for d in self.daemons if d.state == "up" and d.proc is not None]
+        before = {d.tag: d.log_path.read_text(errors="replace").count("reloaded ") for d in live}
+        for d in live:
+            d.signal(signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(
+            d.log_path.read_text(errors="replace").count("reloaded ") <= before[d.tag] for d in live
+        ):
+            time.sleep(0.1)
 
     def settle(self) -> None:
         deadline = time.monotonic() + self.args.settle
@@ -470,6 +503,16 @@ class Soak:
                 f"SELECT id, status::text, attempts, max_attempts, result,"
                 f" (payload->>'raise')::float8 >= 1.0 AS doomed, last_error, handler,"
                 f" concurrency_key FROM {SCHEMA}.jobs"
+            ).fetchall()
+            scheduled = {
+                r[0]
+                for r in conn.execute(
+                    f"SELECT id FROM {SCHEMA}.jobs WHERE payload ? 'scheduled'"
+                ).fetchall()
+            }
+            runs_of_ticks = conn.execute(
+                f"SELECT tick, job_id, extract(epoch FROM fired_at - tick)::float8"
+                f" FROM {SCHEMA}.schedule_runs ORDER BY tick"
             ).fetchall()
         rows = [r[:5] for r in everything if r[0] not in self.poison]
         doomed = {r[0] for r in everything if r[5]}
@@ -564,6 +607,17 @@ class Soak:
                 if nxt:
                     recovery[f.kind].append(min(nxt) - f.at)
 
+        # one job per tick: every scheduled job belongs to exactly one run, and back
+        # to back late runs would be a catch-up burst
+        tick_jobs = Counter(r[1] for r in runs_of_ticks if r[1] is not None)
+        not_one_tick = sorted(
+            {j for j in scheduled if tick_jobs[j] != 1} | (set(tick_jobs) - scheduled)
+        )
+        late = [r[0] for r in runs_of_ticks if r[2] > SCHEDULE_LATE]
+        bursts = [t for t in late if t - timedelta(seconds=1) in set(late)]
+        tick_seconds = [int(r[0].timestamp()) for r in runs_of_ticks]
+        gaps = sum(b - a - 1 for a, b in itertools.pairwise(tick_seconds))
+
         def pct(values: list[float], p: float) -> float:
             s = sorted(values)
             return s[min(len(s) - 1, round(p / 100 * (len(s) - 1)))]
@@ -596,6 +650,9 @@ class Soak:
             "claimed attempts never started (e.g. parent killed before dispatch)",
             f"late outcomes fenced off: {fenced}; finished executions run again because "
             f"their outcome was lost to a fault: {redone}",
+            f"schedule (1 s, fired by all daemons): {len(runs_of_ticks)} ticks, "
+            f"{len(scheduled)} jobs, {len(late)} caught up late, {gaps} ticks missed "
+            "(caught up by the catch-up rule)",
             "time from a fault to the affected job running again (queueing included):",
         ]
         everything = [v for vs in recovery.values() for v in vs]
@@ -633,6 +690,8 @@ class Soak:
                 poison_not_buried[:10],
             ),
             ("poison jobs that reached a handler", len(poison_ran), poison_ran[:10]),
+            ("scheduled jobs without exactly one tick", len(not_one_tick), not_one_tick[:10]),
+            ("late schedule runs back to back (catch-up bursts)", len(bursts), bursts[:5]),
             ("daemon crashes or tracebacks in logs", crashed, []),
             ("daemons that exited on their own", len(unexpected), unexpected[:5]),
         ]

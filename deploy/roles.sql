@@ -34,6 +34,11 @@ GRANT EXECUTE ON FUNCTION pgworkerd.pause(text, text, text), pgworkerd.resume(te
                           pgworkerd.pause_queue(text, text), pgworkerd.resume_queue(text),
                           pgworkerd.pause_handler(text, text), pgworkerd.resume_handler(text)
       TO pgworkerd_daemon;
+-- Periodic jobs: daemons declare their schedules and fire ticks through the functions.
+GRANT SELECT ON pgworkerd.schedules, pgworkerd.schedule_runs TO pgworkerd_daemon;
+GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
+                          pgworkerd.schedule_fire(text, timestamptz, jsonb, text, text)
+      TO pgworkerd_daemon;
 
 GRANT EXECUTE ON FUNCTION pgworkerd.enqueue(text, jsonb, text, integer, timestamptz,
                                             interval, integer, text),

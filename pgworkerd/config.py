@@ -10,6 +10,7 @@ import dataclasses
 import grp
 import importlib
 import importlib.util
+import json
 import math
 import os
 import re
@@ -21,7 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgworkerd.bounds import check_name, name_problem
+from pgworkerd.bounds import (
+    MAX_ATTEMPTS_MAX,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    check_name,
+    name_problem,
+)
 from pgworkerd.durations import format_duration, parse_duration
 from pgworkerd.masking import mask_dsn
 from pgworkerd.names import DEFAULT_SCHEMA, check_schema_name
@@ -109,6 +116,45 @@ class MetricsConfig:
         return split_listen(self.listen)
 
 
+# -- schedules (periodic jobs) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """A periodic job: `cron` in `timezone`, or `every` (whole seconds, ticking on
+    multiples of it since the Unix epoch so that every host computes the same ticks)."""
+
+    name: str
+    handler: str
+    cron: str = ""
+    timezone: str = "UTC"
+    every: float | None = None
+    payload: dict[str, Any] = field(default_factory=dict)
+    queue: str = ""  # resolved by parse_config: the handler's queue, else "default"
+    priority: int = 0
+    max_attempts: int | None = None  # None: enqueue's default
+    overlap: str = "skip"  # "skip" | "allow" | "queue_one"
+    catch_up: str = "last"  # "last" | "none"
+
+    def definition(self) -> dict[str, Any]:
+        """What the database keeps of it (schedules.definition) and `schedules` shows."""
+        data = dataclasses.asdict(self)
+        del data["name"]
+        return data
+
+    def job(self) -> dict[str, Any]:
+        """The job object a tick enqueues (enqueue_many's form)."""
+        job: dict[str, Any] = {
+            "handler": self.handler,
+            "payload": self.payload,
+            "queue": self.queue,
+            "priority": self.priority,
+        }
+        if self.max_attempts is not None:
+            job["max_attempts"] = self.max_attempts
+        return job
+
+
 @dataclass(frozen=True)
 class Config:
     path: str = "<defaults>"
@@ -117,6 +163,7 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     handlers: dict[str, HandlerConfig] = field(default_factory=dict)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    schedules: dict[str, ScheduleConfig] = field(default_factory=dict)
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -380,6 +427,109 @@ _METRICS = {
     "queue_depth_interval": _positive_duration,
     "top_queues": _non_negative_int,
 }
+
+
+def _cron(value: Any) -> str:
+    from pgworkerd.cadence import cron_problem  # imports the cron library only when used
+
+    text = _nonempty(value)
+    problem = cron_problem(text)
+    if problem:
+        raise ValueError(f"bad cron expression {text!r}: {problem}")
+    return text
+
+
+def _timezone(value: Any) -> str:
+    from pgworkerd.cadence import zone_problem
+
+    text = _nonempty(value)
+    problem = zone_problem(text)
+    if problem:
+        raise ValueError(problem)
+    return text
+
+
+def _every(value: Any) -> float:
+    seconds = _positive_duration(value)
+    if seconds < 1 or seconds != int(seconds):
+        raise ValueError(f"must be whole seconds, at least 1s, got {value!r}")
+    return seconds
+
+
+def _payload(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a table (a JSON object), got {_describe(value)}")
+    return value
+
+
+def _priority(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"expected an integer, got {_describe(value)}")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise ValueError(f"must be from {PRIORITY_MIN} to {PRIORITY_MAX}, got {value}")
+    return value
+
+
+def _max_attempts(value: Any) -> int:
+    attempts = _positive_int(value)
+    if attempts > MAX_ATTEMPTS_MAX:
+        raise ValueError(f"must be at most {MAX_ATTEMPTS_MAX}, got {attempts}")
+    return attempts
+
+
+_SCHEDULE = {
+    "handler": lambda v: check_name("handler", _nonempty(v)),
+    "cron": _cron,
+    "timezone": _timezone,
+    "every": _every,
+    "payload": _payload,
+    "queue": lambda v: check_name("queue", _nonempty(v)),
+    "priority": _priority,
+    "max_attempts": _max_attempts,
+    "overlap": _choice("skip", "allow", "queue_one"),
+    "catch_up": _choice("last", "none"),
+}
+
+
+def _read_schedules(
+    path: str, text: str, table: Any, handlers: dict[str, HandlerConfig]
+) -> dict[str, ScheduleConfig]:
+    """The [schedules.NAME] tables; a schedule name is checked like a handler name."""
+    if not isinstance(table, dict):
+        line = _locate(text, "schedules", None)
+        where = f"{path}:{line}" if line else path
+        raise ConfigError(f"{where}: [schedules] must be a table of [schedules.NAME] tables")
+    schedules = {}
+    for name, values in table.items():
+        problem = name_problem("schedule", name)
+        if problem:  # repr: the name may hold control characters
+            line = _locate(text, f"schedules.{name}", None)
+            raise ConfigError(f"{path}:{line or '?'}: [schedules.{name!r}]: {problem}")
+        reader = _Reader(path, text, f"schedules.{name}", values)
+        if "handler" not in values:
+            raise reader.error(None, 'missing key "handler"')
+        if ("cron" in values) == ("every" in values):
+            raise reader.error(
+                None,
+                'needs exactly one of "cron" (with "timezone") or "every", not '
+                + ("both" if "cron" in values else "neither"),
+            )
+        if "timezone" in values and "cron" not in values:
+            raise reader.error("timezone", 'applies to "cron" only (an interval has no zone)')
+        handler = reader.get("handler", None, _SCHEDULE["handler"])
+        schedule = _read_table(reader, ScheduleConfig, _SCHEDULE, name=name, handler=handler)
+        if not schedule.queue:
+            declared = handlers.get(schedule.handler)
+            queue = declared.queue if declared is not None else "default"
+            schedule = dataclasses.replace(schedule, queue=queue)
+        try:  # what the job table keeps must be JSON (TOML dates are not)
+            json.dumps(schedule.payload, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise reader.error("payload", f"not JSON: {exc}") from None
+        schedules[name] = schedule
+    return schedules
+
+
 _HANDLER = {
     "target": _target,
     "queue": lambda v: check_name("queue", _nonempty(v)),
@@ -405,7 +555,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     except RecursionError:
         # tomllib recurses once per nested array or inline table.
         raise ConfigError(f"{path}: invalid TOML: nested too deeply") from None
-    known_tables = ["database", "worker", "logging", "metrics", "handlers"]
+    known_tables = ["database", "worker", "logging", "metrics", "handlers", "schedules"]
     for table, value in data.items():
         if table not in known_tables:
             line = _locate(text, table, None)
@@ -442,7 +592,8 @@ def parse_config(text: str, path: str = "<config>") -> Config:
             raise reader.error(None, 'missing key "target" ("package.module:function")')
         target = reader.get("target", None, _target)
         handlers[name] = _read_table(reader, HandlerConfig, _HANDLER, name=name, target=target)
-    config = Config(path, database, worker, logging, handlers, metrics)
+    schedules = _read_schedules(path, text, data.get("schedules", {}), handlers)
+    config = Config(path, database, worker, logging, handlers, metrics, schedules)
     _cross_check(config, text)
     return config
 

@@ -173,13 +173,25 @@ def _not_retried(row: dict[str, Any] | None) -> str:
     show_default=True,
     help="retention of the registry rows of daemons that are gone",
 )
+@click.option(
+    "--schedule-runs-older-than",
+    "runs_older_than",
+    type=DURATION,
+    default="7d",
+    show_default=True,
+    help="retention of schedule run rows (each schedule's latest is kept)",
+)
 @click.pass_obj
 def prune(
-    ctx: Context, older_than: float, statuses: tuple[str, ...], gone_older_than: float
+    ctx: Context,
+    older_than: float,
+    statuses: tuple[str, ...],
+    gone_older_than: float,
+    runs_older_than: float,
 ) -> None:
-    """Delete finished jobs older than a retention, and the registry rows of daemons gone
-    longer than theirs."""
-    from pgworkerd.queue import registry
+    """Delete finished jobs older than a retention, the registry rows of daemons gone
+    longer than theirs, and schedule run rows older than theirs."""
+    from pgworkerd.queue import registry, schedules
 
     with database(ctx, needs="delete jobs") as conn:
         deleted = admin.prune(
@@ -193,6 +205,10 @@ def prune(
         gone = registry.prune_gone(conn, gone_older_than, schema=ctx.schema)
     if gone:
         click.echo(f"deleted {gone} gone daemon(s) from the registry")
+    with database(ctx, needs="delete schedule runs") as conn:
+        runs = schedules.prune_runs(conn, runs_older_than, schema=ctx.schema)
+    if runs:
+        click.echo(f"deleted {runs} schedule run(s)")
 
 
 @main.command("jobs")

@@ -8,7 +8,8 @@ The parent is a set of components, each given what it needs when it is built:
 - Claimer: when and what to claim, dispatch, warm children;
 - LeaseKeeper: lease renewals and progress saves;
 - OutcomeWriter: outcomes kept until the database takes them;
-- Presence: the registry row, STATUS=, the title, the watchdog, the gauges.
+- Presence: the registry row, STATUS=, the title, the watchdog, the gauges;
+- Scheduler: the ticks of the config's periodic jobs (schedules).
 
 Each has `tick(now)` and `next_deadline()`. One loop turn is the list of verbs in _tick,
 then one wait on a selector until the earliest deadline or a wake-up (a child's message,
@@ -41,6 +42,7 @@ from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.leases import LeaseKeeper
 from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.presence import Lifecycle, Presence, QueueDepthCounter
+from pgworkerd.daemon.scheduler import Scheduler
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState, StopReason
 from pgworkerd.daemon.supervisor import Child, Supervisor
@@ -102,6 +104,7 @@ class Daemon:
         self.leases = LeaseKeeper(
             self.statements, self.table, self.metrics, config.worker.renew_interval
         )
+        self.scheduler = Scheduler(config, self.statements)  # periodic jobs
         self.presence = Presence(
             config,
             self.worker_id,
@@ -232,6 +235,7 @@ class Daemon:
         # the job first (latency) and does its bookkeeping after.
         self.claimer.tick(now)
         self.presence.tick(now)
+        self.scheduler.tick(now)
         self.claimer.set_accepting(self._accepting())  # a drain requested just now
 
     def _accepting(self) -> bool:
@@ -243,6 +247,7 @@ class Daemon:
         self.leases.renew_now()
         self.presence.heartbeat_now()
         self.claimer.request()
+        self.scheduler.redeclare()
         self.link.listen(self.config.worker.poll_interval)
 
     def _settled(self, outcome: Outcome) -> None:
@@ -283,6 +288,7 @@ class Daemon:
             self.leases.next_deadline(),
             self.writer.next_deadline(),
             self.presence.next_deadline(),
+            self.scheduler.next_deadline(),
             self.supervisor.next_deadline(),
             self.link.next_deadline(),
             self.drain_deadline,
@@ -402,6 +408,7 @@ class Daemon:
         self.table.configure(new.worker)
         self.claimer.configure(new)
         self.presence.configure(new)
+        self.scheduler.configure(new)
         self.leases.configure(new.worker.renew_interval)
         log.info(
             "reloaded %s: %d slots, queues %s, handlers %s",

@@ -9,12 +9,14 @@ with the same methods (tests/unit).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
 
 from pgworkerd.daemon import outcomes
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue import lease, registry
+from pgworkerd.queue import lease, registry, schedules
 
 
 class Statements:
@@ -86,4 +88,28 @@ class Statements:
         return self.link.run(
             "marking stale daemons",
             lambda c: registry.mark_stale(c, stale_after, self.schema),
+        )
+
+    # -- schedules (periodic jobs) ----------------------------------------------------------
+
+    def declare_schedule(self, name: str, definition: dict[str, Any]) -> datetime | None:
+        """Record our definition; returns the tick up to which the schedule is handled."""
+        return self.link.run(
+            f"declaring schedule {name!r}",
+            lambda c: schedules.declare(c, name, definition, self.worker_id, self.schema),
+        )
+
+    def set_declared_schedules(self, names: Sequence[str]) -> bool | None:
+        def call(c: Any) -> bool:
+            schedules.set_declared(c, self.worker_id, names, self.schema)
+            return True
+
+        return self.link.run("recording declared schedules", call)
+
+    def fire_schedule(
+        self, name: str, tick: datetime, job: dict[str, Any], overlap: str
+    ) -> schedules.Fired | None:
+        return self.link.run(
+            f"firing schedule {name!r}",
+            lambda c: schedules.fire(c, name, tick, job, overlap, self.worker_id, self.schema),
         )

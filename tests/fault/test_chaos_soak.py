@@ -53,3 +53,7 @@ def test_chaos_soak_short(tmp_path: Path) -> None:
         r"instants with more limited executions than .*\((\d+) executions\): 0", summary
     )
     assert "daemons that exited on their own: 0" in summary
+    # periodic jobs raced by all three daemons through the faults: one job per tick
+    assert "scheduled jobs without exactly one tick: 0" in summary
+    assert "late schedule runs back to back (catch-up bursts): 0" in summary
+    assert re.search(r"schedule \(1 s, fired by all daemons\): [1-9]\d* ticks", summary)

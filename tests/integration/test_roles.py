@@ -382,3 +382,26 @@ def test_roles_for_concurrency_keys_limits_and_pauses(
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # only through the functions
             c.execute(sql.SQL("DELETE FROM {}.paused").format(sql.Identifier(schema)))
     assert many == keyed + 1
+
+
+def test_daemon_role_fires_schedules_and_enqueuer_cannot(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from pgworkerd.queue import schedules
+
+    tick = datetime.now(UTC) + timedelta(hours=1)
+    job = {"handler": "h", "payload": {}, "queue": "default", "priority": 0}
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        schedules.declare(c, "s", {"every": 60.0}, "w", schema)
+        fired = schedules.fire(c, "s", tick, job, "skip", "w", schema)
+        assert fired.outcome == "fired"
+        assert schedules.list_all(c, schema)[0]["last_job_id"] == fired.job_id
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # only through the functions
+            c.execute(sql.SQL("DELETE FROM {}.schedule_runs").format(sql.Identifier(schema)))
+    with (
+        psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        schedules.fire(c, "s", tick + timedelta(minutes=1), job, "allow", "w", schema)

@@ -482,3 +482,39 @@ SELECT CASE WHEN %(pause)s THEN @schema@.pause(%(kind)s, %(name)s, %(comment)s)
 SELECT kind, name, paused_at, paused_by, comment,
        extract(epoch FROM now() - paused_at)::float8 AS paused_seconds
 FROM @schema@.paused ORDER BY paused_at, kind, name;
+-- -- schedules (periodic jobs) -------------------------------------------------------------
+
+-- name: schedule_declare
+-- Record this daemon's definition of a schedule; returns the tick up to which the schedule
+-- is handled (its latest run, or when it was first declared).
+SELECT @schema@.schedule_declare(%(name)s, %(definition)s::jsonb, %(worker)s) AS handled_until;
+
+-- name: schedule_fire
+-- Fire one tick: record it and enqueue its job in one transaction (see migration
+-- "schedules"); returns outcome fired / skipped / taken and the job id.
+SELECT outcome, job_id
+  FROM @schema@.schedule_fire(%(name)s, %(tick)s, %(job)s::jsonb, %(overlap)s, %(worker)s);
+
+-- name: schedule_list
+-- Every schedule with its last run, that run's job status, and whether a live daemon
+-- declares it now (its name among a live daemon's schedules).
+SELECT s.name, s.definition, s.declared_by, s.declared_at, s.created_at,
+       r.tick AS last_tick, r.job_id AS last_job_id, r.skipped AS last_skipped,
+       r.fired_by AS last_fired_by, j.status::text AS last_job_status,
+       (SELECT count(*) FROM @schema@.schedule_runs c WHERE c.schedule = s.name) AS runs,
+       EXISTS (SELECT 1 FROM @schema@.workers w
+                WHERE w.state <> 'gone' AND w.schedules @> ARRAY[s.name]) AS declared_now
+  FROM @schema@.schedules s
+  LEFT JOIN LATERAL (SELECT * FROM @schema@.schedule_runs r
+                      WHERE r.schedule = s.name ORDER BY r.tick DESC LIMIT 1) r ON true
+  LEFT JOIN @schema@.jobs j ON j.id = r.job_id
+ ORDER BY s.name;
+
+-- name: schedule_runs_prune
+-- Delete schedule run rows older than %(older_than)s seconds, keeping each schedule's
+-- latest; returns how many.
+SELECT @schema@.schedule_runs_prune(make_interval(secs => %(older_than)s)) AS deleted;
+
+-- name: worker_schedules_set
+-- Record which schedules this daemon declares (shown by `pgworkerd schedules`).
+UPDATE @schema@.workers SET schedules = %(schedules)s WHERE id = %(id)s;

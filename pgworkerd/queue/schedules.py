@@ -1,0 +1,84 @@
+"""Typed wrappers for the schedule statements (periodic jobs: `schedules`,
+`schedule_runs`; migration "schedules")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from pgworkerd.queue.queries import query
+
+# Run rows older than this are deleted by `pgworkerd prune` (each schedule's latest run
+# is kept): a one-second schedule adds 86,400 a day.
+RUNS_RETENTION_SECONDS = 7 * 86400.0
+
+
+@dataclass(frozen=True)
+class Fired:
+    outcome: str  # "fired", "skipped" (overlap) or "taken" (another daemon did it)
+    job_id: int | None  # the job created, or the one in the way when skipped
+
+
+def declare(
+    conn: psycopg.Connection, name: str, definition: dict[str, Any], worker_id: str, schema: str
+) -> datetime:
+    """Record this daemon's definition; returns the tick up to which the schedule is
+    handled (its latest run, or when it was first declared)."""
+    row = conn.execute(
+        query("schedule_declare", schema),
+        {"name": name, "definition": Jsonb(definition), "worker": worker_id},
+    ).fetchone()
+    assert row is not None
+    handled_until: datetime = row[0]
+    return handled_until
+
+
+def set_declared(
+    conn: psycopg.Connection, worker_id: str, names: Sequence[str], schema: str
+) -> None:
+    conn.execute(query("worker_schedules_set", schema), {"id": worker_id, "schedules": list(names)})
+
+
+def fire(
+    conn: psycopg.Connection,
+    name: str,
+    tick: datetime,
+    job: dict[str, Any],
+    overlap: str,
+    worker_id: str,
+    schema: str,
+) -> Fired:
+    """Fire one tick (its run row and its job in one transaction)."""
+    with conn.transaction():
+        row = conn.execute(
+            query("schedule_fire", schema),
+            {
+                "name": name,
+                "tick": tick,
+                "job": Jsonb(job),
+                "overlap": overlap,
+                "worker": worker_id,
+            },
+        ).fetchone()
+    assert row is not None
+    return Fired(row[0], row[1])
+
+
+def list_all(conn: psycopg.Connection, schema: str) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query("schedule_list", schema)).fetchall()
+
+
+def prune_runs(
+    conn: psycopg.Connection, older_than_seconds: float = RUNS_RETENTION_SECONDS, *, schema: str
+) -> int:
+    row = conn.execute(
+        query("schedule_runs_prune", schema), {"older_than": older_than_seconds}
+    ).fetchone()
+    return int(row[0]) if row else 0

@@ -1,0 +1,140 @@
+"""The schedule functions against real PostgreSQL: one run row per (schedule, tick) with
+its job created in the same transaction, the overlap policies, the enqueue checks a
+scheduled job goes through, retention, and the daemon role's grants."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgworkerd.queue import admin, lease, schedules
+
+# ticks after the schedules are declared (earlier ones are before their time)
+T0 = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+JOB = {"handler": "h", "payload": {"n": 1}, "queue": "default", "priority": 0}
+
+
+def tick(n: int) -> datetime:
+    return T0 + timedelta(seconds=n)
+
+
+def runs(conn: psycopg.Connection, schema: str) -> list[tuple]:
+    return conn.execute(
+        sql.SQL(
+            "SELECT tick, job_id, skipped, fired_by FROM {}.schedule_runs ORDER BY tick"
+        ).format(sql.Identifier(schema))
+    ).fetchall()
+
+
+def claim_one(conn: psycopg.Connection, schema: str) -> int:
+    [job] = lease.claim(
+        conn,
+        "w",
+        queues=["default"],
+        handlers={"h": lease.HandlerCapacity(30, 10)},
+        limit=1,
+        schema=schema,
+    )
+    return job.id
+
+
+def test_a_tick_is_fired_once_and_its_job_created_with_it(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    handled = schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
+    assert handled <= datetime.now(UTC)
+    first = schedules.fire(conn, "s", tick(1), JOB, "allow", "a", schema)
+    again = schedules.fire(conn, "s", tick(1), JOB, "allow", "b", schema)
+    assert first.outcome == "fired" and first.job_id is not None
+    assert again == schedules.Fired("taken", None)
+    job = admin.get(conn, first.job_id, schema=schema)
+    assert job is not None and (job["handler"], job["payload"]) == ("h", {"n": 1})
+    assert runs(conn, schema) == [(tick(1), first.job_id, None, "a")]
+    # the declaration now says the schedule is handled up to that tick
+    assert schedules.declare(conn, "s", {"every": 1.0}, "b", schema) == tick(1)
+
+
+def test_an_invalid_job_is_refused_and_records_nothing(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        schedules.fire(conn, "s", tick(1), {**JOB, "handler": "bad\nname"}, "allow", "a", schema)
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        schedules.fire(conn, "s", tick(1), {**JOB, "priority": 10**6}, "allow", "a", schema)
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        schedules.fire(conn, "undeclared", tick(1), JOB, "allow", "a", schema)
+    with pytest.raises(psycopg.errors.InvalidParameterValue):
+        schedules.fire(conn, "s", tick(1), JOB, "sometimes", "a", schema)
+    assert runs(conn, schema) == []
+    assert admin.counts(conn, schema=schema) == []
+
+
+def test_overlap_skip_waits_for_the_last_job_to_finish(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
+    fired = schedules.fire(conn, "s", tick(1), JOB, "skip", "a", schema)
+    skipped = schedules.fire(conn, "s", tick(2), JOB, "skip", "a", schema)  # pending
+    assert skipped == schedules.Fired("skipped", fired.job_id)
+    assert claim_one(conn, schema) == fired.job_id
+    assert schedules.fire(conn, "s", tick(3), JOB, "skip", "a", schema).outcome == "skipped"
+    conn.execute(
+        sql.SQL(
+            "UPDATE {}.jobs SET status = 'completed', locked_by = NULL, locked_until = NULL, "
+            "finished_at = now() WHERE id = %s"
+        ).format(sql.Identifier(schema)),
+        [fired.job_id],
+    )
+    assert schedules.fire(conn, "s", tick(4), JOB, "skip", "a", schema).outcome == "fired"
+    [_, (_, _, reason, _), _, _] = runs(conn, schema)
+    assert reason == f"overlap skip: job {fired.job_id} is not finished"
+
+
+def test_overlap_queue_one_keeps_one_waiting_beside_a_running_one(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
+    first = schedules.fire(conn, "s", tick(1), JOB, "queue_one", "a", schema)
+    assert schedules.fire(conn, "s", tick(2), JOB, "queue_one", "a", schema).outcome == "skipped"
+    assert claim_one(conn, schema) == first.job_id  # running now: one more may wait
+    second = schedules.fire(conn, "s", tick(3), JOB, "queue_one", "a", schema)
+    assert second.outcome == "fired"
+    assert schedules.fire(conn, "s", tick(4), JOB, "queue_one", "a", schema) == (
+        schedules.Fired("skipped", second.job_id)
+    )
+
+
+def test_overlap_allow_always_fires(conn: psycopg.Connection, schema: str) -> None:
+    schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
+    outcomes = [schedules.fire(conn, "s", tick(n), JOB, "allow", "a", schema) for n in range(5)]
+    assert [f.outcome for f in outcomes] == ["fired"] * 5
+    assert len({f.job_id for f in outcomes}) == 5
+
+
+def test_prune_keeps_each_schedules_latest_run(conn: psycopg.Connection, schema: str) -> None:
+    schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
+    for n in range(3):
+        schedules.fire(conn, "s", tick(n), JOB, "allow", "a", schema)
+    assert schedules.prune_runs(conn, 3600, schema=schema) == 0
+    assert schedules.prune_runs(conn, 0, schema=schema) == 2
+    assert [r[0] for r in runs(conn, schema)] == [tick(2)]
+
+
+def test_a_removed_schedule_is_not_declared_by_live_daemons(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    from pgworkerd.queue import registry
+
+    info = registry.WorkerInfo("w1", "host", 1, "t", ["default"], ["h"], 1)
+    registry.register(conn, info, "running", schema)
+    schedules.declare(conn, "s", {"every": 60.0}, "w1", schema)
+    schedules.set_declared(conn, "w1", ["s"], schema)
+    [row] = schedules.list_all(conn, schema)
+    assert row["declared_now"] is True and row["last_tick"] is None
+    schedules.set_declared(conn, "w1", [], schema)
+    [row] = schedules.list_all(conn, schema)
+    assert row["declared_now"] is False

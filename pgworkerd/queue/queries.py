@@ -52,3 +52,9 @@ def query(name: str, schema: str = DEFAULT_SCHEMA) -> str:
 def notify_channel(schema: str) -> str:
     """The NOTIFY channel enqueue signals on (see enqueue_many in the migrations)."""
     return f"{check_schema_name(schema)}.jobs"
+
+
+def finished_channel(schema: str) -> str:
+    """The NOTIFY channel a job's final status is announced on, the job id as payload
+    (the trigger of migration "outcomes"; pgworkerd.wait listens on it)."""
+    return f"{check_schema_name(schema)}.finished"

@@ -28,7 +28,8 @@ INSERT INTO @schema@.schema_version (version, name, compatible_with) VALUES
     (5, 'finish', 5),
     (6, 'claim_v2', 5),
     (7, 'registry', 5),
-    (8, 'enqueue_checks', 5);
+    (8, 'enqueue_checks', 5),
+    (9, 'outcomes', 5);
 
 -- Jobs (0001).
 
@@ -921,3 +922,30 @@ BEGIN
               c.rescued AS rescued;
 END;
 $$;
+
+-- Handler-controlled outcomes and the completion notification (0009, outcomes).
+-- Snoozes of the job (pgworkerd.Snooze): each hands its attempt back uncounted, so this
+-- count is what a handler's max_snoozes bounds.
+ALTER TABLE @schema@.jobs
+    ADD COLUMN snoozes integer NOT NULL DEFAULT 0
+    CONSTRAINT jobs_snoozes_not_negative CHECK (snoozes >= 0);
+
+-- NOTIFY '<schema>.finished' (payload: the job id) whenever a job reaches a final status,
+-- by whatever path; pgworkerd.wait() listens for it.
+CREATE FUNCTION @schema@.notify_finished()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_notify(@schema_literal@ || '.finished', NEW.id::text);
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER jobs_notify_finished
+    AFTER UPDATE OF status ON @schema@.jobs
+    FOR EACH ROW
+    WHEN (NEW.status IN ('completed', 'dead', 'cancelled')
+          AND OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION @schema@.notify_finished();

@@ -61,6 +61,11 @@ class WorkerConfig:
     backoff_max: float = 3600.0
 
 
+# A handler's max_snoozes when not set, and the most it may be set to.
+DEFAULT_MAX_SNOOZES = 100
+MAX_SNOOZES_LIMIT = 1_000_000
+
+
 @dataclass(frozen=True)
 class HandlerConfig:
     name: str
@@ -77,6 +82,11 @@ class HandlerConfig:
     timeout: float | None = None  # whole-attempt limit; None: no limit
     heartbeat_timeout: float | None = None  # silence limit; None: not watched
     slots: int | None = None  # at most this many at once on this daemon
+    # Handler-controlled outcomes: how often one job may snooze (pgworkerd.Snooze) before
+    # a snooze counts as a failed attempt, and the exception types (qualified names,
+    # matched along the raised exception's MRO) that end a job as dead at once.
+    max_snoozes: int = DEFAULT_MAX_SNOOZES
+    no_retry: tuple[str, ...] = ()
 
     @property
     def module(self) -> str:
@@ -368,6 +378,33 @@ _METRICS = {
     "queue_depth_interval": _positive_duration,
     "top_queues": _non_negative_int,
 }
+
+
+def _max_snoozes(value: Any) -> int:
+    count = _non_negative_int(value)
+    if count > MAX_SNOOZES_LIMIT:
+        raise ValueError(f"must be at most {MAX_SNOOZES_LIMIT}, got {count}")
+    return count
+
+
+_TYPE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+MAX_NO_RETRY = 64  # the child reports at most 64 names along an exception's MRO
+
+
+def _exception_type_names(value: Any) -> tuple[str, ...]:
+    """no_retry: qualified exception type names ("ValueError", "myapp.errors.Permanent")."""
+    names = _string_list(value)
+    if len(names) > MAX_NO_RETRY:
+        raise ValueError(f"at most {MAX_NO_RETRY} exception types, got {len(names)}")
+    for name in names:
+        if len(name) > 512 or not _TYPE_NAME_RE.match(name):
+            raise ValueError(
+                f'expected exception type names like "ValueError" or '
+                f'"myapp.errors.PermanentError", got {name[:80]!r}'
+            )
+    return tuple(names)
+
+
 _HANDLER = {
     "target": _target,
     "queue": lambda v: check_name("queue", _nonempty(v)),
@@ -379,6 +416,8 @@ _HANDLER = {
     "timeout": _positive_duration,
     "heartbeat_timeout": _positive_duration,
     "slots": _positive_int,
+    "max_snoozes": _max_snoozes,
+    "no_retry": _exception_type_names,
 }
 
 

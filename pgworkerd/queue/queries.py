@@ -23,6 +23,7 @@ def render(text: str, schema: str) -> str:
     return (
         text.replace("@schema_literal@", f"'{schema}'")
         .replace("@notify_channel@", f'"{notify_channel(schema)}"')
+        .replace("@finished_channel@", f'"{finished_channel(schema)}"')
         .replace("@schema@", f'"{schema}"')
     )
 

@@ -482,3 +482,24 @@ UPDATE @schema@.jobs
 RETURNING id, status, run_at, snoozes,
           CASE WHEN status = 'pending' THEN extract(epoch FROM run_at - now())::float8
           END AS retry_in;
+
+-- name: job_info
+-- One job as pgworkerd.get returns it (client.JobInfo's fields, in order).
+SELECT id, queue, handler, status::text AS status, priority, attempts, max_attempts,
+       snoozes, result, progress, last_error, cancel_requested, run_at, created_at,
+       started_at, finished_at
+  FROM @schema@.jobs WHERE id = %(id)s;
+
+-- name: session_finished_listening
+-- Whether this session listens on the channel of finished jobs already (pgworkerd.wait
+-- then neither LISTENs nor UNLISTENs: it leaves the caller's session as it found it).
+SELECT %(channel)s::text = ANY (ARRAY(SELECT pg_listening_channels())) AS listening;
+
+-- name: session_finished_listen
+-- Receive the notification of every job reaching a final status (payload: its id);
+-- @finished_channel@ is the quoted name of that channel (queries.finished_channel).
+LISTEN @finished_channel@;
+
+-- name: session_finished_unlisten
+-- Stop receiving them again.
+UNLISTEN @finished_channel@;

@@ -24,9 +24,7 @@ def test_a_snooze_runs_the_job_again_later_without_spending_an_attempt(
     assert (row["attempts"], row["result"]["attempt"], row["snoozes"]) == (1, 1, 2)
 
 
-def test_snoozes_are_bounded_by_max_snoozes_and_by_their_length(
-    daemons: Daemons, db: Db
-) -> None:
+def test_snoozes_are_bounded_by_max_snoozes_and_by_their_length(daemons: Daemons, db: Db) -> None:
     daemons.start(
         {
             "snoozer": {"target": f"{H}:snooze_always", "max_snoozes": 2},

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from pgworkerd.child import GiveUp, Snooze
     from pgworkerd.client import (
         InvalidJob,
         JobFailed,
@@ -17,7 +18,6 @@ if TYPE_CHECKING:
         get,
         wait,
     )
-    from pgworkerd.worker.outcomes import GiveUp, Snooze
 
 __version__ = "0.3.0.dev0"
 __all__ = [
@@ -51,8 +51,8 @@ def __getattr__(name: str) -> Any:
         from pgworkerd import client
 
         return getattr(client, name)
-    if name in _OUTCOMES:  # dependency-free: a handler's import loads no psycopg
-        from pgworkerd.worker import outcomes
+    if name in _OUTCOMES:  # the child side's, through its shim: loads no psycopg
+        from pgworkerd import child
 
-        return getattr(outcomes, name)
+        return getattr(child, name)
     raise AttributeError(f"module 'pgworkerd' has no attribute {name!r}")

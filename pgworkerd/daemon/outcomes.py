@@ -278,12 +278,13 @@ def _snooze(conn: psycopg.Connection, worker: str, schema: str, o: Outcome) -> _
     the caller then records the attempt as failed, with o.error saying why."""
     j, h = o.job, o.handler
     max_snoozes = h.max_snoozes if h is not None else 0
+    delay = o.snooze or 0.0
     snoozed = lease.snooze(
         conn,
         worker,
         j.id,
         j.token,
-        o.snooze or 0.0,
+        delay,
         max_snoozes=max_snoozes,
         progress=o.progress,
         checkpoint=o.checkpoint,
@@ -297,7 +298,7 @@ def _snooze(conn: psycopg.Connection, worker: str, schema: str, o: Outcome) -> _
             else f"now {snoozed.status}"
         )
         return _Snoozed(
-            True, f"{o.name}: snoozed for {o.snooze:g}s (snooze {snoozed.snoozes}); {due}"
+            True, f"{o.name}: snoozed for {delay:g}s (snooze {snoozed.snoozes}); {due}"
         )
     row = lease.lease_state(conn, j.id, schema=schema)
     if row is None or row.token != j.token or row.locked_by != worker or row.status != "running":

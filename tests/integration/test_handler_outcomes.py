@@ -22,6 +22,8 @@ def test_a_snooze_runs_the_job_again_later_without_spending_an_attempt(
     assert 1.9 <= row["result"]["waited"] < 15
     # max_attempts = 1: a snooze that spent an attempt would have ended it dead
     assert (row["attempts"], row["result"]["attempt"], row["snoozes"]) == (1, 1, 2)
+    shown = daemons.cli("show", str(job_id))
+    assert shown.returncode == 0 and "\nsnoozes: 2\n" in shown.stdout, shown
 
 
 def test_snoozes_are_bounded_by_max_snoozes_and_by_their_length(daemons: Daemons, db: Db) -> None:

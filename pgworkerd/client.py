@@ -397,8 +397,10 @@ def wait(
     The connection must be outside a transaction (autocommit, or idle): wait never
     commits a caller's transaction, so inside one it raises RuntimeError. It leaves the
     connection as it found it: its autocommit setting, no LISTEN added (UNLISTEN
-    afterwards), no transaction open. Notifications on other channels that arrive while
-    it waits are consumed (psycopg still passes them to the connection's notify handlers).
+    afterwards), no transaction open. While it waits it reads the connection's
+    notifications with psycopg's notifies(), so those of other channels arriving then are
+    consumed; on a connection with notify handlers (add_notify_handler), which psycopg
+    warns does not mix with notifies(), pass listen=False.
     """
     if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
         raise ValueError(

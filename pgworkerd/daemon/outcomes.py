@@ -275,7 +275,8 @@ class _Snoozed:
 
 def _snooze(conn: psycopg.Connection, worker: str, schema: str, o: Outcome) -> _Snoozed | None:
     """Write a snooze; None when the job has used up its max_snoozes and still is ours:
-    the caller then records the attempt as failed, with o.error saying why."""
+    the outcome is then turned into a failed attempt (kind and error, once: a write
+    repeated after a lost reply is that failure's), which the caller records."""
     j, h = o.job, o.handler
     max_snoozes = h.max_snoozes if h is not None else 0
     delay = o.snooze or 0.0
@@ -297,12 +298,11 @@ def _snooze(conn: psycopg.Connection, worker: str, schema: str, o: Outcome) -> _
             if snoozed.status == "pending"
             else f"now {snoozed.status}"
         )
-        return _Snoozed(
-            True, f"{o.name}: snoozed for {delay:g}s (snooze {snoozed.snoozes}); {due}"
-        )
+        return _Snoozed(True, f"{o.name}: snoozed for {delay:g}s (snooze {snoozed.snoozes}); {due}")
     row = lease.lease_state(conn, j.id, schema=schema)
     if row is None or row.token != j.token or row.locked_by != worker or row.status != "running":
         return _Snoozed(False, "")  # fenced off (or written earlier: _checked tells)
+    o.kind = OutcomeKind.FAIL
     o.error = storable_text(
         f"snoozed {max_snoozes} times already (max_snoozes of handler {j.handler}): this "
         f"snooze counts as a failed attempt ({o.error})"

@@ -26,6 +26,8 @@ GRANT UPDATE (status, locked_by, locked_until, lease_token, attempts, max_attemp
               last_error, result, progress, checkpoint, cancel_requested, run_at,
               started_at, finished_at, updated_at)
       ON pgworkerd.jobs TO pgworkerd_daemon;
+-- snoozes: counted by the daemon when a handler snoozes a job (schema 9)
+GRANT UPDATE (snoozes) ON pgworkerd.jobs TO pgworkerd_daemon;
 GRANT SELECT, INSERT, UPDATE ON pgworkerd.workers TO pgworkerd_daemon;
 -- Pausing queues and handlers (`pgworkerd pause`/`resume --queue/--handler`, the claim
 -- and `status` read what is paused; the functions are SECURITY DEFINER).

@@ -5,10 +5,39 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from pgworkerd.client import InvalidJob, JobSpec, enqueue, enqueue_many
+    from pgworkerd.child import GiveUp, Snooze
+    from pgworkerd.client import (
+        InvalidJob,
+        JobFailed,
+        JobInfo,
+        JobNotFound,
+        JobSpec,
+        WaitTimeout,
+        enqueue,
+        enqueue_many,
+        get,
+        wait,
+    )
 
 __version__ = "0.3.0.dev0"
-__all__ = ["InvalidJob", "JobSpec", "__version__", "enqueue", "enqueue_many"]
+__all__ = [
+    "GiveUp",
+    "InvalidJob",
+    "JobFailed",
+    "JobInfo",
+    "JobNotFound",
+    "JobSpec",
+    "Snooze",
+    "WaitTimeout",
+    "__version__",
+    "enqueue",
+    "enqueue_many",
+    "get",
+    "wait",
+]
+# Waiting for a job (client.get, client.wait) and a handler's outcomes (Snooze, GiveUp).
+_WAITING = ("JobFailed", "JobInfo", "JobNotFound", "WaitTimeout", "get", "wait")
+_OUTCOMES = ("GiveUp", "Snooze")
 
 
 def __getattr__(name: str) -> Any:
@@ -18,4 +47,12 @@ def __getattr__(name: str) -> Any:
         from pgworkerd import client
 
         return getattr(client, name)
+    if name in _WAITING:
+        from pgworkerd import client
+
+        return getattr(client, name)
+    if name in _OUTCOMES:  # the child side's, through its shim: loads no psycopg
+        from pgworkerd import child
+
+        return getattr(child, name)
     raise AttributeError(f"module 'pgworkerd' has no attribute {name!r}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -26,17 +27,23 @@ from psycopg.rows import tuple_row
 from pgworkerd import bounds
 from pgworkerd.bounds import MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_MIN, PRIORITY_MAX, PRIORITY_MIN
 from pgworkerd.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
-from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
+from pgworkerd.queue.queries import DEFAULT_SCHEMA, finished_channel, query
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_QUEUE",
     "InvalidJob",
+    "JobFailed",
+    "JobInfo",
+    "JobNotFound",
     "JobSpec",
+    "WaitTimeout",
     "enqueue",
     "enqueue_many",
+    "get",
     "jobs_json",
     "json_type_name",
+    "wait",
 ]
 
 
@@ -310,3 +317,159 @@ def enqueue_many(
     with conn.cursor(row_factory=tuple_row) as cur:
         [(ids,)] = cur.execute(query(name, schema), {"jobs": text}).fetchall()
     return list(ids)
+
+
+# -- Waiting for a job: get and wait ------------------------------------------------------
+
+# wait() re-reads the job this often when no notification came (and always through
+# PgBouncer in transaction mode, where LISTEN does not reach this session).
+DEFAULT_WAIT_POLL = 1.0
+FINAL_STATUSES = frozenset({"completed", "dead", "cancelled"})
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job as pgworkerd.get read it. status: pending, running, completed, dead or
+    cancelled; result only when completed; attempts counts attempts started (a snooze or
+    a hand-back does not count); snoozes how often its handler snoozed it."""
+
+    id: int
+    queue: str
+    handler: str
+    status: str
+    priority: int
+    attempts: int
+    max_attempts: int
+    snoozes: int
+    result: Any
+    progress: Any
+    last_error: str | None
+    cancel_requested: bool
+    run_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @property
+    def finished(self) -> bool:
+        """In a final status: completed, dead or cancelled."""
+        return self.status in FINAL_STATUSES
+
+
+class JobNotFound(LookupError):
+    """No job with this id (never enqueued, or pruned)."""
+
+
+class JobFailed(Exception):
+    """The job ended dead or cancelled: `status`, `error` (its last_error) and `job`."""
+
+    def __init__(self, job: JobInfo) -> None:
+        self.job = job
+        self.status = job.status
+        self.error = job.last_error
+        first = (job.last_error or "").split("\n", 1)[0]
+        super().__init__(f"job {job.id} ended {job.status}" + (f": {first}" if first else ""))
+
+
+class WaitTimeout(TimeoutError):
+    """wait() gave up: the job had not finished within its timeout (`job`: as last read)."""
+
+    def __init__(self, job: JobInfo, timeout: float) -> None:
+        self.job = job
+        super().__init__(f"job {job.id} still {job.status} after {timeout:g}s")
+
+
+def get(
+    conn: psycopg.Connection[Any], job_id: int, *, schema: str = DEFAULT_SCHEMA
+) -> JobInfo | None:
+    """The job `job_id`, or None if there is none. Reads with the caller's connection, in
+    its current transaction if one is open; needs SELECT on the jobs table (the
+    pgworkerd_daemon role has it)."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        raise TypeError(f"job id must be an integer, not {type(job_id).__name__}")
+    if not -(2**63) <= job_id < 2**63:
+        return None  # no bigint: no such job
+    with conn.cursor(row_factory=tuple_row) as cur:
+        row = cur.execute(query("job_info", schema), {"id": job_id}).fetchone()
+    return None if row is None else JobInfo(*row)
+
+
+def wait(
+    conn: psycopg.Connection[Any],
+    job_id: int,
+    timeout: float | None = None,
+    *,
+    poll: float = DEFAULT_WAIT_POLL,
+    listen: bool = True,
+    schema: str = DEFAULT_SCHEMA,
+) -> Any:
+    """Wait until job `job_id` is finished; return its result when it completed.
+
+    Raises JobFailed (with the status and last_error) when it ended dead or cancelled,
+    WaitTimeout (a TimeoutError) after `timeout` seconds (None: no limit), JobNotFound at
+    once for an unknown id.
+
+    Woken by the notification each finished job sends (LISTEN on "<schema>.finished";
+    the job is read after LISTEN, so a completion in between is not missed), with a
+    re-read every `poll` seconds in case it does not come. listen=False only polls: use
+    it through PgBouncer in transaction mode, where LISTEN lands on whichever server
+    connection the pool picked (wait stays correct either way, but only a direct
+    connection gives the fast wake-up).
+
+    The connection must be outside a transaction (autocommit, or idle): wait never
+    commits a caller's transaction, so inside one it raises RuntimeError. It leaves the
+    connection as it found it: its autocommit setting, no LISTEN added (UNLISTEN
+    afterwards), no transaction open. While it waits it reads the connection's
+    notifications with psycopg's notifies(), so those of other channels arriving then are
+    consumed; on a connection with notify handlers (add_notify_handler), which psycopg
+    warns does not mix with notifies(), pass listen=False.
+    """
+    if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
+        raise ValueError(
+            f"timeout must be a finite number of seconds >= 0 or None, not {timeout!r}"
+        )
+    if not (math.isfinite(poll) and poll > 0):
+        raise ValueError(f"poll must be a finite number of seconds > 0, not {poll!r}")
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise RuntimeError(
+            "pgworkerd.wait needs a connection outside a transaction (autocommit, or "
+            "idle): commit or roll back first; wait never commits the caller's transaction"
+        )
+    deadline = None if timeout is None else time.monotonic() + timeout
+    channel = finished_channel(schema)
+    was_autocommit = conn.autocommit
+    conn.autocommit = True  # every statement of wait's commits at once: nothing held open
+    listening = False
+    try:
+        if listen:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                [(already,)] = cur.execute(
+                    query("session_finished_listening", schema), {"channel": channel}
+                ).fetchall()
+                if not already:
+                    cur.execute(query("session_finished_listen", schema))
+                    listening = True
+        while True:
+            job = get(conn, job_id, schema=schema)
+            if job is None:
+                raise JobNotFound(f"no job {job_id} in schema {schema!r}")
+            if job.status == "completed":
+                return job.result
+            if job.finished:
+                raise JobFailed(job)
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise WaitTimeout(job, timeout or 0.0)
+            nap = poll if left is None else min(poll, left)
+            if listen:
+                for note in conn.notifies(timeout=nap):
+                    if note.channel == channel and note.payload == str(job_id):
+                        break
+            else:
+                time.sleep(nap)
+    finally:
+        if not conn.closed:
+            if listening and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                with conn.cursor() as cur:
+                    cur.execute(query("session_finished_unlisten", schema))
+            conn.autocommit = was_autocommit

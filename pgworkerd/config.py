@@ -68,6 +68,11 @@ class WorkerConfig:
     backoff_max: float = 3600.0
 
 
+# A handler's max_snoozes when not set, and the most it may be set to.
+DEFAULT_MAX_SNOOZES = 100
+MAX_SNOOZES_LIMIT = 1_000_000
+
+
 @dataclass(frozen=True)
 class HandlerConfig:
     name: str
@@ -88,6 +93,11 @@ class HandlerConfig:
     # once across every daemon, and at most this many per concurrency key; None: none.
     max_running: int | None = None
     max_running_per_key: int | None = None
+    # Handler-controlled outcomes: how often one job may snooze (pgworkerd.Snooze) before
+    # a snooze counts as a failed attempt, and the exception types (qualified names,
+    # matched along the raised exception's MRO) that end a job as dead at once.
+    max_snoozes: int = DEFAULT_MAX_SNOOZES
+    no_retry: tuple[str, ...] = ()
 
     @property
     def module(self) -> str:
@@ -530,6 +540,31 @@ def _read_schedules(
     return schedules
 
 
+def _max_snoozes(value: Any) -> int:
+    count = _non_negative_int(value)
+    if count > MAX_SNOOZES_LIMIT:
+        raise ValueError(f"must be at most {MAX_SNOOZES_LIMIT}, got {count}")
+    return count
+
+
+_TYPE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+MAX_NO_RETRY = 64  # the child reports at most 64 names along an exception's MRO
+
+
+def _exception_type_names(value: Any) -> tuple[str, ...]:
+    """no_retry: qualified exception type names ("ValueError", "myapp.errors.Permanent")."""
+    names = _string_list(value)
+    if len(names) > MAX_NO_RETRY:
+        raise ValueError(f"at most {MAX_NO_RETRY} exception types, got {len(names)}")
+    for name in names:
+        if len(name) > 512 or not _TYPE_NAME_RE.match(name):
+            raise ValueError(
+                f'expected exception type names like "ValueError" or '
+                f'"myapp.errors.PermanentError", got {name[:80]!r}'
+            )
+    return tuple(names)
+
+
 _HANDLER = {
     "target": _target,
     "queue": lambda v: check_name("queue", _nonempty(v)),
@@ -543,6 +578,8 @@ _HANDLER = {
     "slots": _positive_int,
     "max_running": _positive_limit,
     "max_running_per_key": _positive_limit,
+    "max_snoozes": _max_snoozes,
+    "no_retry": _exception_type_names,
 }
 
 

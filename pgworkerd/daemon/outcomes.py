@@ -22,6 +22,7 @@ from pgworkerd.jsontext import storable_text
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue import lease
 from pgworkerd.queue.lease import ClaimedJob, EncodedJson, RefusedJob
+from pgworkerd.worker.outcomes import snooze_problem
 from pgworkerd.worker.protocol import Done, Failed, Interrupted, Report
 
 log = logging.getLogger("pgworkerd")
@@ -52,6 +53,7 @@ class Outcome:
     backoff: tuple[float, float] = (10.0, 3600.0)
     failed_writes: int = 0
     retry_in: float | None = None  # set once written: seconds until the retry is due
+    snooze: float | None = None  # SNOOZE: seconds until the job runs again (checked)
 
     def __post_init__(self) -> None:
         self.kind = OutcomeKind(self.kind)  # a plain string names the same kind
@@ -120,6 +122,7 @@ def decide(
     duration = time.monotonic() - (job.started_at or job.claimed_at)
     h, reason = job.handler, job.stop_reason
     kind, error, result = OutcomeKind.FAIL, "", None
+    snooze: float | None = None
     # the handler stopped itself (JobInterrupted) after a drain or cancel request
     interrupted = isinstance(report, Interrupted)
     if isinstance(report, Done):
@@ -135,7 +138,7 @@ def decide(
     elif reason is StopReason.STUCK:
         error = f"no heartbeat for {format_duration(h.heartbeat_timeout or 0)}: stuck"
     elif isinstance(report, Failed):
-        error = report.error + ("\n" + report.traceback if report.traceback else "")
+        kind, error, snooze = chosen_outcome(report, h)
     elif isinstance(report, Interrupted):
         error = f"interrupted from outside the daemon: {report.error}"
     else:
@@ -160,7 +163,30 @@ def decide(
         job.progress,
         job.checkpoint if job.unsaved else None,
         backoff,
+        snooze=snooze,
     )
+
+
+def chosen_outcome(report: Failed, h: HandlerConfig) -> tuple[OutcomeKind, str, float | None]:
+    """(kind, error, snooze seconds) of a handler's failure report: a snooze or a give-up
+    it raised, an exception type its no_retry names, or else a failed attempt. What the
+    child sent is checked again here (a child runs arbitrary code)."""
+    detail = "\n" + report.traceback if report.traceback else ""
+    if report.snooze is not None:
+        problem = snooze_problem(report.snooze)
+        if problem is not None:
+            return OutcomeKind.FAIL, problem + detail, None
+        return OutcomeKind.SNOOZE, report.error, float(report.snooze)
+    if report.give_up is not None:
+        return OutcomeKind.GIVE_UP, report.give_up, None
+    matched = next((t for t in report.exception_types or () if t in h.no_retry), None)
+    if matched is not None:
+        return (
+            OutcomeKind.GIVE_UP,
+            f"{report.error}\n(not retried: {matched} is in no_retry of handler {h.name}){detail}",
+            None,
+        )
+    return OutcomeKind.FAIL, report.error + detail, None
 
 
 def write(
@@ -206,9 +232,14 @@ def write(
             conn, worker, j.id, j.token, o.error, progress=o.progress, schema=schema
         )
         message = f"{o.name}: cancelled after {took}"
-    elif o.kind is OutcomeKind.BURY:
+    elif o.kind in (OutcomeKind.BURY, OutcomeKind.GIVE_UP):
         ok = lease.bury(conn, worker, j.id, j.token, o.error, schema=schema)
-        message = f"{o.name}: dead at once: {o.error}"
+        first = o.error.splitlines()[0] if o.error else ""
+        who = "the handler gave up" if o.kind is OutcomeKind.GIVE_UP else "cannot run"
+        message = f"{o.name}: dead at once ({who}): {first}"
+    elif o.kind is OutcomeKind.SNOOZE and (snoozed := _snooze(conn, worker, schema, o)):
+        ok = snoozed.ok
+        message = snoozed.message
     else:
         failed = lease.fail(
             conn,
@@ -236,6 +267,49 @@ def write(
     return True
 
 
+@dataclass(frozen=True)
+class _Snoozed:
+    ok: bool
+    message: str
+
+
+def _snooze(conn: psycopg.Connection, worker: str, schema: str, o: Outcome) -> _Snoozed | None:
+    """Write a snooze; None when the job has used up its max_snoozes and still is ours:
+    the outcome is then turned into a failed attempt (kind and error, once: a write
+    repeated after a lost reply is that failure's), which the caller records."""
+    j, h = o.job, o.handler
+    max_snoozes = h.max_snoozes if h is not None else 0
+    delay = o.snooze or 0.0
+    snoozed = lease.snooze(
+        conn,
+        worker,
+        j.id,
+        j.token,
+        delay,
+        max_snoozes=max_snoozes,
+        progress=o.progress,
+        checkpoint=o.checkpoint,
+        schema=schema,
+    )
+    if snoozed is not None:
+        o.retry_in = snoozed.retry_in
+        due = (
+            f"runs again at {snoozed.run_at:%H:%M:%S}"
+            if snoozed.status == "pending"
+            else f"now {snoozed.status}"
+        )
+        return _Snoozed(True, f"{o.name}: snoozed for {delay:g}s (snooze {snoozed.snoozes}); {due}")
+    row = lease.lease_state(conn, j.id, schema=schema)
+    if row is None or row.token != j.token or row.locked_by != worker or row.status != "running":
+        return _Snoozed(False, "")  # fenced off (or written earlier: _checked tells)
+    o.kind = OutcomeKind.FAIL
+    o.error = storable_text(
+        f"snoozed {max_snoozes} times already (max_snoozes of handler {j.handler}): this "
+        f"snooze counts as a failed attempt ({o.error})"
+    )
+    return None
+
+
 def _checked(
     conn: psycopg.Connection, schema: str, o: Outcome, ok: bool, message: str
 ) -> tuple[bool, str]:
@@ -252,6 +326,9 @@ _STATUS_AFTER = {
     OutcomeKind.CANCEL: {"cancelled"},
     OutcomeKind.FAIL: {"pending", "dead", "cancelled"},
     OutcomeKind.BURY: {"dead"},
+    OutcomeKind.GIVE_UP: {"dead"},
+    # a snooze beyond max_snoozes is written as a failed attempt
+    OutcomeKind.SNOOZE: {"pending", "dead", "cancelled"},
 }
 
 
@@ -275,7 +352,7 @@ def _report(metrics: NullMetrics | None, o: Outcome, ok: bool, message: str) -> 
     if ok:
         level = (
             logging.ERROR
-            if o.kind is OutcomeKind.BURY
+            if o.kind in (OutcomeKind.BURY, OutcomeKind.GIVE_UP)
             else logging.WARNING
             if o.kind is OutcomeKind.FAIL
             else logging.INFO

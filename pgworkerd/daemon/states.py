@@ -52,3 +52,6 @@ class OutcomeKind(StrEnum):
     RELEASE = "release"  # handed back, attempt not counted
     CANCEL = "cancel"
     BURY = "bury"  # a row this daemon cannot run at all: dead at once
+    # chosen by the handler (pgworkerd.worker.outcomes; no_retry)
+    SNOOZE = "snooze"  # pending again after a delay, attempt not counted
+    GIVE_UP = "give up"  # dead at once, with the handler's reason

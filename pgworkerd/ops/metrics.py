@@ -246,6 +246,15 @@ class Metrics(NullMetrics):
             "handed to a child (see last_error).",
             ("handler",),
         )
+        # handler-controlled outcomes (pgworkerd.Snooze, GiveUp, no_retry)
+        self.snoozes = counter(
+            "jobs_snoozed", "Jobs a handler snoozed (attempt not counted).", ("handler",)
+        )
+        self.give_ups = counter(
+            "jobs_given_up",
+            "Jobs ended as dead at once by their handler (GiveUp, or a no_retry exception).",
+            ("handler",),
+        )
         self.fenced_off = counter(
             "outcomes_fenced",
             "Outcomes rejected because the lease was lost and the job re-claimed.",
@@ -371,8 +380,8 @@ class Metrics(NullMetrics):
 
     @_safe
     def outcome(self, handler: str, kind: str, ok: bool = True) -> None:
-        """One outcome written: kind complete, fail, release, cancel or bury (a job refused
-        at the claim); ok False when the
+        """One outcome written: kind complete, fail, release, cancel, bury (a job refused
+        at the claim), snooze or give up (the handler's choice); ok False when the
         write was fenced off (the lease was lost and the job re-claimed)."""
         handler = self._handler(handler)
         if not ok:
@@ -387,6 +396,10 @@ class Metrics(NullMetrics):
             self.cancellations.labels(handler).inc()
         elif kind == "bury":
             self.refusals.labels(handler).inc()
+        elif kind == "snooze":
+            self.snoozes.labels(handler).inc()
+        elif kind == "give up":
+            self.give_ups.labels(handler).inc()
 
     @_safe
     def lease_renewed(self, count: int = 1) -> None:

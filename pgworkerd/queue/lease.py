@@ -386,6 +386,47 @@ def bury(
 
 
 @dataclass(frozen=True)
+class SnoozeOutcome:
+    status: str  # pending (runs again at run_at), or cancelled (a cancel was requested)
+    run_at: datetime
+    snoozes: int  # the job's snoozes, this one included
+    retry_in: float | None = None  # seconds until it is due (pending only)
+
+
+def snooze(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    job_id: int,
+    token: int,
+    delay: float,
+    *,
+    max_snoozes: int,
+    progress: Any = None,
+    checkpoint: Any = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> SnoozeOutcome | None:
+    """The handler snoozed a held job: pending again in `delay` seconds, the attempt not
+    counted (schema 11). None: the lease was lost, or the job has snoozed `max_snoozes`
+    times already; nothing changed either way (lease_state tells them apart)."""
+    rows = hotpath.run(
+        conn,
+        "job_snooze",
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "delay": delay,
+            "max_snoozes": max_snoozes,
+            "progress": _jsonb_or_none(progress),
+            "checkpoint": _jsonb_or_none(checkpoint),
+        },
+        schema=schema,
+    )
+    row = rows[0] if rows else None
+    return None if row is None else SnoozeOutcome(*row[1:])
+
+
+@dataclass(frozen=True)
 class LeaseState:
     status: str
     token: int

@@ -23,6 +23,7 @@ def render(text: str, schema: str) -> str:
     return (
         text.replace("@schema_literal@", f"'{schema}'")
         .replace("@notify_channel@", f'"{notify_channel(schema)}"')
+        .replace("@finished_channel@", f'"{finished_channel(schema)}"')
         .replace("@schema@", f'"{schema}"')
     )
 
@@ -52,3 +53,9 @@ def query(name: str, schema: str = DEFAULT_SCHEMA) -> str:
 def notify_channel(schema: str) -> str:
     """The NOTIFY channel enqueue signals on (see enqueue_many in the migrations)."""
     return f"{check_schema_name(schema)}.jobs"
+
+
+def finished_channel(schema: str) -> str:
+    """The NOTIFY channel a job's final status is announced on, the job id as payload
+    (the trigger of migration "outcomes"; pgworkerd.wait listens on it)."""
+    return f"{check_schema_name(schema)}.finished"

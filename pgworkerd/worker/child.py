@@ -26,6 +26,7 @@ from setproctitle import setproctitle
 
 from pgworkerd.jsontext import storable_json, storable_text
 from pgworkerd.worker import protocol
+from pgworkerd.worker.outcomes import GiveUp, Snooze, exception_types, snooze_problem
 from pgworkerd.worker.protocol import (
     Beat,
     Cancel,
@@ -256,11 +257,21 @@ def _run_one(channel: _Channel, job: Job) -> None:
         outcome = Interrupted(
             job.id, storable_text(str(exc)), storable_text(traceback.format_exc())
         )
+    except Snooze as exc:
+        outcome = _snoozed(job.id, exc)
+    except GiveUp as exc:
+        outcome = Failed(
+            job.id,
+            storable_text(f"GiveUp: {exc.reason}"),
+            storable_text(traceback.format_exc()),
+            give_up=storable_text(exc.reason),
+        )
     except BaseException as exc:  # the handler's failure, whatever it is, is the outcome
         outcome = Failed(
             job.id,
             storable_text(f"{type(exc).__name__}: {exc}"),
             storable_text(traceback.format_exc()),
+            exception_types=[storable_text(n) for n in exception_types(exc)],
         )
     try:
         frame = protocol.encode(outcome)
@@ -277,6 +288,16 @@ def _run_one(channel: _Channel, job: Job) -> None:
     signal.signal(signal.SIGTERM, _raise_interrupted)
     channel.title = "pgworkerd: idle child"
     setproctitle(channel.title)
+
+
+def _snoozed(job_id: int, exc: Snooze) -> Failed:
+    """The report of a Snooze: a failure to a daemon of release 0.2, a snooze to this
+    release's; a snooze of a bad length is a plain failed attempt that says why."""
+    problem = snooze_problem(exc.seconds)
+    tb = storable_text(traceback.format_exc())
+    if problem is not None:
+        return Failed(job_id, storable_text(problem), tb)
+    return Failed(job_id, storable_text(f"Snooze: {exc}"), tb, snooze=float(exc.seconds))
 
 
 def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:

@@ -82,6 +82,12 @@ class Failed:
     id: int
     error: str
     traceback: str = ""
+    # The outcome the handler chose (pgworkerd.worker.outcomes), as optional fields a
+    # parent of release 0.2 ignores (it reads the frame as the failure `error` says):
+    snooze: float | None = None  # Snooze: seconds until the job runs again
+    give_up: str | None = None  # GiveUp: the reason
+    # the raised exception's qualified type names along its MRO, for a handler's no_retry
+    exception_types: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -164,7 +170,12 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "int | None": (int, type(None)),
     "str": (str,),
     "float": (int, float),
+    "float | None": (int, float, type(None)),
+    "str | None": (str, type(None)),
 }
+# At most this many exception type names of at most this many characters each.
+MAX_TYPE_NAMES = 64
+MAX_TYPE_NAME_LENGTH = 512
 
 
 def encode(message: Message) -> bytes:
@@ -193,7 +204,9 @@ def decode(obj: Any) -> Message:
                 raise ProtocolError(f"{cls.kind.value} message without {f.name!r}")
             continue
         value = obj[f.name]
-        if f.name not in _ANY:
+        if f.name == "exception_types":
+            _check_type_names(value)
+        elif f.name not in _ANY:
             wanted = _TYPES[str(f.type)]
             if isinstance(value, bool) or not isinstance(value, wanted):
                 raise ProtocolError(
@@ -201,3 +214,18 @@ def decode(obj: Any) -> Message:
                 )
         values[f.name] = value
     return cls(**values)
+
+
+def _check_type_names(value: Any) -> None:
+    """exception_types: null, or a bounded list of bounded strings."""
+    if value is None:
+        return
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_TYPE_NAMES
+        or not all(isinstance(v, str) and len(v) <= MAX_TYPE_NAME_LENGTH for v in value)
+    ):
+        raise ProtocolError(
+            f"error message: 'exception_types' must be a list of at most {MAX_TYPE_NAMES} "
+            f"names of at most {MAX_TYPE_NAME_LENGTH} characters"
+        )

@@ -25,6 +25,7 @@ from daemon_harness import PGWORKERD, DaemonProcess, Daemons, Db, wait_for
 from psycopg import sql
 
 from pgworkerd.queue.migrate import latest_version, migrations
+from pgworkerd.queue.queries import finished_channel
 
 PREVIOUS_RELEASE = "pgworkerd-0.2.0.tar.gz"
 PREVIOUS_VERSION = "0.2.0"
@@ -131,6 +132,7 @@ def test_previous_release_runs_jobs_beside_new_daemons_across_the_expand_migrati
     def tags(ids: list[int]) -> set[str]:
         return {e["tag"] for e in db.executions() if e["job_id"] in ids}
 
+    listener = psycopg.connect(test_db_dsn, autocommit=True)
     try:
         old = start_previous(daemons, previous_pgworkerd, "old", monkeypatch)
         before = enqueue(4, 0.2)
@@ -140,8 +142,14 @@ def test_previous_release_runs_jobs_beside_new_daemons_across_the_expand_migrati
         assert migrate_with(PGWORKERD, test_db_dsn, schema) == (
             f"schema {schema}: applied migrations {applied}"
         )
+        # The old daemon's finishes fire the new schema's finished notification too.
+        listener.execute(f'LISTEN "{finished_channel(schema)}"')
         during = enqueue(4, 0.2)
         wait_for(lambda: tags(during) == {"old"}, what="the old daemon to run jobs after it")
+        for job_id in during:
+            db.wait_status(job_id, "completed")
+        notified = {n.payload for n in listener.notifies(timeout=1.0)}
+        assert {str(job_id) for job_id in during} <= notified
 
         # An old daemon that starts now (a restart, or a host not upgraded yet) meets the
         # newer schema, says so, and runs.
@@ -166,6 +174,7 @@ def test_previous_release_runs_jobs_beside_new_daemons_across_the_expand_migrati
         for daemon in (old, restarted, new):
             assert daemon.proc is not None and daemon.proc.poll() is None, daemon.log()
     finally:
+        listener.close()
         daemons.stop_all()
 
     # Exactly once: one attempt, one execution that ended, for every job of the window.

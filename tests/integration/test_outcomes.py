@@ -44,7 +44,7 @@ def expire_lease(conn: psycopg.Connection, schema: str, job_id: int) -> None:
     )
 
 
-@pytest.mark.parametrize("kind", ["complete", "fail", "release", "cancel"])
+@pytest.mark.parametrize("kind", ["complete", "fail", "release", "cancel", "snooze", "give up"])
 def test_an_outcome_written_again_is_already_recorded_not_fenced(
     conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
@@ -75,7 +75,7 @@ def test_an_outcome_after_the_job_was_re_claimed_is_fenced_off(
     assert admin.get(conn, old.id, schema=schema)["locked_by"] == "w2"
 
 
-@pytest.mark.parametrize("kind", ["complete", "fail", "release", "cancel"])
+@pytest.mark.parametrize("kind", ["complete", "fail", "release", "cancel", "snooze", "give up"])
 @pytest.mark.parametrize("cancel_requested", [False, True], ids=["dead", "cancelled"])
 def test_an_outcome_after_burial_is_fenced_off(
     conn: psycopg.Connection,
@@ -109,3 +109,49 @@ def test_an_outcome_after_burial_is_fenced_off(
     caplog.set_level(logging.INFO, logger="pgworkerd")
     write(conn, schema, "w1", Outcome(old, HANDLER, kind, 0.5, error="boom"))
     assert f"outcome {kind} rejected" in caplog.records[-1].getMessage()
+
+
+# -- snoozes (issue 11) --------------------------------------------------------------------
+
+
+def test_a_late_snooze_of_a_re_claimed_job_changes_nothing(
+    conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    client.enqueue(conn, "h", schema=schema)
+    old = claim(conn, schema, "w1")
+    expire_lease(conn, schema, old.id)
+    claim(conn, schema, "w2")
+    before = admin.get(conn, old.id, schema=schema)
+    caplog.set_level(logging.INFO, logger="pgworkerd")
+    write(conn, schema, "w1", Outcome(old, HANDLER, "snooze", 0.5, snooze=600.0))
+    assert "outcome snooze rejected" in caplog.records[-1].getMessage()
+    assert admin.get(conn, old.id, schema=schema) == before
+
+
+def test_a_snooze_hands_the_attempt_back_and_the_one_past_max_snoozes_fails(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    handler = HandlerConfig(name="h", target="jobhandlers:work", max_snoozes=1)
+    job_id = client.enqueue(conn, "h", max_attempts=2, schema=schema)
+    job = claim(conn, schema, "w1")
+    write(conn, schema, "w1", Outcome(job, handler, "snooze", 0.5, snooze=600.0, error="S"))
+    row = admin.get(conn, job_id, schema=schema)
+    assert (row["status"], row["attempts"], row["snoozes"], row["last_error"]) == (
+        "pending",
+        0,
+        1,
+        None,
+    )
+    # due in 600 s, by the server's clock
+    [(due_in,)] = conn.execute(
+        f'SELECT extract(epoch FROM run_at - now()) FROM "{schema}".jobs WHERE id = %s',
+        [job_id],
+    ).fetchall()
+    assert 590 < due_in <= 600
+    conn.execute(f'UPDATE "{schema}".jobs SET run_at = now() WHERE id = %s', [job_id])
+    job = claim(conn, schema, "w1")
+    assert job.attempt == 1  # the snoozed attempt was not counted
+    write(conn, schema, "w1", Outcome(job, handler, "snooze", 0.5, snooze=0.0, error="S"))
+    row = admin.get(conn, job_id, schema=schema)
+    assert (row["status"], row["attempts"], row["snoozes"]) == ("pending", 1, 1)
+    assert row["last_error"].startswith("snoozed 1 times already (max_snoozes of handler h)")

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+import pgworkerd
 from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue import lease
@@ -217,3 +219,38 @@ target = "pgworkerd.examples:sleep_with_progress"
     finally:
         daemon.terminate()
         daemon.wait(30)
+
+
+# -- pgworkerd.wait through PgBouncer (issue 11) ----------------------------------------------
+
+
+@pytest.mark.parametrize("listen", [False, True], ids=["poll", "listen"])
+def test_wait_through_pgbouncer_returns_by_polling(
+    bouncer: str, schema: str, conn: psycopg.Connection, listen: bool
+) -> None:
+    """In transaction mode LISTEN reaches whichever server connection the pool picked, so
+    notifications may never come: the poll alone must make wait correct (listen=False is
+    what the README advises there; with listen=True it must still not hang or misread)."""
+    job_id = client.enqueue(conn, "h", {}, schema=schema)
+
+    def finish() -> None:
+        [job] = lease.claim(
+            conn,
+            "w",
+            queues=["default"],
+            handlers={"h": lease.HandlerCapacity(30, 1)},
+            limit=1,
+            schema=schema,
+        )
+        lease.complete(conn, "w", job.id, job.token, {"via": "bouncer"}, schema=schema)
+
+    # no server-side prepared statements through PgBouncer 1.18 in transaction mode
+    with psycopg.connect(bouncer, autocommit=True, prepare_threshold=None) as through:
+        timer = threading.Timer(0.5, finish)
+        timer.start()
+        started = time.monotonic()
+        result = pgworkerd.wait(through, job_id, timeout=30, poll=0.2, listen=listen, schema=schema)
+        timer.join()
+        assert result == {"via": "bouncer"}
+        assert time.monotonic() - started < 10
+        assert through.autocommit

@@ -11,6 +11,7 @@ from daemon_harness import Daemons, Db, wait_for
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+import pgworkerd
 from pgworkerd import client
 from pgworkerd.config import DatabaseConfig
 from pgworkerd.daemon.dblink import DatabaseLink
@@ -405,3 +406,27 @@ def test_daemon_role_fires_schedules_and_enqueuer_cannot(
         pytest.raises(psycopg.errors.InsufficientPrivilege),
     ):
         schedules.fire(c, "s", tick + timedelta(minutes=1), job, "allow", "w", schema)
+
+
+# -- handler-controlled outcomes and waiting (issue 11) -------------------------------------
+
+
+def test_daemon_role_snoozes_and_gives_up_and_can_wait(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    ids = client.enqueue_many(conn, [client.JobSpec("h") for _ in range(2)], schema=schema)
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        held = lease.claim(
+            c,
+            "w",
+            queues=["default"],
+            handlers={"h": lease.HandlerCapacity(30, 2)},
+            limit=2,
+            schema=schema,
+        )
+        snoozed = lease.snooze(c, "w", held[0].id, held[0].token, 60, max_snoozes=5, schema=schema)
+        assert snoozed is not None and (snoozed.status, snoozed.snoozes) == ("pending", 1)
+        assert lease.bury(c, "w", held[1].id, held[1].token, "gave up", schema=schema)
+        with pytest.raises(pgworkerd.JobFailed, match="gave up"):
+            pgworkerd.wait(c, held[1].id, timeout=5, schema=schema)
+        assert sorted(ids) == sorted(j.id for j in held)

@@ -150,3 +150,73 @@ def test_a_lost_lease_changes_nothing_and_says_so(twins: Twins, function: str, w
     text, lost = CALLS[function]
     assert lost(twins.sql(text, (job.id, worker, token)))
     assert twins.state(job) == before
+
+
+# -- the outcomes a handler chooses (schema 11) --------------------------------------------
+
+
+def test_snooze_job(twins: Twins) -> None:
+    f, s = twins.by_function, twins.by_statement
+    [(status, _)] = twins.sql(
+        "SELECT * FROM @schema@.snooze_job(%s, 'w1', %s, 600, 5, NULL, %s::jsonb)",
+        (f.id, f.token, '{"at": 3}'),
+    )
+    snoozed = lease.snooze(
+        twins.conn,
+        "w1",
+        s.id,
+        s.token,
+        600,
+        max_snoozes=5,
+        checkpoint={"at": 3},
+        schema=twins.schema,
+    )
+    assert snoozed is not None and (snoozed.status, status) == ("pending", "pending")
+    twins.assert_same(ignore=("run_at_offset",))  # now() differs by the statements' gap
+    for job in (f, s):
+        state = twins.state(job)
+        assert state["attempts"] == 0 and 590 < float(state["run_at_offset"]) < 610
+
+
+def test_snooze_job_past_max_snoozes_is_a_failed_attempt(twins: Twins) -> None:
+    f = twins.by_function
+    [(status, _)] = twins.sql(
+        "SELECT * FROM @schema@.snooze_job(%s, 'w1', %s, 0, 0)", (f.id, f.token)
+    )
+    state = twins.state(f)
+    assert (status, state["attempts"]) == ("pending", 1)
+    assert state["last_error"].startswith("snoozed 0 times already (max_snoozes)")
+
+
+@pytest.mark.parametrize("delay", ["-1", "2592001", "'NaN'", "NULL"])
+def test_snooze_job_refuses_a_bad_delay(twins: Twins, delay: str) -> None:
+    f = twins.by_function
+    before = twins.state(f)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="a snooze must be"):
+        twins.sql(f"SELECT * FROM @schema@.snooze_job(%s, 'w1', %s, {delay})", (f.id, f.token))
+    assert twins.state(f) == before
+
+
+def test_give_up_job(twins: Twins) -> None:
+    f, s = twins.by_function, twins.by_statement
+    assert twins.sql(
+        "SELECT @schema@.give_up_job(%s, 'w1', %s, 'customer deleted')", (f.id, f.token)
+    ) == [(True,)]
+    assert lease.bury(twins.conn, "w1", s.id, s.token, "customer deleted", schema=twins.schema)
+    twins.assert_same()
+    assert twins.state(f)["status"] == "dead"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "SELECT * FROM @schema@.snooze_job(%s, %s, %s, 60)",
+        "SELECT @schema@.give_up_job(%s, %s, %s, 'x')",
+    ],
+)
+def test_a_lost_lease_snoozes_and_gives_up_nothing(twins: Twins, call: str) -> None:
+    f = twins.by_function
+    before = twins.state(f)
+    rows = twins.sql(call, (f.id, "w1", f.token + 1))
+    assert rows in ([], [(False,)])
+    assert twins.state(f) == before

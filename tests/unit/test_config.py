@@ -347,3 +347,24 @@ def test_check_config_masks_a_malformed_dsn_and_refuses_it(
     else:  # what `run` refuses, check-config refuses the same way
         assert proc.returncode == ExitCode.CONFIG, out
         assert "database.dsn" in out
+
+
+# -- handler-controlled outcomes (issue 11) -----------------------------------------------
+
+
+def test_no_retry_and_max_snoozes_are_read_and_checked() -> None:
+    base = '[handlers.h]\ntarget = "m:f"\n'
+    config = parse_config(base + 'no_retry = ["ValueError", "a.b.C"]\nmax_snoozes = 0\n')
+    assert config.handlers["h"].no_retry == ("ValueError", "a.b.C")
+    assert config.handlers["h"].max_snoozes == 0
+    assert parse_config(base).handlers["h"].max_snoozes == 100
+    for bad, what in (
+        ('no_retry = ["not a name"]', "exception type names"),
+        ('no_retry = "ValueError"', "list"),
+        ('no_retry = ["a..b"]', "exception type names"),
+        ("max_snoozes = -1", ">= 0"),
+        ("max_snoozes = 1000001", "at most 1000000"),
+    ):
+        message = error_of(base + bad + "\n")
+        assert message.startswith("/etc/pgworkerd.toml:3: handlers.h."), message
+        assert what in message, message

@@ -128,3 +128,67 @@ def test_error_text_is_made_storable() -> None:
     # A lone surrogate (a file name that is not UTF-8) cannot go into a text column.
     kind, error = outcome(Failed(1, "OSError: \udcff.txt"))
     assert kind is OutcomeKind.FAIL and "\udcff" not in error and ".txt" in error
+
+
+# -- outcomes the handler chose (issue 11) ------------------------------------------------
+
+CHOOSER = HandlerConfig("h", "m:f", no_retry=("ValueError", "myapp.errors.PermanentError"))
+
+
+def chosen(report: Failed, handler: HandlerConfig = CHOOSER) -> tuple[OutcomeKind, str, object]:
+    o = decide(in_flight(handler), report, "", False, WORKER)
+    return o.kind, o.error, o.snooze
+
+
+def test_a_snooze_is_a_snooze_of_its_length() -> None:
+    assert chosen(Failed(1, "Snooze: run again in 5s", "tb", snooze=5)) == (
+        OutcomeKind.SNOOZE,
+        "Snooze: run again in 5s",
+        5.0,
+    )
+
+
+@pytest.mark.parametrize("seconds", [-1, 30 * 86400 + 1, float("inf"), float("nan")])
+def test_a_snooze_of_a_bad_length_from_the_child_is_a_failed_attempt(seconds: float) -> None:
+    kind, error, snooze = chosen(Failed(1, "Snooze", "tb", snooze=seconds))
+    assert (kind, snooze) == (OutcomeKind.FAIL, None)
+    assert error.startswith("Snooze seconds must be from 0 to 2592000")
+
+
+def test_give_up_is_dead_at_once_with_the_reason() -> None:
+    assert chosen(Failed(1, "GiveUp: gone", "tb", give_up="gone")) == (
+        OutcomeKind.GIVE_UP,
+        "gone",
+        None,
+    )
+
+
+def test_no_retry_matches_along_the_mro_and_only_there() -> None:
+    kind, error, _ = chosen(
+        Failed(
+            1,
+            "CustomerGone: x",
+            "tb",
+            exception_types=["myapp.errors.CustomerGone", "myapp.errors.PermanentError"],
+        )
+    )
+    assert kind is OutcomeKind.GIVE_UP
+    assert "not retried: myapp.errors.PermanentError is in no_retry of handler h" in error
+    assert chosen(Failed(1, "KeyError: x", "tb", exception_types=["KeyError"]))[0] is (
+        OutcomeKind.FAIL
+    )
+    # a handler without no_retry retries everything
+    assert chosen(Failed(1, "ValueError: x", exception_types=["ValueError"]), HANDLER)[0] is (
+        OutcomeKind.FAIL
+    )
+
+
+def test_the_daemon_stopping_the_job_wins_over_a_chosen_outcome() -> None:
+    o = decide(
+        in_flight(CHOOSER, stop_reason=StopReason.TIMEOUT),
+        Failed(1, "GiveUp", give_up="gone"),
+        "",
+        False,
+        WORKER,
+    )
+    assert o.kind is OutcomeKind.FAIL and o.error.startswith("timed out")

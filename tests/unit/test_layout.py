@@ -211,14 +211,37 @@ def test_the_package_face_names_the_application_api() -> None:
     """What the README's Python examples import from `pgworkerd` itself."""
     import pgworkerd
     from pgworkerd import client
+    from pgworkerd.worker import outcomes
 
+    child_side = {"GiveUp", "Snooze"}  # what handlers raise (issue 11)
     for name in pgworkerd.__all__:
         if name != "__version__":
-            assert getattr(pgworkerd, name) is getattr(client, name), name
+            home = outcomes if name in child_side else client
+            assert getattr(pgworkerd, name) is getattr(home, name), name
     assert set(pgworkerd.__all__) == {
         "InvalidJob",
         "JobSpec",
         "__version__",
         "enqueue",
         "enqueue_many",
+        # waiting for a job, and a handler's outcomes (issue 11)
+        "JobFailed",
+        "JobInfo",
+        "JobNotFound",
+        "WaitTimeout",
+        "get",
+        "wait",
+        *child_side,
     }
+
+
+def test_a_handler_raising_through_the_package_face_loads_no_psycopg() -> None:
+    code = (
+        "import sys, pgworkerd\n"
+        "pgworkerd.Snooze(1), pgworkerd.GiveUp('x')\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert not result.stdout.split(), result.stdout

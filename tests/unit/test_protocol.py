@@ -132,6 +132,49 @@ def test_frames_read_as_release_0_2s_did(message: protocol.Message, sent: dict) 
     assert protocol.decode(sent) == message
 
 
+# A handler's chosen outcome rides on the failure message as optional fields: a frame
+# with none of them is exactly release 0.2's (above), and one with them still carries
+# what release 0.2 reads, "error" and "traceback" (it ignores keys it does not know),
+# so an old parent records an ordinary failed attempt.
+CHOSEN_OUTCOMES = [
+    (protocol.Failed(7, "Snooze: run again in 600s", "tb", snooze=600.0), {"snooze": 600.0}),
+    (protocol.Failed(7, "GiveUp: gone", "tb", give_up="gone"), {"give_up": "gone"}),
+    (
+        protocol.Failed(7, "ValueError: x", "tb", exception_types=["ValueError", "Exception"]),
+        {"exception_types": ["ValueError", "Exception"]},
+    ),
+]
+
+
+@pytest.mark.parametrize(("message", "extra"), CHOSEN_OUTCOMES, ids=lambda v: str(v)[:40])
+def test_chosen_outcomes_are_a_failure_to_release_0_2(
+    message: protocol.Failed, extra: dict
+) -> None:
+    sent = json.loads(protocol.encode(message)[4:])
+    as_0_2 = {"t": "error", "id": 7, "error": message.error, "traceback": "tb"}
+    assert sent == {**as_0_2, **extra}
+    assert protocol.decode(sent) == message
+    # what release 0.2's parent reads of it (pgworkerd-0.2.0 daemon/outcomes.py)
+    assert (sent["t"], sent["error"], sent["traceback"]) == ("error", message.error, "tb")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"snooze": "600"},
+        {"snooze": True},
+        {"give_up": 3},
+        {"exception_types": "ValueError"},
+        {"exception_types": [1]},
+        {"exception_types": ["x" * 513]},
+        {"exception_types": ["E"] * 65},
+    ],
+)
+def test_chosen_outcome_fields_of_the_wrong_shape_are_refused(bad: dict) -> None:
+    with pytest.raises(protocol.ProtocolError):
+        protocol.decode({"t": "error", "id": 7, "error": "e", **bad})
+
+
 def test_messages_of_release_0_2_without_a_job_id_still_decode() -> None:
     assert protocol.decode({"t": "beat", "progress": 1}) == protocol.Beat(None, progress=1)
     assert protocol.decode({"t": "lease", "deadline": 5.0}) == protocol.LeaseExtended(5.0)

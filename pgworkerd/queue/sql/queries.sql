@@ -518,3 +518,52 @@ SELECT @schema@.schedule_runs_prune(make_interval(secs => %(older_than)s)) AS de
 -- name: worker_schedules_set
 -- Record which schedules this daemon declares (shown by `pgworkerd schedules`).
 UPDATE @schema@.workers SET schedules = %(schedules)s WHERE id = %(id)s;
+-- Handler-controlled outcomes (schema 9, migration "outcomes") ---------------------------
+
+-- name: job_snooze
+-- The handler asked to run again in %(delay)s seconds (pgworkerd.Snooze), which is not a
+-- failure: pending again at now() + delay with the attempt not counted and one more
+-- snooze counted (cancelled instead if a cancel was requested meanwhile), its latest
+-- progress and checkpoint saved (NULL keeps the old value), last_error kept. Only while
+-- the job has snoozed fewer than %(max_snoozes)s times: no row back then, and the daemon
+-- records the attempt as failed instead (a lost lease also gives no row: job_fail, under
+-- the same fence, changes nothing either). retry_in: seconds until it is due.
+UPDATE @schema@.jobs
+   SET status = CASE WHEN cancel_requested THEN 'cancelled'
+                     ELSE 'pending' END::@schema@.job_status,
+       run_at = CASE WHEN cancel_requested THEN run_at
+                     ELSE now() + make_interval(secs => %(delay)s::float8) END,
+       finished_at = CASE WHEN cancel_requested THEN now() END,
+       attempts = attempts - 1,
+       snoozes = snoozes + 1,
+       progress = coalesce(%(progress)s::jsonb, progress),
+       checkpoint = coalesce(%(checkpoint)s::jsonb, checkpoint),
+       locked_by = NULL, locked_until = NULL, cancel_requested = false,
+       updated_at = now()
+ WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
+   AND status::text = 'running'  -- by primary key, never the running-jobs index
+   AND snoozes < %(max_snoozes)s::integer
+RETURNING id, status, run_at, snoozes,
+          CASE WHEN status = 'pending' THEN extract(epoch FROM run_at - now())::float8
+          END AS retry_in;
+
+-- name: job_info
+-- One job as pgworkerd.get returns it (client.JobInfo's fields, in order).
+SELECT id, queue, handler, status::text AS status, priority, attempts, max_attempts,
+       snoozes, result, progress, last_error, cancel_requested, run_at, created_at,
+       started_at, finished_at
+  FROM @schema@.jobs WHERE id = %(id)s;
+
+-- name: session_finished_listening
+-- Whether this session listens on the channel of finished jobs already (pgworkerd.wait
+-- then neither LISTENs nor UNLISTENs: it leaves the caller's session as it found it).
+SELECT %(channel)s::text = ANY (ARRAY(SELECT pg_listening_channels())) AS listening;
+
+-- name: session_finished_listen
+-- Receive the notification of every job reaching a final status (payload: its id);
+-- @finished_channel@ is the quoted name of that channel (queries.finished_channel).
+LISTEN @finished_channel@;
+
+-- name: session_finished_unlisten
+-- Stop receiving them again.
+UNLISTEN @finished_channel@;

@@ -1,0 +1,72 @@
+"""Outcomes a handler chooses by raising: Snooze ("run me again in N seconds; this was not
+a failure") and GiveUp ("dead now, with this reason"). Child side and dependency-free:
+handlers import them as pgworkerd.Snooze / pgworkerd.GiveUp (or from pgworkerd.child).
+
+The child reports them as a failure with optional fields (protocol.Failed.snooze,
+.give_up), so a daemon of release 0.2 records them as an ordinary failed attempt; the
+daemon decides what they mean (daemon.outcomes.decide), checking the values again: a
+child runs arbitrary code and its messages are not trusted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+# The longest snooze a handler may ask for: 30 days. Longer is a handler error (the
+# attempt fails, saying why): a job that must wait longer is better enqueued with run_at.
+MAX_SNOOZE_SECONDS = 30 * 86400.0
+
+
+class Snooze(Exception):
+    """Raise in a handler to run the job again in `seconds` (0 to MAX_SNOOZE_SECONDS):
+    back to pending, the attempt not counted, the job's snooze count raised by one. A
+    handler's `max_snoozes` bounds how often one job may snooze; beyond it a snooze is
+    recorded as a failed attempt."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.seconds = seconds
+
+    def __str__(self) -> str:
+        return f"run again in {self.seconds!r}s"
+
+
+class GiveUp(Exception):
+    """Raise in a handler to end the job as dead now, whatever attempts are left, with
+    `reason` as its last_error."""
+
+    def __init__(self, reason: str = "the handler gave up") -> None:
+        super().__init__(reason)
+        self.reason = str(reason)
+
+    def __str__(self) -> str:
+        return self.reason
+
+
+def snooze_problem(seconds: Any) -> str | None:
+    """Why `seconds` is not a snooze a job may take (None: it is). Asked in the child and
+    again in the daemon."""
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        return f"Snooze seconds must be a number, not {type(seconds).__name__}"
+    if not math.isfinite(seconds) or not 0 <= seconds <= MAX_SNOOZE_SECONDS:
+        return (
+            f"Snooze seconds must be from 0 to {MAX_SNOOZE_SECONDS:.0f} (30 days), not {seconds!r}"
+        )
+    return None
+
+
+# What the child reports of the raised exception's type for `no_retry`: the qualified
+# names along its MRO (most derived first), at most this many.
+MAX_EXCEPTION_TYPES = 64
+
+
+def exception_types(exc: BaseException) -> list[str]:
+    """The qualified names ("module.QualName"; builtins as just "QualName") of the
+    exception's type and every class it derives from, most derived first."""
+    names = []
+    for cls in type(exc).__mro__[:MAX_EXCEPTION_TYPES]:
+        module = getattr(cls, "__module__", "") or ""
+        qualname = getattr(cls, "__qualname__", cls.__name__)
+        names.append(qualname if module == "builtins" else f"{module}.{qualname}")
+    return names

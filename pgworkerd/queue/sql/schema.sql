@@ -1019,73 +1019,6 @@ CREATE FUNCTION @schema@.enqueue_many_v2(jobs jsonb)
 RETURNS bigint[]
 LANGUAGE plpgsql
 -- Definer's rights: enqueuers need EXECUTE only, no rights on the table.
--- Periodic jobs (0009, schedules): see the migration for how one job per tick is kept.
-
--- One row per schedule name: its definition as a daemon last declared it (daemons
--- declare theirs at start and after each reconnect; during a deploy the last one wins).
-CREATE TABLE @schema@.schedules (
-    name        text PRIMARY KEY CHECK (@schema@.enqueue_name_ok(name)),
-    definition  jsonb NOT NULL CHECK (jsonb_typeof(definition) = 'object'),
-    declared_by text NOT NULL,
-    declared_at timestamptz NOT NULL DEFAULT now(),
-    -- ticks after this are the schedule's: a new schedule does not fire its past
-    created_at  timestamptz NOT NULL DEFAULT now()
-);
-
--- One row per tick handled: the job it created, or why it created none. No foreign key
--- to jobs: finished jobs are pruned on their own schedule.
-CREATE TABLE @schema@.schedule_runs (
-    schedule text NOT NULL REFERENCES @schema@.schedules (name) ON DELETE CASCADE,
-    tick     timestamptz NOT NULL,
-    job_id   bigint,
-    skipped  text,
-    fired_by text NOT NULL,
-    fired_at timestamptz NOT NULL DEFAULT now(),
-    PRIMARY KEY (schedule, tick),
-    CONSTRAINT schedule_runs_job_or_reason CHECK ((job_id IS NULL) <> (skipped IS NULL))
-);
-
--- Which schedules each daemon declares: `pgworkerd schedules` shows whether a live daemon
--- declares a schedule now (a schedule removed from every config stops firing).
-ALTER TABLE @schema@.workers ADD COLUMN schedules text[] NOT NULL DEFAULT '{}';
-
--- The overlap check reads a schedule's latest runs that created a job.
-CREATE INDEX schedule_runs_jobs_idx ON @schema@.schedule_runs (schedule, tick DESC)
-    WHERE job_id IS NOT NULL;
-
--- Record a daemon's definition of a schedule; returns the tick up to which the schedule
--- is handled: its latest run, or when it was first declared.
-CREATE FUNCTION @schema@.schedule_declare(name text, definition jsonb, worker text)
-RETURNS timestamptz
-LANGUAGE sql
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    INSERT INTO @schema@.schedules AS s (name, definition, declared_by)
-    VALUES (schedule_declare.name, schedule_declare.definition, schedule_declare.worker)
-    ON CONFLICT (name) DO UPDATE
-        SET definition = excluded.definition, declared_by = excluded.declared_by,
-            declared_at = now()
-    RETURNING greatest(s.created_at,
-                       (SELECT max(r.tick) FROM @schema@.schedule_runs r
-                         WHERE r.schedule = s.name));
-$$;
-
--- Fire one tick of a schedule: in one transaction, record the tick and enqueue `job` (an
--- enqueue_many job object, checked by enqueue_many like any other), or record why no job
--- was created. Returns 'fired' and the job id, 'skipped' and the id of the job still in
--- the way (overlap), or 'taken' (another daemon handled this tick; nothing changed).
---
--- Fires of one schedule are serialized by locking its schedules row, so the overlap check
--- and the insert are one step. The overlap check looks at the jobs of the schedule's
--- latest 100 runs that created one:
---   skip:      none of them pending or running;
---   queue_one: none of them pending (one may be running);
---   allow:     no check.
-CREATE FUNCTION @schema@.schedule_fire(
-    name text, tick timestamptz, job jsonb, overlap text, worker text,
-    OUT outcome text, OUT job_id bigint)
-LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -1534,6 +1467,78 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+-- Periodic jobs (0010, schedules): see the migration for how one job per tick is kept.
+
+-- One row per schedule name: its definition as a daemon last declared it (daemons
+-- declare theirs at start and after each reconnect; during a deploy the last one wins).
+CREATE TABLE @schema@.schedules (
+    name        text PRIMARY KEY CHECK (@schema@.enqueue_name_ok(name)),
+    definition  jsonb NOT NULL CHECK (jsonb_typeof(definition) = 'object'),
+    declared_by text NOT NULL,
+    declared_at timestamptz NOT NULL DEFAULT now(),
+    -- ticks after this are the schedule's: a new schedule does not fire its past
+    created_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- One row per tick handled: the job it created, or why it created none. No foreign key
+-- to jobs: finished jobs are pruned on their own schedule.
+CREATE TABLE @schema@.schedule_runs (
+    schedule text NOT NULL REFERENCES @schema@.schedules (name) ON DELETE CASCADE,
+    tick     timestamptz NOT NULL,
+    job_id   bigint,
+    skipped  text,
+    fired_by text NOT NULL,
+    fired_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (schedule, tick),
+    CONSTRAINT schedule_runs_job_or_reason CHECK ((job_id IS NULL) <> (skipped IS NULL))
+);
+
+-- Which schedules each daemon declares: `pgworkerd schedules` shows whether a live daemon
+-- declares a schedule now (a schedule removed from every config stops firing).
+ALTER TABLE @schema@.workers ADD COLUMN schedules text[] NOT NULL DEFAULT '{}';
+
+-- The overlap check reads a schedule's latest runs that created a job.
+CREATE INDEX schedule_runs_jobs_idx ON @schema@.schedule_runs (schedule, tick DESC)
+    WHERE job_id IS NOT NULL;
+
+-- Record a daemon's definition of a schedule; returns the tick up to which the schedule
+-- is handled: its latest run, or when it was first declared.
+CREATE FUNCTION @schema@.schedule_declare(name text, definition jsonb, worker text)
+RETURNS timestamptz
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO @schema@.schedules AS s (name, definition, declared_by)
+    VALUES (schedule_declare.name, schedule_declare.definition, schedule_declare.worker)
+    ON CONFLICT (name) DO UPDATE
+        SET definition = excluded.definition, declared_by = excluded.declared_by,
+            declared_at = now()
+    RETURNING greatest(s.created_at,
+                       (SELECT max(r.tick) FROM @schema@.schedule_runs r
+                         WHERE r.schedule = s.name));
+$$;
+
+-- Fire one tick of a schedule: in one transaction, record the tick and enqueue `job` (an
+-- enqueue_many job object, checked by enqueue_many like any other), or record why no job
+-- was created. Returns 'fired' and the job id, 'skipped' and the id of the job still in
+-- the way (overlap), or 'taken' (another daemon handled this tick; nothing changed).
+--
+-- Fires of one schedule are serialized by locking its schedules row, so the overlap check
+-- and the insert are one step. The overlap check looks at the jobs of the schedule's
+-- latest 100 runs that created one:
+--   skip:      none of them pending or running;
+--   queue_one: none of them pending (one may be running);
+--   allow:     no check.
+CREATE FUNCTION @schema@.schedule_fire(
+    name text, tick timestamptz, job jsonb, overlap text, worker text,
+    OUT outcome text, OUT job_id bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
     blocking bigint;
 BEGIN
     IF overlap IS NULL OR overlap NOT IN ('skip', 'allow', 'queue_one') THEN
@@ -1598,7 +1603,8 @@ REVOKE EXECUTE ON FUNCTION @schema@.schedule_declare(text, jsonb, text) FROM PUB
 REVOKE EXECUTE ON FUNCTION @schema@.schedule_fire(text, timestamptz, jsonb, text, text)
     FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION @schema@.schedule_runs_prune(interval) FROM PUBLIC;
--- Handler-controlled outcomes and the completion notification (0009, outcomes).
+
+-- Handler-controlled outcomes and the completion notification (0011, outcomes).
 -- Snoozes of the job (pgworkerd.Snooze): each hands its attempt back uncounted, so this
 -- count is what a handler's max_snoozes bounds.
 ALTER TABLE @schema@.jobs

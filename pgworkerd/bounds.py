@@ -26,6 +26,25 @@ MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 1000
 
 NAME_MAX_CHARS = 128
 DEDUPE_KEY_MAX_CHARS = 512
+# A payload's values may lie at most this many levels below it (the payload is level 0):
+# enqueue_valid (migration 0008) refuses `$.**{256 to last}`, a child's frame no deeper.
+PAYLOAD_DEPTH_MAX = 255
+
+
+def payload_too_deep(payload: object) -> bool:
+    """Whether some value lies more than PAYLOAD_DEPTH_MAX levels below `payload` (walked
+    without recursion: a hostile value may be nested far deeper than Python's stack)."""
+    stack = [(payload, 0)]
+    while stack:
+        value, level = stack.pop()
+        if level > PAYLOAD_DEPTH_MAX:
+            return True
+        if isinstance(value, dict):
+            stack.extend((v, level + 1) for v in value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend((v, level + 1) for v in value)
+    return False
+
 
 # Characters refused anywhere in a handler or queue name: they are printed by `jobs`,
 # `status`, `show` and the logs, where they would move the cursor, rewrite lines or

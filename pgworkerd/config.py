@@ -10,7 +10,6 @@ import dataclasses
 import grp
 import importlib
 import importlib.util
-import json
 import math
 import os
 import re
@@ -24,12 +23,15 @@ from typing import Any
 
 from pgworkerd.bounds import (
     MAX_ATTEMPTS_MAX,
+    PAYLOAD_DEPTH_MAX,
     PRIORITY_MAX,
     PRIORITY_MIN,
     check_name,
     name_problem,
+    payload_too_deep,
 )
 from pgworkerd.durations import format_duration, parse_duration
+from pgworkerd.jsontext import storable_json
 from pgworkerd.masking import mask_dsn
 from pgworkerd.names import DEFAULT_SCHEMA, check_schema_name
 
@@ -532,10 +534,14 @@ def _read_schedules(
             declared = handlers.get(schedule.handler)
             queue = declared.queue if declared is not None else "default"
             schedule = dataclasses.replace(schedule, queue=queue)
-        try:  # what the job table keeps must be JSON (TOML dates are not)
-            json.dumps(schedule.payload, allow_nan=False)
+        # What enqueue would refuse fails every tick, forever: refused here instead. JSON
+        # that jsonb stores (TOML dates are not JSON; a NUL character jsonb cannot hold).
+        try:
+            storable_json(schedule.payload)
         except (TypeError, ValueError) as exc:
             raise reader.error("payload", f"not JSON: {exc}") from None
+        if payload_too_deep(schedule.payload):
+            raise reader.error("payload", f"nested deeper than {PAYLOAD_DEPTH_MAX} levels")
         schedules[name] = schedule
     return schedules
 

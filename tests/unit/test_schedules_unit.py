@@ -82,6 +82,13 @@ catch_up = "none"
         ('every = "1m"\nhandler = "h"\npriority = 99999', 5, "schedules.s.priority"),
         ('every = "1m"\nhandler = "h"\npayload = "x"', 5, "expected a table"),
         ('every = "1m"\nhandler = "h"\npayload = { at = 1979-05-27 }', 5, "payload: not JSON"),
+        # what jsonb cannot store would fail every tick's enqueue, forever: refused here
+        ('every = "1m"\nhandler = "h"\npayload = { s = "a\\u0000b" }', 5, "NUL character"),
+        (
+            'every = "1m"\nhandler = "h"\npayload = ' + "{ a = " * 256 + "1" + " }" * 256,
+            5,
+            "schedules.s.payload: nested deeper than 255 levels",
+        ),
         ('every = "1m"\nhandler = "h"\ntimezone = "UTC"', 5, 'applies to "cron" only'),
         ('every = "1m"\nhandler = " h"', 4, "schedules.s.handler"),
         ('every = "1m"', 2, 'missing key "handler"'),
@@ -91,6 +98,18 @@ def test_schedule_errors_name_file_key_and_line(body: str, line: int, expected: 
     message = error_of(f"\n[schedules.s]\n{body}\n")
     assert message.startswith(f"/etc/pgworkerd.toml:{line}: "), message
     assert expected in message
+
+
+def test_a_payload_as_deep_as_enqueue_takes_is_accepted() -> None:
+    # enqueue_valid (migration 0008) refuses a value 256 levels below the payload; 255 is fine
+    config = parse_config(
+        '[schedules.s]\nevery = "1m"\nhandler = "h"\npayload = '
+        + "{ a = " * 255
+        + "[]"
+        + " }" * 255
+        + "\n"
+    )
+    assert config.schedules["s"].payload["a"]["a"]
 
 
 def test_bad_schedule_name_is_refused_like_a_handler_name() -> None:

@@ -234,8 +234,15 @@ def pause(ctx: Context, queue: str | None, handler: str | None, comment: str | N
         fail(f"--comment must be at most 500 characters, not {len(comment)}", ExitCode.CONFIG)
     with database(ctx, needs="pause queues and handlers") as conn:
         changed = fleet.set_paused(conn, ctx.schema, kind, name, pause=True, comment=comment)
+        served = fleet.served(conn, ctx.schema, kind, name)
     shown = f"{kind} '{printable(name)}'"
     click.echo(f"paused {shown}" if changed else f"{shown} was already paused")
+    if not served:  # paused ahead of time, or a typo: either way the user should know
+        click.echo(
+            f"note: no live daemon serves {shown} (a typo? `pgworkerd status --json` shows what"
+            " the daemons serve); the pause holds for any daemon that serves it later",
+            err=True,
+        )
 
 
 @main.command()

@@ -91,6 +91,12 @@ def set_paused(
     return bool(row["changed"])
 
 
+def served(conn: psycopg.Connection, schema: str, kind: str, name: str) -> bool:
+    """Whether a live daemon serves queue or handler `name` (kind "queue" or "handler")."""
+    [row] = _rows(conn, "paused_target_served", schema, {"kind": kind, "name": name})
+    return bool(row["served"])
+
+
 def paused(conn: psycopg.Connection, schema: str) -> list[dict[str, Any]]:
     """What is paused (kind, name, paused_at, paused_by, comment, paused_seconds)."""
     return _rows(conn, "paused_list", schema)

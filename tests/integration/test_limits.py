@@ -298,6 +298,22 @@ def test_pause_and_resume_from_the_command_line(daemons: Daemons) -> None:
     assert "paused (0):" in daemons.cli("status").stdout
 
 
+def test_pausing_what_no_live_daemon_serves_says_so_and_pauses_it(daemons: Daemons) -> None:
+    # a typo ("mial") must not look like a pause of "mail"; pausing ahead of time still works
+    daemons.start({"export": {"target": "jobhandlers:work", "queue": "mail"}})
+    served = daemons.cli("pause", "--queue", "mail")
+    assert (served.returncode, served.stdout, served.stderr) == (0, "paused queue 'mail'\n", "")
+    handler = daemons.cli("pause", "--handler", "export")
+    assert (handler.returncode, handler.stderr) == (0, "")
+    typo = daemons.cli("pause", "--queue", "mial")
+    assert (typo.returncode, typo.stdout) == (0, "paused queue 'mial'\n")
+    assert "no live daemon serves queue 'mial'" in typo.stderr
+    other = daemons.cli("pause", "--handler", "exprot")
+    assert other.returncode == 0 and "no live daemon serves handler 'exprot'" in other.stderr
+    shown = json.loads(daemons.cli("status", "--json").stdout)
+    assert len(shown["paused"]) == 4
+
+
 # -- the concurrency key on every enqueue path ----------------------------------------------
 
 BAD_KEYS: list[tuple[object, str]] = [

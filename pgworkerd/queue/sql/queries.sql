@@ -477,6 +477,14 @@ SELECT CASE WHEN p.queue = ANY (%(served)s::text[]) OR t.queue IS NOT NULL THEN 
 SELECT CASE WHEN %(pause)s THEN @schema@.pause(%(kind)s, %(name)s, %(comment)s)
             ELSE @schema@.resume(%(kind)s, %(name)s) END AS changed;
 
+-- name: paused_target_served
+-- Whether a live daemon serves queue or handler %(name)s (%(kind)s): `pause` warns about
+-- a name none does (a typo pauses nothing anyone runs, and says so).
+SELECT EXISTS (SELECT 1 FROM @schema@.workers w
+                WHERE w.state <> 'gone'
+                  AND CASE WHEN %(kind)s = 'queue' THEN w.queues ELSE w.handlers END
+                      @> ARRAY[%(name)s::text]) AS served;
+
 -- name: paused_list
 -- What is paused, oldest first, as `status` shows it.
 SELECT kind, name, paused_at, paused_by, comment,

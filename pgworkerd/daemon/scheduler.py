@@ -29,6 +29,11 @@ log = logging.getLogger("pgworkerd")
 # After a fire or declare failed while the database answers (a bad job, a timeout).
 RETRY_AFTER_ERROR = 5.0
 TICK_SLACK = 0.005
+# The longest the Scheduler sleeps before reading the wall clock again (no database work
+# unless a tick is due): the monotonic clock it sleeps on stands still while the host is
+# suspended, and the wall clock may be stepped, so a tick hours away is not waited for
+# blindly. Well within a tick's grace (cadence.MAX_GRACE), so such a tick is still on time.
+MAX_SLEEP = 30.0
 
 
 class Scheduler:
@@ -129,4 +134,7 @@ class Scheduler:
             if following is not None:
                 waits.append((following - wall).total_seconds())
         # a little late rather than early: the wall clock and the monotonic one drift apart
-        return now + max(0.0, min(waits, default=3600.0)) + TICK_SLACK
+        wait = min(waits, default=MAX_SLEEP)
+        if wait > MAX_SLEEP:
+            return now + MAX_SLEEP  # only a look at the wall clock
+        return now + max(0.0, wait) + TICK_SLACK

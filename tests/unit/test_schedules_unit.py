@@ -220,6 +220,21 @@ def test_scheduler_fires_each_tick_once_and_sleeps_until_the_next() -> None:
     ]
 
 
+def test_scheduler_looks_at_the_wall_clock_again_within_half_a_minute() -> None:
+    # a nightly tick hours away: the monotonic clock stands still while the host is
+    # suspended and the wall clock may be stepped, so the tick is not waited for blindly
+    wall = FakeClock(at("2026-01-01T00:00:05+00:00").timestamp())
+    nightly = parse_config('[schedules.n]\ncron = "0 3 * * *"\nhandler = "h"\n')
+    fake = FakeScheduleStatements()
+    scheduler = Scheduler(nightly, fake, wall)  # type: ignore[arg-type]
+    scheduler.tick(100.0)
+    deadline = scheduler.next_deadline()
+    assert deadline is not None and 100.0 < deadline <= 130.1
+    wall.advance(3 * 3600)  # suspended for three hours: the monotonic clock did not move
+    scheduler.tick(deadline)
+    assert list(fake.runs) == [("n", at("2026-01-01T03:00:00+00:00"))]
+
+
 def test_scheduler_after_an_outage_catches_up_once_and_survives_failures() -> None:
     wall = [at("2026-01-01T00:00:05+00:00").timestamp()]
     fake = FakeScheduleStatements()

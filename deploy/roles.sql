@@ -55,8 +55,9 @@ GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v2(text, jsonb, text, integer, times
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_enqueuer;
 
 -- Operators who prune and retry: DELETE is only for `pgworkerd prune` (jobs, and the
--- registry rows of daemons long gone).
+-- registry rows of daemons long gone), EXECUTE for its deletion of old schedule runs.
 -- GRANT DELETE ON pgworkerd.jobs, pgworkerd.workers TO pgworkerd_daemon;
+-- GRANT EXECUTE ON FUNCTION pgworkerd.schedule_runs_prune(interval) TO pgworkerd_daemon;
 
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).

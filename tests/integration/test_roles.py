@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from daemon_harness import Daemons, Db, wait_for
+from daemon_harness import PGWORKERD, Daemons, Db, wait_for
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -406,6 +407,35 @@ def test_daemon_role_fires_schedules_and_enqueuer_cannot(
         pytest.raises(psycopg.errors.InsufficientPrivilege),
     ):
         schedules.fire(c, "s", tick + timedelta(minutes=1), job, "allow", "w", schema)
+
+
+def test_an_operator_with_roles_sql_prune_grants_prunes_schedule_runs_too(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    # roles.sql's commented-out operator grants, as an operator would uncomment them
+    block = ROLES_SQL.read_text().split("-- Operators who prune")[1].split("\n\n")[0]
+    grants = "\n".join(line[3:] for line in block.splitlines() if line.startswith("-- GRANT"))
+    assert "GRANT DELETE" in grants
+    conn.execute(
+        grants.replace("pgworkerd_daemon", f"{schema}_daemon").replace("pgworkerd.", f"{schema}.")
+    )
+    proc = subprocess.run(
+        [
+            str(PGWORKERD),
+            "--dsn",
+            roles[f"{schema}_daemon"],
+            "--schema",
+            schema,
+            "prune",
+            "--older-than",
+            "1d",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 # -- handler-controlled outcomes and waiting (issue 11) -------------------------------------

@@ -115,13 +115,49 @@ def test_overlap_allow_always_fires(conn: psycopg.Connection, schema: str) -> No
     assert len({f.job_id for f in outcomes}) == 5
 
 
+def finish_all(conn: psycopg.Connection, schema: str) -> None:
+    conn.execute(
+        sql.SQL(
+            "UPDATE {}.jobs SET status = 'completed', locked_by = NULL, locked_until = NULL, "
+            "finished_at = now() WHERE status IN ('pending', 'running')"
+        ).format(sql.Identifier(schema))
+    )
+
+
 def test_prune_keeps_each_schedules_latest_run(conn: psycopg.Connection, schema: str) -> None:
     schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
     for n in range(3):
         schedules.fire(conn, "s", tick(n), JOB, "allow", "a", schema)
+    finish_all(conn, schema)
     assert schedules.prune_runs(conn, 3600, schema=schema) == 0
     assert schedules.prune_runs(conn, 0, schema=schema) == 2
     assert [r[0] for r in runs(conn, schema)] == [tick(2)]
+
+
+def test_prune_keeps_the_run_of_a_job_not_finished_so_skip_still_sees_it(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    # a week-long job (or one held pending by a paused queue): its run is older than the
+    # retention, the ticks since were skipped; pruning its run must not let the next
+    # tick start a second one beside it
+    schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
+    long = schedules.fire(conn, "s", tick(1), JOB, "skip", "a", schema)
+    for n in (2, 3):
+        assert schedules.fire(conn, "s", tick(n), JOB, "skip", "a", schema).outcome == "skipped"
+    conn.execute(
+        sql.SQL("UPDATE {}.schedule_runs SET fired_at = fired_at - interval '8 days'").format(
+            sql.Identifier(schema)
+        )
+    )
+    schedules.prune_runs(conn, 7 * 86400, schema=schema)
+    assert [r[1] for r in runs(conn, schema)][0] == long.job_id
+    assert schedules.fire(conn, "s", tick(4), JOB, "skip", "a", schema) == schedules.Fired(
+        "skipped", long.job_id
+    )
+    # once it is finished, its run goes like any other (each schedule's latest stays)
+    finish_all(conn, schema)
+    assert schedules.prune_runs(conn, 7 * 86400, schema=schema) == 3
+    assert [r[0] for r in runs(conn, schema)] == [tick(4)]
 
 
 def test_a_removed_schedule_is_not_declared_by_live_daemons(

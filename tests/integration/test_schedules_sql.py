@@ -150,7 +150,7 @@ def test_prune_keeps_the_run_of_a_job_not_finished_so_skip_still_sees_it(
         )
     )
     schedules.prune_runs(conn, 7 * 86400, schema=schema)
-    assert [r[1] for r in runs(conn, schema)][0] == long.job_id
+    assert runs(conn, schema)[0][1] == long.job_id
     assert schedules.fire(conn, "s", tick(4), JOB, "skip", "a", schema) == schedules.Fired(
         "skipped", long.job_id
     )

@@ -249,3 +249,38 @@ def test_a_schedule_removed_from_the_config_stops_firing(daemons: Daemons, db: D
     listed = {s["name"]: s for s in json.loads(daemons.cli("schedules", "--json").stdout)}
     assert listed["beat"]["declared_now"] is False
     assert listed["beat"]["next_run"] is not None  # still computed from the stored definition
+
+
+def test_catch_up_last_fires_the_latest_missed_tick_once_and_none_fires_nothing(
+    daemons: Daemons, db: Db
+) -> None:
+    # catch_up only matters for a tick missed by more than its grace (at most 60 s), so
+    # 10-minute schedules that nobody fired for an hour (declared an hour ago, no runs)
+    from pgworkerd.config import parse_config
+    from pgworkerd.queue import schedules
+
+    every = 600
+    keys = {"every": f"{every}s", "handler": "work", "overlap": "allow"}
+    config = config_with_schedules(
+        daemons,
+        {"late_last": keys | {"catch_up": "last"}, "late_none": keys | {"catch_up": "none"}},
+    )
+    declared = parse_config(config.read_text()).schedules
+    for name, schedule in declared.items():
+        schedules.declare(db.conn, name, schedule.definition(), "earlier", db.schema)
+    db.rows("UPDATE {schema}.schedules SET created_at = now() - interval '1 hour'")
+    # the latest tick must be past its 60 s grace when the daemon looks, or "none" fires it
+    since_tick = time.time() % every
+    if since_tick < 75:
+        time.sleep(75 - since_tick)
+    latest = datetime.fromtimestamp(time.time() // every * every, UTC)
+    a = daemons.start(config, tag="A")
+    # generous: a loaded machine may take long over the daemon's first turn
+    a.wait_log(r"schedule late_none: missed tick \S+ not fired \(catch_up = none\)", timeout=120)
+    wait_for(lambda: runs(db, "late_last"), timeout=120, what="the catch-up run")
+    time.sleep(1)  # a burst would show by now
+    [caught_up] = runs(db, "late_last")  # one run for the six missed ticks
+    assert caught_up["tick"] == latest and caught_up["job_id"] is not None
+    assert runs(db, "late_none") == []
+    a.send(signal.SIGTERM)
+    assert a.wait_exit() == 0

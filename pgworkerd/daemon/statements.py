@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from pgworkerd.daemon import outcomes
+from pgworkerd.daemon import accounting, outcomes
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.ops.metrics import NullMetrics
@@ -63,10 +63,13 @@ class Statements:
         )
 
     def write_outcomes(self, batch: list[Outcome]) -> bool | None:
-        return self.link.run(
-            "recording outcomes",
-            lambda c: outcomes.write(c, self.worker_id, self.schema, batch, self.metrics),
-        )
+        def call(c: Any) -> bool:
+            ok = outcomes.write(c, self.worker_id, self.schema, batch, self.metrics)
+            usages = [o.usage for o in batch if o.usage is not None]
+            accounting.write(c, self.worker_id, self.schema, usages)
+            return ok
+
+        return self.link.run("recording outcomes", call)
 
     def register(self, info: registry.WorkerInfo, state: str) -> None:
         self.link.run("registering", lambda c: registry.register(c, info, state, self.schema))

@@ -37,12 +37,17 @@ def parse_size(value: str | int) -> int:
     if isinstance(value, int):
         size = value
     else:
-        match = _SIZE_RE.fullmatch(value.strip().lower())
+        text = value.strip().lower()
+        if text.startswith("-"):
+            raise ValueError(f"{value[:40]!r} is negative")
+        match = _SIZE_RE.fullmatch(text)
         if match is None or match[2] not in _UNITS:
             raise ValueError(
                 f'{value[:40]!r} is not a size: write e.g. "2GiB", "512MiB" (or bytes)'
             )
         size = int(float(match[1]) * _UNITS[match[2]])
+    if size < 0:
+        raise ValueError(f"{value!r} is negative")
     if size < MIN_SIZE:
         raise ValueError(f"{value!r} is too small (at least 1MiB)")
     if size > MAX_SIZE:

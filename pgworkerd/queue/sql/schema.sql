@@ -31,7 +31,8 @@ INSERT INTO @schema@.schema_version (version, name, compatible_with) VALUES
     (8, 'enqueue_checks', 5),
     (9, 'limits', 5),
     (10, 'schedules', 5),
-    (11, 'outcomes', 5);
+    (11, 'outcomes', 5),
+    (12, 'attempts', 5);
 
 -- Jobs (0001).
 

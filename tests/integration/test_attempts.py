@@ -165,3 +165,12 @@ def test_prune_removes_the_history_with_its_job(conn: psycopg.Connection, schema
     assert sql(conn, schema, count) == [(kept, 1), (pruned, 1)]
     assert admin.prune(conn, timedelta(days=1), schema=schema) == 1
     assert sql(conn, schema, count) == [(kept, 1)]
+
+
+def test_truncating_the_jobs_truncates_the_history(conn: psycopg.Connection, schema: str) -> None:
+    client.enqueue(conn, "h", schema=schema)
+    j = claim(conn, schema)
+    lease.complete(conn, "w1", j.id, j.token, schema=schema)
+    assert sql(conn, schema, "SELECT count(*) FROM @schema@.attempts") == [(1,)]
+    sql(conn, schema, "TRUNCATE @schema@.jobs")
+    assert sql(conn, schema, "SELECT count(*) FROM @schema@.attempts") == [(0,)]

@@ -10,9 +10,11 @@
 -- worker finishing from SQL, another daemon's claim rescuing an expired lease); the
 -- daemon then adds what it measured (attempt_account in queries.sql). Keyed by the
 -- attempt's lease token: every claim bumps it, so it names exactly one attempt of the
--- job (an attempt number recurs after a release or a snooze). Removed with its job.
+-- job (an attempt number recurs after a release or a snooze). Removed with its job by
+-- the triggers below (not a foreign key: TRUNCATE of jobs keeps working, and a finish
+-- does not pay for a key check).
 CREATE TABLE @schema@.attempts (
-    job_id             bigint NOT NULL REFERENCES @schema@.jobs (id) ON DELETE CASCADE,
+    job_id             bigint NOT NULL,
     lease_token        bigint NOT NULL,
     attempt            integer NOT NULL,
     worker             text,
@@ -101,5 +103,35 @@ CREATE TRIGGER jobs_attempt_record
           AND (NEW.status <> 'running' OR NEW.lease_token IS DISTINCT FROM OLD.lease_token))
     EXECUTE FUNCTION @schema@.attempt_record();
 
+-- Deleted jobs (`pgworkerd prune`, by whatever role or release) take their history
+-- along: one statement per DELETE, however many jobs it removed.
+CREATE FUNCTION @schema@.attempt_forget()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        TRUNCATE @schema@.attempts;
+    ELSE
+        DELETE FROM @schema@.attempts a USING gone g WHERE a.job_id = g.id;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER jobs_attempt_forget
+    AFTER DELETE ON @schema@.jobs
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION @schema@.attempt_forget();
+
+CREATE TRIGGER jobs_attempt_forget_all
+    AFTER TRUNCATE ON @schema@.jobs
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION @schema@.attempt_forget();
+
 REVOKE EXECUTE ON FUNCTION @schema@.attempt_lease_expired() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION @schema@.attempt_record() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @schema@.attempt_forget() FROM PUBLIC;

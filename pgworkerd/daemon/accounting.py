@@ -6,6 +6,8 @@ reaped. Written to the attempt's history row after its outcome (queue.attempts).
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -65,15 +67,60 @@ def settled(child: Child, usage: protocol.Usage | None) -> None:
         child.cpu_reported = (user + usage.cpu_user, system + usage.cpu_system)
 
 
-def write(conn: psycopg.Connection[Any], worker: str, schema: str, usages: list[Usage]) -> None:
+def write(conn: psycopg.Connection[Any], worker: str, schema: str, usages: list[Usage]) -> bool:
     """Add the figures to their attempts' rows. Accounting never costs an outcome: a
     statement the database refuses (e.g. a role without the grant) is logged and dropped;
     a lost connection is raised like any other."""
-    if not usages:
-        return
     try:
         attempts.account(conn, worker, usages, schema=schema)
     except psycopg.Error as exc:
         if conn.broken or conn.closed:
             raise
-        log.warning("attempt accounting not recorded: %s", str(exc).strip().splitlines()[0])
+        log.warning("attempt figures not recorded: %s", str(exc).strip().splitlines()[0])
+    return True
+
+
+# Figures are written at most this often, all that arrived meanwhile in one statement:
+# O(1) statements per host and second, not one (and one commit) per outcome.
+WRITE_INTERVAL = 1.0
+# Kept at most this many while the database is away; older figures are dropped.
+MAX_PENDING = 10_000
+
+
+class UsageWriter:
+    """Keeps the figures of attempts whose outcome is written (their history row exists)
+    until the next write, every WRITE_INTERVAL."""
+
+    def __init__(
+        self,
+        write: Callable[[list[Usage]], bool | None],
+        database_up: Callable[[], bool],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.write = write  # None: the write failed (kept for the next one)
+        self.database_up = database_up
+        self.clock = clock
+        self.pending: list[Usage] = []
+        self.due: float | None = None
+
+    def add(self, usages: list[Usage]) -> None:
+        if not usages:
+            return
+        self.pending = (self.pending + usages)[-MAX_PENDING:]
+        if self.due is None:
+            self.due = self.clock() + WRITE_INTERVAL
+
+    def tick(self, now: float) -> None:
+        if self.due is not None and now >= self.due:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending or not self.database_up():
+            return
+        batch = self.pending
+        if self.write(batch) is not None:
+            self.pending = self.pending[len(batch) :]
+        self.due = self.clock() + WRITE_INTERVAL if self.pending else None
+
+    def next_deadline(self) -> float | None:
+        return self.due

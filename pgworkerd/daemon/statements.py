@@ -17,6 +17,7 @@ from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue import lease, registry, schedules
+from pgworkerd.queue.attempts import Usage
 
 
 class Statements:
@@ -63,13 +64,17 @@ class Statements:
         )
 
     def write_outcomes(self, batch: list[Outcome]) -> bool | None:
-        def call(c: Any) -> bool:
-            ok = outcomes.write(c, self.worker_id, self.schema, batch, self.metrics)
-            usages = [o.usage for o in batch if o.usage is not None]
-            accounting.write(c, self.worker_id, self.schema, usages)
-            return ok
+        return self.link.run(
+            "recording outcomes",
+            lambda c: outcomes.write(c, self.worker_id, self.schema, batch, self.metrics),
+        )
 
-        return self.link.run("recording outcomes", call)
+    def write_usage(self, usages: list[Usage]) -> bool | None:
+        """What finished attempts cost, to their history rows (written already)."""
+        return self.link.run(
+            "recording attempt figures",
+            lambda c: accounting.write(c, self.worker_id, self.schema, usages),
+        )
 
     def register(self, info: registry.WorkerInfo, state: str) -> None:
         self.link.run("registering", lambda c: registry.register(c, info, state, self.schema))

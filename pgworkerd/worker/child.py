@@ -165,16 +165,12 @@ class _Channel:
             self.send(message)
 
 
-def _fence(reason: str, also: list[int] | None = None) -> None:
-    """Stop this job now: the lease is gone or the parent is (or the job outgrew its
-    memory limit). Kill the whole group so no handler subprocess outlives it either, and
-    `also` (descendants in groups of their own)."""
+def _fence(reason: str) -> None:
+    """Stop this job now: the lease is gone or the parent is. Kill the whole group so no
+    handler subprocess outlives it either."""
     try:
         sys.stderr.write(f"pgworkerd child {os.getpid()}: {reason}; stopping\n")
         sys.stderr.flush()
-        for pid in also or ():
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
     finally:
         os.killpg(0, signal.SIGKILL)
 
@@ -216,7 +212,11 @@ def _monitor(channel: _Channel) -> None:
         if channel.deadline is not None:
             if time.monotonic() >= channel.deadline:
                 _fence("lease deadline passed without renewal")
-            _measure(channel)
+            try:
+                _measure(channel)
+            except Exception as exc:  # never at the cost of the lease check above
+                channel.meter = None
+                print(f"pgworkerd child: measuring the job failed: {exc!r}", file=sys.stderr)
             elapsed = int(time.monotonic() - channel.job_started)
             setproctitle(f"{channel.title} {elapsed}s")
             channel.flush_pending_beat()
@@ -237,7 +237,10 @@ def _measure(channel: _Channel) -> None:
         with channel._lock:  # held to the end: the handler reports nothing after this
             with contextlib.suppress(OSError):
                 channel.sock.sendall(frames)
-            _fence(failed.error, descendants(os.getpid()))
+            for pid in descendants(os.getpid()):  # those in groups of their own too
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            _fence(failed.error)
     if meter.peak > channel.usage_sent_peak * 1.1:
         channel.usage_sent_peak = meter.peak
         channel.send(_usage(job_id, meter.figures(sample=False)))
@@ -320,10 +323,12 @@ def _run_one(channel: _Channel, job: Job) -> None:
         what = "result" if isinstance(outcome, Done) else "error report"
         frame = protocol.encode(Failed(job.id, f"the {what} is too large to store: {exc}"))
     channel.flush_pending_beat()
-    with contextlib.suppress(OSError):  # what it cost, for the attempt's history
-        channel.send(_usage(job.id, channel.meter.figures()))
     # Ignore further SIGTERMs while reporting: the outcome must reach the parent whole.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    meter = channel.meter  # (None if measuring failed)
+    if meter is not None:
+        with contextlib.suppress(OSError):  # what it cost, for the attempt's history
+            channel.send(_usage(job.id, meter.figures()))
     channel.deadline = None
     channel.job_id = None
     channel.meter = None

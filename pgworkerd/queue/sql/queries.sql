@@ -578,7 +578,8 @@ UPDATE @schema@.attempts a
   FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(wall)s::float8[],
               %(cpu_user)s::float8[], %(cpu_system)s::float8[], %(peak_memory)s::bigint[])
        AS u(id, token, wall, cpu_user, cpu_system, peak_memory)
- WHERE a.job_id = u.id AND a.lease_token = u.token AND a.worker = %(worker)s
+ WHERE a.job_id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the plan expects
+   AND a.job_id = u.id AND a.lease_token = u.token AND a.worker = %(worker)s
 RETURNING a.job_id;
 
 -- name: attempt_list

@@ -121,3 +121,16 @@ def test_a_reused_child_past_max_child_memory_is_replaced(db: Db, daemons: Daemo
     # reused while small; replaced after the job that grew it past the ceiling
     assert pids[0] == pids[1] == pids[2] != pids[3], pids
     d.wait_log(r"child \d+ uses [\d.]+ MiB, over max_child_memory 150 MiB: replacing it")
+
+
+def test_a_child_that_dies_without_a_report_is_accounted_from_wait4(
+    db: Db, daemons: Daemons
+) -> None:
+    daemons.start({"crash": {"target": "accounthandlers:burn_then_exit"}})
+    job_id = db.enqueue("crash", {"cpu": 0.6, "mib": 150}, max_attempts=1)
+    row = db.wait_status(job_id, "dead")
+    assert row["last_error"].startswith("child process exited with code 3"), row["last_error"]
+    [a] = measured(db, job_id)
+    assert a["outcome"] == "dead"
+    assert 0.4 <= a["cpu_user_seconds"] + a["cpu_system_seconds"] <= 5.0, a
+    assert 150 * MIB <= a["peak_memory"] <= 600 * MIB, a

@@ -55,3 +55,9 @@ _KEPT: list[bytearray] = []  # a leak: grows the reused child with every job
 def leak(job: JobContext) -> dict[str, Any]:
     _KEPT.append(_touch(int(job.payload["mib"]) * MIB))
     return {"pid": os.getpid()}
+
+
+def burn_then_exit(job: JobContext) -> None:
+    """Known work, then an exit without a report: only the kernel's figures (wait4) remain."""
+    burn_and_touch(job)
+    os._exit(3)

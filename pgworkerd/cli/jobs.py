@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import click
+from psycopg.errors import InsufficientPrivilege
 
 from pgworkerd import client, model
 from pgworkerd.cli import Context, database, fail, main
@@ -280,7 +281,12 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
 
     with database(ctx) as conn:
         row = admin.get(conn, job_id, schema=ctx.schema)
-        history = [] if row is None else attempts.history(conn, job_id, schema=ctx.schema)
+        history: list[dict[str, Any]] | None = []
+        try:
+            if row is not None:
+                history = attempts.history(conn, job_id, schema=ctx.schema)
+        except InsufficientPrivilege:  # a role granted before schema 12: the job still shows
+            history = None
     if row is None:
         fail(f"job {job_id} not found", ExitCode.FAILURE)
     if as_json:
@@ -298,6 +304,9 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
             click.echo(f"{key}: {printable(value)}")
         else:
             click.echo(f"{key}: {printable(value)}")
+    if history is None:
+        click.echo("attempts: (this role may not read them: grant it SELECT, see roles.sql)")
+        return
     click.echo(f"attempts: {len(history)} recorded" + (":" if history else ""))
     for a in history:
         click.echo("  " + attempt_line(a))

@@ -29,6 +29,11 @@ GRANT UPDATE (status, locked_by, locked_until, lease_token, attempts, max_attemp
 -- snoozes: counted by the daemon when a handler snoozes a job (schema 9)
 GRANT UPDATE (snoozes) ON pgworkerd.jobs TO pgworkerd_daemon;
 GRANT SELECT, INSERT, UPDATE ON pgworkerd.workers TO pgworkerd_daemon;
+-- Attempt history (schema 12): rows are written by a trigger (SECURITY DEFINER) whatever
+-- ends an attempt; the daemon adds only what it measured, and `show` reads them.
+GRANT SELECT ON pgworkerd.attempts TO pgworkerd_daemon;
+GRANT UPDATE (wall_seconds, cpu_user_seconds, cpu_system_seconds, peak_memory)
+      ON pgworkerd.attempts TO pgworkerd_daemon;
 -- Pausing queues and handlers (`pgworkerd pause`/`resume --queue/--handler`, the claim
 -- and `status` read what is paused; the functions are SECURITY DEFINER).
 GRANT SELECT ON pgworkerd.paused TO pgworkerd_daemon;

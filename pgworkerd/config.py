@@ -34,6 +34,7 @@ from pgworkerd.durations import format_duration, parse_duration
 from pgworkerd.jsontext import storable_json
 from pgworkerd.masking import mask_dsn
 from pgworkerd.names import DEFAULT_SCHEMA, check_schema_name
+from pgworkerd.sizes import parse_size
 
 
 class ConfigError(ValueError):
@@ -68,6 +69,11 @@ class WorkerConfig:
     warm_children: int = 2
     backoff: float = 10.0
     backoff_max: float = 3600.0
+    # Bytes: the default limit of a job's whole process tree (a handler's own wins), and
+    # the size past which a reused child (max_jobs_per_child > 1) is replaced after its
+    # job; None: none.
+    memory_limit: int | None = None
+    max_child_memory: int | None = None
 
 
 # A handler's max_snoozes when not set, and the most it may be set to.
@@ -100,6 +106,7 @@ class HandlerConfig:
     # matched along the raised exception's MRO) that end a job as dead at once.
     max_snoozes: int = DEFAULT_MAX_SNOOZES
     no_retry: tuple[str, ...] = ()
+    memory_limit: int | None = None  # bytes, the job's process tree; default worker's
 
     @property
     def module(self) -> str:
@@ -328,6 +335,12 @@ def _millis_duration(value: Any) -> float:
     return seconds
 
 
+def _size(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise TypeError(f'expected a size like "2GiB", got {_describe(value)}')
+    return parse_size(value)
+
+
 def _positive_duration(value: Any) -> float:
     seconds = _duration(value)
     if seconds <= 0:
@@ -429,6 +442,8 @@ _WORKER = {
     "warm_children": _non_negative_int,
     "backoff": _duration,
     "backoff_max": _duration,
+    "memory_limit": _size,
+    "max_child_memory": _size,
 }
 _LOGGING = {
     "format": _choice("text", "json"),
@@ -586,6 +601,7 @@ _HANDLER = {
     "max_running_per_key": _positive_limit,
     "max_snoozes": _max_snoozes,
     "no_retry": _exception_type_names,
+    "memory_limit": _size,
 }
 
 

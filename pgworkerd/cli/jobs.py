@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import click
+from psycopg.errors import InsufficientPrivilege
 
 from pgworkerd import client, model
 from pgworkerd.cli import Context, database, fail, main
@@ -15,6 +16,7 @@ from pgworkerd.cli.display import RawJson, echo_json, printable
 from pgworkerd.cli.params import DURATION
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.queue import admin
+from pgworkerd.sizes import format_size
 
 
 def _parse_payload(text: str) -> dict[str, Any]:
@@ -274,13 +276,21 @@ def _error_summary(row: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True, help="JSON output")
 @click.pass_obj
 def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
-    """Show one job with every column, its last error and traceback."""
+    """Show one job with every column, its last error and traceback, and its attempts."""
+    from pgworkerd.queue import attempts
+
     with database(ctx) as conn:
         row = admin.get(conn, job_id, schema=ctx.schema)
+        history: list[dict[str, Any]] | None = []
+        try:
+            if row is not None:
+                history = attempts.history(conn, job_id, schema=ctx.schema)
+        except InsufficientPrivilege:  # a role granted before schema 12: the job still shows
+            history = None
     if row is None:
         fail(f"job {job_id} not found", ExitCode.FAILURE)
     if as_json:
-        echo_json(row)
+        echo_json({**row, "attempts": history})
         return
     for key, value in row.items():
         if key == "last_error" and value:
@@ -294,3 +304,29 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
             click.echo(f"{key}: {printable(value)}")
         else:
             click.echo(f"{key}: {printable(value)}")
+    if history is None:
+        click.echo("attempts: (this role may not read them: grant it SELECT, see roles.sql)")
+        return
+    click.echo(f"attempts: {len(history)} recorded" + (":" if history else ""))
+    for a in history:
+        click.echo("  " + attempt_line(a))
+        error = str(a["error"] or "").rstrip("\n")
+        if error:
+            click.echo("\n".join(f"      {printable(ln)}" for ln in error.split("\n")))
+
+
+def attempt_line(a: dict[str, Any]) -> str:
+    """One attempt of `show`: number, outcome, where, when, and what it cost (the figures
+    a daemon measured; '-' where none were, e.g. a worker finishing from SQL)."""
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}s"
+
+    where = printable(a["worker"] or "?") + (f" on {printable(a['host'])}" if a["host"] else "")
+    peak = "-" if a["peak_memory"] is None else format_size(a["peak_memory"])
+    return (
+        f"#{a['attempt']} {a['outcome']}  {where}  {printable(a['started_at'])} .. "
+        f"{printable(a['finished_at'])}  wall {seconds(a['wall_seconds'])}  "
+        f"cpu {seconds(a['cpu_user_seconds'])} user {seconds(a['cpu_system_seconds'])} "
+        f"system  peak {peak}"
+    )

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from pgworkerd.config import HandlerConfig, WorkerConfig
+from pgworkerd.daemon import accounting
 from pgworkerd.daemon.outcomes import InFlight, Outcome, decide, fence_margin
 from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.daemon.supervisor import Child, Supervisor, describe_exit
@@ -34,6 +35,7 @@ from pgworkerd.worker.protocol import (
     Report,
     Shutdown,
     Started,
+    Usage,
 )
 
 log = logging.getLogger("pgworkerd")
@@ -143,6 +145,7 @@ class JobTable:
                         max_attempts=job.job.max_attempts,
                         checkpoint=job.job.checkpoint,
                         deadline=job.deadline,
+                        memory_limit=job.handler.memory_limit or self.worker.memory_limit,
                     )
                 )
             except Exception as exc:  # this job's data: too big, too deep, not JSON
@@ -204,6 +207,9 @@ class JobTable:
                     job.unsaved = True
                 except Exception as exc:
                     log.warning("%s: %s not saved: %s", job.name, key, short_error(exc))
+        elif isinstance(message, Usage):
+            job.usage = message
+            accounting.reported(child, message, self.worker.max_child_memory)
         elif isinstance(message, Done | Failed | Interrupted):
             report: Report = message
             if isinstance(message, Done) and message.result is not None:
@@ -289,8 +295,20 @@ class JobTable:
         """Decide a finished attempt's outcome (once) and pass it on."""
         if self.jobs.pop(job.job.id, None) is None:
             return
+        child = self.child_of(job)
         self._unlink(job)
-        self.on_settled(decide(job, report, exit_description, self.draining, self.worker))
+        outcome = decide(job, report, exit_description, self.draining, self.worker)
+        if job.started_at is not None:  # it ran: what it cost goes to its history
+            wall = self.clock() - job.claimed_at
+            outcome.usage = accounting.attempt_usage(
+                job.job.id, job.job.token, wall, job.usage, child
+            )
+            u = outcome.usage
+            cpu = None if u.cpu_user is None else u.cpu_user + (u.cpu_system or 0.0)
+            self.metrics.observe_attempt(job.job.handler, wall, cpu, u.peak_memory)
+        if child is not None:
+            accounting.settled(child, job.usage)
+        self.on_settled(outcome)
 
     # -- limits --------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from setproctitle import setproctitle
 from pgworkerd import __version__
 from pgworkerd.backoff import Backoff
 from pgworkerd.config import Config, ConfigError, file_warnings, load_config
+from pgworkerd.daemon.accounting import UsageWriter
 from pgworkerd.daemon.claimer import Claimer
 from pgworkerd.daemon.dblink import MAX_RECONNECT_DELAY, RECONNECT_INITIAL, DatabaseLink
 from pgworkerd.daemon.jobtable import JobTable
@@ -99,8 +100,10 @@ class Daemon:
         self.table = JobTable(config.worker, self.supervisor, self.metrics, self._settled)
         self.claimer = Claimer(config, self.statements, self.table, self.supervisor, self.metrics)
         self.writer = OutcomeWriter(
-            self.statements.write_outcomes, lambda: self.link.ok, self.claimer.request_at
+            self._write_outcomes, lambda: self.link.ok, self.claimer.request_at
         )
+        # what attempts cost, written once their outcomes are (daemon.accounting)
+        self.usage = UsageWriter(self.statements.write_usage, lambda: self.link.ok)
         self.leases = LeaseKeeper(
             self.statements, self.table, self.metrics, config.worker.renew_interval
         )
@@ -229,6 +232,7 @@ class Daemon:
         if self.link.reconnect_if_due():
             self._database_restored()
         self.writer.tick(now)
+        self.usage.tick(now)
         self.leases.tick(now)
         self.claimer.set_accepting(self._accepting())
         # Claim and hand out before the registry heartbeat: a woken idle daemon starts
@@ -250,6 +254,12 @@ class Daemon:
         self.scheduler.redeclare()
         self.link.listen(self.config.worker.poll_interval)
 
+    def _write_outcomes(self, batch: list[Outcome]) -> bool | None:
+        written = self.statements.write_outcomes(batch)
+        if written is not None:  # (fenced ones too: their history row exists as well)
+            self.usage.add([o.usage for o in batch if o.usage is not None])
+        return written
+
     def _settled(self, outcome: Outcome) -> None:
         """A job left the table: its outcome goes to the writer, its slot to the claimer."""
         self.writer.add(outcome)
@@ -266,6 +276,7 @@ class Daemon:
         if not self.state.leaving:
             return False
         if not self.table.busy() and not self.writer.pending:
+            self.usage.flush()
             self.presence.deregister()
             return True
         if self.exit_deadline is not None and time.monotonic() >= self.exit_deadline:
@@ -287,6 +298,7 @@ class Daemon:
             self.claimer.next_deadline(),
             self.leases.next_deadline(),
             self.writer.next_deadline(),
+            self.usage.next_deadline(),
             self.presence.next_deadline(),
             self.scheduler.next_deadline(),
             self.supervisor.next_deadline(),

@@ -20,8 +20,9 @@ from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.durations import format_duration
 from pgworkerd.jsontext import storable_text
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue import lease
+from pgworkerd.queue import attempts, lease
 from pgworkerd.queue.lease import ClaimedJob, EncodedJson, RefusedJob
+from pgworkerd.worker import protocol
 from pgworkerd.worker.outcomes import snooze_problem
 from pgworkerd.worker.protocol import Done, Failed, Interrupted, Report
 
@@ -54,6 +55,7 @@ class Outcome:
     failed_writes: int = 0
     retry_in: float | None = None  # set once written: seconds until the retry is due
     snooze: float | None = None  # SNOOZE: seconds until the job runs again (checked)
+    usage: attempts.Usage | None = None  # what the attempt cost (daemon.accounting)
 
     def __post_init__(self) -> None:
         self.kind = OutcomeKind(self.kind)  # a plain string names the same kind
@@ -92,6 +94,7 @@ class InFlight:
     kill_at: float | None = None  # SIGKILL the child's group at this time
     cancel_seen: bool = False  # the database asked to cancel this job
     fenced: bool = False  # its lease is (or may be) gone: killed, whatever stopped it first
+    usage: protocol.Usage | None = None  # the child's latest figures for it
 
     @property
     def name(self) -> str:

@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from pgworkerd.daemon import outcomes
+from pgworkerd.daemon import accounting, outcomes
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue import lease, registry, schedules
+from pgworkerd.queue.attempts import Usage
 
 
 class Statements:
@@ -66,6 +67,13 @@ class Statements:
         return self.link.run(
             "recording outcomes",
             lambda c: outcomes.write(c, self.worker_id, self.schema, batch, self.metrics),
+        )
+
+    def write_usage(self, usages: list[Usage]) -> bool | None:
+        """What finished attempts cost, to their history rows (written already)."""
+        return self.link.run(
+            "recording attempt figures",
+            lambda c: accounting.write(c, self.worker_id, self.schema, usages),
         )
 
     def register(self, info: registry.WorkerInfo, state: str) -> None:

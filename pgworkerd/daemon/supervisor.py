@@ -80,6 +80,8 @@ class Child:
     reader: FrameReader = field(default_factory=FrameReader)
     eof: bool = False
     broken: str = ""  # why the daemon stopped it for a message it could not read
+    rusage: Any = None  # os.wait4's, once reaped (daemon.accounting)
+    cpu_reported: tuple[float, float] = (0.0, 0.0)  # (user, system) its settled jobs used
 
     def send(self, message: ParentMessage) -> bool:
         """Best effort: a child that is gone cannot be told anything."""
@@ -337,7 +339,7 @@ class Supervisor:
         """Collect every exited child (SIGCHLD woke us) and report it once."""
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, rusage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             except OSError as exc:
@@ -355,6 +357,7 @@ class Supervisor:
                 # A child can die before its hello is read; match it when the hello comes.
                 self._unmatched_exits[pid] = (status, time.monotonic())
                 continue
+            child.rusage = rusage
             self._exited(child, status)
         self._forget_unmatched()
 

@@ -66,6 +66,10 @@ LATENCY_BUCKETS = (
 )
 
 
+# Peak memory of an attempt: 16 MiB to 64 GiB, doubling.
+MEMORY_BUCKETS = (*(float(16 << 20 << i) for i in range(13)), float("inf"))
+
+
 # The label for queues beyond the cap and for handlers this daemon does not run.
 OTHER = "other"
 # Longest label value exported: names are bounded at enqueue, but not tightly enough to
@@ -161,6 +165,11 @@ class NullMetrics:
         pass
 
     def observe_job_start(self, run_at: datetime, created_at: datetime) -> None:
+        pass
+
+    def observe_attempt(
+        self, handler: str, wall: float, cpu: float | None, peak_memory: int | None
+    ) -> None:
         pass
 
 
@@ -275,6 +284,31 @@ class Metrics(NullMetrics):
             namespace=ns,
             registry=registry,
             buckets=LATENCY_BUCKETS,
+        )
+        # What each attempt cost (its accounting, migration 0012), per handler.
+        self.attempt_duration = prom.Histogram(
+            "attempt_duration_seconds",
+            "Wall time of an attempt, from its claim to its end.",
+            ("handler",),
+            namespace=ns,
+            registry=registry,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.attempt_cpu = prom.Histogram(
+            "attempt_cpu_seconds",
+            "CPU time (user and system) of an attempt's whole process tree.",
+            ("handler",),
+            namespace=ns,
+            registry=registry,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.attempt_memory = prom.Histogram(
+            "attempt_peak_memory_bytes",
+            "Peak resident memory of an attempt's whole process tree.",
+            ("handler",),
+            namespace=ns,
+            registry=registry,
+            buckets=MEMORY_BUCKETS,
         )
 
         outer = self
@@ -454,6 +488,17 @@ class Metrics(NullMetrics):
     @_safe
     def observe_job_start(self, run_at: datetime, created_at: datetime) -> None:
         self.start_latency.observe(start_latency_seconds(run_at, created_at))
+
+    @_safe
+    def observe_attempt(
+        self, handler: str, wall: float, cpu: float | None, peak_memory: int | None
+    ) -> None:
+        handler = self._handler(handler)
+        self.attempt_duration.labels(handler).observe(max(0.0, wall))
+        if cpu is not None:
+            self.attempt_cpu.labels(handler).observe(max(0.0, cpu))
+        if peak_memory is not None:
+            self.attempt_memory.labels(handler).observe(max(0, peak_memory))
 
 
 def create(

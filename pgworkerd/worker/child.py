@@ -40,7 +40,9 @@ from pgworkerd.worker.protocol import (
     Report,
     Shutdown,
     Started,
+    Usage,
 )
+from pgworkerd.worker.resources import Figures, Meter, descendants, limit_message
 from pgworkerd.worker.wire import FrameReader, FrameTooLarge
 
 PR_SET_PDEATHSIG = 1
@@ -131,6 +133,11 @@ class _Channel:
         self.job_started = 0.0
         self.job_id: int | None = None  # the job running now
         self._pending_beat: Beat | None = None
+        # the running job's measurements (pgworkerd.worker.resources) and limit
+        self.meter: Meter | None = None
+        self.memory_limit: int | None = None
+        self.usage_sent_peak = 0  # the peak the parent was last told of
+        self.jobs_run = 0
 
     def send(self, message: protocol.ChildMessage) -> None:
         data = protocol.encode(message)
@@ -205,9 +212,42 @@ def _monitor(channel: _Channel) -> None:
         if channel.deadline is not None:
             if time.monotonic() >= channel.deadline:
                 _fence("lease deadline passed without renewal")
+            try:
+                _measure(channel)
+            except Exception as exc:  # never at the cost of the lease check above
+                channel.meter = None
+                print(f"pgworkerd child: measuring the job failed: {exc!r}", file=sys.stderr)
             elapsed = int(time.monotonic() - channel.job_started)
             setproctitle(f"{channel.title} {elapsed}s")
             channel.flush_pending_beat()
+
+
+def _measure(channel: _Channel) -> None:
+    """Sample the job's tree when due: stop the job over its memory limit; tell the parent
+    of a peak that grew (a job killed later keeps a figure)."""
+    meter, job_id = channel.meter, channel.job_id
+    if meter is None or job_id is None or not meter.due(time.monotonic()):
+        return
+    total = meter.sample()
+    limit = channel.memory_limit
+    if limit is not None and total > limit:
+        figures = meter.figures(sample=False)
+        failed = Failed(job_id, limit_message(limit, max(total, figures.peak_memory)))
+        frames = protocol.encode(_usage(job_id, figures)) + protocol.encode(failed)
+        with channel._lock:  # held to the end: the handler reports nothing after this
+            with contextlib.suppress(OSError):
+                channel.sock.sendall(frames)
+            for pid in descendants(os.getpid()):  # those in groups of their own too
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            _fence(failed.error)
+    if meter.peak > channel.usage_sent_peak * 1.1:
+        channel.usage_sent_peak = meter.peak
+        channel.send(_usage(job_id, meter.figures(sample=False)))
+
+
+def _usage(job_id: int, f: Figures) -> Usage:
+    return Usage(job_id, f.cpu_user, f.cpu_system, f.peak_memory, f.child_memory)
 
 
 def _bind_to_daemon(daemon_pid: int) -> None:
@@ -235,6 +275,10 @@ def _run_one(channel: _Channel, job: Job) -> None:
     channel.job_started = time.monotonic()
     channel.deadline = job.deadline
     channel.job_id = job.id
+    channel.memory_limit = job.memory_limit
+    channel.usage_sent_peak = 0
+    channel.meter = Meter(first_job=channel.jobs_run == 0)
+    channel.jobs_run += 1
     setproctitle(f"{channel.title} 0s")
     ctx = JobContext(channel, job)
     outcome: Report
@@ -281,8 +325,13 @@ def _run_one(channel: _Channel, job: Job) -> None:
     channel.flush_pending_beat()
     # Ignore further SIGTERMs while reporting: the outcome must reach the parent whole.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    meter = channel.meter  # (None if measuring failed)
+    if meter is not None:
+        with contextlib.suppress(OSError):  # what it cost, for the attempt's history
+            channel.send(_usage(job.id, meter.figures()))
     channel.deadline = None
     channel.job_id = None
+    channel.meter = None
     channel.send_encoded(frame)
     channel.cancel_requested = False
     signal.signal(signal.SIGTERM, _raise_interrupted)

@@ -4,8 +4,8 @@ where messages become frames and frames become messages again.
 Dependency-free (the child imports it; it must not load database code). A frame is a
 4-byte length and a JSON object whose "t" names the kind (pgworkerd.worker.wire).
 
-Child -> parent: Hello (once, first), then per job Started, any number of Beat, and one
-report: Done, Failed or Interrupted.
+Child -> parent: Hello (once, first), then per job Started, any number of Beat and Usage,
+and one report: Done, Failed or Interrupted.
 Parent -> child: Job, LeaseExtended, Cancel, Shutdown (finish or stop the current job,
 then exit), Exit (exit when idle).
 
@@ -31,6 +31,7 @@ class Kind(StrEnum):
     DONE = "done"
     FAILED = "error"
     INTERRUPTED = "interrupted"
+    USAGE = "usage"
     JOB = "job"
     LEASE_EXTENDED = "lease"
     CANCEL = "cancel"
@@ -100,6 +101,19 @@ class Interrupted:
     traceback: str = ""
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What the job's process tree cost so far (pgworkerd.worker.resources): sent before
+    each report, and while the job runs whenever its peak memory grew."""
+
+    kind: ClassVar[Kind] = Kind.USAGE
+    id: int
+    cpu_user: float  # seconds
+    cpu_system: float
+    peak_memory: int  # bytes, the tree's
+    child_memory: int  # bytes, the child process's own now (max_child_memory)
+
+
 Report = Done | Failed | Interrupted
 
 
@@ -118,6 +132,7 @@ class Job:
     max_attempts: int
     checkpoint: Any
     deadline: float  # time.monotonic() when the lease runs out (as last renewed)
+    memory_limit: int | None = None  # bytes, the job's whole process tree
 
 
 @dataclass(frozen=True)
@@ -143,7 +158,7 @@ class Exit:
     kind: ClassVar[Kind] = Kind.EXIT
 
 
-ChildMessage = Hello | Started | Beat | Done | Failed | Interrupted
+ChildMessage = Hello | Started | Beat | Done | Failed | Interrupted | Usage
 ParentMessage = Job | LeaseExtended | Cancel | Shutdown | Exit
 Message = ChildMessage | ParentMessage
 
@@ -156,6 +171,7 @@ _CLASSES: dict[str, type[Any]] = {
         Done,
         Failed,
         Interrupted,
+        Usage,
         Job,
         LeaseExtended,
         Cancel,

@@ -231,6 +231,18 @@ def test_kill_9_of_the_parent_kills_its_children_and_another_daemon_takes_over(
     row = db.wait_status(job_id, "completed", "dead")
     assert row["status"] == "completed" and row["attempts"] == 2
     assert f"lease of {a.worker_id} expired during attempt 1" in row["last_error"]
+    # the ending in words, in the job row when B rescued it and in the attempt's history
+    lost = f"lease expired: daemon {a.worker_id} on {socket.gethostname()} stopped renewing"
+    history = db.rows(
+        "SELECT attempt, outcome, worker, error FROM {schema}.attempts"
+        " WHERE job_id = %s ORDER BY finished_at",
+        (job_id,),
+    )
+    assert [(h["attempt"], h["outcome"], h["worker"]) for h in history] == [
+        (1, "lease expired", a.worker_id),
+        (2, "completed", b.worker_id),
+    ]
+    assert history[0]["error"].startswith(lost)
     b.wait_log(rf"job {job_id} work attempt 2: claimed \(rescued after its lease expired\)")
     first, second = db.executions(job_id)
     assert (first["tag"], first["attempt"], first["ended_at"]) == ("A", 1, None)

@@ -150,6 +150,15 @@ def test_previous_release_runs_jobs_beside_new_daemons_across_the_expand_migrati
             db.wait_status(job_id, "completed")
         notified = {n.payload for n in listener.notifies(timeout=1.0)}
         assert {str(job_id) for job_id in during} <= notified
+        # ...and are recorded in the attempt history (0012), without resource figures.
+        history = db.rows(
+            "SELECT job_id, outcome, peak_memory FROM {schema}.attempts"
+            " WHERE job_id = ANY(%s) ORDER BY job_id",
+            (during,),
+        )
+        assert [(h["job_id"], h["outcome"], h["peak_memory"]) for h in history] == [
+            (job_id, "completed", None) for job_id in sorted(during)
+        ]
 
         # An old daemon that starts now (a restart, or a host not upgraded yet) meets the
         # newer schema, says so, and runs.

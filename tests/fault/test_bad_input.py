@@ -212,6 +212,21 @@ MORE_CONFIG_CASES = [
         id="duration-beyond-int-milliseconds",
     ),
     pytest.param(
+        '[worker]\nmemory_limit = "2XB"\n',
+        ["{path}:2: worker.memory_limit:", "is not a size"],
+        id="size-unknown-unit",
+    ),
+    pytest.param(
+        '[handlers.h]\ntarget = "pgworkerd.examples:echo"\nmemory_limit = "-2GiB"\n',
+        ["{path}:3: handlers.h.memory_limit:", "is negative"],
+        id="size-negative",
+    ),
+    pytest.param(
+        "[worker]\nmax_child_memory = 99999999999999999999\n",
+        ["{path}:2: worker.max_child_memory:", "out of range"],
+        id="size-absurd",
+    ),
+    pytest.param(
         '\n[handler.h]\ntarget = "pgworkerd.examples:echo"\n',
         ["{path}:2: [handler]: unknown table"],
         id="unknown-table-dotted",

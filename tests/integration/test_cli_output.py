@@ -315,3 +315,22 @@ def test_jobs_has_a_header_and_labels_an_old_error_of_a_finished_job(cli: Cli) -
     assert by_id[retrying].endswith("OSError: busy")
     assert by_id[retried_by_hand].endswith("0/5       (earlier attempt: OSError: old)")
     assert by_id[fresh].rstrip().endswith("0/5")
+
+
+def test_show_of_a_role_granted_before_the_attempt_history_still_shows_the_job(
+    roles: dict[str, str],  # noqa: F811
+    schema: str,
+    cli: Cli,
+) -> None:
+    job_id = cli.enqueue("h")
+    daemon = f"{schema}_daemon"
+    as_daemon = Cli(roles[daemon], schema, cli.conn)
+    assert "attempts: 0 recorded" in as_daemon("show", str(job_id)).stdout
+    cli.conn.execute(
+        sql.SQL("REVOKE SELECT ON {}.attempts FROM {}").format(
+            sql.Identifier(schema), sql.Identifier(daemon)
+        )
+    )
+    shown = as_daemon("show", str(job_id)).stdout
+    assert f"id: {job_id}" in shown and "attempts: (this role may not read them" in shown
+    assert json.loads(as_daemon("show", str(job_id), "--json").stdout)["attempts"] is None

@@ -1201,6 +1201,8 @@ def test_finishing_and_renewing_look_jobs_up_by_primary_key(
     assert all(r.renewed for r in renewed)
     assert done == {j.id for j in mine[:5]} and one and failed and released == "pending"
 
+    # (not the insert into attempts that the trigger of migration 0012 runs inside them)
+    plans = [p for p in plans if "INSERT INTO" not in p["Query Text"]]
     assert len(plans) == 5, plans
     for plan in plans:
         nodes = plan_nodes(plan["Plan"])

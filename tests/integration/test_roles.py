@@ -190,6 +190,16 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
         )
         db = Db(conn, schema)
         assert db.wait_status(done, "completed")["result"] == {"n": 1}
+        # the role may add its figures to the attempt history (roles.sql) and show them
+        wait_for(
+            lambda: db.rows(
+                "SELECT 1 FROM {schema}.attempts WHERE job_id = %s AND peak_memory > 0",
+                (done,),
+            ),
+            what="the completed attempt's figures",
+        )
+        shown = daemons.cli("show", str(done))
+        assert shown.returncode == 0 and "#1 completed" in shown.stdout, shown.stderr
         dead = db.wait_status(crashed, "dead")
         assert dead["attempts"] == 2 and "exited with code 3" in dead["last_error"]
         for command in (["jobs"], ["status"], ["cancel", str(later)], ["retry", str(crashed)]):

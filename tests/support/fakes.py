@@ -36,6 +36,8 @@ class FakeChild:
     exiting: bool = False
     broken: str = ""
     jobs_run: int = 0
+    rusage: Any = None  # as Supervisor's Child: os.wait4's once reaped
+    cpu_reported: tuple[float, float] = (0.0, 0.0)
     sent: list[Any] = field(default_factory=list)  # protocol messages, decoded
     signals: list[int] = field(default_factory=list)
 

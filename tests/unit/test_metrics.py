@@ -497,3 +497,16 @@ def test_metrics_config_needs_prometheus_client_when_enabled(
 def test_example_config_documents_the_metrics_table() -> None:
     config = load_config(Path(__file__).resolve().parents[2] / "config.example.toml")
     assert config.metrics == MetricsConfig()
+
+
+def test_attempt_histograms_per_handler(live: metrics.Metrics) -> None:
+    live.observe_attempt("resize", 2.0, 1.5, 300 << 20)
+    live.observe_attempt("resize", 0.5, None, None)  # not measured: duration only
+    text = scrape(live.port)
+    assert sample(text, "pgworkerd_attempt_duration_seconds_count", handler="resize") == 2
+    assert sample(text, "pgworkerd_attempt_duration_seconds_sum", handler="resize") == 2.5
+    assert sample(text, "pgworkerd_attempt_cpu_seconds_count", handler="resize") == 1
+    assert sample(text, "pgworkerd_attempt_cpu_seconds_sum", handler="resize") == 1.5
+    assert sample(text, "pgworkerd_attempt_peak_memory_bytes_sum", handler="resize") == 300 << 20
+    le = "5.36870912e+08"  # 512 MiB, as prometheus-client writes it
+    assert sample(text, "pgworkerd_attempt_peak_memory_bytes_bucket", handler="resize", le=le) == 1

@@ -588,3 +588,25 @@ LISTEN @finished_channel@;
 -- name: session_finished_unlisten
 -- Stop receiving them again.
 UNLISTEN @finished_channel@;
+
+-- name: attempt_account
+-- Add what the daemon measured to attempts its trigger recorded (migration 0012): each
+-- names the job and the lease token it ran under, so a figure lands on its own attempt
+-- only, also one another daemon's claim ended (lease expired). Returns the rows changed.
+UPDATE @schema@.attempts a
+   SET wall_seconds = u.wall, cpu_user_seconds = u.cpu_user,
+       cpu_system_seconds = u.cpu_system, peak_memory = u.peak_memory
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(wall)s::float8[],
+              %(cpu_user)s::float8[], %(cpu_system)s::float8[], %(peak_memory)s::bigint[])
+       AS u(id, token, wall, cpu_user, cpu_system, peak_memory)
+ WHERE a.job_id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the plan expects
+   AND a.job_id = u.id AND a.lease_token = u.token AND a.worker = %(worker)s
+RETURNING a.job_id;
+
+-- name: attempt_list
+-- A job's attempts, oldest first (pgworkerd show).
+SELECT attempt, outcome, worker, host, started_at, finished_at, wall_seconds,
+       cpu_user_seconds, cpu_system_seconds, peak_memory, error
+  FROM @schema@.attempts
+ WHERE job_id = %(id)s
+ ORDER BY finished_at, lease_token;

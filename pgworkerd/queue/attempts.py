@@ -1,0 +1,66 @@
+"""Attempt history (migration 0012): the daemon's accounting of what each attempt cost,
+and a job's attempts as `pgworkerd show` prints them.
+
+The rows themselves are written by a trigger on jobs whatever ended the attempt (see the
+migration); the daemon only adds its figures, keyed by job and lease token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgworkerd.queue import hotpath
+from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one attempt cost, as its daemon measured it."""
+
+    job_id: int
+    token: int
+    wall: float  # seconds from the claim to the end of the attempt
+    cpu_user: float | None  # seconds, the job's process tree; None: not measured
+    cpu_system: float | None
+    peak_memory: int | None  # bytes, the tree's peak resident memory
+
+
+def account(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    usages: Sequence[Usage],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> set[int]:
+    """Add the figures to the attempts' rows; returns the job ids whose row was found."""
+    if not usages:
+        return set()
+    rows = hotpath.run(
+        conn,
+        "attempt_account",
+        {
+            "worker": worker,
+            "ids": [u.job_id for u in usages],
+            "tokens": [u.token for u in usages],
+            "wall": [u.wall for u in usages],
+            "cpu_user": [u.cpu_user for u in usages],
+            "cpu_system": [u.cpu_system for u in usages],
+            "peak_memory": [u.peak_memory for u in usages],
+        },
+        schema=schema,
+    )
+    return {r[0] for r in rows}
+
+
+def history(
+    conn: psycopg.Connection[Any], job_id: int, *, schema: str = DEFAULT_SCHEMA
+) -> list[dict[str, Any]]:
+    """A job's attempts, oldest first, as dicts of attempt_list's columns."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query("attempt_list", schema), {"id": job_id})
+        return cur.fetchall()

@@ -140,7 +140,7 @@ class Claimer:
                 bad, self.config.handlers.get(bad.handler), f"cannot run: {bad.reason}"
             )
         for job in claimed:
-            if self.table.holds(job.id):
+            if self.table.has_job(job.id):
                 # Only after the database lost acknowledged writes (a failover to an
                 # asynchronous standby, or a crash of a server whose own claims were not
                 # durable): our claim rolled back and we claimed the job again. One child

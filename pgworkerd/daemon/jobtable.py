@@ -79,7 +79,7 @@ class JobTable:
     def ids(self) -> list[int]:
         return sorted(self.jobs)
 
-    def holds(self, job_id: int) -> bool:
+    def has_job(self, job_id: int) -> bool:
         return job_id in self.jobs
 
     def free_slots(self) -> int:

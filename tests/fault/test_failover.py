@@ -122,9 +122,21 @@ def test_synchronous_standby_promoted_mid_run_nothing_lost_nothing_twice(tmp_pat
             for job_id in jobs:
                 runs = [e for e in executions if e.job == job_id]
                 assert len(runs) == 1 and runs[0].ended, (job_id, runs)
-            for daemon in (a, b):  # both followed the new primary, neither restarted
-                assert daemon.proc is not None and daemon.proc.poll() is None
-                assert started_after(daemon, execs, promoted_at) > 0, daemon.tag
+            # Both followed the new primary, neither restarted: each heartbeats there, and
+            # the jobs left at the failover ran there.
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                db = Db(conn, SCHEMA)
+                for daemon in (a, b):
+                    assert daemon.proc is not None and daemon.proc.poll() is None
+                    wait_for(
+                        lambda d=daemon: db.rows(
+                            "SELECT 1 FROM {schema}.workers WHERE id = %s AND state <> 'gone'"
+                            " AND heartbeat_at > now() - interval '3 seconds'",
+                            (d.worker_id,),
+                        ),
+                        what=f"daemon {daemon.tag} to heartbeat on the new primary",
+                    )
+            assert sum(started_after(d, execs, promoted_at) for d in (a, b)) > 0
         finally:
             daemons.stop_all()
 

@@ -3,9 +3,11 @@ private primary), daemons with a multi-host DSN (`target_session_attrs=read-writ
 primary stopped (`-m immediate`) mid-run and the standby promoted. The daemons follow the
 new primary without a restart.
 
-- Synchronous replication (the standby named in synchronous_standby_names): every commit
-  the daemons were told of is on the standby, so nothing is lost: every job completes,
-  each ran exactly once, and no two executions of a job overlap.
+- Synchronous replication (the standby named in synchronous_standby_names, and the
+  server's synchronous_commit off, so that only the daemon's own per-transaction setting
+  makes its commits wait for the standby): every claim and finish the daemons were told
+  of is on the standby, so nothing is lost: every job completes, each ran exactly once,
+  and no two executions of a job overlap.
 - Asynchronous replication: what the standby had not received is lost, acknowledged or
   not. The test makes that window certain (the standby is stopped while the primary goes
   on) and shows what it does, and where the design stops it (README "Failover"):
@@ -47,6 +49,9 @@ def primary_and_standby(*, synchronous: bool) -> Iterator[tuple[LocalPostgres, L
             with psycopg.connect(primary.dsn(), autocommit=True) as conn:
                 if synchronous:  # only now: with no standby yet, every commit would wait
                     conn.execute("ALTER SYSTEM SET synchronous_standby_names = 'standby'")
+                    # A commit waits for the standby only with synchronous_commit on: the
+                    # daemon's claims and finishes set it themselves, whatever the default.
+                    conn.execute("ALTER SYSTEM SET synchronous_commit = off")
                     conn.execute("SELECT pg_reload_conf()")
                 wanted = "sync" if synchronous else "async"
                 wait_for(
@@ -95,6 +100,7 @@ def test_synchronous_standby_promoted_mid_run_nothing_lost_nothing_twice(tmp_pat
             config = daemons.config({"work": WORK}, worker)
             a, b = daemons.start(config, tag="A"), daemons.start(config, tag="B")
             with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("SET synchronous_commit = on")  # the test's enqueues are kept
                 db = Db(conn, SCHEMA)
                 jobs = [
                     db.enqueue("work", {"file": str(execs), "seconds": 0.5 + i % 4})

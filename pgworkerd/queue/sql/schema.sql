@@ -1711,8 +1711,10 @@ $$;
 -- Automatic retention (0014, retention).
 -- Delete one small batch of finished jobs past their retention: completed, cancelled and
 -- dead each with their own (seconds; NULL keeps that status forever), oldest first, at
--- most p_batch rows (1..10000) in all. History rows of a deleted job go with it (tables
--- that keep it reference jobs ON DELETE CASCADE).
+-- most p_batch rows (1..10000) in all. History rows of a deleted job go with it, in the
+-- same statement: the attempts of migration 0012 are removed by its AFTER DELETE
+-- trigger on jobs (a table added later that keeps history references jobs ON DELETE
+-- CASCADE or does the same).
 --
 -- One caller at a time per schema, under a transaction-level advisory lock: a caller
 -- that finds it taken deletes nothing and gets deleted = NULL at once (someone else is

@@ -13,3 +13,7 @@ def record_start(job: JobContext) -> None:
     started = time.time()
     with open(os.environ["BENCH_STARTS"], "a") as log:
         log.write(f"{job.id} {started}\n")
+
+
+def noop(job: JobContext) -> None:
+    """Does nothing (bench/retention_soak.py: the load is the job rows, not the work)."""

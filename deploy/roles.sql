@@ -46,6 +46,11 @@ GRANT SELECT ON pgworkerd.schedules, pgworkerd.schedule_runs TO pgworkerd_daemon
 GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
                           pgworkerd.schedule_fire(text, timestamptz, jsonb, text, text)
       TO pgworkerd_daemon;
+-- Retention (schema 14): the fleet deletes finished jobs past their retention through
+-- this SECURITY DEFINER function; the daemon has no DELETE on jobs, so it can remove
+-- finished jobs older than a retention and nothing else.
+GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v1(float8, float8, float8, integer)
+      TO pgworkerd_daemon;
 
 GRANT EXECUTE ON FUNCTION pgworkerd.enqueue(text, jsonb, text, integer, timestamptz,
                                             interval, integer, text),
@@ -59,8 +64,9 @@ GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v2(text, jsonb, text, integer, times
 -- (the enqueuer also needs to read the schema version for `pgworkerd enqueue`'s check)
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_enqueuer;
 
--- Operators who prune and retry: DELETE is only for `pgworkerd prune` (jobs, and the
--- registry rows of daemons long gone), EXECUTE for its deletion of old schedule runs.
+-- Operators who prune and retry: DELETE is only for `pgworkerd prune` (jobs at any
+-- retention, and the registry rows of daemons long gone), EXECUTE for its deletion of
+-- old schedule runs; the daemons' own retention needs none.
 -- GRANT DELETE ON pgworkerd.jobs, pgworkerd.workers TO pgworkerd_daemon;
 -- GRANT EXECUTE ON FUNCTION pgworkerd.schedule_runs_prune(interval) TO pgworkerd_daemon;
 

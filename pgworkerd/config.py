@@ -135,6 +135,22 @@ class MetricsConfig:
         return split_listen(self.listen)
 
 
+@dataclass(frozen=True)
+class RetentionConfig:
+    """How long finished jobs are kept before the fleet deletes them (pgworkerd.daemon.
+    retention); None ("off" or 0 in the file) keeps that status forever."""
+
+    completed: float | None = 7 * 86400.0
+    cancelled: float | None = 7 * 86400.0
+    dead: float | None = 30 * 86400.0  # kept longer: someone may want to retry them
+    interval: float = 300.0  # how often the fleet as a whole looks when there is nothing to do
+    batch: int = 500  # rows per delete (each its own short transaction)
+
+    @property
+    def enabled(self) -> bool:
+        return any(r is not None for r in (self.completed, self.cancelled, self.dead))
+
+
 # -- schedules (periodic jobs) ---------------------------------------------------------------
 
 
@@ -183,6 +199,7 @@ class Config:
     handlers: dict[str, HandlerConfig] = field(default_factory=dict)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     schedules: dict[str, ScheduleConfig] = field(default_factory=dict)
+    retention: RetentionConfig = field(default_factory=RetentionConfig)
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -445,6 +462,32 @@ _WORKER = {
     "memory_limit": _size,
     "max_child_memory": _size,
 }
+
+
+def _retention(value: Any) -> float | None:
+    """A retention: a duration, or "off" (or 0) to keep forever."""
+    if isinstance(value, str) and value.strip().lower() == "off":
+        return None
+    seconds = _duration(value)
+    if seconds < 0:
+        raise ValueError(f'must be a duration >= 0 or "off", got {value!r}')
+    return None if seconds == 0 else seconds
+
+
+def _prune_batch(value: Any) -> int:
+    value = _positive_int(value)
+    if value > 10_000:
+        raise ValueError(f"must be at most 10000 (short transactions), got {value}")
+    return value
+
+
+_RETENTION = {
+    "completed": _retention,
+    "cancelled": _retention,
+    "dead": _retention,
+    "interval": _positive_duration,
+    "batch": _prune_batch,
+}
 _LOGGING = {
     "format": _choice("text", "json"),
     "level": _choice("debug", "info", "warning", "error"),
@@ -614,7 +657,15 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     except RecursionError:
         # tomllib recurses once per nested array or inline table.
         raise ConfigError(f"{path}: invalid TOML: nested too deeply") from None
-    known_tables = ["database", "worker", "logging", "metrics", "handlers", "schedules"]
+    known_tables = [
+        "database",
+        "worker",
+        "logging",
+        "metrics",
+        "handlers",
+        "schedules",
+        "retention",
+    ]
     for table, value in data.items():
         if table not in known_tables:
             line = _locate(text, table, None)
@@ -652,7 +703,10 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         target = reader.get("target", None, _target)
         handlers[name] = _read_table(reader, HandlerConfig, _HANDLER, name=name, target=target)
     schedules = _read_schedules(path, text, data.get("schedules", {}), handlers)
-    config = Config(path, database, worker, logging, handlers, metrics, schedules)
+    retention = _read_table(
+        _Reader(path, text, "retention", data.get("retention", {})), RetentionConfig, _RETENTION
+    )
+    config = Config(path, database, worker, logging, handlers, metrics, schedules, retention)
     _cross_check(config, text)
     return config
 

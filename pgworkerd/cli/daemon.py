@@ -124,6 +124,9 @@ def check_config(ctx: Context, as_json: bool, quiet: bool) -> None:
         click.echo(f"[{table}]")
         for key, value in data[table].items():
             click.echo(f"{key} = {json.dumps(value)}")
+    click.echo("[retention]")
+    for key, value in data["retention"].items():
+        click.echo(f"{key} = {json.dumps('off' if value is None else value)}")
     for name, handler in data["handlers"].items():
         click.echo(f"[handlers.{name}]")
         for key, value in handler.items():

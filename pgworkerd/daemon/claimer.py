@@ -140,6 +140,18 @@ class Claimer:
                 bad, self.config.handlers.get(bad.handler), f"cannot run: {bad.reason}"
             )
         for job in claimed:
+            if self.table.has_job(job.id):
+                # Only after the database lost acknowledged writes (a failover to an
+                # asynchronous standby, or a crash of a server whose own claims were not
+                # durable): our claim rolled back and we claimed the job again. One child
+                # per job: the running attempt stays, the new lease is left to run out.
+                log.warning(
+                    "job %d %s: claimed again while its attempt runs here (the database lost "
+                    "acknowledged writes); not starting it twice",
+                    job.id,
+                    job.handler,
+                )
+                continue
             self.metrics.claimed(job.handler, rescued=job.rescued)
             handler = self.config.handlers[job.handler]
             self.table.add(job, handler, self.config.lease_for(handler), sent_at)

@@ -81,6 +81,9 @@ class JobTable:
     def ids(self) -> list[int]:
         return sorted(self.jobs)
 
+    def has_job(self, job_id: int) -> bool:
+        return job_id in self.jobs
+
     def free_slots(self) -> int:
         return self.worker.slots - len(self.jobs)
 

@@ -9,7 +9,8 @@ The parent is a set of components, each given what it needs when it is built:
 - LeaseKeeper: lease renewals and progress saves;
 - OutcomeWriter: outcomes kept until the database takes them;
 - Presence: the registry row, STATUS=, the title, the watchdog, the gauges;
-- Scheduler: the ticks of the config's periodic jobs (schedules).
+- Scheduler: the ticks of the config's periodic jobs (schedules);
+- Retention: finished jobs past their retention deleted, one daemon of the fleet at a time.
 
 Each has `tick(now)` and `next_deadline()`. One loop turn is the list of verbs in _tick,
 then one wait on a selector until the earliest deadline or a wake-up (a child's message,
@@ -43,6 +44,7 @@ from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.leases import LeaseKeeper
 from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.presence import Lifecycle, Presence, QueueDepthCounter
+from pgworkerd.daemon.retention import Retention
 from pgworkerd.daemon.scheduler import Scheduler
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState, StopReason
@@ -108,6 +110,7 @@ class Daemon:
             self.statements, self.table, self.metrics, config.worker.renew_interval
         )
         self.scheduler = Scheduler(config, self.statements)  # periodic jobs
+        self.retention = Retention(config.retention, self.statements.prune_finished)
         self.presence = Presence(
             config,
             self.worker_id,
@@ -240,6 +243,7 @@ class Daemon:
         self.claimer.tick(now)
         self.presence.tick(now)
         self.scheduler.tick(now)
+        self.retention.tick(now)
         self.claimer.set_accepting(self._accepting())  # a drain requested just now
 
     def _accepting(self) -> bool:
@@ -301,6 +305,7 @@ class Daemon:
             self.usage.next_deadline(),
             self.presence.next_deadline(),
             self.scheduler.next_deadline(),
+            self.retention.next_deadline(),
             self.supervisor.next_deadline(),
             self.link.next_deadline(),
             self.drain_deadline,
@@ -421,6 +426,7 @@ class Daemon:
         self.claimer.configure(new)
         self.presence.configure(new)
         self.scheduler.configure(new)
+        self.retention.configure(new.retention)
         self.leases.configure(new.worker.renew_interval)
         log.info(
             "reloaded %s: %d slots, queues %s, handlers %s",

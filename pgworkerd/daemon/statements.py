@@ -12,11 +12,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from pgworkerd.config import RetentionConfig
 from pgworkerd.daemon import accounting, outcomes
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue import lease, registry, schedules
+from pgworkerd.queue import lease, registry, retention, schedules
 from pgworkerd.queue.attempts import Usage
 
 
@@ -96,6 +97,20 @@ class Statements:
         return self.link.run(
             "marking stale daemons",
             lambda c: registry.mark_stale(c, stale_after, self.schema),
+        )
+
+    def prune_finished(self, config: RetentionConfig) -> retention.PruneResult | None:
+        """One batch of the fleet's retention (None: the call failed)."""
+        return self.link.run(
+            "pruning finished jobs",
+            lambda c: retention.prune_finished(
+                c,
+                completed=config.completed,
+                cancelled=config.cancelled,
+                dead=config.dead,
+                batch=config.batch,
+                schema=self.schema,
+            ),
         )
 
     # -- schedules (periodic jobs) ----------------------------------------------------------

@@ -48,6 +48,9 @@ _PG_HBA = """\
 local all all scram-sha-256
 host  all all 127.0.0.1/32 scram-sha-256
 host  all all ::1/128 scram-sha-256
+# streaming replication (a standby made with LocalPostgres(standby_of=...)), same password
+local replication all scram-sha-256
+host  replication all 127.0.0.1/32 scram-sha-256
 """
 
 log = logging.getLogger(__name__)
@@ -264,10 +267,18 @@ class LocalPostgres:
         port: int | None = None,
         settings: dict[str, str] | None = None,
         command_prefix: tuple[str, ...] = (),
+        standby_of: LocalPostgres | None = None,
+        standby_name: str = "standby",
     ) -> None:
         """`command_prefix` runs pg_ctl (and so the server) under a command, e.g.
-        ("ip", "netns", "exec", "NAME") to put the server in a network namespace."""
+        ("ip", "netns", "exec", "NAME") to put the server in a network namespace.
+
+        With `standby_of`, the first start makes a streaming standby of that (running)
+        cluster with pg_basebackup instead of running initdb; it has the primary's roles
+        and so its password, and reports `standby_name` as its application_name (what
+        the primary's synchronous_standby_names names). promote() makes it a primary."""
         self.command_prefix = tuple(command_prefix)
+        self.standby_of, self.standby_name = standby_of, standby_name
         self.bindir = find_server_bindir()
         self._account = _server_account()
         self._lock_fd: int | None = None
@@ -337,7 +348,8 @@ class LocalPostgres:
                     f"{self.data_dir} holds a cluster made without a passfile (before clusters "
                     "were private); delete it so a private one is made"
                 ) from None
-            password = secrets.token_urlsafe(24)  # [A-Za-z0-9_-]: nothing to escape below
+            # [A-Za-z0-9_-]: nothing to escape below. A standby's roles are its primary's.
+            password = self.standby_of.password if self.standby_of else secrets.token_urlsafe(24)
             # Any host, port, database and role: also serves a PgBouncer in front of it.
             _write_private_file(self.passfile, f"*:*:*:*:{password}\n", None)
             return password
@@ -420,12 +432,63 @@ class LocalPostgres:
         with (self.data_dir / "postgresql.conf").open("a") as f:
             f.write("\n# pgworkerd.devcluster.localpg\n" + "\n".join(lines) + "\n")
 
+    def _basebackup(self, primary: LocalPostgres) -> None:
+        """Copy `primary` into data_dir and configure it as its streaming standby."""
+        # The server account reads this passfile (pg_basebackup, then the WAL receiver's
+        # primary_conninfo): a copy of its own, like initdb's pwfile.
+        server_passfile = self.base_dir / "server.passfile"
+        if not server_passfile.exists():
+            _write_private_file(server_passfile, f"*:*:*:*:{self._password}\n", self._account)
+        conninfo = make_conninfo(
+            "",
+            host=str(primary.socket_dir),
+            port=str(primary.port),
+            user="postgres",
+            passfile=str(server_passfile),
+            application_name=self.standby_name,
+        )
+        proc = _run(
+            [
+                self.bindir / "pg_basebackup",
+                "-D",
+                self.data_dir,
+                "-d",
+                conninfo,
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-sync",
+            ],
+            self.base_dir,
+            self._account,
+        )
+        if proc.returncode != 0:
+            raise self._fail("pg_basebackup", proc, self._log_size())
+        # The primary's postgresql.conf came along: our own settings go after its lines,
+        # so they win (its socket directory above all).
+        settings = {**self.settings, "primary_conninfo": conninfo}
+        lines = [f"{k} = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in settings.items()]
+        with (self.data_dir / "postgresql.conf").open("a") as f:
+            f.write("\n# pgworkerd.devcluster.localpg standby\n" + "\n".join(lines) + "\n")
+        _write_private_file(self.data_dir / "standby.signal", "", self._account)
+
+    def promote(self) -> None:
+        """Make a standby a primary; waits until it accepts writes."""
+        offset = self._log_size()
+        proc = self._pg_ctl("promote", "-w", "-t", "60")
+        if proc.returncode != 0:
+            raise self._fail("pg_ctl promote", proc, offset)
+
     def start(self) -> None:
         """initdb on first use, then start and wait until the server accepts connections."""
         if self.is_running():
             return
         if not (self.data_dir / "PG_VERSION").exists():
-            self._initdb()
+            if self.standby_of is not None:
+                self._basebackup(self.standby_of)
+            else:
+                self._initdb()
         for attempt in range(5):
             offset = self._log_size()
             # -l sends the postmaster's output to the log, so it does not hold our pipes open.

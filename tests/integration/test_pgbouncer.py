@@ -254,3 +254,44 @@ def test_wait_through_pgbouncer_returns_by_polling(
         assert result == {"via": "bouncer"}
         assert time.monotonic() - started < 10
         assert through.autocommit
+
+
+def test_claims_renewals_and_finishes_commit_durably_through_the_bouncer(
+    bouncer: str, test_db_dsn: str, schema: str
+) -> None:
+    """Each of the daemon's fenced writes sets synchronous_commit = on for its own
+    transaction (set_config(..., true) inside the statement): under a transaction whose
+    own setting is off it is on again after the statement, through transaction pooling."""
+    with psycopg.connect(test_db_dsn, autocommit=True) as setup:
+        client.enqueue_many(setup, [client.JobSpec("h")] * 4, schema=schema)
+
+    def after(statement: object) -> tuple[object, str]:
+        with conn.transaction():
+            conn.execute("SET LOCAL synchronous_commit = off")
+            result = statement() if callable(statement) else statement
+            row = conn.execute("SELECT current_setting('synchronous_commit')").fetchone()
+        assert row is not None
+        return result, str(row[0])
+
+    with connect(bouncer) as conn:
+        capacity = {"h": lease.HandlerCapacity(30, 4)}
+        held, setting = after(
+            lambda: lease.claim(
+                conn, "w", queues=["default"], handlers=capacity, limit=4, schema=schema
+            )
+        )
+        assert setting == "on" and len(held) == 4  # type: ignore[arg-type]
+        a, b, c, d = held  # type: ignore[misc]
+        leases = [lease.Lease(j.id, j.token, 30) for j in held]  # type: ignore[attr-defined]
+        assert after(lambda: lease.renew(conn, "w", leases, schema=schema))[1] == "on"
+        assert after(lambda: lease.complete(conn, "w", a.id, a.token, schema=schema)) == (
+            True,
+            "on",
+        )
+        done = [lease.Completion(b.id, b.token)]
+        assert after(lambda: lease.complete_many(conn, "w", done, schema=schema))[1] == "on"
+        assert after(lambda: lease.fail(conn, "w", c.id, c.token, "x", schema=schema))[1] == "on"
+        assert after(lambda: lease.release(conn, "w", d.id, d.token, schema=schema))[1] == "on"
+        # and nothing stays behind for the next transaction on the pooled connections
+        _, setting = after(lambda: None)
+        assert setting == "off"

@@ -470,3 +470,29 @@ def test_daemon_role_snoozes_and_gives_up_and_can_wait(
         with pytest.raises(pgworkerd.JobFailed, match="gave up"):
             pgworkerd.wait(c, held[1].id, timeout=5, schema=schema)
         assert sorted(ids) == sorted(j.id for j in held)
+
+
+def test_daemon_role_prunes_finished_jobs_through_the_function_only(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    from pgworkerd.queue import retention
+
+    old, live = client.enqueue(conn, "h", schema=schema), client.enqueue(conn, "h", schema=schema)
+    conn.execute(
+        sql.SQL(
+            "UPDATE {}.jobs SET status = 'dead', finished_at = now() - interval '2 days'"
+            " WHERE id = %s"
+        ).format(sql.Identifier(schema)),
+        (old,),
+    )
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        result = retention.prune_finished(
+            c, completed=0.0, cancelled=0.0, dead=86400.0, batch=10, schema=schema
+        )
+        assert result.deleted == 1
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # still no DELETE
+            c.execute(sql.SQL("DELETE FROM {}.jobs").format(sql.Identifier(schema)))
+    ids = {
+        r[0] for r in conn.execute(sql.SQL("SELECT id FROM {}.jobs").format(sql.Identifier(schema)))
+    }
+    assert ids == {live}  # a pending job is never pruned, whatever the retention

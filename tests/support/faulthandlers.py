@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,9 +42,13 @@ def record(path: str, job: JobContext, event: str) -> None:
 def work(job: JobContext) -> Any:
     """Works for payload["seconds"] (a list gives one value per attempt, the last
     repeating) in steps of payload["step"] (default 0.1), recording itself alive and
-    sending a heartbeat each step; records to payload["file"]."""
+    sending a heartbeat each step; records to payload["file"]. With payload["ignore_term"]
+    true it ignores SIGTERM, like a handler that takes long to stop: only the daemon's
+    SIGKILL after kill_grace ends it early."""
     p = job.payload
     path = p["file"]
+    if p.get("ignore_term"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     seconds = p.get("seconds", 0)
     if isinstance(seconds, list):
         seconds = seconds[min(job.attempt, len(seconds)) - 1]

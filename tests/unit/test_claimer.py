@@ -213,3 +213,19 @@ def test_no_handlers_no_claim_and_no_deadline() -> None:
     s.claimer.configure(Config(worker=s.config.worker, handlers={}))
     s.tick(10.0)
     assert s.statements.claim_calls == [] and s.claimer.next_deadline() is None
+
+
+def test_a_job_claimed_again_while_its_attempt_runs_here_is_not_started_twice() -> None:
+    # After lost WAL (async failover) the same daemon may claim a job it still runs.
+    s = Setup()
+    job = claimed_job("h")
+    s.statements.claims = [
+        ([job], []),
+        ([claimed_job("h", id=job.id, token=2), claimed_job("h")], []),
+    ]
+    s.tick()
+    assert s.table.ids() == [job.id]
+    first = s.table.jobs[job.id]
+    s.claimer.request()
+    s.tick()
+    assert len(s.table) == 2 and s.table.jobs[job.id] is first

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -171,10 +172,18 @@ def test_example_config_is_valid_and_documents_every_key() -> None:
         HandlerConfig,
         LoggingConfig,
         MetricsConfig,
+        RetentionConfig,
         WorkerConfig,
     )
 
-    for cls in (DatabaseConfig, WorkerConfig, LoggingConfig, MetricsConfig, HandlerConfig):
+    for cls in (
+        DatabaseConfig,
+        WorkerConfig,
+        LoggingConfig,
+        MetricsConfig,
+        HandlerConfig,
+        RetentionConfig,
+    ):
         for f in dataclasses.fields(cls):
             if f.name != "name" or cls is WorkerConfig:
                 assert f"{f.name} =" in text, f"{cls.__name__}.{f.name} undocumented"
@@ -368,3 +377,35 @@ def test_no_retry_and_max_snoozes_are_read_and_checked() -> None:
         message = error_of(base + bad + "\n")
         assert message.startswith("/etc/pgworkerd.toml:3: handlers.h."), message
         assert what in message, message
+
+
+def test_retention_keys_off_zero_and_errors_naming_the_key() -> None:
+    from pgworkerd.config import RetentionConfig, parse_config
+
+    assert parse_config("").retention == RetentionConfig()
+    config = parse_config('[retention]\ncompleted = "off"\ncancelled = 0\ndead = "90d"\n')
+    assert (config.retention.completed, config.retention.cancelled) == (None, None)
+    assert config.retention.dead == 90 * 86400.0 and config.retention.enabled
+    off = parse_config('[retention]\ncompleted = "off"\ncancelled = "off"\ndead = "OFF"\n')
+    assert not off.retention.enabled
+    for text, where in (
+        ('[retention]\ncompleted = "soon"\n', "<config>:2: retention.completed:"),
+        ("[retention]\nbatch = 0\n", "<config>:2: retention.batch:"),
+        ("[retention]\nbatch = 20000\n", "<config>:2: retention.batch: must be at most"),
+        ('[retention]\ninterval = "0s"\n', "<config>:2: retention.interval:"),
+        ("[retention]\nkeep = 1\n", "<config>:2: retention.keep: unknown key"),
+    ):
+        with pytest.raises(ConfigError, match=re.escape(where)):
+            parse_config(text)
+
+
+def test_check_config_shows_a_retention_that_is_off(tmp_path: Path) -> None:
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(
+        '[retention]\ndead = "off"\n[handlers.echo]\ntarget = "pgworkerd.examples:echo"\n'
+    )
+    proc = run_cli("--config", str(cfg), "check-config")
+    assert proc.returncode == 0, proc.stderr
+    assert '[retention]\ncompleted = 604800.0\ncancelled = 604800.0\ndead = "off"' in proc.stdout
+    data = json.loads(run_cli("--config", str(cfg), "check-config", "--json").stdout)
+    assert data["retention"]["dead"] is None and data["retention"]["completed"] == 604800.0

@@ -3,6 +3,14 @@
 -- name, @schema_literal@ by it as a string literal and @notify_channel@ by the quoted name
 -- of the channel enqueue notifies; parameters are psycopg's %(name)s placeholders (so a
 -- literal percent sign is written %%).
+--
+-- Durable whatever the server's default: the daemon's fenced writes (claim, renew and
+-- every finish) carry `(SELECT set_config('synchronous_commit', 'on', true)) IS NOT NULL`,
+-- the per-transaction form of SET LOCAL inside the statement itself (no extra round trip,
+-- and safe behind PgBouncer in transaction mode). It is an uncorrelated subquery, so it
+-- runs once, before the statement's own work, and its setting holds until the commit of
+-- the (implicit) transaction: an acknowledged claim or finish is on disk (and, with
+-- synchronous_standby_names, on the standby) even where synchronous_commit = off.
 
 -- name: schema_migrate_lock
 -- Serialise migrations of one schema across hosts, until the transaction ends.
@@ -93,7 +101,8 @@ SELECT * FROM @schema@.claim_v3(%(worker)s::text, %(queues)s::text[], %(handlers
                                 %(lease_seconds)s::float8[], %(handler_free)s::integer[],
                                 %(limit)s::integer, %(max_attempts)s::integer[],
                                 %(handler_queues)s::jsonb, %(max_running)s::integer[],
-                                %(max_running_per_key)s::integer[]);
+                                %(max_running_per_key)s::integer[])
+ WHERE (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL;
 
 -- name: job_renew
 -- Renew many leases of one worker at once, saving progress and checkpoints sent along
@@ -115,6 +124,7 @@ WITH lease AS (
       FROM lease l
      WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = l.id AND j.lease_token = l.token
        AND j.locked_by = %(worker)s AND j.status::text = 'running'
+       AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
     RETURNING j.id, j.cancel_requested, j.locked_until
 )
 SELECT l.id, r.id IS NOT NULL AS renewed,
@@ -137,6 +147,7 @@ UPDATE @schema@.jobs j
   FROM done d
  WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = d.id AND j.locked_by = %(worker)s
    AND j.lease_token = d.token AND j.status::text = 'running'
+   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
 RETURNING j.id;
 
 -- name: job_complete_one
@@ -149,6 +160,7 @@ UPDATE @schema@.jobs
        finished_at = now(), updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
    AND status::text = 'running'  -- by primary key, never the running-jobs index
+   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
 RETURNING id;
 
 -- name: job_fail
@@ -174,6 +186,7 @@ UPDATE @schema@.jobs
        updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
    AND status::text = 'running'  -- by primary key, never the running-jobs index
+   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
 RETURNING id, status, run_at,
           CASE WHEN status = 'pending' THEN extract(epoch FROM run_at - now())::float8
           END AS retry_in;
@@ -193,6 +206,7 @@ UPDATE @schema@.jobs
        updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
    AND status::text = 'running'  -- by primary key, never the running-jobs index
+   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
 RETURNING id, status;
 
 -- name: job_cancel_running
@@ -205,6 +219,7 @@ UPDATE @schema@.jobs
        finished_at = now(), updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
    AND status::text = 'running'  -- by primary key, never the running-jobs index
+   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
 RETURNING id, status;
 
 -- name: job_bury
@@ -216,6 +231,7 @@ UPDATE @schema@.jobs
        finished_at = now(), updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
    AND status::text = 'running'  -- by primary key, never the running-jobs index
+   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
 RETURNING id, status;
 
 -- name: job_cancel
@@ -275,6 +291,15 @@ DELETE FROM @schema@.jobs
                  AND status = ANY(%(statuses)s::@schema@.job_status[])
                LIMIT %(batch)s)
 RETURNING id;
+
+-- name: job_prune_finished
+-- The fleet's own retention (migration 0014): delete one batch of finished jobs past
+-- their retention (seconds per final status; NULL keeps it), oldest first, by one daemon
+-- at a time: deleted is NULL when another holds the lock. live_daemons: the registry's
+-- daemons not gone (each daemon spaces its calls by it).
+SELECT deleted, live_daemons
+  FROM @schema@.prune_finished_v1(%(completed)s::float8, %(cancelled)s::float8,
+                                  %(dead)s::float8, %(batch)s::integer);
 
 -- name: job_get
 -- One job, every column.
@@ -563,6 +588,7 @@ UPDATE @schema@.jobs
        updated_at = now()
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
    AND status::text = 'running'  -- by primary key, never the running-jobs index
+   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
    AND snoozes < %(max_snoozes)s::integer
 RETURNING id, status, run_at, snoozes,
           CASE WHEN status = 'pending' THEN extract(epoch FROM run_at - now())::float8

@@ -1,0 +1,78 @@
+"""Unit tier: when the retention component looks (pgworkerd.daemon.retention), with a
+fake clock and a fake statement: no idle load that grows with the fleet."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from fakes import FakeClock
+
+from pgworkerd.config import RetentionConfig
+from pgworkerd.daemon.retention import BATCH_PAUSE, JITTER, Retention
+from pgworkerd.queue.retention import PruneResult
+
+POLICY = RetentionConfig(interval=300.0, batch=500)
+
+
+class Answers:
+    def __init__(self, *results: PruneResult | None) -> None:
+        self.results = list(results)
+        self.calls = 0
+
+    def __call__(self, config: RetentionConfig) -> PruneResult | None:
+        self.calls += 1
+        return self.results.pop(0) if self.results else PruneResult(0, 1)
+
+
+def test_the_first_look_comes_within_the_first_interval() -> None:
+    clock = FakeClock()
+    r = Retention(POLICY, Answers(), clock=clock, rng=random.Random(1))
+    deadline = r.next_deadline()
+    assert deadline is not None and clock() <= deadline <= clock() + 300.0
+
+
+def test_with_nothing_to_do_the_fleet_looks_about_once_per_interval() -> None:
+    # 100 live daemons: each looks every ~100 intervals, so the fleet about once per one.
+    clock = FakeClock()
+    answers = Answers(*[PruneResult(0, 100)] * 1000)
+    r = Retention(POLICY, answers, clock=clock, rng=random.Random(2))
+    looks = []
+    for _ in range(50):
+        clock.advance(max(0.0, r.due_at - clock()))
+        r.tick(clock())
+        looks.append(r.due_at - clock())
+    assert all(300.0 * 100 * (1 - JITTER) <= w <= 300.0 * 100 * (1 + JITTER) for w in looks)
+    assert answers.calls == 50
+
+
+def test_full_batches_follow_each_other_then_the_spaced_interval() -> None:
+    clock = FakeClock()
+    answers = Answers(PruneResult(500, 1), PruneResult(500, 1), PruneResult(7, 1))
+    r = Retention(POLICY, answers, clock=clock, rng=random.Random(3))
+    r.due_at = clock()
+    r.tick(clock())
+    assert r.due_at == clock() + BATCH_PAUSE
+    r.tick(clock.advance(BATCH_PAUSE))
+    r.tick(clock.advance(BATCH_PAUSE))
+    assert r.deleted_in_run == 0 and r.due_at - clock() >= 300.0 * (1 - JITTER)
+    assert answers.calls == 3
+
+
+def test_another_daemon_pruning_or_a_failed_call_waits_the_spaced_interval() -> None:
+    clock = FakeClock()
+    r = Retention(POLICY, Answers(PruneResult(None, 3), None), clock=clock, rng=random.Random(4))
+    r.due_at = clock()
+    r.tick(clock())
+    assert r.due_at - clock() >= 300.0 * 3 * (1 - JITTER)
+    r.tick(clock.advance(r.due_at - clock()))  # failed: no live count learnt, none lost
+    assert r.due_at - clock() >= 300.0 * 3 * (1 - JITTER)
+
+
+def test_off_everywhere_means_no_deadline_and_no_statement() -> None:
+    off = dataclasses.replace(POLICY, completed=None, cancelled=None, dead=None)
+    answers = Answers()
+    clock = FakeClock()
+    r = Retention(off, answers, clock=clock)
+    r.tick(clock.advance(10_000.0))
+    assert r.next_deadline() is None and r.run_once() is None and answers.calls == 0

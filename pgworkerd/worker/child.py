@@ -3,8 +3,11 @@
 The main thread runs the handler. A monitor thread reads the parent's messages (jobs,
 lease deadlines, cancel and shutdown requests), keeps the process title current and
 enforces the lease: if the deadline passes without a renewal, or the parent vanishes,
-the child kills its own process group, so a frozen or dead parent can never leave a job
-running after its lease ran out (another host may be running it by then).
+the child kills every process of the job and exits, so a frozen or dead parent can never
+leave a job running after its lease ran out (another host may be running it by then).
+
+The child is a subreaper (pgworkerd.worker.reaper): whatever the handler starts stays in
+its tree, and is killed at the end of every attempt, however the attempt ended.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 from setproctitle import setproctitle
 
 from pgworkerd.jsontext import storable_json, storable_text
-from pgworkerd.worker import protocol
+from pgworkerd.worker import protocol, reaper, tmpdirs
 from pgworkerd.worker.outcomes import GiveUp, Snooze, exception_types, snooze_problem
 from pgworkerd.worker.protocol import (
     Beat,
@@ -44,6 +47,9 @@ from pgworkerd.worker.protocol import (
 from pgworkerd.worker.wire import FrameReader, FrameTooLarge
 
 PR_SET_PDEATHSIG = 1
+# Sent by the kernel when the daemon dies. Not SIGKILL: the child must live long enough
+# to kill what the handler started (a SIGKILLed child's orphans would go to init).
+PARENT_DEATH_SIGNAL = signal.SIGRTMIN + 5
 # How often the monitor wakes to check the lease and refresh the title.
 _MONITOR_TICK = 0.2
 # Progress-only heartbeats are coalesced to at most one message per this interval.
@@ -131,6 +137,7 @@ class _Channel:
         self.job_started = 0.0
         self.job_id: int | None = None  # the job running now
         self._pending_beat: Beat | None = None
+        self.tmp_root: str | None = None  # where attempts' temp directories go
 
     def send(self, message: protocol.ChildMessage) -> None:
         data = protocol.encode(message)
@@ -159,13 +166,23 @@ class _Channel:
 
 
 def _fence(reason: str) -> None:
-    """Stop this job now: the lease is gone or the parent is. Kill the whole group so no
-    handler subprocess outlives it either."""
+    """Stop this job now: the lease is gone or the parent is. Kill every process the
+    handler started (whatever session or group it is in), then exit."""
     try:
         sys.stderr.write(f"pgworkerd child {os.getpid()}: {reason}; stopping\n")
         sys.stderr.flush()
     finally:
-        os.killpg(0, signal.SIGKILL)
+        try:
+            reaper.kill_descendants()
+            tmpdirs.leave_current()
+        finally:
+            os._exit(reaper.FENCED_EXIT)
+
+
+def _parent_died(signum: int, frame: Any) -> None:
+    # The monitor sees the socket's end first, as a rule; this covers a monitor thread
+    # that is gone.
+    _fence("the daemon is gone")
 
 
 def _monitor(channel: _Channel) -> None:
@@ -211,15 +228,16 @@ def _monitor(channel: _Channel) -> None:
 
 
 def _bind_to_daemon(daemon_pid: int) -> None:
-    """Wait until re-parented to the daemon (the middle process exits at once), then die
-    with it: PR_SET_PDEATHSIG fires when the parent exits, however it exits."""
+    """Wait until re-parented to the daemon (the middle process exits at once), then
+    stop with it: PR_SET_PDEATHSIG fires when the parent exits, however it exits."""
     limit = time.monotonic() + 5
     while os.getppid() != daemon_pid:
         if time.monotonic() > limit:
             os._exit(70)
         time.sleep(0.0005)
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal.signal(PARENT_DEATH_SIGNAL, _parent_died)
+    libc.prctl(PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
     if os.getppid() != daemon_pid:  # died before the prctl took effect
         os._exit(70)
 
@@ -236,6 +254,7 @@ def _run_one(channel: _Channel, job: Job) -> None:
     channel.deadline = job.deadline
     channel.job_id = job.id
     setproctitle(f"{channel.title} 0s")
+    scratch = tmpdirs.enter(channel.tmp_root, job.id, job.attempt)
     ctx = JobContext(channel, job)
     outcome: Report
     try:
@@ -273,14 +292,19 @@ def _run_one(channel: _Channel, job: Job) -> None:
             storable_text(traceback.format_exc()),
             exception_types=[storable_text(n) for n in exception_types(exc)],
         )
+    # Ignore further SIGTERMs while cleaning up and reporting: the attempt's processes
+    # must all go, and the outcome must reach the parent whole.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Nothing the attempt started outlives it (before the outcome: once the daemon has
+    # it, the job may run again elsewhere); then its temp directory goes.
+    reaper.kill_descendants()
+    tmpdirs.leave(scratch)
     try:
         frame = protocol.encode(outcome)
     except FrameTooLarge as exc:  # the attempt fails, saying why (not "exited with 70")
         what = "result" if isinstance(outcome, Done) else "error report"
         frame = protocol.encode(Failed(job.id, f"the {what} is too large to store: {exc}"))
     channel.flush_pending_beat()
-    # Ignore further SIGTERMs while reporting: the outcome must reach the parent whole.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     channel.deadline = None
     channel.job_id = None
     channel.send_encoded(frame)
@@ -304,14 +328,19 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
     """Entry point in the freshly forked child; never returns."""
     status = 0
     try:
+        # Close-on-exec: no handler subprocess (close_fds=False, os.system, a shell)
+        # may hold the daemon's socket, or the daemon would see no end when we exit.
+        os.set_inheritable(fd, False)
         _bind_to_daemon(daemon_pid)
-        os.setpgid(0, 0)  # own group: timeouts stop handler subprocesses too
+        reaper.become_subreaper()  # every process the handler starts stays below us
+        os.setpgid(0, 0)  # own group: the daemon's SIGTERM reaches handler subprocesses too
         signal.signal(signal.SIGTERM, _raise_interrupted)
         for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_IGN)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         setproctitle("pgworkerd: idle child")
         channel = _Channel(socket.socket(fileno=fd))
+        channel.tmp_root = settings.get("tmpdir")
         channel.send(Hello(os.getpid()))
         threading.Thread(target=_monitor, args=(channel,), daemon=True).start()
         for _ in range(int(settings.get("max_jobs_per_child", 1))):

@@ -18,9 +18,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from daemon_harness import DaemonProcess, Daemons, Db, children_of, process_title, wait_for
 from proctree import process_state
+from psycopg import sql
 from treehandlers import recorded
 
 from pgworkerd.daemon.supervisor import Child, Supervisor
@@ -213,3 +215,32 @@ def test_a_dead_childs_socket_held_open_elsewhere_does_not_stall_the_loop() -> N
     # The old code waited 0.5 s for the end of the stream; reading a buffer takes
     # microseconds, so even a loaded machine stays far below this.
     assert took < 0.25, took
+
+
+# -- why an attempt ended, as the daemon saw it ------------------------------------------
+
+
+def test_an_attempt_whose_lease_could_not_be_renewed_says_so(
+    db: Db, daemons: Daemons, tmp_path: Path, test_db_dsn: str
+) -> None:
+    """Renewals time out (a test transaction holds the job's row): the child is stopped
+    at its lease's end, by the daemon or by itself, and last_error says the lease ran out
+    unrenewed, not 'killed by SIGKILL'."""
+    config = daemons.config({"tree": TREE}, {**WORKER, "lease": "4s"})
+    config.write_text(config.read_text() + '\n[database]\nstatement_timeout = "1s"\n')
+    daemon = daemons.start(config)
+    tree = Tree(db, tmp_path, then="sleep")
+    handler_pid = tree.wait_running()["handler"]["pid"]
+    with psycopg.connect(test_db_dsn) as blocker:
+        blocker.execute(
+            sql.SQL("SELECT 1 FROM {} WHERE id = %s FOR UPDATE").format(
+                sql.Identifier(db.schema, "jobs")
+            ),
+            [tree.job_id],
+        )
+        wait_for(lambda: process_state(handler_pid) in (None, "Z"), what="the child stopped")
+        tree.wait_none_left()
+    row = db.wait_status(tree.job_id, "dead")
+    error = row["last_error"]
+    assert "lease" in error and "renew" in error and "SIGKILL" not in error, error
+    assert "lease" in daemon.log()

@@ -137,7 +137,6 @@ class _Channel:
         self.job_started = 0.0
         self.job_id: int | None = None  # the job running now
         self._pending_beat: Beat | None = None
-        self.tmp_root: str | None = None  # where attempts' temp directories go
 
     def send(self, message: protocol.ChildMessage) -> None:
         data = protocol.encode(message)
@@ -174,7 +173,7 @@ def _fence(reason: str) -> None:
     finally:
         try:
             reaper.kill_descendants()
-            tmpdirs.leave_current()
+            tmpdirs.remove_current()
         finally:
             os._exit(reaper.FENCED_EXIT)
 
@@ -246,7 +245,7 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise JobInterrupted(f"stopped by the daemon ({signal.Signals(signum).name})")
 
 
-def _run_one(channel: _Channel, job: Job) -> None:
+def _run_one(channel: _Channel, job: Job, scratch_dir: str | None) -> None:
     # (cancel/shutdown flags are cleared after a job, not before: a shutdown message can
     # arrive right behind the job message and must not be lost)
     channel.title = f"pgworkerd: job {job.id} {job.handler} attempt {job.attempt}"
@@ -254,7 +253,7 @@ def _run_one(channel: _Channel, job: Job) -> None:
     channel.deadline = job.deadline
     channel.job_id = job.id
     setproctitle(f"{channel.title} 0s")
-    scratch = tmpdirs.enter(channel.tmp_root, job.id, job.attempt)
+    scratch = tmpdirs.enter(scratch_dir)
     ctx = JobContext(channel, job)
     outcome: Report
     try:
@@ -296,7 +295,7 @@ def _run_one(channel: _Channel, job: Job) -> None:
     # must all go, and the outcome must reach the parent whole.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # Nothing the attempt started outlives it (before the outcome: once the daemon has
-    # it, the job may run again elsewhere); then its temp directory goes.
+    # it, the job may run again elsewhere). Its temp directory goes after the outcome.
     reaper.kill_descendants()
     tmpdirs.leave(scratch)
     try:
@@ -340,14 +339,18 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         setproctitle("pgworkerd: idle child")
         channel = _Channel(socket.socket(fileno=fd))
-        channel.tmp_root = settings.get("tmpdir")
         channel.send(Hello(os.getpid()))
         threading.Thread(target=_monitor, args=(channel,), daemon=True).start()
-        for _ in range(int(settings.get("max_jobs_per_child", 1))):
+        jobs = int(settings.get("max_jobs_per_child", 1))
+        scratch_dir = tmpdirs.prepare(settings.get("tmpdir"))  # while no job waits on it
+        for n in range(jobs):
             job = channel.jobs.get()
             if job is None:
                 break
-            _run_one(channel, job)
+            _run_one(channel, job, scratch_dir)
+            tmpdirs.remove(scratch_dir)  # the outcome is sent: off the job's path
+            scratch_dir = tmpdirs.prepare(settings.get("tmpdir")) if n + 1 < jobs else None
+        tmpdirs.remove(scratch_dir)
     except (BrokenPipeError, ConnectionResetError):
         # The daemon died while this child was telling it something: stop quietly, as
         # when the monitor sees it go (its jobs come back when their leases expire).

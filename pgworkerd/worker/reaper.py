@@ -14,7 +14,9 @@ the daemon. Whoever holds them kills them:
 
 Only direct children are ever signalled: their pids cannot be reused until they are
 reaped, so a signal never reaches an unrelated process that got a recycled pid. Children
-are listed from /proc/self/task/*/children (a few small reads), not by scanning /proc.
+are listed from /proc/self/task/*/children (a few small reads), not by scanning /proc,
+and only when a waitid() says there is a child at all (one system call: the common case
+of a handler that started nothing costs no file read).
 
 Dependency-free: the job's child imports it.
 """
@@ -43,12 +45,23 @@ def become_subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
-def children() -> set[int]:
-    """This process's children (zombies too): the union over its threads, as a process
-    adopted by a subreaper becomes the child of one of the subreaper's threads."""
+def has_children() -> bool:
+    """Whether this process has any child, running or a zombie (not reaping any)."""
+    try:
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    return True
+
+
+def children(*, main_thread_only: bool = False) -> set[int]:
+    """This process's children (zombies too): the union over its threads (a thread's
+    subprocess is that thread's child). Orphans are always adopted by the main thread, the
+    first live thread: `main_thread_only` suffices for a process whose other threads
+    start no processes (the daemon)."""
     found: set[int] = set()
     try:
-        tasks = os.listdir("/proc/self/task")
+        tasks = [str(os.getpid())] if main_thread_only else os.listdir("/proc/self/task")
     except OSError:
         return found
     for tid in tasks:
@@ -88,7 +101,7 @@ def kill_descendants(limit: float = SWEEP_LIMIT) -> int:
     killed: set[int] = set()
     deadline = time.monotonic() + limit
     while True:
-        left = children()
+        left = children() if has_children() else set()
         if not left:
             return len(killed)
         for pid in left:
@@ -108,13 +121,13 @@ def kill_adopted(keep: set[int]) -> list[int]:
     child was adopted, as a subreaper, from a job child that died before it could kill
     it (SIGKILL after a timeout, kill -9). They are reaped where the daemon reaps: its
     SIGCHLD path, which calls this again for the grandchildren re-parented meanwhile."""
-    adopted = sorted(children() - keep)
+    adopted = sorted(children(main_thread_only=True) - keep)
     for pid in adopted:
         _kill(pid)
     return adopted
 
 
-def kill_all_children(limit: float = SWEEP_LIMIT) -> int:
+def kill_all_children(limit: float = SWEEP_LIMIT) -> int:  # (all threads: it is rare)
     """The daemon's last act: kill and reap every process it still has (job children and
     what was adopted from them), so nothing of a job outlives the daemon's exit."""
     return kill_descendants(limit)

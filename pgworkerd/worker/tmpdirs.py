@@ -1,22 +1,27 @@
 """A private temp directory per attempt: TMPDIR for the handler and what it starts.
 
 Layout: the daemon's own directory (pgworkerd.daemon.containment makes it and holds a lock
-on it for its life) holds one directory per attempt, named `PID-job-ID-ATTEMPT` after the
-child that runs it. The child makes it when the attempt starts and removes it when the
-attempt ends (after killing the attempt's processes, so nothing writes into it any more);
-the daemon removes a dead child's leftovers by that PID prefix, and the next daemon to
-start removes whole directories of daemons that died (kill -9).
+on it for its life) holds the attempts' directories, named `PID-N` after the child that
+runs them (its Nth). Making and removing a directory costs journal writes, milliseconds
+on a busy disk, so neither is on a job's path: the child makes the next one while it
+waits for a job, and removes it after it has reported the outcome (the attempt's
+processes were killed before: nothing writes into it any more). The daemon removes a
+dead child's leftovers by that PID prefix, and the next daemon to start removes whole
+directories of daemons that died (kill -9).
 
 Dependency-free: the job's child imports it.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import sys
 import tempfile
 from dataclasses import dataclass
+
+_numbers = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -28,40 +33,40 @@ class Scratch:
     previous_tempdir: str | None
 
 
-_current: Scratch | None = None
+_current: str | None = None  # the directory a running attempt uses
 
 
-def attempt_dir(root: str, pid: int, job_id: int, attempt: int) -> str:
-    return os.path.join(root, f"{pid}-job-{job_id}-{attempt}")
-
-
-def enter(root: str | None, job_id: int, attempt: int) -> Scratch | None:
-    """Make the attempt's directory and point TMPDIR (and the tempfile module) at it.
-    None when there is no root (a supervisor without containment) or it cannot be made:
-    the attempt then runs with the inherited TMPDIR, and says so on stderr."""
-    global _current
+def prepare(root: str | None) -> str | None:
+    """Make the next attempt's directory (mode 0700). None when there is no root (a
+    supervisor without containment) or it cannot be made: the attempt then runs with
+    the inherited TMPDIR, and says so on stderr."""
     if root is None:
         return None
-    path = attempt_dir(root, os.getpid(), job_id, attempt)
+    path = os.path.join(root, f"{os.getpid()}-{next(_numbers)}")
     try:
-        shutil.rmtree(path, ignore_errors=True)  # a leftover of the same pid: not ours
         os.mkdir(path, 0o700)
     except OSError as exc:
         print(f"pgworkerd child {os.getpid()}: no private TMPDIR: {exc}", file=sys.stderr)
         return None
-    _current = Scratch(path, os.environ.get("TMPDIR"), tempfile.tempdir)
+    return path
+
+
+def enter(path: str | None) -> Scratch | None:
+    """Point TMPDIR (and the tempfile module, which caches its choice) at `path`."""
+    global _current
+    if path is None:
+        return None
+    _current = path
+    scratch = Scratch(path, os.environ.get("TMPDIR"), tempfile.tempdir)
     os.environ["TMPDIR"] = path
-    tempfile.tempdir = path  # tempfile caches its choice: set it, no probing
-    return _current
+    tempfile.tempdir = path
+    return scratch
 
 
 def leave(scratch: Scratch | None) -> None:
-    """Remove the attempt's directory and restore TMPDIR (for the child's next job)."""
-    global _current
+    """Restore TMPDIR (for the child's next job); the directory is removed later."""
     if scratch is None:
         return
-    _current = None
-    shutil.rmtree(scratch.path, ignore_errors=True)
     if scratch.previous_env is None:
         os.environ.pop("TMPDIR", None)
     else:
@@ -69,14 +74,22 @@ def leave(scratch: Scratch | None) -> None:
     tempfile.tempdir = scratch.previous_tempdir
 
 
-def leave_current() -> None:
+def remove(path: str | None) -> None:
+    global _current
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)
+        if _current == path:
+            _current = None
+
+
+def remove_current() -> None:
     """Remove the running attempt's directory, if any (the child is stopping itself)."""
-    leave(_current)
+    remove(_current)
 
 
 def remove_child_dirs(root: str, pid: int) -> None:
     """Remove what a child that has exited left (it was killed before it could)."""
-    prefix = f"{pid}-job-"
+    prefix = f"{pid}-"
     try:
         names = os.listdir(root)
     except OSError:

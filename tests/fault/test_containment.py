@@ -124,7 +124,8 @@ ENDINGS: dict[str, tuple[dict[str, Any], dict[str, Any], Callable[..., str]]] = 
     # ending: (handler config, payload, how it is ended -> the job's status after)
     "completion": ({}, {"then": "return"}, _complete),
     "failure": ({}, {"then": "raise"}, lambda *a: "dead"),
-    "timeout": ({"timeout": "2s"}, {"then": "sleep"}, lambda *a: "dead"),
+    # (long enough for three interpreters to start on a loaded machine first)
+    "timeout": ({"timeout": "8s"}, {"then": "sleep"}, lambda *a: "dead"),
     "cancel": ({}, {"then": "sleep"}, _cancel),
     "lost lease": ({}, {"then": "sleep"}, _lose_lease),
     "drain": ({}, {"then": "sleep"}, _drain),

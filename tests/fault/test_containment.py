@@ -245,3 +245,23 @@ def test_an_attempt_whose_lease_could_not_be_renewed_says_so(
     error = row["last_error"]
     assert "lease" in error and "renew" in error and "SIGKILL" not in error, error
     assert "lease" in daemon.log()
+
+
+def test_a_reused_child_kills_each_jobs_processes_when_that_job_ends(
+    db: Db, daemons: Daemons, tmp_path: Path
+) -> None:
+    """max_jobs_per_child > 1: the child lives on, what its first job started does not,
+    and the second job gets a temp directory of its own."""
+    daemons.start({"tree": TREE}, {**WORKER, "slots": 1, "max_jobs_per_child": 5})
+    first = Tree(db, tmp_path, then="return")
+    one = first.wait_running()
+    assert db.wait_status(first.job_id, "completed")["status"] == "completed"
+    first.wait_none_left()
+    second = Tree(db, tmp_path, then="return")
+    two = second.wait_running()
+    assert db.wait_status(second.job_id, "completed")["status"] == "completed"
+    second.wait_none_left()
+    assert one["handler"]["pid"] == two["handler"]["pid"]  # the same child ran both
+    assert one["handler"]["tmpdir"] != two["handler"]["tmpdir"]
+    for scratch in (one["handler"]["tmpdir"], two["handler"]["tmpdir"]):
+        wait_for(lambda s=scratch: not Path(s).exists(), what="the temp directory removed")

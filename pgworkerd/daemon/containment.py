@@ -81,7 +81,7 @@ class Containment:
     def __init__(self) -> None:
         self.tmp_root: str | None = None
         self._lock_fd: int | None = None
-        self._sweep_due = False
+        self.sweep_due = False
 
     # -- temp directories ----------------------------------------------------------------
 
@@ -118,19 +118,19 @@ class Containment:
         """A job child was reaped: its temp directory goes, its orphans go next sweep."""
         if pid is not None and self.tmp_root is not None:
             tmpdirs.remove_child_dirs(self.tmp_root, pid)
-        self._sweep_due = True
+        self.sweep_due = True
 
     def process_reaped(self) -> None:
         """Some process of ours was reaped: what it left may have come to us."""
-        self._sweep_due = True
+        self.sweep_due = True
 
     def sweep(self, keep: set[int], *, pids_known: bool) -> None:
         """Kill adopted orphans if a process was reaped since the last sweep. Only when
         every child's pid is known (`pids_known`): a child that has not said hello yet
         looks like an orphan."""
-        if not self._sweep_due or not pids_known:
+        if not self.sweep_due or not pids_known:
             return
-        self._sweep_due = False
+        self.sweep_due = False
         killed = reaper.kill_adopted(keep)
         if killed:
             log.warning(

@@ -372,6 +372,8 @@ class Supervisor:
 
     def _sweep(self) -> None:
         """Kill what dead job children left behind (containment.sweep)."""
+        if not self.containment.sweep_due:
+            return  # (every loop turn calls this: no work unless something was reaped)
         self.containment.sweep(
             self._forkserver_pids | set(self.by_pid), pids_known=self.starting() == 0
         )

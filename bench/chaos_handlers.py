@@ -5,6 +5,11 @@ time.time(): `start`, `alive` every step, then how it ended (`done`, `raise`, `c
 `interrupted`); a killed execution just stops writing. File, not table: PostgreSQL is
 restarted during the soak, and a record must never depend on it. Each line is one
 O_APPEND write, so children of all daemons share the file.
+
+Each execution also starts two `sleep`s that would run for a day, in a session of their
+own, one of them double-forked away from the handler (a backgrounded process of a shell
+that then execs): argv[0] of both is $CHAOS_MARKER, and the soak checks that none is left
+once the run settled, whatever killed their job (containment).
 """
 
 from __future__ import annotations
@@ -12,12 +17,15 @@ from __future__ import annotations
 import json
 import os
 import random
+import subprocess
 import time
 from typing import Any
 
 from pgworkerd.worker import JobContext, JobInterrupted
 
 STEP = 0.2
+# `exec -a` names the process; the first sleep is orphaned when the shell execs the second.
+_LEFTOVERS = 'exec -a "$0" sleep 86400 & exec -a "$0" sleep 86401'
 
 
 def _record(job: JobContext, event: str) -> None:
@@ -42,6 +50,11 @@ def run(job: JobContext) -> Any:
     rng = random.Random()  # seeded per child: forked children share the parent's state
     p = job.payload
     _record(job, "start")
+    subprocess.Popen(
+        ["bash", "-c", _LEFTOVERS, os.environ["CHAOS_MARKER"]],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
     end = time.monotonic() + float(p["d"])
     n = 0
     while True:

@@ -24,6 +24,8 @@ but the doomed ones ends dead; every poison row is dead with the reason and neve
 a handler; the fleet-wide limits held: a tenth of the jobs are of handler "limited"
 (max_running = 3, max_running_per_key = 1, four concurrency keys), and at no instant did
 more of its executions run, nor two of one key.
+Every execution starts subprocesses (a new session, an orphaned grandchild): once the run
+settled none of them is alive, found by walking /proc (containment).
 Every daemon declares a one-second schedule (removed by a SIGHUP reload
 before the run settles): every scheduled job belongs to exactly one tick, and no two
 consecutive ticks were caught up late (no catch-up burst).
@@ -34,6 +36,7 @@ fault to the affected job running again (p50/p99).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -159,6 +162,7 @@ class Daemon:
             "PYTHONPATH": str(BENCH_DIR),
             "CHAOS_EXECS": str(self.execs),
             "CHAOS_TAG": f"{self.tag}.{self.generation}",
+            "CHAOS_MARKER": MARKER,
         }
         env.pop("NOTIFY_SOCKET", None)
         with self.log_path.open("ab") as out:
@@ -247,6 +251,7 @@ class Soak:
         self.poison: dict[int, str] = {}  # job id -> kind
         self.poison_kinds = self.rng.sample(list(POISON), len(POISON))  # each once first
         self.notes: list[str] = []
+        self.left_behind: list[int] = []  # handler subprocesses alive after the settle
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -490,6 +495,9 @@ class Soak:
                 time.sleep(0.25)
         self.settled_in = self.args.settle - (deadline - time.monotonic())
         codes = {d.tag: d.stop() for d in self.daemons}
+        # Every attempt has ended: nothing a handler started may be alive (the daemons
+        # are gone too, so a job child's leftovers would be orphans of init by now).
+        self.left_behind = marked_processes()
         for tag, code in codes.items():
             if code not in (0, None):
                 self.daemons[int(tag[1:])].unexpected_exits.append(f"final SIGTERM exit {code}")
@@ -694,6 +702,7 @@ class Soak:
             ("late schedule runs back to back (catch-up bursts)", len(bursts), bursts[:5]),
             ("daemon crashes or tracebacks in logs", crashed, []),
             ("daemons that exited on their own", len(unexpected), unexpected[:5]),
+            ("handler subprocesses left behind", len(self.left_behind), self.left_behind[:5]),
         ]
         out.append("invariants:")
         for what, n, examples in checks:
@@ -714,8 +723,29 @@ class Soak:
             if d.proc is not None and d.proc.poll() is None:
                 d.proc.send_signal(signal.SIGKILL)
                 d.proc.wait(10)
+        for pid in marked_processes():  # what a failed containment left: this run's
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         if not self.args.keep:
             self.pg.cleanup()
+
+
+# argv[0] of the processes the handlers start (chaos_handlers.py): unique to this run.
+MARKER = f"pgworkerd-chaos-leftover-{os.getpid()}"
+
+
+def marked_processes() -> list[int]:
+    """The live processes named MARKER, found by walking /proc (not asking a daemon)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            continue
+        if argv0 == MARKER.encode() and state not in ("Z", "X"):
+            found.append(int(entry.name))
+    return sorted(found)
 
 
 def _over(runs: list[dict[str, Any]], limit: int) -> list[tuple[float, list[int]]]:

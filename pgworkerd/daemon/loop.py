@@ -442,6 +442,7 @@ class Daemon:
         self.metrics.stop()
         self.supervisor.signal_all(signal.SIGKILL)
         self.supervisor.stop_forkserver()
+        self.supervisor.close()
         self.link.close()
 
 

@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from pgworkerd.backoff import Backoff
+from pgworkerd.daemon.containment import Containment
 from pgworkerd.describe import short_error
-from pgworkerd.worker import protocol
+from pgworkerd.worker import protocol, reaper
 from pgworkerd.worker.forkserver import ForkServer
 from pgworkerd.worker.protocol import ChildMessage, Exit, Hello, ParentMessage
 from pgworkerd.worker.wire import FrameReader
@@ -55,7 +56,10 @@ def describe_exit(status: int) -> str:
         hint = " (the OOM killer or kill -9)" if sig == signal.SIGKILL else ""
         hint = " (segmentation fault)" if sig == signal.SIGSEGV else hint
         return f"killed by {name}{hint}"
-    return f"exited with code {os.waitstatus_to_exitcode(status)}"
+    code = os.waitstatus_to_exitcode(status)
+    if code == reaper.FENCED_EXIT:
+        return "stopped itself: its lease ran out without renewal (daemon or database too slow)"
+    return f"exited with code {code}"
 
 
 def _parent_of(pid: int) -> int | None:
@@ -130,12 +134,16 @@ class Supervisor:
         self._forkserver_started_at = 0.0
         self._forkserver_retry_at = 0.0
         self._stable_after = stable_after
+        self.containment = Containment()  # orphans of dead children, temp directories
+        self._forkserver_pids: set[int] = set()  # every fork server not reaped yet
 
     # -- fork server -------------------------------------------------------------------
 
     def start_forkserver(self, modules: list[str], settings: dict[str, Any]) -> None:
         """(Re)start the fork server; on failure the old one keeps serving."""
-        new = ForkServer.start(modules, settings)
+        self.containment.start()
+        new = ForkServer.start(modules, {**settings, **self.containment.child_settings()})
+        self._forkserver_pids.add(new.pid)
         old, self.forkserver = self.forkserver, new
         self._forkserver_started_at = time.monotonic()
         self.modules, self.settings = modules, settings
@@ -160,6 +168,7 @@ class Supervisor:
         if self.forkserver is None and now >= self._forkserver_retry_at:
             self.ensure_forkserver()
         self.prune_stuck_starts(STUCK_START_TIMEOUT)
+        self._sweep()  # one that had to wait for a child's hello
 
     def next_deadline(self) -> float | None:
         """When tick() has something to do: the fork server's restart, if it is down."""
@@ -348,6 +357,8 @@ class Supervisor:
                 raise
             if pid == 0:
                 break
+            self.containment.process_reaped()
+            self._forkserver_pids.discard(pid)
             if self.forkserver is not None and pid == self.forkserver.pid:
                 self.forkserver.stop()
                 self._forkserver_died()
@@ -360,6 +371,15 @@ class Supervisor:
             child.rusage = rusage
             self._exited(child, status)
         self._forget_unmatched()
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Kill what dead job children left behind (containment.sweep)."""
+        if not self.containment.sweep_due:
+            return  # (every loop turn calls this: no work unless something was reaped)
+        self.containment.sweep(
+            self._forkserver_pids | set(self.by_pid), pids_known=self.starting() == 0
+        )
 
     def _forget_unmatched(self) -> None:
         """Keep an unmatched exit only while a child spawned before it was reaped still
@@ -373,19 +393,27 @@ class Supervisor:
                 del self._unmatched_exits[pid]
 
     def _exited(self, child: Child, status: int) -> None:
-        # Read what it said before dying (its outcome may be in the socket buffer).
-        if not child.eof:
-            child.sock.setblocking(True)
-            child.sock.settimeout(0.5)
-            while not child.eof:
-                data = self._receive(child)
-                if data:
-                    self._deliver(child, data)
+        # Read what it said before dying (its outcome may be in the socket buffer). All
+        # of it is there: a Unix socket queues what is sent straight to the receiver. So
+        # no waiting for the end of the stream, which never comes while a process the
+        # child forked still holds the child's end: the loop never waits on a child.
+        while not child.eof:
+            data = self._receive(child)
+            if data is None:
+                self.selector.unregister(child.sock)
+                child.eof = True
+            elif data:
+                self._deliver(child, data)
         child.sock.close()
+        self.containment.child_exited(child.pid)
         if child.pid is not None:
             self.by_pid.pop(child.pid, None)
         self.children.remove(child)
         self.on_exit(child, status)
+
+    def close(self) -> None:
+        """At the daemon's exit: kill everything left (children and their orphans)."""
+        self.containment.close()
 
     def signal_all(self, sig: int) -> None:
         for child in self.children:

@@ -3,8 +3,11 @@
 The main thread runs the handler. A monitor thread reads the parent's messages (jobs,
 lease deadlines, cancel and shutdown requests), keeps the process title current and
 enforces the lease: if the deadline passes without a renewal, or the parent vanishes,
-the child kills its own process group, so a frozen or dead parent can never leave a job
-running after its lease ran out (another host may be running it by then).
+the child kills every process of the job and exits, so a frozen or dead parent can never
+leave a job running after its lease ran out (another host may be running it by then).
+
+The child is a subreaper (pgworkerd.worker.reaper): whatever the handler starts stays in
+its tree, and is killed at the end of every attempt, however the attempt ended.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 from setproctitle import setproctitle
 
 from pgworkerd.jsontext import storable_json, storable_text
-from pgworkerd.worker import protocol
+from pgworkerd.worker import protocol, reaper, tmpdirs
 from pgworkerd.worker.outcomes import GiveUp, Snooze, exception_types, snooze_problem
 from pgworkerd.worker.protocol import (
     Beat,
@@ -46,6 +49,9 @@ from pgworkerd.worker.resources import Figures, Meter, descendants, limit_messag
 from pgworkerd.worker.wire import FrameReader, FrameTooLarge
 
 PR_SET_PDEATHSIG = 1
+# Sent by the kernel when the daemon dies. Not SIGKILL: the child must live long enough
+# to kill what the handler started (a SIGKILLed child's orphans would go to init).
+PARENT_DEATH_SIGNAL = signal.SIGRTMIN + 5
 # How often the monitor wakes to check the lease and refresh the title.
 _MONITOR_TICK = 0.2
 # Progress-only heartbeats are coalesced to at most one message per this interval.
@@ -166,13 +172,23 @@ class _Channel:
 
 
 def _fence(reason: str) -> None:
-    """Stop this job now: the lease is gone or the parent is. Kill the whole group so no
-    handler subprocess outlives it either."""
+    """Stop this job now: the lease is gone or the parent is. Kill every process the
+    handler started (whatever session or group it is in), then exit."""
     try:
         sys.stderr.write(f"pgworkerd child {os.getpid()}: {reason}; stopping\n")
         sys.stderr.flush()
     finally:
-        os.killpg(0, signal.SIGKILL)
+        try:
+            reaper.kill_descendants()
+            tmpdirs.remove_current()
+        finally:
+            os._exit(reaper.FENCED_EXIT)
+
+
+def _parent_died(signum: int, frame: Any) -> None:
+    # The monitor sees the socket's end first, as a rule; this covers a monitor thread
+    # that is gone.
+    _fence("the daemon is gone")
 
 
 def _monitor(channel: _Channel) -> None:
@@ -251,15 +267,16 @@ def _usage(job_id: int, f: Figures) -> Usage:
 
 
 def _bind_to_daemon(daemon_pid: int) -> None:
-    """Wait until re-parented to the daemon (the middle process exits at once), then die
-    with it: PR_SET_PDEATHSIG fires when the parent exits, however it exits."""
+    """Wait until re-parented to the daemon (the middle process exits at once), then
+    stop with it: PR_SET_PDEATHSIG fires when the parent exits, however it exits."""
     limit = time.monotonic() + 5
     while os.getppid() != daemon_pid:
         if time.monotonic() > limit:
             os._exit(70)
         time.sleep(0.0005)
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    signal.signal(PARENT_DEATH_SIGNAL, _parent_died)
+    libc.prctl(PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
     if os.getppid() != daemon_pid:  # died before the prctl took effect
         os._exit(70)
 
@@ -268,7 +285,7 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise JobInterrupted(f"stopped by the daemon ({signal.Signals(signum).name})")
 
 
-def _run_one(channel: _Channel, job: Job) -> None:
+def _run_one(channel: _Channel, job: Job, scratch_dir: str | None) -> None:
     # (cancel/shutdown flags are cleared after a job, not before: a shutdown message can
     # arrive right behind the job message and must not be lost)
     channel.title = f"pgworkerd: job {job.id} {job.handler} attempt {job.attempt}"
@@ -280,6 +297,7 @@ def _run_one(channel: _Channel, job: Job) -> None:
     channel.meter = Meter(first_job=channel.jobs_run == 0)
     channel.jobs_run += 1
     setproctitle(f"{channel.title} 0s")
+    scratch = tmpdirs.enter(scratch_dir)
     ctx = JobContext(channel, job)
     outcome: Report
     try:
@@ -317,17 +335,28 @@ def _run_one(channel: _Channel, job: Job) -> None:
             storable_text(traceback.format_exc()),
             exception_types=[storable_text(n) for n in exception_types(exc)],
         )
+    # Ignore further SIGTERMs while cleaning up and reporting: the attempt's processes
+    # must all go, and the outcome must reach the parent whole.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Nothing the attempt started outlives it (before the outcome: once the daemon has
+    # it, the job may run again elsewhere). Its temp directory goes after the outcome.
+    if channel.meter is not None:
+        # the tree's last peak, before the sweep below ends it
+        with contextlib.suppress(OSError):
+            channel.meter.sample()
+    reaper.kill_descendants()
+    tmpdirs.leave(scratch)
     try:
         frame = protocol.encode(outcome)
     except FrameTooLarge as exc:  # the attempt fails, saying why (not "exited with 70")
         what = "result" if isinstance(outcome, Done) else "error report"
         frame = protocol.encode(Failed(job.id, f"the {what} is too large to store: {exc}"))
     channel.flush_pending_beat()
-    # Ignore further SIGTERMs while reporting: the outcome must reach the parent whole.
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     meter = channel.meter  # (None if measuring failed)
     if meter is not None:
-        with contextlib.suppress(OSError):  # what it cost, for the attempt's history
+        # what it cost, for the attempt's history: sampled again now that the tree is
+        # gone, so the killed descendants' CPU counts once (reaped: in RUSAGE_CHILDREN)
+        with contextlib.suppress(OSError):
             channel.send(_usage(job.id, meter.figures()))
     channel.deadline = None
     channel.job_id = None
@@ -353,8 +382,12 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
     """Entry point in the freshly forked child; never returns."""
     status = 0
     try:
+        # Close-on-exec: no handler subprocess (close_fds=False, os.system, a shell)
+        # may hold the daemon's socket, or the daemon would see no end when we exit.
+        os.set_inheritable(fd, False)
         _bind_to_daemon(daemon_pid)
-        os.setpgid(0, 0)  # own group: timeouts stop handler subprocesses too
+        reaper.become_subreaper()  # every process the handler starts stays below us
+        os.setpgid(0, 0)  # own group: the daemon's SIGTERM reaches handler subprocesses too
         signal.signal(signal.SIGTERM, _raise_interrupted)
         for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_IGN)
@@ -363,11 +396,16 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
         channel = _Channel(socket.socket(fileno=fd))
         channel.send(Hello(os.getpid()))
         threading.Thread(target=_monitor, args=(channel,), daemon=True).start()
-        for _ in range(int(settings.get("max_jobs_per_child", 1))):
+        jobs = int(settings.get("max_jobs_per_child", 1))
+        scratch_dir = tmpdirs.prepare(settings.get("tmpdir"))  # while no job waits on it
+        for n in range(jobs):
             job = channel.jobs.get()
             if job is None:
                 break
-            _run_one(channel, job)
+            _run_one(channel, job, scratch_dir)
+            tmpdirs.remove(scratch_dir)  # the outcome is sent: off the job's path
+            scratch_dir = tmpdirs.prepare(settings.get("tmpdir")) if n + 1 < jobs else None
+        tmpdirs.remove(scratch_dir)
     except (BrokenPipeError, ConnectionResetError):
         # The daemon died while this child was telling it something: stop quietly, as
         # when the monitor sees it go (its jobs come back when their leases expire).

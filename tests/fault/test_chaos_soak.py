@@ -2,7 +2,7 @@
 800 jobs, every kind of fault at random intervals, poison rows of every kind; the soak
 checks its own invariants (no overlapping executions, no lost or stuck jobs, no outcome
 recorded twice, attempts accounted for, poison rows dead alone, the fleet-wide limits of
-its "limited" handler held) and exits 1 when one
+its "limited" handler held, no handler subprocess left behind) and exits 1 when one
 fails. Its summary is printed (shown with -rP or on failure)."""
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ def test_chaos_soak_short(tmp_path: Path) -> None:
         r"instants with more limited executions than .*\((\d+) executions\): 0", summary
     )
     assert "daemons that exited on their own: 0" in summary
+    # every execution started subprocesses; none outlived its attempt, faults and all
+    assert "handler subprocesses left behind: 0" in summary
     # periodic jobs raced by all three daemons through the faults: one job per tick
     assert "scheduled jobs without exactly one tick: 0" in summary
     assert "late schedule runs back to back (catch-up bursts): 0" in summary

@@ -188,3 +188,5 @@ def test_describe_exit_reads_statuses_as_words() -> None:
     assert describe_exit(signal.SIGSEGV) == "killed by SIGSEGV (segmentation fault)"
     assert describe_exit(signal.SIGTERM) == "killed by SIGTERM"
     assert describe_exit(77) == "killed by signal 77"
+    # a child that stopped itself when its lease ran out (pgworkerd.worker.reaper)
+    assert describe_exit(117 << 8).startswith("stopped itself: its lease ran out without renewal")

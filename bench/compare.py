@@ -722,9 +722,9 @@ def set_synchronous_commit(pg: LocalPostgres, value: str) -> None:
 # (library, worker mode, label) of the short-job rounds
 SHORT_JOB_RUNS = (
     ("pgworkerd", "sat", "pgworkerd, 8 slots, children reused (max_jobs_per_child=1000)"),
-    ("pgworkerd_base", "sat", "  the same, --baseline code"),
+    ("pgworkerd_base", "sat", "  the same, the --baseline code"),
     ("pgworkerd", "sat1", "pgworkerd, 8 slots, a fresh process per job"),
-    ("pgworkerd_base", "sat1", "  the same, --baseline code"),
+    ("pgworkerd_base", "sat1", "  a fresh process per job, the --baseline code"),
     ("pgqueuer", "free", "PgQueuer, defaults (batch 10, no cap)"),
     ("pgqueuer", "sat", "PgQueuer, 8 at a time (batch 4)"),
     ("procrastinate", "sat", "procrastinate, -c 8"),

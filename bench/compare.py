@@ -76,29 +76,32 @@ LEASE = 10.0  # pgworkerd's lease in the rescue test; the peers' detection times
 
 
 class Starts:
-    """The "TOKEN TIME PID" lines the tasks append at their first line."""
+    """The "TOKEN TIME PID PPID" lines the tasks append at their first line."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.write_text("")
 
-    def lines(self) -> list[tuple[str, float, int]]:
+    def lines(self) -> list[tuple[str, float, int, int]]:
         out = []
         for line in self.path.read_text().splitlines():
             parts = line.split()
-            if len(parts) == 3:
-                out.append((parts[0], float(parts[1]), int(parts[2])))
+            if len(parts) == 4:
+                out.append((parts[0], float(parts[1]), int(parts[2]), int(parts[3])))
         return out
 
     def find(self, token: str, skip: int = 0) -> tuple[float, int] | None:
         """The (skip+1)-th start of `token`."""
         seen = 0
-        for tok, stamp, pid in self.lines():
+        for tok, stamp, pid, _ in self.lines():
             if tok == token:
                 if seen == skip:
                     return stamp, pid
                 seen += 1
         return None
+
+    def parent_of(self, token: str) -> int | None:
+        return next((ppid for tok, _, _, ppid in self.lines() if tok == token), None)
 
 
 class Worker:
@@ -213,7 +216,9 @@ class Library:
                 _, pid = wait_for(lambda t=token: self.starts.find(t), 15, f"{self.name} probe")
             except TimeoutError:
                 continue
-            if pid in descendants(worker.proc.pid):
+            # (a fresh process per job may be gone already: then its parent tells)
+            ran_in = {worker.proc.pid} | descendants(worker.proc.pid)
+            if pid in ran_in or self.starts.parent_of(token) in ran_in:
                 return
         raise TimeoutError(f"{self.name} worker never ran a probe job:\n{worker.tail()}")
 

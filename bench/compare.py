@@ -1,6 +1,7 @@
 """pgworkerd against its peers, procrastinate and PgQueuer, on one private PostgreSQL.
 
     bench/compare [--short] [--json out.json]      (the wrapper makes bench/.venv-compare)
+    bench/compare --throughput-only [--workers 1,2] [--synchronous-commit on,off] [--baseline DIR]
 
 Each library runs with its own worker command (`pgworkerd run`, `procrastinate worker`,
 `pgq run`) as a subprocess, and is driven through its documented public API:

@@ -1,6 +1,7 @@
 """pgworkerd against its peers, procrastinate and PgQueuer, on one private PostgreSQL.
 
     bench/compare [--short] [--json out.json]      (the wrapper makes bench/.venv-compare)
+    bench/compare --throughput-only [--workers 1,2] [--synchronous-commit on,off] [--baseline DIR]
 
 Each library runs with its own worker command (`pgworkerd run`, `procrastinate worker`,
 `pgq run`) as a subprocess, and is driven through its documented public API:
@@ -20,6 +21,13 @@ Each library runs with its own worker command (`pgworkerd run`, `procrastinate w
                    other, through the library's own mechanism, bounded by RESCUE_WAIT.
   ceiling          pgbench on a minimal table: claim `batch` rows with UPDATE .. FOR UPDATE
                    SKIP LOCKED, then complete them with one UPDATE (two transactions).
+
+  short jobs       --throughput-only: just the no-op rates, for each --workers count (worker
+                   processes of the same mode side by side, e.g. "1,2") and each
+                   --synchronous-commit setting (e.g. "on,off", set with ALTER SYSTEM and a
+                   reload between runs), the libraries interleaved in each round (--rounds),
+                   and a reference in the same run: fork + os._exit from a preloaded
+                   interpreter, the floor of a fresh process per job.
 
 A benchmark, not a test: figures are printed, never asserted.
 """
@@ -45,6 +53,7 @@ from typing import Any
 
 import psycopg
 from daemon_bench import wait_for
+from psycopg import sql
 
 from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
@@ -68,29 +77,32 @@ LEASE = 10.0  # pgworkerd's lease in the rescue test; the peers' detection times
 
 
 class Starts:
-    """The "TOKEN TIME PID" lines the tasks append at their first line."""
+    """The "TOKEN TIME PID PPID" lines the tasks append at their first line."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         path.write_text("")
 
-    def lines(self) -> list[tuple[str, float, int]]:
+    def lines(self) -> list[tuple[str, float, int, int]]:
         out = []
         for line in self.path.read_text().splitlines():
             parts = line.split()
-            if len(parts) == 3:
-                out.append((parts[0], float(parts[1]), int(parts[2])))
+            if len(parts) == 4:
+                out.append((parts[0], float(parts[1]), int(parts[2]), int(parts[3])))
         return out
 
     def find(self, token: str, skip: int = 0) -> tuple[float, int] | None:
         """The (skip+1)-th start of `token`."""
         seen = 0
-        for tok, stamp, pid in self.lines():
+        for tok, stamp, pid, _ in self.lines():
             if tok == token:
                 if seen == skip:
                     return stamp, pid
                 seen += 1
         return None
+
+    def parent_of(self, token: str) -> int | None:
+        return next((ppid for tok, _, _, ppid in self.lines() if tok == token), None)
 
 
 class Worker:
@@ -205,16 +217,34 @@ class Library:
                 _, pid = wait_for(lambda t=token: self.starts.find(t), 15, f"{self.name} probe")
             except TimeoutError:
                 continue
-            if pid in descendants(worker.proc.pid):
+            # (a fresh process per job may be gone already: then its parent tells)
+            ran_in = {worker.proc.pid} | descendants(worker.proc.pid)
+            if pid in ran_in or self.starts.parent_of(token) in ran_in:
                 return
         raise TimeoutError(f"{self.name} worker never ran a probe job:\n{worker.tail()}")
 
 
 class Pgworkerd(Library):
     name = "pgworkerd"
+    code: Path | None = None  # another checkout's pgworkerd/ (--baseline), else the installed
+
+    def command(self) -> list[str]:
+        if self.code is None:
+            return [str(BIN / "pgworkerd")]
+        return [
+            sys.executable,
+            "-c",
+            "import sys; from pgworkerd.cli import main; sys.exit(main())",
+        ]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = super().env(**extra)
+        if self.code is not None:
+            env["PYTHONPATH"] = f"{self.code}{os.pathsep}{env['PYTHONPATH']}"
+        return env
 
     def setup(self) -> None:
-        self.run([str(BIN / "pgworkerd"), "--dsn", self.dsn, "migrate"])
+        self.run([*self.command(), "--dsn", self.dsn, "migrate"])
         self.conn = psycopg.connect(self.dsn, autocommit=True)  # what the API is given
 
     def worker(self, mode: str, tag: str) -> Worker:
@@ -241,12 +271,12 @@ class Pgworkerd(Library):
         lines = ["[worker]"] + [f"{k} = {json.dumps(v)}" for k, v in worker.items()]
         for name, target in handlers.items():
             lines += [f"[handlers.{name}]", f'target = "{target}"']
-        config = self.workdir / f"pgworkerd-{tag}.toml"
+        config = self.workdir / f"{self.name}-{tag}.toml"
         config.write_text("\n".join(lines) + "\n")
         return Worker(
-            [str(BIN / "pgworkerd"), "--dsn", self.dsn, "--config", str(config), "run"],
+            [*self.command(), "--dsn", self.dsn, "--config", str(config), "run"],
             self.env(),
-            self.workdir / f"pgworkerd-{tag}.log",
+            self.workdir / f"{self.name}-{tag}.log",
         )
 
     def reset(self) -> None:
@@ -281,6 +311,12 @@ class Pgworkerd(Library):
     def close(self) -> None:
         self.conn.close()
         super().close()
+
+
+def baseline_pgworkerd(code: Path) -> type[Pgworkerd]:
+    """pgworkerd run from another checkout (e.g. `git archive main`), in a database of
+    its own: before and after a change, interleaved in the same run."""
+    return type("BaselinePgworkerd", (Pgworkerd,), {"name": "pgworkerd_base", "code": code})
 
 
 class AsyncLibrary(Library):
@@ -461,11 +497,14 @@ class PgQueuer(AsyncLibrary):
 # -- the measurements ---------------------------------------------------------------------------
 
 
-def throughput(lib: Library, mode: str, n_jobs: int, cap: float) -> dict[str, Any]:
+def throughput(
+    lib: Library, mode: str, n_jobs: int, cap: float, workers: int = 1
+) -> dict[str, Any]:
     lib.reset()
-    w = lib.worker(mode, f"tp-{mode}")
+    started = [lib.worker(mode, f"tp-{mode}-{n}") for n in range(workers)]
     try:
-        lib.probe(w)
+        for w in started:
+            lib.probe(w)
         before = lib.done()
         lib.enqueue_noops(n_jobs)
         start = time.monotonic()
@@ -478,8 +517,10 @@ def throughput(lib: Library, mode: str, n_jobs: int, cap: float) -> dict[str, An
             time.sleep(0.02)
         elapsed = time.monotonic() - start
     finally:
-        w.stop()
+        for w in started:
+            w.stop()
     return {
+        "workers": workers,
         "jobs": n_jobs,
         "done": done,
         "seconds": round(elapsed, 2),
@@ -653,6 +694,118 @@ def ceiling(
     }
 
 
+def fork_exit_floor(seconds: float) -> dict[str, Any]:
+    """fork + os._exit from an interpreter with pgworkerd's child preloaded, one at a time
+    per core: the floor under any fresh-process-per-job rate on this machine, now."""
+    code = (
+        "import os, sys, time\n"
+        "import pgworkerd.worker.child, pgworkerd.examples\n"
+        "end, n = time.monotonic() + float(sys.argv[1]), 0\n"
+        "while time.monotonic() < end:\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os._exit(0)\n"
+        "    os.waitpid(pid, 0)\n"
+        "    n += 1\n"
+        "print(n)\n"
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(seconds)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(os.cpu_count() or 1)
+    ]
+    total = sum(int((p.communicate()[0] or "0").strip() or 0) for p in procs)
+    return {"per_s": round(total / seconds), "processes": len(procs), "seconds": seconds}
+
+
+def set_synchronous_commit(pg: LocalPostgres, value: str) -> None:
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER SYSTEM SET synchronous_commit = {}").format(value))
+        conn.execute("SELECT pg_reload_conf()")
+
+
+# (library, worker mode, label) of the short-job rounds
+SHORT_JOB_RUNS = (
+    ("pgworkerd", "sat", "pgworkerd, 8 slots, children reused (max_jobs_per_child=1000)"),
+    ("pgworkerd_base", "sat", "  the same, the --baseline code"),
+    ("pgworkerd", "sat1", "pgworkerd, 8 slots, a fresh process per job"),
+    ("pgworkerd_base", "sat1", "  a fresh process per job, the --baseline code"),
+    ("pgqueuer", "free", "PgQueuer, defaults (batch 10, no cap)"),
+    ("pgqueuer", "sat", "PgQueuer, 8 at a time (batch 4)"),
+    ("procrastinate", "sat", "procrastinate, -c 8"),
+)
+
+
+def short_jobs(
+    pg: LocalPostgres,
+    workdir: Path,
+    only: list[str],
+    workers: list[int],
+    sync: list[str],
+    rounds: int,
+    n_jobs: int,
+    cap: float,
+    baseline: Path | None = None,
+) -> dict[str, Any]:
+    """The no-op rates for every (synchronous_commit, workers) pair, each library's runs
+    interleaved with the others' in every round; medians of the rounds."""
+    classes: dict[str, type[Library]] = {
+        "pgworkerd": Pgworkerd,
+        "procrastinate": Procrastinate,
+        "pgqueuer": PgQueuer,
+    }
+    if baseline is not None:
+        classes["pgworkerd_base"] = baseline_pgworkerd(baseline)
+        only = [*only, "pgworkerd_base"]
+    libs: dict[str, Library] = {}
+    out: dict[str, Any] = {"runs": {}, "floor": [], "settings": {}}
+    try:
+        for name in only:
+            libs[name] = classes[name](pg, workdir)
+            libs[name].setup()
+        for value in sync:
+            set_synchronous_commit(pg, value)
+            for count in workers:
+                for rnd in range(rounds):
+                    out["floor"].append(fork_exit_floor(2.0))
+                    for name, mode, label in SHORT_JOB_RUNS:
+                        if name not in libs:
+                            continue
+                        key = f"sync={value} workers={count} {label}"
+                        r = throughput(libs[name], mode, n_jobs, cap, count)
+                        out["runs"].setdefault(key, []).append(r)
+                        print(
+                            f"  round {rnd + 1}: {key}: {r['jobs_per_s']:,} jobs/s"
+                            f"{' (capped)' if r['capped'] else ''}; load {loadavg()}",
+                            flush=True,
+                        )
+        set_synchronous_commit(pg, "off")
+    finally:
+        for lib in libs.values():
+            out["settings"][lib.name] = dict(lib.settings)
+            lib.close()
+    return out
+
+
+def short_jobs_table(res: dict[str, Any]) -> list[str]:
+    lines = [f"{'no-op jobs/s (median of rounds; each round)':<88}{'median':>9}  rounds"]
+    for key, runs in res["runs"].items():
+        rates = [r["jobs_per_s"] for r in runs]
+        capped = " (time cap hit)" if any(r["capped"] for r in runs) else ""
+        lines.append(
+            f"{key:<88}{statistics.median(rates):>9,.0f}  "
+            f"{', '.join(f'{x:,}' for x in rates)}{capped}"
+        )
+    floors = [f["per_s"] for f in res["floor"]]
+    if floors:
+        lines.append(
+            f"{'fork + os._exit alone, one process per core (the floor of a fresh process)':<88}"
+            f"{statistics.median(floors):>9,.0f}  {', '.join(f'{x:,}' for x in floors)}"
+        )
+    return lines
+
+
 # -- the report ---------------------------------------------------------------------------------
 
 
@@ -781,7 +934,27 @@ def main() -> None:
     parser.add_argument("--short", action="store_true", help="a quick run (~3-4 min)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("--only", help="comma-separated libraries to run (default: all)")
+    parser.add_argument(
+        "--throughput-only",
+        action="store_true",
+        help="only the short-job rounds: no-op rates per --workers and --synchronous-commit",
+    )
+    parser.add_argument("--workers", default="1,2", help="worker processes per run, e.g. 1,2")
+    parser.add_argument(
+        "--synchronous-commit", default="on,off", help="server settings to run with, e.g. on,off"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="short-job rounds (interleaved)")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="with --throughput-only: also run the pgworkerd of this source tree (the "
+        "directory holding its pgworkerd/ package), interleaved, in a database of its own",
+    )
     args = parser.parse_args()
+    workers = [int(w) for w in args.workers.split(",")]
+    sync = args.synchronous_commit.split(",")
+    if any(w < 1 for w in workers) or any(v not in ("on", "off", "local") for v in sync):
+        parser.error("--workers takes counts >= 1, --synchronous-commit on, off or local")
     n_jobs, cap = (2000, 8.0) if args.short else (20000, 40.0)
     samples = 30 if args.short else 300
     window = 2.0 if args.short else 5.0
@@ -816,6 +989,24 @@ def main() -> None:
             flush=True,
         )
         print(f"# load average at start: {results['loadavg_start']}", flush=True)
+        if args.throughput_only:
+            short = short_jobs(
+                pg, workdir, only, workers, sync, args.rounds, n_jobs, cap, args.baseline
+            )
+            results["short_jobs"] = short
+            results["loadavg_end"] = loadavg()
+            lines = [
+                f"# short jobs ({results['mode']}: {n_jobs} no-op jobs per run, capped at "
+                f"{cap:g} s, {args.rounds} rounds); load average start "
+                f"{results['loadavg_start']}, end {results['loadavg_end']}",
+            ]
+            for name, modes in short["settings"].items():
+                for mode, text in modes.items():
+                    lines.append(f"#   {name} {mode}: {text}")
+            print("\n".join(lines + short_jobs_table(short)), flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=2))
+            return
         fill = 400_000 if args.short else 1_200_000
         results["ceiling"] = {
             "batch1": ceiling(pg, workdir, 1, 1, pgbench_s, fill // 4),

@@ -1,6 +1,6 @@
 """pgworkerd handlers for bench/compare.py (imported by the daemon's children).
 
-`record` and `hang` append "TOKEN TIME PID" to $BENCH_STARTS at their first line, like the
+`record` and `hang` append "TOKEN TIME PID PPID" to $BENCH_STARTS at their first line, like the
 peers' tasks in compare_procrastinate.py and compare_pgqueuer.py.
 """
 
@@ -17,7 +17,8 @@ if TYPE_CHECKING:  # the peers' workers import note_start without loading pgwork
 def note_start(token: str) -> None:
     started = time.time()
     with open(os.environ["BENCH_STARTS"], "a") as log:
-        log.write(f"{token} {started} {os.getpid()}\n")
+        # the parent too: a fresh process per job has exited by the time anyone looks
+        log.write(f"{token} {started} {os.getpid()} {os.getppid()}\n")
 
 
 def record(job: JobContext) -> None:

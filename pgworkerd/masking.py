@@ -16,6 +16,10 @@ _URL_PREFIX = re.compile(r"^\s*postgres(ql)?://", re.IGNORECASE)
 
 def mask_password(text: str) -> str:
     """Replace any password in a DSN-like text (URL or key=value form) with ***."""
+    if "=" not in text and "://" not in text:
+        # Neither pattern can match (each needs one of these): most log lines, every
+        # per-job event among them, skip both regular expressions.
+        return text
     text = _PASSWORD_IN_URL.sub(r"\1***@", text)
     return _PASSWORD_KV.sub(r"\1***", text)
 

@@ -200,6 +200,5 @@ class Claimer:
         waiting = len(self.table.waiting())
         target = min(self.config.worker.warm_children, self.table.free_slots()) + waiting
         have = len(self.supervisor.idle()) + self.supervisor.starting()
-        for _ in range(target - have):
-            if not self.supervisor.spawn():
-                break
+        if target > have:
+            self.supervisor.spawn(target - have)  # one request for all of them

@@ -128,6 +128,7 @@ class Presence:
         self.heartbeat_at = 0.0
         self.stale_check_at = 0.0
         self.watchdog_at = 0.0
+        self._shown_status = ""  # the title and STATUS= last set
 
     def configure(self, config: Config) -> None:
         self.config = config
@@ -234,8 +235,12 @@ class Presence:
         self.metrics.set_draining(self.drain_requested or state is not DaemonState.RUNNING)
         self.metrics.set_in_flight(len(self.table), self.config.worker.slots)
         status = self.status_text()
-        setproctitle(f"pgworkerd: {status} [{self.worker_id}]")
-        self.notifier.status(status)
+        if status != self._shown_status:
+            # Only when it changed: with short jobs the loop ticks thousands of times a
+            # second, mostly with the same busy count.
+            self._shown_status = status
+            setproctitle(f"pgworkerd: {status} [{self.worker_id}]")
+            self.notifier.status(status)
         if self.notifier.watchdog_interval and now >= self.watchdog_at:
             # The loop ticked, and every database call in a tick is bounded. Ping while
             # the database answers or while we keep to the reconnect schedule: a daemon

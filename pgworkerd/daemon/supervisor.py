@@ -29,7 +29,7 @@ from pgworkerd.backoff import Backoff
 from pgworkerd.daemon.containment import Containment
 from pgworkerd.describe import short_error
 from pgworkerd.worker import protocol, reaper
-from pgworkerd.worker.forkserver import ForkServer
+from pgworkerd.worker.forkserver import MAX_BATCH, ForkServer
 from pgworkerd.worker.protocol import ChildMessage, Exit, Hello, ParentMessage
 from pgworkerd.worker.wire import FrameReader
 
@@ -211,26 +211,33 @@ class Supervisor:
 
     # -- children ----------------------------------------------------------------------
 
-    def spawn(self) -> bool:
-        if not self.ensure_forkserver():
-            return False
+    def spawn(self, count: int = 1) -> int:
+        """Start up to `count` children with one request to the fork server (which forks
+        them from one middle process); returns how many are on their way."""
+        count = min(count, MAX_BATCH)
+        if count <= 0 or not self.ensure_forkserver():
+            return 0
         assert self.forkserver is not None
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(count)]
         try:
-            self.forkserver.spawn(theirs)
+            self.forkserver.spawn([theirs for _, theirs in pairs])
         except OSError as exc:
-            ours.close()
+            for ours, _ in pairs:
+                ours.close()
             log.error("fork server unreachable (%s)", exc)
             self.forkserver.stop()
             self._forkserver_died()
-            return False
+            return 0
         finally:
-            theirs.close()
-        ours.setblocking(False)
-        child = Child(sock=ours, spawned_at=time.monotonic())
-        self.children.append(child)
-        self.selector.register(ours, selectors.EVENT_READ, ("child", child))
-        return True
+            for _, theirs in pairs:
+                theirs.close()
+        now = time.monotonic()
+        for ours, _ in pairs:
+            ours.setblocking(False)
+            child = Child(sock=ours, spawned_at=now)
+            self.children.append(child)
+            self.selector.register(ours, selectors.EVENT_READ, ("child", child))
+        return count
 
     def unassign(self, child: Child, job_id: int) -> None:
         """The child's job has settled: it is idle again (unless it exits)."""

@@ -76,17 +76,30 @@ def _priority(record: logging.LogRecord) -> str:
     return f"<{_PRIORITY.get(record.levelno, 6)}>"
 
 
+class _Timestamps:
+    """UTC timestamps to the millisecond; the formatted second is kept, as a daemon
+    running short jobs writes thousands of lines in it (three per job)."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._text = ""
+
+    def __call__(self, record: logging.LogRecord) -> str:
+        second = int(record.created)
+        if second != self._second:
+            self._second = second
+            self._text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        return f"{self._text}.{int(record.msecs):03d}Z"
+
+
 class _TextFormatter(logging.Formatter):
     def __init__(self, journald: bool = False) -> None:
         super().__init__()
         self.journald = journald
+        self.timestamp = _Timestamps()
 
     def format(self, record: logging.LogRecord) -> str:
-        if self.journald:
-            prefix = _priority(record)
-        else:
-            ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            prefix = f"{ts}.{int(record.msecs):03d}Z "
+        prefix = _priority(record) if self.journald else self.timestamp(record) + " "
         line = f"{prefix}{record.levelname:<7} {escape(_mask(record.getMessage()))}"
         if record.exc_info:
             # A traceback keeps its lines (indented, so none can pass for an event line);
@@ -101,11 +114,11 @@ class _JsonFormatter(logging.Formatter):
     def __init__(self, journald: bool = False) -> None:
         super().__init__()
         self.journald = journald
+        self.timestamp = _Timestamps()
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
+            "ts": self.timestamp(record),
             "level": record.levelname.lower(),
             "msg": _mask(record.getMessage()),
         }
@@ -116,7 +129,22 @@ class _JsonFormatter(logging.Formatter):
         return (_priority(record) if self.journald else "") + json.dumps(entry, default=str)
 
 
+def _skip_unused_record_fields() -> None:
+    """The formatters above use a record's time, level, message and fields only. The
+    logging module also looks up, for every record, the caller's file and line (a stack
+    walk), the thread, the process and its multiprocessing name; with short jobs that is
+    a quarter of the parent's time per job (three lines each). These are the logging
+    module's documented switches for it, process-wide: this process is the daemon's."""
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    # "Setting _srcfile to None will prevent findCaller() from being called" (logging
+    # module source); records then name no caller.
+    setattr(logging, "_srcfile", None)  # noqa: B010  (no stub for the private name)
+
+
 def setup(fmt: str = "text", level: str = "info") -> None:
+    _skip_unused_record_fields()
     handler = logging.StreamHandler(sys.stderr)
     journald = under_journald(sys.stderr)
     handler.setFormatter(_JsonFormatter(journald) if fmt == "json" else _TextFormatter(journald))

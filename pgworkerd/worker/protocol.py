@@ -189,6 +189,25 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "float | None": (int, float, type(None)),
     "str | None": (str, type(None)),
 }
+# Each kind's fields, looked up once (dataclasses.fields per message was a tenth of the
+# parent's time per short job): for encode, (name, left out when None); for decode,
+# (name, required, the types it accepts or None for any JSON value, its declared type).
+_ENCODED: dict[type[Any], tuple[tuple[str, bool], ...]] = {
+    cls: tuple((f.name, f.default is None) for f in dataclasses.fields(cls))
+    for cls in _CLASSES.values()
+}
+_DECODED: dict[type[Any], tuple[tuple[str, bool, tuple[type, ...] | None, str], ...]] = {
+    cls: tuple(
+        (
+            f.name,
+            f.default is dataclasses.MISSING,
+            None if f.name in _ANY or f.name == "exception_types" else _TYPES[str(f.type)],
+            str(f.type),
+        )
+        for f in dataclasses.fields(cls)
+    )
+    for cls in _CLASSES.values()
+}
 # At most this many exception type names of at most this many characters each.
 MAX_TYPE_NAMES = 64
 MAX_TYPE_NAME_LENGTH = 512
@@ -198,11 +217,11 @@ def encode(message: Message) -> bytes:
     """One frame; raises wire.FrameTooLarge, or ValueError/TypeError for a value JSON
     cannot carry (callers decide what that costs: the job, never the loop)."""
     body: dict[str, Any] = {"t": message.kind.value}
-    for f in dataclasses.fields(message):
-        value = getattr(message, f.name)  # shallow: a payload is not copied
-        if value is None and f.default is None:
+    for name, optional in _ENCODED[type(message)]:
+        value = getattr(message, name)  # shallow: a payload is not copied
+        if value is None and optional:
             continue  # left out, as release 0.2 did: to it a key means a value
-        body[f.name] = value
+        body[name] = value
     return encode_frame(body)
 
 
@@ -214,21 +233,19 @@ def decode(obj: Any) -> Message:
     if cls is None:
         raise ProtocolError(f"unknown message kind {str(obj.get('t'))[:40]!r}")
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in obj:
-            if f.default is dataclasses.MISSING:
-                raise ProtocolError(f"{cls.kind.value} message without {f.name!r}")
+    for name, required, wanted, declared in _DECODED[cls]:
+        if name not in obj:
+            if required:
+                raise ProtocolError(f"{cls.kind.value} message without {name!r}")
             continue
-        value = obj[f.name]
-        if f.name == "exception_types":
+        value = obj[name]
+        if name == "exception_types":
             _check_type_names(value)
-        elif f.name not in _ANY:
-            wanted = _TYPES[str(f.type)]
-            if isinstance(value, bool) or not isinstance(value, wanted):
-                raise ProtocolError(
-                    f"{cls.kind.value} message: {f.name!r} is {type(value).__name__}, not {f.type}"
-                )
-        values[f.name] = value
+        elif wanted is not None and (isinstance(value, bool) or not isinstance(value, wanted)):
+            raise ProtocolError(
+                f"{cls.kind.value} message: {name!r} is {type(value).__name__}, not {declared}"
+            )
+        values[name] = value
     return cls(**values)
 
 

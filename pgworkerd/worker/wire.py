@@ -12,6 +12,7 @@ from typing import Any
 
 _HEADER = struct.Struct("!I")
 MAX_FRAME = 64 * 1024 * 1024  # a result or checkpoint larger than this is refused
+_DECODER = json.JSONDecoder()
 
 
 class FrameTooLarge(ValueError):
@@ -34,15 +35,22 @@ class FrameReader:
         self._buffer = bytearray()
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
-        self._buffer += data
+        buffer = self._buffer
+        buffer += data
         messages = []
-        while len(self._buffer) >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(self._buffer)
+        start, size = 0, len(buffer)
+        while size - start >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(buffer, start)
             if length > MAX_FRAME:
                 raise FrameTooLarge(f"peer announced a frame of {length} bytes")
-            end = _HEADER.size + length
-            if len(self._buffer) < end:
+            end = start + _HEADER.size + length
+            if size < end:
                 break
-            messages.append(json.loads(self._buffer[_HEADER.size : end]))
-            del self._buffer[:end]
+            # Frames are UTF-8 (encode() above): decoded here, not by json.loads's
+            # encoding detection (a tenth of the parent's time per short job went there).
+            text = buffer[start + _HEADER.size : end].decode("utf-8", "surrogatepass")
+            messages.append(_DECODER.decode(text))
+            start = end
+        if start:
+            del buffer[:start]  # once per read, not once per frame
         return messages

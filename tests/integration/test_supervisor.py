@@ -332,3 +332,42 @@ def test_a_hello_that_is_not_the_childs_own_stops_that_child_only(
         if child in sup.children:
             sup.children.remove(child)
         ours.close()
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if target.startswith("socket:"):
+                out.add(target)
+    return out
+
+
+def test_children_asked_for_in_one_request_each_hold_only_their_own_socket(
+    harness: Harness,
+) -> None:
+    """spawn(n) is one message to the fork server, forked by one middle process: each
+    child is this process's own (re-parented), says hello with its own pid, and holds no
+    sibling's socket (which would hide that sibling's EOF from the daemon)."""
+    sup = harness.sup
+    sup.start_forkserver([], SETTINGS)
+    assert sup.spawn(4) == 4
+    harness.pump_until(
+        lambda: len(sup.children) == 4 and all(c.pid is not None for c in sup.children),
+        "four hellos",
+    )
+    pids = [c.pid for c in sup.children]
+    assert len(set(pids)) == 4
+    assert all(p in children_of(os.getpid()) for p in pids)
+    held = [_socket_inodes(p) for p in pids if p is not None]
+    for i, mine in enumerate(held):
+        others = set().union(*(h for j, h in enumerate(held) if j != i))
+        assert not mine & others, f"child {pids[i]} shares sockets with a sibling"
+    # Each one's end is its own: one killed, only its socket ends, and it is reaped.
+    victim = sup.children[0]
+    victim.signal_group(signal.SIGKILL)
+    harness.pump_until(lambda: victim not in sup.children, "the killed child reaped")
+    assert [c for c, _ in harness.exits] == [victim]
+    assert all(not c.eof for c in sup.children)
+    harness.retire_all()

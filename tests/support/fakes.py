@@ -60,6 +60,7 @@ class FakeSupervisor:
         self.children: list[FakeChild] = []
         self.startable = startable
         self.spawned = 0
+        self.spawn_requests: list[int] = []  # the count of each spawn() call
         self.retired: list[FakeChild] = []
         for _ in range(idle_children):
             self.children.append(FakeChild(next(self._pids)))
@@ -73,12 +74,13 @@ class FakeSupervisor:
     def can_start(self) -> bool:
         return self.startable or bool(self.idle())
 
-    def spawn(self) -> bool:
+    def spawn(self, count: int = 1) -> int:
         if not self.startable:
-            return False
-        self.spawned += 1
-        self.children.append(FakeChild(next(self._pids)))
-        return True
+            return 0
+        self.spawned += count
+        self.spawn_requests.append(count)
+        self.children += [FakeChild(next(self._pids)) for _ in range(count)]
+        return count
 
     def retire(self, child: FakeChild) -> None:
         child.exiting = True

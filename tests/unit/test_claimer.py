@@ -76,6 +76,17 @@ def test_claimed_jobs_go_to_idle_children_at_once() -> None:
     assert s.supervisor.spawned >= 1  # the waiting one gets a child started for it
 
 
+def test_the_children_a_claim_needs_are_asked_for_in_one_request() -> None:
+    """Three claimed jobs and no idle child: one spawn request for the three children
+    and the warm one for the free slot (one message to the fork server, one middle
+    process), not four."""
+    s = Setup(idle=0)
+    s.statements.claims = [([claimed_job("h") for _ in range(3)], [])]
+    s.tick()
+    assert len(s.table.waiting()) == 3
+    assert s.supervisor.spawn_requests == [4]
+
+
 def test_no_claim_while_no_child_can_be_started_and_one_when_it_can() -> None:
     s = Setup(startable=False, idle=0)
     s.tick(10.0)

@@ -23,6 +23,7 @@ skipped, and each phase has a fixed length. A benchmark, not a test: nothing is 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -60,7 +61,7 @@ KINDS = (
     ("next-run lookup", "WITH RECURSIVE priorities"),
     ("registry heartbeat", "heartbeat_at = now()\n WHERE id"),
     ("stale marking", "pg_try_advisory_xact_lock"),
-    ("peers", "FROM pgworkerd.workers w"),
+    ("peers", "SELECT id, queues, handlers, slots FROM pgworkerd.workers"),
     ("lease renewal", "renewed AS"),
     ("finish", "SET status = 'completed'"),
     ("enqueue", "enqueue("),
@@ -110,6 +111,8 @@ class Server:
                 continue  # the bench's own backend
             if pid == postmaster or ppid == postmaster:
                 total += int(fields[11]) + int(fields[12])
+            if pid == postmaster:  # backends that ended meanwhile, once reaped
+                total += int(fields[13]) + int(fields[14])
         return total
 
     def reset(self) -> None:
@@ -315,32 +318,39 @@ def print_row(label: str, r: dict[str, Any]) -> None:
 
 def simulate(server: Server, hosts: int, seconds: float, code: str) -> dict[str, Any]:
     """`hosts` idle hosts' statements at the rates of `code` ('after' or 'before'), sent
-    over a few connections: one thread per connection, each host on its own schedule."""
-    from bench_fleet_sim import host_schedule  # beside this file
+    over a few connections: one thread per connection, each host on its own schedule.
+    The hosts register before the measured window."""
+    from bench_fleet_sim import host_schedule, register  # beside this file
 
     threads = max(1, min(8, hosts // 100))
-    stop = time.monotonic() + seconds
     errors: list[str] = []
+    ready = threading.Barrier(threads + 1)
+    start: list[float] = []
 
     def worker(index: int) -> None:
+        ids = [f"sim-{index}-{h}" for h in range(hosts // threads)]
         try:
             with connect(server.dsn, prepare=True) as conn:
-                host_schedule(
-                    conn, [f"sim-{index}-{h}" for h in range(hosts // threads)], stop, code, hosts
-                )
+                register(conn, ids)
+                ready.wait()
+                host_schedule(conn, ids, start[0] + seconds, code, hosts)
         except Exception as exc:  # shown, not fatal
             errors.append(repr(exc))
-
-    def work() -> None:
-        pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-        for t in pool:
-            t.start()
-        for t in pool:
-            t.join()
+            ready.abort()
 
     with server.admin.transaction():
         server.admin.execute("DELETE FROM pgworkerd.workers")
-    figures = server.measure(seconds, work)
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    start.append(time.monotonic() + 0.5)
+    with contextlib.suppress(threading.BrokenBarrierError):
+        ready.wait()
+    figures = server.measure(seconds)
+    for t in pool:
+        t.join()
+    with server.admin.transaction():
+        server.admin.execute("DELETE FROM pgworkerd.workers")
     figures["hosts"] = hosts
     figures["errors"] = errors[:3]
     return figures
@@ -395,7 +405,10 @@ def main() -> int:
                 sim = simulate(server, args.simulate_hosts, args.simulate_seconds, label)
                 sim["code"] = label
                 results["simulated"].append(sim)
-                top = ", ".join(f"{k} {v['per_s']}" for k, v in list(sim["by_kind"].items())[:6])
+                top = ", ".join(
+                    f"{k} {v['per_s']}/s {v['ms_per_s']} ms/s"
+                    for k, v in list(sim["by_kind"].items())[:6]
+                )
                 print(
                     f"{label:>8} simulated {sim['hosts']} idle hosts: "
                     f"{sim['statements_per_s']} stmt/s, {sim['server_cpu_pct']} % CPU ({top})"

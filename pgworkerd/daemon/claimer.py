@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from pgworkerd.config import Config
 from pgworkerd.daemon.jobtable import JobTable
-from pgworkerd.daemon.peers import Peers, Wake
+from pgworkerd.daemon.peers import FLEET_POLLERS, Peers, Wake
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.supervisor import Supervisor
 from pgworkerd.ops.metrics import NullMetrics
@@ -44,8 +44,6 @@ log = logging.getLogger("pgworkerd")
 # a flood of notifications must not become a flood of claims (20 ms: at most 50 a second,
 # while a single enqueue into an idle daemon still starts at once).
 NOTIFY_CLAIM_INTERVAL = 0.02
-# While listening, the fleet polls about this many times per poll_interval in all.
-FLEET_POLLERS = 10
 # A wake-up is forwarded at most this many times before the last daemon keeps it (claims
 # when a slot frees): a fleet that is full everywhere does not pass it round and round.
 MAX_FORWARDS = 2

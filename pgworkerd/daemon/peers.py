@@ -27,6 +27,9 @@ from typing import Any
 VNODES = 16  # points per peer on the ring: an even share of jobs per daemon within ~25 %
 MAX_PEERS = 20_000  # a flood of made-up "up" notifications cannot grow the list past this
 MAX_JOBS_PER_WAKE = 100_000  # "n" beyond this is treated as this many
+# Work the fleet shares (the fallback poll, reading the registry) is done by each daemon
+# in turn, about this many times per period by the fleet in all, whatever its size.
+FLEET_POLLERS = 10
 RESCUERS = 2  # daemons that wake for an expiring lease: the first, and one in case it cannot
 
 

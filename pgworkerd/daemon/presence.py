@@ -24,7 +24,7 @@ from pgworkerd import __version__
 from pgworkerd.config import Config
 from pgworkerd.daemon.dblink import ESCALATE_AFTER, DatabaseLink
 from pgworkerd.daemon.jobtable import JobTable
-from pgworkerd.daemon.peers import Peer, Peers
+from pgworkerd.daemon.peers import FLEET_POLLERS, Peer, Peers
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState, RegistryState
 from pgworkerd.durations import format_duration
@@ -43,6 +43,7 @@ HEARTBEAT_IDLE = 10.0
 # The live peers are read from the registry this often (jittered); their up/down
 # notifications keep the list current in between.
 PEERS_REFRESH = 60.0
+PEERS_REFRESH_MAX = 1800.0
 
 
 class QueueDepthCounter:
@@ -246,7 +247,12 @@ class Presence:
             )
 
     def _refresh_peers(self, now: float) -> None:
-        self.peers_at = now + PEERS_REFRESH * self.rng.uniform(0.8, 1.2)
+        # The fleet reads the registry about FLEET_POLLERS times per PEERS_REFRESH in all
+        # (each read is a row per daemon: per daemon every PEERS_REFRESH, a fleet of N
+        # would read N x N rows); up/down notifications keep the lists current between.
+        fleet = len(self.peers) if self.peers is not None else 0
+        period = min(PEERS_REFRESH_MAX, PEERS_REFRESH * max(1.0, fleet / FLEET_POLLERS))
+        self.peers_at = now + period * self.rng.uniform(0.8, 1.2)
         if self.peers is None:
             return
         rows = self.statements.peers(self.stale_after())

@@ -211,6 +211,8 @@ class Peers:
         """This daemon's place among the peers that may rescue the job (its holder left
         out): 0 wakes when its lease runs out, 1 shortly after, None leaves it to them
         (and to the poll)."""
+        if holder == self.me:
+            return None  # its own job: renewed here, or this daemon is not running
         order = self._walk(self._ring(queue, handler), job_id, exclude=holder)
         if not self.loaded or all(p.id != self.me for p in order):
             return 0  # cannot tell whose it is: take it

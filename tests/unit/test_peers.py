@@ -14,7 +14,7 @@ from fakes import FakeClock, FakeStatements, FakeSupervisor, claimed_job, config
 
 from pgworkerd.daemon.claimer import FLEET_POLLERS, RESCUE_MARGIN, RESCUE_SECOND, Claimer
 from pgworkerd.daemon.jobtable import JobTable
-from pgworkerd.daemon.peers import ANY, Peer, Peers, Wake, parse
+from pgworkerd.daemon.peers import ANY, MAX_PEERS, Peer, Peers, Wake, parse
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue.lease import Expiring
 
@@ -111,14 +111,20 @@ def test_a_daemon_that_cannot_tell_takes_the_wake_up() -> None:
 
 
 def test_peers_come_and_go_by_notification_and_a_flood_cannot_grow_the_list() -> None:
-    peers = fleet(3)
+    clock = FakeClock()
+    peers = Peers("d0", clock)
+    peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(3)])
+    assert peers.serving("default", "h") == 3
     peers.add(Peer("d9", frozenset({"default"}), frozenset({"h"})))
+    assert peers.serving("default", "h") == 3  # rings rebuilt at most once a second
+    clock.advance(1.0)
     assert peers.serving("default", "h") == 4
     peers.remove("d1")
+    clock.advance(1.0)
     assert peers.serving("default", "h") == 3
     for i in range(25_000):
         peers.add(Peer(f"fake{i}", frozenset(), frozenset()))
-    assert len(peers) == 20_000
+    assert len(peers) == MAX_PEERS
 
 
 def test_two_daemons_rescue_a_job_and_never_its_holder() -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 
 from pgworkerd.config import WorkerConfig
+from pgworkerd.daemon.claimer import MAX_POLL_PERIOD
 from pgworkerd.daemon.peers import FLEET_POLLERS
 from pgworkerd.daemon.presence import HEARTBEAT_IDLE, PEERS_REFRESH, PEERS_REFRESH_MAX
 from pgworkerd.queue import lease, registry
@@ -34,10 +35,9 @@ def rates(code: str, hosts: int) -> dict[str, float]:
     stale_quarter = max(registry.STALE_AFTER_SECONDS, 6 * w.renew_interval) / 4
     if code == "before":
         return {"heartbeat": 1.0, "stale": stale_quarter, "poll": w.poll_interval}
-    longest = max(w.poll_interval, (w.lease - w.renew_interval) / 2)
     poll = w.poll_interval
     if hosts > FLEET_POLLERS:
-        poll = min(longest, w.poll_interval * hosts / FLEET_POLLERS)
+        poll = min(max(w.poll_interval, MAX_POLL_PERIOD), w.poll_interval * hosts / FLEET_POLLERS)
     return {
         "heartbeat": HEARTBEAT_IDLE,
         "stale": stale_quarter * hosts,

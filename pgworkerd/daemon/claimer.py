@@ -11,16 +11,18 @@ can be started for what it claims. A wake-up it is chosen for but cannot take (n
 slot, draining) is forwarded to the next daemons on the ring.
 
 After a claim that leaves slots free it looks up what comes next, in one statement: the
-earliest scheduled job, and the running job whose lease runs out first; if this daemon is
-the first (or second) of the peers for that job, it wakes when the lease runs out, so a
-dead host's jobs run again within about a second of their lease, without more polling.
+earliest scheduled job, and the running job whose lease runs out first. If this daemon is
+the first (or second) of the peers for that job (its rescuers), it wakes when the lease
+runs out; if not, and the lease was not renewed on time (less than lease - 2 x
+renew_interval left: its holder missed a renewal), it sends the rescuers a hint so they
+wake then. So a dead host's jobs run again within about a second of their lease, without
+more polling: healthy leases send no hints.
 
 While LISTEN works, the poll is only the fallback for wake-ups nobody took (a chosen
-daemon that died, a lost notification), and the fleet shares it: each daemon polls every
-poll_interval x (its peers / FLEET_POLLERS), jittered, so the fleet as a whole polls about
-FLEET_POLLERS times per poll_interval whatever its size; never rarer than half of
-(lease - renew_interval), so that the rescuer of a job has looked it up before its lease
-can run out. Without LISTEN every daemon polls every poll_interval, as always.
+daemon that died, a lost notification) and the look-ahead above, and the fleet shares
+it: each daemon polls every poll_interval x (its peers / FLEET_POLLERS), jittered, so the
+fleet as a whole polls about FLEET_POLLERS times per poll_interval whatever its size.
+Without LISTEN every daemon polls every poll_interval, as always.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections.abc import Callable
 
 from pgworkerd.config import Config
 from pgworkerd.daemon.jobtable import JobTable
-from pgworkerd.daemon.peers import FLEET_POLLERS, Peers, Wake
+from pgworkerd.daemon.peers import FLEET_POLLERS, Peers, Wake, rescue_hint
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.supervisor import Supervisor
 from pgworkerd.ops.metrics import NullMetrics
@@ -51,6 +53,8 @@ MAX_FORWARDS = 2
 # claim's own now() must agree that it did), the second this long after the first.
 RESCUE_MARGIN = 0.05
 RESCUE_SECOND = 0.5
+# However large the fleet, a listening daemon polls at least this often.
+MAX_POLL_PERIOD = 600.0
 
 
 class Claimer:
@@ -72,6 +76,7 @@ class Claimer:
         self.listening = listening
         self.rng = rng if rng is not None else random.Random()
         self.forwards: list[str] = []  # wake-ups to hand on, sent at the next tick
+        self.hinted: dict[int, str] = {}  # rescue hints sent: job id -> its holder
         self.woken_only = False  # the claim about to run is wanted only by a wake-up
         self.statements = statements
         self.table = table
@@ -182,10 +187,7 @@ class Claimer:
         w = self.config.worker
         if self.peers is None or not self.listening() or len(self.peers) <= FLEET_POLLERS:
             return w.poll_interval
-        shortest_lease = min(
-            [self.config.lease_for(h) for h in self.config.handlers.values()] or [w.lease]
-        )
-        longest = max(w.poll_interval, (shortest_lease - w.renew_interval) / 2)
+        longest = max(w.poll_interval, MAX_POLL_PERIOD)
         period = min(longest, w.poll_interval * len(self.peers) / FLEET_POLLERS)
         return period * self.rng.uniform(0.9, 1.1)
 
@@ -255,14 +257,35 @@ class Claimer:
         if job is None or job.handler not in self.config.handlers or job.expires_in <= 0:
             return  # expired already: the claim just made could not take it (a limit, a
             # pause, this handler's slots), and waking for it again would spin
-        rank = (
-            0
-            if self.peers is None
-            else self.peers.rescue_rank(job.id, job.queue, job.handler, job.holder)
-        )
+        rank = self._rescue_at(job.id, job.queue, job.handler, job.holder, job.expires_in, now)
+        lease = self.config.lease_for(self.config.handlers[job.handler])
+        late = job.expires_in < lease - 2 * self.config.worker.renew_interval
+        if rank != 0 and late and self.hinted.get(job.id) != job.holder:
+            # its holder missed a renewal: tell the rescuers (once per job and holder)
+            self.hinted[job.id] = job.holder
+            while len(self.hinted) > 100:
+                del self.hinted[next(iter(self.hinted))]
+            self.forwards.append(
+                rescue_hint(job.id, job.queue, job.handler, job.holder, job.expires_in)
+            )
+
+    def rescue_hinted(self, wake: Wake, now: float) -> None:
+        """A peer saw a lease that was not renewed on time: wake for it if this daemon is
+        one of its rescuers."""
+        if wake.handler in self.config.handlers and wake.queue in self.config.queues:
+            self._rescue_at(
+                wake.job_id, wake.queue or "", wake.handler or "", wake.holder, wake.expires_in, now
+            )
+
+    def _rescue_at(
+        self, job_id: int, queue: str, handler: str, holder: str, expires_in: float, now: float
+    ) -> int | None:
+        """Wake when the lease runs out if this daemon is one of the job's rescuers;
+        returns its rank (None: not one)."""
+        rank = 0 if self.peers is None else self.peers.rescue_rank(job_id, queue, handler, holder)
         if rank is not None:
-            delay = RESCUE_MARGIN + rank * RESCUE_SECOND
-            self.request_at(now + max(0.0, job.expires_in) + delay)
+            self.request_at(now + expires_in + RESCUE_MARGIN + rank * RESCUE_SECOND)
+        return rank
 
     def capacity(self, free: int) -> dict[str, HandlerCapacity]:
         """What each handler may claim now: the free slots, capped by its own slots."""

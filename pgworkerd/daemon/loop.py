@@ -342,6 +342,8 @@ class Daemon:
                 self.peers.remove(wake.peer_id)
             elif wake.kind == "drain":
                 self.presence.heartbeat_now()
+            elif wake.kind == "rescue":
+                self.claimer.rescue_hinted(wake, now)
             else:
                 self.claimer.notified(now)
 

@@ -4,7 +4,9 @@ picks, so that one enqueue wakes one daemon instead of all of them.
 The wake channel (schema 13) carries JSON notifications: new jobs from the jobs table's
 trigger ({"q": queue, "h": handler, "id": lowest new id, "n": how many}), peers coming
 and going ({"peer": "up"|"down", "id": ...}), drain requests ({"registry": "drain"}),
-and wake-ups a daemon forwards because it cannot take them ({... "skip": k, "hops": h}).
+wake-ups a daemon forwards because it cannot take them ({... "skip": k, "hops": h}), and
+rescue hints: a running job whose lease was not renewed on time, for its rescuers
+({"rescue": id, "q", "h", "holder": who holds it, "in": seconds until it runs out}).
 Anything else (any role may NOTIFY) is a plain wake-up, as every notification used to
 be: coalesced by the claimer, so a flood still causes at most one claim per 20 ms.
 
@@ -21,11 +23,17 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 VNODES = 16  # points per peer on the ring: an even share of jobs per daemon within ~25 %
-MAX_PEERS = 20_000  # a flood of made-up "up" notifications cannot grow the list past this
+MAX_PEERS = 5_000  # a flood of made-up "up" notifications cannot grow the list past this
+# The rings are rebuilt after a change at most this often (a rebuild sorts VNODES points
+# per peer: ~60 ms at MAX_PEERS), so a flood of made-up ups and downs cannot keep the
+# daemon sorting; meanwhile the rings from before the change serve.
+REBUILD_EVERY = 1.0
 MAX_JOBS_PER_WAKE = 100_000  # "n" beyond this is treated as this many
 # Work the fleet shares (the fallback poll, reading the registry) is done by each daemon
 # in turn, about this many times per period by the fleet in all, whatever its size.
@@ -48,7 +56,8 @@ class Peer:
 
 @dataclass(frozen=True)
 class Wake:
-    """One notification, decoded. kind: "jobs", "up", "down", "drain" or "any"."""
+    """One notification, decoded. kind: "jobs", "up", "down", "drain", "rescue" or
+    "any"."""
 
     kind: str
     queue: str | None = None
@@ -59,6 +68,8 @@ class Wake:
     hops: int = 0
     peer: Peer | None = None
     peer_id: str = ""
+    holder: str = ""  # a rescue hint's: who holds the job
+    expires_in: float = 0.0  # a rescue hint's: seconds until its lease runs out
 
     def forwarded(self, skip: int) -> str:
         """The payload that hands this wake-up on to the peers from `skip` on."""
@@ -94,6 +105,8 @@ def parse(payload: str) -> Wake:
         return ANY
     if body.get("registry") == "drain":
         return Wake("drain")
+    if "rescue" in body:
+        return _rescue(body)
     peer_id = body.get("id")
     if body.get("peer") in ("up", "down"):
         if not isinstance(peer_id, str) or not peer_id:
@@ -123,6 +136,33 @@ def parse(payload: str) -> Wake:
     )
 
 
+def _rescue(body: dict[str, Any]) -> Wake:
+    job_id = _int(body.get("rescue"), -(2**63), 2**63 - 1)
+    queue, handler, holder = body.get("q"), body.get("h"), body.get("holder")
+    expires_in = body.get("in")
+    if (
+        job_id is None
+        or not all(isinstance(v, str) for v in (queue, handler, holder))
+        or isinstance(expires_in, bool)
+        or not isinstance(expires_in, int | float)
+        or not 0 < expires_in < 86400 * 366
+    ):
+        return ANY
+    return Wake(
+        "rescue",
+        queue=str(queue),
+        handler=str(handler),
+        job_id=job_id,
+        holder=str(holder),
+        expires_in=float(expires_in),
+    )
+
+
+def rescue_hint(job_id: int, queue: str, handler: str, holder: str, expires_in: float) -> str:
+    body = {"rescue": job_id, "q": queue, "h": handler, "holder": holder, "in": expires_in}
+    return json.dumps(body, separators=(",", ":"))
+
+
 def _point(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
@@ -138,11 +178,14 @@ class Peers:
     """The live peers as this daemon knows them: read from the registry now and then,
     kept current between reads by the peers' own up/down notifications."""
 
-    def __init__(self, me: str) -> None:
+    def __init__(self, me: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.me = me
+        self.clock = clock
         self.members: dict[str, Peer] = {}
         self.loaded = False  # read from the registry at least once
         self._rings: dict[tuple[str | None, str | None], _Ring] = {}
+        self._changed = False  # members changed since the rings were built
+        self._built_at = -REBUILD_EVERY
 
     def __len__(self) -> int:
         return len(self.members)
@@ -150,21 +193,25 @@ class Peers:
     def replace(self, peers: list[Peer]) -> None:
         self.members = {p.id: p for p in peers[:MAX_PEERS]}
         self.loaded = True
-        self._rings.clear()
+        self._rings.clear()  # a registry read is rare: at once
+        self._changed = False
 
     def add(self, peer: Peer) -> None:
         if peer.id in self.members or len(self.members) < MAX_PEERS:
             self.members[peer.id] = peer
-            self._rings.clear()
+            self._changed = True
 
     def remove(self, peer_id: str) -> None:
         if self.members.pop(peer_id, None) is not None:
-            self._rings.clear()
+            self._changed = True
 
     def serving(self, queue: str | None, handler: str | None) -> int:
         return self._ring(queue, handler).size
 
     def _ring(self, queue: str | None, handler: str | None) -> _Ring:
+        if self._changed and self.clock() - self._built_at >= REBUILD_EVERY:
+            self._rings.clear()
+            self._changed = False
         ring = self._rings.get((queue, handler))
         if ring is None:
             pairs = sorted(
@@ -176,6 +223,7 @@ class Peers:
             ring = _Ring([x[0] for x in pairs], [x[2] for x in pairs])
             ring.size = len({x[1] for x in pairs})
             self._rings[(queue, handler)] = ring
+            self._built_at = self.clock()
         return ring
 
     def _walk(self, ring: _Ring, key: int, exclude: str = "") -> list[Peer]:

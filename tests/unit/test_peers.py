@@ -260,7 +260,36 @@ def test_the_fleet_shares_the_poll_while_listening() -> None:
     assert alone.claimer.poll_period() == 5.0
     big = Setup(fleet(40))
     assert 0.9 * 20.0 <= big.claimer.poll_period() <= 1.1 * 20.0
-    huge = Setup(fleet(1000))  # never past half of lease - renew: the rescuers look ahead
-    assert huge.claimer.poll_period() <= 1.1 * (60 - 10) / 2
+    huge = Setup(fleet(100))  # the fleet still polls about FLEET_POLLERS times in 5 s
+    assert 0.9 * 50.0 <= huge.claimer.poll_period() <= 1.1 * 50.0
     deaf = Setup(fleet(1000), listening=False)
     assert deaf.claimer.poll_period() == 5.0
+
+
+def test_a_lease_not_renewed_on_time_sends_its_rescuers_a_hint_once() -> None:
+    views = [fleet(6, me) for me in range(6)]
+    ranks = [v.rescue_rank(77, "default", "h", "d5") for v in views]
+    bystander = ranks.index(None) if None in ranks else None
+    assert bystander is not None and bystander != 5
+    s = Setup(fleet(6, bystander))
+    s.statements.expiring = Expiring(77, "default", "h", "d5", 45.0)  # renewed on time
+    s.claimer.request()
+    s.tick()
+    assert s.statements.sent_wakes == []
+    s.statements.expiring = Expiring(77, "default", "h", "d5", 30.0)  # a renewal missed
+    for _ in range(3):
+        s.claimer.request()
+        s.tick()
+    [hint] = s.statements.sent_wakes
+    wake = parse(hint)
+    assert (wake.kind, wake.job_id, wake.holder, wake.expires_in) == ("rescue", 77, "d5", 30.0)
+    # the rescuers wake when it runs out, the others do not
+    for me, rank in enumerate(ranks):
+        r = Setup(fleet(6, me))
+        assert r.claimer.scheduled_at is None
+        r.claimer.rescue_hinted(wake, r.clock())
+        if rank is None:
+            assert r.claimer.scheduled_at is None
+        else:
+            expected = 30.0 + RESCUE_MARGIN + rank * RESCUE_SECOND
+            assert r.claimer.scheduled_at - r.clock() == pytest.approx(expected)  # type: ignore[operator]

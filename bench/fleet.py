@@ -389,6 +389,11 @@ def main() -> int:
     with LocalPostgres(settings=SERVER_SETTINGS) as pg:
         server = Server(pg)
         migrate(server.dsn)
+        # The server's own background work (checkpointer, autovacuum launcher, stats),
+        # with no daemon at all: the fleet's share is the rest.
+        baseline = server.measure(args.idle_seconds)
+        results["baseline"] = baseline
+        print(f"no daemons: {baseline['server_cpu_pct']} % CPU", flush=True)
         for n in sizes:
             if not memory_allows(n):
                 print(f"N={n}: skipped, not enough memory (~{DAEMON_MIB} MiB per daemon)")

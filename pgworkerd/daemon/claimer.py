@@ -273,8 +273,10 @@ class Claimer:
         """A peer saw a lease that was not renewed on time: wake for it if this daemon is
         one of its rescuers."""
         if wake.handler in self.config.handlers and wake.queue in self.config.queues:
+            # any role may NOTIFY: hints are coalesced like every notification
+            at = max(now, self.notify_claim_at + NOTIFY_CLAIM_INTERVAL)
             self._rescue_at(
-                wake.job_id, wake.queue or "", wake.handler or "", wake.holder, wake.expires_in, now
+                wake.job_id, wake.queue or "", wake.handler or "", wake.holder, wake.expires_in, at
             )
 
     def _rescue_at(

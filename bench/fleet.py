@@ -130,6 +130,16 @@ class Server:
             entry["ms"] += ms
         return out
 
+    def wal_and_tables(self) -> tuple[int, dict[str, int]]:
+        """WAL written so far (bytes) and the row versions each table made dead so far
+        (updates + deletes: what vacuum has to clean)."""
+        row = self.admin.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+        tables = self.admin.execute(
+            "SELECT relname, n_tup_upd + n_tup_del FROM pg_stat_user_tables "
+            "WHERE schemaname = 'pgworkerd' AND relname IN ('jobs', 'workers')"
+        ).fetchall()
+        return int(row[0]) if row else 0, {name: int(n) for name, n in tables}
+
     def connections(self) -> int:
         row = self.admin.execute(
             "SELECT count(*) FROM pg_stat_activity "
@@ -230,14 +240,22 @@ def load(server: Server, starts: Path, rate: float, seconds: float) -> dict[str,
             wait_for(lambda: _started(starts) >= len(enqueued), 60, "every job to start")
             time.sleep(0.5)  # the claims and lookups that follow the last job
 
+        wal, tables = server.wal_and_tables()
         figures = server.measure(seconds, work)
+        wal_after, tables_after = server.wal_and_tables()
     started = {}
     for line in starts.read_text().splitlines():
         ident, _, stamp = line.partition(" ")
         started[int(ident)] = float(stamp)
     gaps = sorted((started[i] - t) * 1000 for i, t in enqueued.items() if i in started)
     claims = figures["by_kind"].get("claim", {}).get("per_s", 0.0) * figures["seconds"]
+    jobs = max(1, len(enqueued))
     return {
+        "wal_bytes_per_job": round((wal_after - wal) / jobs),
+        "row_versions_per_job": {
+            t: round((tables_after[t] - tables.get(t, 0)) / jobs, 2) for t in tables_after
+        },
+        "statements_per_job": round(figures["statements_per_s"] * figures["seconds"] / jobs, 1),
         "jobs": len(enqueued),
         "claims_per_job": round(claims / max(1, len(enqueued)), 2),
         "start_p50_ms": round(statistics.median(gaps), 1) if gaps else None,
@@ -309,7 +327,9 @@ def print_row(label: str, r: dict[str, Any]) -> None:
         f"{idle['server_cpu_pct']:5.2f} % CPU | load {busy['jobs']} jobs: "
         f"{busy['claims_per_job']:5.2f} claims/job, start p50 {busy['start_p50_ms']} "
         f"p99 {busy['start_p99_ms']} ms, {busy['server_cpu_pct']:5.2f} % CPU | "
-        f"{r['connections']} connections | registry {r['registry_ms_per_s']} ms/s",
+        f"{r['connections']} connections | registry {r['registry_ms_per_s']} ms/s | "
+        f"per job: {busy['statements_per_job']} statements, {busy['wal_bytes_per_job']} B WAL, "
+        f"dead row versions {busy['row_versions_per_job']}",
         flush=True,
     )
     top = ", ".join(f"{k} {v['per_s']}" for k, v in list(idle["by_kind"].items())[:6])

@@ -3,19 +3,38 @@ for the next scheduled job, coalesced NOTIFY wake-ups, and the warm children tha
 jobs go to.
 
 A claim is wanted when something says so through request() / request_at() / notified(),
-when the poll interval passes, or when a slot frees while the last claim filled every
-slot (a backlog). The claimer claims only while accepting (the daemon runs, no drain is
-requested, the database is up) and while a child can be started for what it claims.
+when a wake-up names jobs this daemon is chosen for (woken(), see peers.py: one daemon per
+batch of new jobs, not the whole fleet), when the poll interval passes, or when a slot
+frees while the last claim filled every slot (a backlog). The claimer claims only while
+accepting (the daemon runs, no drain is requested, the database is up) and while a child
+can be started for what it claims. A wake-up it is chosen for but cannot take (no free
+slot, draining) is forwarded to the next daemons on the ring.
+
+After a claim that leaves slots free it looks up what comes next, in one statement: the
+earliest scheduled job, and the running job whose lease runs out first. If this daemon is
+the first (or second) of the peers for that job (its rescuers), it wakes when the lease
+runs out; if not, and the lease was not renewed on time (less than lease - 2 x
+renew_interval left: its holder missed a renewal), it sends the rescuers a hint so they
+wake then. So a dead host's jobs run again within about a second of their lease, without
+more polling: healthy leases send no hints.
+
+While LISTEN works, the poll is only the fallback for wake-ups nobody took (a chosen
+daemon that died, a lost notification) and the look-ahead above, and the fleet shares
+it: each daemon polls every poll_interval x (its peers / FLEET_POLLERS), jittered, so the
+fleet as a whole polls about FLEET_POLLERS times per poll_interval whatever its size.
+Without LISTEN every daemon polls every poll_interval, as always.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 
 from pgworkerd.config import Config
 from pgworkerd.daemon.jobtable import JobTable
+from pgworkerd.daemon.peers import FLEET_POLLERS, Peers, Wake, rescue_hint
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.supervisor import Supervisor
 from pgworkerd.ops.metrics import NullMetrics
@@ -27,6 +46,15 @@ log = logging.getLogger("pgworkerd")
 # a flood of notifications must not become a flood of claims (20 ms: at most 50 a second,
 # while a single enqueue into an idle daemon still starts at once).
 NOTIFY_CLAIM_INTERVAL = 0.02
+# A wake-up is forwarded at most this many times before the last daemon keeps it (claims
+# when a slot frees): a fleet that is full everywhere does not pass it round and round.
+MAX_FORWARDS = 2
+# The first rescuer claims this long after the lease ran out (the server's clock and the
+# claim's own now() must agree that it did), the second this long after the first.
+RESCUE_MARGIN = 0.05
+RESCUE_SECOND = 0.5
+# However large the fleet, a listening daemon polls at least this often.
+MAX_POLL_PERIOD = 600.0
 
 
 class Claimer:
@@ -38,8 +66,18 @@ class Claimer:
         supervisor: Supervisor,
         metrics: NullMetrics,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        peers: Peers | None = None,
+        listening: Callable[[], bool] = lambda: False,
+        rng: random.Random | None = None,
     ) -> None:
         self.config = config
+        self.peers = peers
+        self.listening = listening
+        self.rng = rng if rng is not None else random.Random()
+        self.forwards: list[str] = []  # wake-ups to hand on, sent at the next tick
+        self.hinted: dict[int, str] = {}  # rescue hints sent: job id -> its holder
+        self.woken_only = False  # the claim about to run is wanted only by a wake-up
         self.statements = statements
         self.table = table
         self.supervisor = supervisor
@@ -72,6 +110,33 @@ class Claimer:
         """A NOTIFY arrived: claim soon, but at most once per NOTIFY_CLAIM_INTERVAL."""
         self.notified_at = self.notified_at or now
 
+    def woken(self, wake: Wake, now: float) -> None:
+        """New jobs (or jobs handed on by a peer): claim if they are this daemon's."""
+        if wake.queue is not None and wake.handler is not None:
+            handler = self.config.handlers.get(wake.handler)
+            if handler is None or wake.queue not in self.config.queues:
+                return  # not served here
+        if self.peers is None:
+            self.notified(now)
+            return
+        mine, next_skip = self.peers.group(wake)
+        if not mine:
+            return
+        if self._can_take(wake.handler):
+            self.notified(now)
+        elif next_skip is not None and wake.hops < MAX_FORWARDS:
+            self.forwards.append(wake.forwarded(next_skip))
+        else:
+            self.request()  # nobody else to ask: claim here when a slot frees
+
+    def _can_take(self, handler: str | None) -> bool:
+        free = self.table.free_slots()
+        if not self._may_claim() or free <= 0:
+            return False
+        if handler is None:
+            return True
+        return self.capacity(free)[handler].free > 0
+
     def slot_freed(self) -> None:
         # With a fleet-wide limit, a short claim says nothing about what waits: jobs may
         # be held back only by the limit, and the slot that just freed here may be the
@@ -91,6 +156,7 @@ class Claimer:
 
     def tick(self, now: float) -> None:
         """Claim if wanted, hand claimed jobs to idle children, keep warm children."""
+        self._forward()
         self._claim_if_wanted(now)
         self.table.dispatch()
         self._keep_warm()
@@ -112,6 +178,19 @@ class Claimer:
         # daemon could run it: no claims while no child can be started.
         return self.accepting and self.supervisor.can_start()
 
+    def _forward(self) -> None:
+        while self.forwards and self.statements.ok:
+            self.statements.wake_send(self.forwards.pop(0))
+
+    def poll_period(self) -> float:
+        """How long until the next poll (see the module's docstring)."""
+        w = self.config.worker
+        if self.peers is None or not self.listening() or len(self.peers) <= FLEET_POLLERS:
+            return w.poll_interval
+        longest = max(w.poll_interval, MAX_POLL_PERIOD)
+        period = min(longest, w.poll_interval * len(self.peers) / FLEET_POLLERS)
+        return period * self.rng.uniform(0.9, 1.1)
+
     def _claim_if_wanted(self, now: float) -> None:
         if not self._may_claim():
             return
@@ -120,6 +199,7 @@ class Claimer:
             # leave a past deadline behind (the loop would spin on it)
         if now >= self.poll_at:
             self.wanted = True
+        woken_only = not self.wanted
         if self.notified_at is not None and now >= self.notify_claim_at + NOTIFY_CLAIM_INTERVAL:
             self.notified_at, self.notify_claim_at = None, now
             self.wanted = True
@@ -127,13 +207,16 @@ class Claimer:
         if not self.wanted or free <= 0 or not self.config.handlers:
             return
         self.wanted = False
-        self.poll_at = now + self.config.worker.poll_interval
+        self.poll_at = now + self.poll_period()
         sent_at = self.clock()
         result = self.statements.claim(self.config.queues, self.capacity(free), free)
         if result is None:
             return
         claimed, refused = result
-        self.backlog = len(claimed) + len(refused) == free
+        # Every slot filled: more may wait, so claim again when one frees. Not when one
+        # slot was free and a wake-up for one batch filled it: each batch of jobs wakes
+        # its own daemon, and an empty claim per job would double the claims.
+        self.backlog = len(claimed) + len(refused) == free and (free > 1 or not woken_only)
         for bad in refused:
             # Its row cannot be loaded: finished on its own, the rest of the claim runs.
             self.table.refuse(
@@ -172,8 +255,51 @@ class Claimer:
             )
         self.table.dispatch()  # start them before the next lookup
         if not self.backlog:
-            next_in = self.statements.next_run_in(self.config.queues, list(self.config.handlers))
-            self.scheduled_at = None if next_in is None else self.clock() + max(0.0, next_in)
+            self._look_ahead()
+
+    def _look_ahead(self) -> None:
+        """Wake for the next scheduled job, and for the lease that runs out first if this
+        daemon is one of its rescuers."""
+        found = self.statements.next_wakeups(self.config.queues, list(self.config.handlers))
+        if found is None:
+            return
+        now = self.clock()
+        self.scheduled_at = None if found.run_in is None else now + max(0.0, found.run_in)
+        job = found.expiring
+        if job is None or job.handler not in self.config.handlers or job.expires_in <= 0:
+            return  # expired already: the claim just made could not take it (a limit, a
+            # pause, this handler's slots), and waking for it again would spin
+        rank = self._rescue_at(job.id, job.queue, job.handler, job.holder, job.expires_in, now)
+        lease = self.config.lease_for(self.config.handlers[job.handler])
+        late = job.expires_in < lease - 2 * self.config.worker.renew_interval
+        if rank != 0 and late and self.hinted.get(job.id) != job.holder:
+            # its holder missed a renewal: tell the rescuers (once per job and holder)
+            self.hinted[job.id] = job.holder
+            while len(self.hinted) > 100:
+                del self.hinted[next(iter(self.hinted))]
+            self.forwards.append(
+                rescue_hint(job.id, job.queue, job.handler, job.holder, job.expires_in)
+            )
+
+    def rescue_hinted(self, wake: Wake, now: float) -> None:
+        """A peer saw a lease that was not renewed on time: wake for it if this daemon is
+        one of its rescuers."""
+        if wake.handler in self.config.handlers and wake.queue in self.config.queues:
+            # any role may NOTIFY: hints are coalesced like every notification
+            at = max(now, self.notify_claim_at + NOTIFY_CLAIM_INTERVAL)
+            self._rescue_at(
+                wake.job_id, wake.queue or "", wake.handler or "", wake.holder, wake.expires_in, at
+            )
+
+    def _rescue_at(
+        self, job_id: int, queue: str, handler: str, holder: str, expires_in: float, now: float
+    ) -> int | None:
+        """Wake when the lease runs out if this daemon is one of the job's rescuers;
+        returns its rank (None: not one)."""
+        rank = 0 if self.peers is None else self.peers.rescue_rank(job_id, queue, handler, holder)
+        if rank is not None:
+            self.request_at(now + expires_in + RESCUE_MARGIN + rank * RESCUE_SECOND)
+        return rank
 
     def capacity(self, free: int) -> dict[str, HandlerCapacity]:
         """What each handler may claim now: the free slots, capped by its own slots."""

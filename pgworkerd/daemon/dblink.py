@@ -317,7 +317,7 @@ class DatabaseLink:
     def _open_listener(self) -> psycopg.Connection:
         conn = self.connect(self.config.listen_dsn or self.dsn)
         try:
-            session.listen(conn, schema=self.schema)
+            session.listen_wake(conn, schema=self.schema)
         except BaseException:
             conn.close()
             raise
@@ -340,20 +340,24 @@ class DatabaseLink:
             self.listen_conn = None
             self._listen_expires_at = float("inf")
 
-    def notified(self) -> bool:
-        """Consume pending notifications; True if any arrived (NOTIFY is only a hint)."""
+    @property
+    def listening(self) -> bool:
+        return self.listen_conn is not None
+
+    def notifications(self) -> list[str]:
+        """Consume pending notifications; their payloads (NOTIFY is only a hint)."""
         conn = self.listen_conn
         if conn is None:
-            return False
+            return []
         try:
-            return sum(1 for _ in conn.notifies(timeout=0)) > 0
+            return [n.payload for n in conn.notifies(timeout=0)]
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             log.warning(
                 "LISTEN connection lost (%s); polling until it is back",
                 scrub(str(exc).strip(), self.dsn),
             )
             self.drop_listener()
-            return False
+            return []
 
     def close(self) -> None:
         self.drop_listener()

@@ -43,6 +43,8 @@ from pgworkerd.daemon.dblink import MAX_RECONNECT_DELAY, RECONNECT_INITIAL, Data
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.leases import LeaseKeeper
 from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
+from pgworkerd.daemon.peers import Peers
+from pgworkerd.daemon.peers import parse as parse_wake
 from pgworkerd.daemon.presence import Lifecycle, Presence, QueueDepthCounter
 from pgworkerd.daemon.retention import Retention
 from pgworkerd.daemon.scheduler import Scheduler
@@ -100,7 +102,16 @@ class Daemon:
         self.statements = Statements(self.link, self.worker_id, self.schema, self.metrics)
         self.supervisor = Supervisor(self.selector, self._on_message, self._on_child_exit)
         self.table = JobTable(config.worker, self.supervisor, self.metrics, self._settled)
-        self.claimer = Claimer(config, self.statements, self.table, self.supervisor, self.metrics)
+        self.peers = Peers(self.worker_id)  # the live daemons, for targeted wake-ups
+        self.claimer = Claimer(
+            config,
+            self.statements,
+            self.table,
+            self.supervisor,
+            self.metrics,
+            peers=self.peers,
+            listening=lambda: self.link.listening,
+        )
         self.writer = OutcomeWriter(
             self._write_outcomes, lambda: self.link.ok, self.claimer.request_at
         )
@@ -123,6 +134,7 @@ class Daemon:
             QueueDepthCounter(
                 self.link, self.schema, self.metrics, config.metrics.queue_depth_interval
             ),
+            peers=self.peers,
         )
 
     @property
@@ -326,10 +338,31 @@ class Daemon:
                     pass
             elif kind == "child":
                 self.supervisor.readable(obj)
-            elif kind == "listen" and self.link.notified():
-                # Coalesced: however many notifications arrive (any role may NOTIFY),
-                # they cause at most one claim per NOTIFY_CLAIM_INTERVAL.
-                self.claimer.notified(time.monotonic())
+            elif kind == "listen":
+                self._on_notifications(self.link.notifications())
+
+    def _on_notifications(self, payloads: list[str]) -> None:
+        """The wake channel (see peers.py). Claims are coalesced: however many
+        notifications arrive (any role may NOTIFY), they cause at most one claim per
+        NOTIFY_CLAIM_INTERVAL."""
+        now = time.monotonic()
+        for payload in payloads:
+            wake = parse_wake(payload)
+            if wake.kind == "jobs":
+                self.claimer.woken(wake, now)
+            elif wake.kind == "up":
+                if wake.peer is not None:
+                    self.peers.add(wake.peer)
+                else:
+                    self.presence.peers_changed()
+            elif wake.kind == "down":
+                self.peers.remove(wake.peer_id)
+            elif wake.kind == "drain":
+                self.presence.heartbeat_now()
+            elif wake.kind == "rescue":
+                self.claimer.rescue_hinted(wake, now)
+            else:
+                self.claimer.notified(now)
 
     def _sleep(self, seconds: float) -> None:
         """Wait that still wakes for signals (start-up only: no children yet)."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import random
 import socket
 import threading
 import time
@@ -23,6 +24,7 @@ from pgworkerd import __version__
 from pgworkerd.config import Config
 from pgworkerd.daemon.dblink import ESCALATE_AFTER, DatabaseLink
 from pgworkerd.daemon.jobtable import JobTable
+from pgworkerd.daemon.peers import FLEET_POLLERS, Peer, Peers
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState, RegistryState
 from pgworkerd.durations import format_duration
@@ -32,6 +34,16 @@ from pgworkerd.queue import admin, registry, session
 from pgworkerd.queue.db import scrub
 
 log = logging.getLogger("pgworkerd")
+
+# The registry heartbeat: within a second of a change of state or in-flight jobs (and at
+# once when `pgworkerd drain` notifies), otherwise every HEARTBEAT_IDLE: an idle fleet's
+# registry costs a tenth of what a heartbeat every second did. Well inside the 60 s after
+# which peers mark a daemon gone.
+HEARTBEAT_IDLE = 10.0
+# The live peers are read from the registry this often (jittered); their up/down
+# notifications keep the list current in between.
+PEERS_REFRESH = 60.0
+PEERS_REFRESH_MAX = 1800.0
 
 
 class QueueDepthCounter:
@@ -113,6 +125,9 @@ class Presence:
         metrics: NullMetrics,
         depth_counter: QueueDepthCounter,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        peers: Peers | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.config = config
         self.worker_id = worker_id
@@ -129,6 +144,10 @@ class Presence:
         self.stale_check_at = 0.0
         self.watchdog_at = 0.0
         self._shown_status = ""  # the title and STATUS= last set
+        self.peers = peers
+        self.peers_at = 0.0
+        self.rng = rng if rng is not None else random.Random()
+        self._sent: tuple[str, tuple[int, ...]] | None = None  # the last heartbeat's news
 
     def configure(self, config: Config) -> None:
         self.config = config
@@ -139,6 +158,13 @@ class Presence:
 
     def heartbeat_now(self) -> None:
         self.heartbeat_at = 0.0
+
+    def peers_changed(self) -> None:
+        """A peer came up without the details in its notification: read the registry."""
+        self.peers_at = min(self.peers_at, self.clock() + self.rng.uniform(0.0, 2.0))
+
+    def stale_after(self) -> float:
+        return max(registry.STALE_AFTER_SECONDS, 6 * self.config.worker.renew_interval)
 
     def _worker_info(self) -> registry.WorkerInfo:
         return registry.WorkerInfo(
@@ -160,7 +186,7 @@ class Presence:
 
     def next_deadline(self) -> float | None:
         # No heartbeat while the link is down (the loop waits for the reconnect instead).
-        times = [self.heartbeat_at] if self.statements.ok else []
+        times = [self._next_heartbeat(), self.peers_at] if self.statements.ok else []
         if self.notifier.watchdog_interval:
             times.append(self.watchdog_at)
         return min(times, default=None)
@@ -169,11 +195,26 @@ class Presence:
         self._heartbeat_if_due(now)
         self._report_status(now)
 
+    def _news(self) -> tuple[str, tuple[int, ...]]:
+        return (self.registry_state().value, tuple(sorted(self.table.ids())))
+
+    def _next_heartbeat(self) -> float:
+        """heartbeat_at is the earliest a heartbeat may go (a second after the last one);
+        it goes then if there is news, else HEARTBEAT_IDLE after the last one."""
+        if self._sent is None or self._news() != self._sent:
+            return self.heartbeat_at
+        return self.heartbeat_at - self._min_interval() + HEARTBEAT_IDLE
+
+    def _min_interval(self) -> float:
+        return min(1.0, self.config.worker.renew_interval)
+
     def _heartbeat_if_due(self, now: float) -> None:
-        if not self.statements.ok or now < self.heartbeat_at:
+        if self.statements.ok and now >= self.peers_at:
+            self._refresh_peers(now)
+        if not self.statements.ok or now < self._next_heartbeat():
             return
-        interval = min(1.0, self.config.worker.renew_interval)  # drains noticed within ~1s
-        self.heartbeat_at = now + interval
+        self.heartbeat_at = now + self._min_interval()
+        self._sent = self._news()
         drain = self.statements.heartbeat(
             self._worker_info(), self.registry_state(), self.table.ids()
         )
@@ -191,16 +232,34 @@ class Presence:
 
     def _mark_stale_if_due(self, now: float) -> None:
         """Peers silent past stale_after are marked gone. Every daemon may do it, one at a
-        time (the statement takes an advisory lock), and only every quarter of
-        stale_after: a peer is noticed at most that much later."""
+        time (the statement takes an advisory lock), and the fleet as a whole about every
+        quarter of stale_after: each daemon every quarter times the number of its live
+        peers, jittered (a lone daemon every quarter), so a peer is noticed about that
+        much later however large the fleet, and the checks do not grow with it."""
         if now < self.stale_check_at:
             return
-        stale_after = max(registry.STALE_AFTER_SECONDS, 6 * self.config.worker.renew_interval)
-        self.stale_check_at = now + stale_after / 4
+        stale_after = self.stale_after()
+        fleet = max(1, len(self.peers)) if self.peers is not None else 1
+        self.stale_check_at = now + stale_after / 4 * fleet * self.rng.uniform(0.5, 1.5)
         stale = self.statements.mark_stale(stale_after)
         for worker_id, host, pid in stale or []:
             log.warning(
                 "daemon %s (host %s pid %d) stopped heartbeating: marked gone", worker_id, host, pid
+            )
+
+    def _refresh_peers(self, now: float) -> None:
+        # The fleet reads the registry about FLEET_POLLERS times per PEERS_REFRESH in all
+        # (each read is a row per daemon: per daemon every PEERS_REFRESH, a fleet of N
+        # would read N x N rows); up/down notifications keep the lists current between.
+        fleet = len(self.peers) if self.peers is not None else 0
+        period = min(PEERS_REFRESH_MAX, PEERS_REFRESH * max(1.0, fleet / FLEET_POLLERS))
+        self.peers_at = now + period * self.rng.uniform(0.8, 1.2)
+        if self.peers is None:
+            return
+        rows = self.statements.peers(self.stale_after())
+        if rows is not None:
+            self.peers.replace(
+                [Peer(i, frozenset(q), frozenset(h), max(1, s)) for i, q, h, s in rows]
             )
 
     def registry_state(self) -> RegistryState:

@@ -58,6 +58,28 @@ class Statements:
             lambda c: lease.next_run_in(c, queues, handlers, schema=self.schema),
         )
 
+    def next_wakeups(
+        self, queues: Sequence[str], handlers: Sequence[str]
+    ) -> lease.NextWakeups | None:
+        """The earliest scheduled job this daemon could claim and the running job whose
+        lease ends first (None: the lookup failed)."""
+        return self.link.run(
+            "looking up scheduled jobs",
+            lambda c: lease.next_wakeups(c, queues, handlers, schema=self.schema),
+        )
+
+    def peers(self, stale_after: float) -> list[tuple[str, list[str], list[str], int]] | None:
+        return self.link.run(
+            "reading the registry", lambda c: registry.peers(c, stale_after, self.schema)
+        )
+
+    def wake_send(self, payload: str) -> bool | None:
+        def call(c: Any) -> bool:
+            registry.wake_send(c, payload, self.schema)
+            return True
+
+        return self.link.run("forwarding a wake-up", call)
+
     def renew(self, leases: list[lease.Lease]) -> list[lease.RenewOutcome] | None:
         return self.link.run(
             "renewing leases",

@@ -450,10 +450,46 @@ def next_run_in(
 ) -> float | None:
     """Seconds until the earliest scheduled (future) job this worker could claim, by the
     server's clock; None when there is none."""
+    return next_wakeups(conn, queues, handlers, schema=schema).run_in
+
+
+@dataclass(frozen=True)
+class Expiring:
+    """The running job whose lease runs out first (a rescue, if its holder is dead)."""
+
+    id: int
+    queue: str
+    handler: str
+    holder: str
+    expires_in: float  # seconds, by the server's clock (negative: expired already)
+
+
+@dataclass(frozen=True)
+class NextWakeups:
+    run_in: float | None  # seconds until the earliest scheduled job; None: none
+    expiring: Expiring | None
+
+
+def next_wakeups(
+    conn: psycopg.Connection[Any],
+    queues: Iterable[str],
+    handlers: Iterable[str],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> NextWakeups:
+    """When this worker should look again, in one round trip: the earliest scheduled job
+    it could claim, and the running job of its queues and handlers whose lease ends
+    first."""
     rows = hotpath.run(
         conn,
         "job_next_run_at",
         {"queues": list(queues), "handlers": list(handlers)},
         schema=schema,
     )
-    return None if not rows or rows[0][0] is None else float(rows[0][0])
+    if not rows:
+        return NextWakeups(None, None)
+    wait, job_id, queue, handler, holder, expires_in = rows[0]
+    expiring = None
+    if job_id is not None and expires_in is not None:
+        expiring = Expiring(int(job_id), str(queue), str(handler), str(holder), float(expires_in))
+    return NextWakeups(None if wait is None else float(wait), expiring)

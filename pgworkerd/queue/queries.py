@@ -24,6 +24,7 @@ def render(text: str, schema: str) -> str:
         text.replace("@schema_literal@", f"'{schema}'")
         .replace("@notify_channel@", f'"{notify_channel(schema)}"')
         .replace("@finished_channel@", f'"{finished_channel(schema)}"')
+        .replace("@wake_channel@", f'"{wake_channel(schema)}"')
         .replace("@schema@", f'"{schema}"')
     )
 
@@ -59,3 +60,9 @@ def finished_channel(schema: str) -> str:
     """The NOTIFY channel a job's final status is announced on, the job id as payload
     (the trigger of migration "outcomes"; pgworkerd.wait listens on it)."""
     return f"{check_schema_name(schema)}.finished"
+
+
+def wake_channel(schema: str) -> str:
+    """The NOTIFY channel of targeted wake-ups (migration "wake"; daemon/peers.py): new
+    jobs, peers coming and going, drain requests, forwarded wake-ups."""
+    return f"{check_schema_name(schema)}.wake"

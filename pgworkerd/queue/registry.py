@@ -86,3 +86,17 @@ def prune_gone(
         query("worker_prune_gone", schema), {"older_than": older_than_seconds}
     ).fetchone()
     return int(row[0]) if row else 0
+
+
+def peers(
+    conn: psycopg.Connection, stale_after: float, schema: str
+) -> list[tuple[str, list[str], list[str], int]]:
+    """The running daemons heartbeating within `stale_after` seconds: (id, queues,
+    handlers, slots)."""
+    rows = conn.execute(query("worker_peers", schema), {"stale_after": stale_after}).fetchall()
+    return [(r[0], list(r[1]), list(r[2]), int(r[3])) for r in rows]
+
+
+def wake_send(conn: psycopg.Connection, payload: str, schema: str) -> None:
+    """NOTIFY the wake channel (a forwarded wake-up; see pgworkerd/daemon/peers.py)."""
+    conn.execute(query("wake_send", schema), {"payload": payload})

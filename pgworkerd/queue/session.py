@@ -16,6 +16,12 @@ def listen(conn: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA) -> No
     conn.execute(query("session_listen", schema))
 
 
+def listen_wake(conn: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA) -> None:
+    """Receive the wake channel's notifications (schema 13: new jobs named by id, queue
+    and handler; peers coming and going; drain requests): what the daemon listens to."""
+    conn.execute(query("session_wake_listen", schema))
+
+
 def set_local_statement_timeout(conn: psycopg.Connection[Any], seconds: float) -> None:
     """Bound every statement of the current transaction to `seconds` (whole milliseconds),
     whatever the connection's own statement_timeout is."""

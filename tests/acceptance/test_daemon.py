@@ -551,7 +551,7 @@ def test_a_lost_listen_connection_comes_back(
     daemon = daemons.start({"work": WORK}, {"poll_interval": "60s"})
     first = db.enqueue("work", {"seconds": 0.1})
     db.wait_status(first, "completed")
-    listen = f'LISTEN "{schema}.jobs"'
+    listen = f'LISTEN "{schema}.wake"'  # the wake channel (schema 13)
     killed = conn.execute(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s", [listen]
     ).fetchall()

@@ -5,6 +5,7 @@ same claim as an innocent job, which must complete on its first attempt."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from pathlib import Path
@@ -15,7 +16,7 @@ from daemon_harness import Daemons, Db, wait_for
 from psycopg import sql
 
 from pgworkerd.queue import lease
-from pgworkerd.queue.queries import notify_channel
+from pgworkerd.queue.queries import wake_channel
 
 WORK = {"target": "jobhandlers:work"}
 DEEP = 5000
@@ -194,12 +195,28 @@ def test_a_notify_flood_causes_a_bounded_number_of_claims(
     )
     try:
         daemon = daemons.start({"work": WORK}, {"poll_interval": "60s"})
-        channel = notify_channel(db.schema)
+        # The daemon listens on the wake channel: plain payloads, made-up jobs of its
+        # handler, made-up peers coming and going (the list is capped, the rings rebuilt
+        # at most once a second) and rescue hints, all mixed.
+        channel = wake_channel(db.schema)
+        kinds = [
+            lambda n: str(n),
+            lambda n: json.dumps({"q": "default", "h": "work", "id": n, "n": 1 + n % 50}),
+            lambda n: json.dumps(
+                {"peer": "up", "id": f"fake{n}", "queues": ["default"], "handlers": ["work"]}
+                | {"slots": 1}
+            ),
+            lambda n: json.dumps({"peer": "down", "id": f"fake{n - 2}"}),
+            lambda n: json.dumps(
+                {"rescue": n, "q": "default", "h": "work", "holder": "x", "in": 0.01}
+            ),
+        ]
         flood_seconds, sent = 3.0, 0
         end = time.monotonic() + flood_seconds
         with psycopg.connect(test_db_dsn, autocommit=True) as flooder:
             while time.monotonic() < end:
-                flooder.execute("SELECT pg_notify(%s, %s)", (channel, str(sent)))
+                payload = kinds[sent % len(kinds)](sent)
+                flooder.execute("SELECT pg_notify(%s, %s)", (channel, payload))
                 sent += 1
         # A real job still starts at once after the flood.
         job_id = db.enqueue("work")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import signal
 import socket
@@ -14,6 +15,7 @@ import pytest
 from daemon_harness import Daemons, Db, wait_for
 
 from pgworkerd import client
+from pgworkerd.daemon.presence import HEARTBEAT_IDLE
 from pgworkerd.ops import metrics
 
 pytest.importorskip("prometheus_client")
@@ -109,14 +111,15 @@ def test_a_slow_job_count_does_not_stall_the_daemon(
             ),
             what="the job count to wait for the lock",
         )
-        # The daemon heartbeats every second: over six seconds of the count waiting, its
-        # last heartbeat must never grow old.
+        # An idle daemon heartbeats every HEARTBEAT_IDLE: over more than that of the count
+        # waiting, its last heartbeat must never grow older, and it must heartbeat.
         ages = []
-        watch_until = time.monotonic() + 6
+        watch_until = time.monotonic() + HEARTBEAT_IDLE + 2
         while time.monotonic() < watch_until:
             ages.append(float(conn.execute(age, [daemon.worker_id]).fetchone()[0]))
             time.sleep(0.2)  # sampling a window, not waiting for a condition
-        assert max(ages) < 3.5, f"the loop stalled: heartbeat ages {ages}"
+        assert max(ages) < HEARTBEAT_IDLE + 3.5, f"the loop stalled: heartbeat ages {ages}"
+        assert any(b < a for a, b in itertools.pairwise(ages)), f"no heartbeat: ages {ages}"
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
             assert b"pgworkerd_slots" in r.read()  # the endpoint answers meanwhile
         # Stopped while the count still waits: the count's session ends with the daemon.

@@ -24,7 +24,7 @@ from pgworkerd.config import DatabaseConfig
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue.migrate import check_current, migrate
-from pgworkerd.queue.queries import notify_channel
+from pgworkerd.queue.queries import wake_channel
 
 FAST = DatabaseConfig(connect_timeout=2.0, keepalives_idle=1.0, tcp_user_timeout=2.0)
 
@@ -93,11 +93,11 @@ def test_both_connections_are_recycled_after_their_lifetime(
         wait_for(lambda: not alive(conn, old_pid), what="the old backend gone")
         wait_for(lambda: not alive(conn, old_listen_pid), what="the old LISTEN backend gone")
         # The new LISTEN connection is the one in the selector, and it hears NOTIFY.
-        conn.execute(sql.SQL("NOTIFY {}").format(sql.Identifier(notify_channel(schema))))
+        conn.execute(sql.SQL("NOTIFY {}, 'x'").format(sql.Identifier(wake_channel(schema))))
         keys = [k for k, _ in selector.select(10) if k.data[0] == "listen"]
         assert keys and link.listen_conn is not None
         assert keys[0].fd == link.listen_conn.fileno()
-        assert link.notified()
+        assert link.notifications() == ["x"]
         assert len(selector.get_map()) == 1
     finally:
         link.close()

@@ -11,7 +11,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgworkerd.config import Config, parse_config
-from pgworkerd.queue.lease import ClaimedJob, HandlerCapacity, Lease, RefusedJob, RenewOutcome
+from pgworkerd.queue.lease import (
+    ClaimedJob,
+    Expiring,
+    HandlerCapacity,
+    Lease,
+    NextWakeups,
+    RefusedJob,
+    RenewOutcome,
+)
 from pgworkerd.worker import protocol
 
 
@@ -113,6 +121,9 @@ class FakeStatements:
         self.claims: list[tuple[list[ClaimedJob], list[RefusedJob]] | None] = []
         self.claim_calls: list[tuple[list[str], dict[str, HandlerCapacity], int]] = []
         self.next_run: float | None = None
+        self.expiring: Expiring | None = None  # the running job whose lease ends first
+        self.peer_rows: list[tuple[str, list[str], list[str], int]] = []
+        self.sent_wakes: list[str] = []
         self.renewals: list[list[Lease]] = []
         self.renew_answer: dict[int, RenewOutcome] = {}
         self.renew_fails = 0  # this many renew calls return None (a failed statement)
@@ -129,6 +140,16 @@ class FakeStatements:
 
     def next_run_in(self, queues: Any, handlers: Any) -> float | None:
         return self.next_run
+
+    def next_wakeups(self, queues: Any, handlers: Any) -> NextWakeups | None:
+        return NextWakeups(self.next_run, self.expiring)
+
+    def peers(self, stale_after: float) -> list[tuple[str, list[str], list[str], int]] | None:
+        return list(self.peer_rows)
+
+    def wake_send(self, payload: str) -> bool | None:
+        self.sent_wakes.append(payload)
+        return True
 
     def renew(self, leases: list[Lease]) -> list[RenewOutcome] | None:
         self.renewals.append(leases)

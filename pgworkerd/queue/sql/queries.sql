@@ -43,6 +43,15 @@ INSERT INTO @schema@.schema_version (version, name) VALUES (%(version)s, %(name)
 -- Receive the notifications enqueue sends (a hint that due jobs may be waiting).
 LISTEN @notify_channel@;
 
+-- name: session_wake_listen
+-- Receive the notifications of schema 13's wake trigger and the fleet's own (peers coming
+-- and going, drain requests, forwarded wake-ups): JSON payloads, see daemon/peers.py.
+LISTEN @wake_channel@;
+
+-- name: wake_send
+-- Send a notification on the wake channel (a daemon forwarding a wake-up it cannot take).
+SELECT 1 FROM (SELECT pg_notify(@schema_literal@ || '.wake', %(payload)s::text)) AS sent;
+
 -- name: session_statement_timeout_set_local
 -- Bound the statements of the current transaction only (PgBouncer may not forward the
 -- connection's own statement_timeout startup option).
@@ -330,8 +339,8 @@ SELECT queue, status::text AS status, count(*) AS jobs
   FROM @schema@.jobs GROUP BY queue, status ORDER BY queue, status;
 
 -- name: job_next_run_at
--- Seconds until the earliest future run_at among pending jobs this worker could claim (no
--- row when there is none; measured by the server's clock, so no second round trip to
+-- Seconds until the earliest future run_at among pending jobs this worker could claim (NULL
+-- when there is none), and the running job whose lease ends first (NULLs: none). One row; measured by the server's clock, so no second round trip to
 -- read it). The pending index
 -- is ordered (handler, priority, run_at), so a plain min(run_at) would read every pending
 -- job of the handlers (a million scheduled jobs: a million index entries, after every
@@ -360,7 +369,7 @@ WITH RECURSIVE priorities AS (
 ), unwalked AS (
     SELECT DISTINCT p.handler FROM priorities p WHERE p.step > 1000 AND p.priority IS NOT NULL
 )
-SELECT extract(epoch FROM next.run_at - now())::float8 AS wait_seconds FROM (SELECT least(
+SELECT (SELECT extract(epoch FROM next.run_at - now())::float8 FROM (SELECT least(
     (SELECT min(first.run_at)
        FROM walked p CROSS JOIN LATERAL (
            SELECT j.run_at FROM @schema@.jobs j
@@ -373,18 +382,42 @@ SELECT extract(epoch FROM next.run_at - now())::float8 AS wait_seconds FROM (SEL
         AND j.queue = ANY(%(queues)s::text[]))
 ) AS run_at) next
  -- 'infinity' is never due: no wake-up for it (and no interval to compute)
- WHERE isfinite(next.run_at);
+ WHERE isfinite(next.run_at)) AS wait_seconds,
+       -- and the running job of these queues and handlers whose lease runs out first
+       -- (jobs_running_lease_idx, in lease order): a dead host's job is claimable from
+       -- then on, so one daemon wakes for it (a rescue) instead of waiting for a poll
+       r.id, r.queue, r.handler, r.locked_by,
+       extract(epoch FROM r.locked_until - now())::float8 AS expires_in
+  FROM (SELECT 1) AS one
+  LEFT JOIN LATERAL (
+      SELECT j.id, j.queue, j.handler, j.locked_by, j.locked_until FROM @schema@.jobs j
+       WHERE j.status = 'running' AND j.locked_until IS NOT NULL
+         AND j.handler = ANY(%(handlers)s::text[]) AND j.queue = ANY(%(queues)s::text[])
+       ORDER BY j.locked_until
+       LIMIT 1) r ON true;
 
 -- name: worker_register
 -- Record a daemon in the registry, or record it again after it was marked gone.
 -- drain_requested is kept then: a drained daemon marked gone during an outage comes back
--- drained. A restarted daemon has a new id, so it starts undrained.
-INSERT INTO @schema@.workers AS w (id, host, pid, version, queues, handlers, slots, state)
-VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(queues)s, %(handlers)s, %(slots)s,
-        %(state)s)
-ON CONFLICT (id) DO UPDATE
-   SET state = excluded.state, queues = excluded.queues, handlers = excluded.handlers,
-       slots = excluded.slots, heartbeat_at = now(), stopped_at = NULL;
+-- drained. A restarted daemon has a new id, so it starts undrained. Its peers hear of it
+-- on the wake channel ({"peer": "up", ...}; just the id when its lists are too long for
+-- a payload, and they read the registry then).
+WITH registered AS (
+    INSERT INTO @schema@.workers AS w (id, host, pid, version, queues, handlers, slots, state)
+    VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(queues)s, %(handlers)s, %(slots)s,
+            %(state)s)
+    ON CONFLICT (id) DO UPDATE
+       SET state = excluded.state, queues = excluded.queues, handlers = excluded.handlers,
+           slots = excluded.slots, heartbeat_at = now(), stopped_at = NULL
+    RETURNING w.id, w.queues, w.handlers, w.slots
+)
+SELECT r.id FROM registered r, LATERAL (
+    SELECT pg_notify(@schema_literal@ || '.wake', CASE
+        WHEN octet_length(array_to_string(r.queues, ',') || array_to_string(r.handlers, ','))
+             < 6000
+        THEN json_build_object('peer', 'up', 'id', r.id, 'queues', r.queues,
+                               'handlers', r.handlers, 'slots', r.slots)
+        ELSE json_build_object('peer', 'up', 'id', r.id) END::text)) AS sent;
 
 -- name: worker_heartbeat
 -- Record this daemon's state and in-flight jobs; returns whether a drain was requested.
@@ -395,22 +428,33 @@ UPDATE @schema@.workers
 RETURNING drain_requested;
 
 -- name: worker_deregister
--- A daemon that exits cleanly marks itself gone.
-UPDATE @schema@.workers
-   SET state = 'gone', in_flight = '{}', stopped_at = now(), heartbeat_at = now()
- WHERE id = %(id)s;
+-- A daemon that exits cleanly marks itself gone (and its peers hear so: {"peer": "down"}).
+WITH gone AS (
+    UPDATE @schema@.workers
+       SET state = 'gone', in_flight = '{}', stopped_at = now(), heartbeat_at = now()
+     WHERE id = %(id)s
+    RETURNING id
+)
+SELECT g.id FROM gone g, LATERAL (
+    SELECT pg_notify(@schema_literal@ || '.wake',
+                     json_build_object('peer', 'down', 'id', g.id)::text)) AS sent;
 
 -- name: worker_mark_stale
 -- Daemons silent for longer than %(stale_after)s seconds are marked gone, by one caller at
 -- a time: under a transaction-level advisory lock keyed by the schema, so that a caller
 -- that finds it taken marks nothing (no row) instead of waiting. Served by
--- workers_live_idx (0007).
-UPDATE @schema@.workers
-   SET state = 'gone', stopped_at = now()
- WHERE (SELECT pg_try_advisory_xact_lock(
-            hashtextextended('pgworkerd.registry.mark_stale:' || @schema_literal@, 0)))
-   AND state <> 'gone' AND heartbeat_at < now() - make_interval(secs => %(stale_after)s)
-RETURNING id, host, pid;
+-- workers_live_idx (0007). Peers hear of each on the wake channel ({"peer": "down"}).
+WITH gone AS (
+    UPDATE @schema@.workers
+       SET state = 'gone', stopped_at = now()
+     WHERE (SELECT pg_try_advisory_xact_lock(
+                hashtextextended('pgworkerd.registry.mark_stale:' || @schema_literal@, 0)))
+       AND state <> 'gone' AND heartbeat_at < now() - make_interval(secs => %(stale_after)s)
+    RETURNING id, host, pid
+)
+SELECT g.id, g.host, g.pid FROM gone g, LATERAL (
+    SELECT pg_notify(@schema_literal@ || '.wake',
+                     json_build_object('peer', 'down', 'id', g.id)::text)) AS sent;
 
 -- name: worker_prune_gone
 -- Delete the rows of daemons gone (stopped or marked gone) over %(older_than)s seconds
@@ -425,12 +469,24 @@ SELECT count(*) FROM pruned;
 
 -- name: worker_request_drain
 -- Set or clear drain_requested on live daemons: one id, one host, or all (NULL filters).
-UPDATE @schema@.workers
-   SET drain_requested = %(drain)s
- WHERE state <> 'gone'
-   AND (%(id)s::text IS NULL OR id = %(id)s)
-   AND (%(host)s::text IS NULL OR host = %(host)s)
-RETURNING id, host, pid, state;
+-- Daemons of schema 13 on learn it from their next heartbeat, which this notification
+-- ({"registry": "drain"}, once per transaction) makes them send at once.
+WITH changed AS (
+    UPDATE @schema@.workers
+       SET drain_requested = %(drain)s
+     WHERE state <> 'gone'
+       AND (%(id)s::text IS NULL OR id = %(id)s)
+       AND (%(host)s::text IS NULL OR host = %(host)s)
+    RETURNING id, host, pid, state
+)
+SELECT c.id, c.host, c.pid, c.state FROM changed c, LATERAL (
+    SELECT pg_notify(@schema_literal@ || '.wake', '{"registry": "drain"}')) AS sent;
+
+-- name: worker_peers
+-- The live daemons a daemon ranks when it decides whose a wake-up is (daemon/peers.py):
+-- running (not draining), heartbeating within %(stale_after)s seconds.
+SELECT id, queues, handlers, slots FROM @schema@.workers
+ WHERE state = 'running' AND heartbeat_at > now() - make_interval(secs => %(stale_after)s);
 
 -- name: worker_list
 -- Live daemons, and those gone within the last hour, with their in-flight job counts.
@@ -499,8 +555,13 @@ SELECT CASE WHEN p.queue = ANY (%(served)s::text[]) OR t.queue IS NOT NULL THEN 
 
 -- name: paused_set
 -- Pause (%(pause)s true) or resume a queue or handler; true when that changed something.
-SELECT CASE WHEN %(pause)s THEN @schema@.pause(%(kind)s, %(name)s, %(comment)s)
-            ELSE @schema@.resume(%(kind)s, %(name)s) END AS changed;
+-- A resume also wakes the daemons of schema 13 on (resume() notifies the old channel).
+SELECT c.changed FROM (
+    SELECT CASE WHEN %(pause)s THEN @schema@.pause(%(kind)s, %(name)s, %(comment)s)
+                ELSE @schema@.resume(%(kind)s, %(name)s) END AS changed) c
+  LEFT JOIN LATERAL (
+    SELECT pg_notify(@schema_literal@ || '.wake', '{}') WHERE c.changed AND NOT %(pause)s
+  ) AS sent ON true;
 
 -- name: paused_target_served
 -- Whether a live daemon serves queue or handler %(name)s (%(kind)s): `pause` warns about

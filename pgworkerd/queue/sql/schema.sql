@@ -33,6 +33,7 @@ INSERT INTO @schema@.schema_version (version, name, compatible_with) VALUES
     (10, 'schedules', 5),
     (11, 'outcomes', 5),
     (12, 'attempts', 5),
+    (13, 'wake', 5),
     (14, 'retention', 5);
 
 -- Jobs (0001).
@@ -1840,6 +1841,39 @@ CREATE TRIGGER jobs_attempt_forget_all
 REVOKE EXECUTE ON FUNCTION @schema@.attempt_lease_expired() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION @schema@.attempt_record() FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION @schema@.attempt_forget() FROM PUBLIC;
+
+-- Targeted wake-ups (0013, wake): a notification per inserted batch that names it.
+
+-- After every statement that inserted jobs (enqueue, enqueue_many, their _v2 versions,
+-- schedule_fire, a direct INSERT by whatever role): NOTIFY '<schema>.wake' once per queue
+-- and handler inserted, the payload a JSON object {"q": queue, "h": handler, "id": the
+-- lowest new id, "n": how many}, sent on commit. A statement trigger, so a bulk enqueue
+-- of 10,000 jobs of one handler sends one notification, not 10,000. Names longer than
+-- enqueue allows (a direct INSERT) are left out of the payload rather than failing the
+-- insert on NOTIFY's 8,000-byte limit: daemons treat a payload without names as a wake-up
+-- for every handler.
+CREATE FUNCTION @schema@.notify_wake()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM pg_notify(@schema_literal@ || '.wake',
+                      CASE WHEN octet_length(a.queue) + octet_length(a.handler) <= 2048
+                      THEN json_build_object('q', a.queue, 'h', a.handler,
+                                             'id', min(a.id), 'n', count(*))
+                      ELSE json_build_object('id', min(a.id), 'n', count(*)) END::text)
+       FROM added a
+      GROUP BY a.queue, a.handler;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER jobs_notify_wake
+    AFTER INSERT ON @schema@.jobs
+    REFERENCING NEW TABLE AS added
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION @schema@.notify_wake();
 
 -- Automatic retention (0014, retention).
 -- Delete one small batch of finished jobs past their retention: completed, cancelled and

@@ -1,0 +1,268 @@
+"""Whose wake-up is it: the live daemons of the fleet, and which of them a notification
+picks, so that one enqueue wakes one daemon instead of all of them.
+
+The wake channel (schema 13) carries JSON notifications: new jobs from the jobs table's
+trigger ({"q": queue, "h": handler, "id": lowest new id, "n": how many}), peers coming
+and going ({"peer": "up"|"down", "id": ...}), drain requests ({"registry": "drain"}),
+wake-ups a daemon forwards because it cannot take them ({... "skip": k, "hops": h}), and
+rescue hints: a running job whose lease was not renewed on time, for its rescuers
+({"rescue": id, "q", "h", "holder": who holds it, "in": seconds until it runs out}).
+Anything else (any role may NOTIFY) is a plain wake-up, as every notification used to
+be: coalesced by the claimer, so a flood still causes at most one claim per 20 ms.
+
+Which daemon a batch of jobs is for is a consistent hash of its lowest job id over the
+peers that serve its queue and handler: every daemon computes the same answer from the
+same registry rows, in O(log N) per notification (a ring with VNODES points per peer),
+and the next ones on the ring take over when the first cannot (skip). A daemon that
+does not know the fleet yet, or is not in its own list, claims: a wake-up may be taken
+twice, never dropped.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+VNODES = 16  # points per peer on the ring: an even share of jobs per daemon within ~25 %
+MAX_PEERS = 5_000  # a flood of made-up "up" notifications cannot grow the list past this
+# The rings are rebuilt after a change at most this often (a rebuild sorts VNODES points
+# per peer: ~60 ms at MAX_PEERS), so a flood of made-up ups and downs cannot keep the
+# daemon sorting; meanwhile the rings from before the change serve.
+REBUILD_EVERY = 1.0
+MAX_JOBS_PER_WAKE = 100_000  # "n" beyond this is treated as this many
+# Work the fleet shares (the fallback poll, reading the registry) is done by each daemon
+# in turn, about this many times per period by the fleet in all, whatever its size.
+FLEET_POLLERS = 10
+RESCUERS = 2  # daemons that wake for an expiring lease: the first, and one in case it cannot
+
+
+@dataclass(frozen=True)
+class Peer:
+    id: str
+    queues: frozenset[str]
+    handlers: frozenset[str]
+    slots: int = 1
+
+    def serves(self, queue: str | None, handler: str | None) -> bool:
+        return (queue is None or queue in self.queues) and (
+            handler is None or handler in self.handlers
+        )
+
+
+@dataclass(frozen=True)
+class Wake:
+    """One notification, decoded. kind: "jobs", "up", "down", "drain", "rescue" or
+    "any"."""
+
+    kind: str
+    queue: str | None = None
+    handler: str | None = None
+    job_id: int = 0
+    count: int = 1
+    skip: int = 0
+    hops: int = 0
+    peer: Peer | None = None
+    peer_id: str = ""
+    holder: str = ""  # a rescue hint's: who holds the job
+    expires_in: float = 0.0  # a rescue hint's: seconds until its lease runs out
+
+    def forwarded(self, skip: int) -> str:
+        """The payload that hands this wake-up on to the peers from `skip` on."""
+        body: dict[str, Any] = {"id": self.job_id, "n": self.count, "skip": skip}
+        body["hops"] = self.hops + 1
+        if self.queue is not None and self.handler is not None:
+            body["q"], body["h"] = self.queue, self.handler
+        return json.dumps(body, separators=(",", ":"))
+
+
+ANY = Wake("any")
+
+
+def _int(value: Any, low: int, high: int) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return None
+    return min(max(value, low), high)
+
+
+def _names(value: Any) -> frozenset[str] | None:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        return None
+    return frozenset(value)
+
+
+def parse(payload: str) -> Wake:
+    """A notification's payload, checked field by field: what is not understood is ANY."""
+    try:
+        body = json.loads(payload) if len(payload) <= 8000 else None
+    except (ValueError, RecursionError):
+        return ANY
+    if not isinstance(body, dict):
+        return ANY
+    if body.get("registry") == "drain":
+        return Wake("drain")
+    if "rescue" in body:
+        return _rescue(body)
+    peer_id = body.get("id")
+    if body.get("peer") in ("up", "down"):
+        if not isinstance(peer_id, str) or not peer_id:
+            return ANY
+        if body["peer"] == "down":
+            return Wake("down", peer_id=peer_id)
+        queues, handlers = _names(body.get("queues")), _names(body.get("handlers"))
+        slots = _int(body.get("slots"), 1, 1_000_000)
+        if queues is None or handlers is None or slots is None:
+            return Wake("up", peer_id=peer_id)  # details left out: read the registry
+        return Wake("up", peer_id=peer_id, peer=Peer(peer_id, queues, handlers, slots))
+    job_id = _int(peer_id, -(2**63), 2**63 - 1)
+    count = _int(body.get("n"), 1, MAX_JOBS_PER_WAKE)
+    if job_id is None or count is None:
+        return ANY
+    queue, handler = body.get("q"), body.get("h")
+    if not (isinstance(queue, str) and isinstance(handler, str)):
+        queue = handler = None  # names left out (too long): every handler's
+    return Wake(
+        "jobs",
+        queue=queue,
+        handler=handler,
+        job_id=job_id,
+        count=count,
+        skip=_int(body.get("skip", 0), 0, MAX_PEERS) or 0,
+        hops=_int(body.get("hops", 0), 0, 1000) or 0,
+    )
+
+
+def _rescue(body: dict[str, Any]) -> Wake:
+    job_id = _int(body.get("rescue"), -(2**63), 2**63 - 1)
+    queue, handler, holder = body.get("q"), body.get("h"), body.get("holder")
+    expires_in = body.get("in")
+    if (
+        job_id is None
+        or not all(isinstance(v, str) for v in (queue, handler, holder))
+        or isinstance(expires_in, bool)
+        or not isinstance(expires_in, int | float)
+        or not 0 < expires_in < 86400 * 366
+    ):
+        return ANY
+    return Wake(
+        "rescue",
+        queue=str(queue),
+        handler=str(handler),
+        job_id=job_id,
+        holder=str(holder),
+        expires_in=float(expires_in),
+    )
+
+
+def rescue_hint(job_id: int, queue: str, handler: str, holder: str, expires_in: float) -> str:
+    body = {"rescue": job_id, "q": queue, "h": handler, "holder": holder, "in": expires_in}
+    return json.dumps(body, separators=(",", ":"))
+
+
+def _point(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+@dataclass
+class _Ring:
+    points: list[int] = field(default_factory=list)
+    owners: list[Peer] = field(default_factory=list)
+    size: int = 0  # distinct peers
+
+
+class Peers:
+    """The live peers as this daemon knows them: read from the registry now and then,
+    kept current between reads by the peers' own up/down notifications."""
+
+    def __init__(self, me: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.me = me
+        self.clock = clock
+        self.members: dict[str, Peer] = {}
+        self.loaded = False  # read from the registry at least once
+        self._rings: dict[tuple[str | None, str | None], _Ring] = {}
+        self._changed = False  # members changed since the rings were built
+        self._built_at = -REBUILD_EVERY
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def replace(self, peers: list[Peer]) -> None:
+        self.members = {p.id: p for p in peers[:MAX_PEERS]}
+        self.loaded = True
+        self._rings.clear()  # a registry read is rare: at once
+        self._changed = False
+
+    def add(self, peer: Peer) -> None:
+        if peer.id in self.members or len(self.members) < MAX_PEERS:
+            self.members[peer.id] = peer
+            self._changed = True
+
+    def remove(self, peer_id: str) -> None:
+        if self.members.pop(peer_id, None) is not None:
+            self._changed = True
+
+    def serving(self, queue: str | None, handler: str | None) -> int:
+        return self._ring(queue, handler).size
+
+    def _ring(self, queue: str | None, handler: str | None) -> _Ring:
+        if self._changed and self.clock() - self._built_at >= REBUILD_EVERY:
+            self._rings.clear()
+            self._changed = False
+        ring = self._rings.get((queue, handler))
+        if ring is None:
+            pairs = sorted(
+                (_point(f"{p.id}#{v}"), p.id, p)
+                for p in self.members.values()
+                if p.serves(queue, handler)
+                for v in range(VNODES)
+            )
+            ring = _Ring([x[0] for x in pairs], [x[2] for x in pairs])
+            ring.size = len({x[1] for x in pairs})
+            self._rings[(queue, handler)] = ring
+            self._built_at = self.clock()
+        return ring
+
+    def _walk(self, ring: _Ring, key: int, exclude: str = "") -> list[Peer]:
+        """The distinct peers in ring order from `key` on (at most all of them)."""
+        if not ring.points:
+            return []
+        start = bisect.bisect_left(ring.points, _point(str(key)))
+        seen: dict[str, Peer] = {}
+        for i in range(len(ring.points)):
+            peer = ring.owners[(start + i) % len(ring.points)]
+            if peer.id != exclude and peer.id not in seen:
+                seen[peer.id] = peer
+                if len(seen) == ring.size:
+                    break
+        return list(seen.values())
+
+    def group(self, wake: Wake) -> tuple[bool, int | None]:
+        """Whether this daemon is among the peers `wake` is for, and where the next group
+        starts on the ring (None: no peer after them). The group holds enough peers, by
+        their slots, for wake.count jobs."""
+        ring = self._ring(wake.queue, wake.handler)
+        order = self._walk(ring, wake.job_id)
+        if not self.loaded or all(p.id != self.me for p in order):
+            return True, None  # cannot tell whose it is: take it
+        end, slots = wake.skip, 0
+        while end < len(order) and slots < wake.count:
+            slots += max(1, order[end].slots)
+            end += 1
+        mine = any(p.id == self.me for p in order[wake.skip : end])
+        return mine, (end if end < len(order) else None)
+
+    def rescue_rank(self, job_id: int, queue: str, handler: str, holder: str) -> int | None:
+        """This daemon's place among the peers that may rescue the job (its holder left
+        out): 0 wakes when its lease runs out, 1 shortly after, None leaves it to them
+        (and to the poll)."""
+        if holder == self.me:
+            return None  # its own job: renewed here, or this daemon is not running
+        order = self._walk(self._ring(queue, handler), job_id, exclude=holder)
+        if not self.loaded or all(p.id != self.me for p in order):
+            return 0  # cannot tell whose it is: take it
+        ranks = [rank for rank, peer in enumerate(order[:RESCUERS]) if peer.id == self.me]
+        return ranks[0] if ranks else None

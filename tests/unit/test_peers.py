@@ -1,0 +1,295 @@
+"""Unit tier: targeted wake-ups. Decoding the wake channel's notifications (hostile ones
+included), the ring that picks one daemon per batch of jobs, the claimer acting on it
+(claim, forward, ignore), the rescue timer, the fleet-shared poll, and the registry
+heartbeat that only goes every second when there is news."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+from fakes import FakeClock, FakeStatements, FakeSupervisor, claimed_job, config
+
+from pgworkerd.daemon.claimer import FLEET_POLLERS, RESCUE_MARGIN, RESCUE_SECOND, Claimer
+from pgworkerd.daemon.jobtable import JobTable
+from pgworkerd.daemon.peers import ANY, MAX_PEERS, Peer, Peers, Wake, parse
+from pgworkerd.ops.metrics import NullMetrics
+from pgworkerd.queue.lease import Expiring
+
+CONFIG = """
+[worker]
+slots = 1
+poll_interval = "5s"
+lease = "60s"
+renew_interval = "10s"
+warm_children = 1
+"""
+
+
+def fleet(n: int, me: int = 0, **kw: int) -> Peers:
+    peers = Peers(f"d{me}")
+    slots = kw.get("slots", 1)
+    peers.replace(
+        [Peer(f"d{i}", frozenset({"default"}), frozenset({"h"}), slots) for i in range(n)]
+    )
+    return peers
+
+
+def jobs(job_id: int, n: int = 1, **kw: object) -> Wake:
+    return parse(json.dumps({"q": "default", "h": "h", "id": job_id, "n": n, **kw}))
+
+
+# -- decoding ---------------------------------------------------------------------------
+
+
+def test_payloads_decode_and_anything_else_is_a_plain_wake_up() -> None:
+    assert jobs(7, 3) == Wake("jobs", queue="default", handler="h", job_id=7, count=3)
+    assert parse('{"peer": "down", "id": "a"}') == Wake("down", peer_id="a")
+    up = parse('{"peer":"up","id":"a","queues":["q"],"handlers":["h"],"slots":4}')
+    assert up.peer == Peer("a", frozenset({"q"}), frozenset({"h"}), 4)
+    assert parse('{"peer": "up", "id": "a"}') == Wake("up", peer_id="a")  # read the registry
+    assert parse('{"registry": "drain"}').kind == "drain"
+    assert parse('{"id": 5, "n": 1}') == Wake("jobs", job_id=5, count=1)  # names left out
+    hostile = [
+        "",
+        "default",  # what enqueue sends on the old channel
+        "[]",
+        "null",
+        '{"id": "5", "n": 1}',
+        '{"id": 5, "n": true}',
+        '{"id": 5}',
+        '{"peer": "up", "id": 7}',
+        '{"peer": "down"}',
+        "[" * 100_000,
+        '{"id": 5, "n": 1, "q": "' + "x" * 9000 + '"}',
+    ]
+    for payload in hostile:
+        assert parse(payload) == ANY, payload
+    assert jobs(1, 10**12).count == 100_000  # bounded
+    assert jobs(1, 1, skip=-3).skip == 0 and jobs(1, 1, hops=10**9).hops == 1000
+
+
+# -- the ring ---------------------------------------------------------------------------
+
+
+def test_each_batch_is_for_exactly_one_daemon_and_the_fleet_shares_them() -> None:
+    n = 50
+    views = [fleet(n, me) for me in range(n)]
+    chosen: Counter[int] = Counter()
+    for job_id in range(2000):
+        mine = [me for me, v in enumerate(views) if v.group(jobs(job_id))[0]]
+        assert len(mine) == 1, (job_id, mine)
+        chosen[mine[0]] += 1
+    assert len(chosen) == n and max(chosen.values()) < 4 * 2000 / n  # no daemon takes all
+
+
+def test_a_batch_of_n_jobs_wakes_enough_daemons_for_them_by_their_slots() -> None:
+    views = [fleet(20, me) for me in range(20)]
+    assert sum(v.group(jobs(99, 5))[0] for v in views) == 5
+    by_slots = [fleet(20, me, slots=2) for me in range(20)]
+    assert sum(v.group(jobs(99, 5))[0] for v in by_slots) == 3
+
+
+def test_a_forwarded_wake_up_goes_to_the_next_daemons_on_the_ring() -> None:
+    views = [fleet(10, me) for me in range(10)]
+    first = [me for me, v in enumerate(views) if v.group(jobs(3))[0]]
+    _, next_skip = views[first[0]].group(jobs(3))
+    assert next_skip == 1
+    handed_on = parse(jobs(3).forwarded(next_skip))
+    second = [me for me, v in enumerate(views) if v.group(handed_on)[0]]
+    assert len(second) == 1 and second != first and handed_on.hops == 1
+
+
+def test_a_daemon_that_cannot_tell_takes_the_wake_up() -> None:
+    assert Peers("me").group(jobs(1)) == (True, None)  # registry not read yet
+    assert fleet(5, me=99).group(jobs(1)) == (True, None)  # not in its own list
+    other = Peers("d0")
+    other.replace([Peer("d0", frozenset({"q"}), frozenset({"h"}))])
+    assert other.group(jobs(1)) == (True, None)  # nobody listed serves the queue
+
+
+def test_peers_come_and_go_by_notification_and_a_flood_cannot_grow_the_list() -> None:
+    clock = FakeClock()
+    peers = Peers("d0", clock)
+    peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(3)])
+    assert peers.serving("default", "h") == 3
+    peers.add(Peer("d9", frozenset({"default"}), frozenset({"h"})))
+    assert peers.serving("default", "h") == 3  # rings rebuilt at most once a second
+    clock.advance(1.0)
+    assert peers.serving("default", "h") == 4
+    peers.remove("d1")
+    clock.advance(1.0)
+    assert peers.serving("default", "h") == 3
+    for i in range(25_000):
+        peers.add(Peer(f"fake{i}", frozenset(), frozenset()))
+    assert len(peers) == MAX_PEERS
+
+
+def test_two_daemons_rescue_a_job_and_never_its_holder() -> None:
+    views = [fleet(8, me) for me in range(8)]
+    for job_id in range(200):
+        holder = f"d{job_id % 8}"
+        ranks = [v.rescue_rank(job_id, "default", "h", holder) for v in views]
+        assert sorted(r for r in ranks if r is not None) == [0, 1]
+        assert ranks[job_id % 8] is None
+
+
+# -- the claimer ------------------------------------------------------------------------
+
+
+class Setup:
+    def __init__(self, peers: Peers | None, *, listening: bool = True, text: str = CONFIG):
+        self.config = config(text)
+        self.clock = FakeClock()
+        self.statements = FakeStatements()
+        self.supervisor = FakeSupervisor(2)
+        self.table = JobTable(
+            self.config.worker,
+            self.supervisor,  # type: ignore[arg-type]
+            NullMetrics(),
+            lambda outcome: None,
+            clock=self.clock,
+        )
+        self.claimer = Claimer(
+            self.config,
+            self.statements,  # type: ignore[arg-type]
+            self.table,
+            self.supervisor,  # type: ignore[arg-type]
+            NullMetrics(),
+            clock=self.clock,
+            peers=peers,
+            listening=lambda: listening,
+            rng=random.Random(1),
+        )
+        self.claimer.set_accepting(True)
+        self.tick()  # the first claim (a poll)
+
+    def tick(self, advance: float = 0.0) -> None:
+        self.claimer.tick(self.clock.advance(advance))
+
+    def claims(self) -> int:
+        return len(self.statements.claim_calls)
+
+
+def chosen_and_not(n: int = 10) -> tuple[int, int, int]:
+    """A job id, the daemon it is for and one it is not for, in a fleet of n."""
+    views = [fleet(n, me) for me in range(n)]
+    mine = [me for me, v in enumerate(views) if v.group(jobs(42))[0]]
+    return 42, mine[0], (mine[0] + 1) % n
+
+
+def test_only_the_chosen_daemon_claims_for_a_new_job() -> None:
+    job_id, me, other = chosen_and_not()
+    chosen, not_chosen = Setup(fleet(10, me)), Setup(fleet(10, other))
+    for s in (chosen, not_chosen):
+        s.claimer.woken(jobs(job_id), s.clock())
+        s.tick()
+    assert (chosen.claims(), not_chosen.claims()) == (2, 1)
+    elsewhere = Setup(fleet(10, me))
+    elsewhere.claimer.woken(parse('{"q":"other","h":"h","id":42,"n":1}'), elsewhere.clock())
+    elsewhere.claimer.woken(parse('{"q":"default","h":"x","id":42,"n":1}'), elsewhere.clock())
+    elsewhere.tick()
+    assert elsewhere.claims() == 1  # queues and handlers it does not serve
+
+
+def test_a_plain_notification_still_wakes_every_daemon() -> None:
+    s = Setup(fleet(10, 3))
+    s.claimer.notified(s.clock())
+    s.tick()
+    assert s.claims() == 2
+
+
+def test_a_chosen_daemon_without_a_free_slot_forwards_the_wake_up() -> None:
+    job_id, me, _ = chosen_and_not()
+    s = Setup(fleet(10, me))
+    s.statements.claims = [([claimed_job("h")], [])]
+    s.claimer.request()
+    s.tick()  # its one slot is taken
+    s.claimer.woken(jobs(job_id), s.clock())
+    s.tick()
+    assert len(s.statements.sent_wakes) == 1
+    handed_on = parse(s.statements.sent_wakes[0])
+    assert (handed_on.job_id, handed_on.skip, handed_on.hops) == (job_id, 1, 1)
+    # at the end of the chain it keeps it: claims when a slot frees
+    s.claimer.woken(Wake("jobs", "default", "h", job_id, 1, skip=0, hops=2), s.clock())
+    s.tick()
+    assert len(s.statements.sent_wakes) == 1 and s.claimer.wanted
+
+
+def test_one_slot_filled_by_a_wake_up_is_no_backlog() -> None:
+    """Each batch wakes its own daemon: an empty claim after every job would double the
+    claims (the old code claimed again whenever a claim filled every slot)."""
+    job_id, me, _ = chosen_and_not()
+    s = Setup(fleet(10, me))
+    s.statements.claims = [([claimed_job("h")], [])]
+    s.claimer.woken(jobs(job_id), s.clock())
+    s.tick()
+    assert s.claims() == 2 and not s.claimer.backlog
+    polled = Setup(fleet(10, me))
+    polled.statements.claims = [([claimed_job("h")], [])]
+    polled.tick(5.0)  # a poll that fills the slot may have found a backlog
+    assert polled.claimer.backlog
+
+
+def test_a_rescuer_wakes_when_the_lease_runs_out_and_the_others_do_not() -> None:
+    views = [fleet(6, me) for me in range(6)]
+    ranks = [v.rescue_rank(77, "default", "h", "d5") for v in views]
+    for me, rank in enumerate(ranks):
+        s = Setup(fleet(6, me))
+        s.statements.expiring = Expiring(77, "default", "h", "d5", 3.0)
+        s.claimer.request()
+        s.tick()
+        deadline = s.claimer.next_deadline()
+        assert deadline is not None
+        if rank is None:
+            assert deadline - s.clock() > 3.0 + RESCUE_SECOND  # its poll
+        else:
+            assert deadline - s.clock() == pytest.approx(3.0 + RESCUE_MARGIN + rank * RESCUE_SECOND)
+    # an expired lease the claim just could not take is not woken for again (no spin)
+    s = Setup(fleet(6, ranks.index(0)))
+    s.statements.expiring = Expiring(77, "default", "h", "d5", -0.1)
+    s.claimer.request()
+    s.tick()
+    assert s.claimer.next_deadline() - s.clock() > 1.0  # type: ignore[operator]
+
+
+def test_the_fleet_shares_the_poll_while_listening() -> None:
+    alone = Setup(fleet(FLEET_POLLERS))
+    assert alone.claimer.poll_period() == 5.0
+    big = Setup(fleet(40))
+    assert 0.9 * 20.0 <= big.claimer.poll_period() <= 1.1 * 20.0
+    huge = Setup(fleet(100))  # the fleet still polls about FLEET_POLLERS times in 5 s
+    assert 0.9 * 50.0 <= huge.claimer.poll_period() <= 1.1 * 50.0
+    deaf = Setup(fleet(1000), listening=False)
+    assert deaf.claimer.poll_period() == 5.0
+
+
+def test_a_lease_not_renewed_on_time_sends_its_rescuers_a_hint_once() -> None:
+    views = [fleet(6, me) for me in range(6)]
+    ranks = [v.rescue_rank(77, "default", "h", "d5") for v in views]
+    bystander = ranks.index(None) if None in ranks else None
+    assert bystander is not None and bystander != 5
+    s = Setup(fleet(6, bystander))
+    s.statements.expiring = Expiring(77, "default", "h", "d5", 45.0)  # renewed on time
+    s.claimer.request()
+    s.tick()
+    assert s.statements.sent_wakes == []
+    s.statements.expiring = Expiring(77, "default", "h", "d5", 30.0)  # a renewal missed
+    for _ in range(3):
+        s.claimer.request()
+        s.tick()
+    [hint] = s.statements.sent_wakes
+    wake = parse(hint)
+    assert (wake.kind, wake.job_id, wake.holder, wake.expires_in) == ("rescue", 77, "d5", 30.0)
+    # the rescuers wake when it runs out, the others do not
+    for me, rank in enumerate(ranks):
+        r = Setup(fleet(6, me))
+        assert r.claimer.scheduled_at is None
+        r.claimer.rescue_hinted(wake, r.clock())
+        if rank is None:
+            assert r.claimer.scheduled_at is None
+        else:
+            expected = 30.0 + RESCUE_MARGIN + rank * RESCUE_SECOND
+            assert r.claimer.scheduled_at - r.clock() == pytest.approx(expected)  # type: ignore[operator]

@@ -38,6 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from daemon_bench import wait_for
+
 from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue.db import connect
@@ -66,16 +68,6 @@ KINDS = (
     ("finish", "SET status = 'completed'"),
     ("enqueue", "enqueue("),
 )
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(step)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 def kind_of(text: str) -> str:
@@ -207,7 +199,9 @@ class Fleet:
                 )
             )
         for i, log in enumerate(self.logs):
-            wait_for(lambda log=log: "running as" in log.read_text(), 300, f"daemon {i} start")
+            wait_for(
+                lambda log=log: "running as" in log.read_text(), 300, f"daemon {i} start", step=0.05
+            )
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -237,7 +231,7 @@ def load(server: Server, starts: Path, rate: float, seconds: float) -> dict[str,
                 n += 1
                 # a steady rate, with jitter so that enqueues do not line up with ticks
                 time.sleep(max(0.0, t0 + n / rate - time.monotonic()) * random.uniform(0.8, 1.2))
-            wait_for(lambda: _started(starts) >= len(enqueued), 60, "every job to start")
+            wait_for(lambda: _started(starts) >= len(enqueued), 60, "every job to start", step=0.05)
             time.sleep(0.5)  # the claims and lookups that follow the last job
 
         wal, tables = server.wal_and_tables()

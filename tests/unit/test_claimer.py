@@ -3,14 +3,11 @@ capacity arithmetic, when it claims (and when not), NOTIFY coalescing, its deadl
 
 from __future__ import annotations
 
-from fakes import FakeClock, FakeStatements, FakeSupervisor, claimed_job, config
+from fakes import ClaimerRig, claimed_job, config
 
 from pgworkerd.config import Config
-from pgworkerd.daemon.claimer import NOTIFY_CLAIM_INTERVAL, Claimer
-from pgworkerd.daemon.jobtable import JobTable
-from pgworkerd.daemon.outcomes import Outcome
+from pgworkerd.daemon.claimer import NOTIFY_CLAIM_INTERVAL
 from pgworkerd.daemon.states import OutcomeKind
-from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue.lease import RefusedJob
 from pgworkerd.worker import protocol
 
@@ -26,32 +23,9 @@ lease = "30s"
 """
 
 
-class Setup:
+class Setup(ClaimerRig):
     def __init__(self, *, startable: bool = True, idle: int = 4) -> None:
-        self.config = config(CONFIG)
-        self.clock = FakeClock()
-        self.statements = FakeStatements()
-        self.supervisor = FakeSupervisor(idle, startable=startable)
-        self.outcomes: list[Outcome] = []
-        self.table = JobTable(
-            self.config.worker,
-            self.supervisor,  # type: ignore[arg-type]
-            NullMetrics(),
-            self.outcomes.append,
-            clock=self.clock,
-        )
-        self.claimer = Claimer(
-            self.config,
-            self.statements,  # type: ignore[arg-type]
-            self.table,
-            self.supervisor,  # type: ignore[arg-type]
-            NullMetrics(),
-            clock=self.clock,
-        )
-        self.claimer.set_accepting(True)
-
-    def tick(self, advance: float = 0.0) -> None:
-        self.claimer.tick(self.clock.advance(advance))
+        super().__init__(CONFIG, idle=idle, startable=startable)
 
 
 def test_capacity_is_the_free_slots_capped_by_each_handlers_own() -> None:

@@ -269,7 +269,7 @@ def jobs_page(
         raise ValueError("give before or after, not both")
     chosen = admin.check_statuses(statuses) if statuses else list(STATUSES)
     params = {
-        "statuses": sorted(set(chosen)),
+        "statuses": chosen,
         "queue": queue,
         "handler": handler,
         "text": text or None,

@@ -40,8 +40,8 @@ from pgworkerd.queue.migrate import migrate
 
 INDEXES_0017 = {
     "jobs_status_id_idx": "jobs (status, id)",
-    "jobs_queue_id_idx": "jobs (queue, id)",
-    "jobs_handler_id_idx": "jobs (handler, id)",
+    "jobs_queue_status_id_idx": "jobs (queue, status, id)",
+    "jobs_handler_status_id_idx": "jobs (handler, status, id)",
     "attempts_finished_at_idx": "attempts (finished_at)",
 }
 
@@ -188,20 +188,26 @@ def measure(call: Callable[[], Any], reps: int) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def database(dsn: str | None) -> Iterator[tuple[str, str]]:
-    """(dsn, schema): a fresh schema on `dsn`, dropped afterwards, or on a private server."""
-    schema = f"bench_{uuid.uuid4().hex[:8]}"
+def database(dsn: str | None, keep: str | None) -> Iterator[tuple[str, str, bool]]:
+    """(dsn, schema, filled): a fresh schema on `dsn`, dropped afterwards (kept with
+    `keep`, or reused when `keep` names one that exists), or one on a private server."""
+    schema = keep or f"bench_{uuid.uuid4().hex[:8]}"
     if dsn is None:
         with LocalPostgres(settings={"shared_buffers": "256MB", "max_wal_size": "4GB"}) as pg:
             migrate(pg.dsn(), schema=schema)
-            yield pg.dsn(), schema
+            yield pg.dsn(), schema, False
         return
-    migrate(dsn, schema=schema)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        found = c.execute("SELECT to_regnamespace(%s) IS NOT NULL", [schema]).fetchone()
+    filled = bool(found and found[0])
+    if not filled:
+        migrate(dsn, schema=schema)
     try:
-        yield dsn, schema
+        yield dsn, schema, filled
     finally:
-        with psycopg.connect(dsn, autocommit=True) as c:
-            c.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+        if keep is None:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                c.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
 def main() -> int:
@@ -211,13 +217,16 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dsn", help="use a fresh schema there instead of a private server")
     parser.add_argument("--json", dest="json_out", help="write the figures here too")
+    parser.add_argument(
+        "--keep", metavar="SCHEMA", help="with --dsn: fill this schema and keep it, or reuse it"
+    )
     args = parser.parse_args()
     rows = 200_000 if args.short else args.rows
     load = os.getloadavg()
     print(f"{rows:,} finished jobs; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
           f" on {os.cpu_count()} CPUs")  # fmt: skip
-    with database(args.dsn) as (dsn, schema), connect(dsn) as conn:
-        took = fill(conn, schema, rows)
+    with database(args.dsn, args.keep) as (dsn, schema, filled), connect(dsn) as conn:
+        took = {} if filled else fill(conn, schema, rows)
         for name, seconds in took.items():
             print(f"  {name:<44} {seconds:8.1f} s")
         results = {}

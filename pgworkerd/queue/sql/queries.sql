@@ -767,8 +767,8 @@ SELECT m.minute,
 -- One branch per status, each kept only when its status is asked (%(statuses)s) and each
 -- stopping at %(limit)s rows: with its status a constant, the planner picks per branch
 -- from the statistics: the primary key backwards for a common status (completed),
--- jobs_status_id_idx for a rare one (running, dead), jobs_queue_id_idx or
--- jobs_handler_id_idx when a queue or handler narrows it more (0017). (One lateral
+-- jobs_status_id_idx for a rare one (running, dead), jobs_queue_status_id_idx or
+-- jobs_handler_status_id_idx with a queue or handler (0017). (One lateral
 -- scan per status would plan every status alike, and read a whole table of completed
 -- jobs to find the 40 running ones.) The text filter (%(text)s, NULL: none) matches the
 -- payload's JSON text or the last error, case-insensitive, as a plain substring

@@ -62,7 +62,8 @@ def explain(
     *,
     stale_after: float = registry.STALE_AFTER_SECONDS,
 ) -> dict[str, Any] | None:
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query("session_read_side_local", schema))  # no JIT for a few probes
         facts = cur.execute(
             query("job_explain_facts", schema), {"id": job_id, "stale_after": stale_after}
         ).fetchone()

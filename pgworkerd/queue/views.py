@@ -285,22 +285,23 @@ def jobs_page(
         "limit": limit,
     }
     name = "view_job_page_older" if after is None else "view_job_page_newer"
-    # Unprepared: the planner sees the values, so each NULL filter folds away.
-    if text:
-        try:
-            with conn.transaction():
+    # Unprepared: the planner sees the values, so each filter not given folds away.
+    try:
+        with conn.transaction():
+            conn.execute(query("session_read_side_local", schema))
+            if text:
                 conn.execute(
                     query("session_statement_timeout_set_local", schema),
                     {"timeout": f"{int(text_timeout * 1000)}ms"},
                 )
-                rows = _rows(conn, name, schema, params, prepare=False)
-        except QueryCanceled:
-            raise TextSearchTimeout(
-                f"the text search read jobs for {text_timeout:g} s without filling the page;"
-                " narrow it by status, queue or handler"
-            ) from None
-    else:
-        rows = _rows(conn, name, schema, params, prepare=False)
+            rows = _rows(conn, name, schema, params, prepare=False)
+    except QueryCanceled:
+        if not text:
+            raise
+        raise TextSearchTimeout(
+            f"the text search read jobs for {text_timeout:g} s without filling the page;"
+            " narrow it by status, queue or handler"
+        ) from None
     if after is not None:
         rows.reverse()
     full = len(rows) == limit

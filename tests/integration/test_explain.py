@@ -170,6 +170,24 @@ def test_running_and_lease_expired(conn: psycopg.Connection, schema: str):
     assert why["lease_expired"]["facts"]["expired_seconds"] > 100
 
 
+def test_snoozed_by_its_handler(conn: psycopg.Connection, schema: str):
+    daemon_row(conn, schema)
+    job = client.enqueue(conn, "h", schema=schema)
+    lease.snooze(conn, "host-a:1:x", job, _claim(conn, schema, job), 900, max_snoozes=5,
+                 schema=schema)  # fmt: skip
+    why = codes(conn, schema, job)
+    assert list(why) == ["snoozed"]
+    assert why["snoozed"]["facts"]["snoozes"] == 1 and why["snoozed"]["facts"]["in_seconds"] > 800
+
+
+def test_cancel_requested_while_running(conn: psycopg.Connection, schema: str):
+    daemon_row(conn, schema)
+    job = client.enqueue(conn, "h", schema=schema)
+    _claim(conn, schema, job)
+    assert admin.cancel(conn, [job], schema=schema) == {job: "cancel requested"}
+    assert list(codes(conn, schema, job)) == ["running", "cancel_requested"]
+
+
 def test_completed_dead_cancelled_and_dedupe_held(conn: psycopg.Connection, schema: str):
     daemon_row(conn, schema)
     done = client.enqueue(conn, "h", schema=schema)

@@ -67,7 +67,9 @@ def worker_row(db: Db, daemon: DaemonProcess) -> dict[str, Any]:
     return rows[0] if rows else {}
 
 
-def wait_state(db: Db, daemon: DaemonProcess, state: str, **expect: Any) -> dict[str, Any]:
+def wait_state(
+    db: Db, daemon: DaemonProcess, state: str, timeout: float = DEADLINE, **expect: Any
+) -> dict[str, Any]:
     return wait_for(
         lambda: (
             (row := worker_row(db, daemon)).get("state") == state
@@ -75,6 +77,7 @@ def wait_state(db: Db, daemon: DaemonProcess, state: str, **expect: Any) -> dict
             and row
         ),
         what=f"daemon {daemon.tag} to be {state} {expect or ''} in the registry",
+        timeout=timeout,
     )
 
 
@@ -273,7 +276,9 @@ def test_a_killed_daemon_is_marked_gone_by_the_other(db: Db, daemons: Daemons) -
         "UPDATE {schema}.workers SET heartbeat_at = now() - interval '61 seconds' WHERE id = %s",
         (a.worker_id,),
     )
-    gone = wait_state(db, a, "gone")
+    # The fleet looks for silent peers about every stale_after / 4 in all: beta, with two
+    # peers in its list (alpha counts until it is marked), every 15 to 45 s.
+    gone = wait_state(db, a, "gone", timeout=90)
     assert gone["stopped_at"] is not None
     b.wait_log(
         rf"daemon {a.worker_id} \(host {socket.gethostname()} pid {a.pid}\) stopped "

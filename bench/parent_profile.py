@@ -1,0 +1,153 @@
+"""Where the daemon's parent spends its time per no-op job: the real `pgworkerd run` on a
+private PostgreSQL, a backlog of no-op jobs drained once, the parent profiled.
+
+    .venv/bin/python bench/parent_profile.py [--fresh] [--jobs N] [--slots N]
+        [--synchronous-commit on|off] [--py-spy OUT.txt] [--cprofile OUT.prof]
+
+--fresh runs a fresh process per job (max_jobs_per_child = 1), else children are reused
+(max_jobs_per_child = 1000). --cprofile runs the parent under cProfile (children are
+forked from the fork server, which is started before the profiler) and prints the top
+functions by own and cumulative time; --py-spy samples the parent from outside with
+py-spy (`pip install py-spy`) and writes its raw stacks. Without either, only the rate.
+A benchmark, not a test: figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pstats
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+from daemon_bench import wait_for
+
+from pgworkerd import client
+from pgworkerd.devcluster.localpg import LocalPostgres
+from pgworkerd.queue.migrate import migrate
+
+# cProfile is switched on after the fork server started, so its children run unprofiled.
+PROFILED = """
+import cProfile, sys
+out = sys.argv.pop()
+from pgworkerd.daemon import loop
+prof = cProfile.Profile()
+original = loop.Daemon._install_signals
+def install(self):
+    prof.enable()
+    original(self)
+loop.Daemon._install_signals = install
+from pgworkerd.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+finally:
+    prof.disable()
+    prof.dump_stats(out)
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--fresh", action="store_true", help="max_jobs_per_child = 1")
+    ap.add_argument("--jobs", type=int, default=5000)
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--synchronous-commit", default="off", choices=("on", "off"))
+    ap.add_argument("--cprofile", type=Path, help="write cProfile stats here")
+    ap.add_argument("--py-spy", type=Path, help="write py-spy raw stacks here")
+    ap.add_argument("--top", type=int, default=35)
+    ap.add_argument("--code", type=Path, help="run the pgworkerd/ of this checkout instead")
+    args = ap.parse_args()
+    settings = {"fsync": "on", "synchronous_commit": args.synchronous_commit}
+    with tempfile.TemporaryDirectory() as tmp, LocalPostgres(settings=settings) as pg:
+        dsn = pg.dsn()
+        migrate(dsn)
+        config = Path(tmp) / "config.toml"
+        config.write_text(
+            "[worker]\n"
+            f"slots = {args.slots}\nwarm_children = {args.slots}\n"
+            f"max_jobs_per_child = {1 if args.fresh else 1000}\n"
+            'lease = "60s"\npoll_interval = "1s"\n'
+            '[handlers.noop]\ntarget = "pgworkerd.examples:noop"\n'
+        )
+        log = Path(tmp) / "daemon.log"
+        argv = ["--dsn", dsn, "--config", str(config), "run"]
+        main_cli = "import sys; from pgworkerd.cli import main; sys.exit(main())"
+        if args.cprofile:
+            cmd = [sys.executable, "-c", PROFILED, *argv, str(args.cprofile.absolute())]
+        else:
+            cmd = [sys.executable, "-c", main_cli, *argv]
+        env = dict(os.environ)
+        if args.code is not None:
+            env["PYTHONPATH"] = f"{args.code.absolute()}{os.pathsep}{env.get('PYTHONPATH', '')}"
+        with log.open("ab") as err:
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        spy = None
+        try:
+            wait_for(lambda: "running as" in log.read_text(), 60, "daemon start", 0.05)
+            time.sleep(1.0)  # warm children up
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                for _ in range(0, args.jobs, 1000):
+                    client.enqueue_many(conn, [client.JobSpec("noop") for _ in range(1000)])
+                start = time.monotonic()
+                if args.py_spy:
+                    spy = subprocess.Popen(
+                        [
+                            "py-spy",
+                            "record",
+                            "--raw",
+                            "-r",
+                            "200",
+                            "-p",
+                            str(proc.pid),
+                            "-o",
+                            str(args.py_spy),
+                            "--nonblocking",
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                total = (args.jobs + 999) // 1000 * 1000
+                cpu0 = _cpu(proc.pid)
+                while True:
+                    done = conn.execute(
+                        "SELECT count(*) FROM pgworkerd.jobs WHERE status = 'completed'"
+                    ).fetchone()[0]  # type: ignore[index]
+                    if done >= total or time.monotonic() - start > 300:
+                        break
+                    time.sleep(0.05)
+                elapsed = time.monotonic() - start
+                cpu = _cpu(proc.pid) - cpu0
+            print(
+                f"{'fresh' if args.fresh else 'reused'} sync={args.synchronous_commit}: "
+                f"{done} jobs in {elapsed:.2f}s = {done / elapsed:,.0f} jobs/s; parent CPU "
+                f"{cpu:.2f}s = {cpu / max(done, 1) * 1e6:,.0f} us/job; "
+                f"load {os.getloadavg()[0]:.2f}"
+            )
+        finally:
+            if spy is not None:
+                spy.send_signal(signal.SIGINT)
+                spy.wait(30)
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+            problems = [x for x in log.read_text().splitlines() if "WARNING" in x or "ERROR" in x]
+            print(f"{len(problems)} warnings/errors in the daemon's log", *problems[:5], sep="\n")
+    if args.cprofile:
+        stats = pstats.Stats(str(args.cprofile))
+        stats.sort_stats("tottime").print_stats(args.top)
+        stats.sort_stats("cumulative").print_stats(args.top)
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+if __name__ == "__main__":
+    main()

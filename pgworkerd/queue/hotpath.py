@@ -397,7 +397,7 @@ def _send(conn: psycopg.Connection[Any], send: Callable[[], object]) -> pq.abc.P
 
 
 def _execute_together(
-    conn: psycopg.Connection[Any], steps: Sequence[Step], schema: str, again: bool = True
+    conn: psycopg.Connection[Any], steps: Sequence[Step], schema: str
 ) -> list[list[Any]] | None:
     """run_together in one pipeline; None when the connection's state asks for the
     statements one by one (not idle outside a transaction in autocommit)."""
@@ -407,30 +407,36 @@ def _execute_together(
         if not _direct_ok(conn) or pgconn.transaction_status != pq.TransactionStatus.IDLE:
             return None
         tx = state.transformer
-        sends: list[Callable[[], object]] = []
-        for step in steps:
-            text, order = _numbered(step.name, schema)
-            values = tx.dump_sequence([step.params[p] for p in order], [PyFormat.TEXT] * len(order))
-            if conn.prepare_threshold is None:  # no server-side statements (old PgBouncer)
-                sends.append(functools.partial(pgconn.send_query_params, text, values))
-            else:
-                statement = _statement_name(text)
-                _prepare(conn, state.prepared, statement, text)  # once per connection
-                sends.append(functools.partial(pgconn.send_query_prepared, statement, values))
         try:
-            results = _pipeline(conn, sends)
+            results = _pipeline(conn, _sends(conn, state, steps, schema))
         except errors.InvalidSqlStatementName:
             # DEALLOCATE or DISCARD ALL on this session: nothing ran (the pipeline's
             # transaction aborted); prepare again and send it once more.
             state.prepared.clear()
-            if not again:
-                raise
-            return _execute_together(conn, steps, schema, again=False)
+            results = _pipeline(conn, _sends(conn, state, steps, schema))
         rows: list[list[Any]] = []
         for step, result in zip(steps, results, strict=True):
             tx.set_pgresult(result)
             rows.append(_load_each(tx, result) if step.guarded else _load_all(tx, result))
         return rows
+
+
+def _sends(
+    conn: psycopg.Connection[Any], state: _ConnectionState, steps: Sequence[Step], schema: str
+) -> list[Callable[[], object]]:
+    """A call sending each step (prepared first where it was not yet, once per session)."""
+    pgconn, tx = conn.pgconn, state.transformer
+    sends: list[Callable[[], object]] = []
+    for step in steps:
+        text, order = _numbered(step.name, schema)
+        values = tx.dump_sequence([step.params[p] for p in order], [PyFormat.TEXT] * len(order))
+        if conn.prepare_threshold is None:  # no server-side statements (old PgBouncer)
+            sends.append(functools.partial(pgconn.send_query_params, text, values))
+        else:
+            statement = _statement_name(text)
+            _prepare(conn, state.prepared, statement, text)
+            sends.append(functools.partial(pgconn.send_query_prepared, statement, values))
+    return sends
 
 
 def _pipeline(

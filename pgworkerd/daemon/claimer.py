@@ -23,6 +23,11 @@ daemon that died, a lost notification) and the look-ahead above, and the fleet s
 it: each daemon polls every poll_interval x (its peers / FLEET_POLLERS), jittered, so the
 fleet as a whole polls about FLEET_POLLERS times per poll_interval whatever its size.
 Without LISTEN every daemon polls every poll_interval, as always.
+
+A claim carries the completions the outcome writer holds (finished jobs not yet written):
+both in one transaction, completions first, so a busy daemon pays one commit (a WAL flush:
+claims and finishes are durable) per claim rather than two. If that transaction fails,
+neither happened: the writer writes the completions alone, and the claim runs again.
 """
 
 from __future__ import annotations

@@ -61,6 +61,11 @@ def main() -> None:
     ap.add_argument("--synchronous-commit", default="off", choices=("on", "off"))
     ap.add_argument("--cprofile", type=Path, help="write cProfile stats here")
     ap.add_argument("--py-spy", type=Path, help="write py-spy raw stacks here")
+    ap.add_argument(
+        "--spy-children",
+        action="store_true",
+        help="with --py-spy: sample the fork server and the children instead of the parent",
+    )
     ap.add_argument("--top", type=int, default=35)
     ap.add_argument("--code", type=Path, help="run the pgworkerd/ of this checkout instead")
     args = ap.parse_args()
@@ -97,15 +102,27 @@ def main() -> None:
                     client.enqueue_many(conn, [client.JobSpec("noop") for _ in range(1000)])
                 start = time.monotonic()
                 if args.py_spy:
+                    target = proc.pid
+                    if args.spy_children:
+                        target = int(
+                            subprocess.run(
+                                ["pgrep", "-f", "-P", str(proc.pid), "worker.forkserver"],
+                                capture_output=True,
+                                text=True,
+                                check=True,
+                            ).stdout.split()[0]
+                        )
                     spy = subprocess.Popen(
                         [
                             "py-spy",
                             "record",
-                            "--raw",
+                            "-f",
+                            "raw",
                             "-r",
                             "200",
                             "-p",
-                            str(proc.pid),
+                            str(target),
+                            *(["--subprocesses"] if args.spy_children else []),
                             "-o",
                             str(args.py_spy),
                             "--nonblocking",
@@ -114,7 +131,7 @@ def main() -> None:
                         stderr=subprocess.DEVNULL,
                     )
                 total = (args.jobs + 999) // 1000 * 1000
-                cpu0 = _cpu(proc.pid)
+                cpu0, reaped0, pg0 = _cpu(proc.pid), _cpu(proc.pid, reaped=True), _pg_cpu(pg)
                 while True:
                     done = conn.execute(
                         "SELECT count(*) FROM pgworkerd.jobs WHERE status = 'completed'"
@@ -124,11 +141,14 @@ def main() -> None:
                     time.sleep(0.05)
                 elapsed = time.monotonic() - start
                 cpu = _cpu(proc.pid) - cpu0
+                reaped = _cpu(proc.pid, reaped=True) - reaped0
+                pg_cpu = _pg_cpu(pg) - pg0
             print(
                 f"{'fresh' if args.fresh else 'reused'} sync={args.synchronous_commit}: "
                 f"{done} jobs in {elapsed:.2f}s = {done / elapsed:,.0f} jobs/s; parent CPU "
-                f"{cpu:.2f}s = {cpu / max(done, 1) * 1e6:,.0f} us/job; "
-                f"load {os.getloadavg()[0]:.2f}"
+                f"{cpu:.2f}s = {cpu / max(done, 1) * 1e6:,.0f} us/job; children it reaped "
+                f"{reaped / max(done, 1) * 1e6:,.0f} us/job; PostgreSQL "
+                f"{pg_cpu / max(done, 1) * 1e6:,.0f} us/job; load {os.getloadavg()[0]:.2f}"
             )
         finally:
             if spy is not None:
@@ -144,9 +164,26 @@ def main() -> None:
         stats.sort_stats("cumulative").print_stats(args.top)
 
 
-def _cpu(pid: int) -> float:
+def _cpu(pid: int, reaped: bool = False) -> float:
+    """A process's CPU seconds (user + system), or with `reaped` its reaped children's."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    first = 13 if reaped else 11
+    return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pg_cpu(pg: LocalPostgres) -> float:
+    """CPU seconds of the cluster's processes now running (backends and helpers)."""
+    postmaster = int((pg.data_dir / "postmaster.pid").read_text().split()[0])
+    total = _cpu(postmaster)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(stat[1]) == postmaster:
+                    total += _cpu(int(entry.name))
+            except (OSError, ValueError):
+                continue
+    return total
 
 
 if __name__ == "__main__":

@@ -195,6 +195,19 @@ def test_statements_join_the_callers_transaction(
     assert lease.complete(conn, "w", job.id, job.token, schema=schema)
 
 
+def carry(
+    conn: psycopg.Connection,
+    schema: str,
+    done: list[lease.Completion],
+    handlers: dict[str, HandlerCapacity] = SERVED,
+    limit: int = 1,
+) -> tuple[set[int], list[lease.ClaimedJob], list[lease.RefusedJob]]:
+    """Completions carried by a claim of up to `limit` jobs."""
+    return lease.complete_and_claim(
+        conn, "w", done, queues=["default"], handlers=handlers, limit=limit, schema=schema
+    )
+
+
 def xmin(conn: psycopg.Connection, schema: str, job_id: int) -> str:
     row = conn.execute(f'SELECT xmin::text FROM "{schema}".jobs WHERE id = %s', [job_id])
     return str(row.fetchone()[0])  # type: ignore[index]
@@ -206,9 +219,7 @@ def test_completions_and_the_next_claim_commit_in_one_transaction(
     ids = [client.enqueue(conn, "h", {"n": n}, schema=schema) for n in range(4)]
     first = claim(conn, schema, limit=2)
     done = [lease.Completion(j.id, j.token, {"r": j.payload["n"]}) for j in first]
-    finished, claimed, refused = lease.complete_and_claim(
-        conn, "w", done, queues=["default"], handlers=SERVED, limit=2, schema=schema
-    )
+    finished, claimed, refused = carry(conn, schema, done, limit=2)
     assert finished == set(ids[:2]) and refused == []
     assert [j.id for j in claimed] == ids[2:]
     # one transaction wrote both: the completed rows and the claimed ones share an xmin
@@ -230,26 +241,10 @@ def test_a_failed_claim_takes_its_completions_back_with_it(
     [job] = claim(conn, schema, limit=1)
     bad = {"h": HandlerCapacity(lease_seconds=float("inf"), free=1)}  # no such interval
     with pytest.raises(psycopg.DataError):
-        lease.complete_and_claim(
-            conn,
-            "w",
-            [lease.Completion(job.id, job.token)],
-            queues=["default"],
-            handlers=bad,
-            limit=1,
-            schema=schema,
-        )
+        carry(conn, schema, [lease.Completion(job.id, job.token)], handlers=bad)
     rows = conn.execute(f'SELECT status::text FROM "{schema}".jobs ORDER BY id').fetchall()
     assert rows == [("running",), ("pending",)]
-    finished, claimed, _ = lease.complete_and_claim(
-        conn,
-        "w",
-        [lease.Completion(job.id, job.token)],
-        queues=["default"],
-        handlers=SERVED,
-        limit=1,
-        schema=schema,
-    )
+    finished, claimed, _ = carry(conn, schema, [lease.Completion(job.id, job.token)])
     assert finished == {job.id} and [j.id for j in claimed] == [ids[1]]
 
 
@@ -258,15 +253,8 @@ def test_a_fenced_completion_does_not_stop_the_claim(
 ) -> None:
     ids = [client.enqueue(conn, "h", schema=schema) for _ in range(2)]
     [job] = claim(conn, schema, limit=1)
-    finished, claimed, _ = lease.complete_and_claim(
-        conn,
-        "w",
-        [lease.Completion(job.id, job.token + 1)],  # a lost lease's token
-        queues=["default"],
-        handlers=SERVED,
-        limit=1,
-        schema=schema,
-    )
+    lost = lease.Completion(job.id, job.token + 1)  # a lost lease's token
+    finished, claimed, _ = carry(conn, schema, [lost])
     assert finished == set() and [j.id for j in claimed] == [ids[1]]
 
 
@@ -277,15 +265,7 @@ def test_a_deallocated_statement_is_prepared_again_for_the_pipeline(
         ids = [client.enqueue(conn, "h", schema=schema) for _ in range(3)]
         [job] = claim(conn, schema, limit=1)
         conn.execute("DEALLOCATE ALL")
-        finished, claimed, _ = lease.complete_and_claim(
-            conn,
-            "w",
-            [lease.Completion(job.id, job.token)],
-            queues=["default"],
-            handlers=SERVED,
-            limit=1,
-            schema=schema,
-        )
+        finished, claimed, _ = carry(conn, schema, [lease.Completion(job.id, job.token)])
         assert finished == {job.id} and [j.id for j in claimed] == [ids[1]]
 
 

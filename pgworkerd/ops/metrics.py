@@ -228,6 +228,13 @@ class Metrics(NullMetrics):
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
             return prom.Gauge(name, doc, labels, namespace=ns, registry=registry)
 
+        def histogram(
+            name: str, doc: str, buckets: tuple[float, ...], labels: tuple[str, ...] = ()
+        ) -> Any:
+            return prom.Histogram(
+                name, doc, labels, namespace=ns, registry=registry, buckets=buckets
+            )
+
         self.info = gauge(
             "daemon_info",
             "This daemon's registry id and version (always 1).",
@@ -278,37 +285,29 @@ class Metrics(NullMetrics):
         self.draining = gauge(
             "draining", "1 while this daemon takes no new jobs (drain requested or stopping)."
         )
-        self.start_latency = prom.Histogram(
+        self.start_latency = histogram(
             "job_start_latency_seconds",
             "From when a job was due (enqueued, or its run_at) to its start in a child.",
-            namespace=ns,
-            registry=registry,
-            buckets=LATENCY_BUCKETS,
+            LATENCY_BUCKETS,
         )
         # What each attempt cost (its accounting, migration 0012), per handler.
-        self.attempt_duration = prom.Histogram(
+        self.attempt_duration = histogram(
             "attempt_duration_seconds",
             "Wall time of an attempt, from its claim to its end.",
+            LATENCY_BUCKETS,
             ("handler",),
-            namespace=ns,
-            registry=registry,
-            buckets=LATENCY_BUCKETS,
         )
-        self.attempt_cpu = prom.Histogram(
+        self.attempt_cpu = histogram(
             "attempt_cpu_seconds",
             "CPU time (user and system) of an attempt's whole process tree.",
+            LATENCY_BUCKETS,
             ("handler",),
-            namespace=ns,
-            registry=registry,
-            buckets=LATENCY_BUCKETS,
         )
-        self.attempt_memory = prom.Histogram(
+        self.attempt_memory = histogram(
             "attempt_peak_memory_bytes",
             "Peak resident memory of an attempt's whole process tree.",
+            MEMORY_BUCKETS,
             ("handler",),
-            namespace=ns,
-            registry=registry,
-            buckets=MEMORY_BUCKETS,
         )
 
         outer = self

@@ -6,11 +6,18 @@ behaviours are tested against real PostgreSQL and real processes in the other ti
 from __future__ import annotations
 
 import itertools
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from pgworkerd.config import Config, parse_config
+from pgworkerd.daemon.claimer import Claimer
+from pgworkerd.daemon.jobtable import JobTable
+from pgworkerd.daemon.outcomes import Outcome
+from pgworkerd.daemon.peers import Peers
+from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue.lease import (
     ClaimedJob,
     Expiring,
@@ -208,3 +215,51 @@ def config(text: str = "") -> Config:
     """A Config from TOML, with handler "h" (and whatever `text` adds)."""
     base = '[handlers.h]\ntarget = "jobhandlers:noop"\n'
     return parse_config(base + text)
+
+
+class ClaimerRig:
+    """A Claimer on a fake clock, fake statements and a fake supervisor with `idle` idle
+    children (a job table between them); outcomes collected in `outcomes`."""
+
+    def __init__(
+        self,
+        text: str,
+        *,
+        idle: int = 4,
+        startable: bool = True,
+        peers: Peers | None = None,
+        listening: Callable[[], bool] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config(text)
+        self.clock = FakeClock()
+        self.statements = FakeStatements()
+        self.supervisor = FakeSupervisor(idle, startable=startable)
+        self.outcomes: list[Outcome] = []
+        self.table = JobTable(
+            self.config.worker,
+            self.supervisor,  # type: ignore[arg-type]
+            NullMetrics(),
+            self.outcomes.append,
+            clock=self.clock,
+        )
+        extra: dict[str, Any] = {}
+        if peers is not None:
+            extra["peers"] = peers
+        if listening is not None:
+            extra["listening"] = listening
+        if rng is not None:
+            extra["rng"] = rng
+        self.claimer = Claimer(
+            self.config,
+            self.statements,  # type: ignore[arg-type]
+            self.table,
+            self.supervisor,  # type: ignore[arg-type]
+            NullMetrics(),
+            clock=self.clock,
+            **extra,
+        )
+        self.claimer.set_accepting(True)
+
+    def tick(self, advance: float = 0.0) -> None:
+        self.claimer.tick(self.clock.advance(advance))

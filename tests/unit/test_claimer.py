@@ -3,14 +3,12 @@ capacity arithmetic, when it claims (and when not), NOTIFY coalescing, its deadl
 
 from __future__ import annotations
 
-from fakes import FakeClock, FakeStatements, FakeSupervisor, claimed_job, config
+from fakes import ClaimerRig, claimed_job, config
 
 from pgworkerd.config import Config
-from pgworkerd.daemon.claimer import NOTIFY_CLAIM_INTERVAL, Claimer
-from pgworkerd.daemon.jobtable import JobTable
+from pgworkerd.daemon.claimer import NOTIFY_CLAIM_INTERVAL
 from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.states import OutcomeKind
-from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue.lease import RefusedJob
 from pgworkerd.worker import protocol
 
@@ -26,35 +24,9 @@ lease = "30s"
 """
 
 
-class Setup:
-    def __init__(
-        self, *, startable: bool = True, idle: int = 4, writer: OutcomeWriter | None = None
-    ) -> None:
-        self.config = config(CONFIG)
-        self.clock = FakeClock()
-        self.statements = FakeStatements()
-        self.supervisor = FakeSupervisor(idle, startable=startable)
-        self.outcomes: list[Outcome] = []
-        self.table = JobTable(
-            self.config.worker,
-            self.supervisor,  # type: ignore[arg-type]
-            NullMetrics(),
-            self.outcomes.append,
-            clock=self.clock,
-        )
-        self.claimer = Claimer(
-            self.config,
-            self.statements,  # type: ignore[arg-type]
-            self.table,
-            self.supervisor,  # type: ignore[arg-type]
-            NullMetrics(),
-            clock=self.clock,
-            writer=writer,
-        )
-        self.claimer.set_accepting(True)
-
-    def tick(self, advance: float = 0.0) -> None:
-        self.claimer.tick(self.clock.advance(advance))
+class Setup(ClaimerRig):
+    def __init__(self, *, startable: bool = True, idle: int = 4) -> None:
+        super().__init__(CONFIG, idle=idle, startable=startable)
 
 
 def test_capacity_is_the_free_slots_capped_by_each_handlers_own() -> None:
@@ -247,17 +219,15 @@ def test_a_job_claimed_again_while_its_attempt_runs_here_is_not_started_twice() 
 
 def carrying_setup() -> tuple[Setup, OutcomeWriter, list[list[Outcome]]]:
     """A claimer whose claims carry the outcome writer's completions."""
-    statements = FakeStatements()
+    s = Setup()
     written: list[list[Outcome]] = []
     w = OutcomeWriter(
-        statements.write_outcomes,  # type: ignore[arg-type]
-        lambda: statements.ok,
+        s.statements.write_outcomes,
+        lambda: s.statements.ok,
         lambda when: None,
         on_written=written.append,
     )
-    s = Setup(writer=w)
-    s.statements = statements
-    s.claimer.statements = statements  # type: ignore[assignment]
+    s.claimer.writer = w
     return s, w, written
 
 

@@ -10,12 +10,10 @@ import random
 from collections import Counter
 
 import pytest
-from fakes import FakeClock, FakeStatements, FakeSupervisor, claimed_job, config
+from fakes import ClaimerRig, FakeClock, claimed_job
 
-from pgworkerd.daemon.claimer import FLEET_POLLERS, RESCUE_MARGIN, RESCUE_SECOND, Claimer
-from pgworkerd.daemon.jobtable import JobTable
+from pgworkerd.daemon.claimer import FLEET_POLLERS, RESCUE_MARGIN, RESCUE_SECOND
 from pgworkerd.daemon.peers import ANY, MAX_PEERS, Peer, Peers, Wake, parse
-from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue.lease import Expiring
 
 CONFIG = """
@@ -139,35 +137,12 @@ def test_two_daemons_rescue_a_job_and_never_its_holder() -> None:
 # -- the claimer ------------------------------------------------------------------------
 
 
-class Setup:
+class Setup(ClaimerRig):
     def __init__(self, peers: Peers | None, *, listening: bool = True, text: str = CONFIG):
-        self.config = config(text)
-        self.clock = FakeClock()
-        self.statements = FakeStatements()
-        self.supervisor = FakeSupervisor(2)
-        self.table = JobTable(
-            self.config.worker,
-            self.supervisor,  # type: ignore[arg-type]
-            NullMetrics(),
-            lambda outcome: None,
-            clock=self.clock,
+        super().__init__(
+            text, idle=2, peers=peers, listening=lambda: listening, rng=random.Random(1)
         )
-        self.claimer = Claimer(
-            self.config,
-            self.statements,  # type: ignore[arg-type]
-            self.table,
-            self.supervisor,  # type: ignore[arg-type]
-            NullMetrics(),
-            clock=self.clock,
-            peers=peers,
-            listening=lambda: listening,
-            rng=random.Random(1),
-        )
-        self.claimer.set_accepting(True)
         self.tick()  # the first claim (a poll)
-
-    def tick(self, advance: float = 0.0) -> None:
-        self.claimer.tick(self.clock.advance(advance))
 
     def claims(self) -> int:
         return len(self.statements.claim_calls)

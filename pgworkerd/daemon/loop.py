@@ -116,6 +116,14 @@ class Daemon:
             config.worker, self.supervisor, self.metrics, self._settled, logs=self.joblogs
         )
         self.peers = Peers(self.worker_id)  # the live daemons, for targeted wake-ups
+        # what attempts cost, written once their outcomes are (daemon.accounting)
+        self.usage = UsageWriter(self.statements.write_usage, lambda: self.link.ok)
+        self.writer = OutcomeWriter(
+            self.statements.write_outcomes,
+            lambda: self.link.ok,
+            lambda when: self.claimer.request_at(when),
+            on_written=self._outcomes_written,
+        )
         self.claimer = Claimer(
             config,
             self.statements,
@@ -124,12 +132,8 @@ class Daemon:
             self.metrics,
             peers=self.peers,
             listening=lambda: self.link.listening,
+            writer=self.writer,
         )
-        self.writer = OutcomeWriter(
-            self._write_outcomes, lambda: self.link.ok, self.claimer.request_at
-        )
-        # what attempts cost, written once their outcomes are (daemon.accounting)
-        self.usage = UsageWriter(self.statements.write_usage, lambda: self.link.ok)
         self.leases = LeaseKeeper(
             self.statements, self.table, self.metrics, config.worker.renew_interval
         )
@@ -259,14 +263,15 @@ class Daemon:
         self.table.tick(now, can_start=self.supervisor.can_start())
         if self.link.reconnect_if_due():
             self._database_restored()
-        self.writer.tick(now)
-        self.usage.tick(now)
-        self.joblogs.tick(now)
         self.leases.tick(now)
         self.claimer.set_accepting(self._accepting())
         # Claim and hand out before the registry heartbeat: a woken idle daemon starts
-        # the job first (latency) and does its bookkeeping after.
+        # the job first (latency) and does its bookkeeping after. The claim carries the
+        # completions waiting (one commit for both); the writer writes what is left.
         self.claimer.tick(now)
+        self.writer.tick(now)
+        self.usage.tick(now)
+        self.joblogs.tick(now)
         self.presence.tick(now)
         self.scheduler.tick(now)
         self.retention.tick(now)
@@ -284,11 +289,9 @@ class Daemon:
         self.scheduler.redeclare()
         self.link.listen(self.config.worker.poll_interval)
 
-    def _write_outcomes(self, batch: list[Outcome]) -> bool | None:
-        written = self.statements.write_outcomes(batch)
-        if written is not None:  # (fenced ones too: their history row exists as well)
-            self.usage.add([o.usage for o in batch if o.usage is not None])
-        return written
+    def _outcomes_written(self, batch: list[Outcome]) -> None:
+        # (fenced ones too: their history row exists as well)
+        self.usage.add([o.usage for o in batch if o.usage is not None])
 
     def _settled(self, outcome: Outcome) -> None:
         """A job left the table: its outcome goes to the writer, its slot to the claimer."""

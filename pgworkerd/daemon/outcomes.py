@@ -201,20 +201,8 @@ def write(
 ) -> bool:
     """Write a batch: completions (any number, one statement) or one other outcome."""
     if all(o.kind is OutcomeKind.COMPLETE for o in batch):
-        done = lease.complete_many(
-            conn,
-            worker,
-            [lease.Completion(o.job.id, o.job.token, o.result, o.progress) for o in batch],
-            schema=schema,
-        )
-        for o in batch:
-            _report(
-                metrics,
-                o,
-                *_checked(
-                    conn, schema, o, o.job.id in done, f"{o.name}: completed in {o.duration:.2f}s"
-                ),
-            )
+        done = lease.complete_many(conn, worker, completions(batch), schema=schema)
+        report_completions(conn, schema, batch, done, metrics)
         return True
     [o] = batch
     j, took = o.job, f"{o.duration:.2f}s"
@@ -268,6 +256,23 @@ def write(
         )
     _report(metrics, o, *_checked(conn, schema, o, ok, message))
     return True
+
+
+def completions(batch: list[Outcome]) -> list[lease.Completion]:
+    return [lease.Completion(o.job.id, o.job.token, o.result, o.progress) for o in batch]
+
+
+def report_completions(
+    conn: psycopg.Connection,
+    schema: str,
+    batch: list[Outcome],
+    done: set[int],
+    metrics: NullMetrics | None = None,
+) -> None:
+    """Log (and count) a batch of written completions; `done`: the ids the database took."""
+    for o in batch:
+        message = f"{o.name}: completed in {o.duration:.2f}s"
+        _report(metrics, o, *_checked(conn, schema, o, o.job.id in done, message))
 
 
 @dataclass(frozen=True)
@@ -386,11 +391,13 @@ class OutcomeWriter:
         database_up: Callable[[], bool],
         on_retry_due: Callable[[float], None],
         clock: Callable[[], float] = time.monotonic,
+        on_written: Callable[[list[Outcome]], None] = lambda batch: None,
     ) -> None:
         self.write = write  # None: the write failed
         self.database_up = database_up
         self.on_retry_due = on_retry_due  # a failed job's retry is due at this time
         self.clock = clock
+        self.on_written = on_written  # outcomes the database took (fenced ones too)
         self.pending: deque[Outcome] = deque()
 
     def add(self, outcome: Outcome) -> None:
@@ -398,6 +405,19 @@ class OutcomeWriter:
 
     def __len__(self) -> int:
         return len(self.pending)
+
+    def completions(self) -> list[Outcome]:
+        """The completions a claim may carry (Claimer: one transaction for both); none
+        after a failed write, which the writer retries one outcome at a time."""
+        if any(o.failed_writes for o in self.pending):
+            return []
+        return [o for o in self.pending if o.kind is OutcomeKind.COMPLETE]
+
+    def carried(self, batch: list[Outcome]) -> None:
+        """`batch` (from completions()) was written along with a claim."""
+        for o in batch:
+            self.pending.remove(o)
+        self.on_written(batch)
 
     def tick(self, now: float) -> None:
         while self.pending and self.database_up():
@@ -421,6 +441,8 @@ class OutcomeWriter:
                     "their leases expire",
                     ", ".join(str(o.job.id) for o in batch),
                 )
+            else:
+                self.on_written(batch)
             for o in batch:
                 self.pending.remove(o)
                 if o.retry_in is not None:

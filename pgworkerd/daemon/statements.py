@@ -37,8 +37,31 @@ class Statements:
         return self.link.ok
 
     def claim(
-        self, queues: Sequence[str], capacity: dict[str, lease.HandlerCapacity], limit: int
+        self,
+        queues: Sequence[str],
+        capacity: dict[str, lease.HandlerCapacity],
+        limit: int,
+        completions: Sequence[Outcome] = (),
     ) -> tuple[list[lease.ClaimedJob], list[lease.RefusedJob]] | None:
+        """Claim jobs, writing `completions` (finished attempts) in the same transaction
+        first: all or nothing (None: neither happened)."""
+        if completions:
+            batch = list(completions)
+
+            def call(c: Any) -> tuple[list[lease.ClaimedJob], list[lease.RefusedJob]]:
+                done, claimed, refused = lease.complete_and_claim(
+                    c,
+                    self.worker_id,
+                    outcomes.completions(batch),
+                    queues=queues,
+                    handlers=capacity,
+                    limit=limit,
+                    schema=self.schema,
+                )
+                outcomes.report_completions(c, self.schema, batch, done, self.metrics)
+                return claimed, refused
+
+            return self.link.run("recording outcomes and claiming jobs", call)
         return self.link.run(
             "claiming jobs",
             lambda c: lease.claim_checked(

@@ -138,7 +138,8 @@ def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
                 os._exit(0)
         for fd in fds:
             os.close(fd)
-        os.waitpid(middle, 0)
+        # No waiting for the middle process (SIGCHLD is ignored: the kernel reaps it):
+        # the next request is forked while this one's children are still being made.
 
 
 def main() -> None:
@@ -148,6 +149,9 @@ def main() -> None:
     # The daemon handles signals for everyone; a terminal's Ctrl-C must not kill us.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
+    # Middle processes are reaped by the kernel (see _serve); a job child resets this
+    # (child.main), and a handler's own subprocesses are waited for as usual.
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     try:
         import pgworkerd.worker.child  # noqa: F401  (preload what every child runs)
 

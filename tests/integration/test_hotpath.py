@@ -195,6 +195,80 @@ def test_statements_join_the_callers_transaction(
     assert lease.complete(conn, "w", job.id, job.token, schema=schema)
 
 
+def carry(
+    conn: psycopg.Connection,
+    schema: str,
+    done: list[lease.Completion],
+    handlers: dict[str, HandlerCapacity] = SERVED,
+    limit: int = 1,
+) -> tuple[set[int], list[lease.ClaimedJob], list[lease.RefusedJob]]:
+    """Completions carried by a claim of up to `limit` jobs."""
+    return lease.complete_and_claim(
+        conn, "w", done, queues=["default"], handlers=handlers, limit=limit, schema=schema
+    )
+
+
+def xmin(conn: psycopg.Connection, schema: str, job_id: int) -> str:
+    row = conn.execute(f'SELECT xmin::text FROM "{schema}".jobs WHERE id = %s', [job_id])
+    return str(row.fetchone()[0])  # type: ignore[index]
+
+
+def test_completions_and_the_next_claim_commit_in_one_transaction(
+    conn: psycopg.Connection, schema: str, path: str
+) -> None:
+    ids = [client.enqueue(conn, "h", {"n": n}, schema=schema) for n in range(4)]
+    first = claim(conn, schema, limit=2)
+    done = [lease.Completion(j.id, j.token, {"r": j.payload["n"]}) for j in first]
+    finished, claimed, refused = carry(conn, schema, done, limit=2)
+    assert finished == set(ids[:2]) and refused == []
+    assert [j.id for j in claimed] == ids[2:]
+    # one transaction wrote both: the completed rows and the claimed ones share an xmin
+    assert len({xmin(conn, schema, i) for i in ids}) == 1
+    statuses = conn.execute(
+        f'SELECT status::text, result FROM "{schema}".jobs ORDER BY id'
+    ).fetchall()
+    assert statuses == [("completed", {"r": 0}), ("completed", {"r": 1})] + [("running", None)] * 2
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
+
+
+def test_a_failed_claim_takes_its_completions_back_with_it(
+    conn: psycopg.Connection, schema: str, path: str
+) -> None:
+    """All or nothing: a completion carried by a claim that fails is not written (the
+    daemon then writes it alone), and the connection takes the next statement."""
+    ids = [client.enqueue(conn, "h", schema=schema) for _ in range(2)]
+    [job] = claim(conn, schema, limit=1)
+    bad = {"h": HandlerCapacity(lease_seconds=float("inf"), free=1)}  # no such interval
+    with pytest.raises(psycopg.DataError):
+        carry(conn, schema, [lease.Completion(job.id, job.token)], handlers=bad)
+    rows = conn.execute(f'SELECT status::text FROM "{schema}".jobs ORDER BY id').fetchall()
+    assert rows == [("running",), ("pending",)]
+    finished, claimed, _ = carry(conn, schema, [lease.Completion(job.id, job.token)])
+    assert finished == {job.id} and [j.id for j in claimed] == [ids[1]]
+
+
+def test_a_fenced_completion_does_not_stop_the_claim(
+    conn: psycopg.Connection, schema: str, path: str
+) -> None:
+    ids = [client.enqueue(conn, "h", schema=schema) for _ in range(2)]
+    [job] = claim(conn, schema, limit=1)
+    lost = lease.Completion(job.id, job.token + 1)  # a lost lease's token
+    finished, claimed, _ = carry(conn, schema, [lost])
+    assert finished == set() and [j.id for j in claimed] == [ids[1]]
+
+
+def test_a_deallocated_statement_is_prepared_again_for_the_pipeline(
+    schema: str, test_db_dsn: str
+) -> None:
+    with connect(test_db_dsn, prepare=True) as conn:
+        ids = [client.enqueue(conn, "h", schema=schema) for _ in range(3)]
+        [job] = claim(conn, schema, limit=1)
+        conn.execute("DEALLOCATE ALL")
+        finished, claimed, _ = carry(conn, schema, [lease.Completion(job.id, job.token)])
+        assert finished == {job.id} and [j.id for j in claimed] == [ids[1]]
+
+
 def test_pipeline_mode_goes_through_a_cursor(conn: psycopg.Connection, schema: str) -> None:
     with conn.pipeline():
         ids = [client.enqueue(conn, "h", {"n": n}, schema=schema) for n in range(5)]

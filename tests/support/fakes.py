@@ -140,10 +140,17 @@ class FakeStatements:
         self.during_renew: Any = None  # called with the leases while the renewal "runs"
 
     def claim(
-        self, queues: Any, capacity: dict[str, HandlerCapacity], limit: int
+        self,
+        queues: Any,
+        capacity: dict[str, HandlerCapacity],
+        limit: int,
+        completions: Any = (),
     ) -> tuple[list[ClaimedJob], list[RefusedJob]] | None:
         self.claim_calls.append((list(queues), capacity, limit))
-        return self.claims.pop(0) if self.claims else ([], [])
+        answer = self.claims.pop(0) if self.claims else ([], [])
+        if completions and answer is not None:  # written with the claim, all or nothing
+            self.written.append(list(completions))
+        return answer
 
     def next_run_in(self, queues: Any, handlers: Any) -> float | None:
         return self.next_run

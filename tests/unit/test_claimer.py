@@ -7,6 +7,7 @@ from fakes import ClaimerRig, claimed_job, config
 
 from pgworkerd.config import Config
 from pgworkerd.daemon.claimer import NOTIFY_CLAIM_INTERVAL
+from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.states import OutcomeKind
 from pgworkerd.queue.lease import RefusedJob
 from pgworkerd.worker import protocol
@@ -214,3 +215,55 @@ def test_a_job_claimed_again_while_its_attempt_runs_here_is_not_started_twice() 
     s.claimer.request()
     s.tick()
     assert len(s.table) == 2 and s.table.jobs[job.id] is first
+
+
+def carrying_setup() -> tuple[Setup, OutcomeWriter, list[list[Outcome]]]:
+    """A claimer whose claims carry the outcome writer's completions."""
+    s = Setup()
+    written: list[list[Outcome]] = []
+    w = OutcomeWriter(
+        s.statements.write_outcomes,
+        lambda: s.statements.ok,
+        lambda when: None,
+        on_written=written.append,
+    )
+    s.claimer.writer = w
+    return s, w, written
+
+
+def finished(kind: OutcomeKind) -> Outcome:
+    return Outcome(claimed_job("solo"), None, kind, 0.1)
+
+
+def test_a_claim_carries_the_completions_waiting_and_nothing_else() -> None:
+    s, w, written = carrying_setup()
+    done, failed = finished(OutcomeKind.COMPLETE), finished(OutcomeKind.FAIL)
+    w.add(done)
+    w.add(failed)
+    s.tick()
+    assert s.statements.written == [[done]]  # with the claim, in its transaction
+    assert written == [[done]] and list(w.pending) == [failed]  # the writer does the rest
+    w.tick(s.clock())
+    assert s.statements.written == [[done], [failed]] and not w.pending
+
+
+def test_completions_of_a_failed_claim_stay_with_the_writer_and_the_claim_runs_again() -> None:
+    s, w, written = carrying_setup()
+    done = finished(OutcomeKind.COMPLETE)
+    w.add(done)
+    s.statements.claims = [None]  # the combined statement failed: neither happened
+    s.tick()
+    assert written == [] and list(w.pending) == [done]
+    w.tick(s.clock())  # alone, as always
+    assert s.statements.written == [[done]] and not w.pending
+    s.tick()  # no poll interval to wait for: the failed claim is asked for again
+    assert len(s.statements.claim_calls) == 2
+
+
+def test_after_a_failed_write_no_completion_rides_along() -> None:
+    s, w, _ = carrying_setup()
+    done = finished(OutcomeKind.COMPLETE)
+    done.failed_writes = 1
+    w.add(done)
+    s.tick()
+    assert len(s.statements.claim_calls) == 1 and s.statements.written == []

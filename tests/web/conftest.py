@@ -1,54 +1,35 @@
-"""The dashboard under test: a real `pgworkerd web` server (waitress, in a thread of the
-test process) on the test's schema, and a real headless Chromium driving it.
-
-Chromium and chromedriver are Debian's (deploy/bootstrap installs them); selenium talks
-to that chromedriver, so nothing downloads a browser. Screenshots go to ARTIFACTS
-(gitignored), one per page, kept after the run.
-"""
+"""Fixtures of the dashboard tests: a served dashboard on the test's schema and a fresh
+headless Chromium (helpers: tests/support/dashboard_harness.py)."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from dashboard_harness import (
+    CHROMEDRIVER,
+    CHROMIUM,
+    CHROMIUM_FLAGS,
+    PASSWORD_HASH,
+    USER,
+    RunningDashboard,
+)
 
 from pgworkerd.config import WebConfig
-from pgworkerd.web.passwords import hash_password
-from pgworkerd.web.server import Dashboard, build
-
-USER = "operator"
-PASSWORD = "correct horse battery staple"
-PASSWORD_HASH = hash_password(PASSWORD)
-
-ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "web"
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-
-
-class RunningDashboard:
-    def __init__(self, dashboard: Dashboard) -> None:
-        self.dashboard = dashboard
-        self.url = dashboard.url.rstrip("/")
-        self.thread = threading.Thread(target=dashboard.run, name="dashboard", daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.dashboard.close()
-        self.thread.join(timeout=10)
+from pgworkerd.web.server import build
 
 
 @pytest.fixture
 def start_dashboard(test_db_dsn: str, schema: str) -> Iterator[Callable[..., RunningDashboard]]:
-    """start_dashboard(**web_settings): a served dashboard; users default to USER."""
+    """start_dashboard(**web_settings) serves a dashboard on an ephemeral loopback port;
+    [web.users] default to USER with PASSWORD."""
     started: list[RunningDashboard] = []
 
     def start(**settings: Any) -> RunningDashboard:
         settings.setdefault("users", {USER: PASSWORD_HASH})
-        web = WebConfig(port=0, **settings)
-        running = RunningDashboard(build(web, test_db_dsn, schema))
+        running = RunningDashboard(build(WebConfig(port=0, **settings), test_db_dsn, schema))
         started.append(running)
         return running
 
@@ -62,3 +43,24 @@ def start_dashboard(test_db_dsn: str, schema: str) -> Iterator[Callable[..., Run
 @pytest.fixture
 def dashboard(start_dashboard: Callable[..., RunningDashboard]) -> RunningDashboard:
     return start_dashboard()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    """A fresh headless Chromium with its own profile; quit at the end."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.fail("no Chromium: deploy/bootstrap installs it (apt chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
+        options.add_argument(flag)
+    service = Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
+    driver = webdriver.Chrome(options=options, service=service)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -28,10 +28,10 @@ def status(ctx: Context, as_json: bool) -> None:
 
     Exit code 0; 1 when a drain is left in place or jobs wait for a handler nobody serves.
     """
-    from pgworkerd.queue import fleet
+    from pgworkerd.queue import views
 
     with database(ctx, needs="read jobs") as conn:
-        snap = fleet.snapshot(conn, ctx.schema)
+        snap = views.status(conn, ctx.schema)
     live = [d for d in snap["daemons"] if d["state"] != "gone"]
     drained = [d for d in live if d["drain_requested"]]
     if as_json:

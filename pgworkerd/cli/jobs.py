@@ -8,14 +8,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import click
-from psycopg.errors import InsufficientPrivilege
 
 from pgworkerd import client, model
 from pgworkerd.cli import Context, database, fail, main
 from pgworkerd.cli.display import RawJson, echo_json, printable
 from pgworkerd.cli.params import DURATION
 from pgworkerd.exitcodes import ExitCode
-from pgworkerd.queue import admin
+from pgworkerd.queue import admin, views
 from pgworkerd.sizes import format_size
 
 
@@ -223,7 +222,13 @@ def prune(
 )
 @click.option("--queue")
 @click.option("--handler")
-@click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
+@click.option(
+    "--text",
+    help="only jobs whose payload or last error contains this (case-insensitive; no index"
+    " serves it: it gives up after a few seconds, narrow it by status, queue or handler)",
+)
+@click.option("--before", type=int, help="only jobs with a lower id (the next page)")
+@click.option("--limit", type=click.IntRange(1, views.MAX_PAGE_SIZE), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="JSON output")
 @click.pass_obj
 def list_jobs(
@@ -231,19 +236,27 @@ def list_jobs(
     statuses: tuple[str, ...],
     queue: str | None,
     handler: str | None,
+    text: str | None,
+    before: int | None,
     limit: int,
     as_json: bool,
 ) -> None:
     """List jobs, newest first."""
     with database(ctx) as conn:
-        rows = admin.list_jobs(
-            conn,
-            statuses=statuses or None,
-            queue=queue,
-            handler=handler,
-            limit=limit,
-            schema=ctx.schema,
-        )
+        try:
+            page = views.jobs_page(
+                conn,
+                ctx.schema,
+                statuses=statuses or None,
+                queue=queue,
+                handler=handler,
+                text=text,
+                before=before,
+                limit=limit,
+            )
+        except views.TextSearchTimeout as exc:
+            fail(str(exc), ExitCode.FAILURE)
+    rows = page["jobs"]
     if as_json:
         echo_json(rows)
         return
@@ -255,6 +268,8 @@ def list_jobs(
             f"{printable(r['handler']):<24} {attempts:<8}"
         )
         click.echo(f"{line}  {_error_summary(r)}".rstrip())
+    if page["older"] is not None:
+        click.echo(f"(more: --before {page['older']})", err=True)
 
 
 def _error_summary(row: dict[str, Any]) -> str:
@@ -277,21 +292,14 @@ def _error_summary(row: dict[str, Any]) -> str:
 @click.pass_obj
 def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
     """Show one job with every column, its last error and traceback, and its attempts."""
-    from pgworkerd.queue import attempts
-
     with database(ctx) as conn:
-        row = admin.get(conn, job_id, schema=ctx.schema)
-        history: list[dict[str, Any]] | None = []
-        try:
-            if row is not None:
-                history = attempts.history(conn, job_id, schema=ctx.schema)
-        except InsufficientPrivilege:  # a role granted before schema 12: the job still shows
-            history = None
+        row = views.job(conn, ctx.schema, job_id)
     if row is None:
         fail(f"job {job_id} not found", ExitCode.FAILURE)
     if as_json:
-        echo_json({**row, "attempts": history})
+        echo_json(row)
         return
+    history = row.pop("attempts")
     for key, value in row.items():
         if key == "last_error" and value:
             # a traceback reads best on its own lines; each is escaped and indented, so

@@ -175,6 +175,15 @@ class Presence:
             queues=self.config.queues,
             handlers=list(self.config.handlers),
             slots=self.config.worker.slots,
+            settings={
+                name: {
+                    "queues": list(h.queues) or None,
+                    "slots": h.slots,
+                    "max_running": h.max_running,
+                    "max_running_per_key": h.max_running_per_key,
+                }
+                for name, h in self.config.handlers.items()
+            },
         )
 
     def register(self) -> None:

@@ -1,5 +1,6 @@
-"""What `status`, `drain` and `resume` read and write: the fleet of daemons, seen through
-the database (so they work across hosts and need no signal rights)."""
+"""What `drain`, `resume` and `pause` change: the fleet of daemons, through the database
+(so they work across hosts and need no signal rights). What `status` shows is read by
+queue/views.py."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgworkerd.queue import admin, registry
+from pgworkerd.queue import registry
 from pgworkerd.queue.queries import query
 
 
@@ -37,35 +38,6 @@ def request_drain(
     return _rows(
         conn, "worker_request_drain", schema, {"drain": drain, "id": worker_id, "host": host}
     )
-
-
-# `status` names this many queues (the ones with the most jobs) and sums the others.
-STATUS_TOP_QUEUES = 20
-
-
-def snapshot(conn: psycopg.Connection, schema: str) -> dict[str, Any]:
-    """Everything `pgworkerd status` shows, as plain data (also its --json shape)."""
-    workers = _rows(conn, "worker_list", schema)
-    counts: dict[str, dict[str, int]] = {}
-    other: dict[str, int] = {}
-    # Bounded however many queues enqueuers made up: the queues live daemons serve and
-    # the busiest others by name, the rest summed (an enqueuer with 200,000 queues must
-    # not make status print 200,000 lines, nor push the fleet's own queues out of view).
-    served = sorted({q for w in workers if w["state"] != "gone" for q in w["queues"]})
-    for queue, status, n in admin.counts_capped(conn, served, STATUS_TOP_QUEUES, schema=schema):
-        (other if queue is None else counts.setdefault(queue, {}))[status] = n
-    oldest = conn.execute(query("job_oldest_pending", schema)).fetchone()
-    for w in workers:
-        w["busy"] = len(w["in_flight"])
-    return {
-        "daemons": workers,
-        "running_jobs": _rows(conn, "job_running_list", schema),
-        "counts": counts,
-        "other_queues": other,
-        "oldest_pending_seconds": oldest[0] if oldest else None,
-        "unserved": _rows(conn, "job_unserved_list", schema),
-        "paused": paused(conn, schema),
-    }
 
 
 # -- pausing queues and handlers (migration 0009) -------------------------------------------
@@ -95,11 +67,6 @@ def served(conn: psycopg.Connection, schema: str, kind: str, name: str) -> bool:
     """Whether a live daemon serves queue or handler `name` (kind "queue" or "handler")."""
     [row] = _rows(conn, "paused_target_served", schema, {"kind": kind, "name": name})
     return bool(row["served"])
-
-
-def paused(conn: psycopg.Connection, schema: str) -> list[dict[str, Any]]:
-    """What is paused (kind, name, paused_at, paused_by, comment, paused_seconds)."""
-    return _rows(conn, "paused_list", schema)
 
 
 def daemons_still_busy(

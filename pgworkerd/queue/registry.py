@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from pgworkerd.queue.queries import query
 
@@ -26,6 +28,9 @@ class WorkerInfo:
     queues: Sequence[str]
     handlers: Sequence[str]
     slots: int
+    # handler -> {"queues", "slots", "max_running", "max_running_per_key"}: what `explain`
+    # reads to tell whether a limit holds a job back (migration 0017)
+    settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def register(conn: psycopg.Connection, info: WorkerInfo, state: str, schema: str) -> None:
@@ -40,6 +45,7 @@ def register(conn: psycopg.Connection, info: WorkerInfo, state: str, schema: str
             "handlers": list(info.handlers),
             "slots": info.slots,
             "state": state,
+            "settings": Jsonb(dict(info.settings)),
         },
     )
 
@@ -57,6 +63,7 @@ def heartbeat(
             "queues": list(info.queues),
             "handlers": list(info.handlers),
             "slots": info.slots,
+            "settings": Jsonb(dict(info.settings)),
         },
     ).fetchone()
     return None if row is None else bool(row[0])

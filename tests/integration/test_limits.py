@@ -21,7 +21,7 @@ from pgworkerd import client
 from pgworkerd.client import InvalidJob, JobSpec
 from pgworkerd.config import ConfigError, parse_config
 from pgworkerd.devcluster.localpg import LocalPostgres
-from pgworkerd.queue import admin, fleet, lease
+from pgworkerd.queue import admin, fleet, lease, views
 from pgworkerd.queue.lease import HandlerCapacity
 
 Q = ["default"]
@@ -233,7 +233,7 @@ def test_a_paused_queue_is_not_claimed_until_resumed(conn: psycopg.Connection, s
     both = {"h": HandlerCapacity(lease_seconds=60, free=5)}
     assert fleet.set_paused(conn, schema, "queue", "mail", pause=True, comment="migration")
     assert not fleet.set_paused(conn, schema, "queue", "mail", pause=True)  # idempotent
-    [row] = fleet.paused(conn, schema)
+    [row] = views.paused(conn, schema)
     assert (row["kind"], row["name"], row["comment"]) == ("queue", "mail", "migration")
     assert row["paused_by"] == conn.info.user
     queues = ["default", "mail"]
@@ -267,7 +267,7 @@ def test_pause_refuses_bad_names_and_kinds(conn: psycopg.Connection, schema: str
     for kind, name in [("queue", ""), ("handler", "a\nb"), ("queue", "x" * 129), ("job", "x")]:
         with pytest.raises(psycopg.errors.InvalidParameterValue):
             fleet.set_paused(conn, schema, kind, name, pause=True)
-    assert fleet.paused(conn, schema) == []
+    assert views.paused(conn, schema) == []
 
 
 def test_pause_and_resume_from_the_command_line(daemons: Daemons) -> None:

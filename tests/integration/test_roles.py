@@ -372,7 +372,7 @@ def test_pgworkerd_sessions_pin_search_path_whatever_the_role(
 def test_roles_for_concurrency_keys_limits_and_pauses(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
 ) -> None:
-    from pgworkerd.queue import fleet
+    from pgworkerd.queue import fleet, views
 
     with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c:
         keyed = client.enqueue(c, "h", concurrency_key="k", schema=schema)
@@ -381,10 +381,10 @@ def test_roles_for_concurrency_keys_limits_and_pauses(
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 fleet.set_paused(c, schema, kind, "x", pause=True)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            fleet.paused(c, schema)
+            views.paused(c, schema)
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
         assert fleet.set_paused(c, schema, "handler", "other", pause=True, comment="c")
-        assert [p["paused_by"] for p in fleet.paused(c, schema)] == [f"{schema}_daemon"]
+        assert [p["paused_by"] for p in views.paused(c, schema)] == [f"{schema}_daemon"]
         limited = lease.HandlerCapacity(30, 5, max_running=5, max_running_per_key=1)
         claimed = lease.claim(
             c, "w", queues=["default"], handlers={"h": limited}, limit=5, schema=schema

@@ -403,12 +403,14 @@ SELECT (SELECT extract(epoch FROM next.run_at - now())::float8 FROM (SELECT leas
 -- on the wake channel ({"peer": "up", ...}; just the id when its lists are too long for
 -- a payload, and they read the registry then).
 WITH registered AS (
-    INSERT INTO @schema@.workers AS w (id, host, pid, version, queues, handlers, slots, state)
+    INSERT INTO @schema@.workers AS w (id, host, pid, version, queues, handlers, slots, state,
+                                       handler_settings)
     VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(queues)s, %(handlers)s, %(slots)s,
-            %(state)s)
+            %(state)s, %(settings)s::jsonb)
     ON CONFLICT (id) DO UPDATE
        SET state = excluded.state, queues = excluded.queues, handlers = excluded.handlers,
-           slots = excluded.slots, heartbeat_at = now(), stopped_at = NULL
+           slots = excluded.slots, handler_settings = excluded.handler_settings,
+           heartbeat_at = now(), stopped_at = NULL
     RETURNING w.id, w.queues, w.handlers, w.slots
 )
 SELECT r.id FROM registered r, LATERAL (
@@ -423,7 +425,8 @@ SELECT r.id FROM registered r, LATERAL (
 -- Record this daemon's state and in-flight jobs; returns whether a drain was requested.
 UPDATE @schema@.workers
    SET state = %(state)s, in_flight = %(in_flight)s, queues = %(queues)s,
-       handlers = %(handlers)s, slots = %(slots)s, heartbeat_at = now()
+       handlers = %(handlers)s, slots = %(slots)s, handler_settings = %(settings)s::jsonb,
+       heartbeat_at = now()
  WHERE id = %(id)s AND state <> 'gone'
 RETURNING drain_requested;
 
@@ -697,3 +700,226 @@ SELECT attempt, outcome, worker, host, started_at, finished_at, wall_seconds,
   FROM @schema@.attempts
  WHERE job_id = %(id)s
  ORDER BY finished_at, lease_token;
+-- -- the read side: `status`, `show`, `jobs`, `explain` and the dashboard (views.py) ------
+
+-- name: view_job_counts_recent_capped
+-- job_counts_capped with the finished jobs of the last %(window)s seconds only: pending
+-- and running counted through their partial indexes, finished ones through
+-- jobs_finished_at_idx, so the count costs the backlog and the recent history, never the
+-- whole table (10 M finished jobs: a full count reads every row).
+WITH per_queue AS (
+    SELECT queue, 'pending'::text AS status, count(*) AS jobs
+      FROM @schema@.jobs WHERE status = 'pending' GROUP BY queue
+    UNION ALL
+    SELECT queue, 'running', count(*)
+      FROM @schema@.jobs WHERE status = 'running' GROUP BY queue
+    UNION ALL
+    SELECT queue, status::text, count(*)
+      FROM @schema@.jobs
+     WHERE finished_at > now() - make_interval(secs => %(window)s)
+       AND status IN ('completed', 'dead', 'cancelled')
+     GROUP BY queue, status
+), top_queues AS (
+    SELECT queue FROM per_queue
+     WHERE queue <> ALL (%(served)s::text[])
+     GROUP BY queue
+     ORDER BY sum(jobs) DESC, queue
+     LIMIT %(top)s
+)
+SELECT CASE WHEN p.queue = ANY (%(served)s::text[]) OR t.queue IS NOT NULL THEN p.queue END
+           AS queue,
+       p.status, sum(p.jobs)::bigint AS jobs
+  FROM per_queue p LEFT JOIN top_queues t ON t.queue = p.queue
+ GROUP BY 1, 2
+ ORDER BY 1, 2;
+
+-- name: view_queue_oldest_due
+-- Per queue in %(queues)s: the age (seconds) of its oldest due pending job (NULL when none
+-- is due). One probe of the pending index per queue's handlers would need the handlers;
+-- the backlog's pending rows are read instead (the partial index holds only those).
+SELECT q.queue,
+       (SELECT extract(epoch FROM now() - min(j.run_at))::float8 FROM @schema@.jobs j
+         WHERE j.status = 'pending' AND j.queue = q.queue AND j.run_at <= now()
+           AND isfinite(j.run_at)) AS oldest_due_seconds
+  FROM unnest(%(queues)s::text[]) AS q(queue);
+
+-- name: view_throughput
+-- Ended attempts per minute over the last %(minutes)s minutes, oldest first, every minute
+-- a row (outcomes: {outcome: attempts}, '{}' for a quiet minute): the throughput and
+-- failure chart. The attempts of migration 0012, through attempts_finished_at_idx (0017).
+WITH minutes AS (
+    SELECT generate_series(date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1),
+                           date_trunc('minute', now()), interval '1 minute') AS minute
+), ended AS (
+    SELECT date_trunc('minute', a.finished_at) AS minute, a.outcome, count(*) AS n
+      FROM @schema@.attempts a
+     WHERE a.finished_at >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1)
+     GROUP BY 1, 2
+)
+SELECT m.minute,
+       coalesce(jsonb_object_agg(e.outcome, e.n) FILTER (WHERE e.outcome IS NOT NULL), '{}')
+           AS outcomes
+  FROM minutes m LEFT JOIN ended e USING (minute)
+ GROUP BY m.minute
+ ORDER BY m.minute;
+
+-- name: view_job_page_older
+-- One page of the jobs list, newest first, ids below %(before)s (NULL: from the newest).
+-- One index scan per status asked (%(statuses)s, every status when none is asked), each
+-- stopping at %(limit)s rows: jobs_status_id_idx, or jobs_queue_id_idx /
+-- jobs_handler_id_idx when a queue or handler narrows it more (0017). The text filter
+-- (%(text)s, NULL: none) matches the payload's JSON text or the last error, case
+-- insensitive, as a plain substring (strpos: no pattern characters); no index serves it,
+-- so the scan runs until the page is full and the caller bounds it by a statement
+-- timeout. Run unprepared (prepare=False): each NULL filter then folds away in the plan.
+SELECT p.* FROM unnest(%(statuses)s::@schema@.job_status[]) AS s(status)
+CROSS JOIN LATERAL (
+    SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempts,
+           j.run_at, j.locked_by, j.locked_until, j.progress, j.last_error, j.created_at,
+           j.started_at, j.finished_at, j.concurrency_key
+      FROM @schema@.jobs j
+     WHERE j.status = s.status
+       AND (%(before)s::bigint IS NULL OR j.id < %(before)s::bigint)
+       AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+       AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+       AND (%(text)s::text IS NULL
+            OR strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
+            OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
+     ORDER BY j.id DESC
+     LIMIT %(limit)s) p
+ ORDER BY p.id DESC
+ LIMIT %(limit)s;
+
+-- name: view_job_page_newer
+-- view_job_page_older the other way: the %(limit)s jobs just above id %(after)s, oldest
+-- first (the caller turns the page round, so it reads newest first like any other).
+SELECT p.* FROM unnest(%(statuses)s::@schema@.job_status[]) AS s(status)
+CROSS JOIN LATERAL (
+    SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempts,
+           j.run_at, j.locked_by, j.locked_until, j.progress, j.last_error, j.created_at,
+           j.started_at, j.finished_at, j.concurrency_key
+      FROM @schema@.jobs j
+     WHERE j.status = s.status
+       AND j.id > %(after)s::bigint
+       AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+       AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+       AND (%(text)s::text IS NULL
+            OR strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
+            OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
+     ORDER BY j.id
+     LIMIT %(limit)s) p
+ ORDER BY p.id
+ LIMIT %(limit)s;
+
+-- name: view_limits
+-- The fleet-wide limits live daemons declare (handler_settings, migration 0017), per
+-- handler: the strictest max_running and max_running_per_key any live daemon claims
+-- with, how many daemons declare one, and the current leases (the claim's count:
+-- running with a lease not yet over; jobs_running_handler_key_idx). Values a daemon
+-- wrote that are not whole numbers are ignored.
+WITH declared AS (
+    SELECT s.key AS handler, w.id AS daemon,
+           CASE WHEN jsonb_typeof(s.value -> 'max_running') = 'number'
+                THEN (s.value ->> 'max_running')::numeric END AS max_running,
+           CASE WHEN jsonb_typeof(s.value -> 'max_running_per_key') = 'number'
+                THEN (s.value ->> 'max_running_per_key')::numeric END AS per_key
+      FROM @schema@.workers w
+     CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(w.handler_settings) = 'object'
+                                        THEN w.handler_settings ELSE '{}' END) AS s
+     WHERE w.state <> 'gone' AND jsonb_typeof(s.value) = 'object'
+)
+SELECT d.handler,
+       min(d.max_running)::bigint AS max_running,
+       min(d.per_key)::bigint AS max_running_per_key,
+       count(*) AS daemons,
+       (SELECT count(*) FROM @schema@.jobs r
+         WHERE r.status = 'running' AND r.handler = d.handler AND r.locked_until > now())
+           AS running,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object('key', k.concurrency_key,
+                                                     'running', k.n) ORDER BY k.n DESC), '[]')
+          FROM (SELECT r.concurrency_key, count(*) AS n FROM @schema@.jobs r
+                 WHERE r.status = 'running' AND r.handler = d.handler
+                   AND r.concurrency_key IS NOT NULL AND r.locked_until > now()
+                 GROUP BY r.concurrency_key ORDER BY count(*) DESC, r.concurrency_key
+                 LIMIT 20) k) AS busiest_keys
+  FROM declared d
+ WHERE d.max_running IS NOT NULL OR d.per_key IS NOT NULL
+ GROUP BY d.handler
+ ORDER BY d.handler;
+
+-- name: job_explain_facts
+-- What `explain` reasons from, for job %(id)s, in one round trip (NULL job: no such
+-- job). daemons: the registry's daemons not gone that serve its handler or its queue
+-- (at most 100), each with whether it is fresh (heartbeat within %(stale_after)s
+-- seconds), what of the job it serves, its drain state, busy slots and its settings of
+-- the handler. paused: the pauses of its queue and handler. The current leases of its
+-- handler and of its concurrency key (counts, and the first 20 ids). The live job holding
+-- its dedupe key, if another. How many due jobs of its handler come before it in claim
+-- order (counted up to 10,000). Its latest recorded attempt and how many are recorded.
+-- The registry row of the daemon holding it.
+WITH job AS (
+    SELECT j.*, to_jsonb(j) - 'payload' - 'result' - 'checkpoint' AS row_json
+      FROM @schema@.jobs j WHERE j.id = %(id)s
+)
+SELECT j.row_json AS job,
+       (SELECT coalesce(jsonb_agg(d ORDER BY d.id), '[]') FROM (
+            SELECT w.id, w.host, w.pid, w.state, w.drain_requested, w.slots,
+                   cardinality(w.in_flight) AS busy,
+                   extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_seconds,
+                   w.heartbeat_at > now() - make_interval(secs => %(stale_after)s) AS fresh,
+                   j.handler = ANY(w.handlers) AS serves_handler,
+                   j.queue = ANY(w.queues) AS serves_queue,
+                   CASE WHEN jsonb_typeof(w.handler_settings) = 'object'
+                        THEN w.handler_settings -> j.handler END AS settings,
+                   (SELECT count(*) FROM @schema@.jobs r
+                     WHERE r.status = 'running' AND r.handler = j.handler
+                       AND r.locked_by = w.id) AS busy_with_handler
+              FROM @schema@.workers w
+             WHERE w.state <> 'gone' AND (j.handler = ANY(w.handlers) OR j.queue = ANY(w.queues))
+             ORDER BY w.id
+             LIMIT 100) d) AS daemons,
+       (SELECT coalesce(jsonb_agg(jsonb_build_object(
+                   'kind', p.kind, 'name', p.name, 'paused_at', p.paused_at,
+                   'paused_by', p.paused_by, 'comment', p.comment) ORDER BY p.kind), '[]')
+          FROM @schema@.paused p
+         WHERE (p.kind = 'queue' AND p.name = j.queue)
+            OR (p.kind = 'handler' AND p.name = j.handler)) AS paused,
+       (SELECT count(*) FROM @schema@.jobs r
+         WHERE r.status = 'running' AND r.handler = j.handler AND r.locked_until > now())
+           AS handler_running,
+       ARRAY(SELECT r.id FROM @schema@.jobs r
+              WHERE r.status = 'running' AND r.handler = j.handler AND r.locked_until > now()
+              ORDER BY r.id LIMIT 20) AS handler_running_ids,
+       (SELECT count(*) FROM @schema@.jobs r
+         WHERE r.status = 'running' AND r.handler = j.handler
+           AND r.concurrency_key = j.concurrency_key AND r.locked_until > now())
+           AS key_running,
+       ARRAY(SELECT r.id FROM @schema@.jobs r
+              WHERE r.status = 'running' AND r.handler = j.handler
+                AND r.concurrency_key = j.concurrency_key AND r.locked_until > now()
+              ORDER BY r.id LIMIT 20) AS key_running_ids,
+       (SELECT r.id FROM @schema@.jobs r
+         WHERE j.dedupe_key IS NOT NULL AND r.handler = j.handler
+           AND r.dedupe_key = j.dedupe_key AND r.status IN ('pending', 'running')
+           AND r.id <> j.id
+         LIMIT 1) AS dedupe_holder,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM @schema@.jobs a
+             WHERE a.status = 'pending' AND a.handler = j.handler AND a.run_at <= now()
+               AND (a.priority, a.run_at, a.id) < (j.priority, j.run_at, j.id)
+             LIMIT 10000) ahead) AS due_ahead,
+       (SELECT jsonb_build_object('attempt', a.attempt, 'outcome', a.outcome,
+                                  'worker', a.worker, 'host', a.host,
+                                  'finished_at', a.finished_at, 'error', a.error)
+          FROM @schema@.attempts a WHERE a.job_id = j.id
+         ORDER BY a.finished_at DESC, a.lease_token DESC LIMIT 1) AS last_attempt,
+       (SELECT count(*) FROM @schema@.attempts a WHERE a.job_id = j.id) AS attempts_recorded,
+       (SELECT jsonb_build_object('id', w.id, 'host', w.host, 'pid', w.pid, 'state', w.state,
+                                  'heartbeat_age_seconds',
+                                  extract(epoch FROM now() - w.heartbeat_at)::float8)
+          FROM @schema@.workers w WHERE w.id = j.locked_by) AS holder,
+       CASE WHEN isfinite(j.run_at) THEN extract(epoch FROM j.run_at - now())::float8
+       END AS run_in_seconds,
+       extract(epoch FROM j.locked_until - now())::float8 AS lease_left_seconds,
+       now() AS now
+  FROM (SELECT 1) AS one LEFT JOIN job j ON true;

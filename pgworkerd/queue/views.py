@@ -1,0 +1,328 @@
+"""The read side of the queue: what `pgworkerd status`, `show`, `jobs`, `explain` and the
+web dashboard show, as plain data (dicts and lists of str, int, float, bool, datetime,
+None and decoded JSON), so that the CLI and the dashboard read the same rows the same
+way. Every function takes a connection owned by the caller and the schema name, and
+only reads (text search sets a transaction-local statement timeout).
+
+API (each function's args after (conn, schema); returned keys):
+
+    daemons(conn, schema) -> list of dict
+        id, host, pid, version, queues, handlers, slots, in_flight, state, drain_requested,
+        started_at, heartbeat_at, stopped_at, uptime_seconds, heartbeat_age_seconds,
+        busy (= len(in_flight)), drained (= drain_requested), last_seen_seconds
+        (= heartbeat_age_seconds). Live daemons and those gone within the last hour.
+    running_jobs(conn, schema) -> list of dict
+        id, queue, handler, attempts, max_attempts, locked_by, progress, cancel_requested,
+        age_seconds, lease_left_seconds
+    queue_counts(conn, schema, *, served, top=20, finished_within=None)
+        -> (counts: {queue: {status: n}}, other_queues: {status: n})
+        finished_within None: every job (a full count); a number of seconds: pending and
+        running all, finished ones of that window only (through indexes).
+    oldest_due_seconds(conn, schema) -> float | None   (the oldest due pending job)
+    queues(conn, schema, *, finished_within=3600.0, top=20) -> list of dict
+        queue (None: the other queues summed), counts {status: n}, oldest_due_seconds
+    throughput(conn, schema, *, minutes=60) -> list of dict, one per minute, oldest first
+        minute (datetime), one count per outcome of an ended attempt: completed,
+        failed, dead, cancelled, released, snoozed, lease_expired; and failed_total
+        (failed + dead + lease_expired); every minute a row, quiet ones all zeros
+    unserved(conn, schema) -> list of dict: queue, handler, jobs, groups, oldest_seconds
+    paused(conn, schema) -> list of dict: kind, name, paused_at, paused_by, comment,
+        paused_seconds
+    status(conn, schema) -> dict (`pgworkerd status --json`): daemons, running_jobs,
+        counts, other_queues, oldest_pending_seconds, unserved, paused
+    overview(conn, schema, *, finished_within=3600.0, minutes=60) -> dict
+        status()'s keys, with counts/other_queues over finished_within, plus
+        queues (see queues()), throughput (see throughput()), finished_within
+    jobs_page(conn, schema, *, statuses=None, queue=None, handler=None, text=None,
+              before=None, after=None, limit=50, text_timeout=TEXT_SEARCH_TIMEOUT)
+        -> dict: jobs (list of dict, newest first: id, queue, handler, status, priority,
+        attempts, max_attempts, run_at, locked_by, locked_until, progress, last_error,
+        created_at, started_at, finished_at, concurrency_key), limit, older (the `before`
+        of the next older page, None at the end), newer (the `after` of the next newer
+        page, None when nothing newer can be there)
+        Raises ValueError for a bad status or limit, TextSearchTimeout when the text
+        search ran out of time.
+    job(conn, schema, job_id) -> dict | None: every column of jobs, and attempts (list of
+        dict: attempt, outcome, worker, host, started_at, finished_at, wall_seconds,
+        cpu_user_seconds, cpu_system_seconds, peak_memory, error; None when the role may
+        not read attempts)
+    schedules(conn, schema) -> list of dict: name, definition, declared_by, declared_at,
+        created_at, last_tick, last_job_id, last_skipped, last_fired_by, last_job_status,
+        runs, declared_now
+    limits(conn, schema) -> list of dict: handler, max_running, max_running_per_key (the
+        strictest a live daemon declares; None: none), daemons (how many declare any),
+        running (current leases), busiest_keys (list of {key, running}, at most 20)
+
+Why a module of its own and not queue/fleet.py: fleet.py changes the fleet (drain, pause,
+waiting for a drain); this module only reads, and the dashboard, which may run
+read-only, imports nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import psycopg
+from psycopg.errors import InsufficientPrivilege, QueryCanceled
+from psycopg.rows import dict_row
+
+from pgworkerd.model import STATUSES
+from pgworkerd.queue import admin, attempts
+from pgworkerd.queue import schedules as schedule_statements
+from pgworkerd.queue.queries import query
+
+# `status` names this many queues (the ones with the most jobs) and sums the others.
+STATUS_TOP_QUEUES = 20
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 1000
+# A text search reads rows until the page is full (no index serves a substring of a
+# payload): past this many seconds it is cancelled and says so.
+TEXT_SEARCH_TIMEOUT = 5.0
+OUTCOMES = ("completed", "failed", "dead", "cancelled", "released", "snoozed", "lease expired")
+FAILED_OUTCOMES = ("failed", "dead", "lease expired")
+
+
+class TextSearchTimeout(RuntimeError):
+    """A text search of the jobs page ran past its statement timeout."""
+
+
+def _rows(
+    conn: psycopg.Connection[Any],
+    name: str,
+    schema: str,
+    params: dict[str, Any] | None = None,
+    *,
+    prepare: bool | None = None,
+) -> list[dict[str, Any]]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query(name, schema), params or {}, prepare=prepare).fetchall()
+
+
+def daemons(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
+    rows = _rows(conn, "worker_list", schema)
+    for w in rows:
+        w["busy"] = len(w["in_flight"])
+        w["drained"] = bool(w["drain_requested"])
+        w["last_seen_seconds"] = w["heartbeat_age_seconds"]
+    return rows
+
+
+def running_jobs(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
+    return _rows(conn, "job_running_list", schema)
+
+
+def queue_counts(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    *,
+    served: Sequence[str],
+    top: int = STATUS_TOP_QUEUES,
+    finished_within: float | None = None,
+) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """Jobs per queue and status: the `served` queues and the `top` biggest others by
+    name, every other queue summed (an enqueuer with 200,000 queues must not make a page
+    of 200,000 lines, nor push the fleet's own queues out of view)."""
+    if finished_within is None:
+        rows = admin.counts_capped(conn, served, top, schema=schema)
+    else:
+        rows = [
+            (r["queue"], r["status"], int(r["jobs"]))
+            for r in _rows(
+                conn,
+                "view_job_counts_recent_capped",
+                schema,
+                {"served": list(served), "top": top, "window": finished_within},
+            )
+        ]
+    counts: dict[str, dict[str, int]] = {}
+    other: dict[str, int] = {}
+    for queue, status_name, n in rows:
+        (other if queue is None else counts.setdefault(queue, {}))[status_name] = n
+    return counts, other
+
+
+def oldest_due_seconds(conn: psycopg.Connection[Any], schema: str) -> float | None:
+    row = conn.execute(query("job_oldest_pending", schema)).fetchone()
+    return row[0] if row else None
+
+
+def _served_queues(live: Iterable[dict[str, Any]]) -> list[str]:
+    return sorted({q for w in live if w["state"] != "gone" for q in w["queues"]})
+
+
+def queues(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    *,
+    finished_within: float | None = 3600.0,
+    top: int = STATUS_TOP_QUEUES,
+    served: Sequence[str] | None = None,
+) -> list[dict[str, Any]]:
+    if served is None:
+        served = _served_queues(daemons(conn, schema))
+    counts, other = queue_counts(
+        conn, schema, served=served, top=top, finished_within=finished_within
+    )
+    names = sorted(set(counts) | set(served))
+    oldest = {
+        r["queue"]: r["oldest_due_seconds"]
+        for r in _rows(conn, "view_queue_oldest_due", schema, {"queues": names})
+    }
+    listed: list[dict[str, Any]] = [
+        {"queue": q, "counts": counts.get(q, {}), "oldest_due_seconds": oldest.get(q)}
+        for q in names
+    ]
+    if other:
+        listed.append({"queue": None, "counts": other, "oldest_due_seconds": None})
+    return listed
+
+
+def throughput(
+    conn: psycopg.Connection[Any], schema: str, *, minutes: int = 60
+) -> list[dict[str, Any]]:
+    if not 1 <= minutes <= 7 * 24 * 60:
+        raise ValueError(f"minutes must be within 1..10080, not {minutes}")
+    out = []
+    for r in _rows(conn, "view_throughput", schema, {"minutes": minutes}):
+        ended = r["outcomes"] if isinstance(r["outcomes"], dict) else {}
+        bucket: dict[str, Any] = {"minute": r["minute"]}
+        for outcome in OUTCOMES:
+            n = ended.get(outcome)
+            bucket[outcome.replace(" ", "_")] = n if isinstance(n, int) else 0
+        bucket["failed_total"] = sum(bucket[o.replace(" ", "_")] for o in FAILED_OUTCOMES)
+        out.append(bucket)
+    return out
+
+
+def unserved(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
+    return _rows(conn, "job_unserved_list", schema)
+
+
+def paused(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
+    return _rows(conn, "paused_list", schema)
+
+
+def status(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
+    """Everything `pgworkerd status` shows, as plain data (also its --json shape)."""
+    workers = daemons(conn, schema)
+    counts, other = queue_counts(conn, schema, served=_served_queues(workers))
+    return {
+        "daemons": workers,
+        "running_jobs": running_jobs(conn, schema),
+        "counts": counts,
+        "other_queues": other,
+        "oldest_pending_seconds": oldest_due_seconds(conn, schema),
+        "unserved": unserved(conn, schema),
+        "paused": paused(conn, schema),
+    }
+
+
+def overview(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    *,
+    finished_within: float | None = 3600.0,
+    minutes: int = 60,
+) -> dict[str, Any]:
+    """The dashboard's first page: status() with finished jobs counted over the last
+    `finished_within` seconds (None: all, a full count), per-queue rows with the age of
+    the oldest due job, and ended attempts per minute over the last `minutes`."""
+    workers = daemons(conn, schema)
+    served = _served_queues(workers)
+    counts, other = queue_counts(conn, schema, served=served, finished_within=finished_within)
+    return {
+        "daemons": workers,
+        "running_jobs": running_jobs(conn, schema),
+        "counts": counts,
+        "other_queues": other,
+        "oldest_pending_seconds": oldest_due_seconds(conn, schema),
+        "unserved": unserved(conn, schema),
+        "paused": paused(conn, schema),
+        "queues": queues(conn, schema, finished_within=finished_within, served=served),
+        "throughput": throughput(conn, schema, minutes=minutes),
+        "finished_within": finished_within,
+    }
+
+
+def jobs_page(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    *,
+    statuses: Iterable[str] | None = None,
+    queue: str | None = None,
+    handler: str | None = None,
+    text: str | None = None,
+    before: int | None = None,
+    after: int | None = None,
+    limit: int = DEFAULT_PAGE_SIZE,
+    text_timeout: float = TEXT_SEARCH_TIMEOUT,
+) -> dict[str, Any]:
+    """One page of jobs, newest first: below id `before`, or just above id `after`, or
+    the newest. Every filter goes to the database as a bound value (hostile text is
+    just text); `text` is a case-insensitive substring of the payload's JSON or the last
+    error, which no index serves: that scan stops at the page size and at
+    `text_timeout` seconds (TextSearchTimeout)."""
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise ValueError(f"limit must be within 1..{MAX_PAGE_SIZE}, not {limit}")
+    if before is not None and after is not None:
+        raise ValueError("give before or after, not both")
+    chosen = admin.check_statuses(statuses) if statuses else list(STATUSES)
+    params = {
+        "statuses": sorted(set(chosen)),
+        "queue": queue,
+        "handler": handler,
+        "text": text or None,
+        "before": before,
+        "after": after,
+        "limit": limit,
+    }
+    name = "view_job_page_older" if after is None else "view_job_page_newer"
+    # Unprepared: the planner sees the values, so each NULL filter folds away.
+    if text:
+        try:
+            with conn.transaction():
+                conn.execute(
+                    query("session_statement_timeout_set_local", schema),
+                    {"timeout": f"{int(text_timeout * 1000)}ms"},
+                )
+                rows = _rows(conn, name, schema, params, prepare=False)
+        except QueryCanceled:
+            raise TextSearchTimeout(
+                f"the text search read jobs for {text_timeout:g} s without filling the page;"
+                " narrow it by status, queue or handler"
+            ) from None
+    else:
+        rows = _rows(conn, name, schema, params, prepare=False)
+    if after is not None:
+        rows.reverse()
+    full = len(rows) == limit
+    if after is None:
+        # newest first from `before` (or the top): more below when the page is full
+        older = rows[-1]["id"] if rows and full else None
+        newer = None if before is None else (rows[0]["id"] if rows else before)
+    else:
+        # the page just above `after`: more above when full, and `after` itself below
+        older = rows[-1]["id"] if rows else after
+        newer = rows[0]["id"] if rows and full else None
+    return {"jobs": rows, "limit": limit, "older": older, "newer": newer}
+
+
+def job(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, Any] | None:
+    row = admin.get(conn, job_id, schema=schema)
+    if row is None:
+        return None
+    history: list[dict[str, Any]] | None
+    try:
+        history = attempts.history(conn, job_id, schema=schema)
+    except InsufficientPrivilege:  # a role granted before schema 12: the job still shows
+        history = None
+    return {**row, "attempts": history}
+
+
+def schedules(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
+    return schedule_statements.list_all(conn, schema)
+
+
+def limits(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
+    return _rows(conn, "view_limits", schema)

@@ -34,6 +34,12 @@ GRANT SELECT, INSERT, UPDATE ON pgworkerd.workers TO pgworkerd_daemon;
 GRANT SELECT ON pgworkerd.attempts TO pgworkerd_daemon;
 GRANT UPDATE (wall_seconds, cpu_user_seconds, cpu_system_seconds, peak_memory)
       ON pgworkerd.attempts TO pgworkerd_daemon;
+-- Job logs (schema 15): the daemon upserts what its attempts printed (job_log_write:
+-- INSERT ... ON CONFLICT DO UPDATE needs SELECT too); `logs` reads them. Rows go with
+-- their job through a trigger (SECURITY DEFINER): no DELETE needed.
+GRANT SELECT, INSERT ON pgworkerd.job_logs TO pgworkerd_daemon;
+GRANT UPDATE (head, tail, total_bytes, omitted_bytes, finished, updated_at)
+      ON pgworkerd.job_logs TO pgworkerd_daemon;
 -- Pausing queues and handlers (`pgworkerd pause`/`resume --queue/--handler`, the claim
 -- and `status` read what is paused; the functions are SECURITY DEFINER).
 GRANT SELECT ON pgworkerd.paused TO pgworkerd_daemon;

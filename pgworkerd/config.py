@@ -113,6 +113,26 @@ class HandlerConfig:
         return self.target.partition(":")[0]
 
 
+# The bounds of [logs] max_bytes_per_attempt: less is a typo; more would make every
+# running attempt's once-a-second write of its tail heavy (README "Job logs").
+LOG_CAP_MIN = 4 << 10
+LOG_CAP_MAX = 64 << 20
+# At most this many lines a second of one attempt's output in the daemon's own log.
+FORWARD_LINES_MAX = 100_000
+
+
+@dataclass(frozen=True)
+class LogsConfig:
+    """Capture of what jobs print (pgworkerd.daemon.joblogs, README "Job logs")."""
+
+    capture: bool = True
+    # per attempt: the first half and the last half of this are kept in job_logs
+    max_bytes_per_attempt: int = 1 << 20
+    # lines a second per attempt copied to the daemon's own log (0: none); more are
+    # counted and said, never dropped from the stored copy
+    forward_lines_per_second: int = 100
+
+
 @dataclass(frozen=True)
 class LoggingConfig:
     format: str = "text"  # or "json"
@@ -216,6 +236,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     schedules: dict[str, ScheduleConfig] = field(default_factory=dict)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    logs: LogsConfig = field(default_factory=LogsConfig)
     web: WebConfig = field(default_factory=WebConfig)
 
     @property
@@ -517,6 +538,26 @@ _RETENTION = {
     "interval": _positive_duration,
     "batch": _prune_batch,
 }
+
+
+def _log_cap(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise TypeError(f'expected a size like "1MiB", got {_describe(value)}')
+    return parse_size(value, minimum=LOG_CAP_MIN, maximum=LOG_CAP_MAX)
+
+
+def _forward_lines(value: Any) -> int:
+    count = _non_negative_int(value)
+    if count > FORWARD_LINES_MAX:
+        raise ValueError(f"must be at most {FORWARD_LINES_MAX}, got {count}")
+    return count
+
+
+_LOGS = {
+    "capture": _bool,
+    "max_bytes_per_attempt": _log_cap,
+    "forward_lines_per_second": _forward_lines,
+}
 _LOGGING = {
     "format": _choice("text", "json"),
     "level": _choice("debug", "info", "warning", "error"),
@@ -745,6 +786,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         "handlers",
         "schedules",
         "retention",
+        "logs",
         "web",
     ]
     for table, value in data.items():
@@ -787,6 +829,8 @@ def parse_config(text: str, path: str = "<config>") -> Config:
     retention = _read_table(
         _Reader(path, text, "retention", data.get("retention", {})), RetentionConfig, _RETENTION
     )
+    logs = _read_table(_Reader(path, text, "logs", data.get("logs", {})), LogsConfig, _LOGS)
+    config = Config(path, database, worker, logging, handlers, metrics, schedules, retention, logs)
     web = _read_table(_Reader(path, text, "web", data.get("web", {})), WebConfig, _WEB)
     config = Config(
         path, database, worker, logging, handlers, metrics, schedules, retention, web

@@ -30,8 +30,9 @@ MAX_SIZE = 1 << 50  # 1 PiB
 MIN_SIZE = 1 << 20  # 1 MiB
 
 
-def parse_size(value: str | int) -> int:
-    """Bytes in a size; raises ValueError saying which forms are accepted."""
+def parse_size(value: str | int, *, minimum: int = MIN_SIZE, maximum: int = MAX_SIZE) -> int:
+    """Bytes in a size from `minimum` to `maximum` (default: 1 MiB to 1 PiB, for memory);
+    raises ValueError saying which forms are accepted."""
     if isinstance(value, bool) or not isinstance(value, str | int):
         raise ValueError(f'expected a size like "2GiB", got {type(value).__name__}')
     if isinstance(value, int):
@@ -48,16 +49,22 @@ def parse_size(value: str | int) -> int:
         size = int(float(match[1]) * _UNITS[match[2]])
     if size < 0:
         raise ValueError(f"{value!r} is negative")
-    if size < MIN_SIZE:
-        raise ValueError(f"{value!r} is too small (at least 1MiB)")
-    if size > MAX_SIZE:
-        raise ValueError(f"{value!r} is out of range (at most 1PiB)")
+    if size < minimum:
+        raise ValueError(f"{value!r} is too small (at least {format_size(minimum)})")
+    if size > maximum:
+        raise ValueError(f"{value!r} is out of range (at most {format_size(maximum)})")
     return size
 
 
 def format_size(size: float) -> str:
     """'2 GiB', '2.1 GiB', '512 MiB', '300 KiB': one decimal, dropped when zero."""
-    for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    for unit, scale in (
+        ("PiB", 1 << 50),
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ):
         if size >= scale:
             value = size / scale
             text = f"{value:.1f}".removesuffix(".0")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 from pgworkerd.config import HandlerConfig, WorkerConfig
 from pgworkerd.daemon import accounting
+from pgworkerd.daemon.joblogs import JobLogs
 from pgworkerd.daemon.outcomes import InFlight, Outcome, decide, fence_margin
 from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.daemon.supervisor import Child, Supervisor, describe_exit
@@ -53,12 +54,14 @@ class JobTable:
         metrics: NullMetrics,
         on_settled: Callable[[Outcome], None],
         clock: Callable[[], float] = time.monotonic,
+        logs: JobLogs | None = None,
     ) -> None:
         self.worker = worker
         self.supervisor = supervisor
         self.metrics = metrics
         self.on_settled = on_settled
         self.clock = clock
+        self.logs = logs  # what the jobs print (daemon.joblogs); None: not captured
         self.jobs: dict[int, InFlight] = {}
         self._child_of: dict[int, Child] = {}  # job id -> the child running it
         self.draining = False
@@ -160,6 +163,8 @@ class JobTable:
             self._child_of[job.job.id] = child
             if not self.supervisor.assign(child, job.job.id, frame):
                 self._unlink(job)
+            elif self.logs is not None:
+                self.logs.begin(job.job.id, job.job.token, job.job.attempt, child.pid)
 
     def child_of(self, job: InFlight) -> Child | None:
         return self._child_of.get(job.job.id)
@@ -228,6 +233,8 @@ class JobTable:
             self._settle(job, None, exit_description=child.broken or describe_exit(status))
         elif status != 0 and not child.exiting:
             log.warning("idle child %s %s", child.pid, describe_exit(status))
+        if self.logs is not None:
+            self.logs.child_exited(child.pid)
 
     # -- stopping ------------------------------------------------------------------------
 
@@ -300,6 +307,8 @@ class JobTable:
             return
         child = self.child_of(job)
         self._unlink(job)
+        if self.logs is not None:
+            self.logs.end(job.job.id)  # the rest of its output, before a next job's
         outcome = decide(job, report, exit_description, self.draining, self.worker)
         if job.started_at is not None:  # it ran: what it cost goes to its history
             wall = self.clock() - job.claimed_at

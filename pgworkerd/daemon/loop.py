@@ -40,6 +40,7 @@ from pgworkerd.config import Config, ConfigError, file_warnings, load_config
 from pgworkerd.daemon.accounting import UsageWriter
 from pgworkerd.daemon.claimer import Claimer
 from pgworkerd.daemon.dblink import MAX_RECONNECT_DELAY, RECONNECT_INITIAL, DatabaseLink
+from pgworkerd.daemon.joblogs import JobLogs
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.leases import LeaseKeeper
 from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
@@ -68,7 +69,10 @@ MAX_WAIT = 1.0
 
 def child_settings(config: Config) -> dict[str, Any]:
     """What the fork server hands every child it starts."""
-    return {"max_jobs_per_child": config.worker.max_jobs_per_child}
+    return {
+        "max_jobs_per_child": config.worker.max_jobs_per_child,
+        "capture_logs": config.logs.capture,
+    }
 
 
 class Daemon:
@@ -101,7 +105,16 @@ class Daemon:
         self.link = DatabaseLink(config.database, self.dsn, self.schema, self.selector)
         self.statements = Statements(self.link, self.worker_id, self.schema, self.metrics)
         self.supervisor = Supervisor(self.selector, self._on_message, self._on_child_exit)
-        self.table = JobTable(config.worker, self.supervisor, self.metrics, self._settled)
+        # what jobs print (daemon.joblogs)
+        self.joblogs = JobLogs(
+            config.logs,
+            self.statements.write_logs,
+            lambda: self.link.ok,
+            lambda: self.supervisor.containment.tmp_root,
+        )
+        self.table = JobTable(
+            config.worker, self.supervisor, self.metrics, self._settled, logs=self.joblogs
+        )
         self.peers = Peers(self.worker_id)  # the live daemons, for targeted wake-ups
         self.claimer = Claimer(
             config,
@@ -248,6 +261,7 @@ class Daemon:
             self._database_restored()
         self.writer.tick(now)
         self.usage.tick(now)
+        self.joblogs.tick(now)
         self.leases.tick(now)
         self.claimer.set_accepting(self._accepting())
         # Claim and hand out before the registry heartbeat: a woken idle daemon starts
@@ -293,6 +307,7 @@ class Daemon:
             return False
         if not self.table.busy() and not self.writer.pending:
             self.usage.flush()
+            self.joblogs.flush()
             self.presence.deregister()
             return True
         if self.exit_deadline is not None and time.monotonic() >= self.exit_deadline:
@@ -315,6 +330,7 @@ class Daemon:
             self.leases.next_deadline(),
             self.writer.next_deadline(),
             self.usage.next_deadline(),
+            self.joblogs.next_deadline(),
             self.presence.next_deadline(),
             self.scheduler.next_deadline(),
             self.retention.next_deadline(),
@@ -456,6 +472,7 @@ class Daemon:
         self.config = new
         self.lifecycle.reload_error = ""
         self.table.configure(new.worker)
+        self.joblogs.configure(new.logs)
         self.claimer.configure(new)
         self.presence.configure(new)
         self.scheduler.configure(new)

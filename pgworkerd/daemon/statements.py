@@ -13,12 +13,13 @@ from datetime import datetime
 from typing import Any
 
 from pgworkerd.config import RetentionConfig
-from pgworkerd.daemon import accounting, outcomes
+from pgworkerd.daemon import accounting, joblogs, outcomes
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue import lease, registry, retention, schedules
 from pgworkerd.queue.attempts import Usage
+from pgworkerd.queue.joblogs import LogWrite
 
 
 class Statements:
@@ -97,6 +98,13 @@ class Statements:
         return self.link.run(
             "recording attempt figures",
             lambda c: accounting.write(c, self.worker_id, self.schema, usages),
+        )
+
+    def write_logs(self, entries: list[LogWrite]) -> set[int] | None:
+        """What running and ended attempts printed, to job_logs."""
+        return self.link.run(
+            "storing job output",
+            lambda c: joblogs.write(c, self.worker_id, self.schema, entries),
         )
 
     def register(self, info: registry.WorkerInfo, state: str) -> None:

@@ -29,6 +29,7 @@ from setproctitle import setproctitle
 
 from pgworkerd.jsontext import storable_json, storable_text
 from pgworkerd.worker import protocol, reaper, tmpdirs
+from pgworkerd.worker.capture import Capture
 from pgworkerd.worker.outcomes import GiveUp, Snooze, exception_types, snooze_problem
 from pgworkerd.worker.protocol import (
     Beat,
@@ -285,7 +286,7 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise JobInterrupted(f"stopped by the daemon ({signal.Signals(signum).name})")
 
 
-def _run_one(channel: _Channel, job: Job, scratch_dir: str | None) -> None:
+def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capture | None) -> None:
     # (cancel/shutdown flags are cleared after a job, not before: a shutdown message can
     # arrive right behind the job message and must not be lost)
     channel.title = f"pgworkerd: job {job.id} {job.handler} attempt {job.attempt}"
@@ -298,6 +299,8 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None) -> None:
     channel.jobs_run += 1
     setproctitle(f"{channel.title} 0s")
     scratch = tmpdirs.enter(scratch_dir)
+    if capture is not None:
+        capture.enter()  # what the attempt prints goes to the daemon's job log
     ctx = JobContext(channel, job)
     outcome: Report
     try:
@@ -346,6 +349,9 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None) -> None:
             channel.meter.sample()
     reaper.kill_descendants()
     tmpdirs.leave(scratch)
+    if capture is not None:
+        # Before the outcome: once the daemon has it, it reads the log to its end.
+        capture.leave()
     try:
         frame = protocol.encode(outcome)
     except FrameTooLarge as exc:  # the attempt fails, saying why (not "exited with 70")
@@ -394,6 +400,8 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         setproctitle("pgworkerd: idle child")
         channel = _Channel(socket.socket(fileno=fd))
+        # the output file exists before the daemon learns our pid (pgworkerd.worker.capture)
+        capture = Capture.open(settings.get("tmpdir")) if settings.get("capture_logs") else None
         channel.send(Hello(os.getpid()))
         threading.Thread(target=_monitor, args=(channel,), daemon=True).start()
         jobs = int(settings.get("max_jobs_per_child", 1))
@@ -402,7 +410,7 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
             job = channel.jobs.get()
             if job is None:
                 break
-            _run_one(channel, job, scratch_dir)
+            _run_one(channel, job, scratch_dir, capture)
             tmpdirs.remove(scratch_dir)  # the outcome is sent: off the job's path
             scratch_dir = tmpdirs.prepare(settings.get("tmpdir")) if n + 1 < jobs else None
         tmpdirs.remove(scratch_dir)

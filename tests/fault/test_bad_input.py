@@ -226,6 +226,48 @@ MORE_CONFIG_CASES = [
         ["{path}:2: worker.max_child_memory:", "out of range"],
         id="size-absurd",
     ),
+    # [logs]: a cap that would keep nothing useful or make every write heavy, a rate no
+    # log should take, and what TOML lets through besides
+    pytest.param(
+        '[logs]\nmax_bytes_per_attempt = "10"\n',
+        ["{path}:2: logs.max_bytes_per_attempt:", "too small (at least 4 KiB)"],
+        id="log-cap-tiny",
+    ),
+    pytest.param(
+        '[logs]\nmax_bytes_per_attempt = "1TiB"\n',
+        ["{path}:2: logs.max_bytes_per_attempt:", "out of range (at most 64 MiB)"],
+        id="log-cap-huge",
+    ),
+    pytest.param(
+        '[logs]\nmax_bytes_per_attempt = "-1MiB"\n',
+        ["{path}:2: logs.max_bytes_per_attempt:", "is negative"],
+        id="log-cap-negative",
+    ),
+    pytest.param(
+        "[logs]\nmax_bytes_per_attempt = 1e400\n",
+        ["{path}:2: logs.max_bytes_per_attempt:", 'expected a size like "1MiB", got float inf'],
+        id="log-cap-infinite",
+    ),
+    pytest.param(
+        '[logs]\ncapture = "yes"\n',
+        ["{path}:2: logs.capture:", "expected true or false"],
+        id="log-capture-string",
+    ),
+    pytest.param(
+        "[logs]\nforward_lines_per_second = -5\n",
+        ["{path}:2: logs.forward_lines_per_second:", "expected an integer >= 0"],
+        id="log-forward-negative",
+    ),
+    pytest.param(
+        "[logs]\nforward_lines_per_second = 99999999999999999999999\n",
+        ["{path}:2: logs.forward_lines_per_second:", "must be at most 100000"],
+        id="log-forward-huge",
+    ),
+    pytest.param(
+        '[logs]\ncapture = true\npath = "/etc/passwd"\n',
+        ["{path}:3: logs.path: unknown key"],
+        id="log-unknown-key",
+    ),
     pytest.param(
         '\n[handler.h]\ntarget = "pgworkerd.examples:echo"\n',
         ["{path}:2: [handler]: unknown table"],

@@ -105,11 +105,16 @@ def write_config(
     worker: dict[str, Any] | None = None,
     *,
     name: str = "test",
+    tables: dict[str, dict[str, Any]] | None = None,
 ) -> Path:
-    """Write a daemon config: DEFAULT_WORKER overridden by `worker`, and `handlers` as
-    {name: {"target": ..., other keys}}; the DSN and schema come from the command line."""
+    """Write a daemon config: DEFAULT_WORKER overridden by `worker`, `handlers` as
+    {name: {"target": ..., other keys}} and other `tables` ({"logs": {...}}); the DSN
+    and schema come from the command line."""
     lines = ["[worker]", f"name = {_toml_value(name)}"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in {**DEFAULT_WORKER, **(worker or {})}.items()]
+    for table, keys in (tables or {}).items():
+        lines += ["", f"[{table}]"]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in keys.items()]
     for handler, keys in handlers.items():
         lines += ["", f"[handlers.{handler}]"]
         lines += [f"{k} = {_toml_value(v)}" for k, v in keys.items()]
@@ -287,10 +292,11 @@ class Daemons:
         worker: dict[str, Any] | None = None,
         *,
         path: Path | None = None,
+        tables: dict[str, dict[str, Any]] | None = None,
     ) -> Path:
         if path is None:
             path = self.tmp_path / f"pgworkerd-{len(list(self.tmp_path.glob('*.toml')))}.toml"
-        return write_config(path, handlers, worker)
+        return write_config(path, handlers, worker, tables=tables)
 
     def start(
         self,

@@ -399,6 +399,16 @@ def test_retention_keys_off_zero_and_errors_naming_the_key() -> None:
             parse_config(text)
 
 
+def test_logs_keys_defaults_and_bounds() -> None:
+    from pgworkerd.config import LogsConfig, parse_config
+
+    assert parse_config("").logs == LogsConfig(True, 1 << 20, 100)
+    config = parse_config(
+        '[logs]\ncapture = false\nmax_bytes_per_attempt = "64KiB"\nforward_lines_per_second = 0\n'
+    )
+    assert config.logs == LogsConfig(False, 64 << 10, 0)
+
+
 def test_check_config_shows_a_retention_that_is_off(tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text(

@@ -923,3 +923,39 @@ SELECT j.row_json AS job,
        extract(epoch FROM j.locked_until - now())::float8 AS lease_left_seconds,
        now() AS now
   FROM (SELECT 1) AS one LEFT JOIN job j ON true;
+
+
+-- name: job_log_write
+-- Upsert running and ended attempts' captured output (migration 0015), every attempt in
+-- one statement: a NULL (or empty) head keeps the stored one (a head only grows, and once
+-- full it is sent no more, so its TOASTed value is not rewritten every second). Attempts of jobs deleted meanwhile are
+-- skipped, so a log never outlives its job. Returns the job ids written.
+INSERT INTO @schema@.job_logs AS l
+       (job_id, lease_token, attempt, worker, head, tail, total_bytes, omitted_bytes,
+        finished, updated_at)
+SELECT u.id, u.token, u.attempt, %(worker)s, coalesce(u.head, ''), u.tail, u.total,
+       u.omitted, u.finished, now()
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(attempts)s::integer[],
+              %(heads)s::text[], %(tails)s::text[], %(totals)s::bigint[],
+              %(omitted)s::bigint[], %(finished)s::boolean[])
+       AS u(id, token, attempt, head, tail, total, omitted, finished)
+ WHERE EXISTS (SELECT 1 FROM @schema@.jobs j WHERE j.id = u.id)
+ON CONFLICT (job_id, lease_token) DO UPDATE
+   SET head = CASE WHEN EXCLUDED.head = '' THEN l.head ELSE EXCLUDED.head END, tail = EXCLUDED.tail,
+       total_bytes = EXCLUDED.total_bytes, omitted_bytes = EXCLUDED.omitted_bytes,
+       finished = EXCLUDED.finished, updated_at = EXCLUDED.updated_at
+RETURNING l.job_id;
+
+-- name: job_log_list
+-- A job's captured output, one row per attempt that printed something, oldest first
+-- (pgworkerd logs, the dashboard); %(attempt)s NULL for every attempt.
+SELECT attempt, lease_token, worker, head, tail, total_bytes, omitted_bytes, finished,
+       updated_at
+  FROM @schema@.job_logs
+ WHERE job_id = %(id)s AND (%(attempt)s::integer IS NULL OR attempt = %(attempt)s)
+ ORDER BY lease_token;
+
+-- name: job_log_state
+-- Whether a job exists, and the attempt it runs now (for `logs --follow`).
+SELECT status::text AS status, attempts, lease_token
+  FROM @schema@.jobs WHERE id = %(id)s;

@@ -1,0 +1,107 @@
+"""A job's output, captured for the daemon (pgworkerd.daemon.joblogs reads it).
+
+Each child opens one file at its start, `log-PID` in the daemon's temp directory (see
+pgworkerd.daemon.containment), before it says hello: the daemon opens it by that name,
+unlinks it and reads what is appended. While an attempt runs, the child's descriptors 1
+and 2 point at it (dup2), so the handler's print() and sys.stderr, Python logging, C
+libraries writing to stdout and every subprocess the handler starts write there; between
+attempts they point back at the daemon's stdout and stderr. The daemon attributes what it
+reads to the child's current attempt: the child restores its descriptors (and every
+process of the attempt is dead) before it reports the outcome, and the next attempt
+starts after the daemon has read to the end.
+
+Why a file: a write to a regular file never waits for a reader, so a handler printing at
+full speed is never slowed by the daemon (a pipe would block it once the daemon falls a
+pipe buffer behind), and what was written survives a kill -9 of the child: the daemon
+reads it when it reaps the child. One file per child, not per attempt: a reused child
+(max_jobs_per_child > 1) costs no file creation per job.
+
+Dependency-free: the job's child imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from typing import Any
+
+# A handler that configured no logging gets a root handler on stderr at this level for
+# its attempts (README "Job logs"): its logger.info() lines are captured too.
+LOG_LEVEL = logging.INFO
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def path_for(root: str, pid: int) -> str:
+    """The output file of child `pid` in the daemon's directory `root`."""
+    return os.path.join(root, f"log-{pid}")
+
+
+class Capture:
+    """This child's output file, and what its attempts change and put back."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        # the daemon's stdout and stderr, kept (close-on-exec) to put back after a job
+        self.saved = (os.dup(1), os.dup(2))
+        self._line_buffering: list[tuple[Any, bool]] = []
+        self._handler: logging.Handler | None = None
+        self._root_level = logging.WARNING
+
+    @classmethod
+    def open(cls, root: str | None) -> Capture | None:
+        """Create this child's file (mode 0600, never an existing one). None when there
+        is no directory or the file cannot be made: jobs then print to the daemon's
+        stdout and stderr as without capture, and the child says why on stderr."""
+        if root is None:
+            return None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            return cls(os.open(path_for(root, os.getpid()), flags, 0o600))
+        except OSError as exc:
+            print(f"pgworkerd child {os.getpid()}: output not captured: {exc}", file=sys.stderr)
+            return None
+
+    def enter(self) -> None:
+        """Point descriptors 1 and 2 at the file for an attempt."""
+        _flush()
+        os.dup2(self.fd, 1)  # (inheritable: the handler's subprocesses write here too)
+        os.dup2(self.fd, 2)
+        # Line-buffered: what a handler printed is in the file (and survives its kill -9)
+        # line by line, not 8 KiB at a time.
+        self._line_buffering = []
+        for stream in (sys.stdout, sys.stderr):
+            before = getattr(stream, "line_buffering", None)
+            if before is False:
+                with contextlib.suppress(Exception):
+                    stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+                    self._line_buffering.append((stream, before))
+        root = logging.getLogger()
+        if not root.handlers:  # the handler's own logging config, if any, stays as it is
+            self._handler = logging.StreamHandler(sys.stderr)
+            self._handler.setFormatter(logging.Formatter(LOG_FORMAT))
+            self._root_level = root.level
+            root.addHandler(self._handler)
+            root.setLevel(LOG_LEVEL)
+
+    def leave(self) -> None:
+        """Put the daemon's stdout and stderr back (before the outcome is reported)."""
+        _flush()
+        if self._handler is not None:
+            root = logging.getLogger()
+            root.removeHandler(self._handler)
+            root.setLevel(self._root_level)
+            self._handler = None
+        for stream, before in self._line_buffering:
+            with contextlib.suppress(Exception):
+                stream.reconfigure(line_buffering=before)
+        self._line_buffering = []
+        os.dup2(self.saved[0], 1)
+        os.dup2(self.saved[1], 2)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()

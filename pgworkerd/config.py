@@ -830,10 +830,9 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         _Reader(path, text, "retention", data.get("retention", {})), RetentionConfig, _RETENTION
     )
     logs = _read_table(_Reader(path, text, "logs", data.get("logs", {})), LogsConfig, _LOGS)
-    config = Config(path, database, worker, logging, handlers, metrics, schedules, retention, logs)
     web = _read_table(_Reader(path, text, "web", data.get("web", {})), WebConfig, _WEB)
     config = Config(
-        path, database, worker, logging, handlers, metrics, schedules, retention, web
+        path, database, worker, logging, handlers, metrics, schedules, retention, logs, web
     )
     _cross_check(config, text)
     return config

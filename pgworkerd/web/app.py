@@ -33,7 +33,7 @@ from pgworkerd.bounds import name_problem
 from pgworkerd.describe import printable
 from pgworkerd.durations import format_duration
 from pgworkerd.model import STATUSES
-from pgworkerd.queue import admin, attempts, fleet, schedules
+from pgworkerd.queue import admin, fleet, joblogs, views
 from pgworkerd.queue.db import scrub
 from pgworkerd.web.passwords import verify
 
@@ -327,8 +327,14 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
 
     def overview_data() -> dict[str, Any]:
         with database() as conn:
-            snap = fleet.snapshot(conn, settings.schema)
-        return {"snap": snap}
+            snap = views.overview(conn, settings.schema)
+        hour = snap["throughput"]
+        peak = max((m["completed"] + m["failed_total"] for m in hour), default=0)
+        totals = {
+            "completed": sum(m["completed"] for m in hour),
+            "failed": sum(m["failed_total"] for m in hour),
+        }
+        return {"snap": snap, "peak": max(peak, 1), "totals": totals}
 
     @app.get("/")
     def overview() -> str:
@@ -340,15 +346,20 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
 
     def job_data(job_id: int) -> dict[str, Any]:
         with database() as conn:
-            job = admin.get(conn, job_id, schema=settings.schema)
-            if job is None:
-                abort(404, f"no job {job_id}")
-            history = attempts.history(conn, job_id, schema=settings.schema)
-        return {"job": job, "attempts": history}
+            job = views.job(conn, settings.schema, job_id)
+        if job is None:
+            abort(404, f"no job {job_id}")
+        return {"job": job, "attempts": job["attempts"]}
 
     @app.get("/jobs/<int:job_id>")
     def job(job_id: int) -> str:
-        return render_template("job.html", **job_data(job_id))
+        data = job_data(job_id)
+        with database() as conn:
+            try:
+                logs = joblogs.read_logs(conn, settings.schema, job_id)
+            except psycopg.errors.InsufficientPrivilege:
+                logs = None  # a role without the job_logs grant: the rest still shows
+        return render_template("job.html", logs=logs, **data)
 
     @app.get("/live/jobs/<int:job_id>")
     def job_live(job_id: int) -> str:
@@ -356,38 +367,60 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
 
     @app.get("/jobs")
     def jobs() -> str:
-        status = request.args.get("status") or None
-        queue = request.args.get("queue") or None
-        handler = request.args.get("handler") or None
-        if status is not None and status not in STATUSES:
+        filters = {k: request.args.get(k, "") for k in ("status", "queue", "handler", "text")}
+        if filters["status"] and filters["status"] not in STATUSES:
             abort(400, "unknown status")
-        with database() as conn:
-            rows = admin.list_jobs(
-                conn,
-                statuses=None if status is None else [status],
-                queue=queue,
-                handler=handler,
-                limit=PAGE_SIZE,
-                schema=settings.schema,
-            )
-        filters = {"status": status or "", "queue": queue or "", "handler": handler or ""}
-        return render_template("jobs.html", rows=rows, filters=filters)
+        if len(filters["text"]) > 200:
+            abort(400, "the search text is longer than 200 characters")
+        before, after = _page_id("before"), _page_id("after")
+        error = ""
+        try:
+            with database() as conn:
+                page = views.jobs_page(
+                    conn,
+                    settings.schema,
+                    statuses=[filters["status"]] if filters["status"] else None,
+                    queue=filters["queue"] or None,
+                    handler=filters["handler"] or None,
+                    text=filters["text"] or None,
+                    before=before,
+                    after=after,
+                    limit=PAGE_SIZE,
+                )
+        except views.TextSearchTimeout as exc:
+            page, error = {"jobs": [], "older": None, "newer": None}, str(exc)
+        except ValueError as exc:
+            abort(400, str(exc))
+        shown = {k: v for k, v in filters.items() if v}
+        return render_template(
+            "jobs.html", page=page, rows=page["jobs"], filters=filters, shown=shown, error=error
+        )
+
+    def _page_id(name: str) -> int | None:
+        value = request.args.get(name, "")
+        if not value:
+            return None
+        if not (value.isascii() and value.isdigit() and len(value) < 19):
+            abort(400, f"{name} must be a job id")
+        return int(value)
 
     @app.get("/schedules")
     def schedules_page() -> str:
         with database() as conn:
-            rows = schedules.list_all(conn, settings.schema)
+            rows = views.schedules(conn, settings.schema)
         return render_template("schedules.html", rows=rows)
 
     @app.get("/paused")
     def paused_page() -> str:
         with database() as conn:
-            rows = fleet.paused(conn, settings.schema)
+            rows = views.paused(conn, settings.schema)
         return render_template("paused.html", rows=rows)
 
     @app.get("/limits")
     def limits_page() -> str:
-        return render_template("limits.html", rows=None)
+        with database() as conn:
+            rows = views.limits(conn, settings.schema)
+        return render_template("limits.html", rows=rows)
 
     # -- actions ------------------------------------------------------------------------
 

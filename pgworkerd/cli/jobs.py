@@ -1,4 +1,4 @@
-"""Commands on jobs: enqueue, cancel, retry, prune, jobs, show."""
+"""Commands on jobs: enqueue, cancel, retry, prune, jobs, show, explain."""
 
 from __future__ import annotations
 
@@ -338,3 +338,30 @@ def attempt_line(a: dict[str, Any]) -> str:
         f"cpu {seconds(a['cpu_user_seconds'])} user {seconds(a['cpu_system_seconds'])} "
         f"system  peak {peak}"
     )
+
+
+@main.command("explain")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.pass_obj
+def explain_job(ctx: Context, job_id: int, as_json: bool) -> None:
+    """Why a job is not running now (every reason, each with a stable code), or what
+    happened to it. Reads the database only, so it works from any host.
+
+    Exit code 0; 1 for an unknown id.
+    """
+    from pgworkerd.queue import explain
+
+    with database(ctx) as conn:
+        found = explain.explain(conn, ctx.schema, job_id)
+    if found is None:
+        fail(f"job {job_id} not found", ExitCode.FAILURE)
+    if as_json:
+        echo_json(found)
+        return
+    click.echo(
+        f"job {found['id']}: {found['status']}, handler '{printable(found['handler'])}'"
+        f" on queue '{printable(found['queue'])}'"
+    )
+    for r in found["reasons"]:
+        click.echo(f"  [{r['code']}] {printable(r['message'])}")

@@ -1,0 +1,377 @@
+"""`pgworkerd explain ID`: why a job is where it is, from the database alone (so it works
+from any host): for a pending job every reason it is not running now, for any other what
+happened to it.
+
+explain(conn, schema, job_id, *, stale_after=registry.STALE_AFTER_SECONDS) returns None
+for an unknown id, else a dict: id, status, queue, handler, summary (one line), and
+reasons, a list of {"code", "message", "facts"}. Codes are stable (scripts and the
+dashboard match on them; messages may be reworded):
+
+  pending:  scheduled, backing_off, snoozed, retried, queue_paused, handler_paused,
+            no_daemon, daemons_silent, daemons_drained, daemons_full, limit_full,
+            key_limit_full, claimable (nothing blocks it; always alone)
+  running:  running, lease_expired, cancel_requested
+  finished: completed, dead, cancelled, dedupe_held (a retry would leave it pending
+            elsewhere: another live job holds its dedupe key)
+
+Dedupe never holds a pending job back in this schema: the unique index admits one live
+job per handler and key, and a second enqueue returns the first one's id.
+
+Limits live in each daemon's configuration; daemons of schema 17 on publish theirs in
+the registry (workers.handler_settings), and a job is held by a limit only when every
+daemon that could take it has reached its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from pgworkerd.durations import format_duration
+from pgworkerd.queue import registry
+from pgworkerd.queue.queries import query
+
+NOT_TAKING = ("draining", "drained", "stopping")
+
+
+def _reason(code: str, message: str, **facts: Any) -> dict[str, Any]:
+    return {"code": code, "message": message, "facts": facts}
+
+
+def _ago(seconds: float | None) -> str:
+    return "-" if seconds is None else format_duration(abs(seconds), rounded=True)
+
+
+def _int(value: Any) -> int | None:
+    """A whole number a daemon wrote in its settings, or None (hostile or absent)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _last_line(text: Any) -> str:
+    lines = str(text or "").strip().split("\n")
+    return lines[-1].strip()[:200]
+
+
+def explain(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    job_id: int,
+    *,
+    stale_after: float = registry.STALE_AFTER_SECONDS,
+) -> dict[str, Any] | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        facts = cur.execute(
+            query("job_explain_facts", schema), {"id": job_id, "stale_after": stale_after}
+        ).fetchone()
+    if facts is None or facts["job"] is None:
+        return None
+    job = facts["job"]
+    f = {**facts, "stale_after": stale_after}
+    for d in f["daemons"]:  # settings come from the registry: anything but an object is none
+        d["settings"] = d["settings"] if isinstance(d["settings"], dict) else {}
+    status = job["status"]
+    if status == "pending":
+        reasons = _pending(job, f)
+    elif status == "running":
+        reasons = _running(job, f)
+    else:
+        reasons = _finished(job, f)
+    return {
+        "id": job["id"],
+        "status": status,
+        "queue": job["queue"],
+        "handler": job["handler"],
+        "summary": reasons[0]["message"] if reasons else status,
+        "reasons": reasons,
+    }
+
+
+def _pending(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
+    reasons: list[dict[str, Any]] = []
+    last = f["last_attempt"] or {}
+    run_in = f["run_in_seconds"]
+    if run_in is None or run_in > 0:  # not due ('infinity' is never due)
+        when = "never (run_at is infinity)" if run_in is None else f"in {_ago(run_in)}"
+        common = {"run_at": job["run_at"], "in_seconds": run_in}
+        if last.get("outcome") == "snoozed":
+            reasons.append(
+                _reason(
+                    "snoozed",
+                    f"its handler snoozed it: due again {when} (at {job['run_at']})",
+                    snoozes=job.get("snoozes"),
+                    **common,
+                )
+            )
+        elif job["attempts"] > 0:
+            reasons.append(
+                _reason(
+                    "backing_off",
+                    f"backing off after attempt {job['attempts']} of {job['max_attempts']}"
+                    f" failed: retried {when} (at {job['run_at']}); last error:"
+                    f" {_last_line(job['last_error'])}",
+                    attempt=job["attempts"],
+                    max_attempts=job["max_attempts"],
+                    last_error=job["last_error"],
+                    **common,
+                )
+            )
+        else:
+            reasons.append(
+                _reason("scheduled", f"scheduled to run {when} (at {job['run_at']})", **common)
+            )
+    if job["attempts"] == 0 and last.get("outcome") in ("dead", "cancelled"):
+        reasons.append(
+            _reason(
+                "retried",
+                f"retried by hand after it ended {last['outcome']}"
+                f" ({f['attempts_recorded']} earlier attempt(s) recorded: pgworkerd show"
+                f" {job['id']})",
+                earlier_attempts=f["attempts_recorded"],
+                last_outcome=last["outcome"],
+            )
+        )
+    for p in f["paused"]:
+        reasons.append(
+            _reason(
+                f"{p['kind']}_paused",
+                f"its {p['kind']} '{p['name']}' is paused since {p['paused_at']} by"
+                f" {p['paused_by']}"
+                + (f": {p['comment']}" if p["comment"] else "")
+                + f" (pgworkerd resume --{p['kind']} ...)",
+                name=p["name"],
+                paused_at=p["paused_at"],
+                paused_by=p["paused_by"],
+                comment=p["comment"],
+            )
+        )
+    reasons += _capacity(job, f)
+    # Informational reasons do not hold a job back; the others do.
+    if not [r for r in reasons if r["code"] != "retried"]:
+        ahead = f["due_ahead"]
+        reasons.append(
+            _reason(
+                "claimable",
+                "nothing blocks it: a daemon serving it should claim it within its poll"
+                " interval (worker.poll_interval, 5 s by default)"
+                + (
+                    f", once the {ahead}{'+' if ahead >= 10000 else ''} due job(s) of its"
+                    " handler ahead of it have been claimed"
+                    if ahead
+                    else ""
+                ),
+                due_ahead=ahead,
+            )
+        )
+    return reasons
+
+
+def _serves(d: dict[str, Any], queue: str) -> bool:
+    """Whether daemon `d` claims the job's handler from its queue: it serves both, and
+    the handler's own queues (when it declares any) include it."""
+    own = d["settings"].get("queues")
+    return bool(d["serves_handler"] and d["serves_queue"]) and (
+        not isinstance(own, list) or queue in own
+    )
+
+
+def _capacity(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
+    """Reasons about the daemons: none serves it, all are silent, drained, full, or at
+    their limits."""
+    serving = [d for d in f["daemons"] if _serves(d, job["queue"])]
+    fresh = [d for d in serving if d["fresh"]]
+    if not serving:
+        return [
+            _reason(
+                "no_daemon",
+                f"no live daemon serves handler '{job['handler']}' on queue '{job['queue']}'"
+                + _partly(f["daemons"], job),
+                serving_handler_only=[d["id"] for d in f["daemons"] if d["serves_handler"]],
+                serving_queue_only=[d["id"] for d in f["daemons"] if not d["serves_handler"]],
+            )
+        ]
+    if not fresh:
+        return [
+            _reason(
+                "daemons_silent",
+                "every daemon serving it has been silent (no heartbeat) for over"
+                f" {_ago(f['stale_after'])}: "
+                + ", ".join(
+                    f"{d['id']} on {d['host']} ({_ago(d['heartbeat_age_seconds'])})"
+                    for d in serving
+                ),
+                daemons=[_brief(d) for d in serving],
+            )
+        ]
+    taking = [d for d in fresh if not d["drain_requested"] and d["state"] not in NOT_TAKING]
+    if not taking:
+        return [
+            _reason(
+                "daemons_drained",
+                "every daemon serving it is drained or stopping: "
+                + ", ".join(f"{d['id']} on {d['host']} ({d['state']})" for d in fresh)
+                + " (pgworkerd resume undoes a drain)",
+                daemons=[_brief(d) for d in fresh],
+            )
+        ]
+    reasons: list[dict[str, Any]] = []
+    if all(_full(d) for d in taking):
+        reasons.append(
+            _reason(
+                "daemons_full",
+                "every daemon serving it is busy: "
+                + ", ".join(
+                    f"{d['id']} on {d['host']} ({d['busy']}/{d['slots']} slots"
+                    + (
+                        f", {d['busy_with_handler']}/{_int(d['settings'].get('slots'))} of"
+                        " the handler's)"
+                        if _handler_full(d)
+                        else ")"
+                    )
+                    for d in taking
+                ),
+                daemons=[_brief(d) for d in taking],
+            )
+        )
+    limits = [_int(d["settings"].get("max_running")) for d in taking]
+    if all(n is not None and f["handler_running"] >= n for n in limits):
+        strictest = min(n for n in limits if n is not None)
+        reasons.append(
+            _reason(
+                "limit_full",
+                f"handler '{job['handler']}' is at its fleet-wide limit: {f['handler_running']}"
+                f" running, max_running {strictest}; running: "
+                + ", ".join(map(str, f["handler_running_ids"])),
+                max_running=strictest,
+                running=f["handler_running"],
+                running_ids=f["handler_running_ids"],
+            )
+        )
+    if job["concurrency_key"] is not None:
+        per_key = [_int(d["settings"].get("max_running_per_key")) for d in taking]
+        if all(n is not None and f["key_running"] >= n for n in per_key):
+            strictest = min(n for n in per_key if n is not None)
+            reasons.append(
+                _reason(
+                    "key_limit_full",
+                    f"concurrency key '{job['concurrency_key']}' is at its limit:"
+                    f" {f['key_running']} running, max_running_per_key {strictest}; running: "
+                    + ", ".join(map(str, f["key_running_ids"])),
+                    key=job["concurrency_key"],
+                    max_running_per_key=strictest,
+                    running=f["key_running"],
+                    running_ids=f["key_running_ids"],
+                )
+            )
+    return reasons
+
+
+def _partly(daemons: list[dict[str, Any]], job: dict[str, Any]) -> str:
+    handler_only = [d["id"] for d in daemons if d["serves_handler"]]
+    if handler_only:
+        return f" (daemons with the handler but not on this queue: {', '.join(handler_only)})"
+    if daemons:
+        return f" (daemons on the queue without the handler: {', '.join(d['id'] for d in daemons)})"
+    return ""
+
+
+def _handler_full(d: dict[str, Any]) -> bool:
+    slots = _int(d["settings"].get("slots"))
+    return slots is not None and d["busy_with_handler"] >= slots
+
+
+def _full(d: dict[str, Any]) -> bool:
+    return d["busy"] >= d["slots"] or _handler_full(d)
+
+
+def _brief(d: dict[str, Any]) -> dict[str, Any]:
+    keys = ("id", "host", "state", "drain_requested", "busy", "slots", "heartbeat_age_seconds")
+    return {k: d[k] for k in keys}
+
+
+def _running(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
+    holder = f["holder"] or {}
+    where = f"{job['locked_by']}" + (f" on host {holder['host']}" if holder else "")
+    left = f["lease_left_seconds"]
+    reasons = [
+        _reason(
+            "running",
+            f"running attempt {job['attempts']} of {job['max_attempts']} on daemon {where}"
+            f" since {job['started_at']}; lease until {job['locked_until']}",
+            worker=job["locked_by"],
+            host=holder.get("host"),
+            daemon_state=holder.get("state"),
+            started_at=job["started_at"],
+            locked_until=job["locked_until"],
+            lease_left_seconds=left,
+            attempt=job["attempts"],
+            max_attempts=job["max_attempts"],
+            progress=job["progress"],
+        )
+    ]
+    if left is not None and left < 0:
+        reasons.append(
+            _reason(
+                "lease_expired",
+                f"its lease ran out {_ago(left)} ago: daemon {job['locked_by']} stopped renewing"
+                " it (dead, or cut off from the database); the next claim of a daemon"
+                " serving it rescues it",
+                expired_seconds=-left,
+            )
+        )
+    if job["cancel_requested"]:
+        reasons.append(
+            _reason("cancel_requested", "a cancel was requested: its daemon is stopping it")
+        )
+    return reasons
+
+
+def _finished(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
+    last = f["last_attempt"] or {}
+    status = job["status"]
+    common = {"finished_at": job["finished_at"], "attempts": job["attempts"]}
+    if status == "completed":
+        reasons = [
+            _reason(
+                "completed",
+                f"completed at {job['finished_at']} after {job['attempts']} attempt(s)"
+                + (f" on {last['worker']}" if last.get("worker") else ""),
+                **common,
+            )
+        ]
+    elif status == "dead":
+        reasons = [
+            _reason(
+                "dead",
+                f"dead at {job['finished_at']} after {job['attempts']} of"
+                f" {job['max_attempts']} attempts; last error: {_last_line(job['last_error'])}"
+                f" (pgworkerd retry {job['id']} runs it again)",
+                max_attempts=job["max_attempts"],
+                last_error=job["last_error"],
+                last_outcome=last.get("outcome"),
+                **common,
+            )
+        ]
+    else:
+        was_running = last.get("outcome") == "cancelled"
+        reasons = [
+            _reason(
+                "cancelled",
+                f"cancelled at {job['finished_at']}"
+                + (" while running" if was_running else " before it ran again"),
+                while_running=was_running,
+                **common,
+            )
+        ]
+    if f["dedupe_holder"] is not None:
+        reasons.append(
+            _reason(
+                "dedupe_held",
+                f"job {f['dedupe_holder']} holds its dedupe key '{job['dedupe_key']}':"
+                " a retry leaves this one as it is",
+                dedupe_key=job["dedupe_key"],
+                holder=f["dedupe_holder"],
+            )
+        )
+    return reasons

@@ -33,7 +33,7 @@ from pgworkerd.bounds import name_problem
 from pgworkerd.describe import printable
 from pgworkerd.durations import format_duration
 from pgworkerd.model import STATUSES
-from pgworkerd.queue import admin, fleet, joblogs, views
+from pgworkerd.queue import admin, attempts, explain, fleet, joblogs, views
 from pgworkerd.queue.db import scrub
 from pgworkerd.web.passwords import verify
 
@@ -346,10 +346,14 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
 
     def job_data(job_id: int) -> dict[str, Any]:
         with database() as conn:
-            job = views.job(conn, settings.schema, job_id)
-        if job is None:
-            abort(404, f"no job {job_id}")
-        return {"job": job, "attempts": job["attempts"]}
+            # The row and its history as views.job() reads them, kept apart: views.job()
+            # puts the history under "attempts", the name of the jobs column (the count).
+            job = admin.get(conn, job_id, schema=settings.schema)
+            if job is None:
+                abort(404, f"no job {job_id}")
+            history = attempts.history(conn, job_id, schema=settings.schema)
+            why = explain.explain(conn, settings.schema, job_id)
+        return {"job": job, "attempts": history, "explain": why}
 
     @app.get("/jobs/<int:job_id>")
     def job(job_id: int) -> str:

@@ -21,6 +21,7 @@
       .then(function (html) {
         element.innerHTML = html;
         element.removeAttribute("data-stale");
+        element.dataset.refreshes = String((Number(element.dataset.refreshes) || 0) + 1);
       })
       .catch(function () {
         // logged out, the server gone, the database slow: keep the last view, marked

@@ -27,15 +27,21 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None, read_only:
     if click_ctx.invoked_subcommand is not None:
         return
     if importlib.util.find_spec("flask") is None or importlib.util.find_spec("waitress") is None:
-        fail("the dashboard needs Flask and waitress: pip install 'pgworkerd[web]'", ExitCode.CONFIG)
+        fail(
+            "the dashboard needs Flask and waitress: pip install 'pgworkerd[web]'", ExitCode.CONFIG
+        )
     from pgworkerd.ops import logs
     from pgworkerd.web.server import BindRefused, build
 
     ctx: Context = click_ctx.obj
     config = ctx.config()
     settings = config.web
-    changes = {"bind": bind, "port": port, "read_only": read_only or None}
-    settings = dataclasses.replace(settings, **{k: v for k, v in changes.items() if v is not None})
+    if bind is not None:
+        settings = dataclasses.replace(settings, bind=bind)
+    if port is not None:
+        settings = dataclasses.replace(settings, port=port)
+    if read_only:
+        settings = dataclasses.replace(settings, read_only=True)
     dsn = ctx.resolved_dsn()
     logs.setup(config.logging.format, config.logging.level)
     logs.hide_passwords_of(dsn)

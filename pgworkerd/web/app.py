@@ -240,9 +240,9 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
 
     @app.before_request
     def guard() -> Response | None:
-        if settings.allowed_hosts is not None:
-            if _hostname(request.host) not in settings.allowed_hosts:
-                abort(421, "this dashboard answers to its loopback address only")
+        allowed = settings.allowed_hosts
+        if allowed is not None and _hostname(request.host) not in allowed:
+            abort(421, "this dashboard answers to its loopback address only")
         if request.method == "POST":
             sent = request.form.get("csrf", "")
             wanted = session.get("csrf", "")
@@ -271,7 +271,9 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> tuple[str, int]:
-        return render_template("error.html", code=exc.code, message=exc.description), exc.code or 500
+        return render_template(
+            "error.html", code=exc.code, message=exc.description
+        ), exc.code or 500
 
     @app.errorhandler(psycopg.errors.QueryCanceled)
     def too_slow(exc: Exception) -> tuple[str, int]:
@@ -312,9 +314,7 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
                 log.info("web: %s logged in from %s", name, request.remote_addr)
                 return redirect(safe_next(request.args.get("next")))
             time.sleep(FAILED_LOGIN_DELAY)
-            log.warning(
-                "web: failed login as %r from %s", name[:100], request.remote_addr
-            )
+            log.warning("web: failed login as %r from %s", name[:100], request.remote_addr)
             error = "wrong user name or password"
         return render_template("login.html", error=error), 401 if error else 200
 

@@ -80,8 +80,13 @@ class Http:
     cookie: str = ""
     extra_headers: dict[str, str] = field(default_factory=dict)
 
-    def request(self, method: str, path: str, form: dict[str, str] | None = None,
-                headers: dict[str, str] | None = None) -> Reply:
+    def request(
+        self,
+        method: str,
+        path: str,
+        form: dict[str, str] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Reply:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=BROWSER_DEADLINE)
         sent = {"Host": f"{self.host}:{self.port}", **self.extra_headers, **(headers or {})}
         if self.cookie:

@@ -5,12 +5,12 @@ and cookie flags (a plain HTTP client), hostile database values rendered as iner
 from __future__ import annotations
 
 import json
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-import urllib.parse
 from daemon_harness import Db
 from dashboard_harness import (
     PASSWORD,

@@ -30,10 +30,14 @@ def test_logging_in_shows_every_page(
     browser.get(dashboard.url + "/")
     assert "/login" in browser.current_url  # nothing without a login
     screenshot(browser, "login")
-    daemons.start(HANDLERS)
+    daemons.start({**HANDLERS, "report": {"target": "jobhandlers:work", "queue": "reports"}})
+    done = [db.enqueue("report", {"n": n}, queue="reports") for n in range(6)]
     job = db.enqueue("work", {"seconds": 30, "step": 0.2, "checkpoint": True})
     dead = db.enqueue("fail", {"why": "screenshots"}, max_attempts=1)
+    db.enqueue("work", {}, delay=3600)  # pending, due in an hour
     db.wait_status(dead, "dead")
+    for n in done:
+        db.wait_status(n, "completed")
     db.wait_status(job, "running")
     log_in(browser, dashboard)
     wait_browser(browser, lambda d: str(job) in text_of(d, "running"), "the running job")

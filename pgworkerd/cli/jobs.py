@@ -259,7 +259,13 @@ def list_jobs(
     rows = page["jobs"]
     if as_json:
         echo_json(rows)
-        return
+    else:
+        _print_jobs(rows)
+    if page["older"] is not None:  # on stderr: the listing (and its JSON) stays as it was
+        click.echo(f"(more: --before {page['older']})", err=True)
+
+
+def _print_jobs(rows: list[dict[str, Any]]) -> None:
     click.echo(f"{'ID':>8} {'STATUS':<9} {'QUEUE':<12} {'HANDLER':<24} {'ATTEMPTS':<8}  ERROR")
     for r in rows:
         attempts = f"{r['attempts']}/{r['max_attempts']}"
@@ -268,8 +274,6 @@ def list_jobs(
             f"{printable(r['handler']):<24} {attempts:<8}"
         )
         click.echo(f"{line}  {_error_summary(r)}".rstrip())
-    if page["older"] is not None:
-        click.echo(f"(more: --before {page['older']})", err=True)
 
 
 def _error_summary(row: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ daemon that could take it has reached its own.
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import psycopg
@@ -139,7 +140,7 @@ def _pending(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
                 f"its {p['kind']} '{p['name']}' is paused since {p['paused_at']} by"
                 f" {p['paused_by']}"
                 + (f": {p['comment']}" if p["comment"] else "")
-                + f" (pgworkerd resume --{p['kind']} ...)",
+                + f" (pgworkerd resume --{p['kind']} {shlex.quote(p['name'])})",
                 name=p["name"],
                 paused_at=p["paused_at"],
                 paused_by=p["paused_by"],

@@ -2,7 +2,11 @@
 web dashboard show, as plain data (dicts and lists of str, int, float, bool, datetime,
 None and decoded JSON), so that the CLI and the dashboard read the same rows the same
 way. Every function takes a connection owned by the caller and the schema name, and
-only reads (text search sets a transaction-local statement timeout).
+only reads (text search sets a transaction-local statement timeout). Values are as the
+database holds them, written by others: escape them where they are shown (the CLI's
+printable, HTML escaping), and register pgworkerd.cli.display.register_safe_loaders on
+the connection (a pool's `configure`) so that a timestamp or JSON value Python cannot
+hold loads as text instead of raising. Works in autocommit or inside a transaction.
 
 API (each function's args after (conn, schema); returned keys):
 
@@ -19,8 +23,9 @@ API (each function's args after (conn, schema); returned keys):
         finished_within None: every job (a full count); a number of seconds: pending and
         running all, finished ones of that window only (through indexes).
     oldest_due_seconds(conn, schema) -> float | None   (the oldest due pending job)
-    queues(conn, schema, *, finished_within=3600.0, top=20) -> list of dict
-        queue (None: the other queues summed), counts {status: n}, oldest_due_seconds
+    queues(conn, schema, *, finished_within=3600.0, top=20, served=None) -> list of dict
+        queue (None: the other queues summed), counts {status: n}, oldest_due_seconds;
+        served: the queues always listed (None: those live daemons serve)
     throughput(conn, schema, *, minutes=60) -> list of dict, one per minute, oldest first
         minute (datetime), one count per outcome of an ended attempt: completed,
         failed, dead, cancelled, released, snoozed, lease_expired; and failed_total
@@ -49,6 +54,8 @@ API (each function's args after (conn, schema); returned keys):
     schedules(conn, schema) -> list of dict: name, definition, declared_by, declared_at,
         created_at, last_tick, last_job_id, last_skipped, last_fired_by, last_job_status,
         runs, declared_now
+    explain.explain(conn, schema, job_id) (pgworkerd/queue/explain.py) -> dict | None:
+        id, status, queue, handler, summary, reasons [{code, message, facts}]
     limits(conn, schema) -> list of dict: handler, max_running, max_running_per_key (the
         strictest a live daemon declares; None: none), daemons (how many declare any),
         running (current leases), busiest_keys (list of {key, running}, at most 20)
@@ -269,7 +276,7 @@ def jobs_page(
         raise ValueError("give before or after, not both")
     chosen = admin.check_statuses(statuses) if statuses else list(STATUSES)
     params = {
-        "statuses": sorted(set(chosen)),
+        "statuses": chosen,
         "queue": queue,
         "handler": handler,
         "text": text or None,

@@ -305,6 +305,22 @@ def test_jobs_lists_newest_first_with_filters_and_json(cli: Cli) -> None:
     assert lines[3].split() == [str(a), "cancelled", "qa", "h", "0/5"]
 
 
+def test_jobs_pages_and_text(cli: Cli) -> None:
+    """--before ID pages down (stderr says where the next page starts); --text finds a
+    case-insensitive substring of the payload or the last error, pattern characters and
+    quotes included, as plain text."""
+    a = cli.enqueue("h", "--payload", '{"to": "Alice", "note": "100% off_\'x"}')
+    b, c = cli.enqueue("h"), cli.enqueue("h")
+    page = cli("jobs", "--json", "--limit", "2")
+    assert [r["id"] for r in json.loads(page.stdout)] == [c, b]
+    assert page.stderr.strip() == f"(more: --before {b})"
+    rest = cli("jobs", "--json", "--limit", "2", "--before", str(b))
+    assert [r["id"] for r in json.loads(rest.stdout)] == [a] and rest.stderr == ""
+    for text in ("alice", "100% OFF_'", "%", "_"):
+        assert [r["id"] for r in json.loads(cli("jobs", "--json", "--text", text).stdout)] == [a]
+    assert json.loads(cli("jobs", "--json", "--text", "' OR 1=1 --").stdout) == []
+
+
 def test_jobs_refuses_an_unknown_status(cli: Cli) -> None:
     cli.enqueue("h")
     proc = cli("jobs", "--status", "bogus", code=ExitCode.USAGE)

@@ -734,14 +734,13 @@ SELECT CASE WHEN p.queue = ANY (%(served)s::text[]) OR t.queue IS NOT NULL THEN 
  ORDER BY 1, 2;
 
 -- name: view_queue_oldest_due
--- Per queue in %(queues)s: the age (seconds) of its oldest due pending job (NULL when none
--- is due). One probe of the pending index per queue's handlers would need the handlers;
--- the backlog's pending rows are read instead (the partial index holds only those).
-SELECT q.queue,
-       (SELECT extract(epoch FROM now() - min(j.run_at))::float8 FROM @schema@.jobs j
-         WHERE j.status = 'pending' AND j.queue = q.queue AND j.run_at <= now()
-           AND isfinite(j.run_at)) AS oldest_due_seconds
-  FROM unnest(%(queues)s::text[]) AS q(queue);
+-- Per queue of %(queues)s with a due pending job: the age (seconds) of its oldest. One
+-- pass over the backlog's due rows (the partial pending index holds no finished job).
+SELECT j.queue, extract(epoch FROM now() - min(j.run_at))::float8 AS oldest_due_seconds
+  FROM @schema@.jobs j
+ WHERE j.status = 'pending' AND j.run_at <= now() AND isfinite(j.run_at)
+   AND j.queue = ANY(%(queues)s::text[])
+ GROUP BY j.queue;
 
 -- name: view_throughput
 -- Ended attempts per minute over the last %(minutes)s minutes, oldest first, every minute
@@ -765,50 +764,82 @@ SELECT m.minute,
 
 -- name: view_job_page_older
 -- One page of the jobs list, newest first, ids below %(before)s (NULL: from the newest).
--- One index scan per status asked (%(statuses)s, every status when none is asked), each
--- stopping at %(limit)s rows: jobs_status_id_idx, or jobs_queue_id_idx /
--- jobs_handler_id_idx when a queue or handler narrows it more (0017). The text filter
--- (%(text)s, NULL: none) matches the payload's JSON text or the last error, case
--- insensitive, as a plain substring (strpos: no pattern characters); no index serves it,
--- so the scan runs until the page is full and the caller bounds it by a statement
--- timeout. Run unprepared (prepare=False): each NULL filter then folds away in the plan.
-SELECT p.* FROM unnest(%(statuses)s::@schema@.job_status[]) AS s(status)
-CROSS JOIN LATERAL (
+-- One branch per status, each kept only when its status is asked (%(statuses)s) and each
+-- stopping at %(limit)s rows: with its status a constant, the planner picks per branch
+-- from the statistics: the primary key backwards for a common status (completed),
+-- jobs_status_id_idx for a rare one (running, dead), jobs_queue_status_id_idx or
+-- jobs_handler_status_id_idx with a queue or handler (0017). (One lateral
+-- scan per status would plan every status alike, and read a whole table of completed
+-- jobs to find the 40 running ones.) The text filter (%(text)s, NULL: none) matches the
+-- payload's JSON text or the last error, case-insensitive, as a plain substring
+-- (strpos: no pattern characters); no index serves it, so the scan runs until the page
+-- is full and the caller bounds it by a statement timeout. Run unprepared
+-- (prepare=False): the values are then in the plan, and what is not asked folds away.
+WITH page AS NOT MATERIALIZED (
     SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempts,
            j.run_at, j.locked_by, j.locked_until, j.progress, j.last_error, j.created_at,
            j.started_at, j.finished_at, j.concurrency_key
       FROM @schema@.jobs j
-     WHERE j.status = s.status
-       AND (%(before)s::bigint IS NULL OR j.id < %(before)s::bigint)
+     WHERE (%(before)s::bigint IS NULL OR j.id < %(before)s::bigint)
        AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
        AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
        AND (%(text)s::text IS NULL
             OR strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
             OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
-     ORDER BY j.id DESC
-     LIMIT %(limit)s) p
+)
+SELECT * FROM (
+      (SELECT * FROM page WHERE status = 'pending'
+                  AND 'pending' = ANY(%(statuses)s::@schema@.job_status[])
+                ORDER BY id DESC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'running'
+                  AND 'running' = ANY(%(statuses)s::@schema@.job_status[])
+                ORDER BY id DESC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'completed'
+                  AND 'completed' = ANY(%(statuses)s::@schema@.job_status[])
+                ORDER BY id DESC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'dead'
+                  AND 'dead' = ANY(%(statuses)s::@schema@.job_status[])
+                ORDER BY id DESC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'cancelled'
+                  AND 'cancelled' = ANY(%(statuses)s::@schema@.job_status[])
+                ORDER BY id DESC LIMIT %(limit)s)
+) p
  ORDER BY p.id DESC
  LIMIT %(limit)s;
 
 -- name: view_job_page_newer
 -- view_job_page_older the other way: the %(limit)s jobs just above id %(after)s, oldest
 -- first (the caller turns the page round, so it reads newest first like any other).
-SELECT p.* FROM unnest(%(statuses)s::@schema@.job_status[]) AS s(status)
-CROSS JOIN LATERAL (
+WITH page AS NOT MATERIALIZED (
     SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempts,
            j.run_at, j.locked_by, j.locked_until, j.progress, j.last_error, j.created_at,
            j.started_at, j.finished_at, j.concurrency_key
       FROM @schema@.jobs j
-     WHERE j.status = s.status
-       AND j.id > %(after)s::bigint
+     WHERE j.id > %(after)s::bigint
        AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
        AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
        AND (%(text)s::text IS NULL
             OR strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
             OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
-     ORDER BY j.id
-     LIMIT %(limit)s) p
- ORDER BY p.id
+)
+SELECT * FROM (
+      (SELECT * FROM page WHERE status = 'pending'
+                  AND 'pending' = ANY(%(statuses)s::@schema@.job_status[])
+                ORDER BY id ASC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'running'
+                  AND 'running' = ANY(%(statuses)s::@schema@.job_status[])
+                ORDER BY id ASC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'completed'
+                  AND 'completed' = ANY(%(statuses)s::@schema@.job_status[])
+                ORDER BY id ASC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'dead'
+                  AND 'dead' = ANY(%(statuses)s::@schema@.job_status[])
+                ORDER BY id ASC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'cancelled'
+                  AND 'cancelled' = ANY(%(statuses)s::@schema@.job_status[])
+                ORDER BY id ASC LIMIT %(limit)s)
+) p
+ ORDER BY p.id ASC
  LIMIT %(limit)s;
 
 -- name: view_limits

@@ -21,11 +21,15 @@ ALTER TABLE @schema@.workers ADD COLUMN handler_settings jsonb NOT NULL DEFAULT 
 
 -- The jobs page (views.jobs_page): newest first, filtered by status, queue or handler,
 -- keyset-paginated by id. Full indexes, not partial: the page lists finished jobs too.
+-- The page reads one status at a time (a branch per status), so a queue or handler
+-- filter finds each status's newest in id order through (queue, status, id) or
+-- (handler, status, id), however rare the combination (a (queue, id) index would read
+-- every dead job to find that a queue has none).
 -- Each costs one index entry per row version (claim, renewals and finish write new row
 -- versions; bottom-up deletion keeps the churn in check), measured in bench/.
 CREATE INDEX IF NOT EXISTS jobs_status_id_idx ON @schema@.jobs (status, id);
-CREATE INDEX IF NOT EXISTS jobs_queue_id_idx ON @schema@.jobs (queue, id);
-CREATE INDEX IF NOT EXISTS jobs_handler_id_idx ON @schema@.jobs (handler, id);
+CREATE INDEX IF NOT EXISTS jobs_queue_status_id_idx ON @schema@.jobs (queue, status, id);
+CREATE INDEX IF NOT EXISTS jobs_handler_status_id_idx ON @schema@.jobs (handler, status, id);
 
 -- Throughput and failures over the last hour (views.throughput): attempts by end time.
 -- Append-only (one row per ended attempt), so it costs one entry per attempt.

@@ -75,6 +75,8 @@ class Daemon:
             lines += [f"[handlers.{name}]", f'target = "{target}"']
         if os.environ.get("BENCH_LOG_LEVEL"):  # e.g. debug: per-job start delays
             lines += ["[logging]", f'level = "{os.environ["BENCH_LOG_LEVEL"]}"']
+        if os.environ.get("BENCH_LOGS_CAPTURE") == "off":  # the cost of job output capture
+            lines += ["[logs]", "capture = false"]
         self.config = workdir / f"bench-{time.monotonic_ns()}.toml"
         self.config.write_text("\n".join(lines) + "\n")
         self.log = workdir / "daemon.log"

@@ -292,7 +292,7 @@ class JobLogs:
         attempt.dirty = True
         self._copy(attempt, data)
         if not attempt.head_full:
-            room = self.head_max - len(attempt.head)
+            room = max(0, self.head_max - len(attempt.head))  # (a reload may shrink it)
             attempt.head += data[:room]
             data = data[room:]
             if len(attempt.head) >= self.head_max:  # a character cut in two goes on

@@ -25,7 +25,6 @@ import contextlib
 import logging
 import os
 import sys
-from typing import Any
 
 # A handler that configured no logging gets a root handler on stderr at this level for
 # its attempts (README "Job logs"): its logger.info() lines are captured too.
@@ -45,8 +44,17 @@ class Capture:
         self.fd = fd
         # the daemon's stdout and stderr, kept (close-on-exec) to put back after a job
         self.saved = (os.dup(1), os.dup(2))
-        self._line_buffering: list[tuple[Any, bool]] = []
-        self._handler: logging.Handler | None = None
+        # Line-buffered, for the child's life (it writes little between jobs): what a
+        # handler printed is in the file (and survives its kill -9) line by line, not
+        # 8 KiB at a time.
+        for stream in (sys.stdout, sys.stderr):
+            if getattr(stream, "line_buffering", None) is False:
+                with contextlib.suppress(Exception):
+                    stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        # made once: a handler costs a lock and a registration
+        self._handler = logging.StreamHandler(sys.stderr)
+        self._handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        self._handler_added = False
         self._root_level = logging.WARNING
 
     @classmethod
@@ -68,35 +76,22 @@ class Capture:
         _flush()
         os.dup2(self.fd, 1)  # (inheritable: the handler's subprocesses write here too)
         os.dup2(self.fd, 2)
-        # Line-buffered: what a handler printed is in the file (and survives its kill -9)
-        # line by line, not 8 KiB at a time.
-        self._line_buffering = []
-        for stream in (sys.stdout, sys.stderr):
-            before = getattr(stream, "line_buffering", None)
-            if before is False:
-                with contextlib.suppress(Exception):
-                    stream.reconfigure(line_buffering=True)  # type: ignore[union-attr]
-                    self._line_buffering.append((stream, before))
         root = logging.getLogger()
         if not root.handlers:  # the handler's own logging config, if any, stays as it is
-            self._handler = logging.StreamHandler(sys.stderr)
-            self._handler.setFormatter(logging.Formatter(LOG_FORMAT))
+            self._handler.setStream(sys.stderr)  # (whatever sys.stderr is now)
             self._root_level = root.level
             root.addHandler(self._handler)
             root.setLevel(LOG_LEVEL)
+            self._handler_added = True
 
     def leave(self) -> None:
         """Put the daemon's stdout and stderr back (before the outcome is reported)."""
         _flush()
-        if self._handler is not None:
+        if self._handler_added:
             root = logging.getLogger()
             root.removeHandler(self._handler)
             root.setLevel(self._root_level)
-            self._handler = None
-        for stream, before in self._line_buffering:
-            with contextlib.suppress(Exception):
-                stream.reconfigure(line_buffering=before)
-        self._line_buffering = []
+            self._handler_added = False
         os.dup2(self.saved[0], 1)
         os.dup2(self.saved[1], 2)
 

@@ -172,6 +172,7 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
     daemon_dsn, enqueuer_dsn = roles[f"{schema}_daemon"], roles[f"{schema}_enqueuer"]
     with psycopg.connect(enqueuer_dsn, autocommit=True) as c:
         done = client.enqueue(c, "echo", {"n": 1}, schema=schema)
+        chatty = client.enqueue(c, "chatter", schema=schema)
         crashed, later = client.enqueue_many(
             c,
             [
@@ -186,10 +187,21 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
             {
                 "echo": {"target": "pgworkerd.examples:echo"},
                 "crash": {"target": "pgworkerd.examples:crash"},
+                "chatter": {"target": "loghandlers:chatter"},
             }
         )
         db = Db(conn, schema)
         assert db.wait_status(done, "completed")["result"] == {"n": 1}
+        # the role stores what its jobs print (roles.sql) and `logs` reads it
+        db.wait_status(chatty, "completed")
+        wait_for(
+            lambda: db.rows(
+                "SELECT 1 FROM {schema}.job_logs WHERE job_id = %s AND finished", (chatty,)
+            ),
+            what="the chatty job's stored output",
+        )
+        printed = daemons.cli("logs", str(chatty))
+        assert "stdout line of attempt 1\n" in printed.stdout, printed.stderr
         # the role may add its figures to the attempt history (roles.sql) and show them
         wait_for(
             lambda: db.rows(

@@ -304,13 +304,14 @@ class Daemons:
         worker: dict[str, Any] | None = None,
         *,
         tag: str = "A",
+        tables: dict[str, dict[str, Any]] | None = None,
     ) -> DaemonProcess:
-        """Start a daemon (from a config path, or handlers and worker settings) and wait
-        until it logs that it is running."""
+        """Start a daemon (from a config path, or handlers, worker settings and other
+        tables) and wait until it logs that it is running."""
         config = (
             handlers_or_config
             if isinstance(handlers_or_config, Path)
-            else self.config(handlers_or_config, worker)
+            else self.config(handlers_or_config, worker, tables=tables)
         )
         daemon = DaemonProcess(
             self.dsn, self.schema, config, self.tmp_path / f"daemon-{tag}.log", tag

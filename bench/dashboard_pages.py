@@ -21,6 +21,7 @@ import threading
 import time
 
 from dashboard_queries import database, fill
+from psycopg import sql
 
 from pgworkerd.config import WebConfig
 from pgworkerd.queue.db import connect
@@ -56,8 +57,10 @@ def main() -> int:
             if not filled:
                 fill(conn, schema, rows)
             [(newest, dead, running)] = conn.execute(
-                f"SELECT max(id), max(id) FILTER (WHERE status = 'dead'),"  # noqa: S608
-                f" max(id) FILTER (WHERE status = 'running') FROM {schema}.jobs"
+                sql.SQL(
+                    "SELECT max(id), max(id) FILTER (WHERE status = 'dead'),"
+                    " max(id) FILTER (WHERE status = 'running') FROM {}.jobs"
+                ).format(sql.Identifier(schema))
             ).fetchall()
         dashboard = build(WebConfig(port=0), dsn, schema)
         thread = threading.Thread(target=dashboard.run, daemon=True)

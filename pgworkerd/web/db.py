@@ -14,8 +14,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
-from pgworkerd.cli.display import register_safe_loaders
 from pgworkerd.queue.db import InvalidDsn, conninfo, scrub
+from pgworkerd.queue.safeloaders import register_safe_loaders
 
 # How long a request waits for a free connection before it is answered 503.
 POOL_WAIT_SECONDS = 5.0

@@ -206,3 +206,39 @@ def test_hostile_filters_are_values(dashboard: RunningDashboard, db: Db) -> None
         reply = client.get(f"/jobs?{query}")
         assert reply.status == 200 and "no job matches" in reply.body, value
         assert "<script>" not in reply.body.split("<main>")[1]
+
+
+def test_values_python_cannot_hold_still_render(dashboard: RunningDashboard, db: Db) -> None:
+    payload = '{"n": 1e400, "big": 1' + "0" * 5000 + "}"
+    [row] = db.rows(
+        "INSERT INTO {schema}.jobs (queue, handler, payload, run_at, progress)"
+        " VALUES ('default', 'work', %s::jsonb, 'infinity', %s::jsonb) RETURNING id",
+        (payload, "[[[[[[[[[[1]]]]]]]]]]"),
+    )
+    client = Http(dashboard.port)
+    client.log_in()
+    page = client.get(f"/jobs/{row['id']}")
+    assert page.status == 200
+    assert "1" + "0" * 5000 in page.body and "infinity" in page.body
+    assert client.get("/jobs").status == 200
+    assert client.get("/").status == 200
+
+
+def test_a_slow_page_is_cut_off_by_the_statement_timeout(
+    start_dashboard: Callable[..., RunningDashboard], db: Db, test_db_dsn: str
+) -> None:
+    running = start_dashboard(statement_timeout=0.5)
+    client = Http(running.port)
+    client.log_in()
+    with psycopg.connect(test_db_dsn) as blocker:
+        # a long migration or a stuck transaction holding the table
+        blocker.execute(
+            psycopg.sql.SQL("LOCK TABLE {}.jobs IN ACCESS EXCLUSIVE MODE").format(
+                psycopg.sql.Identifier(db.schema)
+            )
+        )
+        reply = client.get("/jobs")
+        blocker.rollback()
+    assert reply.status == 503
+    assert "statement_timeout" in reply.body
+    assert client.get("/jobs").status == 200  # and the connection is usable again

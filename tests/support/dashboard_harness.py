@@ -144,11 +144,18 @@ def by_id(driver: Any, element_id: str) -> Any:
 
 
 def text_of(driver: Any, element_id: str) -> str:
-    """The element's text, or "" while it is not on the page."""
+    """The element's text, or "" while it is not on the page. A live refresh may replace
+    the element between finding and reading it: then it is found again."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    found = driver.find_elements(By.ID, element_id)
-    return str(found[0].text) if found else ""
+    for _ in range(20):
+        found = driver.find_elements(By.ID, element_id)
+        try:
+            return str(found[0].text) if found else ""
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"#{element_id} kept being replaced while read")
 
 
 def log_in(driver: Any, running: RunningDashboard) -> None:

@@ -62,7 +62,8 @@ def explain(
     *,
     stale_after: float = registry.STALE_AFTER_SECONDS,
 ) -> dict[str, Any] | None:
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
+        cur.execute(query("session_read_side_local", schema))  # no JIT for a few probes
         facts = cur.execute(
             query("job_explain_facts", schema), {"id": job_id, "stale_after": stale_after}
         ).fetchone()
@@ -235,9 +236,8 @@ def _capacity(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
                 daemons=[_brief(d) for d in taking],
             )
         )
-    limits = [_int(d["settings"].get("max_running")) for d in taking]
-    if all(n is not None and f["handler_running"] >= n for n in limits):
-        strictest = min(n for n in limits if n is not None)
+    strictest = _at_limit(taking, "max_running", f["handler_running"])
+    if strictest is not None:
         reasons.append(
             _reason(
                 "limit_full",
@@ -249,23 +249,30 @@ def _capacity(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
                 running_ids=f["handler_running_ids"],
             )
         )
-    if job["concurrency_key"] is not None:
-        per_key = [_int(d["settings"].get("max_running_per_key")) for d in taking]
-        if all(n is not None and f["key_running"] >= n for n in per_key):
-            strictest = min(n for n in per_key if n is not None)
-            reasons.append(
-                _reason(
-                    "key_limit_full",
-                    f"concurrency key '{job['concurrency_key']}' is at its limit:"
-                    f" {f['key_running']} running, max_running_per_key {strictest}; running: "
-                    + ", ".join(map(str, f["key_running_ids"])),
-                    key=job["concurrency_key"],
-                    max_running_per_key=strictest,
-                    running=f["key_running"],
-                    running_ids=f["key_running_ids"],
-                )
+    strictest = _at_limit(taking, "max_running_per_key", f["key_running"])
+    if job["concurrency_key"] is not None and strictest is not None:
+        reasons.append(
+            _reason(
+                "key_limit_full",
+                f"concurrency key '{job['concurrency_key']}' is at its limit:"
+                f" {f['key_running']} running, max_running_per_key {strictest}; running: "
+                + ", ".join(map(str, f["key_running_ids"])),
+                key=job["concurrency_key"],
+                max_running_per_key=strictest,
+                running=f["key_running"],
+                running_ids=f["key_running_ids"],
             )
+        )
     return reasons
+
+
+def _at_limit(taking: list[dict[str, Any]], setting: str, running: int) -> int | None:
+    """The strictest limit `setting` of the daemons that could take the job, when every
+    one of them has reached its own (each claims within its own); else None."""
+    limits = [_int(d["settings"].get(setting)) for d in taking]
+    if not limits or any(n is None or running < n for n in limits):
+        return None
+    return min(n for n in limits if n is not None)
 
 
 def _partly(daemons: list[dict[str, Any]], job: dict[str, Any]) -> str:

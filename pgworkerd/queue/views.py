@@ -212,17 +212,7 @@ def paused(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
 
 def status(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
     """Everything `pgworkerd status` shows, as plain data (also its --json shape)."""
-    workers = daemons(conn, schema)
-    counts, other = queue_counts(conn, schema, served=_served_queues(workers))
-    return {
-        "daemons": workers,
-        "running_jobs": running_jobs(conn, schema),
-        "counts": counts,
-        "other_queues": other,
-        "oldest_pending_seconds": oldest_due_seconds(conn, schema),
-        "unserved": unserved(conn, schema),
-        "paused": paused(conn, schema),
-    }
+    return _snapshot(conn, schema, finished_within=None)
 
 
 def overview(
@@ -235,9 +225,23 @@ def overview(
     """The dashboard's first page: status() with finished jobs counted over the last
     `finished_within` seconds (None: all, a full count), per-queue rows with the age of
     the oldest due job, and ended attempts per minute over the last `minutes`."""
+    snap = _snapshot(conn, schema, finished_within=finished_within)
+    served = _served_queues(snap["daemons"])
+    return {
+        **snap,
+        "queues": queues(conn, schema, finished_within=finished_within, served=served),
+        "throughput": throughput(conn, schema, minutes=minutes),
+        "finished_within": finished_within,
+    }
+
+
+def _snapshot(
+    conn: psycopg.Connection[Any], schema: str, *, finished_within: float | None
+) -> dict[str, Any]:
     workers = daemons(conn, schema)
-    served = _served_queues(workers)
-    counts, other = queue_counts(conn, schema, served=served, finished_within=finished_within)
+    counts, other = queue_counts(
+        conn, schema, served=_served_queues(workers), finished_within=finished_within
+    )
     return {
         "daemons": workers,
         "running_jobs": running_jobs(conn, schema),
@@ -246,9 +250,6 @@ def overview(
         "oldest_pending_seconds": oldest_due_seconds(conn, schema),
         "unserved": unserved(conn, schema),
         "paused": paused(conn, schema),
-        "queues": queues(conn, schema, finished_within=finished_within, served=served),
-        "throughput": throughput(conn, schema, minutes=minutes),
-        "finished_within": finished_within,
     }
 
 
@@ -285,22 +286,23 @@ def jobs_page(
         "limit": limit,
     }
     name = "view_job_page_older" if after is None else "view_job_page_newer"
-    # Unprepared: the planner sees the values, so each NULL filter folds away.
-    if text:
-        try:
-            with conn.transaction():
+    # Unprepared: the planner sees the values, so each filter not given folds away.
+    try:
+        with conn.transaction():
+            conn.execute(query("session_read_side_local", schema))
+            if text:
                 conn.execute(
                     query("session_statement_timeout_set_local", schema),
                     {"timeout": f"{int(text_timeout * 1000)}ms"},
                 )
-                rows = _rows(conn, name, schema, params, prepare=False)
-        except QueryCanceled:
-            raise TextSearchTimeout(
-                f"the text search read jobs for {text_timeout:g} s without filling the page;"
-                " narrow it by status, queue or handler"
-            ) from None
-    else:
-        rows = _rows(conn, name, schema, params, prepare=False)
+            rows = _rows(conn, name, schema, params, prepare=False)
+    except QueryCanceled:
+        if not text:
+            raise
+        raise TextSearchTimeout(
+            f"the text search read jobs for {text_timeout:g} s without filling the page;"
+            " narrow it by status, queue or handler"
+        ) from None
     if after is not None:
         rows.reverse()
     full = len(rows) == limit

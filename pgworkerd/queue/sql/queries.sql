@@ -52,6 +52,14 @@ LISTEN @wake_channel@;
 -- Send a notification on the wake channel (a daemon forwarding a wake-up it cannot take).
 SELECT 1 FROM (SELECT pg_notify(@schema_literal@ || '.wake', %(payload)s::text)) AS sent;
 
+-- name: session_read_side_local
+-- For the rest of the current transaction: no JIT compilation and no parallel workers.
+-- The read side's plans are index scans that stop early, whose cost estimates (the
+-- whole range they might read) pass jit_above_cost and the parallel thresholds:
+-- compiling a jobs page took seconds on 10 M rows, and workers were launched even for
+-- the branches of statuses not asked (a gating filter that is false).
+SELECT set_config('jit', 'off', true), set_config('max_parallel_workers_per_gather', '0', true);
+
 -- name: session_statement_timeout_set_local
 -- Bound the statements of the current transaction only (PgBouncer may not forward the
 -- connection's own statement_timeout startup option).
@@ -774,7 +782,9 @@ SELECT m.minute,
 -- payload's JSON text or the last error, case-insensitive, as a plain substring
 -- (strpos: no pattern characters); no index serves it, so the scan runs until the page
 -- is full and the caller bounds it by a statement timeout. Run unprepared
--- (prepare=False): the values are then in the plan, and what is not asked folds away.
+-- (prepare=False): the values are then in the plan, and what is not asked folds away
+-- (compared as text: a cast to the enum is not immutable, and would leave every
+-- branch in the plan behind a run-time filter). Run after session_read_side_local.
 WITH page AS NOT MATERIALIZED (
     SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempts,
            j.run_at, j.locked_by, j.locked_until, j.progress, j.last_error, j.created_at,
@@ -789,19 +799,19 @@ WITH page AS NOT MATERIALIZED (
 )
 SELECT * FROM (
       (SELECT * FROM page WHERE status = 'pending'
-                  AND 'pending' = ANY(%(statuses)s::@schema@.job_status[])
+                  AND 'pending' = ANY(%(statuses)s::text[])
                 ORDER BY id DESC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'running'
-                  AND 'running' = ANY(%(statuses)s::@schema@.job_status[])
+                  AND 'running' = ANY(%(statuses)s::text[])
                 ORDER BY id DESC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'completed'
-                  AND 'completed' = ANY(%(statuses)s::@schema@.job_status[])
+                  AND 'completed' = ANY(%(statuses)s::text[])
                 ORDER BY id DESC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'dead'
-                  AND 'dead' = ANY(%(statuses)s::@schema@.job_status[])
+                  AND 'dead' = ANY(%(statuses)s::text[])
                 ORDER BY id DESC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'cancelled'
-                  AND 'cancelled' = ANY(%(statuses)s::@schema@.job_status[])
+                  AND 'cancelled' = ANY(%(statuses)s::text[])
                 ORDER BY id DESC LIMIT %(limit)s)
 ) p
  ORDER BY p.id DESC
@@ -824,19 +834,19 @@ WITH page AS NOT MATERIALIZED (
 )
 SELECT * FROM (
       (SELECT * FROM page WHERE status = 'pending'
-                  AND 'pending' = ANY(%(statuses)s::@schema@.job_status[])
+                  AND 'pending' = ANY(%(statuses)s::text[])
                 ORDER BY id ASC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'running'
-                  AND 'running' = ANY(%(statuses)s::@schema@.job_status[])
+                  AND 'running' = ANY(%(statuses)s::text[])
                 ORDER BY id ASC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'completed'
-                  AND 'completed' = ANY(%(statuses)s::@schema@.job_status[])
+                  AND 'completed' = ANY(%(statuses)s::text[])
                 ORDER BY id ASC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'dead'
-                  AND 'dead' = ANY(%(statuses)s::@schema@.job_status[])
+                  AND 'dead' = ANY(%(statuses)s::text[])
                 ORDER BY id ASC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'cancelled'
-                  AND 'cancelled' = ANY(%(statuses)s::@schema@.job_status[])
+                  AND 'cancelled' = ANY(%(statuses)s::text[])
                 ORDER BY id ASC LIMIT %(limit)s)
 ) p
  ORDER BY p.id ASC

@@ -4,12 +4,13 @@
 --
 -- An expand migration (README "Upgrading"): a column with a constant default (no table
 -- rewrite) and indexes; no function changes, so older daemons run on (they leave
--- handler_settings empty, and `explain` says it cannot see their limits).
+-- handler_settings empty, and `explain` never blames their limits).
 --
 -- Cost on a live table: migrations run in one transaction, so each CREATE INDEX holds a
 -- SHARE lock on jobs while it builds: enqueues, claims and finishes wait until it ends
--- (reads do not). Measured on 10 M finished jobs (README "Reading the queue"): a few
--- seconds per index. On a large table build them beforehand without blocking writes,
+-- (reads do not). Measured on 10 M finished jobs (README "Reading the queue"): 10 to
+-- 60 s per index on 2 loaded CPUs. On a large table build them beforehand without
+-- blocking writes,
 --     CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_status_id_idx ON pgworkerd.jobs (status, id);
 -- (and so on for the others, same names and columns), then migrate: IF NOT EXISTS
 -- makes the migration skip what is there.

@@ -52,17 +52,19 @@ def _new_text(entry: dict[str, Any], shown: int) -> str:
     return out + tail[shown - tail_start :].decode("utf-8", "replace")
 
 
-def _pick(found: dict[str, Any], token: int | None) -> dict[str, Any] | None:
-    """The entry of attempt `token`, else (None) the latest."""
-    logs = found["logs"]
-    if token is None:
-        return logs[-1] if logs else None
-    return next((e for e in logs if e["lease_token"] == token), None)
+def _attempt_to_follow(found: dict[str, Any], attempt: int | None) -> int | None:
+    """The lease token of the attempt to follow: the running one (if it is `attempt`,
+    when given), else the latest stored one of `attempt`; None: none yet."""
+    if found["status"] == "running" and attempt in (None, found["attempts"]):
+        return int(found["lease_token"])
+    if attempt is None and found["status"] == "pending":
+        return None  # (its next attempt: the earlier ones have ended)
+    return int(found["logs"][-1]["lease_token"]) if found["logs"] else None
 
 
 def _follow(conn: psycopg.Connection, ctx: Context, job_id: int, attempt: int | None) -> None:
-    """Print an attempt's output as it comes, until it ended (or, not started yet, until
-    one started and ended)."""
+    """Print an attempt's output as it comes, until it ended: the running attempt, or
+    (the job pending) the next one."""
     token: int | None = None
     shown = 0
     over_since: float | None = None
@@ -70,14 +72,14 @@ def _follow(conn: psycopg.Connection, ctx: Context, job_id: int, attempt: int | 
         found = joblogs.read_logs(conn, ctx.schema, job_id, attempt)
         if found is None:
             fail(f"job {job_id} not found (deleted meanwhile)", ExitCode.FAILURE)
-        entry = _pick(found, token)
+        token = _attempt_to_follow(found, attempt) if token is None else token
+        entry = next((e for e in found["logs"] if e["lease_token"] == token), None)
         if entry is not None:
-            token = entry["lease_token"]
             _echo(_new_text(entry, shown))
             shown = entry["total_bytes"]
             if entry["finished"]:
                 return
-        running = found["status"] == "running" and (token is None or found["lease_token"] == token)
+        running = found["status"] == "running" and found["lease_token"] == token
         if not running and (token is not None or found["status"] != "pending"):
             # Its attempt is over (or the job is): give the daemon time for its last write.
             over_since = time.monotonic() if over_since is None else over_since

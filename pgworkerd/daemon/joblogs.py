@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,8 +77,8 @@ def _punch_hole(fd: int, length: int) -> None:
     """Free the blocks of the file's first `length` bytes (read already); raises OSError."""
     mode = _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE
     if _fallocate()(fd, mode, 0, length) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
 
 
 def _whole_chars_end(data: bytes) -> bytes:
@@ -244,12 +246,18 @@ class JobLogs:
         if f.open_failed:
             return False
         try:
-            # O_RDWR: punching holes needs a writable descriptor
-            f.fd = os.open(f.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # O_RDWR: punching holes needs a writable descriptor. Non-blocking and a
+            # regular file only: whatever a handler (the same user) put there instead
+            # must not stall the loop.
+            fd = os.open(f.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise OSError(errno.EINVAL, "not a regular file")
         except OSError as exc:
             f.open_failed = True
             log.warning("no output captured from %s: %s", f.path, exc)
             return False
+        f.fd = fd
         with contextlib.suppress(OSError):
             os.unlink(f.path)  # the child writes on; nothing is left if either dies
         return True

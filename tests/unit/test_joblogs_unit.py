@@ -128,3 +128,16 @@ def test_a_file_never_opened_is_removed_with_its_child(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.logs.child_exited(PID)
     assert not h.path.exists()
+
+
+def test_something_else_than_a_file_at_its_place_is_not_read(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness(tmp_path)
+    h.path.unlink()
+    os.mkfifo(h.path)  # (a handler runs as the daemon's user: it could put one there)
+    h.logs.begin(1, 10, 1, PID)
+    h.tick()
+    h.logs.end(1)  # returns at once: nothing waits on the FIFO
+    assert "no output captured" in caplog.text and "not a regular file" in caplog.text
+    assert not any(h.written)

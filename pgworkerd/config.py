@@ -571,11 +571,14 @@ def _bind(value: Any) -> str:
     return text
 
 
-def _port(value: Any) -> int:
-    port = _positive_int(value)
-    if port > 65535:
-        raise ValueError(f"must be at most 65535, got {port}")
-    return port
+def _int_up_to(high: int) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        number = _positive_int(value)
+        if number > high:
+            raise ValueError(f"must be at most {high}, got {number}")
+        return number
+
+    return convert
 
 
 def _web_users(value: Any) -> dict[str, str]:
@@ -597,20 +600,13 @@ def _web_users(value: Any) -> dict[str, str]:
     return dict(value)
 
 
-def _pool_size(value: Any) -> int:
-    size = _positive_int(value)
-    if size > 100:
-        raise ValueError(f"must be at most 100, got {size}")
-    return size
-
-
 _WEB = {
     "bind": _bind,
-    "port": _port,
+    "port": _int_up_to(65535),
     "users": _web_users,
     "read_only": _bool,
     "statement_timeout": lambda v: _positive_duration(_millis_duration(v)),
-    "pool_size": _pool_size,
+    "pool_size": _int_up_to(100),
     "secure_cookie": _bool,
 }
 _METRICS = {

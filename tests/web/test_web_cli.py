@@ -14,23 +14,21 @@ from pgworkerd.exitcodes import ExitCode
 from pgworkerd.web.passwords import verify
 
 
-def test_hash_password_reads_stdin() -> None:
-    done = subprocess.run(
+def hash_password(stdin: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [str(PGWORKERD), "web", "hash-password"],
-        input="s3cret password\n",
+        input=stdin,
         capture_output=True,
         text=True,
         timeout=DEADLINE,
     )
+
+
+def test_hash_password_reads_stdin() -> None:
+    done = hash_password("s3cret password\n")
     assert done.returncode == 0, done.stderr
     assert verify("s3cret password", done.stdout.strip())
-    short = subprocess.run(
-        [str(PGWORKERD), "web", "hash-password"],
-        input="short\n",
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE,
-    )
+    short = hash_password("short\n")
     assert short.returncode == ExitCode.CONFIG and "at least 8" in short.stderr
     assert "short" not in short.stderr.replace("at least", "")
 

@@ -171,6 +171,22 @@ class RetentionConfig:
         return any(r is not None for r in (self.completed, self.cancelled, self.dead))
 
 
+@dataclass(frozen=True)
+class WebConfig:
+    """`pgworkerd web` (pgworkerd/web): where it listens, who may log in, what it may do."""
+
+    bind: str = "127.0.0.1"  # anything but a loopback address needs `users`
+    port: int = 8470
+    # user name -> password hash from `pgworkerd web hash-password`; empty: no login, which
+    # only a loopback bind allows
+    users: dict[str, str] = field(default_factory=dict)
+    read_only: bool = False  # pages only: no action is offered or accepted
+    statement_timeout: float = 5.0  # per statement: a slow page fails instead of piling up
+    pool_size: int = 4  # database connections at most (the pool's max_size)
+    # Secure flag on the session cookie: set it when an HTTPS proxy fronts the dashboard
+    secure_cookie: bool = False
+
+
 # -- schedules (periodic jobs) ---------------------------------------------------------------
 
 
@@ -221,6 +237,7 @@ class Config:
     schedules: dict[str, ScheduleConfig] = field(default_factory=dict)
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     logs: LogsConfig = field(default_factory=LogsConfig)
+    web: WebConfig = field(default_factory=WebConfig)
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -432,6 +449,18 @@ def split_listen(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only (127.0.0.0/8, ::1, localhost)."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _listen(value: Any) -> str:
     text = _string(value)
     if text:
@@ -532,6 +561,53 @@ _LOGS = {
 _LOGGING = {
     "format": _choice("text", "json"),
     "level": _choice("debug", "info", "warning", "error"),
+}
+
+
+def _bind(value: Any) -> str:
+    text = _nonempty(value)
+    if not _HOST_RE.match(text) and not re.fullmatch(r"[0-9A-Fa-f:.]+", text):
+        raise ValueError(f"expected a host name or an IP address, got {_describe(value)}")
+    return text
+
+
+def _int_up_to(high: int) -> Callable[[Any], int]:
+    def convert(value: Any) -> int:
+        number = _positive_int(value)
+        if number > high:
+            raise ValueError(f"must be at most {high}, got {number}")
+        return number
+
+    return convert
+
+
+def _web_users(value: Any) -> dict[str, str]:
+    """[web.users]: NAME = "scrypt$..." (a hash, never a password)."""
+    from pgworkerd.web.passwords import hash_problem
+
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a table of NAME = HASH, got {_describe(value)}")
+    for name, hashed in value.items():
+        problem = name_problem("user", name)
+        if problem:
+            raise ValueError(problem)
+        if not isinstance(hashed, str) or hash_problem(hashed):
+            # the value is never shown: someone may have put a password there
+            raise ValueError(
+                f"user {name!r}: not a password hash (make one with "
+                "`pgworkerd web hash-password`, which reads the password from stdin)"
+            )
+    return dict(value)
+
+
+_WEB = {
+    "bind": _bind,
+    "port": _int_up_to(65535),
+    "users": _web_users,
+    "read_only": _bool,
+    "statement_timeout": lambda v: _positive_duration(_millis_duration(v)),
+    "pool_size": _int_up_to(100),
+    "secure_cookie": _bool,
 }
 _METRICS = {
     "listen": _listen,
@@ -707,6 +783,7 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         "schedules",
         "retention",
         "logs",
+        "web",
     ]
     for table, value in data.items():
         if table not in known_tables:
@@ -749,7 +826,10 @@ def parse_config(text: str, path: str = "<config>") -> Config:
         _Reader(path, text, "retention", data.get("retention", {})), RetentionConfig, _RETENTION
     )
     logs = _read_table(_Reader(path, text, "logs", data.get("logs", {})), LogsConfig, _LOGS)
-    config = Config(path, database, worker, logging, handlers, metrics, schedules, retention, logs)
+    web = _read_table(_Reader(path, text, "web", data.get("web", {})), WebConfig, _WEB)
+    config = Config(
+        path, database, worker, logging, handlers, metrics, schedules, retention, logs, web
+    )
     _cross_check(config, text)
     return config
 
@@ -779,6 +859,13 @@ def _cross_check(config: Config, text: str) -> None:
             "listen",
             "the Prometheus endpoint needs prometheus-client, which is not installed "
             "(pip install 'pgworkerd[metrics]'); or leave listen empty",
+        )
+    if config.web.users == {} and not is_loopback(config.web.bind):
+        raise error(
+            "web",
+            "bind",
+            f"{config.web.bind!r} is not a loopback address: the dashboard needs [web.users] "
+            "(a login) to listen there",
         )
     if w.backoff_max < w.backoff:
         raise error("worker", "backoff_max", "must not be shorter than worker.backoff")
@@ -899,4 +986,5 @@ def effective(config: Config) -> dict[str, Any]:
     data["database"]["dsn"] = mask_dsn(config.database.dsn)
     data["database"]["listen_dsn"] = mask_dsn(config.database.listen_dsn)
     data["worker"]["queues"] = list(config.queues)
+    data["web"]["users"] = sorted(config.web.users)  # names only
     return data

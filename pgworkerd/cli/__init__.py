@@ -1,8 +1,8 @@
 """The `pgworkerd` command line: the click group, its shared options (`Context`), and
 what every command uses to fail and to reach the database. The commands are in
 `jobs` (enqueue, cancel, retry, prune, jobs, show), `fleet` (status, drain, resume, pause),
-`daemon` (run, migrate, check-config, files, demo), `schedules` (schedules) and `logs`
-(logs). Exit codes: pgworkerd.exitcodes."""
+`daemon` (run, migrate, check-config, files, demo), `schedules` (schedules), `logs`
+(logs) and `web` (the dashboard). Exit codes: pgworkerd.exitcodes."""
 
 from __future__ import annotations
 
@@ -146,3 +146,6 @@ from pgworkerd.cli import daemon, fleet, jobs  # noqa: E402, F401
 
 # isort: split
 from pgworkerd.cli import logs, schedules  # noqa: E402, F401  (job output, periodic jobs)
+
+# isort: split
+from pgworkerd.cli import web  # noqa: E402, F401  (the dashboard)

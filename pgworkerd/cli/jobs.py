@@ -303,7 +303,7 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
     if as_json:
         echo_json(row)
         return
-    history = row.pop("attempts")
+    history = row.pop("attempt_history")
     for key, value in row.items():
         if key == "last_error" and value:
             # a traceback reads best on its own lines; each is escaped and indented, so

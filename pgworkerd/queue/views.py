@@ -47,7 +47,7 @@ API (each function's args after (conn, schema); returned keys):
         page, None when nothing newer can be there)
         Raises ValueError for a bad status or limit, TextSearchTimeout when the text
         search ran out of time.
-    job(conn, schema, job_id) -> dict | None: every column of jobs, and attempts (list of
+    job(conn, schema, job_id) -> dict | None: every column of jobs, and attempt_history (list of
         dict: attempt, outcome, worker, host, started_at, finished_at, wall_seconds,
         cpu_user_seconds, cpu_system_seconds, peak_memory, error; None when the role may
         not read attempts)
@@ -326,7 +326,8 @@ def job(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, An
         history = attempts.history(conn, job_id, schema=schema)
     except InsufficientPrivilege:  # a role granted before schema 12: the job still shows
         history = None
-    return {**row, "attempts": history}
+    # Not under "attempts": that is the jobs column (how many attempts were counted).
+    return {**row, "attempt_history": history}
 
 
 def schedules(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:

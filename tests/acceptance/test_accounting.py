@@ -89,7 +89,8 @@ def test_an_attempts_history_accounts_for_its_work(db: Db, daemons: Daemons) -> 
     assert "attempts: 1 recorded:" in shown.stdout
     assert re.search(rf"#1 completed  {re.escape(d.worker_id)} on \S+ .* peak \d+", shown.stdout)
     as_json = json.loads(daemons.cli("show", str(job_id), "--json").stdout)
-    [j] = as_json["attempts"]
+    [j] = as_json["attempt_history"]
+    assert as_json["attempts"] == 1  # the jobs column: the count
     assert j["outcome"] == "completed" and j["peak_memory"] == a["peak_memory"]
 
 

@@ -67,6 +67,11 @@ def test_wheel_ships_the_deploy_files_and_the_license(dist: dict[str, Path]) -> 
     assert meta["License"] is None  # the deprecated free-text field is gone
     assert [Path(n).name for n in licenses] == ["LICENSE"]
     assert not [n for n in names if n.startswith("tests/")]
+    # the dashboard's templates and static files (`pgworkerd web` renders nothing without)
+    web = Path(__file__).resolve().parents[2] / "pgworkerd" / "web"
+    for kind in ("templates", "static"):
+        for path in (web / kind).iterdir():
+            assert f"pgworkerd/web/{kind}/{path.name}" in names, path
 
 
 def test_sdist_ships_no_tests_and_the_real_files(dist: dict[str, Path]) -> None:

@@ -129,7 +129,8 @@ def test_job_shows_columns_and_attempts(conn: psycopg.Connection, schema: str):
     shown = views.job(conn, schema, j)
     assert shown is not None
     assert shown["payload"] == {"k": 1} and shown["dedupe_key"] == "once"
-    assert [(a["attempt"], a["outcome"]) for a in shown["attempts"]] == [(1, "dead")]
+    assert [(a["attempt"], a["outcome"]) for a in shown["attempt_history"]] == [(1, "dead")]
+    assert shown["attempts"] == 1  # the count, not overwritten by the history
     assert views.job(conn, schema, j + 1000) is None
 
 

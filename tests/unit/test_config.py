@@ -173,6 +173,7 @@ def test_example_config_is_valid_and_documents_every_key() -> None:
         LoggingConfig,
         MetricsConfig,
         RetentionConfig,
+        WebConfig,
         WorkerConfig,
     )
 
@@ -183,6 +184,7 @@ def test_example_config_is_valid_and_documents_every_key() -> None:
         MetricsConfig,
         HandlerConfig,
         RetentionConfig,
+        WebConfig,
     ):
         for f in dataclasses.fields(cls):
             if f.name != "name" or cls is WorkerConfig:

@@ -10,6 +10,7 @@ is read with `ast` and sorted into the part of the package it belongs to:
   cli         pgworkerd/cli/        the click commands
   ops         pgworkerd/ops/        systemd, metrics, logs
   devcluster  pgworkerd/devcluster/ throwaway PostgreSQL clusters, the demo
+  web         pgworkerd/web/        the dashboard (`pgworkerd web`)
   shared      pgworkerd/*.py        dependency-free modules (config, model, durations, ...)
   face        pgworkerd/__init__.py the package face (lazy: imports on first attribute use)
 
@@ -29,18 +30,21 @@ from pathlib import Path
 import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "pgworkerd"
-SUBPACKAGES = ("worker", "queue", "daemon", "cli", "ops", "devcluster")
+SUBPACKAGES = ("worker", "queue", "daemon", "cli", "ops", "devcluster", "web")
 
 # part -> the parts (and "psycopg") it must never import.
 FORBIDDEN: dict[str, set[str]] = {
-    "worker": {"client", "queue", "daemon", "cli", "ops", "devcluster", "psycopg"},
+    "worker": {"client", "queue", "daemon", "cli", "ops", "devcluster", "psycopg", "web"},
     "shared": {"client", "queue", "daemon", "cli", "ops", "devcluster", "psycopg"},
-    "client": {"daemon", "cli", "ops", "worker", "devcluster"},
-    "queue": {"client", "daemon", "cli", "ops", "worker", "devcluster"},
+    "client": {"daemon", "cli", "ops", "worker", "devcluster", "web"},
+    "queue": {"client", "daemon", "cli", "ops", "worker", "devcluster", "web"},
     # ops reads the job statuses from the dependency-free pgworkerd.model
     "ops": {"client", "queue", "daemon", "cli", "devcluster"},
     # Nothing outside cli and devcluster imports devcluster; nothing imports cli.
-    "daemon": {"client", "cli", "devcluster"},
+    "daemon": {"client", "cli", "devcluster", "web"},
+    # the dashboard reads through queue (views, explain, joblogs) and acts through the
+    # functions the CLI uses; only cli imports it (and config its password hashes)
+    "web": {"client", "daemon", "cli", "worker", "devcluster"},
     "devcluster": {"cli"},
     "face": {"daemon", "cli", "ops", "devcluster", "worker"},
 }

@@ -1,0 +1,103 @@
+"""The dashboard's pages timed over HTTP on a big table: the same data as
+bench/dashboard_queries.py (10 M finished jobs plus a backlog, running jobs and daemons),
+served by `pgworkerd web` (waitress, in a thread of this process) and fetched with a
+plain HTTP client; the median (min, max) of --reps fetches of each page, warm.
+
+    .venv/bin/python bench/dashboard_pages.py [--short] [--rows N] [--reps 5]
+                                              [--dsn DSN --keep SCHEMA]
+
+A page costs its queries (dashboard_queries.py) plus rendering and HTTP. A benchmark, not
+a test: nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import statistics
+import sys
+import threading
+import time
+
+from dashboard_queries import database, fill
+from psycopg import sql
+
+from pgworkerd.config import WebConfig
+from pgworkerd.queue.db import connect
+from pgworkerd.web.server import build
+
+
+def fetch(port: int, path: str) -> tuple[int, int]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("GET", path, headers={"Host": f"127.0.0.1:{port}"})
+        response = conn.getresponse()
+        return response.status, len(response.read())
+    finally:
+        conn.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--short", action="store_true", help="200,000 finished jobs")
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--dsn", help="use a fresh schema there instead of a private server")
+    parser.add_argument(
+        "--keep", metavar="SCHEMA", help="with --dsn: fill this schema and keep it, or reuse it"
+    )
+    args = parser.parse_args()
+    rows = 200_000 if args.short else args.rows
+    load = os.getloadavg()
+    print(f"{rows:,} finished jobs; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+          f" on {os.cpu_count()} CPUs")  # fmt: skip
+    with database(args.dsn, args.keep) as (dsn, schema, filled):
+        with connect(dsn) as conn:
+            if not filled:
+                fill(conn, schema, rows)
+            [(newest, dead, running)] = conn.execute(
+                sql.SQL(
+                    "SELECT max(id), max(id) FILTER (WHERE status = 'dead'),"
+                    " max(id) FILTER (WHERE status = 'running') FROM {}.jobs"
+                ).format(sql.Identifier(schema))
+            ).fetchall()
+        dashboard = build(WebConfig(port=0), dsn, schema)
+        thread = threading.Thread(target=dashboard.run, daemon=True)
+        thread.start()
+        port = int(dashboard.server.effective_port)
+        pages = [
+            "/",
+            "/live/overview",
+            "/jobs",
+            "/jobs?status=dead",
+            "/jobs?queue=q3&status=completed",
+            "/jobs?handler=h7",
+            f"/jobs?before={newest // 2}",
+            "/jobs?text=bad+row",
+            f"/jobs/{dead}",
+            f"/live/jobs/{running}",
+            "/schedules",
+            "/limits",
+            "/paused",
+        ]
+        try:
+            for path in pages:
+                status, size = fetch(port, path)  # warm
+                times = []
+                for _ in range(args.reps):
+                    start = time.perf_counter()
+                    fetch(port, path)
+                    times.append((time.perf_counter() - start) * 1000)
+                print(
+                    f"  GET {path:<36} {status} {size:>7} B {statistics.median(times):9.1f} ms"
+                    f"  ({min(times):.1f} .. {max(times):.1f})"
+                )
+                sys.stdout.flush()
+        finally:
+            dashboard.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

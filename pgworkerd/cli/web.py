@@ -1,0 +1,80 @@
+"""`pgworkerd web`: the dashboard (pgworkerd/web), and `pgworkerd web hash-password`."""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import importlib.util
+import sys
+
+import click
+
+from pgworkerd.cli import Context, fail, main
+from pgworkerd.exitcodes import ExitCode
+
+
+@main.group(invoke_without_command=True)
+@click.option("--bind", help="address to listen on [default: the config's web.bind, 127.0.0.1]")
+@click.option("--port", type=click.IntRange(0, 65535), help="[default: web.port, 8470]")
+@click.option("--read-only", is_flag=True, help="pages only: no action offered or accepted")
+@click.pass_context
+def web(click_ctx: click.Context, bind: str | None, port: int | None, read_only: bool) -> None:
+    """Serve the web dashboard (needs `pip install 'pgworkerd[web]'`).
+
+    Listens on 127.0.0.1 unless told otherwise; any other address needs [web.users]
+    (README "Web dashboard"). Stops on SIGINT or SIGTERM.
+    """
+    if click_ctx.invoked_subcommand is not None:
+        return
+    if importlib.util.find_spec("flask") is None or importlib.util.find_spec("waitress") is None:
+        fail(
+            "the dashboard needs Flask and waitress: pip install 'pgworkerd[web]'", ExitCode.CONFIG
+        )
+    from pgworkerd.ops import logs
+    from pgworkerd.web.server import BindRefused, build
+
+    ctx: Context = click_ctx.obj
+    config = ctx.config()
+    settings = config.web
+    if bind is not None:
+        settings = dataclasses.replace(settings, bind=bind)
+    if port is not None:
+        settings = dataclasses.replace(settings, port=port)
+    if read_only:
+        settings = dataclasses.replace(settings, read_only=True)
+    dsn = ctx.resolved_dsn()
+    logs.setup(config.logging.format, config.logging.level)
+    logs.hide_passwords_of(dsn)
+    try:
+        dashboard = build(settings, dsn, ctx.schema)
+    except BindRefused as exc:
+        fail(str(exc), ExitCode.CONFIG)
+    except OSError as exc:
+        fail(f"cannot listen on {settings.bind}:{settings.port}: {exc.strerror}", ExitCode.CONFIG)
+    mode = " (read-only)" if settings.read_only else ""
+    login = "login required" if settings.users else "no login (loopback only)"
+    click.echo(f"pgworkerd web: serving {dashboard.url}{mode}, {login}", err=True)
+    try:
+        dashboard.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        dashboard.close()
+
+
+@web.command("hash-password")
+def hash_password() -> None:
+    """Read a password from stdin (asked twice on a terminal) and print its hash for
+    [web.users]. The password never goes through argv, so `ps` and shell history never
+    see it."""
+    from pgworkerd.web.passwords import hash_password as make_hash
+
+    if sys.stdin.isatty():
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            fail("the two passwords differ", ExitCode.CONFIG)
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if len(password) < 8:
+        fail("the password must be at least 8 characters", ExitCode.CONFIG)
+    click.echo(make_hash(password))

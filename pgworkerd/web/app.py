@@ -1,0 +1,480 @@
+"""The dashboard's pages, login, CSRF protection and actions (a Flask application).
+
+Every value shown comes from rows that applications and enqueuers wrote, so templates
+render nothing unescaped (Jinja2 autoescaping; no `|safe` anywhere) and the `t` filter
+also writes control and bidirectional-override characters as visible escapes. The
+Content-Security-Policy allows scripts and styles from this server's /static only.
+
+Actions (cancel, retry, drain, resume, pause) reuse the CLI's functions; each is a GET
+that shows a confirmation page and a POST (with the session's CSRF token) that does it,
+logged as an audit line naming who, from where, what and on which target.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import psycopg
+from flask import Flask, abort, flash, redirect, render_template, request, session, url_for
+from psycopg_pool import ConnectionPool, PoolTimeout
+from werkzeug.exceptions import HTTPException
+from werkzeug.wrappers import Response
+
+from pgworkerd.bounds import name_problem
+from pgworkerd.describe import printable
+from pgworkerd.durations import format_duration
+from pgworkerd.model import STATUSES
+from pgworkerd.queue import admin, explain, fleet, joblogs, views
+from pgworkerd.queue.db import scrub
+from pgworkerd.web.passwords import verify
+
+log = logging.getLogger("pgworkerd.web")
+
+# A login lasts this long, then the operator logs in again.
+SESSION_SECONDS = 12 * 3600
+# Rows per page of the jobs list.
+PAGE_SIZE = 50
+# Pause after a failed login: guesses stay slow whatever the client does.
+FAILED_LOGIN_DELAY = 1.0
+# The user recorded for actions when no [web.users] are configured (loopback only).
+ANONYMOUS = "(no login)"
+
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the application needs besides the pool (server.py builds it from the config)."""
+
+    schema: str
+    users: dict[str, str] = field(default_factory=dict)  # name -> password hash
+    read_only: bool = False
+    secure_cookie: bool = False
+    # Host names the Host header may carry (None: any). A loopback-bound dashboard accepts
+    # only loopback names, so a web page that rebinds its own DNS name to 127.0.0.1 cannot
+    # read it (DNS rebinding).
+    allowed_hosts: frozenset[str] | None = None
+    dsn: str = ""  # only to mask its password in error messages
+
+
+# -- actions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Action:
+    title: str  # "Cancel job", shown on the confirmation page and its button
+    kind: str  # what the target is: job, daemon, queue or handler
+    run: Callable[[psycopg.Connection[Any], str, str, str], str]  # conn, schema, target, who
+    warning: str = ""
+
+
+def _cancel(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
+    outcome = admin.cancel(conn, [int(target)], schema=schema)
+    return outcome.get(int(target), "not found")
+
+
+def _retry(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
+    ids = admin.retry(conn, ids=[int(target)], schema=schema)
+    return "back to pending" if ids else "not retried (not dead or cancelled, or a duplicate)"
+
+
+def _drain(drain: bool) -> Callable[[psycopg.Connection[Any], str, str, str], str]:
+    def run(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
+        affected = fleet.request_drain(conn, schema, drain=drain, worker_id=target)
+        if not affected:
+            return "no live daemon has this id"
+        return "drain requested" if drain else "resumed"
+
+    return run
+
+
+def _pause(kind: str, pause: bool) -> Callable[[psycopg.Connection[Any], str, str, str], str]:
+    def run(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
+        comment = f"from the web dashboard by {who}" if pause else None
+        changed = fleet.set_paused(conn, schema, kind, target, pause=pause, comment=comment)
+        if pause:
+            return "paused" if changed else "was already paused"
+        return "resumed" if changed else "was not paused"
+
+    return run
+
+
+ACTIONS: dict[str, Action] = {
+    "cancel": Action(
+        "Cancel job", "job", _cancel, "A running job is asked to stop; a pending one never runs."
+    ),
+    "retry": Action("Retry job", "job", _retry, "The job runs again with fresh attempts."),
+    "drain": Action(
+        "Drain daemon", "daemon", _drain(True), "It finishes its jobs and claims no new ones."
+    ),
+    "resume": Action("Resume daemon", "daemon", _drain(False)),
+    "pause-queue": Action(
+        "Pause queue", "queue", _pause("queue", True), "No daemon claims its jobs until resumed."
+    ),
+    "resume-queue": Action("Resume queue", "queue", _pause("queue", False)),
+    "pause-handler": Action(
+        "Pause handler",
+        "handler",
+        _pause("handler", True),
+        "No daemon claims its jobs until resumed.",
+    ),
+    "resume-handler": Action("Resume handler", "handler", _pause("handler", False)),
+}
+
+
+def _target_problem(kind: str, target: str) -> str | None:
+    if kind == "job":
+        return None if target.isascii() and target.isdigit() and len(target) < 19 else "bad id"
+    if kind == "daemon":
+        return None if 0 < len(target) <= 300 and target.isprintable() else "bad daemon id"
+    return name_problem(kind, target)
+
+
+# -- rendering helpers --------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    """A value as one inert line (autoescaping then makes it inert HTML)."""
+    return "" if value is None else printable(value)
+
+
+def _pretty(value: Any) -> str:
+    """JSON from a row, indented; line breaks kept, other control characters escaped."""
+    if value is None:
+        return ""
+    text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
+    return printable(text, keep="\n")
+
+
+def _multiline(value: Any) -> str:
+    return "" if value is None else printable(value, keep="\n\t")
+
+
+def _when(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    return _text(value)  # a timestamp Python cannot hold comes as the server's text
+
+
+def _age(seconds: Any) -> str:
+    return "-" if seconds is None else format_duration(float(seconds), rounded=True)
+
+
+def _size(value: Any) -> str:
+    if value is None:
+        return "-"
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return str(value)
+
+
+def _hostname(host: str) -> str:
+    """The Host header without its port ("[::1]" keeps its brackets), lower case."""
+    if host.startswith("["):
+        return host[: host.find("]") + 1].lower()
+    return host.rsplit(":", 1)[0].lower()
+
+
+# -- the application ----------------------------------------------------------------------
+
+
+def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
+    app = Flask(__name__)
+    # A new key at each start: a restart logs everyone out, and no key sits in a file.
+    app.secret_key = secrets.token_bytes(32)
+    app.config.update(
+        SESSION_COOKIE_NAME="pgworkerd_web",
+        SESSION_COOKIE_HTTPONLY=True,
+        SESSION_COOKIE_SAMESITE="Strict",
+        SESSION_COOKIE_SECURE=settings.secure_cookie,
+        MAX_CONTENT_LENGTH=64 * 1024,  # forms are small
+        TEMPLATES_AUTO_RELOAD=False,
+    )
+    app.jinja_env.autoescape = True  # every template, whatever its name
+    app.jinja_env.filters.update(
+        t=_text, pretty=_pretty, multiline=_multiline, when=_when, age=_age, size=_size
+    )
+    login_needed = bool(settings.users)
+
+    @contextmanager
+    def database() -> Iterator[psycopg.Connection[Any]]:
+        with pool.connection() as conn:
+            yield conn
+
+    def user() -> str | None:
+        if not login_needed:
+            return ANONYMOUS
+        name = session.get("user")
+        since = session.get("since", 0)
+        if name in settings.users and time.time() - since < SESSION_SECONDS:
+            return str(name)
+        return None
+
+    def csrf_token() -> str:
+        if "csrf" not in session:
+            session["csrf"] = secrets.token_urlsafe(32)
+        return str(session["csrf"])
+
+    app.jinja_env.globals.update(
+        csrf_token=csrf_token,
+        statuses=STATUSES,
+        read_only=settings.read_only,
+        login_needed=login_needed,
+        current_user=user,
+    )
+
+    @app.before_request
+    def guard() -> Response | None:
+        allowed = settings.allowed_hosts
+        if allowed is not None and _hostname(request.host) not in allowed:
+            abort(421, "this dashboard answers to its loopback address only")
+        if request.method == "POST":
+            sent = request.form.get("csrf", "")
+            wanted = session.get("csrf", "")
+            if not wanted or not hmac.compare_digest(str(sent), str(wanted)):
+                log.warning(
+                    "web: refused a POST to %s from %s: missing or wrong CSRF token",
+                    request.path,
+                    request.remote_addr,
+                )
+                abort(403, "missing or wrong CSRF token (reload the page and try again)")
+        if request.endpoint in ("login", "static") or user() is not None:
+            return None
+        if request.headers.get("X-Live") or request.method != "GET":
+            abort(401)
+        return redirect(url_for("login", next=request.full_path))
+
+    @app.after_request
+    def headers(response: Response) -> Response:
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["X-Frame-Options"] = "DENY"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        if request.endpoint != "static":
+            response.headers["Cache-Control"] = "no-store"
+        return response
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> tuple[str, int]:
+        return render_template(
+            "error.html", code=exc.code, message=exc.description
+        ), exc.code or 500
+
+    @app.errorhandler(psycopg.errors.QueryCanceled)
+    def too_slow(exc: Exception) -> tuple[str, int]:
+        message = "the database took longer than [web] statement_timeout for this page"
+        return render_template("error.html", code=503, message=message), 503
+
+    @app.errorhandler(PoolTimeout)
+    def busy(exc: Exception) -> tuple[str, int]:
+        message = "no free database connection (the database is down, or every one is busy)"
+        return render_template("error.html", code=503, message=message), 503
+
+    @app.errorhandler(psycopg.Error)
+    def db_error(exc: Exception) -> tuple[str, int]:
+        message = "database error: " + scrub(str(exc).strip(), settings.dsn)
+        log.warning("web: %s on %s", message, request.path)
+        return render_template("error.html", code=503, message=message), 503
+
+    # -- login --------------------------------------------------------------------------
+
+    def safe_next(target: str | None) -> str:
+        # only a path of this site: never //host or a scheme (an open redirect)
+        if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
+            return target
+        return url_for("overview")
+
+    @app.route("/login", methods=["GET", "POST"])
+    def login() -> Any:
+        if not login_needed:
+            return redirect(url_for("overview"))
+        error = ""
+        if request.method == "POST":
+            name = request.form.get("user", "")
+            password = request.form.get("password", "")
+            hashed = settings.users.get(name)
+            if hashed is not None and verify(password, hashed):
+                session.clear()
+                session.update(user=name, since=time.time(), csrf=secrets.token_urlsafe(32))
+                log.info("web: %s logged in from %s", name, request.remote_addr)
+                return redirect(safe_next(request.args.get("next")))
+            time.sleep(FAILED_LOGIN_DELAY)
+            log.warning("web: failed login as %r from %s", name[:100], request.remote_addr)
+            error = "wrong user name or password"
+        return render_template("login.html", error=error), 401 if error else 200
+
+    @app.post("/logout")
+    def logout() -> Any:
+        session.clear()
+        return redirect(url_for("login"))
+
+    # -- pages --------------------------------------------------------------------------
+
+    def overview_data() -> dict[str, Any]:
+        with database() as conn:
+            snap = views.overview(conn, settings.schema)
+        hour = snap["throughput"]
+        peak = max((m["completed"] + m["failed_total"] for m in hour), default=0)
+        totals = {
+            "completed": sum(m["completed"] for m in hour),
+            "failed": sum(m["failed_total"] for m in hour),
+        }
+        return {"snap": snap, "peak": max(peak, 1), "totals": totals}
+
+    @app.get("/")
+    def overview() -> str:
+        return render_template("overview.html", **overview_data())
+
+    @app.get("/live/overview")
+    def overview_live() -> str:
+        return render_template("overview_live.html", **overview_data())
+
+    def job_data(job_id: int) -> dict[str, Any]:
+        with database() as conn:
+            # the same row and history `pgworkerd show` reads
+            job = views.job(conn, settings.schema, job_id)
+            if job is None:
+                abort(404, f"no job {job_id}")
+            history = job.pop("attempt_history")
+            why = explain.explain(conn, settings.schema, job_id)
+        return {"job": job, "attempts": history, "explain": why}
+
+    @app.get("/jobs/<int:job_id>")
+    def job(job_id: int) -> str:
+        data = job_data(job_id)
+        with database() as conn:
+            try:
+                logs = joblogs.read_logs(conn, settings.schema, job_id)
+            except psycopg.errors.InsufficientPrivilege:
+                logs = None  # a role without the job_logs grant: the rest still shows
+        return render_template("job.html", logs=logs, **data)
+
+    @app.get("/live/jobs/<int:job_id>")
+    def job_live(job_id: int) -> str:
+        return render_template("job_live.html", **job_data(job_id))
+
+    @app.get("/jobs")
+    def jobs() -> str:
+        filters = {k: request.args.get(k, "") for k in ("status", "queue", "handler", "text")}
+        if filters["status"] and filters["status"] not in STATUSES:
+            abort(400, "unknown status")
+        if len(filters["text"]) > 200:
+            abort(400, "the search text is longer than 200 characters")
+        before, after = _page_id("before"), _page_id("after")
+        error = ""
+        try:
+            with database() as conn:
+                page = views.jobs_page(
+                    conn,
+                    settings.schema,
+                    statuses=[filters["status"]] if filters["status"] else None,
+                    queue=filters["queue"] or None,
+                    handler=filters["handler"] or None,
+                    text=filters["text"] or None,
+                    before=before,
+                    after=after,
+                    limit=PAGE_SIZE,
+                )
+        except views.TextSearchTimeout as exc:
+            page, error = {"jobs": [], "older": None, "newer": None}, str(exc)
+        except ValueError as exc:
+            abort(400, str(exc))
+        shown = {k: v for k, v in filters.items() if v}
+        return render_template(
+            "jobs.html", page=page, rows=page["jobs"], filters=filters, shown=shown, error=error
+        )
+
+    def _page_id(name: str) -> int | None:
+        value = request.args.get(name, "")
+        if not value:
+            return None
+        if not (value.isascii() and value.isdigit() and len(value) < 19):
+            abort(400, f"{name} must be a job id")
+        return int(value)
+
+    @app.get("/schedules")
+    def schedules_page() -> str:
+        with database() as conn:
+            rows = views.schedules(conn, settings.schema)
+        return render_template("schedules.html", rows=rows)
+
+    @app.get("/paused")
+    def paused_page() -> str:
+        with database() as conn:
+            rows = views.paused(conn, settings.schema)
+        return render_template("paused.html", rows=rows)
+
+    @app.get("/limits")
+    def limits_page() -> str:
+        with database() as conn:
+            rows = views.limits(conn, settings.schema)
+        return render_template("limits.html", rows=rows)
+
+    # -- actions ------------------------------------------------------------------------
+
+    def checked_action(name: str) -> tuple[Action, str]:
+        action = ACTIONS.get(name)
+        if action is None:
+            abort(404, "no such action")
+        if settings.read_only:
+            abort(403, "this dashboard is read-only ([web] read_only)")
+        source = request.form if request.method == "POST" else request.args
+        target = source.get("target", "")
+        problem = _target_problem(action.kind, target)
+        if problem:
+            abort(400, problem)
+        return action, target
+
+    @app.get("/confirm/<name>")
+    def confirm(name: str) -> str:
+        action, target = checked_action(name)
+        return render_template("confirm.html", name=name, action=action, target=target)
+
+    @app.post("/act/<name>")
+    def act(name: str) -> Any:
+        action, target = checked_action(name)
+        who = user() or "?"
+        with database() as conn:
+            outcome = action.run(conn, settings.schema, target, who)
+        log.info(
+            "web action: %s %s %s by %s from %s: %s",
+            name,
+            action.kind,
+            target,
+            who,
+            request.remote_addr,
+            outcome,
+            extra={
+                "fields": {
+                    "action": name,
+                    "target_kind": action.kind,
+                    "target": target,
+                    "user": who,
+                    "remote": request.remote_addr,
+                    "outcome": outcome,
+                }
+            },
+        )
+        flash(f"{action.title} {printable(target)}: {outcome}")
+        if action.kind == "job":
+            return redirect(url_for("job", job_id=int(target)))
+        if action.kind == "daemon":
+            return redirect(url_for("overview"))
+        return redirect(url_for("paused_page"))
+
+    return app

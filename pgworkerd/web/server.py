@@ -1,0 +1,91 @@
+"""Serving the dashboard: the binding rules, the pool, and waitress.
+
+waitress: a pure-Python production WSGI server with a fixed thread pool, a connection
+limit and bounded request sizes, no C extension and no dependency of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from pgworkerd.config import WebConfig, is_loopback
+
+log = logging.getLogger("pgworkerd.web")
+
+# Names a loopback-bound dashboard answers to (the Host header without its port).
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "[::1]"})
+
+
+class BindRefused(ValueError):
+    """A bind address the configuration does not allow."""
+
+
+def check_bind(web: WebConfig) -> None:
+    if not web.users and not is_loopback(web.bind):
+        raise BindRefused(
+            f"refusing to listen on {web.bind!r} without a login: add [web.users] "
+            "(`pgworkerd web hash-password`), or bind 127.0.0.1"
+        )
+
+
+@dataclass
+class Dashboard:
+    """A bound server and its pool; `run()` serves until stopped, `close()` frees both."""
+
+    server: Any  # waitress's server (its types are not published)
+    pool: Any
+
+    @property
+    def url(self) -> str:
+        host = self.server.effective_host
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.server.effective_port}/"
+
+    def run(self) -> None:
+        self.server.run()
+
+    def close(self) -> None:
+        # requests in flight first (they use the trigger and the pool), then the sockets
+        self.server.task_dispatcher.shutdown()
+        self.server.close()
+        self.pool.close()
+
+
+def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
+    """Bind the address and open the pool (raises BindRefused, OSError for the bind)."""
+    from waitress.server import create_server
+
+    from pgworkerd.web.app import Settings, create_app
+    from pgworkerd.web.db import open_pool
+
+    check_bind(web)
+    allowed = LOOPBACK_NAMES | {web.bind.lower()} if is_loopback(web.bind) else None
+    settings = Settings(
+        schema=schema,
+        users=dict(web.users),
+        read_only=web.read_only,
+        secure_cookie=web.secure_cookie,
+        allowed_hosts=None if allowed is None else frozenset(allowed),
+        dsn=dsn,
+    )
+    pool = open_pool(dsn, size=web.pool_size, statement_timeout=web.statement_timeout)
+    try:
+        server = create_server(
+            create_app(settings, pool),
+            host=web.bind,
+            port=web.port,
+            # a few more threads than connections: pages wait briefly for one
+            threads=web.pool_size + 2,
+            connection_limit=100,
+            channel_timeout=30,
+            max_request_body_size=64 * 1024,
+            max_request_header_size=64 * 1024,
+            ident="pgworkerd",
+            expose_tracebacks=False,
+        )
+    except BaseException:
+        pool.close()
+        raise
+    return Dashboard(server, pool)

@@ -243,11 +243,16 @@ class Claimer:
                 bad, self.config.handlers.get(bad.handler), f"cannot run: {bad.reason}"
             )
         for job in claimed:
-            if self.table.has_job(job.id):
+            if self.table.has_job(job.id) or (
+                self.writer is not None and self.writer.holds(job.id)
+            ):
                 # Only after the database lost acknowledged writes (a failover to an
                 # asynchronous standby, or a crash of a server whose own claims were not
-                # durable): our claim rolled back and we claimed the job again. One child
-                # per job: the running attempt stays, the new lease is left to run out.
+                # durable): our claim rolled back and we claimed the job again, under the
+                # same lease token. One child per job: the running attempt stays, the new
+                # lease is left to run out; an attempt that ended here but whose outcome
+                # is not written yet keeps it (written under that token, it would
+                # otherwise end the new attempt's lease while its child runs).
                 log.warning(
                     "job %d %s: claimed again while its attempt runs here (the database lost "
                     "acknowledged writes); not starting it twice",

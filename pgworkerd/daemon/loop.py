@@ -268,6 +268,10 @@ class Daemon:
         # Claim and hand out before the registry heartbeat: a woken idle daemon starts
         # the job first (latency) and does its bookkeeping after. The claim carries the
         # completions waiting (one commit for both); the writer writes what is left.
+        # Failures, releases and snoozes before the claim, completions with it: an outcome
+        # written after a claim that took its job again (under a lease token the database
+        # lost and gave out again) would end the new attempt's lease.
+        self.writer.tick(now, completions_too=False)
         self.claimer.tick(now)
         self.writer.tick(now)
         self.usage.tick(now)

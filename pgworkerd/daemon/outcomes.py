@@ -406,6 +406,10 @@ class OutcomeWriter:
     def __len__(self) -> int:
         return len(self.pending)
 
+    def holds(self, job_id: int) -> bool:
+        """An outcome of this job waits here, unwritten."""
+        return any(o.job.id == job_id for o in self.pending)
+
     def completions(self) -> list[Outcome]:
         """The completions a claim may carry (Claimer: one transaction for both); none
         after a failed write, which the writer retries one outcome at a time."""
@@ -419,15 +423,22 @@ class OutcomeWriter:
             self.pending.remove(o)
         self.on_written(batch)
 
-    def tick(self, now: float) -> None:
-        while self.pending and self.database_up():
-            completions = [o for o in self.pending if o.kind is OutcomeKind.COMPLETE]
+    def tick(self, now: float, *, completions_too: bool = True) -> None:
+        """Write what waits. completions_too=False writes the other outcomes only (the
+        loop does that before a claim, which carries the completions)."""
+        while self.database_up():
+            waiting = [
+                o for o in self.pending if completions_too or o.kind is not OutcomeKind.COMPLETE
+            ]
+            if not waiting:
+                return
+            completions = [o for o in waiting if o.kind is OutcomeKind.COMPLETE]
             # After a failed write, one at a time: a value the database refuses must
             # cost only its own job's outcome, not the whole batch's.
             batch = (
                 completions
                 if completions and not any(o.failed_writes for o in self.pending)
-                else [self.pending[0]]
+                else [waiting[0]]
             )
             if self.write(batch) is None:
                 if not self.database_up():

@@ -333,4 +333,4 @@ def test_show_of_a_role_granted_before_the_attempt_history_still_shows_the_job(
     )
     shown = as_daemon("show", str(job_id)).stdout
     assert f"id: {job_id}" in shown and "attempts: (this role may not read them" in shown
-    assert json.loads(as_daemon("show", str(job_id), "--json").stdout)["attempts"] is None
+    assert json.loads(as_daemon("show", str(job_id), "--json").stdout)["attempt_history"] is None

@@ -267,3 +267,26 @@ def test_after_a_failed_write_no_completion_rides_along() -> None:
     w.add(done)
     s.tick()
     assert len(s.statements.claim_calls) == 1 and s.statements.written == []
+
+
+def test_a_job_claimed_again_while_its_outcome_waits_to_be_written_is_not_started() -> None:
+    # After lost WAL the database can give out the same lease token again: the failure of
+    # the attempt that ended here, written after the new claim, would end the new lease
+    # while the new child runs (seen in test_failover's asynchronous case).
+    s, w, _ = carrying_setup()
+    ended = finished(OutcomeKind.FAIL)
+    w.add(ended)
+    s.statements.claims = [([claimed_job("solo", id=ended.job.id), claimed_job("solo")], [])]
+    s.tick()
+    assert ended.job.id not in s.table.ids() and len(s.table) == 1
+
+
+def test_failures_are_written_before_the_claim_and_completions_with_it() -> None:
+    s, w, _ = carrying_setup()
+    done, failed = finished(OutcomeKind.COMPLETE), finished(OutcomeKind.FAIL)
+    w.add(done)
+    w.add(failed)
+    w.tick(s.clock(), completions_too=False)  # what the loop does first
+    assert s.statements.written == [[failed]] and list(w.pending) == [done]
+    s.tick()
+    assert s.statements.written == [[failed], [done]] and not w.pending

@@ -12,15 +12,13 @@ a test: nothing is asserted.
 
 from __future__ import annotations
 
-import argparse
 import http.client
-import os
 import statistics
 import sys
 import threading
 import time
 
-from dashboard_queries import database, fill
+from dashboard_queries import announce, arguments, database, fill
 from psycopg import sql
 
 from pgworkerd.config import WebConfig
@@ -39,19 +37,8 @@ def fetch(port: int, path: str) -> tuple[int, int]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--short", action="store_true", help="200,000 finished jobs")
-    parser.add_argument("--rows", type=int, default=10_000_000)
-    parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--dsn", help="use a fresh schema there instead of a private server")
-    parser.add_argument(
-        "--keep", metavar="SCHEMA", help="with --dsn: fill this schema and keep it, or reuse it"
-    )
-    args = parser.parse_args()
-    rows = 200_000 if args.short else args.rows
-    load = os.getloadavg()
-    print(f"{rows:,} finished jobs; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
-          f" on {os.cpu_count()} CPUs")  # fmt: skip
+    args = arguments(__doc__.split("\n")[0]).parse_args()
+    rows = announce(args)
     with database(args.dsn, args.keep) as (dsn, schema, filled):
         with connect(dsn) as conn:
             if not filled:

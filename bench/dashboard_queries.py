@@ -210,21 +210,33 @@ def database(dsn: str | None, keep: str | None) -> Iterator[tuple[str, str, bool
                 c.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(description: str) -> argparse.ArgumentParser:
+    """The options this benchmark and dashboard_pages.py share (the same data)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--short", action="store_true", help="200,000 finished jobs")
     parser.add_argument("--rows", type=int, default=10_000_000)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--dsn", help="use a fresh schema there instead of a private server")
-    parser.add_argument("--json", dest="json_out", help="write the figures here too")
     parser.add_argument(
         "--keep", metavar="SCHEMA", help="with --dsn: fill this schema and keep it, or reuse it"
     )
-    args = parser.parse_args()
-    rows = 200_000 if args.short else args.rows
+    return parser
+
+
+def announce(args: argparse.Namespace) -> int:
+    """The number of finished jobs to fill, printed with the machine's load."""
+    rows = 200_000 if args.short else int(args.rows)
     load = os.getloadavg()
     print(f"{rows:,} finished jobs; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
           f" on {os.cpu_count()} CPUs")  # fmt: skip
+    return rows
+
+
+def main() -> int:
+    parser = arguments(__doc__.split("\n")[0])
+    parser.add_argument("--json", dest="json_out", help="write the figures here too")
+    args = parser.parse_args()
+    rows = announce(args)
     with database(args.dsn, args.keep) as (dsn, schema, filled), connect(dsn) as conn:
         took = {} if filled else fill(conn, schema, rows)
         for name, seconds in took.items():
@@ -240,8 +252,8 @@ def main() -> int:
             sys.stdout.flush()
     if args.json_out:
         with open(args.json_out, "w") as out:
-            json.dump({"rows": rows, "load": load, "fill_seconds": took, "calls": results}, out,
-                      indent=2)  # fmt: skip
+            figures = {"rows": rows, "load": os.getloadavg(), "fill_seconds": took}
+            json.dump({**figures, "calls": results}, out, indent=2)
     return 0
 
 

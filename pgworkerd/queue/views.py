@@ -285,7 +285,16 @@ def jobs_page(
         "after": after,
         "limit": limit,
     }
-    name = "view_job_page_older" if after is None else "view_job_page_newer"
+    # A text search that covers completed jobs (most of a table) scans by id across the
+    # statuses and stops at the page; otherwise one branch per status, each through its
+    # index (see both statements).
+    by_id = bool(text) and "completed" in chosen
+    name = {
+        (False, False): "view_job_page_older",
+        (False, True): "view_job_page_newer",
+        (True, False): "view_job_text_older",
+        (True, True): "view_job_text_newer",
+    }[(by_id, after is not None)]
     # Unprepared: the planner sees the values, so each filter not given folds away.
     try:
         with conn.transaction():

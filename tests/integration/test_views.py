@@ -177,3 +177,33 @@ def test_limits_as_live_daemons_declare_them(conn: psycopg.Connection, schema: s
     fleet.request_drain(conn, schema, drain=True, worker_id="w1")
     registry.deregister(conn, "w1", schema)
     assert views.limits(conn, schema) == []
+
+
+def test_text_search_over_every_status_stops_at_the_page_not_at_the_end_of_a_status(
+    conn: psycopg.Connection, schema: str
+):
+    # Most of a real table is completed jobs the text does not match; the matches are
+    # dead jobs among the newest. Reading status by status, the completed ones were read
+    # to their end before the page could close: on 10 M rows the search always timed out.
+    conn.execute(
+        f"INSERT INTO {schema}.jobs (queue, handler, payload, status, attempts, finished_at)"
+        " SELECT 'default', 'h', jsonb_build_object('n', g), 'completed', 1, now()"
+        " FROM generate_series(1, 400000) g"
+    )
+    dead = _enqueue(conn, schema, [client.JobSpec("h", {"n": i}) for i in range(60)])
+    _finish(conn, schema, "dead", dead, error="ValueError: bad row")
+    with conn.transaction():  # the rows the search read, counted in its transaction
+        page = views.jobs_page(conn, schema, text="BAD ROW", limit=50)
+        [(read,)] = conn.execute(
+            "SELECT coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0)"
+            " FROM pg_stat_xact_user_tables WHERE schemaname = %s AND relname = 'jobs'",
+            [schema],
+        ).fetchall()
+    assert read < 1000, f"read {read} rows for a page of 50"
+    assert ids(page) == sorted(dead, reverse=True)[:50]
+    assert page["older"] == sorted(dead, reverse=True)[49]
+    up = views.jobs_page(conn, schema, text="bad row", after=page["older"], limit=5)
+    assert ids(up) == sorted(dead, reverse=True)[44:49]  # the matches just above, both ways
+    # narrowed to the rare statuses, it reads those statuses only, as before
+    page = views.jobs_page(conn, schema, statuses=["dead"], text="bad row", limit=10)
+    assert ids(page) == sorted(dead, reverse=True)[:10]

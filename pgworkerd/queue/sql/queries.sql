@@ -888,6 +888,41 @@ UNION ALL (SELECT * FROM page WHERE status = 'cancelled'
  ORDER BY p.id ASC
  LIMIT %(limit)s;
 
+-- name: view_job_text_older
+-- view_job_page_older for a text search over statuses that include completed: one
+-- backward scan of the primary key over every status asked, which stops at %(limit)s
+-- matches. (By status, the completed branch, most of the table, would be read to its end
+-- whenever fewer of its jobs match than a page holds.) The caller bounds it by a
+-- statement timeout. Run unprepared, after session_read_side_local.
+SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempts,
+       j.run_at, j.locked_by, j.locked_until, j.progress, j.last_error, j.created_at,
+       j.started_at, j.finished_at, j.concurrency_key
+  FROM @schema@.jobs j
+ WHERE (%(before)s::bigint IS NULL OR j.id < %(before)s::bigint)
+   AND j.status::text = ANY(%(statuses)s::text[])
+   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+   AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+   AND (strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
+        OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
+ ORDER BY j.id DESC
+ LIMIT %(limit)s;
+
+-- name: view_job_text_newer
+-- view_job_text_older the other way: the %(limit)s matches just above id %(after)s,
+-- oldest first (the caller turns the page round).
+SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempts,
+       j.run_at, j.locked_by, j.locked_until, j.progress, j.last_error, j.created_at,
+       j.started_at, j.finished_at, j.concurrency_key
+  FROM @schema@.jobs j
+ WHERE j.id > %(after)s::bigint
+   AND j.status::text = ANY(%(statuses)s::text[])
+   AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+   AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+   AND (strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
+        OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
+ ORDER BY j.id ASC
+ LIMIT %(limit)s;
+
 -- name: view_limits
 -- The fleet-wide limits live daemons declare (handler_settings, migration 0016), per
 -- handler: the strictest max_running and max_running_per_key any live daemon claims

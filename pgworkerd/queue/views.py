@@ -275,6 +275,9 @@ def jobs_page(
         raise ValueError(f"limit must be within 1..{MAX_PAGE_SIZE}, not {limit}")
     if before is not None and after is not None:
         raise ValueError("give before or after, not both")
+    for name, value in (("queue", queue), ("handler", handler), ("text", text)):
+        if value and "\x00" in value:  # no text column holds one: PostgreSQL would refuse it
+            raise ValueError(f"{name} cannot contain a NUL character")
     chosen = admin.check_statuses(statuses) if statuses else list(STATUSES)
     params = {
         "statuses": chosen,

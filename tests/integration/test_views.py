@@ -207,3 +207,12 @@ def test_text_search_over_every_status_stops_at_the_page_not_at_the_end_of_a_sta
     # narrowed to the rare statuses, it reads those statuses only, as before
     page = views.jobs_page(conn, schema, statuses=["dead"], text="bad row", limit=10)
     assert ids(page) == sorted(dead, reverse=True)[:10]
+
+
+@pytest.mark.parametrize("name", ["queue", "handler", "text"])
+def test_a_filter_with_a_nul_is_refused_before_the_database(
+    conn: psycopg.Connection, schema: str, name: str
+):
+    with pytest.raises(ValueError, match=f"{name} cannot contain a NUL"):
+        views.jobs_page(conn, schema, **{name: "a\x00b"})
+    assert views.jobs_page(conn, schema)["jobs"] == []  # the connection is fine

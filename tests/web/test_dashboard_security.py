@@ -206,6 +206,10 @@ def test_hostile_filters_are_values(dashboard: RunningDashboard, db: Db) -> None
         reply = client.get(f"/jobs?{query}")
         assert reply.status == 200 and "no job matches" in reply.body, value
         assert "<script>" not in reply.body.split("<main>")[1]
+    # a NUL no text column can hold: refused as a bad request, not a database error
+    for name in ("queue", "handler", "text"):
+        reply = client.get("/jobs?" + urllib.parse.urlencode({name: "a\x00b"}))
+        assert reply.status == 400 and "NUL" in reply.body, (name, reply.status)
 
 
 def test_values_python_cannot_hold_still_render(dashboard: RunningDashboard, db: Db) -> None:

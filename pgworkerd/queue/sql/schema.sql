@@ -36,7 +36,11 @@ INSERT INTO @schema@.schema_version (version, name, compatible_with) VALUES
     (13, 'wake', 5),
     (14, 'retention', 5),
     (15, 'job_logs', 5),
-    (16, 'insight', 5);
+    (16, 'insight', 5),
+    (17, 'handback', 5),
+    (18, 'people_roles', 5),
+    (19, 'worker_protocol', 5),
+    (20, 'upkeep', 5);
 
 -- Jobs (0001).
 

@@ -6,12 +6,13 @@ and bench/handback_bench.py, imported by the daemons' children through PYTHONPAT
 checkpoint it is given. Each start appends a line to payload["file"]: its pid, job id,
 attempt, the step it started from, the daemon's tag (JOBHANDLERS_TAG) and the pids of
 the process tree it starts (payload["tree"]: a `sleep` in its own process group and one
-in a session of its own), so a test can tell where and from what each run started and
-that nothing of an earlier run is left. With payload["honour"] true (the default) it
-raises JobInterrupted as soon as job.stop_requested is true (a cooperative hand-back);
-false: it never looks (released at the end of the grace, stopped by the daemon). With
-payload["finish_at_stop"] it returns a result when asked to stop instead (a completion
-racing the release)."""
+in a session of its own); with payload["log_checkpoints"] also a line per checkpoint. So
+a test can tell where and from what each run started and that nothing of an earlier run
+is left. With payload["honour"] true (the default) it raises JobInterrupted as soon as
+job.stop_requested is true (a cooperative hand-back); false: it never looks (released
+at the end of the grace, stopped by the daemon). With payload["finish_at_stop"] it
+returns a result instead, at the first step boundary after it is asked to stop (a
+completion racing the release)."""
 
 from __future__ import annotations
 
@@ -79,4 +80,6 @@ def long_job(job: JobContext) -> Any:
         job.heartbeat(
             progress={"step": step, "started_from": started_from}, checkpoint={"step": step}
         )
+        if p.get("log_checkpoints"):
+            record(p["file"], {"checkpoint": step, "job": job.id, "at": time.time()})
     return {"finished_at_step": step, "started_from": started_from}

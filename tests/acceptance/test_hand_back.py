@@ -121,6 +121,10 @@ def test_a_handler_filter_hands_back_only_its_jobs_and_the_rest_goes_on(
     # the other handler's job runs on where it was, not asked to stop
     assert db.job(kept)["locked_by"] == a.worker_id
     assert worker_row(db, a)["state"] == "running"  # a filtered hand-back claims the rest
+    status = daemons.cli("status")
+    assert status.returncode == 1, status.stdout + status.stderr  # left in place: loud
+    assert f"daemon {a.worker_id} on " in status.stderr
+    assert "is HANDING BACK the jobs of handler(s) long (grace 0ms)" in status.stderr
     # A still claims jobs of "other" (only A serves it), none of "long"
     another = db.enqueue("other", {"file": str(out)})
     assert db.wait_status(another, "running")["locked_by"] == a.worker_id

@@ -5,7 +5,10 @@
 -- three new functions; no existing function or signature changes. Code of older schemas
 -- runs on: its plain `drain` and `resume` update drain_requested as before, its daemons
 -- read drain_requested only (an unfiltered hand-back sets it, so they at least stop
--- claiming), and its heartbeat leaves hand_back_seen_at alone.
+-- claiming), and its heartbeat leaves hand_back_seen_at alone. (An older `pgworkerd resume`
+-- clears drain_requested only: a hand-back stays on this code's daemons until this
+-- code's `resume`, which calls drain_lift.) The daemon's own job_release statement
+-- (queries.sql) now also wakes the peers that serve a released job; older code does not.
 
 -- The hand-back drain (pgworkerd drain --hand-back): on top of drain_requested (stop
 -- claiming), a request to hand running jobs back. NULL hand_back_requested_at: none.

@@ -47,6 +47,12 @@ GRANT EXECUTE ON FUNCTION pgworkerd.pause(text, text, text), pgworkerd.resume(te
                           pgworkerd.pause_queue(text, text), pgworkerd.resume_queue(text),
                           pgworkerd.pause_handler(text, text), pgworkerd.resume_handler(text)
       TO pgworkerd_daemon;
+-- Drains (`pgworkerd drain [--hand-back]`, `resume`, the dashboard's drain buttons): the
+-- SECURITY DEFINER functions check every argument and change only the drain columns of
+-- live daemons (schema 17).
+GRANT EXECUTE ON FUNCTION pgworkerd.drain_request(text, text, boolean, interval, text[], text[]),
+                          pgworkerd.drain_lift(text, text)
+      TO pgworkerd_daemon;
 -- Periodic jobs: daemons declare their schedules and fire ticks through the functions.
 GRANT SELECT ON pgworkerd.schedules, pgworkerd.schedule_runs TO pgworkerd_daemon;
 GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),

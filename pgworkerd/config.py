@@ -65,6 +65,11 @@ class WorkerConfig:
     poll_interval: float = 5.0
     drain_timeout: float = 300.0
     kill_grace: float = 10.0
+    # `pgworkerd drain --hand-back` without --grace: how long a running job has, once asked
+    # to stop (job.stop_requested), to save a checkpoint and return before it is handed
+    # back. 30 s: a handler that checkpoints every 10 s saves one (README "Handlers") and a
+    # deploy still ends well inside systemd's default 90 s stop timeout.
+    stop_grace: float = 30.0
     max_jobs_per_child: int = 1
     warm_children: int = 2
     backoff: float = 10.0
@@ -107,6 +112,7 @@ class HandlerConfig:
     max_snoozes: int = DEFAULT_MAX_SNOOZES
     no_retry: tuple[str, ...] = ()
     memory_limit: int | None = None  # bytes, the job's process tree; default worker's
+    stop_grace: float | None = None  # hand-back grace of its jobs; default worker.stop_grace
 
     @property
     def module(self) -> str:
@@ -248,6 +254,10 @@ class Config:
     def lease_for(self, handler: HandlerConfig) -> float:
         return handler.lease if handler.lease is not None else self.worker.lease
 
+    def stop_grace_for(self, handler: HandlerConfig) -> float:
+        """How long a job of `handler` has to stop when handed back (without --grace)."""
+        return handler.stop_grace if handler.stop_grace is not None else self.worker.stop_grace
+
     def worker_name(self) -> str:
         return self.worker.name or socket.gethostname()
 
@@ -383,6 +393,29 @@ def _duration(value: Any) -> float:
     return seconds
 
 
+# The longest hand-back grace: `drain --hand-back --grace` and stop_grace (and the SQL
+# function drain_request, migration 0017) refuse more. A drain that waits longer than a
+# day is no drain; a typo ("30d" for "30s") must not park a host for a month.
+MAX_STOP_GRACE = 86400.0
+
+
+def stop_grace_problem(seconds: float) -> str | None:
+    """Why `seconds` cannot be a hand-back grace, or None."""
+    if math.isnan(seconds) or seconds < 0:
+        return f"must be a duration from 0 to 1 day, got {seconds!r} s"
+    if seconds > MAX_STOP_GRACE:
+        return f"must be at most 1 day (a drain, not a schedule), got {format_duration(seconds)}"
+    return None
+
+
+def _stop_grace(value: Any) -> float:
+    seconds = _duration(value)
+    problem = stop_grace_problem(seconds)
+    if problem:
+        raise ValueError(problem)
+    return seconds
+
+
 def _millis_duration(value: Any) -> float:
     seconds = _duration(value)
     if seconds > _MAX_MILLIS_DURATION:
@@ -505,6 +538,7 @@ _WORKER = {
     "poll_interval": _positive_duration,
     "drain_timeout": _duration,
     "kill_grace": _duration,
+    "stop_grace": _stop_grace,
     "max_jobs_per_child": _positive_int,
     "warm_children": _non_negative_int,
     "backoff": _duration,
@@ -762,6 +796,7 @@ _HANDLER = {
     "max_snoozes": _max_snoozes,
     "no_retry": _exception_type_names,
     "memory_limit": _size,
+    "stop_grace": _stop_grace,
 }
 
 

@@ -139,7 +139,10 @@ class Presence:
         self.metrics = metrics
         self.depth_counter = depth_counter
         self.clock = clock
-        self.drain_requested = False  # through the database (pgworkerd drain)
+        self.drain_requested = False  # through the database (pgworkerd drain): claim nothing
+        # a hand-back requested through the database (pgworkerd drain --hand-back); the
+        # loop acts on it (Daemon._follow_hand_back)
+        self.hand_back: registry.HandBack | None = None
         self.heartbeat_at = 0.0
         self.stale_check_at = 0.0
         self.watchdog_at = 0.0
@@ -224,20 +227,38 @@ class Presence:
             return
         self.heartbeat_at = now + self._min_interval()
         self._sent = self._news()
-        drain = self.statements.heartbeat(
+        request = self.statements.heartbeat(
             self._worker_info(), self.registry_state(), self.table.ids()
         )
-        if drain is None and self.statements.ok:
+        if request is None and self.statements.ok:
             self.register()  # marked gone after a long outage: come back
             return
-        if drain is not None and drain != self.drain_requested:
-            self.drain_requested = drain
-            log.info("drain %s through the database", "requested" if drain else "lifted")
+        if request is not None:
+            self._drain_requested(request)
         if self.link.listen_due(now):
             self.link.listen(self.config.worker.poll_interval)
         if self.metrics.queue_depth_due():
             self.depth_counter.start()
         self._mark_stale_if_due(now)
+
+    def _drain_requested(self, request: registry.DrainRequest) -> None:
+        # An unfiltered hand-back stops every claim, whatever drain_requested says.
+        drain = request.drain or (request.hand_back is not None and request.hand_back.everything)
+        if drain != self.drain_requested:
+            self.drain_requested = drain
+            log.info("drain %s through the database", "requested" if drain else "lifted")
+        if request.hand_back != self.hand_back:
+            hb = request.hand_back
+            if hb is None:
+                log.info("hand-back lifted through the database")
+            else:
+                log.info(
+                    "hand-back requested through the database: grace %s, queues %s, handlers %s",
+                    "each handler's stop_grace" if hb.grace is None else format_duration(hb.grace),
+                    "all" if hb.queues is None else ", ".join(sorted(hb.queues)),
+                    "all" if hb.handlers is None else ", ".join(sorted(hb.handlers)),
+                )
+            self.hand_back = hb
 
     def _mark_stale_if_due(self, now: float) -> None:
         """Peers silent past stale_after are marked gone. Every daemon may do it, one at a

@@ -138,9 +138,11 @@ class Statements:
             "deregistering", lambda c: registry.deregister(c, self.worker_id, self.schema)
         )
 
-    def heartbeat(self, info: registry.WorkerInfo, state: str, job_ids: list[int]) -> bool | None:
-        """The registry heartbeat; returns whether a drain is requested for this daemon
-        (None: the call failed, or the row is gone)."""
+    def heartbeat(
+        self, info: registry.WorkerInfo, state: str, job_ids: list[int]
+    ) -> registry.DrainRequest | None:
+        """The registry heartbeat; returns the drain requested of this daemon (None: the
+        call failed, or the row is gone)."""
         return self.link.run(
             "heartbeat",
             lambda c: registry.heartbeat(c, info, state, job_ids, self.schema),

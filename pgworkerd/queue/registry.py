@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -50,10 +51,42 @@ def register(conn: psycopg.Connection, info: WorkerInfo, state: str, schema: str
     )
 
 
+@dataclass(frozen=True)
+class HandBack:
+    """A hand-back request as the registry holds it (migration 0017): hand back the running
+    jobs it targets after the grace (None: each handler's stop_grace), and claim none of
+    them meanwhile. requested_at tells one request from the next."""
+
+    requested_at: datetime
+    grace: float | None = None
+    queues: frozenset[str] | None = None  # None: every queue
+    handlers: frozenset[str] | None = None  # None: every handler
+
+    def targets(self, queue: str | None, handler: str | None) -> bool:
+        """Whether a job of `queue` and `handler` is to be handed back (None: unknown,
+        so possibly)."""
+        return (self.queues is None or queue is None or queue in self.queues) and (
+            self.handlers is None or handler is None or handler in self.handlers
+        )
+
+    @property
+    def everything(self) -> bool:
+        return self.queues is None and self.handlers is None
+
+
+@dataclass(frozen=True)
+class DrainRequest:
+    """What the registry asks of a daemon: drain (claim nothing; jobs finish), and perhaps
+    hand jobs back."""
+
+    drain: bool = False
+    hand_back: HandBack | None = None
+
+
 def heartbeat(
     conn: psycopg.Connection, info: WorkerInfo, state: str, in_flight: Sequence[int], schema: str
-) -> bool | None:
-    """Returns whether a drain is requested; None if our row is gone (re-register)."""
+) -> DrainRequest | None:
+    """Returns the drain requested of this daemon; None if our row is gone (re-register)."""
     row = conn.execute(
         query("worker_heartbeat", schema),
         {
@@ -66,7 +99,20 @@ def heartbeat(
             "settings": Jsonb(dict(info.settings)),
         },
     ).fetchone()
-    return None if row is None else bool(row[0])
+    if row is None:
+        return None
+    drain, requested_at, grace, queues, handlers = row
+    hand_back = (
+        None
+        if requested_at is None
+        else HandBack(
+            requested_at,
+            None if grace is None else float(grace),
+            None if queues is None else frozenset(queues),
+            None if handlers is None else frozenset(handlers),
+        )
+    )
+    return DrainRequest(bool(drain), hand_back)
 
 
 def deregister(conn: psycopg.Connection, worker_id: str, schema: str) -> None:

@@ -209,9 +209,12 @@ RETURNING id, status, run_at,
           END AS retry_in;
 
 -- name: job_release
--- Hand a job back (drain, shutdown): pending at once, the attempt not counted, and in its
--- old place in the queue (run_at kept), so the next daemon takes it before newer jobs.
--- Its latest progress and checkpoint are saved (NULL keeps the old value).
+-- Hand a job back (drain, hand-back, shutdown): pending at once, the attempt not counted,
+-- and in its old place in the queue (run_at kept), so the next daemon takes it before
+-- newer jobs. Its latest progress and checkpoint are saved (NULL keeps the old value).
+-- The peers that serve it are woken on commit as for a new job (the wake channel's
+-- {"q", "h", "id", "n"}, see daemon/peers.py), so another daemon starts it at once.
+WITH released AS (
 UPDATE @schema@.jobs
    SET status = CASE WHEN cancel_requested THEN 'cancelled'
                      ELSE 'pending' END::@schema@.job_status,
@@ -224,7 +227,13 @@ UPDATE @schema@.jobs
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
    AND status::text = 'running'  -- by primary key, never the running-jobs index
    AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
-RETURNING id, status;
+RETURNING id, status, queue, handler
+)
+SELECT r.id, r.status FROM released r, LATERAL (
+    SELECT CASE WHEN r.status = 'pending' THEN pg_notify(@schema_literal@ || '.wake',
+        CASE WHEN octet_length(r.queue) + octet_length(r.handler) <= 2048
+             THEN json_build_object('q', r.queue, 'h', r.handler, 'id', r.id, 'n', 1)
+             ELSE json_build_object('id', r.id, 'n', 1) END::text) END) AS sent;
 
 -- name: job_cancel_running
 -- The holder stopped a job whose cancellation was requested: cancelled (with its latest
@@ -430,13 +439,17 @@ SELECT r.id FROM registered r, LATERAL (
         ELSE json_build_object('peer', 'up', 'id', r.id) END::text)) AS sent;
 
 -- name: worker_heartbeat
--- Record this daemon's state and in-flight jobs; returns whether a drain was requested.
+-- Record this daemon's state and in-flight jobs; returns the drain requested of it: the
+-- plain drain flag and the hand-back request (0017; grace in seconds, NULL: each
+-- handler's stop_grace). The hand-back request is marked seen: `drain --wait` waits for it.
 UPDATE @schema@.workers
    SET state = %(state)s, in_flight = %(in_flight)s, queues = %(queues)s,
        handlers = %(handlers)s, slots = %(slots)s, handler_settings = %(settings)s::jsonb,
-       heartbeat_at = now()
+       heartbeat_at = now(), hand_back_seen_at = hand_back_requested_at
  WHERE id = %(id)s AND state <> 'gone'
-RETURNING drain_requested;
+RETURNING drain_requested, hand_back_requested_at,
+          extract(epoch FROM hand_back_grace)::float8 AS hand_back_grace,
+          hand_back_queues, hand_back_handlers;
 
 -- name: worker_deregister
 -- A daemon that exits cleanly marks itself gone (and its peers hear so: {"peer": "down"}).
@@ -479,19 +492,32 @@ WITH pruned AS (
 SELECT count(*) FROM pruned;
 
 -- name: worker_request_drain
--- Set or clear drain_requested on live daemons: one id, one host, or all (NULL filters).
--- Daemons of schema 13 on learn it from their next heartbeat, which this notification
--- ({"registry": "drain"}, once per transaction) makes them send at once.
-WITH changed AS (
-    UPDATE @schema@.workers
-       SET drain_requested = %(drain)s
-     WHERE state <> 'gone'
-       AND (%(id)s::text IS NULL OR id = %(id)s)
-       AND (%(host)s::text IS NULL OR host = %(host)s)
-    RETURNING id, host, pid, state
-)
-SELECT c.id, c.host, c.pid, c.state FROM changed c, LATERAL (
-    SELECT pg_notify(@schema_literal@ || '.wake', '{"registry": "drain"}')) AS sent;
+-- A drain (plain, or with hand_back a hand-back) of live daemons: one id, one host, or all
+-- (NULL filters); checked and applied by drain_request (0017), which notifies them.
+SELECT id, host, pid, state
+  FROM @schema@.drain_request(%(id)s::text, %(host)s::text, %(hand_back)s::boolean,
+                              make_interval(secs => %(grace)s::float8),
+                              %(queues)s::text[], %(handlers)s::text[]);
+
+-- name: worker_lift_drain
+-- `pgworkerd resume`: undo plain and hand-back drains of live daemons (drain_lift, 0017).
+SELECT id, host, pid, state FROM @schema@.drain_lift(%(id)s::text, %(host)s::text);
+
+-- name: worker_hand_back_progress
+-- What `drain --hand-back --wait` waits for, per daemon asked (live ones; gone ones hold
+-- nothing): whether it has read the request (or, code of an older schema, drained), and
+-- its running jobs that the request targets, from the jobs table (the authority).
+SELECT w.id, w.host, w.pid, w.state,
+       (w.hand_back_requested_at IS NOT NULL
+        AND w.hand_back_seen_at = w.hand_back_requested_at) OR w.state = 'drained' AS seen,
+       ARRAY(SELECT j.id FROM @schema@.jobs j
+              WHERE j.status = 'running' AND j.locked_by = w.id
+                AND (w.hand_back_queues IS NULL OR j.queue = ANY(w.hand_back_queues))
+                AND (w.hand_back_handlers IS NULL OR j.handler = ANY(w.hand_back_handlers))
+              ORDER BY j.id) AS running_jobs
+  FROM @schema@.workers w
+ WHERE w.id = ANY(%(ids)s::text[]) AND w.state <> 'gone'
+ ORDER BY w.id;
 
 -- name: worker_peers
 -- The live daemons a daemon ranks when it decides whose a wake-up is (daemon/peers.py):

@@ -14,8 +14,9 @@ command is `true`: the figures are deploy-host's own cost.
 Printed per round: hand-back (deploy start -> host empty, `installing`), restart
 (`systemctl restart` -> READY=1, when it returns), total (start -> READY), and after
 READY: when every job runs again on the new daemon, how many checkpointing jobs kept
-their checkpoints (they resume from them), attempts counted by the hand-back (0 expected) and job processes of the old
-tree seen at install (0 expected). A benchmark, not a test: nothing is asserted.
+their checkpoints (they resume from them), attempts counted by the hand-back (0
+expected) and job processes of the old tree seen at install (0 expected). A benchmark,
+not a test: nothing is asserted.
 """
 
 from __future__ import annotations

@@ -99,15 +99,19 @@ BEGIN
                    ELSE least(grace, w.hand_back_grace) END,
                hand_back_queues = CASE
                    WHEN NOT hand_back THEN w.hand_back_queues
-                   WHEN w.hand_back_requested_at IS NULL THEN only_queues
-                   WHEN only_queues IS NULL OR w.hand_back_queues IS NULL THEN NULL
-                   ELSE ARRAY(SELECT DISTINCT unnest(w.hand_back_queues || only_queues)
+                   WHEN only_queues IS NULL THEN NULL
+                   WHEN w.hand_back_requested_at IS NOT NULL AND w.hand_back_queues IS NULL
+                       THEN NULL
+                   ELSE ARRAY(SELECT DISTINCT unnest(coalesce(w.hand_back_queues, '{}')
+                                                     || only_queues)
                                ORDER BY 1) END,
                hand_back_handlers = CASE
                    WHEN NOT hand_back THEN w.hand_back_handlers
-                   WHEN w.hand_back_requested_at IS NULL THEN only_handlers
-                   WHEN only_handlers IS NULL OR w.hand_back_handlers IS NULL THEN NULL
-                   ELSE ARRAY(SELECT DISTINCT unnest(w.hand_back_handlers || only_handlers)
+                   WHEN only_handlers IS NULL THEN NULL
+                   WHEN w.hand_back_requested_at IS NOT NULL AND w.hand_back_handlers IS NULL
+                       THEN NULL
+                   ELSE ARRAY(SELECT DISTINCT unnest(coalesce(w.hand_back_handlers, '{}')
+                                                     || only_handlers)
                                ORDER BY 1) END
          WHERE w.state <> 'gone'
            AND (target_worker IS NULL OR w.id = target_worker)

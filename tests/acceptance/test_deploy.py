@@ -215,6 +215,43 @@ def test_deploy_of_a_busy_host_hands_its_jobs_back_and_the_new_version_resumes_t
     assert svc.job(stubborn)["attempts"] == 1
 
 
+def test_deploy_hands_jobs_to_another_daemon_that_resumes_them_before_the_restart(
+    make_service: Callable[..., Service], tmp_path: Path
+) -> None:
+    """A fleet: a second daemon (another unit on the same schema) is up. The jobs the
+    deployed host hands back run there at once, from their checkpoints, while the install
+    runs; the deployed unit restarts without them."""
+    a = busy_service(make_service)
+    a.start()
+    long = a.enqueue("transcode", {"steps": 100, "step_seconds": 0.5})  # 50 s
+    a.wait(lambda: (a.job(long)["checkpoint"] or {}).get("step", 0) >= 4, "checkpoints saved")
+    b = make_service(schema=False, Environment=PYTHONPATH)
+    b.schema = a.schema
+    b.write_config(DEPLOY_HANDLERS)
+    b.install(Environment=PYTHONPATH)
+    b.start()
+    [b_daemon] = [d for d in live_daemons(a) if d["pid"] == int(b.prop("MainPID"))]
+    # The install waits until the job runs elsewhere, and records it.
+    install = (
+        'for i in $(seq 300); do "$PGWORKERD" show "$2" --json > "$1"; '
+        'grep -q \'"status": "running"\' "$1" && exit 0; sleep 0.1; done; exit 1'
+    )
+    snapshot = tmp_path / "at-install.json"
+    proc = deploy(a, "--grace", "20s", "--", "sh", "-c", install, "sh", str(snapshot), str(long))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    at_install = json.loads(snapshot.read_text())
+    # Handed back at the handler's next step (well inside the grace), taken by b.
+    assert at_install["locked_by"] == b_daemon["id"], at_install
+    assert at_install["attempts"] == 1, at_install
+    saved = at_install["checkpoint"]["step"]
+    b.wait(lambda: b.job_status(long) == "completed", "the job completed on b", 120)
+    row = b.job(long)
+    # b resumed from the checkpoint a saved (b has saved more since the install looked).
+    assert row["attempts"] == 1 and 4 <= row["result"]["resumed_from"] <= saved, row
+    assert outcomes(b, long) == ["released", "completed"]
+    assert a.state() == "active"
+
+
 def test_deploy_with_finish_lets_jobs_finish_installs_and_restarts(
     make_service: Callable[..., Service], tmp_path: Path
 ) -> None:

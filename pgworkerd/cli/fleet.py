@@ -33,11 +33,21 @@ def status(ctx: Context, as_json: bool) -> None:
     with database(ctx, needs="read jobs") as conn:
         snap = views.status(conn, ctx.schema)
     live = [d for d in snap["daemons"] if d["state"] != "gone"]
-    drained = [d for d in live if d["drain_requested"]]
+    drained = [d for d in live if d["drain_requested"] or d["hand_back_requested_at"]]
     if as_json:
         echo_json(snap)
     else:
         for d in drained:
+            if d["hand_back_requested_at"] is not None:
+                click.secho(
+                    f"WARNING: daemon {printable(d['id'])} on {printable(d['host'])} is HANDING"
+                    f" BACK {_hand_back_what(d)} and claims none of them; "
+                    f"`pgworkerd resume --worker {printable(d['id'])}` (or --all) undoes it",
+                    fg="red",
+                    bold=True,
+                    err=True,
+                )
+                continue
             click.secho(
                 f"WARNING: daemon {printable(d['id'])} on {printable(d['host'])} is DRAINED "
                 "and takes no jobs; "
@@ -85,6 +95,22 @@ def status(ctx: Context, as_json: bool) -> None:
             )
     if drained or snap["unserved"]:
         sys.exit(int(ExitCode.FAILURE))
+
+
+def _hand_back_what(d: dict[str, Any]) -> str:
+    """What a daemon's hand-back targets and its grace, from its registry row."""
+    parts = []
+    if d["hand_back_queues"] is not None:
+        parts.append("queue(s) " + ", ".join(map(printable, d["hand_back_queues"])))
+    if d["hand_back_handlers"] is not None:
+        parts.append("handler(s) " + ", ".join(map(printable, d["hand_back_handlers"])))
+    what = "the jobs of " + " and ".join(parts) if parts else "every job"
+    grace = d["hand_back_grace"]
+    return what + (
+        " (grace: each handler's stop_grace)"
+        if grace is None
+        else f" (grace {format_duration(grace)})"
+    )
 
 
 def _paused_line(p: dict[str, Any]) -> str:
@@ -267,17 +293,13 @@ def _hand_back(
     )
     if not affected:
         _no_daemon(conn, ctx.schema, worker, target)
-    parts = []
-    if queues is not None:
-        parts.append("queue(s) " + ", ".join(map(printable, queues)))
-    if handlers is not None:
-        parts.append("handler(s) " + ", ".join(map(printable, handlers)))
-    what = "the jobs of " + " and ".join(parts) if parts else "every job"
+    what = _hand_back_what(
+        {"hand_back_queues": queues, "hand_back_handlers": handlers, "hand_back_grace": grace}
+    )
     click.echo(
         f"hand-back requested for {len(affected)} daemon(s): "
         + ", ".join(printable(a["id"]) for a in affected)
-        + f"; {what}, grace "
-        + ("each handler's stop_grace" if grace is None else format_duration(grace))
+        + f": {what}"
     )
     return [a["id"] for a in affected]
 

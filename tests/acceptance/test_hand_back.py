@@ -121,6 +121,10 @@ def test_a_handler_filter_hands_back_only_its_jobs_and_the_rest_goes_on(
     # the other handler's job runs on where it was, not asked to stop
     assert db.job(kept)["locked_by"] == a.worker_id
     assert worker_row(db, a)["state"] == "running"  # a filtered hand-back claims the rest
+    status = daemons.cli("status")
+    assert status.returncode == 1, status.stdout + status.stderr  # left in place: loud
+    assert f"daemon {a.worker_id} on " in status.stderr
+    assert "is HANDING BACK the jobs of handler(s) long (grace 0ms)" in status.stderr
     # A still claims jobs of "other" (only A serves it), none of "long"
     another = db.enqueue("other", {"file": str(out)})
     assert db.wait_status(another, "running")["locked_by"] == a.worker_id
@@ -129,6 +133,31 @@ def test_a_handler_filter_hands_back_only_its_jobs_and_the_rest_goes_on(
     a_runs = [r for r in runs(out) if r["tag"] == "A"]
     assert {r["job"] for r in a_runs} == {targeted, kept, another}
     assert "asked to stop" not in (db.job(kept)["last_error"] or "")
+
+
+def test_a_queue_filter_hands_back_only_that_queue_s_jobs(
+    db: Db, daemons: Daemons, tmp_path: Path
+) -> None:
+    served = {"slots": 3, "queues": ["default", "video"]}
+    a = daemons.start({"long": LONG}, served, tag="A")
+    out = tmp_path / "runs.jsonl"
+    video = db.enqueue("long", {"file": str(out)}, queue="video")
+    plain = db.enqueue("long", {"file": str(out)})
+    wait_runs(out, 2)
+    b = daemons.start({"long": LONG}, served, tag="B")
+    proc = daemons.cli(
+        "drain", "--hand-back", "--queue", "video", "--worker", a.worker_id, "--wait"
+    )  # no --grace: the handler's stop_grace (30 s); it stops itself at once
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "(grace: each handler's stop_grace)" in proc.stdout
+    moved = wait_for(
+        lambda: [r for r in runs(out) if r["job"] == video and r["tag"] == "B"],
+        what="the video job to start on B",
+    )
+    assert moved[0]["attempt"] == 1
+    assert db.job(plain)["locked_by"] == a.worker_id  # the default queue's job runs on
+    later = db.enqueue("long", {"file": str(out)}, queue="video")
+    assert db.wait_status(later, "running")["locked_by"] == b.worker_id
 
 
 def test_a_second_hand_back_with_a_shorter_grace_wins(

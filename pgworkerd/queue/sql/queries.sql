@@ -528,6 +528,8 @@ SELECT id, queues, handlers, slots FROM @schema@.workers
 -- name: worker_list
 -- Live daemons, and those gone within the last hour, with their in-flight job counts.
 SELECT id, host, pid, version, queues, handlers, slots, in_flight, state, drain_requested,
+       hand_back_requested_at, extract(epoch FROM hand_back_grace)::float8 AS hand_back_grace,
+       hand_back_queues, hand_back_handlers,
        started_at, heartbeat_at, stopped_at,
        extract(epoch FROM now() - started_at)::float8 AS uptime_seconds,
        extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds

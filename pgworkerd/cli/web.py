@@ -31,6 +31,7 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None, read_only:
             "the dashboard needs Flask and waitress: pip install 'pgworkerd[web]'", ExitCode.CONFIG
         )
     from pgworkerd.ops import logs
+    from pgworkerd.ops.systemd import Notifier
     from pgworkerd.web.server import BindRefused, build
 
     ctx: Context = click_ctx.obj
@@ -54,6 +55,9 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None, read_only:
     mode = " (read-only)" if settings.read_only else ""
     login = "login required" if settings.users else "no login (loopback only)"
     click.echo(f"pgworkerd web: serving {dashboard.url}{mode}, {login}", err=True)
+    # Under systemd (Type=notify, systemd/pgworkerd-web.service): `systemctl start`
+    # returns once the address is bound; a refused bind fails the start instead.
+    Notifier().ready(f"serving {dashboard.url}{mode}")
     try:
         dashboard.run()
     except KeyboardInterrupt:

@@ -16,12 +16,13 @@ import hmac
 import json
 import logging
 import secrets
-import time
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from flask import Flask, abort, flash, redirect, render_template, request, session, url_for
@@ -35,18 +36,24 @@ from pgworkerd.durations import format_duration
 from pgworkerd.model import STATUSES
 from pgworkerd.queue import admin, explain, fleet, joblogs, views
 from pgworkerd.queue.db import scrub
-from pgworkerd.web.passwords import verify
+from pgworkerd.web.auth import LoginThrottle, Sessions
+from pgworkerd.web.passwords import hash_password, verify
 
 log = logging.getLogger("pgworkerd.web")
 
-# A login lasts this long, then the operator logs in again.
-SESSION_SECONDS = 12 * 3600
 # Rows per page of the jobs list.
 PAGE_SIZE = 50
-# Pause after a failed login: guesses stay slow whatever the client does.
-FAILED_LOGIN_DELAY = 1.0
-# The user recorded for actions when no [web.users] are configured (loopback only).
+# The user recorded for actions when the operator allowed no login (allow_anonymous).
 ANONYMOUS = "(no login)"
+# Password checks (scrypt: ~50 ms of CPU, 16 MiB) running at once at most; a login
+# beyond that is answered 429 at once rather than holding a server thread in a queue.
+VERIFY_AT_ONCE = 2
+# Checked for unknown user names, so that they cost what a known one does (no timing
+# tells which names exist). Made once per process; its password is never used.
+_DUMMY_HASH = hash_password(secrets.token_urlsafe(16))
+# Headers a reverse proxy adds: a dashboard without a login refuses such requests (a
+# proxy on the same host would otherwise publish it while it sees a loopback client).
+PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-IP", "Via")
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -67,6 +74,7 @@ class Settings:
     # read it (DNS rebinding).
     allowed_hosts: frozenset[str] | None = None
     dsn: str = ""  # only to mask its password in error messages
+    idle_timeout: float = 30 * 60.0  # a session unused this long is over
 
 
 # -- actions ------------------------------------------------------------------------------
@@ -210,6 +218,9 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
         t=_text, pretty=_pretty, multiline=_multiline, when=_when, age=_age, size=_size
     )
     login_needed = bool(settings.users)
+    throttle = LoginThrottle()
+    sessions = Sessions(settings.idle_timeout)
+    verifying = threading.BoundedSemaphore(VERIFY_AT_ONCE)
 
     @contextmanager
     def database() -> Iterator[psycopg.Connection[Any]]:
@@ -219,11 +230,8 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
     def user() -> str | None:
         if not login_needed:
             return ANONYMOUS
-        name = session.get("user")
-        since = session.get("since", 0)
-        if name in settings.users and time.time() - since < SESSION_SECONDS:
-            return str(name)
-        return None
+        name = sessions.user(session.get("sid"))
+        return name if name in settings.users else None
 
     def csrf_token() -> str:
         if "csrf" not in session:
@@ -243,6 +251,13 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
         allowed = settings.allowed_hosts
         if allowed is not None and _hostname(request.host) not in allowed:
             abort(421, "this dashboard answers to its loopback address only")
+        if not login_needed and any(h in request.headers for h in PROXY_HEADERS):
+            log.warning(
+                "web: refused a request forwarded by a proxy at %s: this dashboard has no "
+                "login ([web] allow_anonymous) and must not be published",
+                request.remote_addr,
+            )
+            abort(403, "this dashboard has no login: it does not answer through a proxy")
         if request.method == "POST":
             sent = request.form.get("csrf", "")
             wanted = session.get("csrf", "")
@@ -294,32 +309,59 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
     # -- login --------------------------------------------------------------------------
 
     def safe_next(target: str | None) -> str:
-        # only a path of this site: never //host or a scheme (an open redirect)
-        if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
-            return target
-        return url_for("overview")
+        """A path of this site to go to after the login, else the overview. Checked as
+        a browser would read it: no scheme or host (an open redirect), nothing a URL
+        parser drops or a header cannot hold (tab, CR, LF: `/\t/evil` is `//evil`)."""
+        fallback = url_for("overview")
+        if not target or len(target) > 2000 or not target.isprintable() or " " in target:
+            return fallback
+        if "\\" in target or not target.startswith("/") or target.startswith("//"):
+            return fallback
+        parts = urlsplit(target)
+        if parts.scheme or parts.netloc or not parts.path.startswith("/"):
+            return fallback
+        normal = urlunsplit(("", "", parts.path, parts.query, ""))
+        return normal if not normal.startswith("//") else fallback
 
     @app.route("/login", methods=["GET", "POST"])
     def login() -> Any:
         if not login_needed:
             return redirect(url_for("overview"))
-        error = ""
-        if request.method == "POST":
-            name = request.form.get("user", "")
-            password = request.form.get("password", "")
-            hashed = settings.users.get(name)
-            if hashed is not None and verify(password, hashed):
-                session.clear()
-                session.update(user=name, since=time.time(), csrf=secrets.token_urlsafe(32))
-                log.info("web: %s logged in from %s", name, request.remote_addr)
-                return redirect(safe_next(request.args.get("next")))
-            time.sleep(FAILED_LOGIN_DELAY)
-            log.warning("web: failed login as %r from %s", name[:100], request.remote_addr)
-            error = "wrong user name or password"
-        return render_template("login.html", error=error), 401 if error else 200
+        if request.method == "GET":
+            return render_template("login.html", error="")
+        name = request.form.get("user", "")[:200]
+        password = request.form.get("password", "")
+        address = request.remote_addr
+        wait = throttle.retry_after(name, address)
+        if wait > 0:
+            return too_many(f"too many failed logins: try again in {wait:.0f} s", wait)
+        if not verifying.acquire(blocking=False):
+            return too_many("too many logins at once: try again in a moment", 1)
+        try:
+            # an unknown name costs a check too: the answer takes as long either way
+            known = verify(password, settings.users.get(name, _DUMMY_HASH))
+            ok = known and name in settings.users
+        finally:
+            verifying.release()
+        if ok:
+            throttle.succeeded(name, address)
+            sessions.end(session.get("sid"))
+            session.clear()
+            session.update(sid=sessions.start(name), csrf=secrets.token_urlsafe(32))
+            log.info("web: %s logged in from %s", name, address)
+            return redirect(safe_next(request.args.get("next")))
+        throttle.failed(name, address)
+        log.warning("web: failed login as %r from %s", name[:100], address)
+        return render_template("login.html", error="wrong user name or password"), 401
+
+    def too_many(message: str, wait: float) -> Response:
+        response = app.make_response((render_template("login.html", error=message), 429))
+        response.headers["Retry-After"] = str(max(1, round(wait)))
+        return response
 
     @app.post("/logout")
     def logout() -> Any:
+        sessions.end(session.get("sid"))  # a kept copy of the cookie is worth nothing now
         session.clear()
         return redirect(url_for("login"))
 

@@ -23,10 +23,19 @@ class BindRefused(ValueError):
 
 
 def check_bind(web: WebConfig) -> None:
+    """Refuse what would serve pages without a login, unless the operator said so
+    (allow_anonymous / --no-login), and even then on a loopback address only."""
     if not web.users and not is_loopback(web.bind):
         raise BindRefused(
             f"refusing to listen on {web.bind!r} without a login: add [web.users] "
             "(`pgworkerd web hash-password`), or bind 127.0.0.1"
+        )
+    if not web.users and not web.allow_anonymous:
+        raise BindRefused(
+            "refusing to serve without a login: add [web.users] (`pgworkerd web "
+            "hash-password`), or say `--no-login` ([web] allow_anonymous = true) to let "
+            "every local account and every process of this host act as the dashboard's "
+            "database role"
         )
 
 
@@ -67,6 +76,7 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
         users=dict(web.users),
         read_only=web.read_only,
         secure_cookie=web.secure_cookie,
+        idle_timeout=web.idle_timeout,
         allowed_hosts=None if allowed is None else frozenset(allowed),
         dsn=dsn,
     )

@@ -74,3 +74,20 @@ def test_hash_and_verify() -> None:
     assert verify("a long enough password", HASH)
     assert not verify("a long enough passworD", HASH)
     assert hash_password("same") != hash_password("same")  # salted
+
+
+def test_no_login_and_idle_timeout_are_read() -> None:
+    web = parse_config('[web]\nallow_anonymous = true\nidle_timeout = "10m"\n').web
+    assert (web.allow_anonymous, web.idle_timeout) == (True, 600.0)
+    assert (WebConfig().allow_anonymous, WebConfig().idle_timeout) == (False, 1800.0)
+    for text, message in [
+        ('idle_timeout = "5s"', "web.idle_timeout: must be from 1m to 12h"),
+        ('idle_timeout = "2d"', "web.idle_timeout: must be from 1m to 12h"),
+        ('allow_anonymous = "yes"', "web.allow_anonymous: expected true or false"),
+        (
+            f'allow_anonymous = true\n[web.users]\nalice = "{HASH}"',
+            "web.allow_anonymous: contradicts [web.users]",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            parse_config(f"[web]\n{text}\n", "c.toml")

@@ -94,6 +94,8 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
             max_request_header_size=64 * 1024,
             ident="pgworkerd",
             expose_tracebacks=False,
+            # kept (never trusted): a dashboard without a login refuses proxied requests
+            clear_untrusted_proxy_headers=False,
         )
     except BaseException:
         pool.close()

@@ -43,6 +43,17 @@ log = logging.getLogger("pgworkerd.web")
 
 # Rows per page of the jobs list.
 PAGE_SIZE = 50
+# Characters of one value (payload, progress, checkpoint, result, an error, a log's head
+# or tail) a page shows at most; the rest is a "download raw" link away. The job page
+# reads no more than this from the database either.
+SHOWN_CHARS = 64 * 1024
+# Attempts (history rows, captured logs) a job's page shows at most: the newest.
+ATTEMPTS_SHOWN = 100
+LOGS_SHOWN = 20
+# A raw download streams parts of this many characters (each its own statement) and
+# stops after RAW_MAX_CHARS, saying so.
+RAW_PART_CHARS = 1 << 20
+RAW_MAX_CHARS = 64 << 20
 # The user recorded for actions when the operator allowed no login (allow_anonymous).
 ANONYMOUS = "(no login)"
 # Password checks (scrypt: ~50 ms of CPU, 16 MiB) running at once at most; a login
@@ -153,9 +164,16 @@ def _target_problem(kind: str, target: str) -> str | None:
 # -- rendering helpers --------------------------------------------------------------------
 
 
+def _bounded(text: str) -> str:
+    """At most SHOWN_CHARS of a text (every value a page renders goes through this)."""
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS]}… [{len(text) - SHOWN_CHARS} more characters not shown]"
+
+
 def _text(value: Any) -> str:
     """A value as one inert line (autoescaping then makes it inert HTML)."""
-    return "" if value is None else printable(value)
+    return "" if value is None else printable(_bounded(str(value)))
 
 
 def _pretty(value: Any) -> str:
@@ -163,11 +181,11 @@ def _pretty(value: Any) -> str:
     if value is None:
         return ""
     text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
-    return printable(text, keep="\n")
+    return printable(_bounded(text), keep="\n")
 
 
 def _multiline(value: Any) -> str:
-    return "" if value is None else printable(value, keep="\n\t")
+    return "" if value is None else printable(_bounded(str(value)), keep="\n\t")
 
 
 def _when(value: Any) -> str:
@@ -240,6 +258,7 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
 
     app.jinja_env.globals.update(
         csrf_token=csrf_token,
+        shown_chars=SHOWN_CHARS,
         statuses=STATUSES,
         read_only=settings.read_only,
         login_needed=login_needed,
@@ -388,23 +407,100 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
 
     def job_data(job_id: int) -> dict[str, Any]:
         with database() as conn:
-            # the same row and history `pgworkerd show` reads
-            job = views.job(conn, settings.schema, job_id)
+            # the row and history `pgworkerd show` reads, each value bounded (a 30 MB
+            # payload is read as its first SHOWN_CHARS characters and its length)
+            job = views.job_shown(conn, settings.schema, job_id, shown=SHOWN_CHARS)
             if job is None:
                 abort(404, f"no job {job_id}")
-            history = job.pop("attempt_history")
+            history = views.attempts_shown(
+                conn, settings.schema, job_id, shown=SHOWN_CHARS, limit=ATTEMPTS_SHOWN
+            )
             why = explain.explain(conn, settings.schema, job_id)
-        return {"job": job, "attempts": history, "explain": why}
+        total = history[0]["total"] if history else 0
+        return {"job": job, "attempts": history or [], "attempts_total": total, "explain": why}
 
     @app.get("/jobs/<int:job_id>")
     def job(job_id: int) -> str:
         data = job_data(job_id)
         with database() as conn:
-            try:
-                logs = joblogs.read_logs(conn, settings.schema, job_id)
-            except psycopg.errors.InsufficientPrivilege:
-                logs = None  # a role without the job_logs grant: the rest still shows
+            # None: a role without the job_logs grant: the rest still shows
+            rows = views.logs_shown(
+                conn, settings.schema, job_id, shown=SHOWN_CHARS, limit=LOGS_SHOWN
+            )
+        logs = None
+        if rows is not None:
+            for row in rows:
+                row["truncated"] = row["omitted_bytes"] > 0
+                row["cut"] = max(row["head_chars"], row["tail_chars"]) > SHOWN_CHARS
+            logs = {"logs": rows, "total": rows[0]["total"] if rows else 0}
         return render_template("job.html", logs=logs, **data)
+
+    def raw_response(parts: Iterator[str], name: str) -> Response:
+        response = Response(parts, mimetype="text/plain")
+        response.headers["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
+
+    def streamed(read: Callable[[int], tuple[str, int] | None]) -> Iterator[str]:
+        """A value read in parts (read(start) -> (part, whole length) or None), each part
+        in its own statement and pool connection, stopped after RAW_MAX_CHARS."""
+        start = 0
+        while start < RAW_MAX_CHARS:
+            found = read(start)
+            if found is None or not found[0]:
+                return
+            part, whole = found
+            yield part
+            start += len(part)
+            if start >= whole:
+                return
+        yield f"\n[... cut here: the download stops after {RAW_MAX_CHARS} characters ...]\n"
+
+    @app.get("/jobs/<int:job_id>/raw/<field>")
+    def job_raw(job_id: int, field: str) -> Response:
+        if field not in views.JOB_VALUES:
+            abort(404, "no such value")
+
+        def read(start: int) -> tuple[str, int] | None:
+            with database() as conn:
+                return views.job_value_part(
+                    conn, settings.schema, job_id, field, start, RAW_PART_CHARS
+                )
+
+        first = read(0)
+        if first is None:
+            abort(404, f"job {job_id} has no {field}")
+        return raw_response(streamed(read), f"job-{job_id}-{field}.txt")
+
+    @app.get("/jobs/<int:job_id>/logs/<int:token>")
+    def job_log_raw(job_id: int, token: int) -> Response:
+        def reader(part: str) -> Callable[[int], tuple[str, int] | None]:
+            def read(start: int) -> tuple[str, int] | None:
+                with database() as conn:
+                    found = views.job_log_part(
+                        conn, settings.schema, job_id, token, part, start, RAW_PART_CHARS
+                    )
+                return None if found is None else found[:2]
+
+            return read
+
+        with database() as conn:
+            first = views.job_log_part(conn, settings.schema, job_id, token, "head", 0, 0)
+        if first is None:
+            abort(404, f"job {job_id} has no output of that attempt")
+        omitted = first[2]
+
+        def both() -> Iterator[str]:
+            # as joblogs.text_of (and `pgworkerd logs`) writes it
+            last = ""
+            for part in streamed(reader("head")):
+                last = part
+                yield part
+            if omitted:
+                newline = "" if not last or last.endswith("\n") else "\n"
+                yield f"{newline}{joblogs.omitted_marker(omitted)}\n"
+            yield from streamed(reader("tail"))
+
+        return raw_response(both(), f"job-{job_id}-attempt-{token}.log")
 
     @app.get("/live/jobs/<int:job_id>")
     def job_live(job_id: int) -> str:

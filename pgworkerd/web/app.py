@@ -52,7 +52,7 @@ ATTEMPTS_SHOWN = 100
 LOGS_SHOWN = 20
 # A raw download streams parts of this many characters (each its own statement) and
 # stops after RAW_MAX_CHARS, saying so.
-RAW_PART_CHARS = 1 << 20
+RAW_PART_CHARS = 4 << 20
 RAW_MAX_CHARS = 64 << 20
 # The user recorded for actions when the operator allowed no login (allow_anonymous).
 ANONYMOUS = "(no login)"

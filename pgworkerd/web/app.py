@@ -37,7 +37,7 @@ from pgworkerd.model import STATUSES
 from pgworkerd.queue import admin, explain, fleet, joblogs, views
 from pgworkerd.queue.db import scrub
 from pgworkerd.web.auth import LoginThrottle, Sessions
-from pgworkerd.web.passwords import hash_password, verify
+from pgworkerd.web.passwords import verify
 
 log = logging.getLogger("pgworkerd.web")
 
@@ -59,9 +59,6 @@ ANONYMOUS = "(no login)"
 # Password checks (scrypt: ~50 ms of CPU, 16 MiB) running at once at most; a login
 # beyond that is answered 429 at once rather than holding a server thread in a queue.
 VERIFY_AT_ONCE = 2
-# Checked for unknown user names, so that they cost what a known one does (no timing
-# tells which names exist). Made once per process; its password is never used.
-_DUMMY_HASH = hash_password(secrets.token_urlsafe(16))
 # Headers a reverse proxy adds: a dashboard without a login refuses such requests (a
 # proxy on the same host would otherwise publish it while it sees a loopback client).
 PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-IP", "Via")
@@ -239,6 +236,10 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
     throttle = LoginThrottle()
     sessions = Sessions(settings.idle_timeout)
     verifying = threading.BoundedSemaphore(VERIFY_AT_ONCE)
+    # What an unknown user name is checked against, so that it costs what a known one
+    # does (no timing tells which names exist): a configured hash, whose answer is then
+    # ignored (the name is unknown, so the login fails whatever the password).
+    stand_in = next(iter(settings.users.values()), "")
 
     @contextmanager
     def database() -> Iterator[psycopg.Connection[Any]]:
@@ -358,8 +359,8 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
             return too_many("too many logins at once: try again in a moment", 1)
         try:
             # an unknown name costs a check too: the answer takes as long either way
-            known = verify(password, settings.users.get(name, _DUMMY_HASH))
-            ok = known and name in settings.users
+            matches = verify(password, settings.users.get(name, stand_in))
+            ok = matches and name in settings.users
         finally:
             verifying.release()
         if ok:

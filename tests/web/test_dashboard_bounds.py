@@ -113,3 +113,25 @@ def test_every_rendered_value_is_bounded() -> None:
     for render in (app._text, app._pretty, app._multiline):
         shown = render(big)
         assert len(shown) < app.SHOWN_CHARS + 100 and "more characters not shown" in shown
+
+
+def test_a_job_page_lists_its_newest_attempts_with_errors_cut(
+    dashboard: RunningDashboard, db: Db
+) -> None:
+    job = db.enqueue("work", {})
+    db.rows(
+        "INSERT INTO {schema}.attempts (job_id, lease_token, attempt, outcome, error,"
+        " finished_at) SELECT %s, n, n, 'released', 'error of ' || n || repeat('!', 100000),"
+        " now() - (1000 - n) * interval '1 s' FROM generate_series(1, 150) n",
+        (job,),
+    )
+    client = Http(dashboard.port)
+    client.log_in()
+    page = client.get(f"/jobs/{job}").body
+    attempts = page.split('id="attempts"', 1)[1].split("</table>", 1)[0]
+    assert attempts.count("<tr>") == 1 + app.ATTEMPTS_SHOWN  # the header and 100 rows
+    assert "error of 150!" in attempts and "error of 51!" in attempts
+    assert "error of 50!" not in attempts  # older than the newest 100
+    assert f"the newest {app.ATTEMPTS_SHOWN} of 150 attempts" in page
+    assert f"showing {app.SHOWN_CHARS} of 100012 characters" in attempts  # attempt 150
+    assert len(page.encode()) < 100 * app.SHOWN_CHARS + 1_000_000

@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 import signal
 import subprocess
+from pathlib import Path
 
 from daemon_harness import DEADLINE, PGWORKERD, wait_for
-from dashboard_harness import Http
+from dashboard_harness import PASSWORD_HASH, Http
 
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.web.passwords import verify
@@ -89,6 +90,34 @@ def test_no_login_is_explicit_and_loud(test_db_dsn: str, schema: str) -> None:
         forwarded = client.get("/", headers={"X-Forwarded-For": "203.0.113.9"})
         assert forwarded.status == 403 and "proxy" in forwarded.body
         assert client.get("/", headers={"Forwarded": "for=203.0.113.9"}).status == 403
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=DEADLINE) == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_readable_user_hashes_are_warned_about_at_startup(
+    test_db_dsn: str, schema: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "web.toml"
+    config.write_text(f'[web.users]\nalice = "{PASSWORD_HASH}"\n')
+    config.chmod(0o644)
+    proc = subprocess.Popen(
+        [
+            *(str(PGWORKERD), "--config", str(config), "--dsn", test_db_dsn),
+            *("--schema", schema, "web", "--port", "0"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        lines = [proc.stderr.readline() for _ in range(2)]
+        assert "holds [web.users] password hashes and is readable by others" in lines[0]
+        assert "serving http://127.0.0.1:" in lines[1] and "login required" in lines[1]
+        assert "scrypt$" not in "".join(lines)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=DEADLINE) == 0
     finally:

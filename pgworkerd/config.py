@@ -190,6 +190,10 @@ class WebConfig:
     allow_anonymous: bool = False
     # A session not used for this long is over (and logout ends it on the server)
     idle_timeout: float = 30 * 60.0
+    # The address of a reverse proxy in front (e.g. "127.0.0.1"): from it, the client's
+    # address is the last X-Forwarded-For entry (login throttling, audit lines); empty:
+    # the peer's address, X-Forwarded-For never believed
+    trusted_proxy: str = ""
 
 
 # -- schedules (periodic jobs) ---------------------------------------------------------------
@@ -605,6 +609,18 @@ def _web_users(value: Any) -> dict[str, str]:
     return dict(value)
 
 
+def _ip_address(value: Any) -> str:
+    import ipaddress
+
+    text = _string(value)
+    if text:
+        try:
+            ipaddress.ip_address(text)
+        except ValueError:
+            raise ValueError(f"expected an IP address, got {_describe(value)}") from None
+    return text
+
+
 def _idle_timeout(value: Any) -> float:
     seconds = _positive_duration(value)
     if not 60 <= seconds <= 12 * 3600:  # a login lasts 12 h at most anyway
@@ -618,6 +634,7 @@ _WEB = {
     "users": _web_users,
     "allow_anonymous": _bool,
     "idle_timeout": _idle_timeout,
+    "trusted_proxy": _ip_address,
     "read_only": _bool,
     "statement_timeout": lambda v: _positive_duration(_millis_duration(v)),
     "pool_size": _int_up_to(100),
@@ -886,6 +903,12 @@ def _cross_check(config: Config, text: str) -> None:
             "web",
             "allow_anonymous",
             "contradicts [web.users]: with users every page needs a login; remove one of them",
+        )
+    if config.web.trusted_proxy and not config.web.users:
+        raise error(
+            "web",
+            "trusted_proxy",
+            "needs [web.users]: a dashboard without a login never answers through a proxy",
         )
     if w.backoff_max < w.backoff:
         raise error("worker", "backoff_max", "must not be shorter than worker.backoff")

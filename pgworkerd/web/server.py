@@ -30,6 +30,8 @@ def check_bind(web: WebConfig) -> None:
             f"refusing to listen on {web.bind!r} without a login: add [web.users] "
             "(`pgworkerd web hash-password`), or bind 127.0.0.1"
         )
+    if not web.users and web.trusted_proxy:
+        raise BindRefused("refusing a trusted_proxy without a login: add [web.users]")
     if not web.users and not web.allow_anonymous:
         raise BindRefused(
             "refusing to serve without a login: add [web.users] (`pgworkerd web "
@@ -80,6 +82,14 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
         allowed_hosts=None if allowed is None else frozenset(allowed),
         dsn=dsn,
     )
+    # the client's address from the proxy's X-Forwarded-For, from the proxy only
+    proxy: dict[str, Any] = {}
+    if web.trusted_proxy:
+        proxy = {
+            "trusted_proxy": web.trusted_proxy,
+            "trusted_proxy_count": 1,
+            "trusted_proxy_headers": {"x-forwarded-for"},
+        }
     pool = open_pool(dsn, size=web.pool_size, statement_timeout=web.statement_timeout)
     try:
         server = create_server(
@@ -94,8 +104,9 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
             max_request_header_size=64 * 1024,
             ident="pgworkerd",
             expose_tracebacks=False,
-            # kept (never trusted): a dashboard without a login refuses proxied requests
+            # kept (and not believed): a dashboard without a login refuses proxied requests
             clear_untrusted_proxy_headers=False,
+            **proxy,
         )
     except BaseException:
         pool.close()

@@ -91,3 +91,12 @@ def test_no_login_and_idle_timeout_are_read() -> None:
     ]:
         with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
             parse_config(f"[web]\n{text}\n", "c.toml")
+
+
+def test_trusted_proxy_is_an_address_and_needs_users() -> None:
+    web = parse_config(f'[web]\ntrusted_proxy = "127.0.0.1"\n[web.users]\na = "{HASH}"\n').web
+    assert web.trusted_proxy == "127.0.0.1"
+    with pytest.raises(ConfigError, match=r"web\.trusted_proxy: expected an IP address"):
+        parse_config('[web]\ntrusted_proxy = "proxy.example"\n', "c.toml")
+    with pytest.raises(ConfigError, match=r"web.trusted_proxy: needs \[web.users\]"):
+        parse_config('[web]\ntrusted_proxy = "127.0.0.1"\n', "c.toml")

@@ -253,3 +253,32 @@ def test_throttle_and_sessions_stay_bounded() -> None:
     assert sessions.user(ids[0]) is None and sessions.user(ids[-1]) == "u"
     now[0] += auth.SESSION_MAX_AGE + 1
     assert sessions.user(ids[-1]) is None
+
+
+def test_behind_a_trusted_proxy_each_client_has_its_own_budget(
+    start_dashboard: Callable[..., RunningDashboard], caplog: Any
+) -> None:
+    """Behind a reverse proxy every request comes from the proxy's address: one attacker
+    would spend the login budget of everyone. With trusted_proxy, the client's address is
+    the proxy's X-Forwarded-For entry, and only from the proxy."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="pgworkerd.web")
+    running = start_dashboard(trusted_proxy="127.0.0.21")
+    attacker = Http(running.port, source="127.0.0.21")
+    attacker.extra_headers["X-Forwarded-For"] = "203.0.113.9"
+    for n in range(auth.ADDRESS_BURST):
+        assert _failed_login(attacker, user=f"name{n}") == 401
+    assert _failed_login(attacker) == 429
+    user = Http(running.port, source="127.0.0.21")
+    user.extra_headers["X-Forwarded-For"] = "198.51.100.7"
+    assert user.log_in().status == 302
+    assert any("logged in from 198.51.100.7" in r.getMessage() for r in caplog.records)
+    # from anyone but the proxy the header is not believed: a new value each time does
+    # not give a new budget
+    direct = Http(running.port, source="127.0.0.22")
+    for n in range(auth.ADDRESS_BURST):
+        direct.extra_headers["X-Forwarded-For"] = f"192.0.2.{n}"
+        assert _failed_login(direct, user=f"name{n}") == 401
+    direct.extra_headers["X-Forwarded-For"] = "192.0.2.200"
+    assert _failed_login(direct, user="another") == 429

@@ -71,15 +71,15 @@ def web(
         fail(f"cannot listen on {settings.bind}:{settings.port}: {exc.strerror}", ExitCode.CONFIG)
     mode = " (read-only)" if settings.read_only else ""
     login = "login required" if settings.users else "NO LOGIN (loopback only)"
-    click.echo(f"pgworkerd web: serving {dashboard.url}{mode}, {login}", err=True)
-    setproctitle(f"pgworkerd web: {dashboard.url}{mode}, {login}")
-    if not settings.users:
-        logging.getLogger("pgworkerd.web").warning(
-            "web: serving WITHOUT A LOGIN (allow_anonymous / --no-login): every local account "
-            "and every process on this host can read every job and act as the dashboard's "
-            "database role; never put a proxy in front of it"
-        )
-    try:
+    try:  # a SIGINT once "serving" is said stops it cleanly (exit 0)
+        setproctitle(f"pgworkerd web: {dashboard.url}{mode}, {login}")
+        if not settings.users:
+            logging.getLogger("pgworkerd.web").warning(
+                "web: serving WITHOUT A LOGIN (allow_anonymous / --no-login): every local "
+                "account and every process on this host can read every job and act as the "
+                "dashboard's database role; never put a proxy in front of it"
+            )
+        click.echo(f"pgworkerd web: serving {dashboard.url}{mode}, {login}", err=True)
         dashboard.run()
     except KeyboardInterrupt:
         pass

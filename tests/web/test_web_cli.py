@@ -76,10 +76,10 @@ def test_no_login_is_explicit_and_loud(test_db_dsn: str, schema: str) -> None:
     )
     try:
         assert proc.stderr is not None
+        assert "WITHOUT A LOGIN" in proc.stderr.readline()
         line = proc.stderr.readline()
         found = re.search(r"serving http://127\.0\.0\.1:(\d+)/, NO LOGIN \(loopback only\)", line)
         assert found, line
-        assert "WITHOUT A LOGIN" in proc.stderr.readline()
         with open(f"/proc/{proc.pid}/cmdline", "rb") as title:
             assert b"NO LOGIN" in title.read()
         client = Http(int(found[1]))

@@ -290,7 +290,7 @@ def web_unit(
     schema = f"t_{uuid.uuid4().hex[:8]}"
     migrate(database.dsn(DB), schema=schema)
     config = tmp_path / "web.toml"
-    config.write_text("[web]\npool_size = 2\n")
+    config.write_text("[web]\npool_size = 2\nallow_anonymous = true\n")
     units: list[str] = []
 
     def install(*web_args: str) -> str:

@@ -439,3 +439,18 @@ def test_check_config_shows_a_retention_that_is_off(tmp_path: Path) -> None:
     assert '[retention]\ncompleted = 604800.0\ncancelled = 604800.0\ndead = "off"' in proc.stdout
     data = json.loads(run_cli("--config", str(cfg), "check-config", "--json").stdout)
     assert data["retention"]["dead"] is None and data["retention"]["completed"] == 604800.0
+
+
+def test_web_users_hashes_readable_by_others_get_a_warning(tmp_path: Path) -> None:
+    from pgworkerd.web.passwords import hash_password
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[web.users]\nalice = "{hash_password("a long password")}"\n')
+    cfg.chmod(0o644)
+    warning = _warnings_of(cfg)
+    assert f"WARNING: {cfg} holds [web.users] password hashes and is readable by others" in (
+        warning
+    )
+    assert "scrypt$" not in warning  # the hash itself is never shown
+    cfg.chmod(0o600)
+    assert "password hashes" not in _warnings_of(cfg)

@@ -843,7 +843,8 @@ SELECT m.minute,
 -- jobs_handler_status_id_idx with a queue or handler (0016). (One lateral
 -- scan per status would plan every status alike, and read a whole table of completed
 -- jobs to find the 40 running ones.) The text filter (%(text)s, NULL: none) matches the
--- payload's JSON text or the last error, case-insensitive, as a plain substring
+-- first %(text_chars)s characters of the payload's JSON text or of the last error (a
+-- multi-MB payload is not lowercased whole), case-insensitive, as a plain substring
 -- (strpos: no pattern characters); no index serves it, so the scan runs until the page
 -- is full and the caller bounds it by a statement timeout. Run unprepared
 -- (prepare=False): the values are then in the plan, and what is not asked folds away
@@ -858,8 +859,8 @@ WITH page AS NOT MATERIALIZED (
        AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
        AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
        AND (%(text)s::text IS NULL
-            OR strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
-            OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
+            OR strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
+            OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
 )
 SELECT * FROM (
       (SELECT * FROM page WHERE status = 'pending'
@@ -893,8 +894,8 @@ WITH page AS NOT MATERIALIZED (
        AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
        AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
        AND (%(text)s::text IS NULL
-            OR strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
-            OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
+            OR strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
+            OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
 )
 SELECT * FROM (
       (SELECT * FROM page WHERE status = 'pending'
@@ -930,8 +931,8 @@ SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempt
    AND j.status::text = ANY(%(statuses)s::text[])
    AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
    AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
-   AND (strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
-        OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
+   AND (strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
+        OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
  ORDER BY j.id DESC
  LIMIT %(limit)s;
 
@@ -946,8 +947,8 @@ SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempt
    AND j.status::text = ANY(%(statuses)s::text[])
    AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
    AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
-   AND (strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
-        OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
+   AND (strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
+        OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
  ORDER BY j.id ASC
  LIMIT %(limit)s;
 
@@ -986,6 +987,91 @@ SELECT d.handler,
  WHERE d.max_running IS NOT NULL OR d.per_key IS NOT NULL
  GROUP BY d.handler
  ORDER BY d.handler;
+
+-- name: view_job_shown
+-- One job for the dashboard's page, every value bounded: payload, progress, checkpoint,
+-- result and last_error come as text of at most %(shown)s characters (JSON indented when
+-- whole, cut as stored when longer), each with its whole length in characters (NULL: no
+-- value), so a 30 MB payload never travels to the dashboard. Each JSON value is turned
+-- into text once (OFFSET 0 keeps the lateral from being inlined into both uses).
+SELECT j.id, j.queue, j.handler, j.status::text AS status, j.priority, j.run_at, j.attempts,
+       j.max_attempts, j.locked_by, j.locked_until, j.lease_token, j.cancel_requested,
+       j.dedupe_key, j.concurrency_key, j.snoozes, j.created_at, j.started_at,
+       j.finished_at, j.updated_at,
+       CASE WHEN length(t.payload) <= %(shown)s THEN jsonb_pretty(j.payload)
+            ELSE left(t.payload, %(shown)s) END AS payload,
+       length(t.payload) AS payload_chars,
+       CASE WHEN length(t.progress) <= %(shown)s THEN jsonb_pretty(j.progress)
+            ELSE left(t.progress, %(shown)s) END AS progress,
+       length(t.progress) AS progress_chars,
+       CASE WHEN length(t.checkpoint) <= %(shown)s THEN jsonb_pretty(j.checkpoint)
+            ELSE left(t.checkpoint, %(shown)s) END AS checkpoint,
+       length(t.checkpoint) AS checkpoint_chars,
+       CASE WHEN length(t.result) <= %(shown)s THEN jsonb_pretty(j.result)
+            ELSE left(t.result, %(shown)s) END AS result,
+       length(t.result) AS result_chars,
+       left(j.last_error, %(shown)s) AS last_error, length(j.last_error) AS last_error_chars
+  FROM @schema@.jobs j
+ CROSS JOIN LATERAL (SELECT j.payload::text AS payload, j.progress::text AS progress,
+                            j.checkpoint::text AS checkpoint, j.result::text AS result
+                     OFFSET 0) t
+ WHERE j.id = %(id)s;
+
+-- name: view_job_value_part
+-- %(chars)s characters from character %(start)s (1-based) of one value of a job as text
+-- (%(field)s: payload, progress, checkpoint, result or last_error; NULL for another
+-- name), and the value's whole length: the dashboard's raw download, read in parts so
+-- that neither side holds a large value whole.
+SELECT substr(v.value, %(start)s, %(chars)s) AS part, length(v.value) AS chars
+  FROM @schema@.jobs j
+ CROSS JOIN LATERAL (SELECT CASE %(field)s::text
+                              WHEN 'payload' THEN j.payload::text
+                              WHEN 'progress' THEN j.progress::text
+                              WHEN 'checkpoint' THEN j.checkpoint::text
+                              WHEN 'result' THEN j.result::text
+                              WHEN 'last_error' THEN j.last_error
+                            END AS value
+                     OFFSET 0) v
+ WHERE j.id = %(id)s;
+
+-- name: view_attempts_shown
+-- The newest %(limit)s attempts of a job (oldest of them first, like attempt_list), each
+-- error cut to %(shown)s characters with its whole length, and how many there are in all.
+SELECT * FROM (
+    SELECT attempt, outcome, worker, host, started_at, finished_at, wall_seconds,
+           cpu_user_seconds, cpu_system_seconds, peak_memory,
+           left(error, %(shown)s) AS error, length(error) AS error_chars,
+           count(*) OVER () AS total, lease_token
+      FROM @schema@.attempts
+     WHERE job_id = %(id)s
+     ORDER BY finished_at DESC, lease_token DESC
+     LIMIT %(limit)s) a
+ ORDER BY a.finished_at, a.lease_token;
+
+-- name: view_job_logs_shown
+-- The newest %(limit)s attempts' captured output of a job (oldest of them first): the
+-- first %(shown)s characters of the head and the last %(shown)s of the tail, with their
+-- whole lengths, and how many attempts printed something in all.
+SELECT * FROM (
+    SELECT attempt, lease_token, worker, left(head, %(shown)s) AS head,
+           length(head) AS head_chars, right(tail, %(shown)s) AS tail,
+           length(tail) AS tail_chars, total_bytes, omitted_bytes, finished, updated_at,
+           count(*) OVER () AS total
+      FROM @schema@.job_logs
+     WHERE job_id = %(id)s
+     ORDER BY lease_token DESC
+     LIMIT %(limit)s) l
+ ORDER BY l.lease_token;
+
+-- name: view_job_log_part
+-- %(chars)s characters from character %(start)s (1-based) of one attempt's head or tail
+-- (%(part)s: head or tail), and its whole length: the raw download of a job's log.
+SELECT substr(CASE %(part)s::text WHEN 'head' THEN head WHEN 'tail' THEN tail END,
+              %(start)s, %(chars)s) AS part,
+       length(CASE %(part)s::text WHEN 'head' THEN head WHEN 'tail' THEN tail END) AS chars,
+       omitted_bytes
+  FROM @schema@.job_logs
+ WHERE job_id = %(id)s AND lease_token = %(token)s;
 
 -- name: job_explain_facts
 -- What `explain` reasons from, for job %(id)s, in one round trip (NULL job: no such

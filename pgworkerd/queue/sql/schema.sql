@@ -40,7 +40,8 @@ INSERT INTO @schema@.schema_version (version, name, compatible_with) VALUES
     (17, 'handback', 5),
     (18, 'people_roles', 5),
     (19, 'worker_protocol', 5),
-    (20, 'upkeep', 5);
+    (20, 'upkeep', 5),
+    (21, 'silent', 5);
 
 -- Jobs (0001).
 
@@ -2034,3 +2035,25 @@ CREATE INDEX IF NOT EXISTS jobs_handler_status_id_idx ON @schema@.jobs (handler,
 -- Throughput and failures over the last hour (views.throughput): attempts by end time.
 -- Append-only (one row per ended attempt), so it costs one entry per attempt.
 CREATE INDEX IF NOT EXISTS attempts_finished_at_idx ON @schema@.attempts (finished_at);
+
+-- Silent daemons (0021, silent): the heartbeat interval each daemon keeps, and the one
+-- definition of a silent daemon.
+
+-- The longest a daemon lets pass between two registry heartbeats, as it promised at its
+-- latest one: 5 s while it holds running jobs, 10 s while idle (daemon/presence.py).
+-- Bounded: a daemon that wrote a day would never look silent, one of 0 always would.
+ALTER TABLE @schema@.workers
+    ADD COLUMN heartbeat_interval interval NOT NULL DEFAULT '10 seconds'
+    CONSTRAINT workers_heartbeat_interval_check
+    CHECK (heartbeat_interval >= interval '1 second' AND heartbeat_interval <= interval '1 hour');
+
+-- The one definition of a silent daemon, used by `explain`, `status`, `show`, the
+-- dashboard and the metric: its registry heartbeat is older than twice the interval it
+-- promised (one heartbeat missed, and as long again for a loaded host or database).
+-- Killed, frozen, or cut off from the database: nobody can tell which from here, so
+-- nothing acts on it (a cut-off host's child runs on until its lease ends).
+CREATE FUNCTION @schema@.daemon_silent(w @schema@.workers)
+RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT w.heartbeat_at < now() - 2 * w.heartbeat_interval $$;

@@ -54,11 +54,11 @@ PEERS_REFRESH_MAX = 1800.0
 
 class QueueDepthCounter:
     """Counts the jobs per queue and status for the metrics gauge on a thread of its own,
-    and before that (its own transaction, so a count that times out does not take it
-    along) the fleet's running jobs whose daemon is silent: a read bounded by what runs
-    (the running jobs, their holders by primary key), small beside the count,
-    with a connection of its own: on a table of millions of jobs that GROUP BY takes
-    seconds, and the daemon's loop (renewals, dispatch, heartbeats) must not wait for it.
+    and after it (its own transaction, so a count that times out does not take it along)
+    the fleet's running jobs whose daemon is silent: a read bounded by what runs (the
+    running jobs, their holders by primary key), small beside the count; with a
+    connection of its own: on a table of millions of jobs that GROUP BY takes seconds,
+    and the daemon's loop (renewals, dispatch, heartbeats) must not wait for it.
     One count at a time, each bounded by its own statement timeout (the connection's may
     be off, behind PgBouncer); a failed one is logged and tried again after `interval`.
     The number of queues is capped in the statement (metrics.top_queues): an enqueuer
@@ -95,19 +95,16 @@ class QueueDepthCounter:
         try:
             with self.db.connect() as conn:
                 self._conn = conn
-                with conn.transaction():
-                    session.set_local_statement_timeout(conn, self.timeout)
-                    silent = views.silent_jobs(conn, self.schema)
-                self.metrics.set_silent(silent["jobs"], silent["daemons"])
-                with conn.transaction():
-                    session.set_local_statement_timeout(conn, self.timeout)
-                    rows = admin.counts_capped(
-                        conn,
-                        self.metrics.served_queues,
-                        self.metrics.top_queues,
-                        schema=self.schema,
-                    )
-            self.metrics.set_queue_depth(rows)
+                failed: Exception | None = None
+                for read in (self._queue_depth, self._silent_jobs):
+                    try:  # each in its own transaction: one that fails spares the other
+                        with conn.transaction():
+                            session.set_local_statement_timeout(conn, self.timeout)
+                            read(conn)
+                    except psycopg.Error as exc:
+                        failed = failed or exc
+                if failed is not None:
+                    raise failed
         except Exception as exc:  # whatever it is, the daemon goes on; say why, once
             self._retry_at = time.monotonic() + self.interval
             lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
@@ -115,6 +112,16 @@ class QueueDepthCounter:
             log.warning("counting jobs for the metrics failed: %s", scrub(detail, self.db.dsn))
         finally:
             self._conn = None
+
+    def _queue_depth(self, conn: psycopg.Connection) -> None:
+        rows = admin.counts_capped(
+            conn, self.metrics.served_queues, self.metrics.top_queues, schema=self.schema
+        )
+        self.metrics.set_queue_depth(rows)
+
+    def _silent_jobs(self, conn: psycopg.Connection) -> None:
+        silent = views.silent_jobs(conn, self.schema)
+        self.metrics.set_silent(silent["jobs"], silent["daemons"])
 
 
 @dataclass

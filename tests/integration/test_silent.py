@@ -37,6 +37,11 @@ def running_job(conn: psycopg.Connection, schema: str, worker_id: str, lease_s: 
         schema=schema,
     )
     assert claimed.id == job
+    # the daemon's next heartbeat lists it (what the metric's read goes by)
+    conn.execute(
+        f"UPDATE {schema}.workers SET in_flight = in_flight || %s::bigint WHERE id = %s",
+        (job, worker_id),
+    )
     return job
 
 
@@ -181,3 +186,20 @@ def test_the_registry_refuses_an_interval_that_would_hide_or_fake_silence(
     with pytest.raises((psycopg.errors.CheckViolation, psycopg.errors.DataError)):
         registry.register(conn, info, "running", schema, interval)
     assert conn.execute(f"SELECT count(*) FROM {schema}.workers").fetchone() == (0,)
+
+
+def test_the_metric_counts_only_jobs_still_held_by_the_silent_daemon(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """A silent daemon's last heartbeat still lists a job another daemon has taken since
+    (its lease ran out): that one is no longer the silent daemon's."""
+    live_daemon(conn, schema, "host-a:1:x")
+    kept = running_job(conn, schema, "host-a:1:x", 600)
+    taken = running_job(conn, schema, "host-a:1:x", 600)
+    conn.execute(f"UPDATE {schema}.jobs SET locked_by = 'host-b:2:y' WHERE id = %s", (taken,))
+    age_heartbeat(conn, schema, "host-a:1:x", 30)
+    assert views.silent_jobs(conn, schema) == {"jobs": 1, "daemons": 1}
+    assert {r["id"]: r["daemon_silent"] for r in views.running_jobs(conn, schema)} == {
+        kept: True,
+        taken: False,
+    }

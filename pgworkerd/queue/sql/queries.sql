@@ -548,12 +548,17 @@ SELECT w.id, w.host, w.pid, w.state, w.heartbeat_at,
 
 -- name: job_silent_count
 -- For the metrics: running jobs whose daemon is silent (daemon_silent, 0021), and how
--- many daemons hold them. Bounded by what runs, never by the history: the running jobs
--- through a partial index on them, their holders by primary key.
-SELECT count(*) AS jobs, count(DISTINCT w.id) AS daemons
-  FROM @schema@.jobs j
-  JOIN @schema@.workers w ON w.id = j.locked_by
- WHERE j.status = 'running' AND @schema@.daemon_silent(w);
+-- many daemons hold them. Every live daemon reads it every queue_depth_interval, so it
+-- costs the registry (one row per daemon, gone ones until pruned) and the silent
+-- daemons' jobs, never every running job of the fleet: a silent daemon's jobs are the
+-- ones its last heartbeat listed (in_flight), each checked by primary key to still be
+-- running under it. (A job claimed within the second before a kill, before the heartbeat
+-- that lists it, is missed here; `explain` and `status` read from the job's side.)
+SELECT count(j.id) AS jobs, count(DISTINCT j.locked_by) AS daemons
+  FROM @schema@.workers w
+  JOIN @schema@.jobs j ON j.id = ANY (w.in_flight) AND j.locked_by = w.id
+ WHERE cardinality(w.in_flight) > 0 AND @schema@.daemon_silent(w)
+   AND j.status = 'running';
 
 -- name: job_oldest_pending
 -- Age of the oldest due pending job (seconds), NULL when none is due. A run_at of

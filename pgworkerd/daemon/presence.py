@@ -55,8 +55,8 @@ PEERS_REFRESH_MAX = 1800.0
 class QueueDepthCounter:
     """Counts the jobs per queue and status for the metrics gauge on a thread of its own,
     and after it (its own transaction, so a count that times out does not take it along)
-    the fleet's running jobs whose daemon is silent: a read bounded by what runs (the
-    running jobs, their holders by primary key), small beside the count; with a
+    the fleet's running jobs whose daemon is silent: a read of the registry and of the
+    silent daemons' jobs by primary key, small beside the count; with a
     connection of its own: on a table of millions of jobs that GROUP BY takes seconds,
     and the daemon's loop (renewals, dispatch, heartbeats) must not wait for it.
     One count at a time, each bounded by its own statement timeout (the connection's may

@@ -138,7 +138,7 @@ def metric_read_cost(dsn: str, daemons: int, per_daemon: int, reads: int) -> dic
         # the live nine tenths have just heartbeated (the inserts took a while)
         conn.execute(
             "UPDATE pgworkerd.workers SET heartbeat_at = now()"
-            " - CASE WHEN pid %% 10 = 0 THEN interval '1 minute' ELSE '0' END"
+            " - CASE WHEN pid % 10 = 0 THEN interval '1 minute' ELSE '0' END"
         )
         counts = views.silent_jobs(conn, "pgworkerd")
         times = []

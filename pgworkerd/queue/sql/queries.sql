@@ -554,11 +554,16 @@ SELECT w.id, w.host, w.pid, w.state, w.heartbeat_at,
 -- ones its last heartbeat listed (in_flight), each checked by primary key to still be
 -- running under it. (A job claimed within the second before a kill, before the heartbeat
 -- that lists it, is missed here; `explain` and `status` read from the job's side.)
-SELECT count(j.id) AS jobs, count(DISTINCT j.locked_by) AS daemons
+-- A subquery per silent daemon, so that its jobs are looked up by primary key (as a
+-- join, the planner hashes the daemons and reads every running job: 48 ms at 16,000).
+SELECT coalesce(sum(s.held), 0)::bigint AS jobs,
+       count(*) FILTER (WHERE s.held > 0) AS daemons
   FROM @schema@.workers w
-  JOIN @schema@.jobs j ON j.id = ANY (w.in_flight) AND j.locked_by = w.id
- WHERE cardinality(w.in_flight) > 0 AND @schema@.daemon_silent(w)
-   AND j.status = 'running';
+ CROSS JOIN LATERAL (
+       SELECT count(*) AS held FROM @schema@.jobs j
+        WHERE j.id = ANY (w.in_flight) AND j.locked_by = w.id
+          AND j.status::text = 'running') s  -- by primary key, never the running index
+ WHERE cardinality(w.in_flight) > 0 AND @schema@.daemon_silent(w);
 
 -- name: job_oldest_pending
 -- Age of the oldest due pending job (seconds), NULL when none is due. A run_at of

@@ -8,7 +8,7 @@
 
 -- The longest a daemon lets pass between two registry heartbeats, as it promised at its
 -- latest one: 5 s while it holds running jobs, 10 s while idle (daemon/presence.py).
--- Bounded: a daemon that wrote a day would never look silent, one of 0 always would.
+-- Bounded: an interval of a day would hide a dead daemon for two, one of 0 flag a live one.
 ALTER TABLE @schema@.workers
     ADD COLUMN heartbeat_interval interval NOT NULL DEFAULT '10 seconds'
     CONSTRAINT workers_heartbeat_interval_check

@@ -102,8 +102,11 @@ def kill_to_flag(dsn: str, workdir: Path, run: int, rng: random.Random) -> dict[
             conn.execute("DELETE FROM pgworkerd.workers")
 
 
-def metric_read_cost(dsn: str, daemons: int, per_daemon: int, reads: int) -> dict[str, Any]:
-    """ms per views.silent_jobs with daemons x per_daemon running jobs, a tenth silent."""
+def metric_read_cost(
+    dsn: str, daemons: int, per_daemon: int, reads: int, silent_every: int = 10
+) -> dict[str, Any]:
+    """ms per views.silent_jobs with daemons x per_daemon running jobs, every
+    `silent_every`th daemon silent (0: none, a healthy fleet)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO pgworkerd.workers (id, host, pid, version, slots, state, heartbeat_at,"
@@ -138,7 +141,9 @@ def metric_read_cost(dsn: str, daemons: int, per_daemon: int, reads: int) -> dic
         # the live nine tenths have just heartbeated (the inserts took a while)
         conn.execute(
             "UPDATE pgworkerd.workers SET heartbeat_at = now()"
-            " - CASE WHEN pid % 10 = 0 THEN interval '1 minute' ELSE '0' END"
+            " - CASE WHEN %(every)s > 0 AND pid %% %(every)s = 0 THEN interval '1 minute'"
+            "        ELSE '0' END",
+            {"every": silent_every},
         )
         counts = views.silent_jobs(conn, "pgworkerd")
         times = []
@@ -189,9 +194,10 @@ def main() -> None:
             "max": max(seconds),
             "lease_left_at_flag_median": statistics.median(k["lease_left_seconds"] for k in kills),
         }
-        sizes = [(50, 8)] if args.short else [(50, 8), (500, 8), (1000, 16)]
+        sizes = [(50, 8, 10)] if args.short else [(50, 8, 10), (500, 8, 10), (1000, 16, 10)]
+        sizes += [(1000, 16, 0)]  # a healthy fleet: what every daemon pays every count
         results["metric_read"] = [
-            metric_read_cost(dsn, d, n, 20 if args.short else 100) for d, n in sizes
+            metric_read_cost(dsn, d, n, 20 if args.short else 100, every) for d, n, every in sizes
         ]
     print(f"machine: {results['machine']}; settings: {results['settings']}")
     k = results["kill_to_flag"]

@@ -26,7 +26,8 @@ def age(seconds: float | None) -> str:
 def status(ctx: Context, as_json: bool) -> None:
     """Daemons, running jobs, counts per queue, and jobs no daemon serves.
 
-    Exit code 0; 1 when a drain is left in place or jobs wait for a handler nobody serves.
+    Exit code 0; 1 when a drain is left in place, jobs wait for a handler nobody serves,
+    or running jobs are held by a silent daemon (no heartbeat for twice its interval).
     """
     from pgworkerd.queue import views
 
@@ -34,6 +35,7 @@ def status(ctx: Context, as_json: bool) -> None:
         snap = views.status(conn, ctx.schema)
     live = [d for d in snap["daemons"] if d["state"] != "gone"]
     drained = [d for d in live if d["drain_requested"] or d["hand_back_requested_at"]]
+    stuck = [j for j in snap["running_jobs"] if j["daemon_silent"]]
     if as_json:
         echo_json(snap)
     else:
@@ -56,16 +58,23 @@ def status(ctx: Context, as_json: bool) -> None:
                 bold=True,
                 err=True,
             )
+        _warn_silent(stuck)
         click.echo(f"daemons ({len(live)} live):")
         for d in snap["daemons"]:
             click.echo(f"  {_daemon_line(d)}")
         click.echo(f"running jobs ({len(snap['running_jobs'])}):")
         for j in snap["running_jobs"]:
             progress = _progress(j["progress"])
+            silent = (
+                f"  DAEMON SILENT {age(j['daemon_heartbeat_age_seconds'])}, lease ends"
+                f" {_utc(j['locked_until'])}"
+                if j["daemon_silent"]
+                else ""
+            )
             click.echo(
                 f"  {j['id']:>8} {printable(j['handler']):<24} attempt {j['attempts']}/"
                 f"{j['max_attempts']}  {age(j['age_seconds'])}  on {printable(j['locked_by'])}"
-                f"  {progress}".rstrip()
+                f"{silent}  {progress}".rstrip()
             )
         click.echo("jobs per queue:")
         for queue, by_status in sorted(snap["counts"].items()):
@@ -93,7 +102,7 @@ def status(ctx: Context, as_json: bool) -> None:
                 fg="yellow",
                 err=True,
             )
-    if drained or snap["unserved"]:
+    if drained or snap["unserved"] or stuck:
         sys.exit(int(ExitCode.FAILURE))
 
 
@@ -111,6 +120,25 @@ def _hand_back_what(d: dict[str, Any]) -> str:
         if grace is None
         else f" (grace {format_duration(grace)})"
     )
+def _warn_silent(stuck: list[dict[str, Any]]) -> None:
+    """One warning per silent daemon holding running jobs: which, since when, and when
+    their leases free them (nothing frees them earlier: see `pgworkerd explain`)."""
+    by_daemon: dict[str, list[dict[str, Any]]] = {}
+    for j in stuck:
+        by_daemon.setdefault(j["locked_by"], []).append(j)
+    for worker, jobs in by_daemon.items():
+        ids = ", ".join(str(j["id"]) for j in jobs[:20]) + (", ..." if len(jobs) > 20 else "")
+        left = max((j["lease_left_seconds"] or 0.0 for j in jobs), default=0.0)
+        click.secho(
+            f"WARNING: daemon {printable(worker)} on {printable(jobs[0]['daemon_host'])} is"
+            f" SILENT (no heartbeat for {age(jobs[0]['daemon_heartbeat_age_seconds'])}) with"
+            f" {len(jobs)} running job(s): {ids}; dead, frozen or cut off from the database."
+            " They are not taken from it early: their leases free them"
+            + (f" within {age(left)}" if left > 0 else " now (expired)"),
+            fg="red",
+            bold=True,
+            err=True,
+        )
 
 
 def _paused_line(p: dict[str, Any]) -> str:
@@ -127,6 +155,7 @@ def _daemon_line(d: dict[str, Any]) -> str:
         return (
             f"{head} {printable(d['state']):<9} {d['busy']}/{d['slots']} busy  "
             f"up {age(d['uptime_seconds'])}  heartbeat {age(d['heartbeat_age_seconds'])} ago"
+            + (f" SILENT (every {age(d['heartbeat_interval_seconds'])})" if d["silent"] else "")
         )
     # Gone: a fixed point in time, not ages that keep growing after the daemon stopped.
     stopped = d["stopped_at"] or d["heartbeat_at"]

@@ -130,8 +130,11 @@ class Statements:
             lambda c: joblogs.write(c, self.worker_id, self.schema, entries),
         )
 
-    def register(self, info: registry.WorkerInfo, state: str) -> None:
-        self.link.run("registering", lambda c: registry.register(c, info, state, self.schema))
+    def register(self, info: registry.WorkerInfo, state: str, heartbeat_interval: float) -> None:
+        self.link.run(
+            "registering",
+            lambda c: registry.register(c, info, state, self.schema, heartbeat_interval),
+        )
 
     def deregister(self) -> None:
         self.link.run(
@@ -139,13 +142,17 @@ class Statements:
         )
 
     def heartbeat(
-        self, info: registry.WorkerInfo, state: str, job_ids: list[int]
+        self,
+        info: registry.WorkerInfo,
+        state: str,
+        job_ids: list[int],
+        heartbeat_interval: float,
     ) -> registry.DrainRequest | None:
-        """The registry heartbeat; returns the drain requested of this daemon (None: the
-        call failed, or the row is gone)."""
+        """The registry heartbeat, with the most seconds until the next one; returns the
+        drain requested of this daemon (None: the call failed, or the row is gone)."""
         return self.link.run(
             "heartbeat",
-            lambda c: registry.heartbeat(c, info, state, job_ids, self.schema),
+            lambda c: registry.heartbeat(c, info, state, job_ids, self.schema, heartbeat_interval),
         )
 
     def mark_stale(self, stale_after: float) -> list[tuple[str, str, int]] | None:

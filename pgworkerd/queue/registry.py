@@ -12,9 +12,13 @@ from psycopg.types.json import Jsonb
 
 from pgworkerd.queue.queries import query
 
-# A daemon heartbeats at least every second; one silent this long is dead (or cut off
-# from the database) and is marked gone, by any other daemon or by `drain --wait`.
+# A daemon heartbeats at least every 10 s (daemon/presence.py); one silent this long is
+# dead (or cut off from the database) and is marked gone, by any other daemon or by
+# `drain --wait`. Long before that, a daemon silent for twice the heartbeat interval it
+# recorded is shown as silent (migration 0021, SQL function daemon_silent).
 STALE_AFTER_SECONDS = 60.0
+# What a registry row says when the daemon wrote no interval (code before schema 21).
+DEFAULT_HEARTBEAT_INTERVAL = 10.0
 # Registry rows of daemons gone this long are deleted by `pgworkerd prune` (one row per
 # daemon start: a unit restarting every 5 s would add 17,000 a day).
 GONE_RETENTION_SECONDS = 7 * 86400.0
@@ -34,7 +38,15 @@ class WorkerInfo:
     settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
-def register(conn: psycopg.Connection, info: WorkerInfo, state: str, schema: str) -> None:
+def register(
+    conn: psycopg.Connection,
+    info: WorkerInfo,
+    state: str,
+    schema: str,
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+) -> None:
+    """Record the daemon; `heartbeat_interval`: the most seconds it lets pass before its
+    next heartbeat (1 s to an hour: the registry refuses others)."""
     conn.execute(
         query("worker_register", schema),
         {
@@ -47,6 +59,7 @@ def register(conn: psycopg.Connection, info: WorkerInfo, state: str, schema: str
             "slots": info.slots,
             "state": state,
             "settings": Jsonb(dict(info.settings)),
+            "heartbeat_interval": heartbeat_interval,
         },
     )
 
@@ -84,9 +97,15 @@ class DrainRequest:
 
 
 def heartbeat(
-    conn: psycopg.Connection, info: WorkerInfo, state: str, in_flight: Sequence[int], schema: str
+    conn: psycopg.Connection,
+    info: WorkerInfo,
+    state: str,
+    in_flight: Sequence[int],
+    schema: str,
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
 ) -> DrainRequest | None:
-    """Returns the drain requested of this daemon; None if our row is gone (re-register)."""
+    """Returns the drain requested of this daemon; None if our row is gone (re-register).
+    `heartbeat_interval`: the most seconds until the next heartbeat, as at register."""
     row = conn.execute(
         query("worker_heartbeat", schema),
         {
@@ -97,6 +116,7 @@ def heartbeat(
             "handlers": list(info.handlers),
             "slots": info.slots,
             "settings": Jsonb(dict(info.settings)),
+            "heartbeat_interval": heartbeat_interval,
         },
     ).fetchone()
     if row is None:

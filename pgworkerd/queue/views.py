@@ -14,10 +14,17 @@ API (each function's args after (conn, schema); returned keys):
         id, host, pid, version, queues, handlers, slots, in_flight, state, drain_requested,
         started_at, heartbeat_at, stopped_at, uptime_seconds, heartbeat_age_seconds,
         busy (= len(in_flight)), drained (= drain_requested), last_seen_seconds
-        (= heartbeat_age_seconds). Live daemons and those gone within the last hour.
+        (= heartbeat_age_seconds), heartbeat_interval_seconds (the most it lets pass
+        between heartbeats), silent (its heartbeat is older than twice that: SQL function
+        daemon_silent, the one definition). Live daemons and those gone within the last
+        hour.
     running_jobs(conn, schema) -> list of dict
         id, queue, handler, attempts, max_attempts, locked_by, progress, cancel_requested,
-        age_seconds, lease_left_seconds
+        locked_until (when its lease frees it), age_seconds, lease_left_seconds,
+        daemon_host, daemon_heartbeat_age_seconds (None: no registry row), daemon_silent
+        (its daemon is silent; the job is left to its lease all the same)
+    silent_jobs(conn, schema) -> dict: jobs (running jobs whose daemon is silent), daemons
+        (silent daemons holding them); what the daemons export as metrics
     queue_counts(conn, schema, *, served, top=20, finished_within=None)
         -> (counts: {queue: {status: n}}, other_queues: {status: n})
         finished_within None: every job (a full count); a number of seconds: pending and
@@ -50,7 +57,9 @@ API (each function's args after (conn, schema); returned keys):
     job(conn, schema, job_id) -> dict | None: every column of jobs, and attempt_history (list of
         dict: attempt, outcome, worker, host, started_at, finished_at, wall_seconds,
         cpu_user_seconds, cpu_system_seconds, peak_memory, error; None when the role may
-        not read attempts)
+        not read attempts), and daemon: None unless it is running on a daemon of the
+        registry, else dict: id, host, pid, state, heartbeat_at, heartbeat_age_seconds,
+        heartbeat_interval_seconds, silent, locked_until, lease_left_seconds
     schedules(conn, schema) -> list of dict: name, definition, declared_by, declared_at,
         created_at, last_tick, last_job_id, last_skipped, last_fired_by, last_job_status,
         runs, declared_now
@@ -122,6 +131,11 @@ def daemons(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
 
 def running_jobs(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
     return _rows(conn, "job_running_list", schema)
+
+
+def silent_jobs(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
+    [row] = _rows(conn, "job_silent_count", schema)
+    return {"jobs": int(row["jobs"]), "daemons": int(row["daemons"])}
 
 
 def queue_counts(
@@ -344,8 +358,9 @@ def job(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, An
         history = attempts.history(conn, job_id, schema=schema)
     except InsufficientPrivilege:  # a role granted before schema 12: the job still shows
         history = None
+    daemon = _rows(conn, "job_daemon", schema, {"id": job_id})
     # Not under "attempts": that is the jobs column (how many attempts were counted).
-    return {**row, "attempt_history": history}
+    return {**row, "attempt_history": history, "daemon": daemon[0] if daemon else None}
 
 
 def schedules(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:

@@ -276,10 +276,11 @@ SELECT i.id,
   LEFT JOIN @schema@.jobs j ON j.id = i.id;
 
 -- name: job_retry
--- Put dead or cancelled jobs back to pending with fresh attempts, selected by ids,
+-- Put dead or cancelled jobs back to pending with fresh attempts and fresh snoozes
+-- (a job dead from too many snoozes comes back able to snooze), selected by ids,
 -- queue or handler (NULL filters match everything, but at least one is given).
 UPDATE @schema@.jobs j
-   SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL,
+   SET status = 'pending', attempts = 0, snoozes = 0, run_at = now(), finished_at = NULL,
        cancel_requested = false, updated_at = now()
  WHERE j.status IN ('dead', 'cancelled')
    AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))

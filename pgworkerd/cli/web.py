@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import importlib.util
+import signal
 import sys
 
 import click
@@ -54,10 +55,13 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None, read_only:
     mode = " (read-only)" if settings.read_only else ""
     login = "login required" if settings.users else "no login (loopback only)"
     click.echo(f"pgworkerd web: serving {dashboard.url}{mode}, {login}", err=True)
+    # Our own handlers, not KeyboardInterrupt: they only set a flag the serving loop reads
+    # (see Dashboard), and they stop the server even when it was started with SIGINT
+    # ignored (a shell's background job, `nohup`, some process managers).
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, dashboard.request_stop)
     try:
         dashboard.run()
-    except KeyboardInterrupt:
-        pass
     finally:
         dashboard.close()
 

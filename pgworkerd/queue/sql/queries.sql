@@ -311,13 +311,15 @@ DELETE FROM @schema@.jobs
 RETURNING id;
 
 -- name: job_prune_finished
--- The fleet's own retention (migration 0014): delete one batch of finished jobs past
--- their retention (seconds per final status; NULL keeps it), oldest first, by one daemon
--- at a time: deleted is NULL when another holds the lock. live_daemons: the registry's
--- daemons not gone (each daemon spaces its calls by it).
-SELECT deleted, live_daemons
-  FROM @schema@.prune_finished_v1(%(completed)s::float8, %(cancelled)s::float8,
-                                  %(dead)s::float8, %(batch)s::integer);
+-- The fleet's own retention (migrations 0014, 0020): delete one batch of finished jobs
+-- past their retention (seconds per final status; NULL keeps it), one of schedule runs
+-- and one of gone daemons' registry rows, by one daemon at a time: the counts are NULL
+-- when another holds the lock. live_daemons: the registry's daemons not gone (each daemon
+-- spaces its calls by it).
+SELECT deleted, schedule_runs_deleted, daemons_deleted, live_daemons
+  FROM @schema@.prune_finished_v2(%(completed)s::float8, %(cancelled)s::float8,
+                                  %(dead)s::float8, %(schedule_runs)s::float8,
+                                  %(gone_daemons)s::float8, %(batch)s::integer);
 
 -- name: job_get
 -- One job, every column.

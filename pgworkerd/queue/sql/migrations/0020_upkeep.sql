@@ -1,24 +1,31 @@
 -- Upkeep (issue 21): retry resets snoozes, retention of schedule runs and gone daemons.
 -- compatible-with-code-of-schema: 5
 --
--- An expand migration (README "Upgrading"): one new index and one new function; nothing
+-- An expand migration (README "Upgrading"): three new indexes and one new function; nothing
 -- existing changes, so older daemons run on (calling prune_finished_v1, which keeps
 -- working and takes the same lock as v2, so old and new daemons never prune at once).
 -- (`retry` resetting the snooze count is a change of the statement in queries.sql.)
 --
--- Finished jobs by status and finish time, for retention. With the default mixed
--- retentions (completed 7 days, dead 30 days) the dead jobs between 7 and 30 days old are
--- kept; through jobs_finished_at_idx alone a batch of completed jobs read past every one
--- of them (oldest first, status checked row by row) before finding a completed one, each
--- batch again (bench/retention_cost.py: ~11 k buffers and ~40 ms a batch with 200,000
--- kept dead jobs). Through this index a batch reads only the rows it deletes.
--- It costs one entry per finished row version (a job's finish; a pending or running row
--- has no finished_at). On a large table build it beforehand without blocking writes:
---     CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_status_finished_at_idx
---         ON pgworkerd.jobs (status, finished_at) WHERE finished_at IS NOT NULL;
--- then migrate: IF NOT EXISTS makes the migration skip it.
-CREATE INDEX IF NOT EXISTS jobs_status_finished_at_idx ON @schema@.jobs (status, finished_at)
-    WHERE finished_at IS NOT NULL;
+-- Finished jobs of each final status by finish time, for retention. With the default
+-- mixed retentions (completed 7 days, dead 30 days) the dead jobs between 7 and 30 days
+-- old are kept, and they finished before the completed jobs that have just turned 7 days
+-- old. Through jobs_finished_at_idx (oldest first, the status checked row by row) every
+-- batch of completed jobs read all those kept dead jobs first, each batch again
+-- (bench/retention_cost.py). A partial index per status holds only that status's rows,
+-- so a batch reads the rows it deletes and stops. (One index on (status, finished_at)
+-- does not do: the planner prefers jobs_finished_at_idx, whose order follows the heap's,
+-- and so walks the kept rows all the same.) Each finished row version is in one of them
+-- (a pending or running job is in none): together they cost about one index.
+-- On a large table build them beforehand without blocking writes, e.g.
+--     CREATE INDEX CONCURRENTLY IF NOT EXISTS jobs_completed_finished_at_idx
+--         ON pgworkerd.jobs (finished_at) WHERE status = 'completed';
+-- (and so for cancelled and dead), then migrate: IF NOT EXISTS skips what is there.
+CREATE INDEX IF NOT EXISTS jobs_completed_finished_at_idx ON @schema@.jobs (finished_at)
+    WHERE status = 'completed';
+CREATE INDEX IF NOT EXISTS jobs_cancelled_finished_at_idx ON @schema@.jobs (finished_at)
+    WHERE status = 'cancelled';
+CREATE INDEX IF NOT EXISTS jobs_dead_finished_at_idx ON @schema@.jobs (finished_at)
+    WHERE status = 'dead';
 
 -- The fleet's retention, version 2: prune_finished_v1 (0014) plus old schedule runs and
 -- the registry rows of daemons gone long ago, each bounded by p_batch rows per call
@@ -48,8 +55,6 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    retention float8[] := ARRAY[p_completed, p_cancelled, p_dead];
-    statuses @schema@.job_status[] := ARRAY['completed', 'cancelled', 'dead'];
     n integer;
     schedule_name text;
     runs_cutoff timestamptz;
@@ -73,20 +78,46 @@ BEGIN
         RETURN;  -- the counts stay NULL: another daemon is pruning
     END IF;
 
+    -- One statement per status, its status written out: only a literal lets the planner
+    -- use that status's partial index (a parameter could be any status). The ids first
+    -- (ARRAY), then the delete by primary key: never a join that reads the whole table.
     deleted := 0;
-    FOR i IN 1..3 LOOP
-        CONTINUE WHEN retention[i] IS NULL OR deleted >= p_batch;
-        -- jobs_status_finished_at_idx: this status's oldest only
+    IF p_completed IS NOT NULL THEN
         DELETE FROM @schema@.jobs
-         WHERE id IN (SELECT id FROM @schema@.jobs
-                       WHERE status = statuses[i]
-                         AND finished_at < now() - make_interval(secs => retention[i])
-                       ORDER BY finished_at
-                       LIMIT p_batch - deleted
-                       FOR UPDATE SKIP LOCKED);
+         WHERE id = ANY (ARRAY(
+                   SELECT id FROM @schema@.jobs
+                    WHERE status = 'completed'
+                      AND finished_at < now() - make_interval(secs => p_completed)
+                    ORDER BY finished_at
+                    LIMIT p_batch - deleted
+                    FOR UPDATE SKIP LOCKED));
         GET DIAGNOSTICS n = ROW_COUNT;
         deleted := deleted + n;
-    END LOOP;
+    END IF;
+    IF p_cancelled IS NOT NULL AND deleted < p_batch THEN
+        DELETE FROM @schema@.jobs
+         WHERE id = ANY (ARRAY(
+                   SELECT id FROM @schema@.jobs
+                    WHERE status = 'cancelled'
+                      AND finished_at < now() - make_interval(secs => p_cancelled)
+                    ORDER BY finished_at
+                    LIMIT p_batch - deleted
+                    FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+    END IF;
+    IF p_dead IS NOT NULL AND deleted < p_batch THEN
+        DELETE FROM @schema@.jobs
+         WHERE id = ANY (ARRAY(
+                   SELECT id FROM @schema@.jobs
+                    WHERE status = 'dead'
+                      AND finished_at < now() - make_interval(secs => p_dead)
+                    ORDER BY finished_at
+                    LIMIT p_batch - deleted
+                    FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+    END IF;
 
     schedule_runs_deleted := 0;
     IF p_schedule_runs IS NOT NULL THEN
@@ -109,11 +140,12 @@ BEGIN
               INTO keep_from;
             DELETE FROM @schema@.schedule_runs r
              WHERE r.schedule = schedule_name
-               AND r.tick IN (SELECT o.tick FROM @schema@.schedule_runs o
-                               WHERE o.schedule = schedule_name AND o.tick < keep_from
-                               ORDER BY o.tick
-                               LIMIT p_batch - schedule_runs_deleted
-                               FOR UPDATE SKIP LOCKED);
+               AND r.tick = ANY (ARRAY(
+                       SELECT o.tick FROM @schema@.schedule_runs o
+                        WHERE o.schedule = schedule_name AND o.tick < keep_from
+                        ORDER BY o.tick
+                        LIMIT p_batch - schedule_runs_deleted
+                        FOR UPDATE SKIP LOCKED));
             GET DIAGNOSTICS n = ROW_COUNT;
             schedule_runs_deleted := schedule_runs_deleted + n;
         END LOOP;
@@ -122,13 +154,14 @@ BEGIN
     daemons_deleted := 0;
     IF p_gone_daemons IS NOT NULL THEN
         DELETE FROM @schema@.workers
-         WHERE id IN (SELECT w.id FROM @schema@.workers w
-                       WHERE w.state = 'gone'
-                         AND coalesce(w.stopped_at, w.heartbeat_at)
-                             < now() - make_interval(secs => p_gone_daemons)
-                       ORDER BY coalesce(w.stopped_at, w.heartbeat_at)
-                       LIMIT p_batch
-                       FOR UPDATE SKIP LOCKED);
+         WHERE id = ANY (ARRAY(
+                   SELECT w.id FROM @schema@.workers w
+                    WHERE w.state = 'gone'
+                      AND coalesce(w.stopped_at, w.heartbeat_at)
+                          < now() - make_interval(secs => p_gone_daemons)
+                    ORDER BY coalesce(w.stopped_at, w.heartbeat_at)
+                    LIMIT p_batch
+                    FOR UPDATE SKIP LOCKED));
         GET DIAGNOSTICS daemons_deleted = ROW_COUNT;
     END IF;
 END;

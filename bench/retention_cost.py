@@ -8,9 +8,10 @@ and the completed jobs to delete are the ones that have just turned 7 days old, 
 kept dead job between 7 and 30 days old finished BEFORE them. A private PostgreSQL gets
 `--dead` kept dead jobs (finished 8 to 29 days ago), `--completed` deletable completed
 jobs (finished 7 to 7.5 days ago) and as many recent completed jobs (kept), on schema 20.
-Then, once for prune_finished_v1 (what daemons before 0020 run: the status a parameter,
-so jobs_finished_at_idx) and once for prune_finished_v2 (its status written out, so the
-partial index jobs_completed_finished_at_idx of 0020), each on a fresh server:
+Then, once for prune_finished_v1 on the schema before 0020 (its partial indexes dropped:
+jobs_finished_at_idx is all there is) and once for prune_finished_v2 on schema 20 (its
+status written out, so the partial index jobs_completed_finished_at_idx serves it), each
+on a fresh server:
 
 - the plan of one batch's DELETE (the function's statement, generic plan as in
   PL/pgSQL), EXPLAIN (ANALYZE, BUFFERS): the index it reads, the rows it read and threw
@@ -155,6 +156,8 @@ def drain(conn: psycopg.Connection, call: str, batch: int) -> dict[str, Any]:
         "ms_median": statistics.median(times),
         "ms_max": max(times),
         "ms_total": sum(times),
+        "ms_first_tenth": statistics.median(times[: max(1, len(times) // 10)]),
+        "ms_last_tenth": statistics.median(times[-max(1, len(times) // 10) :]),
     }
 
 
@@ -184,6 +187,9 @@ def main() -> int:
             dsn = pg.dsn()
             migrate(dsn)
             with psycopg.connect(dsn, autocommit=True) as conn:
+                if version == "prune_finished_v1":  # the schema before 0020: no partial index
+                    for status in ("completed", "cancelled", "dead"):
+                        conn.execute(f"DROP INDEX pgworkerd.jobs_{status}_finished_at_idx")
                 fill(conn, dead, completed)
                 [(server,)] = conn.execute("SHOW server_version").fetchall()
                 plan = explain_batch(conn, statement, args.batch)
@@ -202,7 +208,8 @@ def main() -> int:
         )
         print(
             f"drain: {drained['deleted']} deleted in {drained['calls']} calls, "
-            f"{drained['ms_median']:.1f} ms median, {drained['ms_max']:.1f} ms max, "
+            f"{drained['ms_median']:.1f} ms median (first tenth {drained['ms_first_tenth']:.1f}, "
+            f"last tenth {drained['ms_last_tenth']:.1f}), {drained['ms_max']:.1f} ms max, "
             f"{drained['ms_total'] / 1000:.2f} s in all",
             flush=True,
         )

@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from daemon_harness import Daemons
 from psycopg import sql
 
 from pgworkerd import client
@@ -300,3 +301,31 @@ def test_gone_daemons_rows_go_in_bounded_batches_live_ones_never(
     assert counts == [10, 10, 4], counts
     left = {r[0] for r in run_sql(conn, schema, "SELECT id FROM {schema}.workers")}
     assert left == {"recent", "silent-live", "draining"}
+
+
+def test_a_running_daemon_prunes_old_schedule_runs_and_gone_daemons_by_its_config(
+    daemons: Daemons, conn: psycopg.Connection, schema: str
+) -> None:
+    """End to end: `pgworkerd run` with [retention] schedule_runs and gone_daemons."""
+    add_runs(conn, schema, "hourly", [float(h) for h in range(48)])  # two days of runs
+    run_sql(
+        conn,
+        schema,
+        "INSERT INTO {schema}.workers (id, host, pid, version, slots, state, stopped_at)"
+        " VALUES ('long-gone', 'h', 1, 'v', 1, 'gone', now() - interval '3 days')",
+    )
+    daemon = daemons.start(
+        {"echo": {"target": "pgworkerd.examples:echo"}},
+        tables={
+            "retention": {
+                "schedule_runs": "1d",
+                "gone_daemons": "2d",
+                "interval": "1s",
+                "batch": 10,
+            }
+        },
+    )
+    daemon.wait_log(r"retention: deleted 24 schedule run\(s\) and 1 gone daemon\(s\)")
+    assert run_ages(conn, schema, "hourly") == list(range(23, -1, -1))
+    left = {r[0] for r in run_sql(conn, schema, "SELECT id FROM {schema}.workers")}
+    assert "long-gone" not in left and left  # the daemon's own row stays

@@ -57,7 +57,10 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None, read_only:
     click.echo(f"pgworkerd web: serving {dashboard.url}{mode}, {login}", err=True)
     # Our own handlers, not KeyboardInterrupt: they only set a flag the serving loop reads
     # (see Dashboard), and they stop the server even when it was started with SIGINT
-    # ignored (a shell's background job, `nohup`, some process managers).
+    # ignored: Python keeps an inherited SIG_IGN, so a server started from a
+    # non-interactive shell's background job (or anything under one, such as a test run
+    # started with `&`) never saw SIGINT at all. Without a handler SIGTERM killed it
+    # outright, its pool and requests not closed.
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, dashboard.request_stop)
     try:

@@ -104,7 +104,10 @@ def test_the_command_serves_the_dashboard_until_stopped(test_db_dsn: str, schema
 
 def test_sigint_stops_a_server_started_with_sigint_ignored(test_db_dsn: str, schema: str) -> None:
     """Python leaves SIGINT ignored when its parent ignored it (a shell's background
-    job): with KeyboardInterrupt as the only way to stop, such a server never stopped."""
+    job): with KeyboardInterrupt as the only way to stop, such a server never stopped.
+    The cause of this file's flaky first test: in a test run started in the background
+    (`tests/run &` from a script), every child inherits SIGINT ignored, and the server
+    had not exited 30 s after SIGINT."""
     served = Served(test_db_dsn, schema, sigint_ignored=True)
     try:
         assert wait_for(lambda: served.client.get("/"), what="the overview").status == 200

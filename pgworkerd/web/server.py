@@ -47,11 +47,11 @@ class Dashboard:
     both.
 
     Stopping never raises into the serving loop: `request_stop()` only sets a flag that
-    `run()` reads between two polls, so it is safe in a signal handler. (An exception
-    raised by a signal handler, the KeyboardInterrupt of Python's default SIGINT handler,
-    lands wherever the main thread happens to be: inside waitress's loop it can leave a
-    lock held or be caught and logged by one of its catch-all handlers, and the server
-    never stops.)"""
+    `run()` reads between two polls, so it is safe in a signal handler, and the stop is
+    done once, by `close()`, each step bounded. (Before, the stop was Python's
+    KeyboardInterrupt: none came when SIGINT was inherited as ignored, it landed wherever
+    the main thread was, and waitress's own handler of it shut the request threads down
+    before `close()` did so again.)"""
 
     server: Any  # waitress's server (its types are not published)
     pool: Any

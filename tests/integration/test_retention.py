@@ -139,10 +139,11 @@ def test_one_daemon_at_a_time_and_locked_rows_are_skipped_not_waited_for(
     [
         ({"batch": 0}, "batch must be 1..10000"),
         ({"batch": 10001}, "batch must be 1..10000"),
-        ({"completed": -1.0}, "retention must be a finite number of seconds >= 0"),
-        ({"dead": float("nan")}, "retention must be a finite number of seconds >= 0"),
-        ({"schedule_runs": float("inf")}, "retention must be a finite number of seconds >= 0"),
-        ({"gone_daemons": -5.0}, "retention must be a finite number of seconds >= 0"),
+        ({"completed": -1.0}, "retention must be from 0 to 100 years"),
+        ({"dead": float("nan")}, "retention must be from 0 to 100 years"),
+        ({"schedule_runs": float("inf")}, "retention must be from 0 to 100 years"),
+        ({"gone_daemons": -5.0}, "retention must be from 0 to 100 years"),
+        ({"completed": 1e300}, "retention must be from 0 to 100 years"),
     ],
 )
 def test_the_function_refuses_what_no_config_can_ask(

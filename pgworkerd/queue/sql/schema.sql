@@ -2102,11 +2102,12 @@ BEGIN
         RAISE EXCEPTION 'prune_finished_v2: batch must be 1..10000, not %', p_batch
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- (NaN sorts above every number in PostgreSQL: the upper bound refuses it too)
     IF EXISTS (SELECT 1
                  FROM unnest(ARRAY[p_completed, p_cancelled, p_dead, p_schedule_runs,
                                    p_gone_daemons]) r
-                WHERE r < 0 OR r = 'NaN'::float8 OR r = 'Infinity'::float8) THEN
-        RAISE EXCEPTION 'prune_finished_v2: a retention must be a finite number of seconds >= 0'
+                WHERE r < 0 OR r > 100 * 365.25 * 86400) THEN
+        RAISE EXCEPTION 'prune_finished_v2: a retention must be from 0 to 100 years in seconds'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     SELECT count(*) INTO live_daemons FROM @schema@.workers WHERE state <> 'gone';

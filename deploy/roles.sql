@@ -63,6 +63,11 @@ GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
 -- finished jobs older than a retention and nothing else.
 GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v1(float8, float8, float8, integer)
       TO pgworkerd_daemon;
+-- Version 2 (schema 20): also old schedule runs and gone daemons' registry rows, each
+-- bounded per call; v1 stays granted for daemons of an older release during an upgrade.
+GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v2(float8, float8, float8, float8, float8,
+                                                      integer)
+      TO pgworkerd_daemon;
 
 GRANT EXECUTE ON FUNCTION pgworkerd.enqueue(text, jsonb, text, integer, timestamptz,
                                             interval, integer, text),

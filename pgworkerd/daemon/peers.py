@@ -35,12 +35,13 @@ from typing import Any
 
 VNODES = 16  # points per peer on the ring: an even share of jobs per daemon within ~25 %
 MAX_PEERS = 5_000  # registry rows beyond this are not ranked
-# Building rings (after a registry read changed the peers) may take at most this share
-# of a core, in the long run, with bursts of up to RING_BUDGET_BURST seconds: whatever
-# asks for rings (any (queue, handler) a notification names that this daemon serves),
-# the rebuild cost per second is capped. Over budget, the ring from before the change
-# serves, or, for a pair without one, the daemon takes the wake-up (a wake-up may be
-# taken twice, never dropped). A ring of a few dozen peers costs well under a ms.
+# Ring work, building rings (after a registry read changed the peers) and walking them
+# (a wake-up for n jobs walks until the peers it found have n slots: the whole ring for
+# a large n), may take at most this share of a core in the long run, with bursts of up
+# to RING_BUDGET_BURST seconds: whatever the notifications name (any pair this daemon
+# serves, any n), its cost per second is capped. Over budget, the ring from before a
+# change serves, or the daemon takes the wake-up itself (a wake-up may be taken twice,
+# never dropped). For a few dozen peers each costs microseconds.
 RING_BUDGET_SHARE = 0.05
 RING_BUDGET_BURST = 0.1
 MAX_JOBS_PER_WAKE = 100_000  # "n" beyond this is treated as this many
@@ -197,7 +198,7 @@ class Peers:
         self._points: dict[str, list[int]] = {}  # a peer's VNODES points, kept while listed
         self._rings: dict[tuple[str | None, str | None], _Ring] = {}
         self._generation = 0
-        self._budget = RING_BUDGET_BURST  # seconds of ring building allowed now
+        self._budget = RING_BUDGET_BURST  # seconds of ring work allowed now
         self._budget_at = clock()
 
     def __len__(self) -> int:
@@ -217,7 +218,7 @@ class Peers:
         ring = self._ring(queue, handler)
         return 0 if ring is None else ring.size
 
-    def _may_build(self) -> bool:
+    def _may_spend(self) -> bool:
         now = self.clock()
         self._budget = min(
             RING_BUDGET_BURST, self._budget + (now - self._budget_at) * RING_BUDGET_SHARE
@@ -231,7 +232,7 @@ class Peers:
         ring = self._rings.get((queue, handler))
         if ring is not None and ring.generation == self._generation:
             return ring
-        if not self._may_build():
+        if not self._may_spend():
             return ring
         started = self.timer()
         pairs = sorted(
@@ -268,10 +269,12 @@ class Peers:
         starts on the ring (None: no peer after them). The group holds enough peers, by
         their slots, for wake.count jobs."""
         ring = self._ring(wake.queue, wake.handler)
-        if ring is None or not ring.has_me:
-            return True, None  # cannot tell whose it is: take it
+        if ring is None or not ring.has_me or not self._may_spend():
+            return True, None  # cannot tell whose it is (or not now): take it
+        started = self.timer()
         # enough of the ring for the group (each peer has one slot at least) and one after
         order = self._walk(ring, wake.job_id, wake.skip + wake.count + 1)
+        self._budget -= max(0.0, self.timer() - started)
         end, slots = wake.skip, 0
         while end < len(order) and slots < wake.count:
             slots += max(1, order[end].slots)
@@ -286,8 +289,10 @@ class Peers:
         if holder == self.me:
             return None  # its own job: renewed here, or this daemon is not running
         ring = self._ring(queue, handler)
-        if ring is None or not ring.has_me:
-            return 0  # cannot tell whose it is: take it
+        if ring is None or not ring.has_me or not self._may_spend():
+            return 0  # cannot tell whose it is (or not now): take it
+        started = self.timer()
         order = self._walk(ring, job_id, RESCUERS, exclude=holder)
+        self._budget -= max(0.0, self.timer() - started)
         ranks = [rank for rank, peer in enumerate(order) if peer.id == self.me]
         return ranks[0] if ranks else None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections import Counter
 
 import pytest
@@ -166,16 +167,34 @@ def test_ring_building_is_capped_per_second_whatever_asks_for_rings() -> None:
     assert spent <= RING_BUDGET_BURST + 0.5 + 20 * RING_BUDGET_SHARE, spent  # not 120 s
 
 
+def test_walking_the_ring_is_capped_per_second_too() -> None:
+    """A wake-up for 100,000 jobs walks the whole ring (~4 ms at 1,000 peers), and any
+    role may send thousands a second. The daemon's CPU for 4,000 of them is bounded (the
+    budget's burst, not seconds); over budget it takes a wake-up itself, never drops it."""
+    clock = FakeClock()
+    peers = Peers("d0", clock)
+    peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(1000)])
+    peers.group(jobs(0))  # the ring, built
+    views = [fleet(1000, me) for me in (0,)]
+    not_mine = next(i for i in range(1000) if not views[0].group(jobs(i))[0])
+    cpu = time.process_time()
+    for _ in range(4000):
+        peers.group(jobs(not_mine, 100_000))
+    cpu = time.process_time() - cpu
+    print(f"{cpu:.3f}s of CPU for 4,000 wake-ups for 100,000 jobs")
+    assert cpu < 1.0, f"{cpu:.2f}s of CPU for 4,000 wake-ups"  # uncapped: 4-16 s
+    assert peers.group(jobs(not_mine)) == (True, None)  # over budget: taken here
+    clock.advance(1.0 / RING_BUDGET_SHARE)
+    assert peers.group(jobs(not_mine))[0] is False  # the budget is back: targeted again
+
+
 def test_a_registry_read_that_changes_nothing_keeps_the_rings() -> None:
-    timer = SlowTimer(cost=0.0)
     peers = fleet(10)
-    peers.timer = timer
+    ring = peers._ring("default", "h")
     peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(10)])
-    peers.group(jobs(1))
-    calls = timer.calls
-    peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(10)])
-    peers.group(jobs(2))
-    assert timer.calls == calls
+    assert peers._ring("default", "h") is ring  # not rebuilt
+    peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(9)])
+    assert peers._ring("default", "h") is not ring
 
 
 def test_an_older_ring_serves_while_the_budget_is_spent() -> None:

@@ -41,7 +41,7 @@ log = logging.getLogger("pgworkerd")
 # which peers mark a daemon gone.
 HEARTBEAT_IDLE = 10.0
 # The live peers are read from the registry this often (jittered); their up/down
-# notifications keep the list current in between.
+# notifications bring a read forward in between (they are never read as peers).
 PEERS_REFRESH = 60.0
 PEERS_REFRESH_MAX = 1800.0
 # A notification that a peer came or went (anyone may send one) brings the next read

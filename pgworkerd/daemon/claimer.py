@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from pgworkerd.config import Config
+from pgworkerd.daemon.hints import RateLimit
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.outcomes import OutcomeWriter
 from pgworkerd.daemon.peers import FLEET_POLLERS, Peers, Wake, rescue_hint
@@ -62,6 +63,14 @@ RESCUE_MARGIN = 0.05
 RESCUE_SECOND = 0.5
 # However large the fleet, a listening daemon polls at least this often.
 MAX_POLL_PERIOD = 600.0
+# Wake-ups handed on per second, in the long run and in a burst: each is a statement, and
+# any role may send wake-ups naming this daemon's handlers while its slots are full.
+# Beyond, one plain wake-up (every daemon claims once) goes at most every
+# FORWARD_OVERFLOW_EVERY instead of the rest.
+FORWARD_RATE = 20.0
+FORWARD_BURST = 20.0
+FORWARD_OVERFLOW_EVERY = 0.5
+PLAIN_WAKE = "{}"
 
 
 class Claimer:
@@ -87,6 +96,10 @@ class Claimer:
         self.listening = listening
         self.rng = rng if rng is not None else random.Random()
         self.forwards: list[str] = []  # wake-ups to hand on, sent at the next tick
+        self.forwarding = RateLimit(FORWARD_RATE, FORWARD_BURST, clock)
+        self.forward_overflow = False  # some were not handed on: send a plain wake-up
+        self.overflow_sent_at = -FORWARD_OVERFLOW_EVERY
+        self.hint_at: float | None = None  # a rescue hint's claim: coalesced when due
         self.hinted: dict[int, str] = {}  # rescue hints sent: job id -> its holder
         self.woken_only = False  # the claim about to run is wanted only by a wake-up
         self.statements = statements
@@ -140,7 +153,10 @@ class Claimer:
         if not held and self._can_take(wake.handler):
             self.notified(now)
         elif next_skip is not None and wake.hops < MAX_FORWARDS:
-            self.forwards.append(wake.forwarded(next_skip))
+            if self.forwarding.allow():
+                self.forwards.append(wake.forwarded(next_skip))
+            else:
+                self.forward_overflow = True
         else:
             self.request()  # nobody else to ask: claim here when a slot frees
 
@@ -191,6 +207,8 @@ class Claimer:
         times = [self.poll_at]
         if self.scheduled_at is not None:
             times.append(self.scheduled_at)
+        if self.hint_at is not None:
+            times.append(self.hint_at)
         if self.notified_at is not None:
             times.append(self.notify_claim_at + NOTIFY_CLAIM_INTERVAL)
         return min(times)
@@ -201,6 +219,10 @@ class Claimer:
         return self.accepting and self.supervisor.can_start()
 
     def _forward(self) -> None:
+        now = self.clock()
+        if self.forward_overflow and now >= self.overflow_sent_at + FORWARD_OVERFLOW_EVERY:
+            self.forward_overflow, self.overflow_sent_at = False, now
+            self.forwards.append(PLAIN_WAKE)
         while self.forwards and self.statements.ok:
             self.statements.wake_send(self.forwards.pop(0))
 
@@ -221,6 +243,9 @@ class Claimer:
             # leave a past deadline behind (the loop would spin on it)
         if now >= self.poll_at:
             self.wanted = True
+        if self.hint_at is not None and now >= self.hint_at:
+            self.hint_at = None
+            self.notified(now)  # a hint's claim is coalesced like a notification's
         woken_only = not self.wanted
         if self.notified_at is not None and now >= self.notify_claim_at + NOTIFY_CLAIM_INTERVAL:
             self.notified_at, self.notify_claim_at = None, now
@@ -323,13 +348,19 @@ class Claimer:
 
     def rescue_hinted(self, wake: Wake, now: float) -> None:
         """A peer saw a lease that was not renewed on time: wake for it if this daemon is
-        one of its rescuers."""
-        if wake.handler in self.config.handlers and wake.queue in self.config.queues:
-            # any role may NOTIFY: hints are coalesced like every notification
-            at = max(now, self.notify_claim_at + NOTIFY_CLAIM_INTERVAL)
-            self._rescue_at(
-                wake.job_id, wake.queue or "", wake.handler or "", wake.holder, wake.expires_in, at
-            )
+        one of its rescuers. Any role may NOTIFY: the claim it causes is coalesced with
+        the notifications' (at most one per NOTIFY_CLAIM_INTERVAL), and the earliest
+        hint wins."""
+        if wake.handler not in self.config.handlers or wake.queue not in self.config.queues:
+            return
+        rank = (
+            0
+            if self.peers is None
+            else self.peers.rescue_rank(wake.job_id, wake.queue, wake.handler, wake.holder)
+        )
+        if rank is not None:
+            at = now + wake.expires_in + RESCUE_MARGIN + rank * RESCUE_SECOND
+            self.hint_at = at if self.hint_at is None else min(self.hint_at, at)
 
     def _rescue_at(
         self, job_id: int, queue: str, handler: str, holder: str, expires_in: float, now: float

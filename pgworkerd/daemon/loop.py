@@ -40,12 +40,12 @@ from pgworkerd.config import Config, ConfigError, file_warnings, load_config
 from pgworkerd.daemon.accounting import UsageWriter
 from pgworkerd.daemon.claimer import Claimer
 from pgworkerd.daemon.dblink import MAX_RECONNECT_DELAY, RECONNECT_INITIAL, DatabaseLink
+from pgworkerd.daemon.hints import WakeHints
 from pgworkerd.daemon.joblogs import JobLogs
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.leases import LeaseKeeper
 from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.peers import Peers
-from pgworkerd.daemon.peers import parse as parse_wake
 from pgworkerd.daemon.presence import Lifecycle, Presence, QueueDepthCounter
 from pgworkerd.daemon.retention import Retention
 from pgworkerd.daemon.scheduler import Scheduler
@@ -154,6 +154,10 @@ class Daemon:
                 self.link, self.schema, self.metrics, config.metrics.queue_depth_interval
             ),
             peers=self.peers,
+        )
+        # what the wake channel's notifications may cause (any role may NOTIFY)
+        self.hints = WakeHints(
+            self.claimer, self.presence.peers_changed, self.presence.drain_hinted
         )
 
     @property
@@ -389,27 +393,8 @@ class Daemon:
                 self._on_notifications(self.link.notifications())
 
     def _on_notifications(self, payloads: list[str]) -> None:
-        """The wake channel (see peers.py). Claims are coalesced: however many
-        notifications arrive (any role may NOTIFY), they cause at most one claim per
-        NOTIFY_CLAIM_INTERVAL."""
-        now = time.monotonic()
-        for payload in payloads:
-            wake = parse_wake(payload)
-            if wake.kind == "jobs":
-                self.claimer.woken(wake, now)
-            elif wake.kind == "up":
-                if wake.peer is not None:
-                    self.peers.add(wake.peer)
-                else:
-                    self.presence.peers_changed()
-            elif wake.kind == "down":
-                self.peers.remove(wake.peer_id)
-            elif wake.kind == "drain":
-                self.presence.heartbeat_now()
-            elif wake.kind == "rescue":
-                self.claimer.rescue_hinted(wake, now)
-            else:
-                self.claimer.notified(now)
+        """The wake channel (see peers.py): hints, bounded by daemon/hints.py."""
+        self.hints.receive(payloads, time.monotonic())
 
     def _sleep(self, seconds: float) -> None:
         """Wait that still wakes for signals (start-up only: no children yet)."""

@@ -7,15 +7,20 @@ and going ({"peer": "up"|"down", "id": ...}), drain requests ({"registry": "drai
 wake-ups a daemon forwards because it cannot take them ({... "skip": k, "hops": h}), and
 rescue hints: a running job whose lease was not renewed on time, for its rescuers
 ({"rescue": id, "q", "h", "holder": who holds it, "in": seconds until it runs out}).
-Anything else (any role may NOTIFY) is a plain wake-up, as every notification used to
-be: coalesced by the claimer, so a flood still causes at most one claim per 20 ms.
+Anything else is a plain wake-up, as every notification used to be.
+
+Any role that can connect may NOTIFY (no grant is needed, not even on the schema), so a
+notification is a hint, never authority (daemon/hints.py bounds what each kind may
+cause): the peers are the registry's live rows, which only the daemon role can write,
+and nothing else. A "peer up" or "down" only asks for an early, rate-limited registry
+read; it never adds or removes a peer by itself.
 
 Which daemon a batch of jobs is for is a consistent hash of its lowest job id over the
 peers that serve its queue and handler: every daemon computes the same answer from the
 same registry rows, in O(log N) per notification (a ring with VNODES points per peer),
 and the next ones on the ring take over when the first cannot (skip). A daemon that
-does not know the fleet yet, or is not in its own list, claims: a wake-up may be taken
-twice, never dropped.
+does not know the fleet yet, is not in its own list, or has spent its ring-building
+budget for now, claims: a wake-up may be taken twice, never dropped.
 """
 
 from __future__ import annotations
@@ -29,11 +34,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 VNODES = 16  # points per peer on the ring: an even share of jobs per daemon within ~25 %
-MAX_PEERS = 5_000  # a flood of made-up "up" notifications cannot grow the list past this
-# The rings are rebuilt after a change at most this often (a rebuild sorts VNODES points
-# per peer: ~60 ms at MAX_PEERS), so a flood of made-up ups and downs cannot keep the
-# daemon sorting; meanwhile the rings from before the change serve.
-REBUILD_EVERY = 1.0
+MAX_PEERS = 5_000  # registry rows beyond this are not ranked
+# Ring work, building rings (after a registry read changed the peers) and walking them
+# (a wake-up for n jobs walks until the peers it found have n slots: the whole ring for
+# a large n), may take at most this share of a core in the long run, with bursts of up
+# to RING_BUDGET_BURST seconds: whatever the notifications name (any pair this daemon
+# serves, any n), its cost per second is capped. Over budget, the ring from before a
+# change serves, or the daemon takes the wake-up itself (a wake-up may be taken twice,
+# never dropped). For a few dozen peers each costs microseconds.
+RING_BUDGET_SHARE = 0.05
+RING_BUDGET_BURST = 0.1
 MAX_JOBS_PER_WAKE = 100_000  # "n" beyond this is treated as this many
 # Work the fleet shares (the fallback poll, reading the registry) is done by each daemon
 # in turn, about this many times per period by the fleet in all, whatever its size.
@@ -57,7 +67,7 @@ class Peer:
 @dataclass(frozen=True)
 class Wake:
     """One notification, decoded. kind: "jobs", "up", "down", "drain", "rescue" or
-    "any"."""
+    "any". Nothing in it is trusted: see daemon/hints.py for what each kind may cause."""
 
     kind: str
     queue: str | None = None
@@ -66,8 +76,7 @@ class Wake:
     count: int = 1
     skip: int = 0
     hops: int = 0
-    peer: Peer | None = None
-    peer_id: str = ""
+    peer_id: str = ""  # an up's or down's: only ever a reason to read the registry
     holder: str = ""  # a rescue hint's: who holds the job
     expires_in: float = 0.0  # a rescue hint's: seconds until its lease runs out
 
@@ -89,12 +98,6 @@ def _int(value: Any, low: int, high: int) -> int | None:
     return min(max(value, low), high)
 
 
-def _names(value: Any) -> frozenset[str] | None:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        return None
-    return frozenset(value)
-
-
 def parse(payload: str) -> Wake:
     """A notification's payload, checked field by field: what is not understood is ANY."""
     try:
@@ -111,13 +114,9 @@ def parse(payload: str) -> Wake:
     if body.get("peer") in ("up", "down"):
         if not isinstance(peer_id, str) or not peer_id:
             return ANY
-        if body["peer"] == "down":
-            return Wake("down", peer_id=peer_id)
-        queues, handlers = _names(body.get("queues")), _names(body.get("handlers"))
-        slots = _int(body.get("slots"), 1, 1_000_000)
-        if queues is None or handlers is None or slots is None:
-            return Wake("up", peer_id=peer_id)  # details left out: read the registry
-        return Wake("up", peer_id=peer_id, peer=Peer(peer_id, queues, handlers, slots))
+        # The queues, handlers and slots an "up" carries (for daemons before this
+        # change) are not read: the registry says what a peer serves.
+        return Wake(str(body["peer"]), peer_id=peer_id)
     job_id = _int(peer_id, -(2**63), 2**63 - 1)
     count = _int(body.get("n"), 1, MAX_JOBS_PER_WAKE)
     if job_id is None or count is None:
@@ -167,76 +166,101 @@ def _point(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
+def _points(peer_id: str) -> list[int]:
+    return [_point(f"{peer_id}#{v}") for v in range(VNODES)]
+
+
 @dataclass
 class _Ring:
     points: list[int] = field(default_factory=list)
     owners: list[Peer] = field(default_factory=list)
     size: int = 0  # distinct peers
+    generation: int = -1  # of the peer list it was built from
+    has_me: bool = False  # this daemon is on it
 
 
 class Peers:
-    """The live peers as this daemon knows them: read from the registry now and then,
-    kept current between reads by the peers' own up/down notifications."""
+    """The live peers as the registry lists them (Presence reads it now and then, and
+    sooner, rate-limited, when a notification says a peer came or went). Nothing else
+    adds or removes a peer: anyone may NOTIFY, only daemons write the registry."""
 
-    def __init__(self, me: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        me: str,
+        clock: Callable[[], float] = time.monotonic,
+        timer: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.me = me
         self.clock = clock
+        self.timer = timer  # measures what building a ring cost
         self.members: dict[str, Peer] = {}
         self.loaded = False  # read from the registry at least once
+        self._points: dict[str, list[int]] = {}  # a peer's VNODES points, kept while listed
         self._rings: dict[tuple[str | None, str | None], _Ring] = {}
-        self._changed = False  # members changed since the rings were built
-        self._built_at = -REBUILD_EVERY
+        self._generation = 0
+        self._budget = RING_BUDGET_BURST  # seconds of ring work allowed now
+        self._budget_at = clock()
 
     def __len__(self) -> int:
         return len(self.members)
 
     def replace(self, peers: list[Peer]) -> None:
-        self.members = {p.id: p for p in peers[:MAX_PEERS]}
+        """The registry's live rows, just read."""
+        members = {p.id: p for p in peers[:MAX_PEERS]}
+        if members == self.members and self.loaded:
+            return  # nothing changed: the rings stay
+        self.members = members
         self.loaded = True
-        self._rings.clear()  # a registry read is rare: at once
-        self._changed = False
-
-    def add(self, peer: Peer) -> None:
-        if peer.id in self.members or len(self.members) < MAX_PEERS:
-            self.members[peer.id] = peer
-            self._changed = True
-
-    def remove(self, peer_id: str) -> None:
-        if self.members.pop(peer_id, None) is not None:
-            self._changed = True
+        self._generation += 1
+        self._points = {i: self._points.get(i) or _points(i) for i in members}
 
     def serving(self, queue: str | None, handler: str | None) -> int:
-        return self._ring(queue, handler).size
+        ring = self._ring(queue, handler)
+        return 0 if ring is None else ring.size
 
-    def _ring(self, queue: str | None, handler: str | None) -> _Ring:
-        if self._changed and self.clock() - self._built_at >= REBUILD_EVERY:
-            self._rings.clear()
-            self._changed = False
+    def _may_spend(self) -> bool:
+        now = self.clock()
+        self._budget = min(
+            RING_BUDGET_BURST, self._budget + (now - self._budget_at) * RING_BUDGET_SHARE
+        )
+        self._budget_at = now
+        return self._budget > 0
+
+    def _ring(self, queue: str | None, handler: str | None) -> _Ring | None:
+        """The ring of the peers serving (queue, handler); an older one, or None, when
+        building it now would go over the budget."""
         ring = self._rings.get((queue, handler))
-        if ring is None:
-            pairs = sorted(
-                (_point(f"{p.id}#{v}"), p.id, p)
-                for p in self.members.values()
-                if p.serves(queue, handler)
-                for v in range(VNODES)
-            )
-            ring = _Ring([x[0] for x in pairs], [x[2] for x in pairs])
-            ring.size = len({x[1] for x in pairs})
-            self._rings[(queue, handler)] = ring
-            self._built_at = self.clock()
+        if ring is not None and ring.generation == self._generation:
+            return ring
+        if not self._may_spend():
+            return ring
+        started = self.timer()
+        pairs = sorted(
+            (point, p.id, p)
+            for p in self.members.values()
+            if p.serves(queue, handler)
+            for point in self._points[p.id]
+        )
+        ring = _Ring([x[0] for x in pairs], [x[2] for x in pairs])
+        ring.size = len({x[1] for x in pairs})
+        ring.generation = self._generation
+        ring.has_me = any(x[1] == self.me for x in pairs)
+        self._rings[(queue, handler)] = ring
+        self._budget -= max(0.0, self.timer() - started)
         return ring
 
-    def _walk(self, ring: _Ring, key: int, exclude: str = "") -> list[Peer]:
-        """The distinct peers in ring order from `key` on (at most all of them)."""
+    def _walk(self, ring: _Ring, key: int, limit: int, exclude: str = "") -> list[Peer]:
+        """The first `limit` distinct peers in ring order from `key` on."""
         if not ring.points:
             return []
         start = bisect.bisect_left(ring.points, _point(str(key)))
+        want = min(limit, ring.size)
         seen: dict[str, Peer] = {}
         for i in range(len(ring.points)):
             peer = ring.owners[(start + i) % len(ring.points)]
             if peer.id != exclude and peer.id not in seen:
                 seen[peer.id] = peer
-                if len(seen) == ring.size:
+                if len(seen) >= want:
                     break
         return list(seen.values())
 
@@ -245,9 +269,12 @@ class Peers:
         starts on the ring (None: no peer after them). The group holds enough peers, by
         their slots, for wake.count jobs."""
         ring = self._ring(wake.queue, wake.handler)
-        order = self._walk(ring, wake.job_id)
-        if not self.loaded or all(p.id != self.me for p in order):
-            return True, None  # cannot tell whose it is: take it
+        if ring is None or not ring.has_me or not self._may_spend():
+            return True, None  # cannot tell whose it is (or not now): take it
+        started = self.timer()
+        # enough of the ring for the group (each peer has one slot at least) and one after
+        order = self._walk(ring, wake.job_id, wake.skip + wake.count + 1)
+        self._budget -= max(0.0, self.timer() - started)
         end, slots = wake.skip, 0
         while end < len(order) and slots < wake.count:
             slots += max(1, order[end].slots)
@@ -261,8 +288,11 @@ class Peers:
         (and to the poll)."""
         if holder == self.me:
             return None  # its own job: renewed here, or this daemon is not running
-        order = self._walk(self._ring(queue, handler), job_id, exclude=holder)
-        if not self.loaded or all(p.id != self.me for p in order):
-            return 0  # cannot tell whose it is: take it
-        ranks = [rank for rank, peer in enumerate(order[:RESCUERS]) if peer.id == self.me]
+        ring = self._ring(queue, handler)
+        if ring is None or not ring.has_me or not self._may_spend():
+            return 0  # cannot tell whose it is (or not now): take it
+        started = self.timer()
+        order = self._walk(ring, job_id, RESCUERS, exclude=holder)
+        self._budget -= max(0.0, self.timer() - started)
+        ranks = [rank for rank, peer in enumerate(order) if peer.id == self.me]
         return ranks[0] if ranks else None

@@ -47,9 +47,15 @@ HEARTBEAT_IDLE = 10.0
 # number of jobs; 2 x 5 s leaves a loaded host 5 s of lateness before it is flagged.
 HEARTBEAT_BUSY = 5.0
 # The live peers are read from the registry this often (jittered); their up/down
-# notifications keep the list current in between.
+# notifications bring a read forward in between (they are never read as peers).
 PEERS_REFRESH = 60.0
 PEERS_REFRESH_MAX = 1800.0
+# A notification that a peer came or went (anyone may send one) brings the next read
+# forward, to no sooner than this after the last one (times the fleet's size over
+# FLEET_POLLERS, so the fleet reads about FLEET_POLLERS times per HINTED_REFRESH at most,
+# however many such notifications arrive), jittered by up to HINT_JITTER.
+HINTED_REFRESH = 2.0
+HINT_JITTER = 2.0
 
 
 class QueueDepthCounter:
@@ -169,6 +175,7 @@ class Presence:
         self._shown_status = ""  # the title and STATUS= last set
         self.peers = peers
         self.peers_at = 0.0
+        self.peers_read_at = -PEERS_REFRESH_MAX  # the last registry read of the peers
         self.rng = rng if rng is not None else random.Random()
         self._sent: tuple[str, tuple[int, ...]] | None = None  # the last heartbeat's news
 
@@ -182,9 +189,18 @@ class Presence:
     def heartbeat_now(self) -> None:
         self.heartbeat_at = 0.0
 
-    def peers_changed(self) -> None:
-        """A peer came up without the details in its notification: read the registry."""
-        self.peers_at = min(self.peers_at, self.clock() + self.rng.uniform(0.0, 2.0))
+    def peers_changed(self, now: float) -> None:
+        """A notification says a peer came or went: read the registry soon (the peers
+        are its rows, never the notification's word), at most once per hinted period."""
+        fleet = len(self.peers) if self.peers is not None else 0
+        gap = min(PEERS_REFRESH, HINTED_REFRESH * max(1.0, fleet / FLEET_POLLERS))
+        soon = max(self.peers_read_at + gap, now) + self.rng.uniform(0.0, HINT_JITTER)
+        self.peers_at = min(self.peers_at, soon)
+
+    def drain_hinted(self) -> None:
+        """A notification says a drain was requested: heartbeat as soon as the heartbeat's
+        own spacing allows (it reads drain_requested), as after any change of state."""
+        self._sent = None
 
     def stale_after(self) -> float:
         return max(registry.STALE_AFTER_SECONDS, 6 * self.config.worker.renew_interval)
@@ -312,6 +328,7 @@ class Presence:
         fleet = len(self.peers) if self.peers is not None else 0
         period = min(PEERS_REFRESH_MAX, PEERS_REFRESH * max(1.0, fleet / FLEET_POLLERS))
         self.peers_at = now + period * self.rng.uniform(0.8, 1.2)
+        self.peers_read_at = now
         if self.peers is None:
             return
         rows = self.statements.peers(self.stale_after())

@@ -7,13 +7,23 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from collections import Counter
 
 import pytest
 from fakes import ClaimerRig, FakeClock, claimed_job
 
 from pgworkerd.daemon.claimer import FLEET_POLLERS, RESCUE_MARGIN, RESCUE_SECOND
-from pgworkerd.daemon.peers import ANY, MAX_PEERS, Peer, Peers, Wake, parse
+from pgworkerd.daemon.peers import (
+    ANY,
+    MAX_PEERS,
+    RING_BUDGET_BURST,
+    RING_BUDGET_SHARE,
+    Peer,
+    Peers,
+    Wake,
+    parse,
+)
 from pgworkerd.queue.lease import Expiring
 
 CONFIG = """
@@ -45,9 +55,9 @@ def jobs(job_id: int, n: int = 1, **kw: object) -> Wake:
 def test_payloads_decode_and_anything_else_is_a_plain_wake_up() -> None:
     assert jobs(7, 3) == Wake("jobs", queue="default", handler="h", job_id=7, count=3)
     assert parse('{"peer": "down", "id": "a"}') == Wake("down", peer_id="a")
+    # what an "up" says the peer serves is not read: only the registry says that
     up = parse('{"peer":"up","id":"a","queues":["q"],"handlers":["h"],"slots":4}')
-    assert up.peer == Peer("a", frozenset({"q"}), frozenset({"h"}), 4)
-    assert parse('{"peer": "up", "id": "a"}') == Wake("up", peer_id="a")  # read the registry
+    assert up == Wake("up", peer_id="a") == parse('{"peer": "up", "id": "a"}')
     assert parse('{"registry": "drain"}').kind == "drain"
     assert parse('{"id": 5, "n": 1}') == Wake("jobs", job_id=5, count=1)  # names left out
     hostile = [
@@ -108,21 +118,94 @@ def test_a_daemon_that_cannot_tell_takes_the_wake_up() -> None:
     assert other.group(jobs(1)) == (True, None)  # nobody listed serves the queue
 
 
-def test_peers_come_and_go_by_notification_and_a_flood_cannot_grow_the_list() -> None:
-    clock = FakeClock()
-    peers = Peers("d0", clock)
+def test_peers_are_the_registry_rows_and_a_huge_registry_is_capped() -> None:
+    peers = Peers("d0", FakeClock())
     peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(3)])
     assert peers.serving("default", "h") == 3
-    peers.add(Peer("d9", frozenset({"default"}), frozenset({"h"})))
-    assert peers.serving("default", "h") == 3  # rings rebuilt at most once a second
-    clock.advance(1.0)
-    assert peers.serving("default", "h") == 4
-    peers.remove("d1")
-    clock.advance(1.0)
-    assert peers.serving("default", "h") == 3
-    for i in range(25_000):
-        peers.add(Peer(f"fake{i}", frozenset(), frozenset()))
+    peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(4)])
+    assert peers.serving("default", "h") == 4  # a registry read applies at once
+    assert not hasattr(peers, "add") and not hasattr(peers, "remove")  # nothing else
+    peers.replace([Peer(f"d{i}", frozenset(), frozenset()) for i in range(25_000)])
     assert len(peers) == MAX_PEERS
+
+
+class SlowTimer:
+    """perf_counter() for rings that each take `cost` seconds to build."""
+
+    def __init__(self, cost: float) -> None:
+        self.cost, self.now, self.calls = cost, 0.0, 0
+
+    def __call__(self) -> float:  # read before and after each build: `cost` between
+        self.calls += 1
+        self.now += self.cost
+        return self.now
+
+
+def test_ring_building_is_capped_per_second_whatever_asks_for_rings() -> None:
+    """Registry churn every second and every served (queue, handler) named every 0.1 s:
+    each would rebuild its ring (12 a second); if building costs more than
+    RING_BUDGET_SHARE of a core, the older ring serves, or, for a pair without one, the
+    daemon takes the wake-up (taken twice, never dropped)."""
+    clock, timer = FakeClock(), SlowTimer(cost=0.5)
+    handlers = sorted(f"h{i}" for i in range(12))
+    peers = Peers("d0", clock, timer)
+
+    def registry(n: int) -> list[Peer]:
+        return [Peer(f"d{i}", frozenset({"default"}), frozenset(handlers)) for i in range(n)]
+
+    peers.replace(registry(10))
+    peers.group(Wake("jobs", "default", "h0", job_id=1))
+    assert timer.calls == 2  # h0's ring: the budget is spent for a while
+    assert peers.group(Wake("jobs", "default", "h1", job_id=1)) == (True, None)  # taken
+    for second in range(20):
+        peers.replace(registry(10 + second % 2))
+        for _ in range(10):
+            for h in handlers:
+                peers.group(Wake("jobs", "default", h, job_id=second))
+            clock.advance(0.1)
+    spent = timer.calls // 2 * 0.5
+    assert spent <= RING_BUDGET_BURST + 0.5 + 20 * RING_BUDGET_SHARE, spent  # not 120 s
+
+
+def test_walking_the_ring_is_capped_per_second_too() -> None:
+    """A wake-up for 100,000 jobs walks the whole ring (~4 ms at 1,000 peers), and any
+    role may send thousands a second. The daemon's CPU for 4,000 of them is bounded (the
+    budget's burst, not seconds); over budget it takes a wake-up itself, never drops it."""
+    clock = FakeClock()
+    peers = Peers("d0", clock)
+    peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(1000)])
+    peers.group(jobs(0))  # the ring, built
+    views = [fleet(1000, me) for me in (0,)]
+    not_mine = next(i for i in range(1000) if not views[0].group(jobs(i))[0])
+    cpu = time.process_time()
+    for _ in range(4000):
+        peers.group(jobs(not_mine, 100_000))
+    cpu = time.process_time() - cpu
+    print(f"{cpu:.3f}s of CPU for 4,000 wake-ups for 100,000 jobs")
+    assert cpu < 1.0, f"{cpu:.2f}s of CPU for 4,000 wake-ups"  # uncapped: 4-16 s
+    assert peers.group(jobs(not_mine)) == (True, None)  # over budget: taken here
+    clock.advance(1.0 / RING_BUDGET_SHARE)
+    assert peers.group(jobs(not_mine))[0] is False  # the budget is back: targeted again
+
+
+def test_a_registry_read_that_changes_nothing_keeps_the_rings() -> None:
+    peers = fleet(10)
+    ring = peers._ring("default", "h")
+    peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(10)])
+    assert peers._ring("default", "h") is ring  # not rebuilt
+    peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(9)])
+    assert peers._ring("default", "h") is not ring
+
+
+def test_an_older_ring_serves_while_the_budget_is_spent() -> None:
+    clock, timer = FakeClock(), SlowTimer(cost=1.0)
+    peers = Peers("d0", clock, timer)
+    peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(3)])
+    assert peers.serving("default", "h") == 3  # built: the budget is spent for ~20 s
+    peers.replace([Peer(f"d{i}", frozenset({"default"}), frozenset({"h"})) for i in range(5)])
+    assert peers.serving("default", "h") == 3  # the older ring, until the budget is back
+    clock.advance(1.0 / RING_BUDGET_SHARE)
+    assert peers.serving("default", "h") == 5
 
 
 def test_two_daemons_rescue_a_job_and_never_its_holder() -> None:
@@ -260,11 +343,16 @@ def test_a_lease_not_renewed_on_time_sends_its_rescuers_a_hint_once() -> None:
     assert (wake.kind, wake.job_id, wake.holder, wake.expires_in) == ("rescue", 77, "d5", 30.0)
     # the rescuers wake when it runs out, the others do not
     for me, rank in enumerate(ranks):
-        r = Setup(fleet(6, me))
-        assert r.claimer.scheduled_at is None
+        r = Setup(fleet(6, me), text=CONFIG.replace('"5s"', '"600s"'))
+        assert r.claimer.hint_at is None
         r.claimer.rescue_hinted(wake, r.clock())
         if rank is None:
-            assert r.claimer.scheduled_at is None
+            assert r.claimer.hint_at is None
         else:
             expected = 30.0 + RESCUE_MARGIN + rank * RESCUE_SECOND
-            assert r.claimer.scheduled_at - r.clock() == pytest.approx(expected)  # type: ignore[operator]
+            assert r.claimer.next_deadline() == r.claimer.hint_at
+            assert r.claimer.hint_at - r.clock() == pytest.approx(expected)  # type: ignore[operator]
+            claims = r.claims()
+            r.tick(expected)  # due: one claim, through the notifications' coalescing
+            r.tick(0.05)
+            assert r.claims() == claims + 1 and r.claimer.hint_at is None

@@ -8,13 +8,20 @@ the server to prove it)."""
 
 from __future__ import annotations
 
+import re
+import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
 from pgworkerd import client
+from pgworkerd.devcluster.localpg import LocalPostgres
+from pgworkerd.queue.migrate import migrate
 from pgworkerd.queue.queries import render
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 CLAIM_JOBS = """
 SELECT id, lease_token FROM @schema@.claim_jobs(
@@ -217,3 +224,26 @@ def test_a_set_clause_would_not_do(conn: psycopg.Connection, schema: str) -> Non
         conn.execute("SET LOCAL synchronous_commit = off")
         conn.execute(render("SELECT @schema@.set_clause_probe()", schema))
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
+
+
+# -- the README's example, run as written ---------------------------------------------------
+
+
+def test_the_readme_claim_example_runs_as_written(pg: LocalPostgres) -> None:
+    text = README.read_text()
+    start = text.index("\n### Finishing a claimed job from SQL")
+    match = re.search(r"\n```sql\n(.*?)\n```\n", text[start:], re.S)
+    assert match and "claim_jobs(" in match.group(1)
+    name = f"readme_{uuid.uuid4().hex[:8]}"
+    pg.create_database(name)
+    try:
+        migrate(pg.dsn(name))  # the default schema, as the README has it
+        with psycopg.connect(pg.dsn(name), autocommit=True) as c:
+            for key in ("img:1", "img:1", "img:2"):
+                client.enqueue(c, "resize", {"key": key}, concurrency_key=key)
+            rows = c.execute(match.group(1)).fetchall()
+            # two slots, one job per key: the second job of img:1 waits
+            assert [(r[1], r[3]) for r in rows] == [({"key": "img:1"}, 1), ({"key": "img:2"}, 1)]
+    finally:
+        with psycopg.connect(pg.dsn(), autocommit=True) as c:
+            c.execute(f'DROP DATABASE "{name}" WITH (FORCE)')

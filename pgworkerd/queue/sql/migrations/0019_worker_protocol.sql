@@ -62,8 +62,15 @@ AS $$
 #variable_conflict use_column
 DECLARE
     n integer := coalesce(cardinality(claim_jobs.handlers), 0);
+    duplicated boolean := false;
     problem text;
 BEGIN
+    -- The checks are plain expressions (no subquery, so PL/pgSQL evaluates them without
+    -- the executor: they cost the daemon's claims next to nothing), bar this one, which
+    -- only a claim for several handlers needs.
+    IF n > 1 THEN
+        duplicated := (SELECT count(DISTINCT h) FROM unnest(claim_jobs.handlers) h) <> n;
+    END IF;
     problem := CASE
         WHEN claim_jobs.worker IS NULL OR claim_jobs.worker = '' THEN
             'worker must name this worker (the finishing functions take the name back), not '
@@ -74,21 +81,21 @@ BEGIN
             || coalesce(left(claim_jobs.queues::text, 200), 'NULL')
         WHEN claim_jobs.handlers IS NULL OR array_ndims(claim_jobs.handlers) > 1
              OR array_position(claim_jobs.handlers, NULL) IS NOT NULL
-             OR '' = ANY(claim_jobs.handlers)
-             OR (SELECT count(DISTINCT h) FROM unnest(claim_jobs.handlers) h) <> n THEN
+             OR array_position(claim_jobs.handlers, '') IS NOT NULL OR duplicated THEN
             'handlers must be an array of handler names, each named once, without NULL or '
-            || 'empty names, not ' || coalesce(left(claim_jobs.handlers::text, 200), 'NULL')
+            || 'empty names, not '
+            || coalesce(left(claim_jobs.handlers::text, 200), 'NULL')
         WHEN claim_jobs.lease_seconds IS NULL OR array_ndims(claim_jobs.lease_seconds) > 1
              OR cardinality(claim_jobs.lease_seconds) <> n
-             OR EXISTS (SELECT 1 FROM unnest(claim_jobs.lease_seconds) s
-                         WHERE s IS NULL OR NOT (s > 0 AND s <= 3153600000)) THEN
+             -- NaN is above every number: refused by the second test
+             OR (0 < ALL(claim_jobs.lease_seconds)
+                 AND 3153600000 >= ALL(claim_jobs.lease_seconds)) IS NOT TRUE THEN
             'lease_seconds must give each handler its lease in seconds (above 0, at most '
             || '100 years), one per handler in the order of handlers, not '
             || coalesce(left(claim_jobs.lease_seconds::text, 200), 'NULL')
         WHEN claim_jobs.free_slots IS NULL OR array_ndims(claim_jobs.free_slots) > 1
              OR cardinality(claim_jobs.free_slots) <> n
-             OR EXISTS (SELECT 1 FROM unnest(claim_jobs.free_slots) f
-                         WHERE f IS NULL OR f < 0) THEN
+             OR (0 <= ALL(claim_jobs.free_slots)) IS NOT TRUE THEN
             'free_slots must give each handler how many more jobs it may take (0 or more), '
             || 'one per handler in the order of handlers, not '
             || coalesce(left(claim_jobs.free_slots::text, 200), 'NULL')
@@ -97,34 +104,31 @@ BEGIN
         WHEN claim_jobs.handler_max_attempts IS NOT NULL
              AND (array_ndims(claim_jobs.handler_max_attempts) > 1
                   OR cardinality(claim_jobs.handler_max_attempts) <> n
-                  OR EXISTS (SELECT 1 FROM unnest(claim_jobs.handler_max_attempts) m
-                              WHERE m < 1)) THEN
+                  OR (1 > ANY(claim_jobs.handler_max_attempts)) IS TRUE) THEN
             'handler_max_attempts must be NULL, or one per handler in the order of handlers, '
             || 'each NULL (the job''s own) or at least 1, not '
             || left(claim_jobs.handler_max_attempts::text, 200)
         WHEN claim_jobs.handler_queues IS NOT NULL
              AND (jsonb_typeof(claim_jobs.handler_queues) <> 'array'
                   OR jsonb_array_length(claim_jobs.handler_queues) <> n
-                  OR EXISTS (
-                      SELECT 1 FROM jsonb_array_elements(claim_jobs.handler_queues) e
-                       WHERE jsonb_typeof(e) NOT IN ('null', 'array')
-                          OR (jsonb_typeof(e) = 'array'
-                              AND EXISTS (SELECT 1 FROM jsonb_array_elements(e) q
-                                           WHERE jsonb_typeof(q) <> 'string')))) THEN
+                  OR jsonb_path_exists(claim_jobs.handler_queues,
+                                       '$[*] ? (@.type() != "null" && @.type() != "array")')
+                  OR jsonb_path_exists(claim_jobs.handler_queues,
+                                       '$[*] ? (@.type() == "array")[*] ? (@.type() != "string")'))
+             THEN
             'handler_queues must be NULL, or a JSON array with one element per handler in the '
             || 'order of handlers, each null (all of queues) or an array of queue names, not '
             || left(claim_jobs.handler_queues::text, 200)
         WHEN claim_jobs.max_running IS NOT NULL
              AND (array_ndims(claim_jobs.max_running) > 1
                   OR cardinality(claim_jobs.max_running) <> n
-                  OR EXISTS (SELECT 1 FROM unnest(claim_jobs.max_running) m WHERE m < 1)) THEN
+                  OR (1 > ANY(claim_jobs.max_running)) IS TRUE) THEN
             'max_running must be NULL, or one per handler in the order of handlers, each '
             || 'NULL (no limit) or at least 1, not ' || left(claim_jobs.max_running::text, 200)
         WHEN claim_jobs.max_running_per_key IS NOT NULL
              AND (array_ndims(claim_jobs.max_running_per_key) > 1
                   OR cardinality(claim_jobs.max_running_per_key) <> n
-                  OR EXISTS (SELECT 1 FROM unnest(claim_jobs.max_running_per_key) m
-                              WHERE m < 1)) THEN
+                  OR (1 > ANY(claim_jobs.max_running_per_key)) IS TRUE) THEN
             'max_running_per_key must be NULL, or one per handler in the order of handlers, '
             || 'each NULL (no limit) or at least 1, not '
             || left(claim_jobs.max_running_per_key::text, 200)

@@ -15,6 +15,8 @@ commits' WAL too, and hide a step that is not durable by itself.
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,6 +68,9 @@ class Worker:
     def crash_and_read(self) -> dict[str, Any]:
         self.pg.crash()
         self.pg.start()
+        return self.read()
+
+    def read(self) -> dict[str, Any]:
         with psycopg.connect(self.dsn, autocommit=True, row_factory=dict_row) as conn:
             row = conn.execute(
                 render(
@@ -79,18 +84,20 @@ class Worker:
         return row
 
 
-def _worker(pg: LocalPostgres, *, claimed: bool) -> Worker:
+def _worker(pg: LocalPostgres, *, claimed: bool, setup_commit: str = "on") -> Worker:
+    """The setup commits with synchronous_commit = `setup_commit` (on: durable on its
+    own terms, so that only the step under test is at stake)."""
     dsn, schema = pg.dsn("durable"), f"s_{uuid.uuid4().hex[:8]}"
     migrate(dsn, schema=schema)
     with psycopg.connect(dsn, autocommit=True) as conn:
-        # The setup is durable on its own terms: only the step under test is at stake.
-        conn.execute("SET synchronous_commit = on")
-        [(job,)] = conn.execute(
-            render("SELECT @schema@.enqueue('transcode', '{\"file\": \"a.mp4\"}')", schema)
-        ).fetchall()
-        token = None
-        if claimed:
-            [(_, token)] = conn.execute(render(CLAIM, schema)).fetchall()
+        with conn.transaction():
+            [(job,)] = conn.execute(
+                render("SELECT @schema@.enqueue('transcode', '{\"file\": \"a.mp4\"}')", schema)
+            ).fetchall()
+            token = None
+            if claimed:
+                [(_, token)] = conn.execute(render(CLAIM, schema)).fetchall()
+            conn.execute(f"SET LOCAL synchronous_commit = {setup_commit}")
         conn.execute("CHECKPOINT")  # a short recovery after the crash
     return Worker(pg, dsn, schema, job, token)
 
@@ -147,3 +154,70 @@ def test_an_acknowledged_finish_survives_a_crash(lax_pg: LocalPostgres, function
     assert rows not in ([], [(None,)], [(False,)]), f"{function} found no lease: {rows}"
     row = worker.crash_and_read()
     assert {k: row[k] for k in expected} == expected, f"{function}'s commit was lost"
+
+
+# -- seen directly: each call's COMMIT waits for a synchronous standby ----------------------
+
+
+@pytest.fixture(scope="module")
+def ghost_standby_pg() -> Iterator[LocalPostgres]:
+    """A cluster whose synchronous standby never connects: a commit with
+    synchronous_commit = on waits for it until cancelled, one with the server's default
+    (local) does not."""
+    settings = {"synchronous_commit": "local", "synchronous_standby_names": "ghost"}
+    with LocalPostgres(settings=settings) as cluster:
+        cluster.create_database("durable")
+        yield cluster
+
+
+def _commit_waits_for_the_standby(dsn: str, call: str, params: dict[str, Any]) -> bool:
+    """Runs `call` on an autocommit session with the server's defaults; True when its
+    COMMIT waited for the standby (it is then cancelled: committed locally only)."""
+    with (
+        psycopg.connect(dsn, autocommit=True) as worker,
+        psycopg.connect(dsn, autocommit=True) as watcher,
+    ):
+        pid = worker.info.backend_pid
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                worker.execute(call, params)  # type: ignore[arg-type]
+            finally:
+                done.set()
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        waited = False
+        deadline = time.monotonic() + 30
+        while not done.is_set() and time.monotonic() < deadline:
+            [(event,)] = watcher.execute(
+                "SELECT wait_event FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchall()
+            if event == "SyncRep":
+                waited = True
+                watcher.execute("SELECT pg_cancel_backend(%s)", (pid,))
+                break
+            time.sleep(0.05)
+        thread.join(timeout=30)
+        assert done.is_set(), "the call neither returned nor waited for the standby"
+        return waited
+
+
+@pytest.mark.parametrize("function", ["claim_jobs", *FINISHES])
+def test_each_call_s_commit_waits_for_the_synchronous_standby(
+    ghost_standby_pg: LocalPostgres, function: str
+) -> None:
+    worker = _worker(ghost_standby_pg, claimed=function != "claim_jobs", setup_commit="local")
+    text = CLAIM if function == "claim_jobs" else FINISHES[function][0]
+    call = render(text, worker.schema)
+    # the session's own commits do not wait: only the function makes this one wait
+    enqueue = render("SELECT @schema@.enqueue('other')", worker.schema)
+    assert not _commit_waits_for_the_standby(worker.dsn, enqueue, {})
+    assert _commit_waits_for_the_standby(
+        worker.dsn, call, {"job": worker.job, "token": worker.token}
+    )
+    # cancelled while it waited: committed here all the same (the standby never had it)
+    expected = {"status": "running"} if function == "claim_jobs" else FINISHES[function][1]
+    row = worker.read()
+    assert {k: row[k] for k in expected} == expected

@@ -247,3 +247,18 @@ def test_the_readme_claim_example_runs_as_written(pg: LocalPostgres) -> None:
     finally:
         with psycopg.connect(pg.dsn(), autocommit=True) as c:
             c.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+def test_each_older_claim_says_who_still_calls_it(conn: psycopg.Connection, schema: str) -> None:
+    rows = conn.execute(
+        "SELECT p.proname, obj_description(p.oid, 'pg_proc') FROM pg_proc p"
+        " WHERE p.pronamespace = %s::regnamespace AND p.proname LIKE 'claim%%'",
+        (schema,),
+    ).fetchall()
+    comments = dict(rows)
+    assert sorted(comments) == ["claim", "claim_jobs", "claim_v2", "claim_v3"]
+    assert "release 0.2" in comments["claim"]
+    assert "no release" in comments["claim_v2"]
+    assert "schemas 9 to 18" in comments["claim_v3"]
+    for old in ("claim", "claim_v2", "claim_v3"):
+        assert "New code calls claim_jobs" in comments[old], comments[old]

@@ -575,6 +575,7 @@ CREATE INDEX workers_live_idx ON @schema@.workers (heartbeat_at) WHERE state <> 
 
 -- Claiming jobs (0003): one function, so that it runs with JIT off for every caller (see
 -- the migration for why) and any language can claim; its search_path pinned (0004).
+-- Superseded by claim_jobs (0019); kept for release 0.2 (its COMMENT says who calls it).
 
 CREATE FUNCTION @schema@.claim(
     worker text,
@@ -821,7 +822,7 @@ $$;
 
 -- Claiming jobs, each handler from its own queues (0006): claim() plus handler_queues, the
 -- queues each handler claims from (JSON, null for every queue of the claim). claim()
--- stays for daemons of schema 5 (README "Upgrading").
+-- stays for daemons of schema 5 (README "Upgrading"). Superseded by claim_jobs (0019).
 
 CREATE FUNCTION @schema@.claim_v2(
     worker text,
@@ -1240,7 +1241,8 @@ REVOKE EXECUTE ON FUNCTION @schema@.pause(text, text, text), @schema@.resume(tex
     @schema@.pause_queue(text, text), @schema@.resume_queue(text),
     @schema@.pause_handler(text, text), @schema@.resume_handler(text) FROM PUBLIC;
 
--- claim_v3: claim_v2 plus fleet-wide limits and pauses.
+-- claim_v3: claim_v2 plus fleet-wide limits and pauses. Since 0019 the implementation
+-- behind claim_jobs, which new code calls (its COMMENT says who still calls it directly).
 --   SELECT * FROM pgworkerd.claim_v3('worker-1', '{default,mail}', '{send_mail,export}',
 --                                    '{300,60}', '{4,4}', 8, NULL, NULL,
 --                                    '{NULL,10}', '{NULL,2}');

@@ -16,9 +16,9 @@
 -- outlives the function because PostgreSQL restores at a function's exit only the
 -- variables of the function's own SET clause (which is why synchronous_commit must never
 -- go into that clause: `SET synchronous_commit = on` there would be undone before the
--- COMMIT). tests/integration/test_claim_jobs.py observes the setting after each call and
--- a commit that waits for a synchronous standby; tests/fault/test_sql_durable_commit.py
--- crashes the server right after each acknowledged call.
+-- COMMIT). tests/integration/test_claim_jobs.py reads the setting after each call;
+-- tests/fault/test_sql_durable_commit.py sees each call's COMMIT wait for a synchronous
+-- standby, and crashes the server right after each acknowledged call.
 --
 -- Planning. The finishing functions find the job by primary key only, its status compared
 -- as text, as the daemon's statements do (queries.sql job_renew): the partial index on

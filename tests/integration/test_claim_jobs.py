@@ -100,6 +100,22 @@ def test_a_per_key_limit_holds_across_workers(conn: psycopg.Connection, schema: 
     assert claimed(conn, schema, "w3", text=CLAIM_V1) == sorted(a[1:] + b[1:])
 
 
+def test_each_handler_claims_from_its_own_queues(conn: psycopg.Connection, schema: str) -> None:
+    export_default = client.enqueue(conn, "export", queue="default", schema=schema)
+    export_mail = client.enqueue(conn, "export", queue="mail", schema=schema)
+    other = [client.enqueue(conn, "other", queue=q, schema=schema) for q in ("default", "mail")]
+    rows = conn.execute(
+        render(
+            "SELECT id FROM @schema@.claim_jobs(worker => 'w1', queues => '{default,mail}',"
+            " handlers => '{export,other}', lease_seconds => '{60,60}', free_slots => '{5,5}',"
+            " max_jobs => 10, handler_queues => '[[\"mail\"], null]')",
+            schema,
+        )
+    ).fetchall()
+    assert sorted(r[0] for r in rows) == sorted([export_mail, *other])
+    assert export_default not in [r[0] for r in rows]
+
+
 # -- every bad argument: a clear error naming it, and nothing claimed -----------------------
 
 GOOD: dict[str, str] = {
@@ -138,6 +154,7 @@ BAD: list[tuple[str, str]] = [
     ("handler_queues", '\'{"export": ["default"]}\''),
     ("handler_queues", "'[[\"default\"], null]'"),
     ("handler_queues", "'[[1]]'"),
+    ("handler_queues", "'[[[\"default\"]]]'"),
     ("handler_queues", "'[\"default\"]'"),
     ("max_running", "'{0}'"),
     ("max_running", "'{}'"),

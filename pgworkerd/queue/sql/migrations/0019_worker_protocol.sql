@@ -111,10 +111,11 @@ BEGIN
         WHEN claim_jobs.handler_queues IS NOT NULL
              AND (jsonb_typeof(claim_jobs.handler_queues) <> 'array'
                   OR jsonb_array_length(claim_jobs.handler_queues) <> n
+                  -- strict: lax mode would look into the inner arrays as well
                   OR jsonb_path_exists(claim_jobs.handler_queues,
-                                       '$[*] ? (@.type() != "null" && @.type() != "array")')
+                                       'strict $[*] ? (@.type() != "null" && @.type() != "array")')
                   OR jsonb_path_exists(claim_jobs.handler_queues,
-                                       '$[*] ? (@.type() == "array")[*] ? (@.type() != "string")'))
+                                       'strict $[*] ? (@.type() == "array")[*] ? (@.type() != "string")'))
              THEN
             'handler_queues must be NULL, or a JSON array with one element per handler in the '
             || 'order of handlers, each null (all of queues) or an array of queue names, not '

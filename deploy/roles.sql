@@ -37,14 +37,6 @@ GRANT EXECUTE ON FUNCTION pgworkerd.claim_jobs(text, text[], text[], float8[], i
                                                integer, integer[], jsonb, integer[],
                                                integer[])
       TO pgworkerd_daemon;
--- The claim of every language (schema 19; README "Jobs"), also the daemon's: SECURITY
--- INVOKER, so the rights above are what it uses. A worker in another language logs in
--- as pgworkerd_daemon and calls it with renew_lease, complete_job, fail_job and the
--- other finishing functions (INVOKER too, EXECUTE to PUBLIC by default).
-GRANT EXECUTE ON FUNCTION pgworkerd.claim_jobs(text, text[], text[], float8[], integer[],
-                                               integer, integer[], jsonb, integer[],
-                                               integer[])
-      TO pgworkerd_daemon;
 -- Attempt history (schema 12): rows are written by a trigger (SECURITY DEFINER) whatever
 -- ends an attempt; the daemon adds only what it measured, and `show` reads them.
 GRANT SELECT ON pgworkerd.attempts TO pgworkerd_daemon;

@@ -29,6 +29,14 @@ GRANT UPDATE (status, locked_by, locked_until, lease_token, attempts, max_attemp
 -- snoozes: counted by the daemon when a handler snoozes a job (schema 9)
 GRANT UPDATE (snoozes) ON pgworkerd.jobs TO pgworkerd_daemon;
 GRANT SELECT, INSERT, UPDATE ON pgworkerd.workers TO pgworkerd_daemon;
+-- The claim of every language (schema 19; README "Jobs"), also the daemon's: SECURITY
+-- INVOKER, so the rights above are what it uses. A worker in another language logs in
+-- as pgworkerd_daemon and calls it with renew_lease, complete_job, fail_job and the
+-- other finishing functions (INVOKER too, EXECUTE to PUBLIC by default).
+GRANT EXECUTE ON FUNCTION pgworkerd.claim_jobs(text, text[], text[], float8[], integer[],
+                                               integer, integer[], jsonb, integer[],
+                                               integer[])
+      TO pgworkerd_daemon;
 -- Attempt history (schema 12): rows are written by a trigger (SECURITY DEFINER) whatever
 -- ends an attempt; the daemon adds only what it measured, and `show` reads them.
 GRANT SELECT ON pgworkerd.attempts TO pgworkerd_daemon;

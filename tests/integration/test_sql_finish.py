@@ -1,6 +1,8 @@
-"""Finishing a claimed job from SQL (migration 0005: renew_lease, complete_job, fail_job,
-release_job), as a worker in another language would: each does to a job what the
-daemon's own statement does, and changes nothing once the lease is lost."""
+"""Finishing a claimed job from SQL (migrations 0005, 0011 and 0019: renew_lease,
+complete_job, fail_job, release_job, snooze_job, give_up_job), as a worker in another
+language would: each does to a job what the daemon's own statement does, returns what it
+returns (the daemon's retry_in aside: README "Finishing a claimed job from SQL"), and
+changes nothing once the lease is lost."""
 
 from __future__ import annotations
 
@@ -49,6 +51,10 @@ class Twins:
         assert row is not None
         return row
 
+    def run_at(self, job: lease.ClaimedJob) -> Any:
+        [(run_at,)] = self.sql("SELECT run_at FROM @schema@.jobs WHERE id = %s", (job.id,))
+        return run_at
+
     def assert_same(self, *, ignore: tuple[str, ...] = ()) -> None:
         a, b = self.state(self.by_function), self.state(self.by_statement)
         for key in ignore:
@@ -96,7 +102,7 @@ def test_fail_job(twins: Twins, attempts_left: bool) -> None:
     f, s = twins.by_function, twins.by_statement
     if not attempts_left:
         twins.sql("UPDATE @schema@.jobs SET max_attempts = 1 WHERE id IN (%s, %s)", (f.id, s.id))
-    [(status, _)] = twins.sql(
+    [(status, run_at)] = twins.sql(
         "SELECT * FROM @schema@.fail_job(%s, 'w1', %s, 'boom', 100, 3600, NULL, %s::jsonb)",
         (f.id, f.token, '{"at": 5}'),
     )
@@ -114,6 +120,13 @@ def test_fail_job(twins: Twins, attempts_left: bool) -> None:
     assert failed is not None and failed.status == status
     assert status == ("pending" if attempts_left else "dead")
     twins.assert_same(ignore=("run_at_offset",))  # the backoff has random jitter
+    # The results agree too: each returns the run_at it wrote; the daemon's retry_in is
+    # that run_at as seconds from the statement's now(), which a SQL worker computes.
+    assert (run_at, failed.run_at) == (twins.run_at(f), twins.run_at(s))
+    if attempts_left:
+        assert failed.retry_in is not None and 70 <= failed.retry_in <= 130
+    else:
+        assert failed.retry_in is None
     offsets = [twins.state(j)["run_at_offset"] for j in (f, s)]
     if attempts_left:  # 100 s ± 25 % after the failure
         assert all(70 <= float(o) <= 130 for o in offsets), offsets
@@ -157,7 +170,7 @@ def test_a_lost_lease_changes_nothing_and_says_so(twins: Twins, function: str, w
 
 def test_snooze_job(twins: Twins) -> None:
     f, s = twins.by_function, twins.by_statement
-    [(status, _)] = twins.sql(
+    [(status, run_at)] = twins.sql(
         "SELECT * FROM @schema@.snooze_job(%s, 'w1', %s, 600, 5, NULL, %s::jsonb)",
         (f.id, f.token, '{"at": 3}'),
     )
@@ -172,6 +185,8 @@ def test_snooze_job(twins: Twins) -> None:
         schema=twins.schema,
     )
     assert snoozed is not None and (snoozed.status, status) == ("pending", "pending")
+    assert (run_at, snoozed.run_at) == (twins.run_at(f), twins.run_at(s))
+    assert snoozed.retry_in is not None and 590 < snoozed.retry_in <= 600
     twins.assert_same(ignore=("run_at_offset",))  # now() differs by the statements' gap
     for job in (f, s):
         state = twins.state(job)

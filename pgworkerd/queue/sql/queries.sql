@@ -4,7 +4,8 @@
 -- of the channel enqueue notifies; parameters are psycopg's %(name)s placeholders (so a
 -- literal percent sign is written %%).
 --
--- Durable whatever the server's default: the daemon's fenced writes (claim, renew and
+-- Durable whatever the server's default: the claim (claim_jobs, migration 0019, which
+-- every language uses) forces it itself, and the daemon's other fenced writes (renew and
 -- every finish) carry `(SELECT set_config('synchronous_commit', 'on', true)) IS NOT NULL`,
 -- the per-transaction form of SET LOCAL inside the statement itself (no extra round trip,
 -- and safe behind PgBouncer in transaction mode). It is an uncorrelated subquery, so it
@@ -109,17 +110,18 @@ SELECT @schema@.enqueue_v2(
 SELECT @schema@.enqueue_many_v2(%(jobs)s::jsonb) AS ids;
 
 -- name: job_claim
--- Claim up to %(limit)s due jobs for one worker, rescuing expired leases on the way: the
--- claim function of migration 0009 (claim_v3: claim_v2 of 0006, one statement, JIT off,
--- its plan kept per session, plus fleet-wide limits and pauses), each handler from its
--- own queues (%(handler_queues)s: JSON, null for all), within its max_running and
--- max_running_per_key (NULL: none). Returns the columns in ClaimedJob's field order.
-SELECT * FROM @schema@.claim_v3(%(worker)s::text, %(queues)s::text[], %(handlers)s::text[],
-                                %(lease_seconds)s::float8[], %(handler_free)s::integer[],
-                                %(limit)s::integer, %(max_attempts)s::integer[],
-                                %(handler_queues)s::jsonb, %(max_running)s::integer[],
-                                %(max_running_per_key)s::integer[])
- WHERE (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL;
+-- Claim up to %(limit)s due jobs for one worker, rescuing expired leases on the way, with
+-- claim_jobs (migration 0019), the claim every language uses: claim_v3's one statement
+-- (JIT off, its plan kept per session, fleet-wide limits and pauses) behind checked
+-- arguments and a durable commit of its own. Each handler claims from its own queues
+-- (%(handler_queues)s: JSON, null for all), within its max_running and max_running_per_key
+-- (NULL: none). Returns the columns in ClaimedJob's field order.
+SELECT * FROM @schema@.claim_jobs(
+    worker => %(worker)s::text, queues => %(queues)s::text[], handlers => %(handlers)s::text[],
+    lease_seconds => %(lease_seconds)s::float8[], free_slots => %(handler_free)s::integer[],
+    max_jobs => %(limit)s::integer, handler_max_attempts => %(max_attempts)s::integer[],
+    handler_queues => %(handler_queues)s::jsonb, max_running => %(max_running)s::integer[],
+    max_running_per_key => %(max_running_per_key)s::integer[]);
 
 -- name: job_renew
 -- Renew many leases of one worker at once, saving progress and checkpoints sent along

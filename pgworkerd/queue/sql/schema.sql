@@ -576,6 +576,7 @@ CREATE INDEX workers_live_idx ON @schema@.workers (heartbeat_at) WHERE state <> 
 
 -- Claiming jobs (0003): one function, so that it runs with JIT off for every caller (see
 -- the migration for why) and any language can claim; its search_path pinned (0004).
+-- Superseded by claim_jobs (0019); kept for release 0.2 (its COMMENT says who calls it).
 
 CREATE FUNCTION @schema@.claim(
     worker text,
@@ -705,6 +706,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    -- As the daemon's statements (0019): a durable commit whatever the server's default,
+    -- and the job found by its primary key only (its status compared as text).
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     RETURN QUERY
     UPDATE @schema@.jobs j
        SET locked_until = now() + make_interval(secs => renew_lease.lease_seconds),
@@ -712,7 +716,7 @@ BEGIN
            checkpoint = coalesce(renew_lease.checkpoint, j.checkpoint),
            updated_at = now()
      WHERE j.id = renew_lease.job_id AND j.locked_by = renew_lease.worker
-       AND j.lease_token = renew_lease.token AND j.status = 'running'
+       AND j.lease_token = renew_lease.token AND j.status::text = 'running'
     RETURNING j.cancel_requested, j.locked_until;
 END;
 $$;
@@ -728,13 +732,16 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    -- As the daemon's statements (0019): a durable commit whatever the server's default,
+    -- and the job found by its primary key only (its status compared as text).
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     UPDATE @schema@.jobs j
        SET status = 'completed', result = complete_job.result,
            progress = coalesce(complete_job.progress, j.progress),
            locked_by = NULL, locked_until = NULL, cancel_requested = false,
            finished_at = now(), updated_at = now()
      WHERE j.id = complete_job.job_id AND j.locked_by = complete_job.worker
-       AND j.lease_token = complete_job.token AND j.status = 'running';
+       AND j.lease_token = complete_job.token AND j.status::text = 'running';
     RETURN FOUND;
 END;
 $$;
@@ -754,6 +761,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    -- As the daemon's statements (0019): a durable commit whatever the server's default,
+    -- and the job found by its primary key only (its status compared as text).
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     RETURN QUERY
     UPDATE @schema@.jobs j
        SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
@@ -773,7 +783,7 @@ BEGIN
            locked_by = NULL, locked_until = NULL, cancel_requested = false,
            updated_at = now()
      WHERE j.id = fail_job.job_id AND j.locked_by = fail_job.worker
-       AND j.lease_token = fail_job.token AND j.status = 'running'
+       AND j.lease_token = fail_job.token AND j.status::text = 'running'
     RETURNING j.status::text, j.run_at;
 END;
 $$;
@@ -792,6 +802,9 @@ AS $$
 DECLARE
     new_status text;
 BEGIN
+    -- As the daemon's statements (0019): a durable commit whatever the server's default,
+    -- and the job found by its primary key only (its status compared as text).
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     UPDATE @schema@.jobs j
        SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
                          ELSE 'pending' END::@schema@.job_status,
@@ -802,7 +815,7 @@ BEGIN
            locked_by = NULL, locked_until = NULL, cancel_requested = false,
            updated_at = now()
      WHERE j.id = release_job.job_id AND j.locked_by = release_job.worker
-       AND j.lease_token = release_job.token AND j.status = 'running'
+       AND j.lease_token = release_job.token AND j.status::text = 'running'
     RETURNING j.status::text INTO new_status;
     RETURN new_status;
 END;
@@ -810,7 +823,7 @@ $$;
 
 -- Claiming jobs, each handler from its own queues (0006): claim() plus handler_queues, the
 -- queues each handler claims from (JSON, null for every queue of the claim). claim()
--- stays for daemons of schema 5 (README "Upgrading").
+-- stays for daemons of schema 5 (README "Upgrading"). Superseded by claim_jobs (0019).
 
 CREATE FUNCTION @schema@.claim_v2(
     worker text,
@@ -1229,7 +1242,8 @@ REVOKE EXECUTE ON FUNCTION @schema@.pause(text, text, text), @schema@.resume(tex
     @schema@.pause_queue(text, text), @schema@.resume_queue(text),
     @schema@.pause_handler(text, text), @schema@.resume_handler(text) FROM PUBLIC;
 
--- claim_v3: claim_v2 plus fleet-wide limits and pauses.
+-- claim_v3: claim_v2 plus fleet-wide limits and pauses. Since 0019 the implementation
+-- behind claim_jobs, which new code calls (its COMMENT says who still calls it directly).
 --   SELECT * FROM pgworkerd.claim_v3('worker-1', '{default,mail}', '{send_mail,export}',
 --                                    '{300,60}', '{4,4}', 8, NULL, NULL,
 --                                    '{NULL,10}', '{NULL,2}');
@@ -1662,6 +1676,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    -- As the daemon's statements (0019): a durable commit whatever the server's default,
+    -- and the job found by its primary key only (its status compared as text).
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     -- (NaN is above every number in PostgreSQL: refused too)
     IF snooze_job.delay_seconds IS NULL
        OR NOT (snooze_job.delay_seconds BETWEEN 0 AND 2592000) THEN
@@ -1683,7 +1700,7 @@ BEGIN
            locked_by = NULL, locked_until = NULL, cancel_requested = false,
            updated_at = now()
      WHERE j.id = snooze_job.job_id AND j.locked_by = snooze_job.worker
-       AND j.lease_token = snooze_job.token AND j.status = 'running'
+       AND j.lease_token = snooze_job.token AND j.status::text = 'running'
        AND j.snoozes < coalesce(snooze_job.max_snoozes, 100)
     RETURNING j.status::text, j.run_at;
     IF NOT FOUND THEN
@@ -1707,12 +1724,15 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    -- As the daemon's statements (0019): a durable commit whatever the server's default,
+    -- and the job found by its primary key only (its status compared as text).
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     UPDATE @schema@.jobs j
        SET status = 'dead', last_error = give_up_job.reason,
            locked_by = NULL, locked_until = NULL, cancel_requested = false,
            finished_at = now(), updated_at = now()
      WHERE j.id = give_up_job.job_id AND j.locked_by = give_up_job.worker
-       AND j.lease_token = give_up_job.token AND j.status = 'running';
+       AND j.lease_token = give_up_job.token AND j.status::text = 'running';
     RETURN FOUND;
 END;
 $$;
@@ -2190,6 +2210,154 @@ $$;
 REVOKE EXECUTE ON FUNCTION @schema@.drain_request(text, text, boolean, interval, text[], text[]),
                            @schema@.drain_lift(text, text)
     FROM PUBLIC;
+
+-- The other-language path (0019): the stable claim, claim_jobs, over claim_v3; the
+-- finishing functions above became durable in place (see the migration's header).
+
+-- claim_jobs: the stable claim, for the daemon (queries.sql job_claim) and for workers in
+-- any language (README "Jobs"). Named, documented arguments, each checked (a bad one
+-- raises 22023 naming it, and claims nothing); then claim_v3's one implementation:
+-- queues and handlers paused by `pgworkerd pause` are left out, fleet-wide limits and
+-- per-key limits hold (as given by the caller: each claim applies its own caller's
+-- limits, see claim_v3), expired leases are rescued, a drained worker claims nothing.
+-- Its commit is durable whatever the server's synchronous_commit (see the 0019 header).
+--   SELECT * FROM pgworkerd.claim_jobs(
+--       worker => 'worker-1', queues => '{default,mail}', handlers => '{send_mail,export}',
+--       lease_seconds => '{300,60}', free_slots => '{4,2}', max_jobs => 6,
+--       max_running => '{NULL,10}', max_running_per_key => '{NULL,2}');
+-- The per-handler arguments are arrays in the order of `handlers`, one element each.
+CREATE FUNCTION @schema@.claim_jobs(
+    worker text,                -- this worker's name; the finishing functions take it back
+    queues text[],              -- the queues to claim from
+    handlers text[],            -- the handlers this worker runs, each named once
+    lease_seconds float8[],     -- per handler: the lease a claimed job gets (0 < s <= 100 y)
+    free_slots integer[],       -- per handler: how many more jobs it may take now (>= 0)
+    max_jobs integer,           -- at most this many jobs in all (>= 0)
+    handler_max_attempts integer[] DEFAULT NULL,  -- per handler: overrides the job's own
+    -- per handler: a JSON array of the queues (among `queues`) it claims from, or null for
+    -- all of them; the whole argument NULL: every handler claims from all of them
+    handler_queues jsonb DEFAULT NULL,
+    max_running integer[] DEFAULT NULL,           -- per handler: fleet-wide, or NULL
+    max_running_per_key integer[] DEFAULT NULL    -- per handler: per concurrency key, or NULL
+)
+RETURNS TABLE (
+    id bigint, queue text, handler text, payload jsonb, priority integer, attempts integer,
+    max_attempts integer, lease_token bigint, checkpoint jsonb, run_at timestamptz,
+    created_at timestamptz, locked_until timestamptz, rescued boolean
+)
+LANGUAGE plpgsql
+-- SECURITY INVOKER, like claim_v3: the caller needs pgworkerd_daemon's rights.
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    n integer := coalesce(cardinality(claim_jobs.handlers), 0);
+    duplicated boolean := false;
+    problem text;
+BEGIN
+    -- The checks are plain expressions (no subquery, so PL/pgSQL evaluates them without
+    -- the executor: they cost the daemon's claims next to nothing), bar this one, which
+    -- only a claim for several handlers needs.
+    IF n > 1 THEN
+        duplicated := (SELECT count(DISTINCT h) FROM unnest(claim_jobs.handlers) h) <> n;
+    END IF;
+    problem := CASE
+        WHEN claim_jobs.worker IS NULL OR claim_jobs.worker = '' THEN
+            'worker must name this worker (the finishing functions take the name back), not '
+            || coalesce(quote_literal(claim_jobs.worker), 'NULL')
+        WHEN claim_jobs.queues IS NULL OR array_ndims(claim_jobs.queues) > 1
+             OR array_position(claim_jobs.queues, NULL) IS NOT NULL THEN
+            'queues must be an array of queue names without NULL, not '
+            || coalesce(left(claim_jobs.queues::text, 200), 'NULL')
+        WHEN claim_jobs.handlers IS NULL OR array_ndims(claim_jobs.handlers) > 1
+             OR array_position(claim_jobs.handlers, NULL) IS NOT NULL
+             OR array_position(claim_jobs.handlers, '') IS NOT NULL OR duplicated THEN
+            'handlers must be an array of handler names, each named once, without NULL or '
+            || 'empty names, not '
+            || coalesce(left(claim_jobs.handlers::text, 200), 'NULL')
+        WHEN claim_jobs.lease_seconds IS NULL OR array_ndims(claim_jobs.lease_seconds) > 1
+             OR cardinality(claim_jobs.lease_seconds) <> n
+             -- NaN is above every number: refused by the second test
+             OR (0 < ALL(claim_jobs.lease_seconds)
+                 AND 3153600000 >= ALL(claim_jobs.lease_seconds)) IS NOT TRUE THEN
+            'lease_seconds must give each handler its lease in seconds (above 0, at most '
+            || '100 years), one per handler in the order of handlers, not '
+            || coalesce(left(claim_jobs.lease_seconds::text, 200), 'NULL')
+        WHEN claim_jobs.free_slots IS NULL OR array_ndims(claim_jobs.free_slots) > 1
+             OR cardinality(claim_jobs.free_slots) <> n
+             OR (0 <= ALL(claim_jobs.free_slots)) IS NOT TRUE THEN
+            'free_slots must give each handler how many more jobs it may take (0 or more), '
+            || 'one per handler in the order of handlers, not '
+            || coalesce(left(claim_jobs.free_slots::text, 200), 'NULL')
+        WHEN claim_jobs.max_jobs IS NULL OR claim_jobs.max_jobs < 0 THEN
+            'max_jobs must be 0 or more, not ' || coalesce(claim_jobs.max_jobs::text, 'NULL')
+        WHEN claim_jobs.handler_max_attempts IS NOT NULL
+             AND (array_ndims(claim_jobs.handler_max_attempts) > 1
+                  OR cardinality(claim_jobs.handler_max_attempts) <> n
+                  OR (1 > ANY(claim_jobs.handler_max_attempts)) IS TRUE) THEN
+            'handler_max_attempts must be NULL, or one per handler in the order of handlers, '
+            || 'each NULL (the job''s own) or at least 1, not '
+            || left(claim_jobs.handler_max_attempts::text, 200)
+        WHEN claim_jobs.handler_queues IS NOT NULL
+             AND (jsonb_typeof(claim_jobs.handler_queues) <> 'array'
+                  OR jsonb_array_length(claim_jobs.handler_queues) <> n
+                  -- strict: lax mode would look into the inner arrays as well
+                  OR jsonb_path_exists(claim_jobs.handler_queues,
+                                       'strict $[*] ? (@.type() != "null" && @.type() != "array")')
+                  OR jsonb_path_exists(claim_jobs.handler_queues,
+                                       'strict $[*] ? (@.type() == "array")[*] ? (@.type() != "string")'))
+             THEN
+            'handler_queues must be NULL, or a JSON array with one element per handler in the '
+            || 'order of handlers, each null (all of queues) or an array of queue names, not '
+            || left(claim_jobs.handler_queues::text, 200)
+        WHEN claim_jobs.max_running IS NOT NULL
+             AND (array_ndims(claim_jobs.max_running) > 1
+                  OR cardinality(claim_jobs.max_running) <> n
+                  OR (1 > ANY(claim_jobs.max_running)) IS TRUE) THEN
+            'max_running must be NULL, or one per handler in the order of handlers, each '
+            || 'NULL (no limit) or at least 1, not ' || left(claim_jobs.max_running::text, 200)
+        WHEN claim_jobs.max_running_per_key IS NOT NULL
+             AND (array_ndims(claim_jobs.max_running_per_key) > 1
+                  OR cardinality(claim_jobs.max_running_per_key) <> n
+                  OR (1 > ANY(claim_jobs.max_running_per_key)) IS TRUE) THEN
+            'max_running_per_key must be NULL, or one per handler in the order of handlers, '
+            || 'each NULL (no limit) or at least 1, not '
+            || left(claim_jobs.max_running_per_key::text, 200)
+    END;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgworkerd: claim_jobs: %', problem
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A durable commit (see the 0019 header: SET LOCAL here, never a SET clause).
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    RETURN QUERY
+    SELECT * FROM @schema@.claim_v3(
+        claim_jobs.worker, claim_jobs.queues, claim_jobs.handlers, claim_jobs.lease_seconds,
+        claim_jobs.free_slots, claim_jobs.max_jobs, claim_jobs.handler_max_attempts,
+        claim_jobs.handler_queues, claim_jobs.max_running, claim_jobs.max_running_per_key);
+END;
+$$;
+
+-- Who still calls each claim (a contract migration drops the old ones once no supported
+-- release calls them).
+COMMENT ON FUNCTION @schema@.claim_jobs(text, text[], text[], float8[], integer[], integer,
+                                        integer[], jsonb, integer[], integer[]) IS
+    'The stable claim (schema 19) for the daemon and for workers in any language: pauses, '
+    'fleet-wide and per-key limits, rescues, a durable commit. README "Jobs".';
+COMMENT ON FUNCTION @schema@.claim_v3(text, text[], text[], float8[], integer[], integer,
+                                      integer[], jsonb, integer[], integer[]) IS
+    'The implementation behind claim_jobs. Called directly only by daemons built from '
+    'schemas 9 to 18 (unreleased code before schema 19), during a rolling upgrade. New '
+    'code calls claim_jobs (checked arguments, a durable commit).';
+COMMENT ON FUNCTION @schema@.claim_v2(text, text[], text[], float8[], integer[], integer,
+                                      integer[], jsonb) IS
+    'Superseded; called by no release, only by unreleased daemons of schemas 6 to 8. It '
+    'ignores pauses and fleet-wide limits. New code calls claim_jobs.';
+COMMENT ON FUNCTION @schema@.claim(text, text[], text[], float8[], integer[], integer,
+                                   integer[]) IS
+    'Superseded; kept for release 0.2 daemons (schema 5) and SQL workers written against '
+    'its README, during a rolling upgrade. It ignores pauses, fleet-wide limits and '
+    'concurrency keys, and does not force a durable commit. New code calls claim_jobs.';
 
 -- Upkeep (0020): finished jobs by status for retention, and the retention of schedule
 -- runs and gone daemons (prune_finished_v2).

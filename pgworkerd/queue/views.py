@@ -379,9 +379,13 @@ def job_shown(
 ) -> dict[str, Any] | None:
     """One job with payload, progress, checkpoint, result and last_error as text of at
     most `shown` characters (JSON indented when whole), each with its whole length under
-    NAME_chars (None: no value)."""
+    NAME_chars (None: no value), and the registry row of the daemon holding it under
+    "daemon" (None: not held; `silent` says whether it stopped heartbeating)."""
     rows = _rows(conn, "view_job_shown", schema, {"id": job_id, "shown": shown})
-    return rows[0] if rows else None
+    if not rows:
+        return None
+    daemon = _rows(conn, "job_daemon", schema, {"id": job_id})
+    return {**rows[0], "daemon": daemon[0] if daemon else None}
 
 
 def attempts_shown(

@@ -1,21 +1,66 @@
 -- Least-privilege roles for pgworkerd. Run after `pgworkerd migrate`, as a role with
 -- CREATEROLE (CREATE ROLE needs it; a superuser will do), which must also be able to grant
--- on the schema's objects: the schema owner, or a superuser.
---   pgworkerd_daemon:   what `pgworkerd run`, drain, resume, status and jobs need.
---   pgworkerd_enqueuer: only enqueue (the SQL functions); it cannot read or change jobs.
--- Replace the passwords (or use another authentication method) and the schema name if you
--- changed it. The enqueue functions are SECURITY DEFINER, so enqueuers need no rights
--- on the table itself.
+-- on the schema's objects: the schema owner, or a superuser. Each process then connects
+-- as its role (README "Install and run"):
+--   pgworkerd_daemon:   what `pgworkerd run` needs: claim, renew and finish jobs, the
+--                       registry, schedules, the fleet's retention.
+--   pgworkerd_enqueuer: enqueue (the SQL functions), and read and wait for the jobs its
+--                       own login enqueued (job_get_v1: `pgworkerd.get`/`wait`); it
+--                       cannot read or change any other job, nor anything else.
+--   pgworkerd_operator: a person at the CLI or the dashboard: read everything
+--                       pgworkerd_reader reads, enqueue, cancel, retry, pause/resume,
+--                       drain/resume, prune.
+--   pgworkerd_reader:   read-only, for dashboards (`pgworkerd web --read-only`) and
+--                       `jobs`, `show`, `logs`, `explain`, `status`, `schedules`: reads the
+--                       jobs, their attempts and logs, the registry, pauses and schedules,
+--                       and changes nothing.
+-- The enqueue functions are SECURITY DEFINER, so enqueuers need no rights on the table.
+--
+-- Passwords: this file sets none. It creates each role as a LOGIN role without a
+-- password, so no password logs in until you give one (there is no placeholder to
+-- forget), and leaves a role that exists as it is (its password, its LOGIN): run it again
+-- after every upgrade, new releases add grants. Give each role the password of the process
+-- that connects as it, as the admin, in psql (it asks twice and sends only the SCRAM
+-- verifier: no password in argv, the server's log or psql's history):
+--     \password pgworkerd_daemon
+-- or let them authenticate otherwise (pg_hba.conf: cert, peer). People and applications
+-- may rather log in as their own roles, members of these:
+--     CREATE ROLE alice LOGIN IN ROLE pgworkerd_operator;      -- then \password alice
+--     CREATE ROLE billing LOGIN IN ROLE pgworkerd_enqueuer;    -- then \password billing
+-- An enqueuer reads the jobs of its own login only (jobs.enqueued_by = session_user):
+-- applications that must not read each other's jobs need a login each. Role settings are
+-- not inherited: copy the ALTER ROLE ... SET lines at the end for such a login.
+-- Earlier versions of this file (0.3.0.dev0 and before) created pgworkerd_daemon and
+-- pgworkerd_enqueuer with the password 'change-me': if yours still have it, set theirs
+-- now (\password, as above).
+--
+-- Another schema (`--schema`): replace the schema name in every object's name, e.g.
+--     pgworkerd files roles.sql | sed 's/pgworkerd\./myschema./g; s/SCHEMA pgworkerd /SCHEMA myschema /' | psql ...
 --
 -- Dedupe keys are scoped per handler: a key names one live job of its handler, so an
 -- enqueuer cannot block another application's job by squatting its key under another
--- handler. Every enqueuer can still use (and so learn about) keys of any handler it names:
--- give applications that must not see each other their own schema (`--schema`).
+-- handler. Every enqueuer can still use (and so learn about) keys of any handler it names
+-- (enqueue returns the id of the job holding the key, which it may not read if another
+-- login enqueued it): give applications that must not see each other their own schema
+-- (`--schema`).
 
-CREATE ROLE pgworkerd_daemon LOGIN PASSWORD 'change-me';
-CREATE ROLE pgworkerd_enqueuer LOGIN PASSWORD 'change-me';
+-- Create the roles that are missing (CREATE ROLE has no IF NOT EXISTS); never a password.
+DO $$
+DECLARE
+    role_name text;
+BEGIN
+    FOREACH role_name IN ARRAY ARRAY['pgworkerd_daemon', 'pgworkerd_enqueuer',
+                                     'pgworkerd_operator', 'pgworkerd_reader'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = role_name) THEN
+            EXECUTE pg_catalog.format('CREATE ROLE %I LOGIN', role_name);
+        END IF;
+    END LOOP;
+END
+$$;
 
-GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_daemon, pgworkerd_enqueuer;
+-- pgworkerd_daemon: what `pgworkerd run` needs. (It may also drain, resume and pause, as
+-- the CLI on a worker host did before the operator role; people use pgworkerd_operator.)
+GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_daemon;
 
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_daemon;
 -- UPDATE only on the columns the daemon writes (claim(), the statements in queries.sql):
@@ -57,7 +102,11 @@ GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
 -- finished jobs older than a retention and nothing else.
 GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v1(float8, float8, float8, integer)
       TO pgworkerd_daemon;
+-- pgworkerd.get and wait (0018) read through job_get_v1; the daemon reads every job anyway.
+GRANT EXECUTE ON FUNCTION pgworkerd.job_get_v1(bigint) TO pgworkerd_daemon;
 
+-- pgworkerd_enqueuer: enqueue, and read its own jobs.
+GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_enqueuer;
 GRANT EXECUTE ON FUNCTION pgworkerd.enqueue(text, jsonb, text, integer, timestamptz,
                                             interval, integer, text),
                           pgworkerd.enqueue_many(jsonb)
@@ -70,11 +119,40 @@ GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v2(text, jsonb, text, integer, times
 -- (the enqueuer also needs to read the schema version for `pgworkerd enqueue`'s check)
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_enqueuer;
 
--- Operators who prune and retry: DELETE is only for `pgworkerd prune` (jobs at any
--- retention, and the registry rows of daemons long gone), EXECUTE for its deletion of
--- old schedule runs; the daemons' own retention needs none.
--- GRANT DELETE ON pgworkerd.jobs, pgworkerd.workers TO pgworkerd_daemon;
--- GRANT EXECUTE ON FUNCTION pgworkerd.schedule_runs_prune(interval) TO pgworkerd_daemon;
+-- Its own jobs (0018): pgworkerd.get and wait read through job_get_v1 (SECURITY DEFINER),
+-- which returns a job to the login that enqueued it and to roles that may read the table.
+GRANT EXECUTE ON FUNCTION pgworkerd.job_get_v1(bigint) TO pgworkerd_enqueuer;
+
+-- pgworkerd_reader: reads, changes nothing.
+GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_reader;
+GRANT SELECT ON pgworkerd.schema_version, pgworkerd.jobs, pgworkerd.attempts,
+                pgworkerd.job_logs, pgworkerd.workers, pgworkerd.paused,
+                pgworkerd.schedules, pgworkerd.schedule_runs
+      TO pgworkerd_reader;
+GRANT EXECUTE ON FUNCTION pgworkerd.job_get_v1(bigint) TO pgworkerd_reader;
+
+-- pgworkerd_operator: what the reader reads and the enqueuer runs (memberships, so a
+-- release's new grants to either reach the operator too), and the actions below.
+GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_operator;
+GRANT pgworkerd_reader, pgworkerd_enqueuer TO pgworkerd_operator;
+-- cancel and retry (job_cancel, job_retry in queries.sql): only the columns they write,
+-- never payload, handler, queue, priority, checkpoint or dedupe_key.
+GRANT UPDATE (status, attempts, run_at, finished_at, cancel_requested, updated_at)
+      ON pgworkerd.jobs TO pgworkerd_operator;
+-- pause/resume of queues and handlers (SECURITY DEFINER functions).
+GRANT EXECUTE ON FUNCTION pgworkerd.pause(text, text, text), pgworkerd.resume(text, text),
+                          pgworkerd.pause_queue(text, text), pgworkerd.resume_queue(text),
+                          pgworkerd.pause_handler(text, text), pgworkerd.resume_handler(text)
+      TO pgworkerd_operator;
+-- drain/resume of daemons: the registry's drain flag only.
+GRANT UPDATE (drain_requested) ON pgworkerd.workers TO pgworkerd_operator;
+-- prune: finished jobs at any retention (their attempts and logs go with them through
+-- SECURITY DEFINER triggers), the registry rows of daemons long gone, old schedule runs.
+GRANT DELETE ON pgworkerd.jobs, pgworkerd.workers TO pgworkerd_operator;
+GRANT EXECUTE ON FUNCTION pgworkerd.schedule_runs_prune(interval) TO pgworkerd_operator;
+-- MERGE (issue 21): the operator's grants for the other work streams' objects go here:
+-- the hand-back drain's functions (0017, `pgworkerd drain --hand-back`) and anything
+-- `retry` or `prune` write since (0020); see tests/integration/test_roles.py.
 
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).
@@ -88,3 +166,5 @@ ALTER ROLE pgworkerd_enqueuer SET statement_timeout = '30s';
 -- must then schema-qualify them, or leave out the enqueuer's line.)
 ALTER ROLE pgworkerd_daemon SET search_path = pg_catalog, pg_temp;
 ALTER ROLE pgworkerd_enqueuer SET search_path = pg_catalog, pg_temp;
+ALTER ROLE pgworkerd_operator SET search_path = pg_catalog, pg_temp;
+ALTER ROLE pgworkerd_reader SET search_path = pg_catalog, pg_temp;

@@ -69,7 +69,29 @@ def fail(message: str, code: ExitCode) -> NoReturn:
     sys.exit(int(code))
 
 
-ROLES_HINT = "grants: deploy/roles.sql, `pgworkerd files roles.sql`"
+ROLES_SQL = "deploy/roles.sql, `pgworkerd files roles.sql`"
+
+# What a command `needs` (database()'s argument) -> the roles of roles.sql that have that
+# right, named in the one-line permission error so it sends the reader to a role that
+# works. Every `needs` must be here; test_roles.py checks that each role named can do it.
+ROLES_WITH_RIGHT: dict[str, str] = {
+    "read the schema version": "any role of roles.sql",
+    "read jobs": "pgworkerd_reader, pgworkerd_operator",
+    "read schedules": "pgworkerd_reader, pgworkerd_operator",
+    "enqueue jobs": "pgworkerd_enqueuer, pgworkerd_operator",
+    "change jobs": "pgworkerd_operator",
+    "delete jobs": "pgworkerd_operator",
+    "delete gone daemons from the registry": "pgworkerd_operator",
+    "delete schedule runs": "pgworkerd_operator",
+    "change the daemons' registry": "pgworkerd_operator",
+    "pause queues and handlers": "pgworkerd_operator",
+    "create or upgrade the schema": "none of roles.sql: the schema's owner",
+}
+
+
+def roles_hint(needs: str) -> str:
+    """The parenthesis of a permission error: who has the right, and where it is granted."""
+    return f"roles.sql grants this to {ROLES_WITH_RIGHT[needs]}: {ROLES_SQL}"
 
 
 @contextmanager
@@ -81,6 +103,8 @@ def database(
     `needs` says what the command does with the database, for the one-line error a role
     without that right gets (e.g. the enqueuer role running `jobs`).
     """
+    if needs not in ROLES_WITH_RIGHT:  # a programming error: say who has the right
+        raise ValueError(f"database(needs={needs!r}): not in ROLES_WITH_RIGHT")
     dsn = ""
     role = "?"
     doing = "read the schema version"
@@ -101,7 +125,10 @@ def database(
     except SchemaError as exc:
         fail(str(exc), ExitCode.SCHEMA)
     except psycopg.errors.InsufficientPrivilege:
-        fail(f"permission denied: role {role!r} cannot {doing} ({ROLES_HINT})", ExitCode.DATABASE)
+        fail(
+            f"permission denied: role {role!r} cannot {doing} ({roles_hint(doing)})",
+            ExitCode.DATABASE,
+        )
     except psycopg.errors.InvalidParameterValue as exc:
         fail(scrub(exc.diag.message_primary or str(exc), dsn), ExitCode.CONFIG)
     except psycopg.OperationalError as exc:

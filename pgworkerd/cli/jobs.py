@@ -317,7 +317,10 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         else:
             click.echo(f"{key}: {printable(value)}")
     if history is None:
-        click.echo("attempts: (this role may not read them: grant it SELECT, see roles.sql)")
+        click.echo(
+            "attempts: (this role may not read them: roles.sql's pgworkerd_reader and "
+            "pgworkerd_operator may)"
+        )
         return
     click.echo(f"attempts: {len(history)} recorded" + (":" if history else ""))
     for a in history:

@@ -455,9 +455,7 @@ def wait(
         while True:
             job = get(conn, job_id, schema=schema)
             if job is None:
-                raise JobNotFound(
-                    f"no job {job_id} in schema {schema!r} that this role may read"
-                )
+                raise JobNotFound(f"no job {job_id} in schema {schema!r} that this role may read")
             if job.status == "completed":
                 return job.result
             if job.finished:

@@ -51,7 +51,9 @@ def roles(pg: LocalPostgres, conn: psycopg.Connection, schema: str, test_db_dsn:
     # roles.sql sets no password: they log in with the cluster's (its passfile is in the DSN).
     for name in names:
         pg.grant_login(name)
-    yield {name: pg.dsn("pgworkerd_test").replace("user=postgres", f"user={name}") for name in names}
+    yield {
+        name: pg.dsn("pgworkerd_test").replace("user=postgres", f"user={name}") for name in names
+    }
     drop_roles(conn, names)
 
 

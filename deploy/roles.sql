@@ -30,7 +30,7 @@
 -- An enqueuer reads the jobs of its own login only (jobs.enqueued_by = session_user):
 -- applications that must not read each other's jobs need a login each. Role settings are
 -- not inherited: copy the ALTER ROLE ... SET lines at the end for such a login.
--- Earlier versions of this file (0.3.0.dev0 and before) created pgworkerd_daemon and
+-- Versions of this file before schema 18 created pgworkerd_daemon and
 -- pgworkerd_enqueuer with the password 'change-me': if yours still have it, set theirs
 -- now (\password, as above).
 --

@@ -109,7 +109,7 @@ def readme_db(pg: LocalPostgres) -> Iterator[dict[str, str]]:
                 "-euo",
                 "pipefail",
                 "-c",
-                f'"$PGWORKERD" files roles.sql | "$PSQL" -X -v ON_ERROR_STOP=1 "$DSN"',
+                '"$PGWORKERD" files roles.sql | "$PSQL" -X -v ON_ERROR_STOP=1 "$DSN"',
             ],
             env={**os.environ, "PGWORKERD": str(PGWORKERD), "PSQL": str(psql), "DSN": owner_dsn},
             capture_output=True,

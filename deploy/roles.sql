@@ -102,8 +102,6 @@ GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
 -- finished jobs older than a retention and nothing else.
 GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v1(float8, float8, float8, integer)
       TO pgworkerd_daemon;
--- pgworkerd.get and wait (0018) read through job_get_v1; the daemon reads every job anyway.
-GRANT EXECUTE ON FUNCTION pgworkerd.job_get_v1(bigint) TO pgworkerd_daemon;
 
 -- pgworkerd_enqueuer: enqueue, and read its own jobs.
 GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_enqueuer;
@@ -119,9 +117,9 @@ GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v2(text, jsonb, text, integer, times
 -- (the enqueuer also needs to read the schema version for `pgworkerd enqueue`'s check)
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_enqueuer;
 
--- Its own jobs (0018): pgworkerd.get and wait read through job_get_v1 (SECURITY DEFINER),
--- which returns a job to the login that enqueued it and to roles that may read the table.
-GRANT EXECUTE ON FUNCTION pgworkerd.job_get_v1(bigint) TO pgworkerd_enqueuer;
+-- Its own jobs (0018): pgworkerd.get and wait read through job_get_v1 (SECURITY DEFINER,
+-- EXECUTE for every role with USAGE on the schema), which returns a job to the login that
+-- enqueued it (jobs.enqueued_by) and to roles that may SELECT the table: nothing to grant.
 
 -- pgworkerd_reader: reads, changes nothing.
 GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_reader;
@@ -129,7 +127,6 @@ GRANT SELECT ON pgworkerd.schema_version, pgworkerd.jobs, pgworkerd.attempts,
                 pgworkerd.job_logs, pgworkerd.workers, pgworkerd.paused,
                 pgworkerd.schedules, pgworkerd.schedule_runs
       TO pgworkerd_reader;
-GRANT EXECUTE ON FUNCTION pgworkerd.job_get_v1(bigint) TO pgworkerd_reader;
 
 -- pgworkerd_operator: what the reader reads and the enqueuer runs (memberships, so a
 -- release's new grants to either reach the operator too), and the actions below.

@@ -443,3 +443,58 @@ def test_every_role_a_permission_error_names_can_run_the_command(
         "read the schema version",
         "create or upgrade the schema",
     }
+
+
+# -- job_get_v1 is open to every role: its predicate is the check ---------------------------
+
+
+@pytest.fixture
+def plain_role(pg: LocalPostgres, conn: psycopg.Connection, schema: str) -> Iterator[str]:
+    """A role of the application's own making, with only USAGE on the schema; yields its
+    name."""
+    name = f"{schema}_app"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    conn.execute(
+        sql.SQL("GRANT USAGE ON SCHEMA {} TO {}").format(
+            sql.Identifier(schema), sql.Identifier(name)
+        )
+    )
+    pg.grant_login(name)
+    yield name
+    drop_roles(conn, [name])
+
+
+def test_get_needs_no_grant_and_shows_a_role_only_what_it_may_read(
+    pg: LocalPostgres, conn: psycopg.Connection, schema: str, plain_role: str
+) -> None:
+    job = client.enqueue(conn, "h", {"secret": 1}, schema=schema)
+    dsn = pg.dsn("pgworkerd_test", user=plain_role)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        assert pgworkerd.get(c, job, schema=schema) is None  # neither its job nor SELECT
+    # a role that read jobs with get() before schema 18 (SELECT on the table) still does,
+    # with no grant of the new function (an upgrade before roles.sql runs again)
+    conn.execute(
+        sql.SQL("GRANT SELECT ON {} TO {}").format(
+            sql.Identifier(schema, "jobs"), sql.Identifier(plain_role)
+        )
+    )
+    with psycopg.connect(dsn, autocommit=True) as c:
+        found = pgworkerd.get(c, job, schema=schema)
+        assert found is not None and found.id == job
+
+
+def test_the_documented_schema_rename_is_what_the_tests_apply(schema: str) -> None:
+    """roles.sql's header gives a sed line for another schema; the tests render roles.sql
+    for theirs the same way (and then prove the result works)."""
+    [line] = [ln for ln in ROLES_SQL.read_text().splitlines() if "| sed '" in ln]
+    script = line.split("| sed ", 1)[1].split(" | psql")[0].strip().strip("'")
+    renamed = subprocess.run(
+        ["sed", script.replace("myschema", schema)],
+        input=ROLES_SQL.read_text(),
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    for kind in ROLE_KINDS:
+        renamed = renamed.replace(f"pgworkerd_{kind}", f"{schema}_{kind}")
+    assert renamed == render_roles_sql(schema)

@@ -2055,6 +2055,11 @@ ALTER TABLE @schema@.jobs ALTER COLUMN enqueued_by SET DEFAULT session_user;
 -- gets no row, as for an id that does not exist: it learns nothing of other roles' jobs.
 -- SECURITY DEFINER so that the enqueuer needs no right on the table; STABLE, one index
 -- lookup by primary key: `pgworkerd.wait` calls it on every notification and poll.
+-- EXECUTE stays with PUBLIC (unlike the other SECURITY DEFINER functions): its predicate is
+-- the check, so it shows no role more than that role may read anyway, and every role that
+-- read jobs with pgworkerd.get before (SELECT on the table: the daemon role, an
+-- application's own role) keeps doing so after the upgrade, before roles.sql runs again.
+-- Calling it still needs USAGE on the schema.
 CREATE FUNCTION @schema@.job_get_v1(job_id bigint)
 RETURNS TABLE (id bigint, queue text, handler text, status text, priority integer,
                attempts integer, max_attempts integer, snoozes integer, result jsonb,
@@ -2074,4 +2079,3 @@ AS $$
        AND (j.enqueued_by = session_user
             OR has_table_privilege(session_user, '@schema@.jobs', 'SELECT'))
 $$;
-REVOKE EXECUTE ON FUNCTION @schema@.job_get_v1(bigint) FROM PUBLIC;

@@ -2055,6 +2055,8 @@ ALTER TABLE @schema@.jobs ALTER COLUMN enqueued_by SET DEFAULT session_user;
 -- gets no row, as for an id that does not exist: it learns nothing of other roles' jobs.
 -- SECURITY DEFINER so that the enqueuer needs no right on the table; STABLE, one index
 -- lookup by primary key: `pgworkerd.wait` calls it on every notification and poll.
+-- PL/pgSQL rather than SQL: it keeps its plan for the session, where a SECURITY DEFINER
+-- SQL function is planned on every call (twice the time, bench/people_roles_bench.py).
 -- EXECUTE stays with PUBLIC (unlike the other SECURITY DEFINER functions): its predicate is
 -- the check, so it shows no role more than that role may read anyway, and every role that
 -- read jobs with pgworkerd.get before (SELECT on the table: the daemon role, an
@@ -2066,16 +2068,20 @@ RETURNS TABLE (id bigint, queue text, handler text, status text, priority intege
                progress jsonb, last_error text, cancel_requested boolean,
                run_at timestamptz, created_at timestamptz, started_at timestamptz,
                finished_at timestamptz)
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
     SELECT j.id, j.queue, j.handler, j.status::text, j.priority, j.attempts,
            j.max_attempts, j.snoozes, j.result, j.progress, j.last_error,
            j.cancel_requested, j.run_at, j.created_at, j.started_at, j.finished_at
       FROM @schema@.jobs j
      WHERE j.id = job_get_v1.job_id
        AND (j.enqueued_by = session_user
-            OR has_table_privilege(session_user, '@schema@.jobs', 'SELECT'))
+            OR has_table_privilege(session_user, '@schema@.jobs', 'SELECT'));
+END;
 $$;

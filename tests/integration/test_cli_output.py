@@ -14,7 +14,6 @@ import psycopg
 import pytest
 from psycopg import sql
 from test_cli_queue import Cli, run
-from test_roles import roles  # noqa: F401  (fixture: deploy/roles.sql for this schema)
 
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.exitcodes import ExitCode
@@ -225,7 +224,7 @@ READER_COMMANDS = {
     [("enqueuer", c) for c in ENQUEUER_COMMANDS] + [("reader", c) for c in READER_COMMANDS],
 )
 def test_a_role_without_the_right_is_told_which_role_has_it(
-    roles: dict[str, str],  # noqa: F811
+    roles: dict[str, str],
     schema: str,
     cli: Cli,
     kind: str,
@@ -247,7 +246,7 @@ def test_a_role_without_the_right_is_told_which_role_has_it(
 
 
 def test_daemon_role_may_not_prune(
-    roles: dict[str, str],  # noqa: F811
+    roles: dict[str, str],
     schema: str,
     cli: Cli,
 ) -> None:
@@ -337,7 +336,7 @@ def test_jobs_has_a_header_and_labels_an_old_error_of_a_finished_job(cli: Cli) -
 
 
 def test_show_of_a_role_granted_before_the_attempt_history_still_shows_the_job(
-    roles: dict[str, str],  # noqa: F811
+    roles: dict[str, str],
     schema: str,
     cli: Cli,
 ) -> None:

@@ -16,7 +16,7 @@ import psycopg
 import pytest
 from daemon_harness import PGWORKERD
 from psycopg import sql
-from test_roles import ROLE_KINDS, ROLES_SQL, drop_roles, render_roles_sql, roles  # noqa: F401
+from roles_harness import ROLE_KINDS, ROLES_SQL, drop_roles, render_roles_sql
 
 import pgworkerd
 from pgworkerd import client
@@ -40,7 +40,7 @@ def second_app(
     pg: LocalPostgres,
     conn: psycopg.Connection,
     schema: str,
-    roles: dict[str, str],  # noqa: F811
+    roles: dict[str, str],
 ):
     """Another application's login, a member of the enqueuer role (roles.sql's advice for
     applications that must not read each other's jobs); yields its DSN."""
@@ -73,7 +73,7 @@ def finish(conn: psycopg.Connection, schema: str, job_id: int, result: Any) -> N
 
 
 def test_the_enqueuer_waits_for_and_reads_its_own_jobs_and_no_one_elses(
-    roles: dict[str, str],  # noqa: F811
+    roles: dict[str, str],
     schema: str,
     conn: psycopg.Connection,
     second_app: str,
@@ -137,7 +137,7 @@ def test_the_enqueuer_waits_for_and_reads_its_own_jobs_and_no_one_elses(
 
 
 def test_jobs_enqueued_before_the_migration_are_read_by_no_enqueuer(
-    roles: dict[str, str],  # noqa: F811
+    roles: dict[str, str],
     schema: str,
     conn: psycopg.Connection,
 ) -> None:
@@ -262,7 +262,7 @@ def may_run(c: psycopg.Connection, schema: str, statement: Statement) -> bool:
 
 @pytest.mark.parametrize("kind", list(PROMISED))
 def test_each_role_can_do_what_roles_sql_promises_and_no_more(
-    roles: dict[str, str],  # noqa: F811
+    roles: dict[str, str],
     schema: str,
     conn: psycopg.Connection,
     kind: str,
@@ -412,7 +412,7 @@ NEEDS_COMMANDS: dict[str, Callable[[int], list[str]]] = {
 
 @pytest.mark.parametrize("needs", list(NEEDS_COMMANDS))
 def test_every_role_a_permission_error_names_can_run_the_command(
-    roles: dict[str, str],  # noqa: F811
+    roles: dict[str, str],
     schema: str,
     conn: psycopg.Connection,
     needs: str,
@@ -501,7 +501,7 @@ def test_the_documented_schema_rename_is_what_the_tests_apply(schema: str) -> No
 
 
 def test_migrating_as_a_role_of_roles_sql_says_only_the_owner_may(
-    roles: dict[str, str],  # noqa: F811
+    roles: dict[str, str],
     schema: str,
 ) -> None:
     reader = f"{schema}_reader"

@@ -2042,7 +2042,8 @@ CREATE INDEX IF NOT EXISTS attempts_finished_at_idx ON @schema@.attempts (finish
 -- session_user, not current_user: the enqueue functions are SECURITY DEFINER, so inside
 -- them current_user is the schema's owner, while session_user stays the login (SET ROLE
 -- changes neither it nor what job_get_v1 compares it with). A column default: no change to
--- the enqueue functions, and nothing measurable per insert (bench/enqueue). The column is
+-- the enqueue functions, and nothing measurable per insert
+-- (bench/people_roles_bench.py: within 4 %, the noise of a shared 2-CPU VM). The column is
 -- added first and its default set after, so the jobs already there keep NULL (enqueued
 -- before anyone recorded it: no enqueuer reads them) instead of the migrating role's
 -- name, and the table is not rewritten.

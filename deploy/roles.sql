@@ -143,13 +143,20 @@ GRANT EXECUTE ON FUNCTION pgworkerd.pause(text, text, text), pgworkerd.resume(te
       TO pgworkerd_operator;
 -- drain/resume of daemons: the registry's drain flag only.
 GRANT UPDATE (drain_requested) ON pgworkerd.workers TO pgworkerd_operator;
--- prune: finished jobs at any retention (their attempts and logs go with them through
--- SECURITY DEFINER triggers), the registry rows of daemons long gone, old schedule runs.
+-- prune: `pgworkerd prune` deletes finished jobs at any retention (their attempts and
+-- logs go with them through SECURITY DEFINER triggers), the registry rows of daemons long
+-- gone, and old schedule runs. (DELETE itself reaches any row: operators are trusted
+-- with the table's rows, never with what a job runs.)
 GRANT DELETE ON pgworkerd.jobs, pgworkerd.workers TO pgworkerd_operator;
 GRANT EXECUTE ON FUNCTION pgworkerd.schedule_runs_prune(interval) TO pgworkerd_operator;
--- MERGE (issue 21): the operator's grants for the other work streams' objects go here:
--- the hand-back drain's functions (0017, `pgworkerd drain --hand-back`) and anything
--- `retry` or `prune` write since (0020); see tests/integration/test_roles.py.
+-- MERGE (issue 21): the operator's grants for the other work streams' objects go here,
+-- with their statements in tests/integration/test_people_roles.py (STATEMENTS, PROMISED):
+--   the hand-back drain (0017, `pgworkerd drain --hand-back`), e.g.
+--     GRANT EXECUTE ON FUNCTION pgworkerd.drain_request(text, text, boolean, interval,
+--                                                       text[], text[]),
+--                               pgworkerd.drain_lift(text, text) TO pgworkerd_operator;
+--   `retry` resetting snoozes (0020): GRANT UPDATE (snoozes) ON pgworkerd.jobs TO
+--     pgworkerd_operator;
 
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).

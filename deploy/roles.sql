@@ -31,8 +31,8 @@
 -- applications that must not read each other's jobs need a login each. Role settings are
 -- not inherited: copy the ALTER ROLE ... SET lines at the end for such a login.
 -- Versions of this file before schema 18 created pgworkerd_daemon and
--- pgworkerd_enqueuer with the password 'change-me': if yours still have it, set theirs
--- now (\password, as above).
+-- pgworkerd_enqueuer with the password 'change-me': run by a superuser, this file stops
+-- at once while one of them still has it (below); set theirs (\password, as above).
 --
 -- Another schema (`--schema`): replace the schema name in every object's name, e.g.
 --     pgworkerd files roles.sql | sed 's/pgworkerd\./myschema./g; s/SCHEMA pgworkerd /SCHEMA myschema /' | psql ...
@@ -43,6 +43,82 @@
 -- (enqueue returns the id of the job holding the key, which it may not read if another
 -- login enqueued it): give applications that must not see each other their own schema
 -- (`--schema`).
+
+-- Refuse to go on while a role that an earlier version of this file created still has its
+-- placeholder password 'change-me': such a login works for anyone who has read this file.
+-- The server stores a password as an md5 or a SCRAM-SHA-256 verifier; both are checked by
+-- computing what 'change-me' would give (a SCRAM check takes ~0.1 s). Only a superuser
+-- may read the verifiers: another role is told that the check did not run.
+-- HMAC-SHA-256 (RFC 2104) for SCRAM's key derivation; in pg_temp, gone with the session.
+CREATE OR REPLACE FUNCTION pg_temp.pgworkerd_hmac(key bytea, message bytea) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    inner_pad bytea := pg_catalog.decode(pg_catalog.repeat('36', 64), 'hex');
+    outer_pad bytea := pg_catalog.decode(pg_catalog.repeat('5c', 64), 'hex');
+BEGIN
+    FOR n IN 0 .. pg_catalog.length(key) - 1 LOOP  -- keys here are at most 64 bytes
+        inner_pad := pg_catalog.set_byte(inner_pad, n, pg_catalog.get_byte(key, n) # 54);
+        outer_pad := pg_catalog.set_byte(outer_pad, n, pg_catalog.get_byte(key, n) # 92);
+    END LOOP;
+    RETURN pg_catalog.sha256(outer_pad || pg_catalog.sha256(inner_pad || message));
+END
+$$;
+
+DO $$
+DECLARE
+    placeholder constant bytea := pg_catalog.convert_to('change-me', 'UTF8');
+    account record;
+    scram text[];
+    block bytea;
+    salted bit(256);
+    salted_hex text := '';
+BEGIN
+    IF NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+        RAISE NOTICE 'pgworkerd: only a superuser can tell whether a role still has the '
+            'placeholder password of earlier versions of roles.sql (''change-me''): not checked';
+        RETURN;
+    END IF;
+    FOR account IN
+        SELECT rolname, rolpassword FROM pg_catalog.pg_authid
+         WHERE rolname IN ('pgworkerd_daemon', 'pgworkerd_enqueuer', 'pgworkerd_operator',
+                           'pgworkerd_reader')
+           AND rolcanlogin AND rolpassword IS NOT NULL
+    LOOP
+        -- SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey> (RFC 5803)
+        scram := pg_catalog.regexp_match(account.rolpassword,
+                                         '^SCRAM-SHA-256[$]([0-9]+):([^$]+)[$]([^:]+):');
+        IF scram IS NOT NULL THEN
+            -- SaltedPassword = PBKDF2-HMAC-SHA-256(password, salt, iterations), one block
+            block := pg_temp.pgworkerd_hmac(
+                placeholder, pg_catalog.decode(scram[2], 'base64') || '\x00000001'::bytea);
+            salted := ('x' || pg_catalog.encode(block, 'hex'))::bit(256);
+            FOR i IN 2 .. scram[1]::integer LOOP
+                block := pg_temp.pgworkerd_hmac(placeholder, block);
+                salted := salted # ('x' || pg_catalog.encode(block, 'hex'))::bit(256);
+            END LOOP;
+            salted_hex := '';
+            FOR i IN 0 .. 3 LOOP
+                salted_hex := salted_hex || pg_catalog.lpad(pg_catalog.to_hex(
+                    pg_catalog.substring(salted, i * 64 + 1, 64)::bigint), 16, '0');
+            END LOOP;
+            -- StoredKey = SHA-256(HMAC(SaltedPassword, "Client Key"))
+            CONTINUE WHEN pg_catalog.sha256(pg_temp.pgworkerd_hmac(
+                              pg_catalog.decode(salted_hex, 'hex'),
+                              pg_catalog.convert_to('Client Key', 'UTF8')))
+                          <> pg_catalog.decode(scram[3], 'base64');
+        ELSIF account.rolpassword
+              <> 'md5' || pg_catalog.md5('change-me' || account.rolname) THEN
+            CONTINUE;
+        END IF;
+        RAISE EXCEPTION 'pgworkerd: role % still has the placeholder password ''change-me'' '
+                        'of an earlier roles.sql', account.rolname
+            USING ERRCODE = 'invalid_password',
+                  HINT = pg_catalog.format('Set a real one first, in psql: \password %s '
+                                           '(then run this file again).', account.rolname);
+    END LOOP;
+END
+$$;
 
 -- Create the roles that are missing (CREATE ROLE has no IF NOT EXISTS); never a password.
 DO $$

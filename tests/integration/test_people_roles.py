@@ -6,6 +6,7 @@ unchanged; and every role a permission error names can run that command."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -367,10 +368,47 @@ def test_roles_sql_sets_no_password_and_a_second_run_changes_nothing(
     assert grants(conn, schema) == before
 
 
-def test_roles_sql_has_no_password_in_it() -> None:
+def test_roles_sql_sets_no_password() -> None:
     text = ROLES_SQL.read_text()
     code = "\n".join(line.split("--")[0] for line in text.splitlines())
-    assert "PASSWORD" not in code.upper() and "change-me" not in code
+    # no CREATE/ALTER ROLE ... PASSWORD of any kind (the word is in messages only)
+    assert not re.search(r"\b(CREATE|ALTER)\s+ROLE\b[^;]*\bPASSWORD\b", code.upper())
+    assert "ALTER ROLE" in code.upper()  # (the pattern would see them)
+
+
+@pytest.mark.parametrize("encryption", ["scram-sha-256", "md5"])
+def test_roles_sql_refuses_to_go_on_while_a_role_has_the_old_placeholder_password(
+    conn: psycopg.Connection, schema: str, test_db_dsn: str, roles_file: Path, encryption: str
+) -> None:
+    """A role an earlier roles.sql created with 'change-me', stored either way the server
+    stores passwords: the script stops at once, names it, and says how to fix it."""
+    daemon = f"{schema}_daemon"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(daemon)))
+    conn.execute("SELECT set_config('password_encryption', %s, false)", [encryption])
+    try:
+        conn.execute(sql.SQL("ALTER ROLE {} PASSWORD 'change-me'").format(sql.Identifier(daemon)))
+    finally:
+        conn.execute("RESET password_encryption")
+    stored = conn.execute("SELECT rolpassword FROM pg_authid WHERE rolname = %s", [daemon])
+    assert stored.fetchone()[0].startswith("md5" if encryption == "md5" else "SCRAM-SHA-256$")
+    refused = psql_file(test_db_dsn, roles_file)
+    assert refused.returncode == 3
+    assert (
+        f"ERROR:  pgworkerd: role {daemon} still has the placeholder password 'change-me'"
+        " of an earlier roles.sql\n"
+        f"HINT:  Set a real one first, in psql: \\password {daemon} (then run this file again)."
+    ) in refused.stderr
+    created = conn.execute(
+        "SELECT rolname FROM pg_roles WHERE rolname LIKE %s ORDER BY 1", [f"{schema}\\_%"]
+    ).fetchall()
+    assert created == [(daemon,)]  # stopped before anything else
+    # a real password (the cluster's), and it goes on
+    conn.execute(
+        sql.SQL("ALTER ROLE {} PASSWORD 'not-the-placeholder'").format(sql.Identifier(daemon))
+    )
+    done = psql_file(test_db_dsn, roles_file)
+    assert done.returncode == 0, done.stderr
+    assert len(role_state(conn, schema)) == len(ROLE_KINDS)
 
 
 # -- permission errors name a role that has the right ------------------------------------------

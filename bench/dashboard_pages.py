@@ -49,7 +49,7 @@ def main() -> int:
                     " max(id) FILTER (WHERE status = 'running') FROM {}.jobs"
                 ).format(sql.Identifier(schema))
             ).fetchall()
-        dashboard = build(WebConfig(port=0), dsn, schema)
+        dashboard = build(WebConfig(port=0, allow_anonymous=True), dsn, schema)
         thread = threading.Thread(target=dashboard.run, daemon=True)
         thread.start()
         port = int(dashboard.server.effective_port)

@@ -168,6 +168,12 @@ GRANT EXECUTE ON FUNCTION pgworkerd.pause(text, text, text), pgworkerd.resume(te
                           pgworkerd.pause_queue(text, text), pgworkerd.resume_queue(text),
                           pgworkerd.pause_handler(text, text), pgworkerd.resume_handler(text)
       TO pgworkerd_daemon;
+-- Drains (`pgworkerd drain [--hand-back]`, `resume`, the dashboard's drain buttons): the
+-- SECURITY DEFINER functions check every argument and change only the drain columns of
+-- live daemons (schema 17).
+GRANT EXECUTE ON FUNCTION pgworkerd.drain_request(text, text, boolean, interval, text[], text[]),
+                          pgworkerd.drain_lift(text, text)
+      TO pgworkerd_daemon;
 -- Periodic jobs: daemons declare their schedules and fire ticks through the functions.
 GRANT SELECT ON pgworkerd.schedules, pgworkerd.schedule_runs TO pgworkerd_daemon;
 GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
@@ -217,8 +223,11 @@ GRANT EXECUTE ON FUNCTION pgworkerd.pause(text, text, text), pgworkerd.resume(te
                           pgworkerd.pause_queue(text, text), pgworkerd.resume_queue(text),
                           pgworkerd.pause_handler(text, text), pgworkerd.resume_handler(text)
       TO pgworkerd_operator;
--- drain/resume of daemons: the registry's drain flag only.
-GRANT UPDATE (drain_requested) ON pgworkerd.workers TO pgworkerd_operator;
+-- drain (plain and --hand-back) and resume of daemons: the SECURITY DEFINER functions of
+-- schema 17, which check every argument and change only the drain columns of live daemons.
+GRANT EXECUTE ON FUNCTION pgworkerd.drain_request(text, text, boolean, interval, text[], text[]),
+                          pgworkerd.drain_lift(text, text)
+      TO pgworkerd_operator;
 -- prune: `pgworkerd prune` deletes finished jobs at any retention (their attempts and
 -- logs go with them through SECURITY DEFINER triggers), the registry rows of daemons long
 -- gone, and old schedule runs. (DELETE itself reaches any row: operators are trusted
@@ -227,12 +236,8 @@ GRANT DELETE ON pgworkerd.jobs, pgworkerd.workers TO pgworkerd_operator;
 GRANT EXECUTE ON FUNCTION pgworkerd.schedule_runs_prune(interval) TO pgworkerd_operator;
 -- MERGE (issue 21): the operator's grants for the other work streams' objects go here,
 -- with their statements in tests/integration/test_people_roles.py (STATEMENTS, PROMISED):
---   the hand-back drain (0017, `pgworkerd drain --hand-back`), e.g.
---     GRANT EXECUTE ON FUNCTION pgworkerd.drain_request(text, text, boolean, interval,
---                                                       text[], text[]),
---                               pgworkerd.drain_lift(text, text) TO pgworkerd_operator;
---   `retry` resetting snoozes (0020): GRANT UPDATE (snoozes) ON pgworkerd.jobs TO
---     pgworkerd_operator;
+--   `retry` resetting snoozes (0020, branch upkeep): GRANT UPDATE (snoozes) ON
+--     pgworkerd.jobs TO pgworkerd_operator;
 
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).

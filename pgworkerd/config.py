@@ -65,6 +65,11 @@ class WorkerConfig:
     poll_interval: float = 5.0
     drain_timeout: float = 300.0
     kill_grace: float = 10.0
+    # `pgworkerd drain --hand-back` without --grace: how long a running job has, once asked
+    # to stop (job.stop_requested), to save a checkpoint and return before it is handed
+    # back. 30 s: a handler that checkpoints every 10 s saves one (README "Handlers") and a
+    # deploy still ends well inside systemd's default 90 s stop timeout.
+    stop_grace: float = 30.0
     max_jobs_per_child: int = 1
     warm_children: int = 2
     backoff: float = 10.0
@@ -107,6 +112,7 @@ class HandlerConfig:
     max_snoozes: int = DEFAULT_MAX_SNOOZES
     no_retry: tuple[str, ...] = ()
     memory_limit: int | None = None  # bytes, the job's process tree; default worker's
+    stop_grace: float | None = None  # hand-back grace of its jobs; default worker.stop_grace
 
     @property
     def module(self) -> str:
@@ -177,14 +183,23 @@ class WebConfig:
 
     bind: str = "127.0.0.1"  # anything but a loopback address needs `users`
     port: int = 8470
-    # user name -> password hash from `pgworkerd web hash-password`; empty: no login, which
-    # only a loopback bind allows
+    # user name -> password hash from `pgworkerd web hash-password`; empty: the dashboard
+    # does not start unless allow_anonymous says so
     users: dict[str, str] = field(default_factory=dict)
     read_only: bool = False  # pages only: no action is offered or accepted
     statement_timeout: float = 5.0  # per statement: a slow page fails instead of piling up
     pool_size: int = 4  # database connections at most (the pool's max_size)
     # Secure flag on the session cookie: set it when an HTTPS proxy fronts the dashboard
     secure_cookie: bool = False
+    # No login at all (no users): the operator's explicit choice, loopback only, loud in
+    # the log, every page and the process title (README "Web dashboard")
+    allow_anonymous: bool = False
+    # A session not used for this long is over (and logout ends it on the server)
+    idle_timeout: float = 30 * 60.0
+    # The address of a reverse proxy in front (e.g. "127.0.0.1"): from it, the client's
+    # address is the last X-Forwarded-For entry (login throttling, audit lines); empty:
+    # the peer's address, X-Forwarded-For never believed
+    trusted_proxy: str = ""
 
 
 # -- schedules (periodic jobs) ---------------------------------------------------------------
@@ -247,6 +262,10 @@ class Config:
 
     def lease_for(self, handler: HandlerConfig) -> float:
         return handler.lease if handler.lease is not None else self.worker.lease
+
+    def stop_grace_for(self, handler: HandlerConfig) -> float:
+        """How long a job of `handler` has to stop when handed back (without --grace)."""
+        return handler.stop_grace if handler.stop_grace is not None else self.worker.stop_grace
 
     def worker_name(self) -> str:
         return self.worker.name or socket.gethostname()
@@ -383,6 +402,29 @@ def _duration(value: Any) -> float:
     return seconds
 
 
+# The longest hand-back grace: `drain --hand-back --grace` and stop_grace (and the SQL
+# function drain_request, migration 0017) refuse more. A drain that waits longer than a
+# day is no drain; a typo ("30d" for "30s") must not park a host for a month.
+MAX_STOP_GRACE = 86400.0
+
+
+def stop_grace_problem(seconds: float) -> str | None:
+    """Why `seconds` cannot be a hand-back grace, or None."""
+    if math.isnan(seconds) or seconds < 0:
+        return f"must be a duration from 0 to 1 day, got {seconds!r} s"
+    if seconds > MAX_STOP_GRACE:
+        return f"must be at most 1 day (a drain, not a schedule), got {format_duration(seconds)}"
+    return None
+
+
+def _stop_grace(value: Any) -> float:
+    seconds = _duration(value)
+    problem = stop_grace_problem(seconds)
+    if problem:
+        raise ValueError(problem)
+    return seconds
+
+
 def _millis_duration(value: Any) -> float:
     seconds = _duration(value)
     if seconds > _MAX_MILLIS_DURATION:
@@ -505,6 +547,7 @@ _WORKER = {
     "poll_interval": _positive_duration,
     "drain_timeout": _duration,
     "kill_grace": _duration,
+    "stop_grace": _stop_grace,
     "max_jobs_per_child": _positive_int,
     "warm_children": _non_negative_int,
     "backoff": _duration,
@@ -600,10 +643,32 @@ def _web_users(value: Any) -> dict[str, str]:
     return dict(value)
 
 
+def _ip_address(value: Any) -> str:
+    import ipaddress
+
+    text = _string(value)
+    if text:
+        try:
+            ipaddress.ip_address(text)
+        except ValueError:
+            raise ValueError(f"expected an IP address, got {_describe(value)}") from None
+    return text
+
+
+def _idle_timeout(value: Any) -> float:
+    seconds = _positive_duration(value)
+    if not 60 <= seconds <= 12 * 3600:  # a login lasts 12 h at most anyway
+        raise ValueError(f"must be from 1m to 12h, got {value!r}")
+    return seconds
+
+
 _WEB = {
     "bind": _bind,
     "port": _int_up_to(65535),
     "users": _web_users,
+    "allow_anonymous": _bool,
+    "idle_timeout": _idle_timeout,
+    "trusted_proxy": _ip_address,
     "read_only": _bool,
     "statement_timeout": lambda v: _positive_duration(_millis_duration(v)),
     "pool_size": _int_up_to(100),
@@ -762,6 +827,7 @@ _HANDLER = {
     "max_snoozes": _max_snoozes,
     "no_retry": _exception_type_names,
     "memory_limit": _size,
+    "stop_grace": _stop_grace,
 }
 
 
@@ -867,6 +933,18 @@ def _cross_check(config: Config, text: str) -> None:
             f"{config.web.bind!r} is not a loopback address: the dashboard needs [web.users] "
             "(a login) to listen there",
         )
+    if config.web.users and config.web.allow_anonymous:
+        raise error(
+            "web",
+            "allow_anonymous",
+            "contradicts [web.users]: with users every page needs a login; remove one of them",
+        )
+    if config.web.trusted_proxy and not config.web.users:
+        raise error(
+            "web",
+            "trusted_proxy",
+            "needs [web.users]: a dashboard without a login never answers through a proxy",
+        )
     if w.backoff_max < w.backoff:
         raise error("worker", "backoff_max", "must not be shorter than worker.backoff")
     for h in config.handlers.values():
@@ -931,22 +1009,29 @@ def file_warnings(config: Config) -> list[str]:
     except OSError:
         return []
     found = []
-    if _holds_password(config.database.dsn) or _holds_password(config.database.listen_dsn):
-        own_groups = {os.getgid(), os.getegid(), *os.getgroups()}
-        if st.st_mode & stat.S_IROTH:
-            readable = "others"
-        elif st.st_mode & stat.S_IRGRP and st.st_gid not in own_groups:
-            try:
-                readable = f"group {grp.getgrgid(st.st_gid).gr_name}"
-            except KeyError:
-                readable = f"group {st.st_gid}"
-        else:
-            readable = ""
-        if readable:
-            found.append(
-                f"{path} holds a database password and is readable by {readable}: "
-                f"chmod 600 {path} (or move the password to ~/.pgpass or PGPASSWORD)"
-            )
+    own_groups = {os.getgid(), os.getegid(), *os.getgroups()}
+    if st.st_mode & stat.S_IROTH:
+        readable = "others"
+    elif st.st_mode & stat.S_IRGRP and st.st_gid not in own_groups:
+        try:
+            readable = f"group {grp.getgrgid(st.st_gid).gr_name}"
+        except KeyError:
+            readable = f"group {st.st_gid}"
+    else:
+        readable = ""
+    if readable and (
+        _holds_password(config.database.dsn) or _holds_password(config.database.listen_dsn)
+    ):
+        found.append(
+            f"{path} holds a database password and is readable by {readable}: "
+            f"chmod 600 {path} (or move the password to ~/.pgpass or PGPASSWORD)"
+        )
+    if readable and config.web.users:
+        # a hash is slow to guess, not impossible: offline guessing needs no throttle
+        found.append(
+            f"{path} holds [web.users] password hashes and is readable by {readable}, who "
+            f"can guess passwords offline: chmod 600 {path}"
+        )
     if st.st_mode & stat.S_IWOTH:
         found.append(
             f"{path} is writable by others, who could change its handlers: chmod o-w {path}"

@@ -35,6 +35,13 @@ def migrate(ctx: Context) -> None:
 # Shipped in the package (pgworkerd/files/), so a pip-only user has them too.
 SHIPPED_FILES = {
     "config.example.toml": "every config key with its default (for /etc/pgworkerd/)",
+    # Drop-ins for the daemon's units (pgworkerd.service.d/): each lifts one part of the
+    # sandbox that its jobs inherit, and says in its comment which failure it fixes.
+    "dropin-gpu.conf": "systemd drop-in: jobs may use NVIDIA GPUs (DeviceAllow=)",
+    "dropin-jit.conf": "systemd drop-in: jobs may run JIT compilers (MemoryDenyWriteExecute=no)",
+    "dropin-output-dirs.conf": "systemd drop-in: directories jobs may write (ReadWritePaths=)",
+    "dropin-venv.conf": "systemd drop-in: run pgworkerd from a virtualenv (ExecStart=)",
+    "pgworkerd-web.service": "systemd unit: the web dashboard, `pgworkerd web`",
     "pgworkerd.service": "systemd unit: one daemon per host (/etc/systemd/system/)",
     "pgworkerd@.service": "systemd template: one daemon per /etc/pgworkerd/INSTANCE.toml",
     "roles.sql": "least-privilege roles: daemon, enqueuer, operator, reader (psql -f)",
@@ -62,8 +69,9 @@ def shipped_files(names: tuple[str, ...], directory: str | None) -> None:
     source = package_files("pgworkerd") / "files"
     if directory is None:
         if not names:
+            width = max(map(len, SHIPPED_FILES))
             for name, what in SHIPPED_FILES.items():
-                click.echo(f"{name:<20} {what}")
+                click.echo(f"{name:<{width}} {what}")
             return
         if len(names) > 1:
             raise click.UsageError("give one file to print, or --to DIR to copy several")

@@ -26,18 +26,30 @@ def age(seconds: float | None) -> str:
 def status(ctx: Context, as_json: bool) -> None:
     """Daemons, running jobs, counts per queue, and jobs no daemon serves.
 
-    Exit code 0; 1 when a drain is left in place or jobs wait for a handler nobody serves.
+    Exit code 0; 1 when a drain is left in place, jobs wait for a handler nobody serves,
+    or running jobs are held by a silent daemon (no heartbeat for twice its interval).
     """
     from pgworkerd.queue import views
 
     with database(ctx, needs="read jobs") as conn:
         snap = views.status(conn, ctx.schema)
     live = [d for d in snap["daemons"] if d["state"] != "gone"]
-    drained = [d for d in live if d["drain_requested"]]
+    drained = [d for d in live if d["drain_requested"] or d["hand_back_requested_at"]]
+    stuck = [j for j in snap["running_jobs"] if j["daemon_silent"]]
     if as_json:
         echo_json(snap)
     else:
         for d in drained:
+            if d["hand_back_requested_at"] is not None:
+                click.secho(
+                    f"WARNING: daemon {printable(d['id'])} on {printable(d['host'])} is HANDING"
+                    f" BACK {_hand_back_what(d)} and claims none of them; "
+                    f"`pgworkerd resume --worker {printable(d['id'])}` (or --all) undoes it",
+                    fg="red",
+                    bold=True,
+                    err=True,
+                )
+                continue
             click.secho(
                 f"WARNING: daemon {printable(d['id'])} on {printable(d['host'])} is DRAINED "
                 "and takes no jobs; "
@@ -46,16 +58,23 @@ def status(ctx: Context, as_json: bool) -> None:
                 bold=True,
                 err=True,
             )
+        _warn_silent(stuck)
         click.echo(f"daemons ({len(live)} live):")
         for d in snap["daemons"]:
             click.echo(f"  {_daemon_line(d)}")
         click.echo(f"running jobs ({len(snap['running_jobs'])}):")
         for j in snap["running_jobs"]:
             progress = _progress(j["progress"])
+            silent = (
+                f"  DAEMON SILENT {age(j['daemon_heartbeat_age_seconds'])}, lease ends"
+                f" {_utc(j['locked_until'])}"
+                if j["daemon_silent"]
+                else ""
+            )
             click.echo(
                 f"  {j['id']:>8} {printable(j['handler']):<24} attempt {j['attempts']}/"
                 f"{j['max_attempts']}  {age(j['age_seconds'])}  on {printable(j['locked_by'])}"
-                f"  {progress}".rstrip()
+                f"{silent}  {progress}".rstrip()
             )
         click.echo("jobs per queue:")
         for queue, by_status in sorted(snap["counts"].items()):
@@ -83,8 +102,43 @@ def status(ctx: Context, as_json: bool) -> None:
                 fg="yellow",
                 err=True,
             )
-    if drained or snap["unserved"]:
+    if drained or snap["unserved"] or stuck:
         sys.exit(int(ExitCode.FAILURE))
+
+
+def _hand_back_what(d: dict[str, Any]) -> str:
+    """What a daemon's hand-back targets and its grace, from its registry row."""
+    parts = []
+    if d["hand_back_queues"] is not None:
+        parts.append("queue(s) " + ", ".join(map(printable, d["hand_back_queues"])))
+    if d["hand_back_handlers"] is not None:
+        parts.append("handler(s) " + ", ".join(map(printable, d["hand_back_handlers"])))
+    what = "the jobs of " + " and ".join(parts) if parts else "every job"
+    grace = d["hand_back_grace"]
+    return what + (
+        " (grace: each handler's stop_grace)"
+        if grace is None
+        else f" (grace {format_duration(grace)})"
+    )
+def _warn_silent(stuck: list[dict[str, Any]]) -> None:
+    """One warning per silent daemon holding running jobs: which, since when, and when
+    their leases free them (nothing frees them earlier: see `pgworkerd explain`)."""
+    by_daemon: dict[str, list[dict[str, Any]]] = {}
+    for j in stuck:
+        by_daemon.setdefault(j["locked_by"], []).append(j)
+    for worker, jobs in by_daemon.items():
+        ids = ", ".join(str(j["id"]) for j in jobs[:20]) + (", ..." if len(jobs) > 20 else "")
+        left = max((j["lease_left_seconds"] or 0.0 for j in jobs), default=0.0)
+        click.secho(
+            f"WARNING: daemon {printable(worker)} on {printable(jobs[0]['daemon_host'])} is"
+            f" SILENT (no heartbeat for {age(jobs[0]['daemon_heartbeat_age_seconds'])}) with"
+            f" {len(jobs)} running job(s): {ids}; dead, frozen or cut off from the database."
+            " They are not taken from it early: their leases free them"
+            + (f" within {age(left)}" if left > 0 else " now (expired)"),
+            fg="red",
+            bold=True,
+            err=True,
+        )
 
 
 def _paused_line(p: dict[str, Any]) -> str:
@@ -101,6 +155,7 @@ def _daemon_line(d: dict[str, Any]) -> str:
         return (
             f"{head} {printable(d['state']):<9} {d['busy']}/{d['slots']} busy  "
             f"up {age(d['uptime_seconds'])}  heartbeat {age(d['heartbeat_age_seconds'])} ago"
+            + (f" SILENT (every {age(d['heartbeat_interval_seconds'])})" if d["silent"] else "")
         )
     # Gone: a fixed point in time, not ages that keep growing after the daemon stopped.
     stopped = d["stopped_at"] or d["heartbeat_at"]
@@ -133,10 +188,65 @@ def _drain_target(worker: str | None, all_hosts: bool) -> str:
     return "all daemons" if all_hosts else "this host's daemons"
 
 
+def _no_daemon(conn: Any, schema: str, worker: str | None, target: str) -> None:
+    """Exit 1 saying why no daemon matched: for --worker, whether it is gone or unknown."""
+    from pgworkerd.queue import fleet
+
+    why = f"no live daemon matches ({target})"
+    if worker:
+        row = fleet.find_daemon(conn, schema, worker)
+        if row is None:
+            why += ": no daemon has this id (`pgworkerd status` lists them)"
+        else:
+            why += f": it is gone since {_utc(row['stopped_at'] or row['heartbeat_at'])}"
+    fail(why, ExitCode.FAILURE)
+
+
+def _hand_back_filter(kind: str, names: tuple[str, ...]) -> list[str] | None:
+    """--queue/--handler values of a hand-back: None (all), or checked names (exit 3)."""
+    from pgworkerd.bounds import name_problem
+
+    if not names:
+        return None
+    if len(names) > 100:
+        fail(f"at most 100 --{kind} values, not {len(names)}", ExitCode.CONFIG)
+    for name in names:
+        problem = name_problem(kind, name)
+        if problem:
+            fail(problem, ExitCode.CONFIG)
+    return sorted(set(names))
+
+
 @main.command()
 @click.option("--all", "all_hosts", is_flag=True, help="every daemon on every host")
 @click.option("--worker", help="one daemon, by the id `status` shows")
-@click.option("--wait", is_flag=True, help="wait until their running jobs have finished")
+@click.option(
+    "--hand-back",
+    is_flag=True,
+    help="also ask running handlers to stop (job.stop_requested) and hand their jobs back "
+    "(pending at once, attempt not counted, checkpoint kept) when the grace ends",
+)
+@click.option(
+    "--grace",
+    type=DURATION,
+    help="with --hand-back: how long handlers have to stop (0 to 1 day; default: each "
+    "handler's stop_grace)",
+)
+@click.option(
+    "--queue", "queues", multiple=True, help="with --hand-back: only this queue's jobs (repeatable)"
+)
+@click.option(
+    "--handler",
+    "handlers",
+    multiple=True,
+    help="with --hand-back: only this handler's jobs (repeatable)",
+)
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="wait until their running jobs have finished (with --hand-back: have been handed "
+    "back or finished)",
+)
 @click.option(
     "--timeout",
     type=DURATION,
@@ -144,51 +254,165 @@ def _drain_target(worker: str | None, all_hosts: bool) -> str:
 )
 @click.pass_obj
 def drain(
-    ctx: Context, all_hosts: bool, worker: str | None, wait: bool, timeout: float | None
+    ctx: Context,
+    all_hosts: bool,
+    worker: str | None,
+    hand_back: bool,
+    grace: float | None,
+    queues: tuple[str, ...],
+    handlers: tuple[str, ...],
+    wait: bool,
+    timeout: float | None,
 ) -> None:
-    """Ask daemons to stop claiming jobs (they stay up until stopped or resumed).
+    """Ask daemons to stop claiming jobs (they stay up until stopped or resumed). Their
+    running jobs finish; with --hand-back they are asked to stop and handed back to
+    other daemons after the grace.
 
-    Exit code 0 when drained; 1 when --timeout expired; 4/5 for database/schema trouble.
+    Exit code 0 when drained; 1 when --timeout expired or no live daemon matched; 3 for a
+    bad value; 4/5 for database/schema trouble.
     """
-    from pgworkerd.queue import fleet, registry
+    from pgworkerd.config import stop_grace_problem
 
     target = _drain_target(worker, all_hosts)
     if timeout is not None and not wait:
         raise click.UsageError("--timeout only applies with --wait")
+    if not hand_back and (grace is not None or queues or handlers):
+        raise click.UsageError(
+            "--grace, --queue and --handler apply to --hand-back only (a plain drain lets "
+            "every running job finish)"
+        )
+    if grace is not None:
+        problem = stop_grace_problem(grace)
+        if problem:
+            fail(f"--grace {problem}", ExitCode.CONFIG)
+    only_queues = _hand_back_filter("queue", queues)
+    only_handlers = _hand_back_filter("handler", handlers)
     with database(ctx, needs="change the daemons' registry") as conn:
-        affected = fleet.request_drain(
-            conn, ctx.schema, drain=True, worker_id=worker, all_hosts=all_hosts
-        )
-        if not affected:
-            fail(f"no live daemon matches ({target})", ExitCode.FAILURE)
-        click.echo(
-            f"drain requested for {len(affected)} daemon(s): "
-            + ", ".join(printable(a["id"]) for a in affected)
-        )
-        if not wait:
+        if hand_back:
+            ids = _hand_back(
+                ctx, conn, target, worker, all_hosts, grace, only_queues, only_handlers
+            )
+            if wait:
+                _wait_handed_back(ctx, conn, ids, target, timeout)
             return
-        shown = ""
+        _plain_drain(ctx, conn, target, worker, all_hosts, wait, timeout)
 
-        def report(progress: fleet.DrainProgress) -> None:
-            nonlocal shown
-            for worker_id, host, pid in progress.marked_gone:
-                click.echo(
-                    f"daemon {printable(worker_id)} (host {printable(host)} pid {pid})"
-                    " has been silent for"
-                    f" {registry.STALE_AFTER_SECONDS:.0f} s: marked gone (killed, or cut"
-                    " off from the database: then its jobs stop by the end of their"
-                    " leases); they go back to the queue when their leases expire"
-                )
-            if progress.drained:
-                return
-            jobs_left = progress.running_jobs
-            line = f"waiting for {len(progress.busy)} daemon(s), {len(jobs_left)} job(s) running"
-            line += f": {', '.join(map(str, jobs_left[:20]))}" if jobs_left else ""
-            if line != shown:  # a line each time something changed, not every poll
-                click.echo(line)
-                shown = line
 
-        last = fleet.wait_drained(conn, ctx.schema, {a["id"] for a in affected}, timeout, report)
+def _hand_back(
+    ctx: Context,
+    conn: Any,
+    target: str,
+    worker: str | None,
+    all_hosts: bool,
+    grace: float | None,
+    queues: list[str] | None,
+    handlers: list[str] | None,
+) -> list[str]:
+    """Request the hand-back; returns the ids of the daemons asked."""
+    from pgworkerd.queue import fleet
+
+    affected = fleet.request_hand_back(
+        conn,
+        ctx.schema,
+        grace=grace,
+        queues=queues,
+        handlers=handlers,
+        worker_id=worker,
+        all_hosts=all_hosts,
+    )
+    if not affected:
+        _no_daemon(conn, ctx.schema, worker, target)
+    what = _hand_back_what(
+        {"hand_back_queues": queues, "hand_back_handlers": handlers, "hand_back_grace": grace}
+    )
+    click.echo(
+        f"hand-back requested for {len(affected)} daemon(s): "
+        + ", ".join(printable(a["id"]) for a in affected)
+        + f": {what}"
+    )
+    return [a["id"] for a in affected]
+
+
+def _wait_handed_back(
+    ctx: Context, conn: Any, ids: list[str], target: str, timeout: float | None
+) -> None:
+    from pgworkerd.queue import fleet, registry
+
+    shown = ""
+
+    def report(progress: fleet.HandBackProgress) -> None:
+        nonlocal shown
+        for worker_id, host, pid in progress.marked_gone:
+            click.echo(
+                f"daemon {printable(worker_id)} (host {printable(host)} pid {pid}) has been"
+                f" silent for {registry.STALE_AFTER_SECONDS:.0f} s: marked gone; its jobs go"
+                " back to the queue when their leases expire"
+            )
+        if progress.drained:
+            return
+        jobs_left = progress.running_jobs
+        line = f"waiting for {len(progress.busy)} daemon(s), {len(jobs_left)} job(s) to hand back"
+        line += f": {', '.join(map(str, jobs_left[:20]))}" if jobs_left else ""
+        if line != shown:
+            click.echo(line)
+            shown = line
+
+    last = fleet.wait_handed_back(conn, ctx.schema, ids, timeout, report)
+    if last.drained:
+        click.echo("handed back: no targeted jobs running on " + target)
+        return
+    click.echo(
+        f"timed out; still running: {', '.join(map(str, last.running_jobs)) or '-'}"
+        " (the hand-back stays requested; `pgworkerd resume` undoes it)",
+        err=True,
+    )
+    sys.exit(int(ExitCode.FAILURE))
+
+
+def _plain_drain(
+    ctx: Context,
+    conn: Any,
+    target: str,
+    worker: str | None,
+    all_hosts: bool,
+    wait: bool,
+    timeout: float | None,
+) -> None:
+    from pgworkerd.queue import fleet, registry
+
+    affected = fleet.request_drain(
+        conn, ctx.schema, drain=True, worker_id=worker, all_hosts=all_hosts
+    )
+    if not affected:
+        _no_daemon(conn, ctx.schema, worker, target)
+    click.echo(
+        f"drain requested for {len(affected)} daemon(s): "
+        + ", ".join(printable(a["id"]) for a in affected)
+    )
+    if not wait:
+        return
+    shown = ""
+
+    def report(progress: fleet.DrainProgress) -> None:
+        nonlocal shown
+        for worker_id, host, pid in progress.marked_gone:
+            click.echo(
+                f"daemon {printable(worker_id)} (host {printable(host)} pid {pid})"
+                " has been silent for"
+                f" {registry.STALE_AFTER_SECONDS:.0f} s: marked gone (killed, or cut"
+                " off from the database: then its jobs stop by the end of their"
+                " leases); they go back to the queue when their leases expire"
+            )
+        if progress.drained:
+            return
+        jobs_left = progress.running_jobs
+        line = f"waiting for {len(progress.busy)} daemon(s), {len(jobs_left)} job(s) running"
+        line += f": {', '.join(map(str, jobs_left[:20]))}" if jobs_left else ""
+        if line != shown:  # a line each time something changed, not every poll
+            click.echo(line)
+            shown = line
+
+    last = fleet.wait_drained(conn, ctx.schema, {a["id"] for a in affected}, timeout, report)
     if last.drained:
         click.echo("drained: no jobs running on " + target)
         return

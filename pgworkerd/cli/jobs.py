@@ -13,6 +13,7 @@ from pgworkerd import client, model
 from pgworkerd.cli import Context, database, fail, main
 from pgworkerd.cli.display import RawJson, echo_json, printable
 from pgworkerd.cli.params import DURATION
+from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.queue import admin, views
 from pgworkerd.sizes import format_size
@@ -304,6 +305,7 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         echo_json(row)
         return
     history = row.pop("attempt_history")
+    daemon = row.pop("daemon")
     for key, value in row.items():
         if key == "last_error" and value:
             # a traceback reads best on its own lines; each is escaped and indented, so
@@ -316,6 +318,8 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
             click.echo(f"{key}: {printable(value)}")
         else:
             click.echo(f"{key}: {printable(value)}")
+    if daemon is not None:
+        click.echo(daemon_line(daemon, job_id))
     if history is None:
         click.echo(
             "attempts: (this role may not read them: roles.sql's pgworkerd_reader and "
@@ -328,6 +332,27 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         error = str(a["error"] or "").rstrip("\n")
         if error:
             click.echo("\n".join(f"      {printable(ln)}" for ln in error.split("\n")))
+
+
+def daemon_line(d: dict[str, Any], job_id: int) -> str:
+    """`show`'s line on the daemon holding a running job, saying when it is silent."""
+
+    def age(seconds: float | None) -> str:
+        return "-" if seconds is None else format_duration(seconds, rounded=True)
+
+    line = (
+        f"daemon: {printable(d['id'])} on {printable(d['host'])} pid {d['pid']}"
+        f" ({printable(d['state'])}), heartbeat {age(d['heartbeat_age_seconds'])} ago"
+        f" (every {age(d['heartbeat_interval_seconds'])})"
+    )
+    if not d["silent"]:
+        return line
+    left = d["lease_left_seconds"]
+    frees = f"in {age(left)}" if left is not None and left > 0 else "now (expired)"
+    return (
+        f"{line}: SILENT (dead, frozen or cut off from the database); the job is not"
+        f" taken from it early: its lease frees it {frees} (pgworkerd explain {job_id})"
+    )
 
 
 def attempt_line(a: dict[str, Any]) -> str:

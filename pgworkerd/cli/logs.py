@@ -32,26 +32,6 @@ def _echo(text: str) -> None:
         sys.stdout.flush()
 
 
-def _new_text(entry: dict[str, Any], shown: int) -> str:
-    """The output after the first `shown` bytes of the stream, from the stored head and
-    tail (a marker for what fell between them). Byte offsets are the job's bytes, the
-    stored text their UTF-8 (exact unless the job wrote NULs or invalid UTF-8)."""
-    head, tail = entry["head"].encode(), entry["tail"].encode()
-    tail_start = max(len(head), entry["total_bytes"] - len(tail))
-    out = ""
-    if shown < len(head):
-        out += head[shown:].decode("utf-8", "replace")
-        shown = len(head)
-    if tail_start > shown:
-        out += (
-            ("" if not out or out.endswith("\n") else "\n")
-            + joblogs.omitted_marker(tail_start - shown)
-            + "\n"
-        )
-        shown = tail_start
-    return out + tail[shown - tail_start :].decode("utf-8", "replace")
-
-
 def _attempt_to_follow(found: dict[str, Any], attempt: int | None) -> int | None:
     """The lease token of the attempt to follow: the running one (if it is `attempt`,
     when given), else the latest stored one of `attempt`; None: none yet."""
@@ -66,7 +46,7 @@ def _follow(conn: psycopg.Connection, ctx: Context, job_id: int, attempt: int | 
     """Print an attempt's output as it comes, until it ended: the running attempt, or
     (the job pending) the next one."""
     token: int | None = None
-    shown = 0
+    follower = joblogs.Follower()
     over_since: float | None = None
     while True:
         found = joblogs.read_logs(conn, ctx.schema, job_id, attempt)
@@ -75,8 +55,7 @@ def _follow(conn: psycopg.Connection, ctx: Context, job_id: int, attempt: int | 
         token = _attempt_to_follow(found, attempt) if token is None else token
         entry = next((e for e in found["logs"] if e["lease_token"] == token), None)
         if entry is not None:
-            _echo(_new_text(entry, shown))
-            shown = entry["total_bytes"]
+            _echo(follower.next_text(entry))
             if entry["finished"]:
                 return
         running = found["status"] == "running" and found["lease_token"] == token

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import importlib.util
+import logging
 import sys
 
 import click
+from setproctitle import setproctitle
 
 from pgworkerd.cli import Context, fail, main
 from pgworkerd.exitcodes import ExitCode
@@ -17,12 +19,21 @@ from pgworkerd.exitcodes import ExitCode
 @click.option("--bind", help="address to listen on [default: the config's web.bind, 127.0.0.1]")
 @click.option("--port", type=click.IntRange(0, 65535), help="[default: web.port, 8470]")
 @click.option("--read-only", is_flag=True, help="pages only: no action offered or accepted")
+@click.option(
+    "--no-login",
+    is_flag=True,
+    help="serve without [web.users]: every local account can act (loopback only; "
+    "[web] allow_anonymous)",
+)
 @click.pass_context
-def web(click_ctx: click.Context, bind: str | None, port: int | None, read_only: bool) -> None:
+def web(
+    click_ctx: click.Context, bind: str | None, port: int | None, read_only: bool, no_login: bool
+) -> None:
     """Serve the web dashboard (needs `pip install 'pgworkerd[web]'`).
 
-    Listens on 127.0.0.1 unless told otherwise; any other address needs [web.users]
-    (README "Web dashboard"). Stops on SIGINT or SIGTERM.
+    Needs [web.users] (a login), unless --no-login says otherwise; listens on 127.0.0.1
+    unless told otherwise, and any other address needs users (README "Web dashboard").
+    Stops on SIGINT or SIGTERM.
     """
     if click_ctx.invoked_subcommand is not None:
         return
@@ -30,7 +41,9 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None, read_only:
         fail(
             "the dashboard needs Flask and waitress: pip install 'pgworkerd[web]'", ExitCode.CONFIG
         )
+    from pgworkerd.config import file_warnings
     from pgworkerd.ops import logs
+    from pgworkerd.ops.systemd import Notifier
     from pgworkerd.web.server import BindRefused, build
 
     ctx: Context = click_ctx.obj
@@ -42,9 +55,15 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None, read_only:
         settings = dataclasses.replace(settings, port=port)
     if read_only:
         settings = dataclasses.replace(settings, read_only=True)
+    if no_login:
+        if settings.users:
+            fail("--no-login contradicts the config's [web.users]: remove one", ExitCode.CONFIG)
+        settings = dataclasses.replace(settings, allow_anonymous=True)
     dsn = ctx.resolved_dsn()
     logs.setup(config.logging.format, config.logging.level)
     logs.hide_passwords_of(dsn)
+    for warning in file_warnings(config):
+        logging.getLogger("pgworkerd.web").warning("%s", warning)
     try:
         dashboard = build(settings, dsn, ctx.schema)
     except BindRefused as exc:
@@ -52,9 +71,19 @@ def web(click_ctx: click.Context, bind: str | None, port: int | None, read_only:
     except OSError as exc:
         fail(f"cannot listen on {settings.bind}:{settings.port}: {exc.strerror}", ExitCode.CONFIG)
     mode = " (read-only)" if settings.read_only else ""
-    login = "login required" if settings.users else "no login (loopback only)"
-    click.echo(f"pgworkerd web: serving {dashboard.url}{mode}, {login}", err=True)
-    try:
+    login = "login required" if settings.users else "NO LOGIN (loopback only)"
+    try:  # a SIGINT once "serving" is said stops it cleanly (exit 0)
+        setproctitle(f"pgworkerd web: {dashboard.url}{mode}, {login}")
+        if not settings.users:
+            logging.getLogger("pgworkerd.web").warning(
+                "web: serving WITHOUT A LOGIN (allow_anonymous / --no-login): every local "
+                "account and every process on this host can read every job and act as the "
+                "dashboard's database role; never put a proxy in front of it"
+            )
+        click.echo(f"pgworkerd web: serving {dashboard.url}{mode}, {login}", err=True)
+        # Under systemd (Type=notify, systemd/pgworkerd-web.service): `systemctl start`
+        # returns once the address is bound; a refused bind fails the start instead.
+        Notifier().ready(f"serving {dashboard.url}{mode}")
         dashboard.run()
     except KeyboardInterrupt:
         pass

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from pgworkerd.config import Config
 from pgworkerd.daemon.jobtable import JobTable
@@ -45,6 +45,7 @@ from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.supervisor import Supervisor
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue.lease import HandlerCapacity
+from pgworkerd.queue.registry import HandBack
 
 log = logging.getLogger("pgworkerd")
 
@@ -94,6 +95,9 @@ class Claimer:
         self.metrics = metrics
         self.clock = clock
         self.accepting = False
+        # a filtered hand-back in place (drain --hand-back --queue/--handler): its jobs are
+        # not claimed here, the rest are (an unfiltered one stops accepting instead)
+        self.held_back: HandBack | None = None
         self.wanted = True
         self.backlog = False  # the last claim filled every free slot: more may wait
         self.poll_at = 0.0
@@ -132,7 +136,8 @@ class Claimer:
         mine, next_skip = self.peers.group(wake)
         if not mine:
             return
-        if self._can_take(wake.handler):
+        held = self.held_back is not None and self.held_back.targets(wake.queue, wake.handler)
+        if not held and self._can_take(wake.handler):
             self.notified(now)
         elif next_skip is not None and wake.hops < MAX_FORWARDS:
             self.forwards.append(wake.forwarded(next_skip))
@@ -145,7 +150,8 @@ class Claimer:
             return False
         if handler is None:
             return True
-        return self.capacity(free)[handler].free > 0
+        capacity = self.capacity(free).get(handler)
+        return capacity is not None and capacity.free > 0
 
     def slot_freed(self) -> None:
         # With a fleet-wide limit, a short claim says nothing about what waits: jobs may
@@ -156,6 +162,12 @@ class Claimer:
             for h in self.config.handlers.values()
         ):
             self.request()
+
+    def hold_back(self, hand_back: HandBack | None) -> None:
+        """Claim none of the jobs a hand-back targets (None: claim them again)."""
+        if hand_back is None and self.held_back is not None:
+            self.request()
+        self.held_back = hand_back
 
     def set_accepting(self, accepting: bool) -> None:
         if accepting and not self.accepting:
@@ -218,12 +230,15 @@ class Claimer:
             return
         self.wanted = False
         self.poll_at = now + self.poll_period()
+        capacity = self.capacity(free)
+        if not capacity:
+            return  # every handler held back by a hand-back
         sent_at = self.clock()
         carried = self.writer.completions() if self.writer is not None else []
         if carried:
-            result = self.statements.claim(self.config.queues, self.capacity(free), free, carried)
+            result = self.statements.claim(self.config.queues, capacity, free, carried)
         else:
-            result = self.statements.claim(self.config.queues, self.capacity(free), free)
+            result = self.statements.claim(self.config.queues, capacity, free)
         if result is None:
             if carried:
                 # Perhaps only a completion's value was refused: the writer tries each
@@ -327,19 +342,29 @@ class Claimer:
         return rank
 
     def capacity(self, free: int) -> dict[str, HandlerCapacity]:
-        """What each handler may claim now: the free slots, capped by its own slots."""
+        """What each handler may claim now: the free slots, capped by its own slots. A
+        filtered hand-back takes its queues from the handlers it targets (a handler left
+        with none is not claimed for)."""
         busy = self.table.busy_per_handler()
-        return {
-            name: HandlerCapacity(
+        held = self.held_back
+        capacity = {}
+        for name, h in self.config.handlers.items():
+            queues: Sequence[str] | None = h.queues or None
+            if held is not None and (held.handlers is None or name in held.handlers):
+                if held.queues is None:
+                    continue  # every queue of it is held back
+                queues = [q for q in (queues or self.config.queues) if q not in held.queues]
+                if not queues:
+                    continue
+            capacity[name] = HandlerCapacity(
                 lease_seconds=self.config.lease_for(h),
                 free=free if h.slots is None else min(free, h.slots - busy.get(name, 0)),
                 max_attempts=h.max_attempts,
-                queues=h.queues or None,
+                queues=queues,
                 max_running=h.max_running,
                 max_running_per_key=h.max_running_per_key,
             )
-            for name, h in self.config.handlers.items()
-        }
+        return capacity
 
     def _keep_warm(self) -> None:
         if not self.accepting:

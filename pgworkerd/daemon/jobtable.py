@@ -268,6 +268,29 @@ class JobTable:
             else:
                 child.send(Shutdown())
 
+    def hand_back(self, job: InFlight, grace: float) -> None:
+        """`drain --hand-back`: ask the job's handler to stop (job.stop_requested, as a
+        SIGTERM drain does) and hand the job back when `grace` seconds have passed, or at
+        once if it never started. A job keeps the earliest hand-back time it was given:
+        a second request never gives it more time."""
+        if job.stop_reason is not None:
+            return  # stopping already (its own reason decides what it leaves)
+        child = self.child_of(job)
+        if child is None or grace <= 0:
+            self.stop(job, StopReason.HAND_BACK)
+            return
+        if not job.stop_asked:
+            job.stop_asked = True
+            child.send(Shutdown(job.job.id))
+        at = self.clock() + grace
+        job.hand_back_at = at if job.hand_back_at is None else min(job.hand_back_at, at)
+
+    def lift_hand_back(self) -> None:
+        """`pgworkerd resume`: jobs waiting out a hand-back grace run on (a handler that
+        stops itself all the same is still released, not failed)."""
+        for job in self.jobs.values():
+            job.hand_back_at = None
+
     def lease_renewed(self, job: InFlight, deadline: float, *, saved: bool) -> None:
         job.deadline = deadline
         job.unsaved = job.unsaved and not saved
@@ -336,6 +359,11 @@ class JobTable:
                 if child is not None:
                     child.signal_group(signal.SIGKILL)
                 job.kill_at = None
+            elif (
+                job.hand_back_at is not None and now >= job.hand_back_at and job.stop_reason is None
+            ):
+                log.info("%s: its hand-back grace is over; stopping it", job.name)
+                self.stop(job, StopReason.HAND_BACK)
             elif job.started_at is not None and job.stop_reason is None:
                 if h.timeout is not None and now - job.started_at >= h.timeout:
                     self.stop(job, StopReason.TIMEOUT)

@@ -58,6 +58,7 @@ from pgworkerd.ops import logs, metrics
 from pgworkerd.ops.systemd import Notifier
 from pgworkerd.queue.db import DatabaseError, InvalidDsn, scrub
 from pgworkerd.queue.migrate import SchemaError, check_current
+from pgworkerd.queue.registry import HandBack
 from pgworkerd.worker.forkserver import set_child_subreaper
 from pgworkerd.worker.protocol import ChildMessage
 
@@ -94,6 +95,7 @@ class Daemon:
         self.exit_code = ExitCode.OK
         self.signals: deque[int] = deque()
         self.drain_deadline: float | None = None
+        self.hand_back: HandBack | None = None  # the hand-back request acted on
         self.exit_deadline: float | None = None
         self._wake_r, self._wake_w = os.pipe()
         self.selector = selectors.DefaultSelector()
@@ -277,9 +279,31 @@ class Daemon:
         self.usage.tick(now)
         self.joblogs.tick(now)
         self.presence.tick(now)
+        self._follow_hand_back()
         self.scheduler.tick(now)
         self.retention.tick(now)
         self.claimer.set_accepting(self._accepting())  # a drain requested just now
+
+    def _follow_hand_back(self) -> None:
+        """Act on a hand-back request the registry heartbeat brought (or its lifting):
+        claim none of the jobs it targets, ask their handlers to stop, and hand them
+        back at the end of the grace (JobTable.hand_back). The released jobs' peers are
+        woken by the release itself (job_release)."""
+        request = self.presence.hand_back
+        if request == self.hand_back:
+            return
+        self.hand_back = request
+        self.claimer.hold_back(request)
+        if request is None:
+            self.table.lift_hand_back()
+            return
+        targeted = [j for j in self.table if request.targets(j.job.queue, j.job.handler)]
+        log.info("handing back %d job(s)", len(targeted))
+        for job in targeted:
+            grace = request.grace
+            if grace is None:
+                grace = self.config.stop_grace_for(job.handler)
+            self.table.hand_back(job, grace)
 
     def _accepting(self) -> bool:
         return (

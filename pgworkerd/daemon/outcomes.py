@@ -95,6 +95,11 @@ class InFlight:
     cancel_seen: bool = False  # the database asked to cancel this job
     fenced: bool = False  # its lease is (or may be) gone: killed, whatever stopped it first
     usage: protocol.Usage | None = None  # the child's latest figures for it
+    # A hand-back (drain --hand-back) asked its handler to stop (job.stop_requested): a
+    # JobInterrupted it raises is a release; at hand_back_at (monotonic) it is stopped and
+    # released whatever it does (None: no hand-back pending, or lifted by a resume).
+    stop_asked: bool = False
+    hand_back_at: float | None = None
 
     @property
     def name(self) -> str:
@@ -106,6 +111,8 @@ class InFlight:
             yield self.deadline
         if self.kill_at is not None:
             yield self.kill_at
+        if self.hand_back_at is not None and self.stop_reason is None:
+            yield self.hand_back_at
         if self.started_at is not None and self.stop_reason is None:
             if self.handler.timeout is not None:
                 yield self.started_at + self.handler.timeout
@@ -126,11 +133,13 @@ def decide(
     h, reason = job.handler, job.stop_reason
     kind, error, result = OutcomeKind.FAIL, "", None
     snooze: float | None = None
-    # the handler stopped itself (JobInterrupted) after a drain or cancel request
+    # the handler stopped itself (JobInterrupted) after a drain, hand-back or cancel request
     interrupted = isinstance(report, Interrupted)
     if isinstance(report, Done):
         kind, result = OutcomeKind.COMPLETE, report.result
-    elif (reason is not None and reason.hands_back) or (interrupted and draining):
+    elif (reason is not None and reason.hands_back) or (
+        interrupted and (draining or job.stop_asked)
+    ):
         kind = OutcomeKind.RELEASE
     elif reason is StopReason.CANCEL or (interrupted and job.cancel_seen):
         kind, error = OutcomeKind.CANCEL, "cancelled while running"

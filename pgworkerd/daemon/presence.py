@@ -30,7 +30,7 @@ from pgworkerd.daemon.states import DaemonState, RegistryState
 from pgworkerd.durations import format_duration
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.ops.systemd import Notifier
-from pgworkerd.queue import admin, registry, session
+from pgworkerd.queue import admin, registry, session, views
 from pgworkerd.queue.db import scrub
 
 log = logging.getLogger("pgworkerd")
@@ -40,6 +40,12 @@ log = logging.getLogger("pgworkerd")
 # registry costs a tenth of what a heartbeat every second did. Well inside the 60 s after
 # which peers mark a daemon gone.
 HEARTBEAT_IDLE = 10.0
+# ... and every HEARTBEAT_BUSY while the daemon holds jobs: a daemon silent for twice the
+# interval it recorded is shown as silent (migration 0021), so a killed host's running
+# jobs are flagged within 2 x HEARTBEAT_BUSY (10 s), not after their lease (60 s by
+# default, hours for long jobs). One statement per busy host every 5 s, whatever its
+# number of jobs; 2 x 5 s leaves a loaded host 5 s of lateness before it is flagged.
+HEARTBEAT_BUSY = 5.0
 # The live peers are read from the registry this often (jittered); their up/down
 # notifications keep the list current in between.
 PEERS_REFRESH = 60.0
@@ -48,8 +54,11 @@ PEERS_REFRESH_MAX = 1800.0
 
 class QueueDepthCounter:
     """Counts the jobs per queue and status for the metrics gauge on a thread of its own,
-    with a connection of its own: on a table of millions of jobs that GROUP BY takes
-    seconds, and the daemon's loop (renewals, dispatch, heartbeats) must not wait for it.
+    and after it (its own transaction, so a count that times out does not take it along)
+    the fleet's running jobs whose daemon is silent: a read of the registry and of the
+    silent daemons' jobs by primary key, small beside the count; with a
+    connection of its own: on a table of millions of jobs that GROUP BY takes seconds,
+    and the daemon's loop (renewals, dispatch, heartbeats) must not wait for it.
     One count at a time, each bounded by its own statement timeout (the connection's may
     be off, behind PgBouncer); a failed one is logged and tried again after `interval`.
     The number of queues is capped in the statement (metrics.top_queues): an enqueuer
@@ -86,15 +95,16 @@ class QueueDepthCounter:
         try:
             with self.db.connect() as conn:
                 self._conn = conn
-                with conn.transaction():
-                    session.set_local_statement_timeout(conn, self.timeout)
-                    rows = admin.counts_capped(
-                        conn,
-                        self.metrics.served_queues,
-                        self.metrics.top_queues,
-                        schema=self.schema,
-                    )
-            self.metrics.set_queue_depth(rows)
+                failed: Exception | None = None
+                for read in (self._queue_depth, self._silent_jobs):
+                    try:  # each in its own transaction: one that fails spares the other
+                        with conn.transaction():
+                            session.set_local_statement_timeout(conn, self.timeout)
+                            read(conn)
+                    except psycopg.Error as exc:
+                        failed = failed or exc
+                if failed is not None:
+                    raise failed
         except Exception as exc:  # whatever it is, the daemon goes on; say why, once
             self._retry_at = time.monotonic() + self.interval
             lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
@@ -102,6 +112,16 @@ class QueueDepthCounter:
             log.warning("counting jobs for the metrics failed: %s", scrub(detail, self.db.dsn))
         finally:
             self._conn = None
+
+    def _queue_depth(self, conn: psycopg.Connection) -> None:
+        rows = admin.counts_capped(
+            conn, self.metrics.served_queues, self.metrics.top_queues, schema=self.schema
+        )
+        self.metrics.set_queue_depth(rows)
+
+    def _silent_jobs(self, conn: psycopg.Connection) -> None:
+        silent = views.silent_jobs(conn, self.schema)
+        self.metrics.set_silent(silent["jobs"], silent["daemons"])
 
 
 @dataclass
@@ -139,7 +159,10 @@ class Presence:
         self.metrics = metrics
         self.depth_counter = depth_counter
         self.clock = clock
-        self.drain_requested = False  # through the database (pgworkerd drain)
+        self.drain_requested = False  # through the database (pgworkerd drain): claim nothing
+        # a hand-back requested through the database (pgworkerd drain --hand-back); the
+        # loop acts on it (Daemon._follow_hand_back)
+        self.hand_back: registry.HandBack | None = None
         self.heartbeat_at = 0.0
         self.stale_check_at = 0.0
         self.watchdog_at = 0.0
@@ -186,8 +209,15 @@ class Presence:
             },
         )
 
+    def heartbeat_interval(self) -> float:
+        """The most seconds this daemon lets pass before its next heartbeat, recorded with
+        each one (what `explain` and `status` measure silence against)."""
+        return HEARTBEAT_BUSY if len(self.table) else HEARTBEAT_IDLE
+
     def register(self) -> None:
-        self.statements.register(self._worker_info(), self.registry_state())
+        self.statements.register(
+            self._worker_info(), self.registry_state(), self.heartbeat_interval()
+        )
 
     def deregister(self) -> None:
         if self.statements.ok:
@@ -209,10 +239,11 @@ class Presence:
 
     def _next_heartbeat(self) -> float:
         """heartbeat_at is the earliest a heartbeat may go (a second after the last one);
-        it goes then if there is news, else HEARTBEAT_IDLE after the last one."""
+        it goes then if there is news, else the interval it recorded after the last one
+        (the news include the in-flight jobs, so that interval is still the one now)."""
         if self._sent is None or self._news() != self._sent:
             return self.heartbeat_at
-        return self.heartbeat_at - self._min_interval() + HEARTBEAT_IDLE
+        return self.heartbeat_at - self._min_interval() + self.heartbeat_interval()
 
     def _min_interval(self) -> float:
         return min(1.0, self.config.worker.renew_interval)
@@ -224,20 +255,38 @@ class Presence:
             return
         self.heartbeat_at = now + self._min_interval()
         self._sent = self._news()
-        drain = self.statements.heartbeat(
-            self._worker_info(), self.registry_state(), self.table.ids()
+        request = self.statements.heartbeat(
+            self._worker_info(), self.registry_state(), self.table.ids(), self.heartbeat_interval()
         )
-        if drain is None and self.statements.ok:
+        if request is None and self.statements.ok:
             self.register()  # marked gone after a long outage: come back
             return
-        if drain is not None and drain != self.drain_requested:
-            self.drain_requested = drain
-            log.info("drain %s through the database", "requested" if drain else "lifted")
+        if request is not None:
+            self._drain_requested(request)
         if self.link.listen_due(now):
             self.link.listen(self.config.worker.poll_interval)
         if self.metrics.queue_depth_due():
             self.depth_counter.start()
         self._mark_stale_if_due(now)
+
+    def _drain_requested(self, request: registry.DrainRequest) -> None:
+        # An unfiltered hand-back stops every claim, whatever drain_requested says.
+        drain = request.drain or (request.hand_back is not None and request.hand_back.everything)
+        if drain != self.drain_requested:
+            self.drain_requested = drain
+            log.info("drain %s through the database", "requested" if drain else "lifted")
+        if request.hand_back != self.hand_back:
+            hb = request.hand_back
+            if hb is None:
+                log.info("hand-back lifted through the database")
+            else:
+                log.info(
+                    "hand-back requested through the database: grace %s, queues %s, handlers %s",
+                    "each handler's stop_grace" if hb.grace is None else format_duration(hb.grace),
+                    "all" if hb.queues is None else ", ".join(sorted(hb.queues)),
+                    "all" if hb.handlers is None else ", ".join(sorted(hb.handlers)),
+                )
+            self.hand_back = hb
 
     def _mark_stale_if_due(self, now: float) -> None:
         """Peers silent past stale_after are marked gone. Every daemon may do it, one at a

@@ -130,20 +130,29 @@ class Statements:
             lambda c: joblogs.write(c, self.worker_id, self.schema, entries),
         )
 
-    def register(self, info: registry.WorkerInfo, state: str) -> None:
-        self.link.run("registering", lambda c: registry.register(c, info, state, self.schema))
+    def register(self, info: registry.WorkerInfo, state: str, heartbeat_interval: float) -> None:
+        self.link.run(
+            "registering",
+            lambda c: registry.register(c, info, state, self.schema, heartbeat_interval),
+        )
 
     def deregister(self) -> None:
         self.link.run(
             "deregistering", lambda c: registry.deregister(c, self.worker_id, self.schema)
         )
 
-    def heartbeat(self, info: registry.WorkerInfo, state: str, job_ids: list[int]) -> bool | None:
-        """The registry heartbeat; returns whether a drain is requested for this daemon
-        (None: the call failed, or the row is gone)."""
+    def heartbeat(
+        self,
+        info: registry.WorkerInfo,
+        state: str,
+        job_ids: list[int],
+        heartbeat_interval: float,
+    ) -> registry.DrainRequest | None:
+        """The registry heartbeat, with the most seconds until the next one; returns the
+        drain requested of this daemon (None: the call failed, or the row is gone)."""
         return self.link.run(
             "heartbeat",
-            lambda c: registry.heartbeat(c, info, state, job_ids, self.schema),
+            lambda c: registry.heartbeat(c, info, state, job_ids, self.schema, heartbeat_interval),
         )
 
     def mark_stale(self, stale_after: float) -> list[tuple[str, str, int]] | None:

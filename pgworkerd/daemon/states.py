@@ -33,6 +33,7 @@ class StopReason(StrEnum):
     """Why the daemon stopped a job's child (None on an InFlight: it did not)."""
 
     DRAIN = "drain"  # the drain timeout passed, or it never started before a drain
+    HAND_BACK = "hand back"  # `drain --hand-back`: its grace ended, or it never started
     TERMINATE = "terminate"
     NO_CHILD = "no child"  # claimed, but no child could be started for it in time
     TIMEOUT = "timeout"
@@ -43,7 +44,12 @@ class StopReason(StrEnum):
     @property
     def hands_back(self) -> bool:
         """The job goes back to the queue with its attempt not counted."""
-        return self in (StopReason.DRAIN, StopReason.TERMINATE, StopReason.NO_CHILD)
+        return self in (
+            StopReason.DRAIN,
+            StopReason.HAND_BACK,
+            StopReason.TERMINATE,
+            StopReason.NO_CHILD,
+        )
 
 
 class OutcomeKind(StrEnum):

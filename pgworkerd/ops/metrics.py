@@ -164,6 +164,9 @@ class NullMetrics:
     def set_queue_depth(self, rows: Iterable[tuple[str | None, str, int]]) -> None:
         pass
 
+    def set_silent(self, jobs: int, daemons: int) -> None:
+        pass
+
     def observe_job_start(self, run_at: datetime, created_at: datetime) -> None:
         pass
 
@@ -284,6 +287,18 @@ class Metrics(NullMetrics):
         self.slots = gauge("slots", "Jobs this daemon may run at once.")
         self.draining = gauge(
             "draining", "1 while this daemon takes no new jobs (drain requested or stopping)."
+        )
+        # Fleet-wide, read with the queue depth (queue_depth_interval): every daemon exports
+        # the same count (aggregate with max, not sum). No labels: daemon ids change at
+        # every start, and `pgworkerd status` names the daemons and jobs.
+        self.silent_jobs = gauge(
+            "silent_daemon_jobs",
+            "Running jobs (fleet-wide) whose daemon is silent: no registry heartbeat for"
+            " over twice its interval. Left to their leases (pgworkerd explain: daemon_silent).",
+        )
+        self.silent_daemons = gauge(
+            "silent_daemons",
+            "Silent daemons (fleet-wide) that hold running jobs.",
         )
         self.start_latency = histogram(
             "job_start_latency_seconds",
@@ -483,6 +498,13 @@ class Metrics(NullMetrics):
         # Served queues and "other" are always exported (at 0 when empty); any other
         # queue only while it is in the latest count, so stale series disappear.
         self._depth = (depth, self._served_labels | {OTHER} | set(per_queue))
+
+    @_safe
+    def set_silent(self, jobs: int, daemons: int) -> None:
+        """The fleet's running jobs whose daemon is silent, and their daemons
+        (views.silent_jobs)."""
+        self.silent_jobs.set(max(0, jobs))
+        self.silent_daemons.set(max(0, daemons))
 
     @_safe
     def observe_job_start(self, run_at: datetime, created_at: datetime) -> None:

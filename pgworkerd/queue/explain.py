@@ -2,20 +2,24 @@
 from any host): for a pending job every reason it is not running now, for any other what
 happened to it.
 
-explain(conn, schema, job_id, *, stale_after=registry.STALE_AFTER_SECONDS) returns None
-for an unknown id, else a dict: id, status, queue, handler, summary (one line), and
-reasons, a list of {"code", "message", "facts"}. Codes are stable (scripts and the
-dashboard match on them; messages may be reworded):
+explain(conn, schema, job_id) returns None for an unknown id, else a dict: id, status,
+queue, handler, summary (one line), and reasons, a list of {"code", "message", "facts"}.
+Codes are stable (scripts and the dashboard match on them; messages may be reworded):
 
   pending:  scheduled, backing_off, snoozed, retried, queue_paused, handler_paused,
             no_daemon, daemons_silent, daemons_drained, daemons_full, limit_full,
             key_limit_full, claimable (nothing blocks it; always alone)
-  running:  running, lease_expired, cancel_requested
+  running:  running, daemon_silent (its daemon stopped heartbeating: dead, frozen or cut
+            off; the job stays its until the lease ends), lease_expired, cancel_requested
   finished: completed, dead, cancelled, dedupe_held (a retry would leave it pending
             elsewhere: another live job holds its dedupe key)
 
 Dedupe never holds a pending job back in this schema: the unique index admits one live
 job per handler and key, and a second enqueue returns the first one's id.
+
+A daemon is silent when its registry heartbeat is older than twice the interval it
+recorded (SQL function daemon_silent, migration 0021): daemons_silent and daemon_silent
+use that one definition, as do `status`, `show`, the dashboard and the metric.
 
 Limits live in each daemon's configuration; daemons of schema 16 on publish theirs in
 the registry (workers.handler_settings), and a job is held by a limit only when every
@@ -31,7 +35,6 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgworkerd.durations import format_duration
-from pgworkerd.queue import registry
 from pgworkerd.queue.queries import query
 
 NOT_TAKING = ("draining", "drained", "stopping")
@@ -55,22 +58,14 @@ def _last_line(text: Any) -> str:
     return lines[-1].strip()[:200]
 
 
-def explain(
-    conn: psycopg.Connection[Any],
-    schema: str,
-    job_id: int,
-    *,
-    stale_after: float = registry.STALE_AFTER_SECONDS,
-) -> dict[str, Any] | None:
+def explain(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, Any] | None:
     with conn.transaction(), conn.cursor(row_factory=dict_row) as cur:
         cur.execute(query("session_read_side_local", schema))  # no JIT for a few probes
-        facts = cur.execute(
-            query("job_explain_facts", schema), {"id": job_id, "stale_after": stale_after}
-        ).fetchone()
+        facts = cur.execute(query("job_explain_facts", schema), {"id": job_id}).fetchone()
     if facts is None or facts["job"] is None:
         return None
     job = facts["job"]
-    f = {**facts, "stale_after": stale_after}
+    f = dict(facts)
     for d in f["daemons"]:  # settings come from the registry: anything but an object is none
         d["settings"] = d["settings"] if isinstance(d["settings"], dict) else {}
     status = job["status"]
@@ -197,8 +192,8 @@ def _capacity(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
         return [
             _reason(
                 "daemons_silent",
-                "every daemon serving it has been silent (no heartbeat) for over"
-                f" {_ago(f['stale_after'])}: "
+                "every daemon serving it is silent (no heartbeat for over twice its"
+                " interval): "
                 + ", ".join(
                     f"{d['id']} on {d['host']} ({_ago(d['heartbeat_age_seconds'])})"
                     for d in serving
@@ -294,7 +289,16 @@ def _full(d: dict[str, Any]) -> bool:
 
 
 def _brief(d: dict[str, Any]) -> dict[str, Any]:
-    keys = ("id", "host", "state", "drain_requested", "busy", "slots", "heartbeat_age_seconds")
+    keys = (
+        "id",
+        "host",
+        "state",
+        "drain_requested",
+        "busy",
+        "slots",
+        "heartbeat_age_seconds",
+        "heartbeat_interval_seconds",
+    )
     return {k: d[k] for k in keys}
 
 
@@ -318,6 +322,8 @@ def _running(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
             progress=job["progress"],
         )
     ]
+    if holder.get("silent"):
+        reasons.append(_silent(job, holder, left))
     if left is not None and left < 0:
         reasons.append(
             _reason(
@@ -333,6 +339,36 @@ def _running(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
             _reason("cancel_requested", "a cancel was requested: its daemon is stopping it")
         )
     return reasons
+
+
+def _silent(job: dict[str, Any], holder: dict[str, Any], left: float | None) -> dict[str, Any]:
+    """Its daemon stopped heartbeating. Killed, frozen, or cut off from the database:
+    nobody can tell which from here, and a cut-off host's child runs on (and may finish)
+    until its lease ends, so the job is left to its lease; only then may another daemon
+    take it. Said in the message, so that nobody "fixes" it by hand."""
+    age, interval = holder.get("heartbeat_age_seconds"), holder.get("heartbeat_interval_seconds")
+    if left is None:
+        frees = "its lease"
+    elif left >= 0:
+        frees = f"its lease ends at {job['locked_until']} (in {_ago(left)})"
+    else:
+        frees = f"its lease ended at {job['locked_until']}"
+    return _reason(
+        "daemon_silent",
+        f"daemon {job['locked_by']} on host {holder.get('host')} is silent: no heartbeat for"
+        f" {_ago(age)} (it heartbeats every {_ago(interval)}); dead, frozen or cut off from"
+        f" the database. The job is not taken from it early ({frees}): a cut-off host's"
+        " job may still be running until then; afterwards a daemon serving it takes it"
+        " again",
+        worker=job["locked_by"],
+        host=holder.get("host"),
+        pid=holder.get("pid"),
+        daemon_state=holder.get("state"),
+        heartbeat_age_seconds=age,
+        heartbeat_interval_seconds=interval,
+        locked_until=job["locked_until"],
+        lease_left_seconds=left,
+    )
 
 
 def _finished(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,10 @@ def _rows(
         return cur.execute(query(name, schema), params or {}).fetchall()
 
 
+def _target_host(worker_id: str | None, all_hosts: bool) -> str | None:
+    return None if (all_hosts or worker_id) else socket.gethostname()
+
+
 def request_drain(
     conn: psycopg.Connection,
     schema: str,
@@ -32,12 +36,59 @@ def request_drain(
     worker_id: str | None = None,
     all_hosts: bool = False,
 ) -> list[dict[str, Any]]:
-    """Set (or with drain=False clear) the drain flag of this host's daemons, of one
-    daemon, or of all; returns the daemons affected."""
-    host = None if (all_hosts or worker_id) else socket.gethostname()
+    """Ask this host's daemons, one daemon, or all to drain (let their jobs finish), or
+    with drain=False lift every drain of theirs, plain or hand-back (`resume`); returns
+    the daemons affected."""
+    host = _target_host(worker_id, all_hosts)
+    if not drain:
+        return _rows(conn, "worker_lift_drain", schema, {"id": worker_id, "host": host})
     return _rows(
-        conn, "worker_request_drain", schema, {"drain": drain, "id": worker_id, "host": host}
+        conn,
+        "worker_request_drain",
+        schema,
+        {
+            "id": worker_id,
+            "host": host,
+            "hand_back": False,
+            "grace": None,
+            "queues": None,
+            "handlers": None,
+        },
     )
+
+
+def request_hand_back(
+    conn: psycopg.Connection,
+    schema: str,
+    *,
+    grace: float | None,
+    queues: Sequence[str] | None = None,
+    handlers: Sequence[str] | None = None,
+    worker_id: str | None = None,
+    all_hosts: bool = False,
+) -> list[dict[str, Any]]:
+    """Ask this host's daemons, one daemon, or all to hand back their running jobs (of
+    `queues` and `handlers`; None: all) after `grace` seconds (None: each handler's
+    stop_grace), claiming none of them meanwhile; returns the daemons asked. Checked again
+    by the database (drain_request, migration 0017): a bad value changes nothing."""
+    return _rows(
+        conn,
+        "worker_request_drain",
+        schema,
+        {
+            "id": worker_id,
+            "host": _target_host(worker_id, all_hosts),
+            "hand_back": True,
+            "grace": grace,
+            "queues": None if queues is None else list(queues),
+            "handlers": None if handlers is None else list(handlers),
+        },
+    )
+
+
+def find_daemon(conn: psycopg.Connection, schema: str, worker_id: str) -> dict[str, Any] | None:
+    """A daemon's registry row as `status` lists it (live, or gone within the hour)."""
+    return next((w for w in _rows(conn, "worker_list", schema) if w["id"] == worker_id), None)
 
 
 # -- pausing queues and handlers (migration 0009) -------------------------------------------
@@ -126,6 +177,53 @@ def wait_drained(
         ]
         busy = daemons_still_busy(conn, schema, wanted)
         progress = DrainProgress(busy, sorted(j for d in busy for j in d["in_flight"]), gone)
+        on_progress(progress)
+        if progress.drained or (deadline is not None and time.monotonic() >= deadline):
+            return progress
+        time.sleep(interval)
+
+
+@dataclass(frozen=True)
+class HandBackProgress:
+    """One look at the daemons a hand-back waits for."""
+
+    # Per daemon still waited for: its row (id, host, pid, state), whether it has read the
+    # request ("seen") and the targeted jobs it still runs ("running_jobs").
+    busy: list[dict[str, Any]]
+    marked_gone: list[tuple[str, str, int]] = field(default_factory=list)
+
+    @property
+    def running_jobs(self) -> list[int]:
+        return sorted(j for d in self.busy for j in d["running_jobs"])
+
+    @property
+    def drained(self) -> bool:
+        return not self.busy
+
+
+def wait_handed_back(
+    conn: psycopg.Connection,
+    schema: str,
+    ids: Collection[str],
+    timeout: float | None,
+    on_progress: Callable[[HandBackProgress], None] = lambda progress: None,
+    *,
+    interval: float = 0.2,
+) -> HandBackProgress:
+    """Wait until each of the daemons `ids` has read its hand-back request and runs none
+    of the jobs it targets (read from the jobs table), or `timeout` seconds passed (None:
+    no limit); silent daemons are marked gone and waited for no longer, as in
+    wait_drained. Returns the last look (`drained` False: timed out)."""
+    wanted = set(ids)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        gone = [
+            row
+            for row in registry.mark_stale(conn, registry.STALE_AFTER_SECONDS, schema)
+            if row[0] in wanted
+        ]
+        rows = _rows(conn, "worker_hand_back_progress", schema, {"ids": sorted(wanted)})
+        progress = HandBackProgress([r for r in rows if not r["seen"] or r["running_jobs"]], gone)
         on_progress(progress)
         if progress.drained or (deadline is not None and time.monotonic() >= deadline):
             return progress

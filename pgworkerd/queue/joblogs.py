@@ -100,3 +100,75 @@ def text_of(entry: dict[str, Any]) -> str:
     if head and not head.endswith("\n"):
         head += "\n"
     return f"{head}{omitted_marker(entry['omitted_bytes'])}\n{tail}"
+
+
+def _raw_length(text: str) -> int:
+    """The job's bytes a stored text stands for, as near as can be told: each U+FFFD
+    was (most often) one invalid byte, a removed NUL cannot be counted."""
+    return len(text.encode()) - 2 * text.count("\ufffd")
+
+
+def _held_back(text: str, finished: bool) -> int:
+    """How many characters at the end of a growing text to hold back: a U+FFFD there may
+    be a character the daemon read half of (its next write completes it)."""
+    return 1 if not finished and text.endswith("\ufffd") else 0
+
+
+@dataclass
+class Follower:
+    """What `pgworkerd logs -f` printed of one attempt, counted in stored characters.
+
+    The stored text is the job's bytes with invalid UTF-8 replaced (U+FFFD: three bytes
+    for one) and NULs removed, so the job's byte counts (total_bytes, omitted_bytes)
+    cannot index it: a follower counting bytes printed some output twice after invalid
+    UTF-8. The head grows at its end only; so does the tail while omitted_bytes stays the
+    same (its start has not moved). When the tail's start moved on, the part of it
+    already printed is found again from how far it moved."""
+
+    head_shown: int = 0  # characters of the stored head printed
+    tail_printed: str = ""  # the stored tail as far as printed
+    omitted: int = 0  # the tail's start (omitted_bytes) when tail_printed was read
+
+    def next_text(self, entry: dict[str, Any]) -> str:
+        """The output not printed yet (with an omitted marker where output was lost)."""
+        head, tail, finished = entry["head"], entry["tail"], entry["finished"]
+        out = ""
+        end = len(head) - (0 if tail else _held_back(head, finished))
+        if end > self.head_shown:
+            out, self.head_shown = head[self.head_shown : end], end
+        if not tail:
+            return out
+        omitted = entry["omitted_bytes"]
+        start = len(self.tail_printed)
+        if omitted != self.omitted:
+            moved = omitted - self.omitted  # job bytes the tail's start moved on
+            missed = moved - _raw_length(self.tail_printed)
+            if missed > 0:  # it moved past what was printed: that much was never seen
+                newline = "" if not out or out.endswith("\n") else "\n"
+                out += f"{newline}{omitted_marker(missed)}\n"
+                start = 0
+            else:
+                start = _overlap(self.tail_printed, tail, moved)
+            self.omitted = omitted
+        end = len(tail) - _held_back(tail, finished)
+        if end > start:
+            out += tail[start:end]
+            self.tail_printed = tail[:end]
+        else:
+            self.tail_printed = tail[:start]
+        return out
+
+
+def _overlap(printed: str, tail: str, moved: int) -> int:
+    """How many characters at the start of `tail` are the end of `printed`, the tail
+    having moved on by `moved` job bytes: the cut that many bytes in (by _raw_length),
+    checked against the text, and the nearest cut that matches if the count was off."""
+    cut, skipped = 0, 0
+    while cut < len(printed) and skipped < moved:
+        skipped += _raw_length(printed[cut])
+        cut += 1
+    for offset in sorted(range(-8, 9), key=abs):
+        at = cut + offset
+        if 0 <= at <= len(printed) and tail.startswith(printed[at:]):
+            return len(printed) - at
+    return len(printed) - cut

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -11,9 +12,13 @@ from psycopg.types.json import Jsonb
 
 from pgworkerd.queue.queries import query
 
-# A daemon heartbeats at least every second; one silent this long is dead (or cut off
-# from the database) and is marked gone, by any other daemon or by `drain --wait`.
+# A daemon heartbeats at least every 10 s (daemon/presence.py); one silent this long is
+# dead (or cut off from the database) and is marked gone, by any other daemon or by
+# `drain --wait`. Long before that, a daemon silent for twice the heartbeat interval it
+# recorded is shown as silent (migration 0021, SQL function daemon_silent).
 STALE_AFTER_SECONDS = 60.0
+# What a registry row says when the daemon wrote no interval (code before schema 21).
+DEFAULT_HEARTBEAT_INTERVAL = 10.0
 # Registry rows of daemons gone this long are deleted by `pgworkerd prune` (one row per
 # daemon start: a unit restarting every 5 s would add 17,000 a day).
 GONE_RETENTION_SECONDS = 7 * 86400.0
@@ -33,7 +38,15 @@ class WorkerInfo:
     settings: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
-def register(conn: psycopg.Connection, info: WorkerInfo, state: str, schema: str) -> None:
+def register(
+    conn: psycopg.Connection,
+    info: WorkerInfo,
+    state: str,
+    schema: str,
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+) -> None:
+    """Record the daemon; `heartbeat_interval`: the most seconds it lets pass before its
+    next heartbeat (1 s to an hour: the registry refuses others)."""
     conn.execute(
         query("worker_register", schema),
         {
@@ -46,14 +59,53 @@ def register(conn: psycopg.Connection, info: WorkerInfo, state: str, schema: str
             "slots": info.slots,
             "state": state,
             "settings": Jsonb(dict(info.settings)),
+            "heartbeat_interval": heartbeat_interval,
         },
     )
 
 
+@dataclass(frozen=True)
+class HandBack:
+    """A hand-back request as the registry holds it (migration 0017): hand back the running
+    jobs it targets after the grace (None: each handler's stop_grace), and claim none of
+    them meanwhile. requested_at tells one request from the next."""
+
+    requested_at: datetime
+    grace: float | None = None
+    queues: frozenset[str] | None = None  # None: every queue
+    handlers: frozenset[str] | None = None  # None: every handler
+
+    def targets(self, queue: str | None, handler: str | None) -> bool:
+        """Whether a job of `queue` and `handler` is to be handed back (None: unknown,
+        so possibly)."""
+        return (self.queues is None or queue is None or queue in self.queues) and (
+            self.handlers is None or handler is None or handler in self.handlers
+        )
+
+    @property
+    def everything(self) -> bool:
+        return self.queues is None and self.handlers is None
+
+
+@dataclass(frozen=True)
+class DrainRequest:
+    """What the registry asks of a daemon: drain (claim nothing; jobs finish), and perhaps
+    hand jobs back."""
+
+    drain: bool = False
+    hand_back: HandBack | None = None
+
+
 def heartbeat(
-    conn: psycopg.Connection, info: WorkerInfo, state: str, in_flight: Sequence[int], schema: str
-) -> bool | None:
-    """Returns whether a drain is requested; None if our row is gone (re-register)."""
+    conn: psycopg.Connection,
+    info: WorkerInfo,
+    state: str,
+    in_flight: Sequence[int],
+    schema: str,
+    heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+) -> DrainRequest | None:
+    """Returns the drain requested of this daemon; None if our row is gone (re-register).
+    `heartbeat_interval`: the most seconds until the next heartbeat, as at register."""
     row = conn.execute(
         query("worker_heartbeat", schema),
         {
@@ -64,9 +116,23 @@ def heartbeat(
             "handlers": list(info.handlers),
             "slots": info.slots,
             "settings": Jsonb(dict(info.settings)),
+            "heartbeat_interval": heartbeat_interval,
         },
     ).fetchone()
-    return None if row is None else bool(row[0])
+    if row is None:
+        return None
+    drain, requested_at, grace, queues, handlers = row
+    hand_back = (
+        None
+        if requested_at is None
+        else HandBack(
+            requested_at,
+            None if grace is None else float(grace),
+            None if queues is None else frozenset(queues),
+            None if handlers is None else frozenset(handlers),
+        )
+    )
+    return DrainRequest(bool(drain), hand_back)
 
 
 def deregister(conn: psycopg.Connection, worker_id: str, schema: str) -> None:

@@ -14,10 +14,17 @@ API (each function's args after (conn, schema); returned keys):
         id, host, pid, version, queues, handlers, slots, in_flight, state, drain_requested,
         started_at, heartbeat_at, stopped_at, uptime_seconds, heartbeat_age_seconds,
         busy (= len(in_flight)), drained (= drain_requested), last_seen_seconds
-        (= heartbeat_age_seconds). Live daemons and those gone within the last hour.
+        (= heartbeat_age_seconds), heartbeat_interval_seconds (the most it lets pass
+        between heartbeats), silent (its heartbeat is older than twice that: SQL function
+        daemon_silent, the one definition). Live daemons and those gone within the last
+        hour.
     running_jobs(conn, schema) -> list of dict
         id, queue, handler, attempts, max_attempts, locked_by, progress, cancel_requested,
-        age_seconds, lease_left_seconds
+        locked_until (when its lease frees it), age_seconds, lease_left_seconds,
+        daemon_host, daemon_heartbeat_age_seconds (None: no registry row), daemon_silent
+        (its daemon is silent; the job is left to its lease all the same)
+    silent_jobs(conn, schema) -> dict: jobs (running jobs whose daemon is silent), daemons
+        (silent daemons holding them); what the daemons export as metrics
     queue_counts(conn, schema, *, served, top=20, finished_within=None)
         -> (counts: {queue: {status: n}}, other_queues: {status: n})
         finished_within None: every job (a full count); a number of seconds: pending and
@@ -50,7 +57,9 @@ API (each function's args after (conn, schema); returned keys):
     job(conn, schema, job_id) -> dict | None: every column of jobs, and attempt_history (list of
         dict: attempt, outcome, worker, host, started_at, finished_at, wall_seconds,
         cpu_user_seconds, cpu_system_seconds, peak_memory, error; None when the role may
-        not read attempts)
+        not read attempts), and daemon: None unless it is running on a daemon of the
+        registry, else dict: id, host, pid, state, heartbeat_at, heartbeat_age_seconds,
+        heartbeat_interval_seconds, silent, locked_until, lease_left_seconds
     schedules(conn, schema) -> list of dict: name, definition, declared_by, declared_at,
         created_at, last_tick, last_job_id, last_skipped, last_fired_by, last_job_status,
         runs, declared_now
@@ -86,6 +95,11 @@ MAX_PAGE_SIZE = 1000
 # A text search reads rows until the page is full (no index serves a substring of a
 # payload): past this many seconds it is cancelled and says so.
 TEXT_SEARCH_TIMEOUT = 5.0
+# A text search looks at this many first characters of each payload and last error: a
+# multi-MB payload is not lowercased whole for every row read.
+TEXT_SEARCH_CHARS = 64 * 1024
+# The values of a job a raw download streams: a name of this set is all it accepts.
+JOB_VALUES = ("payload", "progress", "checkpoint", "result", "last_error")
 OUTCOMES = ("completed", "failed", "dead", "cancelled", "released", "snoozed", "lease expired")
 FAILED_OUTCOMES = ("failed", "dead", "lease expired")
 
@@ -117,6 +131,11 @@ def daemons(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
 
 def running_jobs(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
     return _rows(conn, "job_running_list", schema)
+
+
+def silent_jobs(conn: psycopg.Connection[Any], schema: str) -> dict[str, int]:
+    [row] = _rows(conn, "job_silent_count", schema)
+    return {"jobs": int(row["jobs"]), "daemons": int(row["daemons"])}
 
 
 def queue_counts(
@@ -284,6 +303,7 @@ def jobs_page(
         "queue": queue,
         "handler": handler,
         "text": text or None,
+        "text_chars": TEXT_SEARCH_CHARS,
         "before": before,
         "after": after,
         "limit": limit,
@@ -338,8 +358,9 @@ def job(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, An
         history = attempts.history(conn, job_id, schema=schema)
     except InsufficientPrivilege:  # a role granted before schema 12: the job still shows
         history = None
+    daemon = _rows(conn, "job_daemon", schema, {"id": job_id})
     # Not under "attempts": that is the jobs column (how many attempts were counted).
-    return {**row, "attempt_history": history}
+    return {**row, "attempt_history": history, "daemon": daemon[0] if daemon else None}
 
 
 def schedules(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
@@ -348,3 +369,78 @@ def schedules(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]
 
 def limits(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
     return _rows(conn, "view_limits", schema)
+
+
+# -- bounded reads for pages (the dashboard): no value travels whole ----------------------
+
+
+def job_shown(
+    conn: psycopg.Connection[Any], schema: str, job_id: int, *, shown: int
+) -> dict[str, Any] | None:
+    """One job with payload, progress, checkpoint, result and last_error as text of at
+    most `shown` characters (JSON indented when whole), each with its whole length under
+    NAME_chars (None: no value)."""
+    rows = _rows(conn, "view_job_shown", schema, {"id": job_id, "shown": shown})
+    return rows[0] if rows else None
+
+
+def attempts_shown(
+    conn: psycopg.Connection[Any], schema: str, job_id: int, *, shown: int, limit: int
+) -> list[dict[str, Any]] | None:
+    """The newest `limit` attempts (oldest of them first), errors cut to `shown`
+    characters (error_chars: the whole length; total: how many in all). None: the role
+    may not read attempts."""
+    params = {"id": job_id, "shown": shown, "limit": limit}
+    try:
+        with conn.transaction():
+            return _rows(conn, "view_attempts_shown", schema, params)
+    except InsufficientPrivilege:
+        return None
+
+
+def logs_shown(
+    conn: psycopg.Connection[Any], schema: str, job_id: int, *, shown: int, limit: int
+) -> list[dict[str, Any]] | None:
+    """The newest `limit` attempts' output (oldest of them first): the head's first and
+    the tail's last `shown` characters (head_chars, tail_chars: whole lengths; total: how
+    many attempts printed). None: the role may not read job logs."""
+    params = {"id": job_id, "shown": shown, "limit": limit}
+    try:
+        with conn.transaction():
+            return _rows(conn, "view_job_logs_shown", schema, params)
+    except InsufficientPrivilege:
+        return None
+
+
+def job_value_part(
+    conn: psycopg.Connection[Any], schema: str, job_id: int, field: str, start: int, chars: int
+) -> tuple[str, int] | None:
+    """`chars` characters of a job's value `field` (one of JOB_VALUES) from character
+    `start` (0-based), and the value's whole length; None: no such job or no value."""
+    if field not in JOB_VALUES:
+        raise ValueError(f"not a value of a job: {field!r}")
+    params = {"id": job_id, "field": field, "start": start + 1, "chars": chars}
+    rows = _rows(conn, "view_job_value_part", schema, params)
+    if not rows or rows[0]["chars"] is None:
+        return None
+    return rows[0]["part"], rows[0]["chars"]
+
+
+def job_log_part(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    job_id: int,
+    token: int,
+    part: str,
+    start: int,
+    chars: int,
+) -> tuple[str, int, int] | None:
+    """`chars` characters of one attempt's stored head or tail (`part`) from character
+    `start` (0-based), its whole length and the attempt's omitted bytes; None: none."""
+    if part not in ("head", "tail"):
+        raise ValueError(f"not a part of a log: {part!r}")
+    params = {"id": job_id, "token": token, "part": part, "start": start + 1, "chars": chars}
+    rows = _rows(conn, "view_job_log_part", schema, params)
+    if not rows:
+        return None
+    return rows[0]["part"], rows[0]["chars"], rows[0]["omitted_bytes"]

@@ -16,12 +16,13 @@ import hmac
 import json
 import logging
 import secrets
-import time
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from flask import Flask, abort, flash, redirect, render_template, request, session, url_for
@@ -35,18 +36,32 @@ from pgworkerd.durations import format_duration
 from pgworkerd.model import STATUSES
 from pgworkerd.queue import admin, explain, fleet, joblogs, views
 from pgworkerd.queue.db import scrub
+from pgworkerd.web.auth import LoginThrottle, Sessions
 from pgworkerd.web.passwords import verify
 
 log = logging.getLogger("pgworkerd.web")
 
-# A login lasts this long, then the operator logs in again.
-SESSION_SECONDS = 12 * 3600
 # Rows per page of the jobs list.
 PAGE_SIZE = 50
-# Pause after a failed login: guesses stay slow whatever the client does.
-FAILED_LOGIN_DELAY = 1.0
-# The user recorded for actions when no [web.users] are configured (loopback only).
+# Characters of one value (payload, progress, checkpoint, result, an error, a log's head
+# or tail) a page shows at most; the rest is a "download raw" link away. The job page
+# reads no more than this from the database either.
+SHOWN_CHARS = 64 * 1024
+# Attempts (history rows, captured logs) a job's page shows at most: the newest.
+ATTEMPTS_SHOWN = 100
+LOGS_SHOWN = 20
+# A raw download streams parts of this many characters (each its own statement) and
+# stops after RAW_MAX_CHARS, saying so.
+RAW_PART_CHARS = 4 << 20
+RAW_MAX_CHARS = 64 << 20
+# The user recorded for actions when the operator allowed no login (allow_anonymous).
 ANONYMOUS = "(no login)"
+# Password checks (scrypt: ~50 ms of CPU, 16 MiB) running at once at most; a login
+# beyond that is answered 429 at once rather than holding a server thread in a queue.
+VERIFY_AT_ONCE = 2
+# Headers a reverse proxy adds: a dashboard without a login refuses such requests (a
+# proxy on the same host would otherwise publish it while it sees a loopback client).
+PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-IP", "Via")
 
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
@@ -67,6 +82,7 @@ class Settings:
     # read it (DNS rebinding).
     allowed_hosts: frozenset[str] | None = None
     dsn: str = ""  # only to mask its password in error messages
+    idle_timeout: float = 30 * 60.0  # a session unused this long is over
 
 
 # -- actions ------------------------------------------------------------------------------
@@ -145,9 +161,16 @@ def _target_problem(kind: str, target: str) -> str | None:
 # -- rendering helpers --------------------------------------------------------------------
 
 
+def _bounded(text: str) -> str:
+    """At most SHOWN_CHARS of a text (every value a page renders goes through this)."""
+    if len(text) <= SHOWN_CHARS:
+        return text
+    return f"{text[:SHOWN_CHARS]}… [{len(text) - SHOWN_CHARS} more characters not shown]"
+
+
 def _text(value: Any) -> str:
     """A value as one inert line (autoescaping then makes it inert HTML)."""
-    return "" if value is None else printable(value)
+    return "" if value is None else printable(_bounded(str(value)))
 
 
 def _pretty(value: Any) -> str:
@@ -155,11 +178,11 @@ def _pretty(value: Any) -> str:
     if value is None:
         return ""
     text = value if isinstance(value, str) else json.dumps(value, indent=2, ensure_ascii=False)
-    return printable(text, keep="\n")
+    return printable(_bounded(text), keep="\n")
 
 
 def _multiline(value: Any) -> str:
-    return "" if value is None else printable(value, keep="\n\t")
+    return "" if value is None else printable(_bounded(str(value)), keep="\n\t")
 
 
 def _when(value: Any) -> str:
@@ -210,6 +233,13 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
         t=_text, pretty=_pretty, multiline=_multiline, when=_when, age=_age, size=_size
     )
     login_needed = bool(settings.users)
+    throttle = LoginThrottle()
+    sessions = Sessions(settings.idle_timeout)
+    verifying = threading.BoundedSemaphore(VERIFY_AT_ONCE)
+    # What an unknown user name is checked against, so that it costs what a known one
+    # does (no timing tells which names exist): a configured hash, whose answer is then
+    # ignored (the name is unknown, so the login fails whatever the password).
+    stand_in = next(iter(settings.users.values()), "")
 
     @contextmanager
     def database() -> Iterator[psycopg.Connection[Any]]:
@@ -219,11 +249,8 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
     def user() -> str | None:
         if not login_needed:
             return ANONYMOUS
-        name = session.get("user")
-        since = session.get("since", 0)
-        if name in settings.users and time.time() - since < SESSION_SECONDS:
-            return str(name)
-        return None
+        name = sessions.user(session.get("sid"))
+        return name if name in settings.users else None
 
     def csrf_token() -> str:
         if "csrf" not in session:
@@ -232,6 +259,7 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
 
     app.jinja_env.globals.update(
         csrf_token=csrf_token,
+        shown_chars=SHOWN_CHARS,
         statuses=STATUSES,
         read_only=settings.read_only,
         login_needed=login_needed,
@@ -243,6 +271,13 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
         allowed = settings.allowed_hosts
         if allowed is not None and _hostname(request.host) not in allowed:
             abort(421, "this dashboard answers to its loopback address only")
+        if not login_needed and any(h in request.headers for h in PROXY_HEADERS):
+            log.warning(
+                "web: refused a request forwarded by a proxy at %s: this dashboard has no "
+                "login ([web] allow_anonymous) and must not be published",
+                request.remote_addr,
+            )
+            abort(403, "this dashboard has no login: it does not answer through a proxy")
         if request.method == "POST":
             sent = request.form.get("csrf", "")
             wanted = session.get("csrf", "")
@@ -294,32 +329,59 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
     # -- login --------------------------------------------------------------------------
 
     def safe_next(target: str | None) -> str:
-        # only a path of this site: never //host or a scheme (an open redirect)
-        if target and target.startswith("/") and not target.startswith("//") and "\\" not in target:
-            return target
-        return url_for("overview")
+        """A path of this site to go to after the login, else the overview. Checked as
+        a browser would read it: no scheme or host (an open redirect), nothing a URL
+        parser drops or a header cannot hold (tab, CR, LF: `/\t/evil` is `//evil`)."""
+        fallback = url_for("overview")
+        if not target or len(target) > 2000 or not target.isprintable() or " " in target:
+            return fallback
+        if "\\" in target or not target.startswith("/") or target.startswith("//"):
+            return fallback
+        parts = urlsplit(target)
+        if parts.scheme or parts.netloc or not parts.path.startswith("/"):
+            return fallback
+        normal = urlunsplit(("", "", parts.path, parts.query, ""))
+        return normal if not normal.startswith("//") else fallback
 
     @app.route("/login", methods=["GET", "POST"])
     def login() -> Any:
         if not login_needed:
             return redirect(url_for("overview"))
-        error = ""
-        if request.method == "POST":
-            name = request.form.get("user", "")
-            password = request.form.get("password", "")
-            hashed = settings.users.get(name)
-            if hashed is not None and verify(password, hashed):
-                session.clear()
-                session.update(user=name, since=time.time(), csrf=secrets.token_urlsafe(32))
-                log.info("web: %s logged in from %s", name, request.remote_addr)
-                return redirect(safe_next(request.args.get("next")))
-            time.sleep(FAILED_LOGIN_DELAY)
-            log.warning("web: failed login as %r from %s", name[:100], request.remote_addr)
-            error = "wrong user name or password"
-        return render_template("login.html", error=error), 401 if error else 200
+        if request.method == "GET":
+            return render_template("login.html", error="")
+        name = request.form.get("user", "")[:200]
+        password = request.form.get("password", "")
+        address = request.remote_addr
+        wait = throttle.retry_after(name, address)
+        if wait > 0:
+            return too_many(f"too many failed logins: try again in {wait:.0f} s", wait)
+        if not verifying.acquire(blocking=False):
+            return too_many("too many logins at once: try again in a moment", 1)
+        try:
+            # an unknown name costs a check too: the answer takes as long either way
+            matches = verify(password, settings.users.get(name, stand_in))
+            ok = matches and name in settings.users
+        finally:
+            verifying.release()
+        if ok:
+            throttle.succeeded(name, address)
+            sessions.end(session.get("sid"))
+            session.clear()
+            session.update(sid=sessions.start(name), csrf=secrets.token_urlsafe(32))
+            log.info("web: %s logged in from %s", name, address)
+            return redirect(safe_next(request.args.get("next")))
+        throttle.failed(name, address)
+        log.warning("web: failed login as %r from %s", name[:100], address)
+        return render_template("login.html", error="wrong user name or password"), 401
+
+    def too_many(message: str, wait: float) -> Response:
+        response = app.make_response((render_template("login.html", error=message), 429))
+        response.headers["Retry-After"] = str(max(1, round(wait)))
+        return response
 
     @app.post("/logout")
     def logout() -> Any:
+        sessions.end(session.get("sid"))  # a kept copy of the cookie is worth nothing now
         session.clear()
         return redirect(url_for("login"))
 
@@ -346,23 +408,100 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
 
     def job_data(job_id: int) -> dict[str, Any]:
         with database() as conn:
-            # the same row and history `pgworkerd show` reads
-            job = views.job(conn, settings.schema, job_id)
+            # the row and history `pgworkerd show` reads, each value bounded (a 30 MB
+            # payload is read as its first SHOWN_CHARS characters and its length)
+            job = views.job_shown(conn, settings.schema, job_id, shown=SHOWN_CHARS)
             if job is None:
                 abort(404, f"no job {job_id}")
-            history = job.pop("attempt_history")
+            history = views.attempts_shown(
+                conn, settings.schema, job_id, shown=SHOWN_CHARS, limit=ATTEMPTS_SHOWN
+            )
             why = explain.explain(conn, settings.schema, job_id)
-        return {"job": job, "attempts": history, "explain": why}
+        total = history[0]["total"] if history else 0
+        return {"job": job, "attempts": history or [], "attempts_total": total, "explain": why}
 
     @app.get("/jobs/<int:job_id>")
     def job(job_id: int) -> str:
         data = job_data(job_id)
         with database() as conn:
-            try:
-                logs = joblogs.read_logs(conn, settings.schema, job_id)
-            except psycopg.errors.InsufficientPrivilege:
-                logs = None  # a role without the job_logs grant: the rest still shows
+            # None: a role without the job_logs grant: the rest still shows
+            rows = views.logs_shown(
+                conn, settings.schema, job_id, shown=SHOWN_CHARS, limit=LOGS_SHOWN
+            )
+        logs = None
+        if rows is not None:
+            for row in rows:
+                row["truncated"] = row["omitted_bytes"] > 0
+                row["cut"] = max(row["head_chars"], row["tail_chars"]) > SHOWN_CHARS
+            logs = {"logs": rows, "total": rows[0]["total"] if rows else 0}
         return render_template("job.html", logs=logs, **data)
+
+    def raw_response(parts: Iterator[str], name: str) -> Response:
+        response = Response(parts, mimetype="text/plain")
+        response.headers["Content-Disposition"] = f'attachment; filename="{name}"'
+        return response
+
+    def streamed(read: Callable[[int], tuple[str, int] | None]) -> Iterator[str]:
+        """A value read in parts (read(start) -> (part, whole length) or None), each part
+        in its own statement and pool connection, stopped after RAW_MAX_CHARS."""
+        start = 0
+        while start < RAW_MAX_CHARS:
+            found = read(start)
+            if found is None or not found[0]:
+                return
+            part, whole = found
+            yield part
+            start += len(part)
+            if start >= whole:
+                return
+        yield f"\n[... cut here: the download stops after {RAW_MAX_CHARS} characters ...]\n"
+
+    @app.get("/jobs/<int:job_id>/raw/<field>")
+    def job_raw(job_id: int, field: str) -> Response:
+        if field not in views.JOB_VALUES:
+            abort(404, "no such value")
+
+        def read(start: int) -> tuple[str, int] | None:
+            with database() as conn:
+                return views.job_value_part(
+                    conn, settings.schema, job_id, field, start, RAW_PART_CHARS
+                )
+
+        first = read(0)
+        if first is None:
+            abort(404, f"job {job_id} has no {field}")
+        return raw_response(streamed(read), f"job-{job_id}-{field}.txt")
+
+    @app.get("/jobs/<int:job_id>/logs/<int:token>")
+    def job_log_raw(job_id: int, token: int) -> Response:
+        def reader(part: str) -> Callable[[int], tuple[str, int] | None]:
+            def read(start: int) -> tuple[str, int] | None:
+                with database() as conn:
+                    found = views.job_log_part(
+                        conn, settings.schema, job_id, token, part, start, RAW_PART_CHARS
+                    )
+                return None if found is None else found[:2]
+
+            return read
+
+        with database() as conn:
+            first = views.job_log_part(conn, settings.schema, job_id, token, "head", 0, 0)
+        if first is None:
+            abort(404, f"job {job_id} has no output of that attempt")
+        omitted = first[2]
+
+        def both() -> Iterator[str]:
+            # as joblogs.text_of (and `pgworkerd logs`) writes it
+            last = ""
+            for part in streamed(reader("head")):
+                last = part
+                yield part
+            if omitted:
+                newline = "" if not last or last.endswith("\n") else "\n"
+                yield f"{newline}{joblogs.omitted_marker(omitted)}\n"
+            yield from streamed(reader("tail"))
+
+        return raw_response(both(), f"job-{job_id}-attempt-{token}.log")
 
     @app.get("/live/jobs/<int:job_id>")
     def job_live(job_id: int) -> str:

@@ -23,10 +23,21 @@ class BindRefused(ValueError):
 
 
 def check_bind(web: WebConfig) -> None:
+    """Refuse what would serve pages without a login, unless the operator said so
+    (allow_anonymous / --no-login), and even then on a loopback address only."""
     if not web.users and not is_loopback(web.bind):
         raise BindRefused(
             f"refusing to listen on {web.bind!r} without a login: add [web.users] "
             "(`pgworkerd web hash-password`), or bind 127.0.0.1"
+        )
+    if not web.users and web.trusted_proxy:
+        raise BindRefused("refusing a trusted_proxy without a login: add [web.users]")
+    if not web.users and not web.allow_anonymous:
+        raise BindRefused(
+            "refusing to serve without a login: add [web.users] (`pgworkerd web "
+            "hash-password`), or say `--no-login` ([web] allow_anonymous = true) to let "
+            "every local account and every process of this host act as the dashboard's "
+            "database role"
         )
 
 
@@ -67,9 +78,18 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
         users=dict(web.users),
         read_only=web.read_only,
         secure_cookie=web.secure_cookie,
+        idle_timeout=web.idle_timeout,
         allowed_hosts=None if allowed is None else frozenset(allowed),
         dsn=dsn,
     )
+    # the client's address from the proxy's X-Forwarded-For, from the proxy only
+    proxy: dict[str, Any] = {}
+    if web.trusted_proxy:
+        proxy = {
+            "trusted_proxy": web.trusted_proxy,
+            "trusted_proxy_count": 1,
+            "trusted_proxy_headers": {"x-forwarded-for"},
+        }
     pool = open_pool(dsn, size=web.pool_size, statement_timeout=web.statement_timeout)
     try:
         server = create_server(
@@ -84,6 +104,9 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
             max_request_header_size=64 * 1024,
             ident="pgworkerd",
             expose_tracebacks=False,
+            # kept (and not believed): a dashboard without a login refuses proxied requests
+            clear_untrusted_proxy_headers=False,
+            **proxy,
         )
     except BaseException:
         pool.close()

@@ -101,8 +101,10 @@ class JobContext:
 
     @property
     def shutdown_requested(self) -> bool:
-        """The daemon is draining: a long job may save a checkpoint and stop early."""
-        return self._channel.shutdown_requested
+        """The daemon is draining or hands this job back: a long job may save a checkpoint
+        and stop early (raise JobInterrupted: the job is released, the attempt not
+        counted)."""
+        return self._channel.shutdown_requested or self.id in self._channel.shutdown_jobs
 
     @property
     def stop_requested(self) -> bool:
@@ -135,6 +137,9 @@ class _Channel:
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.cancel_requested = False
         self.shutdown_requested = False
+        # jobs asked to stop by id (a hand-back): one may be asked right behind its Job
+        # message, before it runs; a few at most (a hostile count is capped)
+        self.shutdown_jobs: set[int] = set()
         self.deadline: float | None = None  # time.monotonic() when the lease runs out
         self.title = "pgworkerd: idle child"
         self.job_started = 0.0
@@ -205,6 +210,7 @@ def _monitor(channel: _Channel) -> None:
             for frame in reader.feed(data):
                 message = protocol.decode(frame)
                 if isinstance(message, Job):
+                    channel.shutdown_jobs.discard(message.id)  # a stale ask of an earlier run
                     channel.jobs.put(message)
                 # (a lease or cancel sent for a job that has ended here meanwhile is
                 # ignored: it must not fence or cancel the next one)
@@ -215,7 +221,10 @@ def _monitor(channel: _Channel) -> None:
                     if channel.is_current(message.id):
                         channel.cancel_requested = True
                 elif isinstance(message, Shutdown):
-                    channel.shutdown_requested = True
+                    if message.id is None:
+                        channel.shutdown_requested = True
+                    elif len(channel.shutdown_jobs) < 64:
+                        channel.shutdown_jobs.add(message.id)
                 elif isinstance(message, Exit):
                     channel.jobs.put(None)
         except TimeoutError:
@@ -369,6 +378,7 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
     channel.meter = None
     channel.send_encoded(frame)
     channel.cancel_requested = False
+    channel.shutdown_jobs.discard(job.id)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     channel.title = "pgworkerd: idle child"
     setproctitle(channel.title)

@@ -151,6 +151,9 @@ class Cancel:
 @dataclass(frozen=True)
 class Shutdown:
     kind: ClassVar[Kind] = Kind.SHUTDOWN
+    # None: the daemon is leaving (SIGTERM): every job of this child is asked to stop. An
+    # id: only that job is (a hand-back, after which the child runs other jobs).
+    id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -199,3 +199,29 @@ def test_follow_prints_a_running_attempts_output_until_it_ends(db: Db, daemons: 
     assert follow.returncode == 0, err
     assert out == "".join(f"tick {i}\n" for i in range(8))
     assert db.job(job_id)["status"] == "completed"
+
+
+def test_follow_after_invalid_utf8_prints_each_line_once(db: Db, daemons: Daemons) -> None:
+    """The audit's N12: after invalid UTF-8 and NULs, -f's byte offsets drifted into the
+    stored (replaced) text: 25 tick lines printed for 20 written."""
+    daemons.start({"ticker": {"target": "loghandlers:ticker"}})
+    payload = {"ticks": 20, "every": 0.2, "hex": "fffe0000c328"}
+    job_id = db.enqueue("ticker", payload)
+    follow = subprocess.run(
+        [
+            str(PGWORKERD),
+            "--dsn",
+            daemons.dsn,
+            "--schema",
+            daemons.schema,
+            "logs",
+            str(job_id),
+            "-f",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert follow.returncode == 0, follow.stderr
+    ticks = "".join(f"tick {i}\n" for i in range(20))
+    assert follow.stdout == "\ufffd\ufffd\ufffd(" + ticks, follow.stdout

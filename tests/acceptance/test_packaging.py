@@ -22,6 +22,16 @@ SHIPPED = {
     "roles.sql": REPO / "deploy" / "roles.sql",
     "pgworkerd.service": REPO / "systemd" / "pgworkerd.service",
     "pgworkerd@.service": REPO / "systemd" / "pgworkerd@.service",
+    "pgworkerd-web.service": REPO / "systemd" / "pgworkerd-web.service",
+    **{
+        name: REPO / "systemd" / name
+        for name in (
+            "dropin-gpu.conf",
+            "dropin-jit.conf",
+            "dropin-output-dirs.conf",
+            "dropin-venv.conf",
+        )
+    },
 }
 BUILD_TIMEOUT = 600  # two isolated build environments on a loaded 2-core machine
 

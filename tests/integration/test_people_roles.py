@@ -182,7 +182,29 @@ STATEMENTS: dict[str, Statement] = {
     "retry": ("query:job_retry", {"ids": [1], "queue": None, "handler": None}),
     "pause": ("query:paused_set", {"pause": True, "kind": "queue", "name": "q", "comment": None}),
     "resume": ("query:paused_set", {"pause": False, "kind": "queue", "name": "q", "comment": None}),
-    "drain": ("query:worker_request_drain", {"drain": True, "id": None, "host": None}),
+    "drain": (
+        "query:worker_request_drain",
+        {
+            "id": None,
+            "host": None,
+            "hand_back": False,
+            "grace": None,
+            "queues": None,
+            "handlers": None,
+        },
+    ),
+    "hand back": (
+        "query:worker_request_drain",
+        {
+            "id": None,
+            "host": None,
+            "hand_back": True,
+            "grace": 30.0,
+            "queues": None,
+            "handlers": None,
+        },
+    ),
+    "resume daemons": ("query:worker_lift_drain", {"id": None, "host": None}),
     "prune jobs": (
         "query:job_prune",
         {"older_than": 0.0, "statuses": ["completed", "dead", "cancelled"], "batch": 10},
@@ -207,6 +229,7 @@ STATEMENTS: dict[str, Statement] = {
     ),
     "erase attempts": ("DELETE FROM @schema@.attempts", {}),
     "rewrite the registry": ("UPDATE @schema@.workers SET state = 'gone'", {}),
+    "drain behind the functions": ("UPDATE @schema@.workers SET drain_requested = true", {}),
     "register a daemon": (
         "INSERT INTO @schema@.workers (id, host, pid, version, slots) VALUES ('x', 'h', 1, '0', 1)",
         {},
@@ -238,6 +261,8 @@ ACTIONS = {
     "pause",
     "resume",
     "drain",
+    "hand back",
+    "resume daemons",
     "prune jobs",
     "prune gone daemons",
     "prune schedule runs",

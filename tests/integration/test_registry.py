@@ -57,7 +57,8 @@ def test_drain_survives_re_registration(conn: psycopg.Connection, schema: str) -
     assert [w[0] for w in registry.mark_stale(conn, 60, schema)] == [INFO.id]
     assert registry.heartbeat(conn, INFO, "running", [], schema) is None  # gone: re-register
     registry.register(conn, INFO, "running", schema)
-    assert registry.heartbeat(conn, INFO, "running", [], schema) is True  # still drained
+    request = registry.heartbeat(conn, INFO, "running", [], schema)
+    assert request == registry.DrainRequest(drain=True)  # still drained
 
 
 # -- maintenance: stale marking by one daemon at a time, an index, pruning -----------------

@@ -472,3 +472,26 @@ def test_daemon_role_prunes_finished_jobs_through_the_function_only(
         r[0] for r in conn.execute(sql.SQL("SELECT id FROM {}.jobs").format(sql.Identifier(schema)))
     }
     assert ids == {live}  # a pending job is never pruned, whatever the retention
+
+
+def test_daemon_role_drains_and_hands_back_through_the_functions_and_enqueuer_cannot(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    from pgworkerd.queue import fleet, registry
+
+    info = registry.WorkerInfo("w:1:a", "hostx", 1, "t", ["default"], ["h"], 2)
+    registry.register(conn, info, "running", schema)
+    with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            fleet.request_hand_back(c, schema, grace=1.0, worker_id=info.id)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            fleet.request_drain(c, schema, drain=False, worker_id=info.id)
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        assert fleet.request_drain(c, schema, drain=True, worker_id=info.id)
+        [asked] = fleet.request_hand_back(c, schema, grace=2.0, handlers=["h"], worker_id=info.id)
+        assert asked["id"] == info.id
+        request = registry.heartbeat(c, info, "draining", [], schema)
+        assert request is not None and request.drain and request.hand_back is not None
+        assert request.hand_back.handlers == frozenset({"h"})
+        assert fleet.request_drain(c, schema, drain=False, worker_id=info.id)
+        assert registry.heartbeat(c, info, "running", [], schema) == registry.DrainRequest()

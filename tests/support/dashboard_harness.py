@@ -79,6 +79,7 @@ class Http:
     host: str = "127.0.0.1"
     cookie: str = ""
     extra_headers: dict[str, str] = field(default_factory=dict)
+    source: str = ""  # the client's address (any 127.x.y.z): "" lets the kernel choose
 
     def request(
         self,
@@ -87,7 +88,12 @@ class Http:
         form: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
     ) -> Reply:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=BROWSER_DEADLINE)
+        conn = http.client.HTTPConnection(
+            "127.0.0.1",
+            self.port,
+            timeout=BROWSER_DEADLINE,
+            source_address=(self.source, 0) if self.source else None,
+        )
         sent = {"Host": f"{self.host}:{self.port}", **self.extra_headers, **(headers or {})}
         if self.cookie:
             sent["Cookie"] = self.cookie

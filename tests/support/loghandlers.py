@@ -72,7 +72,9 @@ def hostile(job: JobContext) -> None:
 
 
 def ticker(job: JobContext) -> None:
-    """`ticks` lines, `every` seconds apart."""
+    """`ticks` lines, `every` seconds apart, after the bytes `hex` (if given) as written."""
+    if job.payload.get("hex"):
+        os.write(1, bytes.fromhex(job.payload["hex"]))
     for i in range(int(job.payload["ticks"])):
         print(f"tick {i}", flush=True)
         time.sleep(float(job.payload.get("every", 0.3)))

@@ -3,6 +3,8 @@ capacity arithmetic, when it claims (and when not), NOTIFY coalescing, its deadl
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from fakes import ClaimerRig, claimed_job, config
 
 from pgworkerd.config import Config
@@ -10,6 +12,7 @@ from pgworkerd.daemon.claimer import NOTIFY_CLAIM_INTERVAL
 from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.states import OutcomeKind
 from pgworkerd.queue.lease import RefusedJob
+from pgworkerd.queue.registry import HandBack
 from pgworkerd.worker import protocol
 
 CONFIG = """
@@ -290,3 +293,38 @@ def test_failures_are_written_before_the_claim_and_completions_with_it() -> None
     assert s.statements.written == [[failed]] and list(w.pending) == [done]
     s.tick()
     assert s.statements.written == [[failed], [done]] and not w.pending
+
+
+def test_a_filtered_hand_back_leaves_its_jobs_out_of_the_claim() -> None:
+    s = ClaimerRig(
+        '[handlers.mailer]\ntarget = "jobhandlers:work"\nqueues = ["mail", "bulk"]\n'
+        '[worker]\nqueues = ["default", "mail", "bulk"]\n'
+    )
+    at = datetime(2026, 11, 26, tzinfo=UTC)
+
+    def claimed_with(hand_back: HandBack | None) -> dict[str, list[str] | None]:
+        s.claimer.hold_back(hand_back)
+        s.statements.claims = [([], [])]
+        s.claimer.request()
+        s.tick()
+        _, capacity, _ = s.statements.claim_calls[-1]
+        return {name: None if c.queues is None else list(c.queues) for name, c in capacity.items()}
+
+    assert claimed_with(None) == {"h": None, "mailer": ["mail", "bulk"]}
+    # a queue: every handler claims from the other queues only
+    assert claimed_with(HandBack(at, queues=frozenset({"mail"}))) == {
+        "h": ["default", "bulk"],
+        "mailer": ["bulk"],
+    }
+    # a handler: that handler is not claimed for, the others are as before
+    assert claimed_with(HandBack(at, handlers=frozenset({"mailer"}))) == {"h": None}
+    # both: that handler's jobs on that queue only
+    both = HandBack(at, queues=frozenset({"bulk"}), handlers=frozenset({"mailer"}))
+    assert claimed_with(both) == {"h": None, "mailer": ["mail"]}
+    # everything held back: no claim at all
+    calls = len(s.statements.claim_calls)
+    s.claimer.hold_back(HandBack(at, handlers=frozenset({"h", "mailer"})))
+    s.claimer.request()
+    s.tick()
+    assert len(s.statements.claim_calls) == calls
+    assert claimed_with(None) == {"h": None, "mailer": ["mail", "bulk"]}  # resumed

@@ -103,6 +103,24 @@ def test_zero_lease_rejected() -> None:
     assert "worker.lease: must be longer than zero" in error_of('[worker]\nlease = "0s"\n')
 
 
+def test_stop_grace_defaults_to_30s_and_a_handler_s_own_wins() -> None:
+    config = parse_config(
+        '[worker]\nstop_grace = "45s"\n[handlers.a]\ntarget = "m:f"\nstop_grace = "0"\n'
+        '[handlers.b]\ntarget = "m:g"\n'
+    )
+    assert Config().worker.stop_grace == 30.0
+    assert config.stop_grace_for(config.handlers["a"]) == 0.0
+    assert config.stop_grace_for(config.handlers["b"]) == 45.0
+
+
+@pytest.mark.parametrize("value", ['"3650d"', '"25h"', "-1"])
+def test_stop_grace_is_bounded(value: str) -> None:
+    message = error_of(f"[worker]\nstop_grace = {value}\n")
+    assert "worker.stop_grace:" in message
+    message = error_of(f'[handlers.h]\ntarget = "m:f"\nstop_grace = {value}\n')
+    assert "handlers.h.stop_grace:" in message
+
+
 def test_handler_needs_a_target_in_module_function_form() -> None:
     assert 'handlers.h]: missing key "target"' in error_of("[handlers.h]\nqueue = 'x'\n")
     message = error_of('[handlers.h]\ntarget = "not a path"\n')
@@ -421,3 +439,18 @@ def test_check_config_shows_a_retention_that_is_off(tmp_path: Path) -> None:
     assert '[retention]\ncompleted = 604800.0\ncancelled = 604800.0\ndead = "off"' in proc.stdout
     data = json.loads(run_cli("--config", str(cfg), "check-config", "--json").stdout)
     assert data["retention"]["dead"] is None and data["retention"]["completed"] == 604800.0
+
+
+def test_web_users_hashes_readable_by_others_get_a_warning(tmp_path: Path) -> None:
+    from pgworkerd.web.passwords import hash_password
+
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f'[web.users]\nalice = "{hash_password("a long password")}"\n')
+    cfg.chmod(0o644)
+    warning = _warnings_of(cfg)
+    assert f"WARNING: {cfg} holds [web.users] password hashes and is readable by others" in (
+        warning
+    )
+    assert "scrypt$" not in warning  # the hash itself is never shown
+    cfg.chmod(0o600)
+    assert "password hashes" not in _warnings_of(cfg)

@@ -74,3 +74,29 @@ def test_hash_and_verify() -> None:
     assert verify("a long enough password", HASH)
     assert not verify("a long enough passworD", HASH)
     assert hash_password("same") != hash_password("same")  # salted
+
+
+def test_no_login_and_idle_timeout_are_read() -> None:
+    web = parse_config('[web]\nallow_anonymous = true\nidle_timeout = "10m"\n').web
+    assert (web.allow_anonymous, web.idle_timeout) == (True, 600.0)
+    assert (WebConfig().allow_anonymous, WebConfig().idle_timeout) == (False, 1800.0)
+    for text, message in [
+        ('idle_timeout = "5s"', "web.idle_timeout: must be from 1m to 12h"),
+        ('idle_timeout = "2d"', "web.idle_timeout: must be from 1m to 12h"),
+        ('allow_anonymous = "yes"', "web.allow_anonymous: expected true or false"),
+        (
+            f'allow_anonymous = true\n[web.users]\nalice = "{HASH}"',
+            "web.allow_anonymous: contradicts [web.users]",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            parse_config(f"[web]\n{text}\n", "c.toml")
+
+
+def test_trusted_proxy_is_an_address_and_needs_users() -> None:
+    web = parse_config(f'[web]\ntrusted_proxy = "127.0.0.1"\n[web.users]\na = "{HASH}"\n').web
+    assert web.trusted_proxy == "127.0.0.1"
+    with pytest.raises(ConfigError, match=r"web\.trusted_proxy: expected an IP address"):
+        parse_config('[web]\ntrusted_proxy = "proxy.example"\n', "c.toml")
+    with pytest.raises(ConfigError, match=r"web.trusted_proxy: needs \[web.users\]"):
+        parse_config('[web]\ntrusted_proxy = "127.0.0.1"\n', "c.toml")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,3 +142,68 @@ def test_something_else_than_a_file_at_its_place_is_not_read(
     h.logs.end(1)  # returns at once: nothing waits on the FIFO
     assert "no output captured" in caplog.text and "not a regular file" in caplog.text
     assert not any(h.written)
+
+
+# -- `logs -f` over stored text (N12 of the 2026-11-26 audit) --------------------------------
+
+
+def _as_stored(stream: bytes, head_max: int, tail_max: int, finished: bool) -> dict[str, Any]:
+    """The job_logs row the daemon writes for `stream` so far (daemon/joblogs.py's rules:
+    a head of whole characters once full, a rolling tail starting on a whole one)."""
+    from pgworkerd.daemon.joblogs import _whole_chars_end, _whole_chars_start
+    from pgworkerd.queue.joblogs import storable
+
+    head = stream[:head_max]
+    if len(head) >= head_max:
+        head = _whole_chars_end(head)
+    rest = stream[len(head) :]
+    tail = rest[-tail_max:] if rest else b""
+    if len(rest) > tail_max:
+        tail = _whole_chars_start(tail)
+    return {
+        "head": storable(head),
+        "tail": storable(tail),
+        "total_bytes": len(stream),
+        "omitted_bytes": len(stream) - len(head) - len(tail),
+        "finished": finished,
+    }
+
+
+def _followed(raw: bytes, polls: list[int], head_max: int, tail_max: int) -> str:
+    from pgworkerd.queue.joblogs import Follower
+
+    follower = Follower()
+    out = ""
+    for at in [*polls, len(raw)]:
+        out += follower.next_text(_as_stored(raw[:at], head_max, tail_max, at == len(raw)))
+    return out
+
+
+def test_follow_counts_stored_text_after_invalid_utf8() -> None:
+    """The audit's printer: invalid UTF-8 and NULs, then 20 ticks, read between writes
+    and in the middle of a character: every tick once (it printed 25 for 20 before)."""
+    from pgworkerd.queue.joblogs import storable
+
+    raw = b"\xff\xfe\x00\x00\xc3\x28" + b"".join(f"tick {i}\n".encode() for i in range(20))
+    raw += "caf\u00e9 \u2603\n".encode() + b"\xc3"  # a cut character at the very end
+    polls = sorted({1, 3, 5, 6, 7, *range(6, len(raw), 8), len(raw) - 3, len(raw) - 1})
+    out = _followed(raw, polls, head_max=1 << 20, tail_max=1 << 20)
+    assert out == storable(raw)
+    assert out.count("tick ") == 20
+    # and a character split between two polls of a growing head comes out whole
+    assert _followed("\u2603x".encode(), [1, 2], 1 << 10, 1 << 10) == "\u2603x"
+
+
+def test_follow_through_a_rolling_tail() -> None:
+    """Past the head, the tail rolls: polled often enough, every byte is printed once;
+    polled too rarely, a marker says how much was never seen."""
+    from pgworkerd.queue.joblogs import storable
+
+    lines = [f"line {i} \xff\u00e9\n".encode("latin-1", "replace") for i in range(400)]
+    raw = b"".join(lines)  # invalid UTF-8 on every line
+    often = list(range(0, len(raw), 37))
+    assert _followed(raw, often, head_max=200, tail_max=400) == storable(raw)
+    rarely = _followed(raw, [300, len(raw) // 2], head_max=200, tail_max=400)
+    assert "bytes omitted ...]" in rarely
+    assert rarely.endswith(_as_stored(raw, 200, 400, True)["tail"])
+    assert rarely.count("line 399") == 1

@@ -207,3 +207,76 @@ def test_a_late_beat_about_an_ended_job_is_not_pinned_on_the_next() -> None:
     assert second.progress is None and not second.unsaved
     t.table.on_message(child, protocol.Beat(second.job.id, progress={"of": "second"}))
     assert json.loads(second.progress) == {"of": "second"}
+
+
+# -- hand-back (drain --hand-back) ---------------------------------------------------------
+
+QUIET = HandlerConfig("h", "jobhandlers:work")  # no timeout, no heartbeat limit
+
+
+def test_a_hand_back_asks_that_job_to_stop_then_stops_it_at_the_grace() -> None:
+    t = Table(idle=2, kill_grace=10.0)
+    job, child = t.start(QUIET)
+    other, other_child = t.start(QUIET)
+    t.table.hand_back(job, 5.0)
+    assert child.sent[-1] == protocol.Shutdown(job.job.id)  # only this job is asked
+    assert not any(isinstance(m, protocol.Shutdown) for m in other_child.sent)
+    assert t.table.next_deadline() == t.clock() + 5.0
+    t.table.tick(t.clock.advance(4.9))
+    assert child.signals == [] and job.stop_reason is None
+    t.table.tick(t.clock.advance(0.1))
+    assert child.signals == [signal.SIGTERM] and job.stop_reason is StopReason.HAND_BACK
+    t.table.tick(t.clock.advance(10.0))  # the handler ignores SIGTERM too: its tree is killed
+    assert child.signals == [signal.SIGTERM, signal.SIGKILL]
+    t.table.on_exit(child, 9)  # type: ignore[arg-type]
+    assert [o.kind for o in t.outcomes] == [OutcomeKind.RELEASE]
+    assert other.stop_reason is None and len(t.table) == 1
+
+
+def test_a_handler_that_stops_itself_within_the_grace_is_released_at_once() -> None:
+    t = Table()
+    job, child = t.start(QUIET)
+    t.table.on_message(child, protocol.Beat(checkpoint={"step": 7}))
+    t.table.hand_back(job, 30.0)
+    t.table.on_message(child, protocol.Interrupted(job.job.id, "asked to stop"))
+    [outcome] = t.outcomes
+    assert outcome.kind is OutcomeKind.RELEASE and json.loads(outcome.checkpoint) == {"step": 7}
+    assert child.signals == []
+
+
+def test_a_result_returned_at_the_grace_wins_over_the_hand_back() -> None:
+    t = Table()
+    job, child = t.start(QUIET)
+    t.table.hand_back(job, 1.0)
+    t.table.tick(t.clock.advance(1.0))  # stopped: SIGTERM on its way
+    t.table.on_message(child, protocol.Done(job.job.id, {"ok": 1}))  # it had returned first
+    assert [o.kind for o in t.outcomes] == [OutcomeKind.COMPLETE]
+
+
+def test_a_second_hand_back_never_gives_more_time_and_zero_is_at_once() -> None:
+    t = Table(idle=2)
+    job, child = t.start(QUIET)
+    t.table.hand_back(job, 10.0)
+    t.table.hand_back(job, 60.0)  # longer: the earlier time holds
+    assert job.hand_back_at == t.clock() + 10.0
+    assert [m for m in child.sent if isinstance(m, protocol.Shutdown)] == [
+        protocol.Shutdown(job.job.id)
+    ]  # asked once
+    t.table.hand_back(job, 0.0)  # a grace of 0: now
+    assert child.signals == [signal.SIGTERM]
+    waiting = t.add(QUIET)  # claimed, never started: back at once
+    t.table.hand_back(waiting, 30.0)
+    assert [(o.job.id, o.kind) for o in t.outcomes] == [(waiting.job.id, OutcomeKind.RELEASE)]
+
+
+def test_a_resume_lifts_the_grace_and_a_later_self_stop_is_still_a_release() -> None:
+    t = Table()
+    job, child = t.start(QUIET)
+    t.table.hand_back(job, 5.0)
+    t.table.lift_hand_back()
+    for _ in range(3):  # 12 s, past the grace it had
+        t.table.tick(t.clock.advance(4.0))
+        t.table.on_message(child, protocol.Beat())
+    assert job.stop_reason is None and child.signals == []
+    t.table.on_message(child, protocol.Interrupted(job.job.id, "saw stop_requested"))
+    assert [o.kind for o in t.outcomes] == [OutcomeKind.RELEASE]

@@ -510,3 +510,17 @@ def test_attempt_histograms_per_handler(live: metrics.Metrics) -> None:
     assert sample(text, "pgworkerd_attempt_peak_memory_bytes_sum", handler="resize") == 300 << 20
     le = "5.36870912e+08"  # 512 MiB, as prometheus-client writes it
     assert sample(text, "pgworkerd_attempt_peak_memory_bytes_bucket", handler="resize", le=le) == 1
+
+
+def test_silent_daemon_gauges_have_no_labels_and_start_at_zero(live: metrics.Metrics) -> None:
+    """Fleet-wide counts (views.silent_jobs): one series each, whatever daemons come and
+    go (their ids change at every start: no label may carry them)."""
+    text = scrape(live.port)
+    assert sample(text, "pgworkerd_silent_daemon_jobs") == 0
+    assert sample(text, "pgworkerd_silent_daemons") == 0
+    live.set_silent(7, 2)
+    text = scrape(live.port)
+    assert sample(text, "pgworkerd_silent_daemon_jobs") == 7
+    assert sample(text, "pgworkerd_silent_daemons") == 2
+    assert not re.search(r"^pgworkerd_silent_\w+\{", text, re.M)
+    metrics.NullMetrics().set_silent(1, 1)  # disabled: nothing, no error

@@ -26,6 +26,7 @@ EVERY_MESSAGE: list[protocol.Message] = [
     protocol.LeaseExtended(1300.25),
     protocol.Cancel(),
     protocol.Shutdown(),
+    protocol.Shutdown(7),
     protocol.Exit(),
 ]
 

@@ -115,8 +115,13 @@ def test_no_open_redirect_after_login(dashboard: RunningDashboard) -> None:
 def test_a_non_loopback_bind_needs_users() -> None:
     with pytest.raises(BindRefused, match="without a login"):
         check_bind(WebConfig(bind="0.0.0.0"))
+    with pytest.raises(BindRefused, match="without a login: add"):
+        check_bind(WebConfig(bind="0.0.0.0", allow_anonymous=True))
     check_bind(WebConfig(bind="0.0.0.0", users={USER: "x"}))
-    check_bind(WebConfig(bind="::1"))
+    # no users on loopback: only when the operator said so
+    with pytest.raises(BindRefused, match="refusing to serve without a login"):
+        check_bind(WebConfig(bind="::1"))
+    check_bind(WebConfig(bind="::1", allow_anonymous=True))
     with pytest.raises(ConfigError, match=r"web\.bind: '0\.0\.0\.0' is not a loopback"):
         parse_config('[web]\nbind = "0.0.0.0"\n', "c.toml")
 

@@ -209,9 +209,12 @@ RETURNING id, status, run_at,
           END AS retry_in;
 
 -- name: job_release
--- Hand a job back (drain, shutdown): pending at once, the attempt not counted, and in its
--- old place in the queue (run_at kept), so the next daemon takes it before newer jobs.
--- Its latest progress and checkpoint are saved (NULL keeps the old value).
+-- Hand a job back (drain, hand-back, shutdown): pending at once, the attempt not counted,
+-- and in its old place in the queue (run_at kept), so the next daemon takes it before
+-- newer jobs. Its latest progress and checkpoint are saved (NULL keeps the old value).
+-- The peers that serve it are woken on commit as for a new job (the wake channel's
+-- {"q", "h", "id", "n"}, see daemon/peers.py), so another daemon starts it at once.
+WITH released AS (
 UPDATE @schema@.jobs
    SET status = CASE WHEN cancel_requested THEN 'cancelled'
                      ELSE 'pending' END::@schema@.job_status,
@@ -224,7 +227,13 @@ UPDATE @schema@.jobs
  WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
    AND status::text = 'running'  -- by primary key, never the running-jobs index
    AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
-RETURNING id, status;
+RETURNING id, status, queue, handler
+)
+SELECT r.id, r.status FROM released r, LATERAL (
+    SELECT CASE WHEN r.status = 'pending' THEN pg_notify(@schema_literal@ || '.wake',
+        CASE WHEN octet_length(r.queue) + octet_length(r.handler) <= 2048
+             THEN json_build_object('q', r.queue, 'h', r.handler, 'id', r.id, 'n', 1)
+             ELSE json_build_object('id', r.id, 'n', 1) END::text) END) AS sent;
 
 -- name: job_cancel_running
 -- The holder stopped a job whose cancellation was requested: cancelled (with its latest
@@ -412,12 +421,14 @@ SELECT (SELECT extract(epoch FROM next.run_at - now())::float8 FROM (SELECT leas
 -- a payload, and they read the registry then).
 WITH registered AS (
     INSERT INTO @schema@.workers AS w (id, host, pid, version, queues, handlers, slots, state,
-                                       handler_settings)
+                                       handler_settings, heartbeat_interval)
     VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(queues)s, %(handlers)s, %(slots)s,
-            %(state)s, %(settings)s::jsonb)
+            %(state)s, %(settings)s::jsonb,
+            make_interval(secs => %(heartbeat_interval)s::float8))
     ON CONFLICT (id) DO UPDATE
        SET state = excluded.state, queues = excluded.queues, handlers = excluded.handlers,
            slots = excluded.slots, handler_settings = excluded.handler_settings,
+           heartbeat_interval = excluded.heartbeat_interval,
            heartbeat_at = now(), stopped_at = NULL
     RETURNING w.id, w.queues, w.handlers, w.slots
 )
@@ -430,13 +441,20 @@ SELECT r.id FROM registered r, LATERAL (
         ELSE json_build_object('peer', 'up', 'id', r.id) END::text)) AS sent;
 
 -- name: worker_heartbeat
--- Record this daemon's state and in-flight jobs; returns whether a drain was requested.
+-- Record this daemon's state and in-flight jobs, and the most it lets pass before its
+-- next heartbeat (%(heartbeat_interval)s seconds; migration 0021); returns the drain
+-- requested of it: the plain drain flag and the hand-back request (0017; grace in
+-- seconds, NULL: each handler's stop_grace). The hand-back request is marked seen:
+-- `drain --wait` waits for it.
 UPDATE @schema@.workers
    SET state = %(state)s, in_flight = %(in_flight)s, queues = %(queues)s,
        handlers = %(handlers)s, slots = %(slots)s, handler_settings = %(settings)s::jsonb,
-       heartbeat_at = now()
+       heartbeat_interval = make_interval(secs => %(heartbeat_interval)s::float8),
+       heartbeat_at = now(), hand_back_seen_at = hand_back_requested_at
  WHERE id = %(id)s AND state <> 'gone'
-RETURNING drain_requested;
+RETURNING drain_requested, hand_back_requested_at,
+          extract(epoch FROM hand_back_grace)::float8 AS hand_back_grace,
+          hand_back_queues, hand_back_handlers;
 
 -- name: worker_deregister
 -- A daemon that exits cleanly marks itself gone (and its peers hear so: {"peer": "down"}).
@@ -479,19 +497,32 @@ WITH pruned AS (
 SELECT count(*) FROM pruned;
 
 -- name: worker_request_drain
--- Set or clear drain_requested on live daemons: one id, one host, or all (NULL filters).
--- Daemons of schema 13 on learn it from their next heartbeat, which this notification
--- ({"registry": "drain"}, once per transaction) makes them send at once.
-WITH changed AS (
-    UPDATE @schema@.workers
-       SET drain_requested = %(drain)s
-     WHERE state <> 'gone'
-       AND (%(id)s::text IS NULL OR id = %(id)s)
-       AND (%(host)s::text IS NULL OR host = %(host)s)
-    RETURNING id, host, pid, state
-)
-SELECT c.id, c.host, c.pid, c.state FROM changed c, LATERAL (
-    SELECT pg_notify(@schema_literal@ || '.wake', '{"registry": "drain"}')) AS sent;
+-- A drain (plain, or with hand_back a hand-back) of live daemons: one id, one host, or all
+-- (NULL filters); checked and applied by drain_request (0017), which notifies them.
+SELECT id, host, pid, state
+  FROM @schema@.drain_request(%(id)s::text, %(host)s::text, %(hand_back)s::boolean,
+                              make_interval(secs => %(grace)s::float8),
+                              %(queues)s::text[], %(handlers)s::text[]);
+
+-- name: worker_lift_drain
+-- `pgworkerd resume`: undo plain and hand-back drains of live daemons (drain_lift, 0017).
+SELECT id, host, pid, state FROM @schema@.drain_lift(%(id)s::text, %(host)s::text);
+
+-- name: worker_hand_back_progress
+-- What `drain --hand-back --wait` waits for, per daemon asked (live ones; gone ones hold
+-- nothing): whether it has read the request (or, code of an older schema, drained), and
+-- its running jobs that the request targets, from the jobs table (the authority).
+SELECT w.id, w.host, w.pid, w.state,
+       (w.hand_back_requested_at IS NOT NULL
+        AND w.hand_back_seen_at = w.hand_back_requested_at) OR w.state = 'drained' AS seen,
+       ARRAY(SELECT j.id FROM @schema@.jobs j
+              WHERE j.status = 'running' AND j.locked_by = w.id
+                AND (w.hand_back_queues IS NULL OR j.queue = ANY(w.hand_back_queues))
+                AND (w.hand_back_handlers IS NULL OR j.handler = ANY(w.hand_back_handlers))
+              ORDER BY j.id) AS running_jobs
+  FROM @schema@.workers w
+ WHERE w.id = ANY(%(ids)s::text[]) AND w.state <> 'gone'
+ ORDER BY w.id;
 
 -- name: worker_peers
 -- The live daemons a daemon ranks when it decides whose a wake-up is (daemon/peers.py):
@@ -500,23 +531,69 @@ SELECT id, queues, handlers, slots FROM @schema@.workers
  WHERE state = 'running' AND heartbeat_at > now() - make_interval(secs => %(stale_after)s);
 
 -- name: worker_list
--- Live daemons, and those gone within the last hour, with their in-flight job counts.
-SELECT id, host, pid, version, queues, handlers, slots, in_flight, state, drain_requested,
-       started_at, heartbeat_at, stopped_at,
-       extract(epoch FROM now() - started_at)::float8 AS uptime_seconds,
-       extract(epoch FROM now() - heartbeat_at)::float8 AS heartbeat_age_seconds
-  FROM @schema@.workers
- WHERE state <> 'gone' OR stopped_at > now() - interval '1 hour'
- ORDER BY host, started_at;
+-- Live daemons, and those gone within the last hour, with their in-flight job counts,
+-- their drain and hand-back requests (0017), the heartbeat interval each keeps and
+-- whether it is silent (daemon_silent, 0021).
+SELECT w.id, w.host, w.pid, w.version, w.queues, w.handlers, w.slots, w.in_flight, w.state,
+       w.drain_requested, w.hand_back_requested_at,
+       extract(epoch FROM w.hand_back_grace)::float8 AS hand_back_grace,
+       w.hand_back_queues, w.hand_back_handlers,
+       w.started_at, w.heartbeat_at, w.stopped_at,
+       extract(epoch FROM now() - w.started_at)::float8 AS uptime_seconds,
+       extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_seconds,
+       extract(epoch FROM w.heartbeat_interval)::float8 AS heartbeat_interval_seconds,
+       @schema@.daemon_silent(w) AS silent
+  FROM @schema@.workers w
+ WHERE w.state <> 'gone' OR w.stopped_at > now() - interval '1 hour'
+ ORDER BY w.host, w.started_at;
 
 -- name: job_running_list
--- Running jobs with their holder, age and progress.
-SELECT id, queue, handler, attempts, max_attempts, locked_by, progress, cancel_requested,
-       extract(epoch FROM now() - started_at)::float8 AS age_seconds,
-       extract(epoch FROM locked_until - now())::float8 AS lease_left_seconds
-  FROM @schema@.jobs
- WHERE status = 'running'
- ORDER BY started_at;
+-- Running jobs with their holder, age and progress, their lease's end, and whether the
+-- daemon holding them is silent (daemon_silent, 0021; false when the holder has no
+-- registry row: a worker in another language promises no heartbeat).
+SELECT j.id, j.queue, j.handler, j.attempts, j.max_attempts, j.locked_by, j.progress,
+       j.cancel_requested, j.locked_until,
+       extract(epoch FROM now() - j.started_at)::float8 AS age_seconds,
+       extract(epoch FROM j.locked_until - now())::float8 AS lease_left_seconds,
+       w.host AS daemon_host,
+       extract(epoch FROM now() - w.heartbeat_at)::float8 AS daemon_heartbeat_age_seconds,
+       coalesce(@schema@.daemon_silent(w), false) AS daemon_silent
+  FROM @schema@.jobs j
+  LEFT JOIN @schema@.workers w ON w.id = j.locked_by
+ WHERE j.status = 'running'
+ ORDER BY j.started_at;
+
+-- name: job_daemon
+-- The registry row of the daemon holding job %(id)s (no row: the job is not held, or its
+-- holder has no registry row), with whether it is silent (daemon_silent, 0021): what
+-- `show` and the job page say about it.
+SELECT w.id, w.host, w.pid, w.state, w.heartbeat_at,
+       extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_seconds,
+       extract(epoch FROM w.heartbeat_interval)::float8 AS heartbeat_interval_seconds,
+       @schema@.daemon_silent(w) AS silent,
+       j.locked_until,
+       extract(epoch FROM j.locked_until - now())::float8 AS lease_left_seconds
+  FROM @schema@.jobs j JOIN @schema@.workers w ON w.id = j.locked_by
+ WHERE j.id = %(id)s AND j.status = 'running';
+
+-- name: job_silent_count
+-- For the metrics: running jobs whose daemon is silent (daemon_silent, 0021), and how
+-- many daemons hold them. Every live daemon reads it every queue_depth_interval, so it
+-- costs the registry (one row per daemon, gone ones until pruned) and the silent
+-- daemons' jobs, never every running job of the fleet: a silent daemon's jobs are the
+-- ones its last heartbeat listed (in_flight), each checked by primary key to still be
+-- running under it. (A job claimed within the second before a kill, before the heartbeat
+-- that lists it, is missed here; `explain` and `status` read from the job's side.)
+-- A subquery per silent daemon, so that its jobs are looked up by primary key (as a
+-- join, the planner hashes the daemons and reads every running job: 48 ms at 16,000).
+SELECT coalesce(sum(s.held), 0)::bigint AS jobs,
+       count(*) FILTER (WHERE s.held > 0) AS daemons
+  FROM @schema@.workers w
+ CROSS JOIN LATERAL (
+       SELECT count(*) AS held FROM @schema@.jobs j
+        WHERE j.id = ANY (w.in_flight) AND j.locked_by = w.id
+          AND j.status::text = 'running') s  -- by primary key, never the running index
+ WHERE cardinality(w.in_flight) > 0 AND @schema@.daemon_silent(w);
 
 -- name: job_oldest_pending
 -- Age of the oldest due pending job (seconds), NULL when none is due. A run_at of
@@ -814,7 +891,8 @@ SELECT m.minute,
 -- jobs_handler_status_id_idx with a queue or handler (0016). (One lateral
 -- scan per status would plan every status alike, and read a whole table of completed
 -- jobs to find the 40 running ones.) The text filter (%(text)s, NULL: none) matches the
--- payload's JSON text or the last error, case-insensitive, as a plain substring
+-- first %(text_chars)s characters of the payload's JSON text or of the last error (a
+-- multi-MB payload is not lowercased whole), case-insensitive, as a plain substring
 -- (strpos: no pattern characters); no index serves it, so the scan runs until the page
 -- is full and the caller bounds it by a statement timeout. Run unprepared
 -- (prepare=False): the values are then in the plan, and what is not asked folds away
@@ -829,8 +907,8 @@ WITH page AS NOT MATERIALIZED (
        AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
        AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
        AND (%(text)s::text IS NULL
-            OR strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
-            OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
+            OR strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
+            OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
 )
 SELECT * FROM (
       (SELECT * FROM page WHERE status = 'pending'
@@ -864,8 +942,8 @@ WITH page AS NOT MATERIALIZED (
        AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
        AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
        AND (%(text)s::text IS NULL
-            OR strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
-            OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
+            OR strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
+            OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
 )
 SELECT * FROM (
       (SELECT * FROM page WHERE status = 'pending'
@@ -901,8 +979,8 @@ SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempt
    AND j.status::text = ANY(%(statuses)s::text[])
    AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
    AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
-   AND (strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
-        OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
+   AND (strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
+        OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
  ORDER BY j.id DESC
  LIMIT %(limit)s;
 
@@ -917,8 +995,8 @@ SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempt
    AND j.status::text = ANY(%(statuses)s::text[])
    AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
    AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
-   AND (strpos(lower(j.payload::text), lower(%(text)s::text)) > 0
-        OR strpos(lower(j.last_error), lower(%(text)s::text)) > 0)
+   AND (strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
+        OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
  ORDER BY j.id ASC
  LIMIT %(limit)s;
 
@@ -958,16 +1036,101 @@ SELECT d.handler,
  GROUP BY d.handler
  ORDER BY d.handler;
 
+-- name: view_job_shown
+-- One job for the dashboard's page, every value bounded: payload, progress, checkpoint,
+-- result and last_error come as text of at most %(shown)s characters (JSON indented when
+-- whole, cut as stored when longer), each with its whole length in characters (NULL: no
+-- value), so a 30 MB payload never travels to the dashboard. Each JSON value is turned
+-- into text once (OFFSET 0 keeps the lateral from being inlined into both uses).
+SELECT j.id, j.queue, j.handler, j.status::text AS status, j.priority, j.run_at, j.attempts,
+       j.max_attempts, j.locked_by, j.locked_until, j.lease_token, j.cancel_requested,
+       j.dedupe_key, j.concurrency_key, j.snoozes, j.created_at, j.started_at,
+       j.finished_at, j.updated_at,
+       CASE WHEN length(t.payload) <= %(shown)s THEN jsonb_pretty(j.payload)
+            ELSE left(t.payload, %(shown)s) END AS payload,
+       length(t.payload) AS payload_chars,
+       CASE WHEN length(t.progress) <= %(shown)s THEN jsonb_pretty(j.progress)
+            ELSE left(t.progress, %(shown)s) END AS progress,
+       length(t.progress) AS progress_chars,
+       CASE WHEN length(t.checkpoint) <= %(shown)s THEN jsonb_pretty(j.checkpoint)
+            ELSE left(t.checkpoint, %(shown)s) END AS checkpoint,
+       length(t.checkpoint) AS checkpoint_chars,
+       CASE WHEN length(t.result) <= %(shown)s THEN jsonb_pretty(j.result)
+            ELSE left(t.result, %(shown)s) END AS result,
+       length(t.result) AS result_chars,
+       left(j.last_error, %(shown)s) AS last_error, length(j.last_error) AS last_error_chars
+  FROM @schema@.jobs j
+ CROSS JOIN LATERAL (SELECT j.payload::text AS payload, j.progress::text AS progress,
+                            j.checkpoint::text AS checkpoint, j.result::text AS result
+                     OFFSET 0) t
+ WHERE j.id = %(id)s;
+
+-- name: view_job_value_part
+-- %(chars)s characters from character %(start)s (1-based) of one value of a job as text
+-- (%(field)s: payload, progress, checkpoint, result or last_error; NULL for another
+-- name), and the value's whole length: the dashboard's raw download, read in parts so
+-- that neither side holds a large value whole.
+SELECT substr(v.value, %(start)s, %(chars)s) AS part, length(v.value) AS chars
+  FROM @schema@.jobs j
+ CROSS JOIN LATERAL (SELECT CASE %(field)s::text
+                              WHEN 'payload' THEN j.payload::text
+                              WHEN 'progress' THEN j.progress::text
+                              WHEN 'checkpoint' THEN j.checkpoint::text
+                              WHEN 'result' THEN j.result::text
+                              WHEN 'last_error' THEN j.last_error
+                            END AS value
+                     OFFSET 0) v
+ WHERE j.id = %(id)s;
+
+-- name: view_attempts_shown
+-- The newest %(limit)s attempts of a job (oldest of them first, like attempt_list), each
+-- error cut to %(shown)s characters with its whole length, and how many there are in all.
+SELECT * FROM (
+    SELECT attempt, outcome, worker, host, started_at, finished_at, wall_seconds,
+           cpu_user_seconds, cpu_system_seconds, peak_memory,
+           left(error, %(shown)s) AS error, length(error) AS error_chars,
+           count(*) OVER () AS total, lease_token
+      FROM @schema@.attempts
+     WHERE job_id = %(id)s
+     ORDER BY finished_at DESC, lease_token DESC
+     LIMIT %(limit)s) a
+ ORDER BY a.finished_at, a.lease_token;
+
+-- name: view_job_logs_shown
+-- The newest %(limit)s attempts' captured output of a job (oldest of them first): the
+-- first %(shown)s characters of the head and the last %(shown)s of the tail, with their
+-- whole lengths, and how many attempts printed something in all.
+SELECT * FROM (
+    SELECT attempt, lease_token, worker, left(head, %(shown)s) AS head,
+           length(head) AS head_chars, right(tail, %(shown)s) AS tail,
+           length(tail) AS tail_chars, total_bytes, omitted_bytes, finished, updated_at,
+           count(*) OVER () AS total
+      FROM @schema@.job_logs
+     WHERE job_id = %(id)s
+     ORDER BY lease_token DESC
+     LIMIT %(limit)s) l
+ ORDER BY l.lease_token;
+
+-- name: view_job_log_part
+-- %(chars)s characters from character %(start)s (1-based) of one attempt's head or tail
+-- (%(part)s: head or tail), and its whole length: the raw download of a job's log.
+SELECT substr(CASE %(part)s::text WHEN 'head' THEN head WHEN 'tail' THEN tail END,
+              %(start)s, %(chars)s) AS part,
+       length(CASE %(part)s::text WHEN 'head' THEN head WHEN 'tail' THEN tail END) AS chars,
+       omitted_bytes
+  FROM @schema@.job_logs
+ WHERE job_id = %(id)s AND lease_token = %(token)s;
+
 -- name: job_explain_facts
 -- What `explain` reasons from, for job %(id)s, in one round trip (NULL job: no such
 -- job). daemons: the registry's daemons not gone that serve its handler or its queue
--- (at most 100), each with whether it is fresh (heartbeat within %(stale_after)s
--- seconds), what of the job it serves, its drain state, busy slots and its settings of
+-- (at most 100), each with whether it is fresh (not silent), what of the job it serves, its drain state, busy slots and its settings of
 -- the handler. paused: the pauses of its queue and handler. The current leases of its
 -- handler and of its concurrency key (counts, and the first 20 ids). The live job holding
 -- its dedupe key, if another. How many due jobs of its handler come before it in claim
 -- order (counted up to 10,000). Its latest recorded attempt and how many are recorded.
--- The registry row of the daemon holding it.
+-- The registry row of the daemon holding it. "Fresh" and "silent" are daemon_silent
+-- (0021), the one definition every surface uses.
 WITH job AS (
     SELECT j.*, to_jsonb(j) - 'payload' - 'result' - 'checkpoint' AS row_json
       FROM @schema@.jobs j WHERE j.id = %(id)s
@@ -977,7 +1140,9 @@ SELECT j.row_json AS job,
             SELECT w.id, w.host, w.pid, w.state, w.drain_requested, w.slots,
                    cardinality(w.in_flight) AS busy,
                    extract(epoch FROM now() - w.heartbeat_at)::float8 AS heartbeat_age_seconds,
-                   w.heartbeat_at > now() - make_interval(secs => %(stale_after)s) AS fresh,
+                   NOT @schema@.daemon_silent(w) AS fresh,
+                   extract(epoch FROM w.heartbeat_interval)::float8
+                       AS heartbeat_interval_seconds,
                    j.handler = ANY(w.handlers) AS serves_handler,
                    j.queue = ANY(w.queues) AS serves_queue,
                    CASE WHEN jsonb_typeof(w.handler_settings) = 'object'
@@ -1027,7 +1192,10 @@ SELECT j.row_json AS job,
        (SELECT count(*) FROM @schema@.attempts a WHERE a.job_id = j.id) AS attempts_recorded,
        (SELECT jsonb_build_object('id', w.id, 'host', w.host, 'pid', w.pid, 'state', w.state,
                                   'heartbeat_age_seconds',
-                                  extract(epoch FROM now() - w.heartbeat_at)::float8)
+                                  extract(epoch FROM now() - w.heartbeat_at)::float8,
+                                  'heartbeat_interval_seconds',
+                                  extract(epoch FROM w.heartbeat_interval)::float8,
+                                  'silent', @schema@.daemon_silent(w))
           FROM @schema@.workers w WHERE w.id = j.locked_by) AS holder,
        CASE WHEN isfinite(j.run_at) THEN extract(epoch FROM j.run_at - now())::float8
        END AS run_in_seconds,

@@ -184,6 +184,11 @@ GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
 -- finished jobs older than a retention and nothing else.
 GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v1(float8, float8, float8, integer)
       TO pgworkerd_daemon;
+-- Version 2 (schema 20): also old schedule runs and gone daemons' registry rows, each
+-- bounded per call; v1 stays granted for daemons of an older release during an upgrade.
+GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v2(float8, float8, float8, float8, float8,
+                                                      integer)
+      TO pgworkerd_daemon;
 
 -- pgworkerd_enqueuer: enqueue, and read its own jobs.
 GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_enqueuer;
@@ -214,9 +219,10 @@ GRANT SELECT ON pgworkerd.schema_version, pgworkerd.jobs, pgworkerd.attempts,
 -- release's new grants to either reach the operator too), and the actions below.
 GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_operator;
 GRANT pgworkerd_reader, pgworkerd_enqueuer TO pgworkerd_operator;
--- cancel and retry (job_cancel, job_retry in queries.sql): only the columns they write,
--- never payload, handler, queue, priority, checkpoint or dedupe_key.
-GRANT UPDATE (status, attempts, run_at, finished_at, cancel_requested, updated_at)
+-- cancel and retry (job_cancel, job_retry in queries.sql; retry resets snoozes since
+-- schema 20): only the columns they write, never payload, handler, queue, priority,
+-- checkpoint or dedupe_key.
+GRANT UPDATE (status, attempts, snoozes, run_at, finished_at, cancel_requested, updated_at)
       ON pgworkerd.jobs TO pgworkerd_operator;
 -- pause/resume of queues and handlers (SECURITY DEFINER functions).
 GRANT EXECUTE ON FUNCTION pgworkerd.pause(text, text, text), pgworkerd.resume(text, text),
@@ -234,10 +240,8 @@ GRANT EXECUTE ON FUNCTION pgworkerd.drain_request(text, text, boolean, interval,
 -- with the table's rows, never with what a job runs.)
 GRANT DELETE ON pgworkerd.jobs, pgworkerd.workers TO pgworkerd_operator;
 GRANT EXECUTE ON FUNCTION pgworkerd.schedule_runs_prune(interval) TO pgworkerd_operator;
--- MERGE (issue 21): the operator's grants for the other work streams' objects go here,
--- with their statements in tests/integration/test_people_roles.py (STATEMENTS, PROMISED):
---   `retry` resetting snoozes (0020, branch upkeep): GRANT UPDATE (snoozes) ON
---     pgworkerd.jobs TO pgworkerd_operator;
+-- MERGE (issue 21): grants of people's roles for objects that later work adds go here,
+-- with their statements in tests/integration/test_people_roles.py (STATEMENTS, PROMISED).
 
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).

@@ -169,12 +169,26 @@ class RetentionConfig:
     completed: float | None = 7 * 86400.0
     cancelled: float | None = 7 * 86400.0
     dead: float | None = 30 * 86400.0  # kept longer: someone may want to retry them
+    # schedule_runs rows by tick (a one-second schedule adds 86,400 a day); each schedule's
+    # latest run and the runs of its unfinished jobs are always kept
+    schedule_runs: float | None = 7 * 86400.0
+    # the registry rows of daemons gone (stopped, or marked gone) this long ago
+    gone_daemons: float | None = 7 * 86400.0
     interval: float = 300.0  # how often the fleet as a whole looks when there is nothing to do
-    batch: int = 500  # rows per delete (each its own short transaction)
+    batch: int = 500  # rows per delete and table (each call its own short transaction)
 
     @property
     def enabled(self) -> bool:
-        return any(r is not None for r in (self.completed, self.cancelled, self.dead))
+        return any(
+            r is not None
+            for r in (
+                self.completed,
+                self.cancelled,
+                self.dead,
+                self.schedule_runs,
+                self.gone_daemons,
+            )
+        )
 
 
 @dataclass(frozen=True)
@@ -578,6 +592,8 @@ _RETENTION = {
     "completed": _retention,
     "cancelled": _retention,
     "dead": _retention,
+    "schedule_runs": _retention,
+    "gone_daemons": _retention,
     "interval": _positive_duration,
     "batch": _prune_batch,
 }

@@ -27,7 +27,10 @@ def sleep_with_progress(job: JobContext) -> dict[str, Any]:
 
 def flaky(job: JobContext) -> str:
     """Fails its first payload["failures"] (default 1) attempts, then succeeds."""
-    if job.attempt <= int(job.payload.get("failures", 1)):
+    failures = int(job.payload.get("failures", 1))
+    # what `pgworkerd logs ID` shows (the demo points at it)
+    print(f"flaky: attempt {job.attempt}, failing the first {failures}", flush=True)
+    if job.attempt <= failures:
         raise RuntimeError(f"simulated failure on attempt {job.attempt}")
     return f"succeeded on attempt {job.attempt}"
 

@@ -6,6 +6,7 @@ import dataclasses
 import getpass
 import importlib.util
 import logging
+import signal
 import sys
 
 import click
@@ -72,7 +73,15 @@ def web(
         fail(f"cannot listen on {settings.bind}:{settings.port}: {exc.strerror}", ExitCode.CONFIG)
     mode = " (read-only)" if settings.read_only else ""
     login = "login required" if settings.users else "NO LOGIN (loopback only)"
-    try:  # a SIGINT once "serving" is said stops it cleanly (exit 0)
+    # Our own handlers, not KeyboardInterrupt: they only set a flag the serving loop reads
+    # (see Dashboard), and they stop the server even when it was started with SIGINT
+    # ignored: Python keeps an inherited SIG_IGN, so a server started from a
+    # non-interactive shell's background job (or anything under one, such as a test run
+    # started with `&`) never saw SIGINT at all. Without a handler SIGTERM killed it
+    # outright, its pool and requests not closed.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, dashboard.request_stop)
+    try:
         setproctitle(f"pgworkerd web: {dashboard.url}{mode}, {login}")
         if not settings.users:
             logging.getLogger("pgworkerd.web").warning(
@@ -85,8 +94,6 @@ def web(
         # returns once the address is bound; a refused bind fails the start instead.
         Notifier().ready(f"serving {dashboard.url}{mode}")
         dashboard.run()
-    except KeyboardInterrupt:
-        pass
     finally:
         dashboard.close()
 

@@ -1,6 +1,7 @@
 """The fleet's own retention: finished jobs (completed, cancelled, dead) older than the
 configured retention ([retention]) are deleted, with their history, by the daemons
-themselves — no cron job to forget.
+themselves — no cron job to forget; so are old schedule runs and the registry rows of
+daemons gone long ago (each kind bounded by `batch` rows per call).
 
 Maintenance has one shape here: the config dataclass (config.RetentionConfig),
 `run_once()` (one batch, one statement; returns what it did) and a thin loop around it
@@ -48,7 +49,8 @@ class Retention:
         self.rng = rng if rng is not None else random.Random()
         self.config = config
         self.live_daemons = 1
-        self.deleted_in_run = 0  # rows deleted by the consecutive batches of this run
+        # rows deleted by the consecutive batches of this run: jobs, schedule runs, daemons
+        self.deleted_in_run = self.runs_deleted_in_run = self.daemons_deleted_in_run = 0
         # The first look comes at a random point of the first interval.
         self.due_at = clock() + self.rng.uniform(0.0, config.interval)
 
@@ -75,16 +77,28 @@ class Retention:
             self.live_daemons = max(1, result.live_daemons)
         if result is not None and result.deleted is not None:
             self.deleted_in_run += result.deleted
-            if result.deleted >= self.config.batch:
+            self.runs_deleted_in_run += result.schedule_runs_deleted or 0
+            self.daemons_deleted_in_run += result.daemons_deleted or 0
+            if result.most() >= self.config.batch:
                 self.due_at = now + BATCH_PAUSE  # more to do: the next batch soon
                 return
-            if self.deleted_in_run:
-                log.info(
-                    "retention: deleted %d finished job(s) past their retention",
-                    self.deleted_in_run,
-                )
-        self.deleted_in_run = 0
+            self.log_run()
+        self.deleted_in_run = self.runs_deleted_in_run = self.daemons_deleted_in_run = 0
         self.due_at = now + self.spaced_interval()
+
+    def log_run(self) -> None:
+        """One line for the run's consecutive batches, naming what they deleted."""
+        if self.deleted_in_run:
+            log.info(
+                "retention: deleted %d finished job(s) past their retention",
+                self.deleted_in_run,
+            )
+        if self.runs_deleted_in_run or self.daemons_deleted_in_run:
+            log.info(
+                "retention: deleted %d schedule run(s) and %d gone daemon(s) from the registry",
+                self.runs_deleted_in_run,
+                self.daemons_deleted_in_run,
+            )
 
     def spaced_interval(self) -> float:
         """Until this daemon looks again: the fleet's interval times its live daemons."""

@@ -164,12 +164,14 @@ class Statements:
     def prune_finished(self, config: RetentionConfig) -> retention.PruneResult | None:
         """One batch of the fleet's retention (None: the call failed)."""
         return self.link.run(
-            "pruning finished jobs",
+            "pruning finished jobs, schedule runs and gone daemons",
             lambda c: retention.prune_finished(
                 c,
                 completed=config.completed,
                 cancelled=config.cancelled,
                 dead=config.dead,
+                schedule_runs=config.schedule_runs,
+                gone_daemons=config.gone_daemons,
                 batch=config.batch,
                 schema=self.schema,
             ),

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import shlex
+import shutil
 import signal
+import sys
 import threading
+from pathlib import Path
 
 from pgworkerd import client
 from pgworkerd.config import parse_config
@@ -49,6 +54,39 @@ def _example_jobs() -> list[client.JobSpec]:
     return specs
 
 
+def pgworkerd_command() -> str:
+    """How to run this very pgworkerd from a shell: `pgworkerd` when PATH finds this one,
+    else its absolute path (a venv's `bin/` is seldom on PATH: the demo runs from
+    `.venv/bin/pgworkerd`, and a bare `pgworkerd` would be "command not found")."""
+    here = Path(sys.executable).with_name("pgworkerd")
+    if not here.exists():
+        here = Path(sys.argv[0])
+    here = here.absolute()
+    found = shutil.which("pgworkerd")
+    if found is not None and Path(found).resolve() == here.resolve():
+        return "pgworkerd"
+    return shlex.quote(str(here))
+
+
+def hints(dsn: str, flaky_id: int) -> list[str]:
+    """What to try while the demo runs: commands that run as printed, from any directory."""
+    cli = f"{pgworkerd_command()} --dsn {shlex.quote(dsn)}"
+    # a note after the command is a shell comment, so the whole line still pastes
+    # --no-login: a throwaway demo has no [web.users]; the dashboard then says loudly that
+    # every local account can open it (README "Web dashboard" sets up a login).
+    web = f"{cli} web --no-login"
+    if importlib.util.find_spec("flask") is None or importlib.util.find_spec("waitress") is None:
+        web += "   # needs the [web] extra: pip install 'pgworkerd[web]'"
+    else:
+        web += "   # demo only (any local user can open it); --port N if 8470 is taken"
+    return [
+        f"watch them with: {cli} jobs",
+        f"why a job is where it is: {cli} explain {flaky_id}",
+        f"what a job printed: {cli} logs {flaky_id}",
+        f"the dashboard: {web}",
+    ]
+
+
 def run_demo(log_format: str, seconds: float | None) -> int:
     try:
         pg = LocalPostgres()
@@ -60,13 +98,16 @@ def run_demo(log_format: str, seconds: float | None) -> int:
         dsn = pg.dsn()
         with connect(dsn) as conn:
             migrate_conn(conn)
-            ids = client.enqueue_many(conn, _example_jobs())
+            specs = _example_jobs()
+            ids = client.enqueue_many(conn, specs)
         log.info(
             "demo: PostgreSQL at %s; enqueued jobs %s; Ctrl-C drains and stops",
             dsn,
             ", ".join(map(str, ids)),
         )
-        log.info("demo: watch them with: pgworkerd --dsn '%s' jobs", dsn)
+        flaky_id = ids[[spec.handler for spec in specs].index("flaky")]
+        for hint in hints(dsn, flaky_id):
+            log.info("demo: %s", hint)
         if seconds is not None:
             timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGTERM))
             timer.daemon = True

@@ -1,4 +1,4 @@
-"""Typed wrapper for the fleet's own retention (migration 0014: prune_finished_v1)."""
+"""Typed wrapper for the fleet's own retention (migration 0020: prune_finished_v2)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,15 @@ from pgworkerd.queue.queries import query
 
 @dataclass(frozen=True)
 class PruneResult:
-    deleted: int | None  # None: another daemon holds the retention lock (it prunes)
+    deleted: int | None  # finished jobs; None: another daemon holds the retention lock
     live_daemons: int  # the registry's daemons not gone
+    schedule_runs_deleted: int | None = None
+    daemons_deleted: int | None = None  # gone daemons' registry rows
+
+    def most(self) -> int:
+        """The largest of the counts (0 when the lock was taken): a full batch of any one
+        table means more to do."""
+        return max(self.deleted or 0, self.schedule_runs_deleted or 0, self.daemons_deleted or 0)
 
 
 def prune_finished(
@@ -23,13 +30,23 @@ def prune_finished(
     dead: float | None,
     batch: int,
     schema: str,
+    schedule_runs: float | None = None,
+    gone_daemons: float | None = None,
 ) -> PruneResult:
-    """Delete one batch (at most `batch` rows) of finished jobs older than their status's
-    retention in seconds (None keeps that status); commits at once on an autocommit
-    connection."""
+    """Delete one batch (at most `batch` rows per table) of finished jobs older than their
+    status's retention, schedule runs and gone daemons' rows older than theirs, in seconds
+    (None keeps that kind); commits at once on an autocommit connection."""
     row = conn.execute(
         query("job_prune_finished", schema),
-        {"completed": completed, "cancelled": cancelled, "dead": dead, "batch": batch},
+        {
+            "completed": completed,
+            "cancelled": cancelled,
+            "dead": dead,
+            "schedule_runs": schedule_runs,
+            "gone_daemons": gone_daemons,
+            "batch": batch,
+        },
     ).fetchone()
     assert row is not None  # the function always returns its one row
-    return PruneResult(None if row[0] is None else int(row[0]), int(row[1]))
+    jobs, runs, daemons, live = row
+    return PruneResult(jobs, int(live), runs, daemons)  # counts: int or None (lock taken)

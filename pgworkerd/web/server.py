@@ -7,7 +7,8 @@ limit and bounded request sizes, no C extension and no dependency of its own.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from pgworkerd.config import WebConfig, is_loopback
@@ -41,12 +42,34 @@ def check_bind(web: WebConfig) -> None:
         )
 
 
+# The serving loop looks at its stop flag at least this often (a signal that lands on
+# another thread does not interrupt the loop's poll; one on the main thread does at once).
+STOP_CHECK_SECONDS = 0.5
+# At stop: how long the loop, the request threads and the pool may take to finish (each
+# bounded, so `pgworkerd web` exits within seconds of SIGINT or SIGTERM, however loaded).
+LOOP_EXIT_SECONDS = 5.0
+REQUESTS_EXIT_SECONDS = 5.0
+POOL_CLOSE_SECONDS = 5.0
+
+
 @dataclass
 class Dashboard:
-    """A bound server and its pool; `run()` serves until stopped, `close()` frees both."""
+    """A bound server and its pool; `run()` serves until `request_stop()`, `close()` frees
+    both.
+
+    Stopping never raises into the serving loop: `request_stop()` only sets a flag that
+    `run()` reads between two polls, so it is safe in a signal handler, and the stop is
+    done once, by `close()`, each step bounded. (Before, the stop was Python's
+    KeyboardInterrupt: none came when SIGINT was inherited as ignored, it landed wherever
+    the main thread was, and waitress's own handler of it shut the request threads down
+    before `close()` did so again.)"""
 
     server: Any  # waitress's server (its types are not published)
     pool: Any
+    socket_map: dict[int, Any]  # waitress's sockets: the listener, its trigger, the channels
+    stop_requested: bool = False
+    _loop_done: threading.Event = field(default_factory=threading.Event)
+    _loop_started: bool = False
 
     @property
     def url(self) -> str:
@@ -54,14 +77,35 @@ class Dashboard:
         host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.server.effective_port}/"
 
+    def request_stop(self, *_signal: object) -> None:
+        """Ask `run()` to return (takes no lock and raises nothing: signal-handler safe)."""
+        self.stop_requested = True
+
     def run(self) -> None:
-        self.server.run()
+        from waitress import wasyncore
+
+        self._loop_started = True
+        try:
+            while not self.stop_requested and self.socket_map:
+                wasyncore.loop(
+                    timeout=STOP_CHECK_SECONDS,
+                    map=self.socket_map,
+                    use_poll=self.server.adj.asyncore_use_poll,
+                    count=1,
+                )
+        finally:
+            self._loop_done.set()
 
     def close(self) -> None:
+        from waitress import wasyncore
+
+        self.request_stop()
+        if self._loop_started:  # run() in another thread: let it leave the loop first
+            self._loop_done.wait(LOOP_EXIT_SECONDS)
         # requests in flight first (they use the trigger and the pool), then the sockets
-        self.server.task_dispatcher.shutdown()
-        self.server.close()
-        self.pool.close()
+        self.server.task_dispatcher.shutdown(timeout=REQUESTS_EXIT_SECONDS)
+        wasyncore.close_all(self.socket_map)
+        self.pool.close(timeout=POOL_CLOSE_SECONDS)
 
 
 def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
@@ -91,9 +135,11 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
             "trusted_proxy_headers": {"x-forwarded-for"},
         }
     pool = open_pool(dsn, size=web.pool_size, statement_timeout=web.statement_timeout)
+    socket_map: dict[int, Any] = {}
     try:
         server = create_server(
             create_app(settings, pool),
+            map=socket_map,
             host=web.bind,
             port=web.port,
             # a few more threads than connections: pages wait briefly for one
@@ -111,4 +157,4 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
     except BaseException:
         pool.close()
         raise
-    return Dashboard(server, pool)
+    return Dashboard(server, pool, socket_map)

@@ -5,7 +5,7 @@ other exceptions are still retried."""
 
 from __future__ import annotations
 
-from daemon_harness import Daemons, Db
+from daemon_harness import Daemons, Db, wait_for
 
 H = "outcomehandlers"
 
@@ -83,3 +83,34 @@ def test_give_up_and_no_retry_end_the_job_dead_at_once_other_errors_retry(
     row = db.wait_status(retried, "dead", timeout=60)
     assert row["attempts"] == 3
     assert row["last_error"].startswith("RuntimeError: raised RuntimeError")
+
+
+def test_retry_gives_a_job_dead_from_too_many_snoozes_its_snoozes_back(
+    daemons: Daemons, db: Db
+) -> None:
+    """`pgworkerd retry` resets the snooze count with the attempts: the retried job can
+    snooze max_snoozes times again (it used to die at its first snooze)."""
+    daemons.start({"snoozer": {"target": f"{H}:snooze_always", "max_snoozes": 2}})
+    job_id = db.enqueue("snoozer", {"seconds": 0}, max_attempts=1)
+
+    def snoozed() -> int:
+        [row] = db.rows(
+            "SELECT count(*) AS n FROM {schema}.attempts WHERE job_id = %s AND outcome = 'snoozed'",
+            (job_id,),
+        )
+        return int(row["n"])
+
+    row = db.wait_status(job_id, "dead", timeout=60)
+    assert (row["snoozes"], snoozed()) == (2, 2)
+
+    retried = daemons.cli("retry", str(job_id))
+    assert retried.returncode == 0, retried
+    row = wait_for(
+        lambda: (r := db.job(job_id))["status"] == "dead" and snoozed() >= 4 and r,
+        timeout=60,
+        what="the retried job to snooze twice more and die again",
+    )
+    assert snoozed() == 4
+    # two more snoozes after the retry, then dead again from the third: a fresh count
+    assert row["snoozes"] == 2, row
+    assert "snoozed 2 times already" in row["last_error"], row["last_error"]

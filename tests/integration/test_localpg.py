@@ -8,6 +8,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -285,6 +286,100 @@ def test_demo_is_private_and_never_shows_its_password(tmp_path: Path) -> None:
             demo.kill()
             demo.wait()
     assert password not in "".join(output)
+
+
+def test_the_demos_hints_run_as_printed_from_a_shell_without_the_venv_on_path(
+    tmp_path: Path,
+) -> None:
+    """The demo prints commands to try (jobs, explain, logs, web): pasted into a shell
+    whose PATH lacks the venv (a fresh terminal after deploy/demo), in another directory,
+    each runs. A bare `pgworkerd` there was "command not found"."""
+    demo = subprocess.Popen(
+        [str(Path(sys.executable).with_name("pgworkerd")), "demo", "--seconds", "60"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    output: list[str] = []
+    hints: dict[str, str] = {}
+    shell_env = {**os.environ, "PATH": "/usr/bin:/bin"}
+    assert shutil.which("pgworkerd", path=shell_env["PATH"]) is None
+    try:
+        assert demo.stdout is not None
+        for line in demo.stdout:
+            output.append(line)
+            found = re.search(
+                r"demo: (watch them with|why a job is where it is|"
+                r"what a job printed|the dashboard): (.*)$",
+                line,
+            )
+            if found:
+                hints[found[1]] = found[2]
+            if len(hints) == 4:
+                break
+        assert len(hints) == 4, "".join(output)
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+
+        def run(command: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                ["bash", "-c", command],
+                cwd=elsewhere,
+                env=shell_env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+
+        jobs = run(hints["watch them with"])
+        assert jobs.returncode == 0 and "flaky" in jobs.stdout, jobs
+        explained = run(hints["why a job is where it is"])
+        assert explained.returncode == 0 and "flaky" in explained.stdout, explained
+        # the flaky job prints a line per attempt; once an attempt ended it is stored
+        logs = wait_for_output(lambda: run(hints["what a job printed"]), "flaky: attempt ")
+        assert logs.returncode == 0, logs
+
+        command, _, note = hints["the dashboard"].partition("#")
+        assert command.rstrip().endswith(" web --no-login") and "8470" in note
+        web = subprocess.Popen(
+            ["bash", "-c", f"exec {command.strip()} --port 0"],
+            cwd=elsewhere,
+            env=shell_env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert web.stderr is not None
+            served = web.stderr.readline() + web.stderr.readline()  # after the no-login warning
+            assert re.search(r"serving http://127\.0\.0\.1:\d+/", served), served
+            web.send_signal(signal.SIGINT)
+            assert web.wait(timeout=60) == 0
+        finally:
+            if web.poll() is None:
+                web.kill()
+                web.wait()
+        os.killpg(demo.pid, signal.SIGTERM)
+        output.append(demo.stdout.read())
+        assert demo.wait(60) == 0, "".join(output)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+
+
+def wait_for_output(
+    attempt: Callable[[], subprocess.CompletedProcess[str]], text: str
+) -> subprocess.CompletedProcess[str]:
+    deadline = time.monotonic() + 60
+    while True:
+        done = attempt()
+        if text in done.stdout or time.monotonic() > deadline:
+            assert text in done.stdout, done
+            return done
+        time.sleep(0.5)
 
 
 # Reaper: only our own directories, never through a symlink (audit finding 4).

@@ -495,3 +495,45 @@ def test_daemon_role_drains_and_hands_back_through_the_functions_and_enqueuer_ca
         assert request.hand_back.handlers == frozenset({"h"})
         assert fleet.request_drain(c, schema, drain=False, worker_id=info.id)
         assert registry.heartbeat(c, info, "running", [], schema) == registry.DrainRequest()
+def test_the_daemon_role_prunes_runs_and_daemons_only_through_the_function(
+    roles: dict[str, str], conn: psycopg.Connection, schema: str
+) -> None:
+    """Migration 0020: the daemon role runs prune_finished_v2 (roles.sql), which deletes
+    old schedule runs and gone daemons' rows; it still has no DELETE on either table."""
+    from pgworkerd.queue import retention
+
+    day = 86400.0
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {s}.schedules (name, definition, declared_by)"
+            " VALUES ('hourly', '{{}}', 't');"
+            "INSERT INTO {s}.schedule_runs (schedule, tick, skipped, fired_by)"
+            " SELECT 'hourly', now() - make_interval(secs => h * 3600), 't', 't'"
+            " FROM generate_series(0, 199) h"
+        ).format(s=sql.Identifier(schema))
+    )
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {}.workers (id, host, pid, version, slots, state, stopped_at)"
+            " VALUES ('old', 'h', 1, 'v', 1, 'gone', now() - interval '8 days')"
+        ).format(sql.Identifier(schema))
+    )
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        result = retention.prune_finished(
+            c,
+            completed=None,
+            cancelled=None,
+            dead=None,
+            batch=100,
+            schema=schema,
+            schedule_runs=7 * day,
+            gone_daemons=7 * day,
+        )
+        assert (result.schedule_runs_deleted, result.daemons_deleted) == (32, 1)
+        for table in ("schedule_runs", "workers"):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):  # still no DELETE
+                c.execute(
+                    sql.SQL("DELETE FROM {}.{}").format(
+                        sql.Identifier(schema), sql.Identifier(table)
+                    )
+                )

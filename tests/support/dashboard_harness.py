@@ -2,8 +2,9 @@
 HTTP client that keeps its session cookie, and what the browser tests do often.
 
 The browser is Debian's headless Chromium through Debian's chromedriver (the same
-version, both installed by deploy/bootstrap); selenium drives it, and nothing downloads a
-browser. Screenshots go to ARTIFACTS (gitignored) and stay after the run.
+version, both installed by deploy/bootstrap --test, which tests/run calls); selenium
+drives it, and nothing downloads a browser. Screenshots go to ARTIFACTS (gitignored)
+and stay after the run.
 """
 
 from __future__ import annotations

@@ -407,9 +407,20 @@ def test_retention_keys_off_zero_and_errors_naming_the_key() -> None:
     assert (config.retention.completed, config.retention.cancelled) == (None, None)
     assert config.retention.dead == 90 * 86400.0 and config.retention.enabled
     off = parse_config('[retention]\ncompleted = "off"\ncancelled = "off"\ndead = "OFF"\n')
+    assert off.retention.enabled  # schedule runs and gone daemons still 7 days
+    assert (off.retention.schedule_runs, off.retention.gone_daemons) == (7 * 86400.0,) * 2
+    off = parse_config(
+        '[retention]\ncompleted = "off"\ncancelled = "off"\ndead = "OFF"\n'
+        'schedule_runs = "off"\ngone_daemons = 0\n'
+    )
     assert not off.retention.enabled
+    both = parse_config('[retention]\nschedule_runs = "1d"\ngone_daemons = "12h"\n').retention
+    assert (both.schedule_runs, both.gone_daemons) == (86400.0, 43200.0)
     for text, where in (
         ('[retention]\ncompleted = "soon"\n', "<config>:2: retention.completed:"),
+        ('[retention]\nschedule_runs = "-1d"\n', "<config>:2: retention.schedule_runs:"),
+        ("[retention]\ngone_daemons = true\n", "<config>:2: retention.gone_daemons:"),
+        ('[retention]\ngone_daemons = "1000y"\n', "<config>:2: retention.gone_daemons:"),
         ("[retention]\nbatch = 0\n", "<config>:2: retention.batch:"),
         ("[retention]\nbatch = 20000\n", "<config>:2: retention.batch: must be at most"),
         ('[retention]\ninterval = "0s"\n', "<config>:2: retention.interval:"),

@@ -70,7 +70,9 @@ def test_another_daemon_pruning_or_a_failed_call_waits_the_spaced_interval() -> 
 
 
 def test_off_everywhere_means_no_deadline_and_no_statement() -> None:
-    off = dataclasses.replace(POLICY, completed=None, cancelled=None, dead=None)
+    off = dataclasses.replace(
+        POLICY, completed=None, cancelled=None, dead=None, schedule_runs=None, gone_daemons=None
+    )
     answers = Answers()
     clock = FakeClock()
     r = Retention(off, answers, clock=clock)

@@ -52,7 +52,10 @@ def browser(tmp_path: Path) -> Iterator[Any]:
     from selenium.webdriver.chrome.service import Service
 
     if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.fail("no Chromium: deploy/bootstrap installs it (apt chromium chromium-driver)")
+        pytest.fail(
+            "no Chromium: tests/run (deploy/bootstrap --test) installs it"
+            " (apt chromium chromium-driver)"
+        )
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):

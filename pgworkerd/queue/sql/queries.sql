@@ -285,10 +285,11 @@ SELECT i.id,
   LEFT JOIN @schema@.jobs j ON j.id = i.id;
 
 -- name: job_retry
--- Put dead or cancelled jobs back to pending with fresh attempts, selected by ids,
+-- Put dead or cancelled jobs back to pending with fresh attempts and fresh snoozes
+-- (a job dead from too many snoozes comes back able to snooze), selected by ids,
 -- queue or handler (NULL filters match everything, but at least one is given).
 UPDATE @schema@.jobs j
-   SET status = 'pending', attempts = 0, run_at = now(), finished_at = NULL,
+   SET status = 'pending', attempts = 0, snoozes = 0, run_at = now(), finished_at = NULL,
        cancel_requested = false, updated_at = now()
  WHERE j.status IN ('dead', 'cancelled')
    AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))
@@ -319,13 +320,15 @@ DELETE FROM @schema@.jobs
 RETURNING id;
 
 -- name: job_prune_finished
--- The fleet's own retention (migration 0014): delete one batch of finished jobs past
--- their retention (seconds per final status; NULL keeps it), oldest first, by one daemon
--- at a time: deleted is NULL when another holds the lock. live_daemons: the registry's
--- daemons not gone (each daemon spaces its calls by it).
-SELECT deleted, live_daemons
-  FROM @schema@.prune_finished_v1(%(completed)s::float8, %(cancelled)s::float8,
-                                  %(dead)s::float8, %(batch)s::integer);
+-- The fleet's own retention (migrations 0014, 0020): delete one batch of finished jobs
+-- past their retention (seconds per final status; NULL keeps it), one of schedule runs
+-- and one of gone daemons' registry rows, by one daemon at a time: the counts are NULL
+-- when another holds the lock. live_daemons: the registry's daemons not gone (each daemon
+-- spaces its calls by it).
+SELECT deleted, schedule_runs_deleted, daemons_deleted, live_daemons
+  FROM @schema@.prune_finished_v2(%(completed)s::float8, %(cancelled)s::float8,
+                                  %(dead)s::float8, %(schedule_runs)s::float8,
+                                  %(gone_daemons)s::float8, %(batch)s::integer);
 
 -- name: job_get
 -- One job, every column.

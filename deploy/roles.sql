@@ -1,21 +1,142 @@
 -- Least-privilege roles for pgworkerd. Run after `pgworkerd migrate`, as a role with
 -- CREATEROLE (CREATE ROLE needs it; a superuser will do), which must also be able to grant
--- on the schema's objects: the schema owner, or a superuser.
---   pgworkerd_daemon:   what `pgworkerd run`, drain, resume, status and jobs need.
---   pgworkerd_enqueuer: only enqueue (the SQL functions); it cannot read or change jobs.
--- Replace the passwords (or use another authentication method) and the schema name if you
--- changed it. The enqueue functions are SECURITY DEFINER, so enqueuers need no rights
--- on the table itself.
+-- on the schema's objects: the schema owner, or a superuser. Each process then connects
+-- as its role (README "Install and run"):
+--   pgworkerd_daemon:   what `pgworkerd run` needs: claim, renew and finish jobs, the
+--                       registry, schedules, the fleet's retention.
+--   pgworkerd_enqueuer: enqueue (the SQL functions), and read and wait for the jobs its
+--                       own login enqueued (job_get_v1: `pgworkerd.get`/`wait`); it
+--                       cannot read or change any other job, nor anything else.
+--   pgworkerd_operator: a person at the CLI or the dashboard: read everything
+--                       pgworkerd_reader reads, enqueue, cancel, retry, pause/resume,
+--                       drain/resume, prune.
+--   pgworkerd_reader:   read-only, for dashboards (`pgworkerd web --read-only`) and
+--                       `jobs`, `show`, `logs`, `explain`, `status`, `schedules`: reads the
+--                       jobs, their attempts and logs, the registry, pauses and schedules,
+--                       and changes nothing.
+-- The enqueue functions are SECURITY DEFINER, so enqueuers need no rights on the table.
+--
+-- Passwords: this file sets none. It creates each role as a LOGIN role without a
+-- password, so no password logs in until you give one (there is no placeholder to
+-- forget), and leaves a role that exists as it is (its password, its LOGIN): run it again
+-- after every upgrade, new releases add grants. Give each role the password of the process
+-- that connects as it, as the admin, in psql (it asks twice and sends only the SCRAM
+-- verifier: no password in argv, the server's log or psql's history):
+--     \password pgworkerd_daemon
+-- or let them authenticate otherwise (pg_hba.conf: cert, peer). People and applications
+-- may rather log in as their own roles, members of these:
+--     CREATE ROLE alice LOGIN IN ROLE pgworkerd_operator;      -- then \password alice
+--     CREATE ROLE billing LOGIN IN ROLE pgworkerd_enqueuer;    -- then \password billing
+-- An enqueuer reads the jobs of its own login only (jobs.enqueued_by = session_user):
+-- applications that must not read each other's jobs need a login each. Role settings are
+-- not inherited: copy the ALTER ROLE ... SET lines at the end for such a login.
+-- Versions of this file before schema 18 created pgworkerd_daemon and
+-- pgworkerd_enqueuer with the password 'change-me': run by a superuser, this file stops
+-- at once while one of them still has it (below); set theirs (\password, as above).
+--
+-- Another schema (`--schema`): replace the schema name in every object's name, e.g.
+--     pgworkerd files roles.sql | sed 's/pgworkerd\./myschema./g; s/SCHEMA pgworkerd /SCHEMA myschema /' | psql ...
 --
 -- Dedupe keys are scoped per handler: a key names one live job of its handler, so an
 -- enqueuer cannot block another application's job by squatting its key under another
--- handler. Every enqueuer can still use (and so learn about) keys of any handler it names:
--- give applications that must not see each other their own schema (`--schema`).
+-- handler. Every enqueuer can still use (and so learn about) keys of any handler it names
+-- (enqueue returns the id of the job holding the key, which it may not read if another
+-- login enqueued it): give applications that must not see each other their own schema
+-- (`--schema`).
 
-CREATE ROLE pgworkerd_daemon LOGIN PASSWORD 'change-me';
-CREATE ROLE pgworkerd_enqueuer LOGIN PASSWORD 'change-me';
+-- Refuse to go on while a role that an earlier version of this file created still has its
+-- placeholder password 'change-me': such a login works for anyone who has read this file.
+-- The server stores a password as an md5 or a SCRAM-SHA-256 verifier; both are checked by
+-- computing what 'change-me' would give (a SCRAM check takes ~0.1 s). Only a superuser
+-- may read the verifiers: another role is told that the check did not run.
+-- HMAC-SHA-256 (RFC 2104) for SCRAM's key derivation; in pg_temp, gone with the session.
+CREATE OR REPLACE FUNCTION pg_temp.pgworkerd_hmac(key bytea, message bytea) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    inner_pad bytea := pg_catalog.decode(pg_catalog.repeat('36', 64), 'hex');
+    outer_pad bytea := pg_catalog.decode(pg_catalog.repeat('5c', 64), 'hex');
+BEGIN
+    FOR n IN 0 .. pg_catalog.length(key) - 1 LOOP  -- keys here are at most 64 bytes
+        inner_pad := pg_catalog.set_byte(inner_pad, n, pg_catalog.get_byte(key, n) # 54);
+        outer_pad := pg_catalog.set_byte(outer_pad, n, pg_catalog.get_byte(key, n) # 92);
+    END LOOP;
+    RETURN pg_catalog.sha256(outer_pad || pg_catalog.sha256(inner_pad || message));
+END
+$$;
 
-GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_daemon, pgworkerd_enqueuer;
+DO $$
+DECLARE
+    placeholder constant bytea := pg_catalog.convert_to('change-me', 'UTF8');
+    account record;
+    scram text[];
+    block bytea;
+    salted bit(256);
+    salted_hex text := '';
+BEGIN
+    IF NOT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user) THEN
+        RAISE NOTICE 'pgworkerd: only a superuser can tell whether a role still has the '
+            'placeholder password of earlier versions of roles.sql (''change-me''): not checked';
+        RETURN;
+    END IF;
+    FOR account IN
+        SELECT rolname, rolpassword FROM pg_catalog.pg_authid
+         WHERE rolname IN ('pgworkerd_daemon', 'pgworkerd_enqueuer', 'pgworkerd_operator',
+                           'pgworkerd_reader')
+           AND rolcanlogin AND rolpassword IS NOT NULL
+    LOOP
+        -- SCRAM-SHA-256$<iterations>:<salt>$<StoredKey>:<ServerKey> (RFC 5803)
+        scram := pg_catalog.regexp_match(account.rolpassword,
+                                         '^SCRAM-SHA-256[$]([0-9]+):([^$]+)[$]([^:]+):');
+        IF scram IS NOT NULL THEN
+            -- SaltedPassword = PBKDF2-HMAC-SHA-256(password, salt, iterations), one block
+            block := pg_temp.pgworkerd_hmac(
+                placeholder, pg_catalog.decode(scram[2], 'base64') || '\x00000001'::bytea);
+            salted := ('x' || pg_catalog.encode(block, 'hex'))::bit(256);
+            FOR i IN 2 .. scram[1]::integer LOOP
+                block := pg_temp.pgworkerd_hmac(placeholder, block);
+                salted := salted # ('x' || pg_catalog.encode(block, 'hex'))::bit(256);
+            END LOOP;
+            salted_hex := '';
+            FOR i IN 0 .. 3 LOOP
+                salted_hex := salted_hex || pg_catalog.lpad(pg_catalog.to_hex(
+                    pg_catalog.substring(salted, i * 64 + 1, 64)::bigint), 16, '0');
+            END LOOP;
+            -- StoredKey = SHA-256(HMAC(SaltedPassword, "Client Key"))
+            CONTINUE WHEN pg_catalog.sha256(pg_temp.pgworkerd_hmac(
+                              pg_catalog.decode(salted_hex, 'hex'),
+                              pg_catalog.convert_to('Client Key', 'UTF8')))
+                          <> pg_catalog.decode(scram[3], 'base64');
+        ELSIF account.rolpassword
+              <> 'md5' || pg_catalog.md5('change-me' || account.rolname) THEN
+            CONTINUE;
+        END IF;
+        RAISE EXCEPTION 'pgworkerd: role % still has the placeholder password ''change-me'' '
+                        'of an earlier roles.sql', account.rolname
+            USING ERRCODE = 'invalid_password',
+                  HINT = pg_catalog.format('Set a real one first, in psql: \password %s '
+                                           '(then run this file again).', account.rolname);
+    END LOOP;
+END
+$$;
+
+-- Create the roles that are missing (CREATE ROLE has no IF NOT EXISTS); never a password.
+DO $$
+DECLARE
+    role_name text;
+BEGIN
+    FOREACH role_name IN ARRAY ARRAY['pgworkerd_daemon', 'pgworkerd_enqueuer',
+                                     'pgworkerd_operator', 'pgworkerd_reader'] LOOP
+        IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = role_name) THEN
+            EXECUTE pg_catalog.format('CREATE ROLE %I LOGIN', role_name);
+        END IF;
+    END LOOP;
+END
+$$;
+
+-- pgworkerd_daemon: what `pgworkerd run` needs. (It may also drain, resume and pause, as
+-- the CLI on a worker host did before the operator role; people use pgworkerd_operator.)
+GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_daemon;
 
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_daemon;
 -- UPDATE only on the columns the daemon writes (claim(), the statements in queries.sql):
@@ -77,6 +198,8 @@ GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v2(float8, float8, float8, fl
                                                       integer)
       TO pgworkerd_daemon;
 
+-- pgworkerd_enqueuer: enqueue, and read its own jobs.
+GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_enqueuer;
 GRANT EXECUTE ON FUNCTION pgworkerd.enqueue(text, jsonb, text, integer, timestamptz,
                                             interval, integer, text),
                           pgworkerd.enqueue_many(jsonb)
@@ -89,11 +212,44 @@ GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v2(text, jsonb, text, integer, times
 -- (the enqueuer also needs to read the schema version for `pgworkerd enqueue`'s check)
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_enqueuer;
 
--- Operators who prune and retry: DELETE is only for `pgworkerd prune` (jobs at any
--- retention, and the registry rows of daemons long gone), EXECUTE for its deletion of
--- old schedule runs; the daemons' own retention needs none.
--- GRANT DELETE ON pgworkerd.jobs, pgworkerd.workers TO pgworkerd_daemon;
--- GRANT EXECUTE ON FUNCTION pgworkerd.schedule_runs_prune(interval) TO pgworkerd_daemon;
+-- Its own jobs (0018): pgworkerd.get and wait read through job_get_v1 (SECURITY DEFINER,
+-- EXECUTE for every role with USAGE on the schema), which returns a job to the login that
+-- enqueued it (jobs.enqueued_by) and to roles that may SELECT the table: nothing to grant.
+
+-- pgworkerd_reader: reads, changes nothing.
+GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_reader;
+GRANT SELECT ON pgworkerd.schema_version, pgworkerd.jobs, pgworkerd.attempts,
+                pgworkerd.job_logs, pgworkerd.workers, pgworkerd.paused,
+                pgworkerd.schedules, pgworkerd.schedule_runs
+      TO pgworkerd_reader;
+
+-- pgworkerd_operator: what the reader reads and the enqueuer runs (memberships, so a
+-- release's new grants to either reach the operator too), and the actions below.
+GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_operator;
+GRANT pgworkerd_reader, pgworkerd_enqueuer TO pgworkerd_operator;
+-- cancel and retry (job_cancel, job_retry in queries.sql; retry resets snoozes since
+-- schema 20): only the columns they write, never payload, handler, queue, priority,
+-- checkpoint or dedupe_key.
+GRANT UPDATE (status, attempts, snoozes, run_at, finished_at, cancel_requested, updated_at)
+      ON pgworkerd.jobs TO pgworkerd_operator;
+-- pause/resume of queues and handlers (SECURITY DEFINER functions).
+GRANT EXECUTE ON FUNCTION pgworkerd.pause(text, text, text), pgworkerd.resume(text, text),
+                          pgworkerd.pause_queue(text, text), pgworkerd.resume_queue(text),
+                          pgworkerd.pause_handler(text, text), pgworkerd.resume_handler(text)
+      TO pgworkerd_operator;
+-- drain (plain and --hand-back) and resume of daemons: the SECURITY DEFINER functions of
+-- schema 17, which check every argument and change only the drain columns of live daemons.
+GRANT EXECUTE ON FUNCTION pgworkerd.drain_request(text, text, boolean, interval, text[], text[]),
+                          pgworkerd.drain_lift(text, text)
+      TO pgworkerd_operator;
+-- prune: `pgworkerd prune` deletes finished jobs at any retention (their attempts and
+-- logs go with them through SECURITY DEFINER triggers), the registry rows of daemons long
+-- gone, and old schedule runs. (DELETE itself reaches any row: operators are trusted
+-- with the table's rows, never with what a job runs.)
+GRANT DELETE ON pgworkerd.jobs, pgworkerd.workers TO pgworkerd_operator;
+GRANT EXECUTE ON FUNCTION pgworkerd.schedule_runs_prune(interval) TO pgworkerd_operator;
+-- MERGE (issue 21): grants of people's roles for objects that later work adds go here,
+-- with their statements in tests/integration/test_people_roles.py (STATEMENTS, PROMISED).
 
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).
@@ -107,3 +263,5 @@ ALTER ROLE pgworkerd_enqueuer SET statement_timeout = '30s';
 -- must then schema-qualify them, or leave out the enqueuer's line.)
 ALTER ROLE pgworkerd_daemon SET search_path = pg_catalog, pg_temp;
 ALTER ROLE pgworkerd_enqueuer SET search_path = pg_catalog, pg_temp;
+ALTER ROLE pgworkerd_operator SET search_path = pg_catalog, pg_temp;
+ALTER ROLE pgworkerd_reader SET search_path = pg_catalog, pg_temp;

@@ -357,7 +357,8 @@ class JobInfo:
 
 
 class JobNotFound(LookupError):
-    """No job with this id (never enqueued, or pruned)."""
+    """No job with this id (never enqueued, or pruned), or none this role may read (an
+    enqueuer reads only the jobs its login enqueued)."""
 
 
 class JobFailed(Exception):
@@ -383,8 +384,10 @@ def get(
     conn: psycopg.Connection[Any], job_id: int, *, schema: str = DEFAULT_SCHEMA
 ) -> JobInfo | None:
     """The job `job_id`, or None if there is none. Reads with the caller's connection, in
-    its current transaction if one is open; needs SELECT on the jobs table (the
-    pgworkerd_daemon role has it)."""
+    its current transaction if one is open. A role that may read the jobs table (roles.sql:
+    pgworkerd_reader, pgworkerd_operator, pgworkerd_daemon) reads every job; any other
+    role with EXECUTE on job_get_v1 (pgworkerd_enqueuer) only the jobs its login enqueued:
+    another role's job is None, as if there were none."""
     if isinstance(job_id, bool) or not isinstance(job_id, int):
         raise TypeError(f"job id must be an integer, not {type(job_id).__name__}")
     if not -(2**63) <= job_id < 2**63:
@@ -452,7 +455,7 @@ def wait(
         while True:
             job = get(conn, job_id, schema=schema)
             if job is None:
-                raise JobNotFound(f"no job {job_id} in schema {schema!r}")
+                raise JobNotFound(f"no job {job_id} in schema {schema!r} that this role may read")
             if job.status == "completed":
                 return job.result
             if job.finished:

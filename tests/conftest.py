@@ -14,6 +14,9 @@ from psycopg.rows import TupleRow
 
 from pgworkerd.devcluster.localpg import LocalPostgres
 
+# The `roles` fixture (roles.sql applied for the test's schema), for any test that asks.
+pytest_plugins = ["roles_harness"]
+
 TEST_DB = "pgworkerd_test"
 
 

@@ -69,7 +69,36 @@ def fail(message: str, code: ExitCode) -> NoReturn:
     sys.exit(int(code))
 
 
-ROLES_HINT = "grants: deploy/roles.sql, `pgworkerd files roles.sql`"
+ROLES_SQL = "deploy/roles.sql, `pgworkerd files roles.sql`"
+PEOPLE_ROLES = ("pgworkerd_reader", "pgworkerd_operator", "pgworkerd_enqueuer")
+
+# What a command `needs` (database()'s argument) -> the roles of roles.sql that have that
+# right, named in the one-line permission error so it sends the reader to a role that
+# works (the daemon's role is left out: it is for `run`). Every `needs` must be here;
+# tests/integration/test_people_roles.py runs each command as each role named.
+ROLES_WITH_RIGHT: dict[str, tuple[str, ...]] = {
+    "read the schema version": PEOPLE_ROLES,
+    "read jobs": ("pgworkerd_reader", "pgworkerd_operator"),
+    "read schedules": ("pgworkerd_reader", "pgworkerd_operator"),
+    "enqueue jobs": ("pgworkerd_enqueuer", "pgworkerd_operator"),
+    "change jobs": ("pgworkerd_operator",),
+    "delete jobs": ("pgworkerd_operator",),
+    "delete gone daemons from the registry": ("pgworkerd_operator",),
+    "delete schedule runs": ("pgworkerd_operator",),
+    "change the daemons' registry": ("pgworkerd_operator",),
+    "pause queues and handlers": ("pgworkerd_operator",),
+    "create or upgrade the schema": (),  # the schema's owner only
+}
+
+
+def roles_hint(needs: str) -> str:
+    """The parenthesis of a permission error: who has the right, and where it is granted."""
+    roles = ROLES_WITH_RIGHT.get(needs)
+    if roles is None:  # a `needs` missing from the table (a test keeps it complete)
+        return f"grants: {ROLES_SQL}"
+    if not roles:
+        return "only the schema's owner may, none of the roles of roles.sql"
+    return f"roles.sql grants this to {', '.join(roles)}: {ROLES_SQL}"
 
 
 @contextmanager
@@ -101,7 +130,10 @@ def database(
     except SchemaError as exc:
         fail(str(exc), ExitCode.SCHEMA)
     except psycopg.errors.InsufficientPrivilege:
-        fail(f"permission denied: role {role!r} cannot {doing} ({ROLES_HINT})", ExitCode.DATABASE)
+        fail(
+            f"permission denied: role {role!r} cannot {doing} ({roles_hint(doing)})",
+            ExitCode.DATABASE,
+        )
     except psycopg.errors.InvalidParameterValue as exc:
         fail(scrub(exc.diag.message_primary or str(exc), dsn), ExitCode.CONFIG)
     except psycopg.OperationalError as exc:

@@ -44,7 +44,7 @@ SHIPPED_FILES = {
     "pgworkerd-web.service": "systemd unit: the web dashboard, `pgworkerd web`",
     "pgworkerd.service": "systemd unit: one daemon per host (/etc/systemd/system/)",
     "pgworkerd@.service": "systemd template: one daemon per /etc/pgworkerd/INSTANCE.toml",
-    "roles.sql": "least-privilege roles pgworkerd_daemon and pgworkerd_enqueuer (psql -f)",
+    "roles.sql": "least-privilege roles: daemon, enqueuer, operator, reader (psql -f)",
 }
 
 

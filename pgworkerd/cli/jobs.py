@@ -321,7 +321,10 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
     if daemon is not None:
         click.echo(daemon_line(daemon, job_id))
     if history is None:
-        click.echo("attempts: (this role may not read them: grant it SELECT, see roles.sql)")
+        click.echo(
+            "attempts: (this role may not read them: roles.sql's pgworkerd_reader and "
+            "pgworkerd_operator may)"
+        )
         return
     click.echo(f"attempts: {len(history)} recorded" + (":" if history else ""))
     for a in history:

@@ -14,7 +14,6 @@ import psycopg
 import pytest
 from psycopg import sql
 from test_cli_queue import Cli, run
-from test_roles import roles  # noqa: F401  (fixture: deploy/roles.sql for this schema)
 
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.exitcodes import ExitCode
@@ -196,39 +195,58 @@ def test_error_messages_are_one_inert_line(pg: LocalPostgres) -> None:
 
 # -- 3. a role without the rights gets one clear line, not a traceback -----------------------
 
+# command -> (argv, what it needs, the roles of roles.sql the message names)
+READ = "pgworkerd_reader, pgworkerd_operator"
+OPERATOR = "pgworkerd_operator"
 ENQUEUER_COMMANDS = {
-    "cancel": (["cancel", "1"], "change jobs"),
-    "jobs": (["jobs"], "read jobs"),
-    "jobs --json": (["jobs", "--json"], "read jobs"),
-    "show": (["show", "1"], "read jobs"),
-    "status": (["status"], "read jobs"),
-    "drain": (["drain", "--all"], "change the daemons' registry"),
-    "resume": (["resume", "--all"], "change the daemons' registry"),
-    "retry": (["retry", "1"], "change jobs"),
-    "prune": (["prune", "--older-than", "1d"], "delete jobs"),
+    "cancel": (["cancel", "1"], "change jobs", OPERATOR),
+    "jobs": (["jobs"], "read jobs", READ),
+    "jobs --json": (["jobs", "--json"], "read jobs", READ),
+    "show": (["show", "1"], "read jobs", READ),
+    "status": (["status"], "read jobs", READ),
+    "drain": (["drain", "--all"], "change the daemons' registry", OPERATOR),
+    "resume": (["resume", "--all"], "change the daemons' registry", OPERATOR),
+    "retry": (["retry", "1"], "change jobs", OPERATOR),
+    "prune": (["prune", "--older-than", "1d"], "delete jobs", OPERATOR),
+}
+READER_COMMANDS = {
+    "enqueue": (["enqueue", "h"], "enqueue jobs", "pgworkerd_enqueuer, pgworkerd_operator"),
+    "cancel": (["cancel", "1"], "change jobs", OPERATOR),
+    "retry": (["retry", "1"], "change jobs", OPERATOR),
+    "pause": (["pause", "--queue", "q"], "pause queues and handlers", OPERATOR),
+    "drain": (["drain", "--all"], "change the daemons' registry", OPERATOR),
+    "prune": (["prune", "--older-than", "1d"], "delete jobs", OPERATOR),
 }
 
 
-@pytest.mark.parametrize("command", list(ENQUEUER_COMMANDS))
-def test_enqueuer_role_gets_a_clear_permission_error(
-    roles: dict[str, str],  # noqa: F811
+@pytest.mark.parametrize(
+    ("kind", "command"),
+    [("enqueuer", c) for c in ENQUEUER_COMMANDS] + [("reader", c) for c in READER_COMMANDS],
+)
+def test_a_role_without_the_right_is_told_which_role_has_it(
+    roles: dict[str, str],
     schema: str,
     cli: Cli,
+    kind: str,
     command: str,
 ) -> None:
-    args, lacks = ENQUEUER_COMMANDS[command]
-    enqueuer = f"{schema}_enqueuer"
-    proc = Cli(roles[enqueuer], schema, cli.conn)(*args, code=ExitCode.DATABASE)
+    args, lacks, who = (ENQUEUER_COMMANDS if kind == "enqueuer" else READER_COMMANDS)[command]
+    role = f"{schema}_{kind}"
+    job = cli.enqueue("h")
+    proc = Cli(roles[role], schema, cli.conn)(*args, code=ExitCode.DATABASE)
     assert proc.stdout == ""
     assert proc.stderr == (
-        f"pgworkerd: permission denied: role {enqueuer!r} cannot {lacks}"
-        " (grants: deploy/roles.sql, `pgworkerd files roles.sql`)\n"
+        f"pgworkerd: permission denied: role {role!r} cannot {lacks}"
+        f" (roles.sql grants this to {who}: deploy/roles.sql, `pgworkerd files roles.sql`)\n"
     )
-    assert cli.count() == 0
+    assert cli.count() == 1 and cli.conn.execute(
+        sql.SQL("SELECT status FROM {} WHERE id = %s").format(sql.Identifier(schema, "jobs")),
+        [job],
+    ).fetchone() == ("pending",)
 
 
 def test_daemon_role_may_not_prune(
-    roles: dict[str, str],  # noqa: F811
+    roles: dict[str, str],
     schema: str,
     cli: Cli,
 ) -> None:
@@ -318,7 +336,7 @@ def test_jobs_has_a_header_and_labels_an_old_error_of_a_finished_job(cli: Cli) -
 
 
 def test_show_of_a_role_granted_before_the_attempt_history_still_shows_the_job(
-    roles: dict[str, str],  # noqa: F811
+    roles: dict[str, str],
     schema: str,
     cli: Cli,
 ) -> None:

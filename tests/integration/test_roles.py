@@ -20,35 +20,6 @@ from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue import admin, lease
 from pgworkerd.queue.db import connect
 
-ROLES_SQL = Path(__file__).resolve().parents[2] / "deploy" / "roles.sql"
-
-
-@pytest.fixture
-def roles(pg: LocalPostgres, conn: psycopg.Connection, schema: str, test_db_dsn: str):
-    """roles.sql rendered for this test's schema and role names; yields their DSNs."""
-    daemon, enqueuer = f"{schema}_daemon", f"{schema}_enqueuer"
-    text = (
-        ROLES_SQL.read_text()
-        .replace("pgworkerd_daemon", daemon)
-        .replace("pgworkerd_enqueuer", enqueuer)
-        .replace("SCHEMA pgworkerd ", f"SCHEMA {schema} ")
-        .replace("pgworkerd.", f"{schema}.")
-    )
-    conn.execute(text)
-    # They log in with the cluster's password (its passfile is in the DSN), not roles.sql's.
-    for name in (daemon, enqueuer):
-        pg.grant_login(name)
-    yield {
-        name: pg.dsn("pgworkerd_test").replace("user=postgres", f"user={name}")
-        for name in (daemon, enqueuer)
-    }
-    conn.execute(
-        sql.SQL("DROP OWNED BY {}, {}").format(sql.Identifier(daemon), sql.Identifier(enqueuer))
-    )
-    conn.execute(
-        sql.SQL("DROP ROLE {}, {}").format(sql.Identifier(daemon), sql.Identifier(enqueuer))
-    )
-
 
 def test_enqueuer_can_only_enqueue(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
@@ -389,7 +360,7 @@ def test_roles_for_concurrency_keys_limits_and_pauses(
     with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c:
         keyed = client.enqueue(c, "h", concurrency_key="k", schema=schema)
         [many] = client.enqueue_many(c, [client.JobSpec("h", concurrency_key="k")], schema=schema)
-        for kind in ("queue", "handler"):  # only operators (the daemon role) pause
+        for kind in ("queue", "handler"):  # only operators (and the daemon role) pause
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 fleet.set_paused(c, schema, kind, "x", pause=True)
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
@@ -431,21 +402,14 @@ def test_daemon_role_fires_schedules_and_enqueuer_cannot(
         schedules.fire(c, "s", tick + timedelta(minutes=1), job, "allow", "w", schema)
 
 
-def test_an_operator_with_roles_sql_prune_grants_prunes_schedule_runs_too(
+def test_the_operator_role_prunes_jobs_gone_daemons_and_schedule_runs(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
 ) -> None:
-    # roles.sql's commented-out operator grants, as an operator would uncomment them
-    block = ROLES_SQL.read_text().split("-- Operators who prune")[1].split("\n\n")[0]
-    grants = "\n".join(line[3:] for line in block.splitlines() if line.startswith("-- GRANT"))
-    assert "GRANT DELETE" in grants
-    conn.execute(
-        grants.replace("pgworkerd_daemon", f"{schema}_daemon").replace("pgworkerd.", f"{schema}.")
-    )
     proc = subprocess.run(
         [
             str(PGWORKERD),
             "--dsn",
-            roles[f"{schema}_daemon"],
+            roles[f"{schema}_operator"],
             "--schema",
             schema,
             "prune",

@@ -749,11 +749,10 @@ RETURNING id, status, run_at, snoozes,
           END AS retry_in;
 
 -- name: job_info
--- One job as pgworkerd.get returns it (client.JobInfo's fields, in order).
-SELECT id, queue, handler, status::text AS status, priority, attempts, max_attempts,
-       snoozes, result, progress, last_error, cancel_requested, run_at, created_at,
-       started_at, finished_at
-  FROM @schema@.jobs WHERE id = %(id)s;
+-- One job as pgworkerd.get returns it (client.JobInfo's fields, in order), through the
+-- function of migration 0018: every job for a role that may read the jobs table, only its
+-- own for an enqueuer (no row otherwise, as for an unknown id).
+SELECT * FROM @schema@.job_get_v1(%(id)s);
 
 -- name: session_finished_listening
 -- Whether this session listens on the channel of finished jobs already (pgworkerd.wait

@@ -41,7 +41,9 @@ INSERT INTO @schema@.schema_version (version, name, compatible_with) VALUES
     (18, 'people_roles', 5),
     (19, 'worker_protocol', 5),
     (20, 'upkeep', 5),
-    (21, 'silent', 5);
+    (21, 'silent', 5),
+    (22, 'lockdown', 5),
+    (23, 'enqueue_bounds', 5);
 
 -- Jobs (0001).
 

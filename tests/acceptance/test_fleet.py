@@ -109,7 +109,7 @@ def by_id(snapshot: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def test_drain_one_daemon_while_the_other_works_on_then_resume(db: Db, daemons: Daemons) -> None:
     a = start_named(daemons, "alpha", ALPHA_HANDLERS, tag="A")
-    long_job = db.enqueue("solo", {"seconds": 6})
+    long_job = db.enqueue("solo", {"seconds": 15})
     db.wait_started(long_job)
     b = start_named(daemons, "beta", BETA_HANDLERS, tag="B")
     wait_state(db, b, "running")

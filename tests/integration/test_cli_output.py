@@ -287,7 +287,9 @@ def test_status_shows_when_a_gone_daemon_stopped_instead_of_ageing_it(cli: Cli) 
     assert gone.split(None, 1)[1] == (
         f"h1               pid 10      gone      since {since}Z (ran 10m, last busy 0/4)"
     ), gone
-    assert re.search(r"0/4 busy  up 5m  heartbeat [01]s ago$", live), live
+    # an age that grows (the CLI may take seconds to start on a loaded box), not a moment
+    found = re.search(r"0/4 busy  up 5m  heartbeat (\d+)s ago$", live)
+    assert found and int(found[1]) < 30, live
     assert "daemons (1 live):" in out
 
 

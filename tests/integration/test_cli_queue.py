@@ -351,13 +351,13 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 README_DSN = '"postgresql://app@db/app"'
 
 
-def readme_block(lang: str, after: str) -> str:
-    """The first ```lang block of the README after the line starting with `after`."""
+def readme_block(lang: str, after: str, nth: int = 0) -> str:
+    """The nth (from 0) ```lang block of the README after the line starting with `after`."""
     text = README.read_text()
     start = text.index(f"\n{after}")
-    match = re.search(rf"\n```{lang}\n(.*?)\n```\n", text[start:], re.S)
-    assert match, f"no {lang} block after {after!r}"
-    return match.group(1)
+    blocks = re.findall(rf"\n```{lang}\n(.*?)\n```\n", text[start:], re.S)
+    assert len(blocks) > nth, f"no {lang} block {nth} after {after!r}"
+    return str(blocks[nth])
 
 
 @pytest.fixture
@@ -395,19 +395,22 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
     """The SQL a worker in another language runs, exactly as the README prints it."""
     statements = [
         s.strip() + ";"
-        for s in readme_block("sql", "### Finishing a claimed job").split(";\n")
+        for s in readme_block("sql", "### Finishing a claimed job", nth=1).split(";\n")
         if s.strip()
     ]
     renew, complete, fail, release = statements
+    claim = readme_block("sql", "### Finishing a claimed job", nth=0)  # claim_jobs
 
     with psycopg.connect(app_db, autocommit=True) as c:
         c.execute(readme_block("sql", "From SQL"))  # enqueue and enqueue_many
-        claim = re.search(r"`(SELECT \* FROM pgworkerd\.claim\(.*?\))`", README.read_text())
-        assert claim
         c.execute("SET search_path = pg_catalog, pg_temp")
         with c.cursor(row_factory=psycopg.rows.dict_row) as cur:
-            held = cur.execute(claim.group(1)).fetchall()
-        assert [j["handler"] for j in held] == ["resize", "resize"]
+            held = cur.execute(claim).fetchall()
+        assert len(held) == 2
+        handlers = c.execute(
+            "SELECT handler FROM pgworkerd.jobs WHERE id = ANY(%s)", [[j["id"] for j in held]]
+        ).fetchall()
+        assert handlers == [("resize",), ("resize",)]
         a, b = held
 
         def run_sql(text: str, *params: object) -> list[tuple[bytes | None, ...]]:
@@ -444,9 +447,10 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
         assert row(b["id"])[:5] == ("pending", 1, None, "boom", None)
 
         c.execute("UPDATE pgworkerd.jobs SET run_at = now() WHERE id = %s", [b["id"]])
-        [again] = c.execute(claim.group(1)).fetchall()
-        assert again[0] == b["id"]
-        token = again[7]
+        with c.cursor(row_factory=psycopg.rows.dict_row) as cur:
+            [again] = cur.execute(claim).fetchall()
+        assert again["id"] == b["id"]
+        token = again["lease_token"]
         assert run_sql(release, b["id"], "worker-1", token) == [(b"pending",)]
         assert row(b["id"])[:2] == ("pending", 1)  # the released attempt is not counted
 

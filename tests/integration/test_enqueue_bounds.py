@@ -5,11 +5,13 @@ function; only the operator writes bounds, and a bound that could not work is re
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from daemon_harness import PGWORKERD
 from psycopg import sql
 from roles_harness import drop_roles
 
@@ -334,3 +336,35 @@ def test_a_dropped_role_leaves_its_bound_harmless(
     conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(gone)))
     with connect(roles[f"{schema}_enqueuer"]) as c:
         enqueue(c, schema, "enqueue", job(priority=-5))
+
+
+def test_the_cli_says_which_bound_refused_the_job(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """Not "permission denied: role cannot enqueue jobs" (the role may): the bound."""
+    enqueuer = f"{schema}_enqueuer"
+    with connect(roles[f"{schema}_operator"]) as op:
+        bound = set_bound(op, schema, role_name=enqueuer, priority_min=0)
+    proc = subprocess.run(
+        [
+            str(PGWORKERD),
+            "--dsn",
+            roles[enqueuer],
+            "--schema",
+            schema,
+            "enqueue",
+            "h",
+            "--priority",
+            "-5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (proc.returncode, proc.stdout) == (4, "")
+    assert proc.stderr == (
+        f"pgworkerd: job 1 of 1: priority -5 is outside 0..32767, the priorities"
+        f" enqueue bound {bound} (role {enqueuer}, every queue) allows\n"
+    )
+    assert job_count(conn, schema) == 0

@@ -9,7 +9,8 @@ A private LocalPostgres with three schemas side by side: one migrated up to 0022
 enqueuer role (priorities 0..100, dedupe keys under "bench:"; the jobs, at priority 5, pass).
 Enqueued into as that role, through the Python client, which calls enqueue for one job
 and enqueue_many for a batch. The variants alternate in small blocks (100 single
-enqueues, one enqueue_many of 2,000), rotating their order, so that the load of a shared
+enqueues, one enqueue_many of 2,000, one SELECT calling enqueue 2,000 times: the server's
+cost alone), rotating their order, so that the load of a shared
 machine falls on all alike; medians of the blocks are printed. A benchmark, not a test:
 nothing is asserted.
 """
@@ -35,6 +36,7 @@ from pgworkerd.queue.queries import render
 
 BEFORE, EMPTY, BOUND = "before_0023", "no_bound", "bound"
 SINGLE, BULK = 100, 2_000
+SERVER_SIDE = "SELECT count(@schema@.enqueue('noop', priority => 5)) FROM generate_series(1, 2000)"
 ROLE = "bench_enqueuer"
 
 
@@ -90,6 +92,7 @@ def main() -> None:
             )
         specs = [client.JobSpec("noop", priority=5) for _ in range(BULK)]
         single: dict[str, list[float]] = {v: [] for v in variants}
+        server: dict[str, list[float]] = {v: [] for v in variants}
         many: dict[str, list[float]] = {v: [] for v in variants}
         with connect(pg.dsn("bench", user=ROLE), prepare=True) as enq:
             enq.autocommit = True
@@ -102,6 +105,9 @@ def main() -> None:
                             client.enqueue(enq, "noop", priority=5, schema=schema)
 
                     single[schema].append(rate(SINGLE, one_by_one))
+                    # the same calls inside one statement: the server's cost alone
+                    in_server = render(SERVER_SIDE, schema)
+                    server[schema].append(rate(BULK, lambda q=in_server: enq.execute(q)))
                     many[schema].append(
                         rate(BULK, lambda s=schema: client.enqueue_many(enq, specs, schema=s))
                     )
@@ -113,6 +119,7 @@ def main() -> None:
     for label, data in (
         (f"enqueue single ({SINGLE}/block), jobs/s", single),
         (f"enqueue_many {BULK:,}/call, jobs/s", many),
+        (f"enqueue x {BULK:,} in one SELECT, jobs/s", server),
     ):
         medians = {name: statistics.median(data[name]) for name in variants}
         figures = "   ".join(

@@ -2684,9 +2684,9 @@ CREATE UNIQUE INDEX enqueue_bounds_role_queue_idx
 -- a bound on this login refuses (42501, naming the bound and what it allows); returns
 -- when none does. The login is session_user (the enqueue functions are SECURITY DEFINER:
 -- current_user is the owner; SET ROLE changes neither). Called by enqueue, enqueue_many
--- and enqueue_many_v2 (so enqueue_v2 and schedule_fire) only when the table has a row;
--- the bounds that bind this login are read once per call, and jobs are checked against
--- them in one pass. Values of the wrong type are left to the checks that follow.
+-- and enqueue_many_v2 (so enqueue_v2 and schedule_fire) only when the table has a row:
+-- one statement reads the bounds that bind this login once and checks every job against
+-- them. Values of the wrong type are left to the checks that follow.
 CREATE FUNCTION @schema@.enqueue_bounds_check(jobs jsonb)
 RETURNS void
 LANGUAGE plpgsql
@@ -2694,22 +2694,22 @@ STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    binding @schema@.enqueue_bounds[];
     broken record;
     scope text;
 BEGIN
-    SELECT array_agg(b ORDER BY b.id) INTO binding
-      FROM @schema@.enqueue_bounds b
-     WHERE b.role_name IS NULL
-        OR b.role_name = session_user
-        OR EXISTS (SELECT FROM pg_roles r
-                    WHERE r.rolname = b.role_name
-                      AND pg_has_role(session_user, r.oid, 'MEMBER')
-                      -- a superuser "is a member" of every role: bound only when named
-                      AND NOT (SELECT s.rolsuper FROM pg_roles s WHERE s.rolname = session_user));
-    IF binding IS NULL THEN
-        RETURN;
-    END IF;
+    -- One statement: the bounds that bind this login, read once (MATERIALIZED), then
+    -- every job against them.
+    WITH binding AS MATERIALIZED (
+        SELECT b.* FROM @schema@.enqueue_bounds b
+         WHERE b.role_name IS NULL
+            OR b.role_name = session_user
+            OR EXISTS (SELECT FROM pg_roles r
+                        WHERE r.rolname = b.role_name
+                          AND pg_has_role(session_user, r.oid, 'MEMBER')
+                          -- a superuser "is a member" of every role: bound only when named
+                          AND NOT (SELECT s.rolsuper FROM pg_roles s
+                                    WHERE s.rolname = session_user))
+    )
     SELECT t.n, v.priority, b.*,
            v.priority NOT BETWEEN b.priority_min AND b.priority_max AS bad_priority,
            NOT starts_with(v.dedupe_key, b.dedupe_key_prefix) AS bad_dedupe_key
@@ -2724,7 +2724,7 @@ BEGIN
                      THEN t.e->>'dedupe_key' END AS dedupe_key,
                 CASE WHEN jsonb_typeof(t.e->'concurrency_key') = 'string'
                      THEN t.e->>'concurrency_key' END AS concurrency_key) v
-      JOIN unnest(binding) b ON b.queue IS NULL OR b.queue = v.queue
+      JOIN binding b ON b.queue IS NULL OR b.queue = v.queue
      WHERE v.priority NOT BETWEEN b.priority_min AND b.priority_max
         OR NOT starts_with(v.dedupe_key, b.dedupe_key_prefix)
         OR NOT starts_with(v.concurrency_key, b.concurrency_key_prefix)

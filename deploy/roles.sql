@@ -9,11 +9,12 @@
 --                       cannot read or change any other job, nor anything else.
 --   pgworkerd_operator: a person at the CLI or the dashboard: read everything
 --                       pgworkerd_reader reads, enqueue, cancel, retry, pause/resume,
---                       drain/resume, prune.
+--                       drain/resume, prune, and set what enqueuers may ask
+--                       (enqueue_bounds).
 --   pgworkerd_reader:   read-only, for dashboards (`pgworkerd web --read-only`) and
 --                       `jobs`, `show`, `logs`, `explain`, `status`, `schedules`: reads the
---                       jobs, their attempts and logs, the registry, pauses and schedules,
---                       and changes nothing.
+--                       jobs, their attempts and logs, the registry, pauses, schedules and
+--                       enqueue bounds, and changes nothing.
 -- The enqueue functions are SECURITY DEFINER, so enqueuers need no rights on the table.
 --
 -- Passwords: this file sets none. It creates each role as a LOGIN role without a
@@ -41,7 +42,10 @@
 -- enqueuer cannot block another application's job by squatting its key under another
 -- handler. Every enqueuer can still use (and so learn about) keys of any handler it names
 -- (enqueue returns the id of the job holding the key, which it may not read if another
--- login enqueued it): give applications that must not see each other their own schema
+-- login enqueued it), and any priority, unless an operator bounds it: a row of
+-- pgworkerd.enqueue_bounds gives a login (or every member of a role) a priority range
+-- and the prefixes its dedupe and concurrency keys must start with (README "Trust
+-- boundaries"). Applications that must not see each other at all need their own schema
 -- (`--schema`).
 
 -- Refuse to go on while a role that an earlier version of this file created still has its
@@ -222,6 +226,8 @@ GRANT SELECT ON pgworkerd.schema_version, pgworkerd.jobs, pgworkerd.attempts,
                 pgworkerd.job_logs, pgworkerd.workers, pgworkerd.paused,
                 pgworkerd.schedules, pgworkerd.schedule_runs
       TO pgworkerd_reader;
+-- what enqueuers may ask (schema 23)
+GRANT SELECT ON pgworkerd.enqueue_bounds TO pgworkerd_reader;
 
 -- pgworkerd_operator: what the reader reads and the enqueuer runs (memberships, so a
 -- release's new grants to either reach the operator too), and the actions below.
@@ -248,6 +254,14 @@ GRANT EXECUTE ON FUNCTION pgworkerd.drain_request(text, text, boolean, interval,
 -- with the table's rows, never with what a job runs.)
 GRANT DELETE ON pgworkerd.jobs, pgworkerd.workers TO pgworkerd_operator;
 GRANT EXECUTE ON FUNCTION pgworkerd.schedule_runs_prune(interval) TO pgworkerd_operator;
+-- enqueue bounds (schema 23): what enqueuers may ask, per role and queue. Only the bound
+-- itself: set_by and set_at are the table's defaults (who set it, when), never given.
+GRANT INSERT (role_name, queue, priority_min, priority_max, dedupe_key_prefix,
+              concurrency_key_prefix, comment),
+      UPDATE (role_name, queue, priority_min, priority_max, dedupe_key_prefix,
+              concurrency_key_prefix, comment),
+      DELETE
+      ON pgworkerd.enqueue_bounds TO pgworkerd_operator;
 -- MERGE (issue 21): grants of people's roles for objects that later work adds go here,
 -- with their statements in tests/integration/test_people_roles.py (STATEMENTS, PROMISED).
 

@@ -129,7 +129,10 @@ def database(
         fail(str(exc), ExitCode.DATABASE)
     except SchemaError as exc:
         fail(str(exc), ExitCode.SCHEMA)
-    except psycopg.errors.InsufficientPrivilege:
+    except psycopg.errors.InsufficientPrivilege as exc:
+        said = exc.diag.message_primary or ""
+        if said.startswith("pgworkerd: "):  # ours, not a grant missing: an enqueue bound
+            fail(scrub(said.removeprefix("pgworkerd: "), dsn), ExitCode.DATABASE)
         fail(
             f"permission denied: role {role!r} cannot {doing} ({roles_hint(doing)})",
             ExitCode.DATABASE,

@@ -172,6 +172,7 @@ STATEMENTS: dict[str, Statement] = {
     "select schedule_runs": ("SELECT * FROM @schema@.schedule_runs", {}),
     "select schema_version": ("SELECT * FROM @schema@.schema_version", {}),
     "job_get_v1": ("SELECT * FROM @schema@.job_get_v1(1)", {}),
+    "select enqueue_bounds": ("SELECT * FROM @schema@.enqueue_bounds", {}),
     # enqueueing (enqueuer, operator)
     "enqueue": ("SELECT @schema@.enqueue('h')", {}),
     "enqueue_many": ('SELECT @schema@.enqueue_many(\'[{"handler": "h"}]\')', {}),
@@ -211,6 +212,11 @@ STATEMENTS: dict[str, Statement] = {
     ),
     "prune gone daemons": ("query:worker_prune_gone", {"older_than": 0.0}),
     "prune schedule runs": ("query:schedule_runs_prune", {"older_than": 0.0}),
+    "set an enqueue bound": (
+        "INSERT INTO @schema@.enqueue_bounds (queue, priority_min) VALUES ('q', 0)",
+        {},
+    ),
+    "lift enqueue bounds": ("DELETE FROM @schema@.enqueue_bounds", {}),
     # what no person's role may do
     "rewrite a payload": ("UPDATE @schema@.jobs SET payload = '{}'", {}),
     "rewrite a handler": ("UPDATE @schema@.jobs SET handler = 'x'", {}),
@@ -253,6 +259,7 @@ READS = {
     "select schedule_runs",
     "select schema_version",
     "job_get_v1",
+    "select enqueue_bounds",
 }
 ENQUEUES = {"enqueue", "enqueue_many", "enqueue_v2", "enqueue_many_v2"}
 ACTIONS = {
@@ -266,6 +273,8 @@ ACTIONS = {
     "prune jobs",
     "prune gone daemons",
     "prune schedule runs",
+    "set an enqueue bound",
+    "lift enqueue bounds",
 }
 # What roles.sql's header promises each role of people, and nothing else.
 PROMISED = {

@@ -74,3 +74,32 @@ def unstorable_text(job: JobContext) -> Any:
 def fail_naming_a_bad_file(job: JobContext) -> None:
     """Fails with an error that quotes a file name that is not UTF-8 (a lone surrogate)."""
     raise FileNotFoundError(f"no such file: {os.fsdecode(b'caf' + bytes([0xE9]))}")
+
+
+def neighbours(job: JobContext) -> dict[str, Any]:
+    """What a job can reach of the daemon that runs it (README "Who can do what"): its
+    uid, whether it may signal the daemon (kill with signal 0 checks only the right), the
+    daemon's config file and its /proc environ (readable by its own user only)."""
+    daemon_pid = int(job.payload["daemon_pid"])
+    try:
+        os.kill(daemon_pid, 0)
+        signal_daemon = True
+    except PermissionError:
+        signal_daemon = False
+    try:
+        with open(job.payload["config"]) as config:
+            text: str | None = config.read()
+    except OSError:
+        text = None
+    try:
+        with open(f"/proc/{daemon_pid}/environ", "rb") as environ:
+            daemon_environ = bool(environ.read())
+    except OSError:
+        daemon_environ = False
+    return {
+        "uid": os.getuid(),
+        "euid": os.geteuid(),
+        "signal_daemon": signal_daemon,
+        "config": text,
+        "daemon_environ": daemon_environ,
+    }

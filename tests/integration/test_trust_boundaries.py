@@ -1,0 +1,805 @@
+"""README "Trust boundaries", "Who can do what": each item is held by a test. The tests
+here carry their item as their docstring, word for word; items that tests elsewhere
+already hold are listed in ELSEWHERE. test_every_item_of_who_can_do_what_has_its_test
+keeps the README and the tests in step.
+
+The roles' tests run against a real cluster with roles.sql applied (the `roles` fixture):
+what must fail is tried as the role and fails with a permission error, what must work is
+done as the role. Items marked "Not protected" are gaps of today, held as gaps: a test
+that the gap is there, to be turned round by the work that closes it (README's
+`<!-- lockdown: ... -->`, `<!-- jobuids: ... -->`, `<!-- gilfence: ... -->` notes)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from daemon_harness import DEADLINE, PGWORKERD, Daemons, Db, wait_for
+from psycopg import sql
+from psycopg.types.json import Jsonb
+from roles_harness import drop_roles
+
+import pgworkerd
+from pgworkerd import client
+from pgworkerd.devcluster.localpg import LocalPostgres
+from pgworkerd.queue import lease
+from pgworkerd.queue.queries import query, render
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+
+# Items held by tests in other files: item -> ["path::test", ...].
+ELSEWHERE: dict[str, list[str]] = {
+    "It cannot connect to a throwaway cluster (the demo's or the tests') nor read its files.": [
+        "tests/integration/test_localpg.py::test_another_local_user_cannot_connect",
+        "tests/integration/test_localpg.py::test_cluster_files_are_private",
+        "tests/integration/test_localpg.py::test_demo_is_private_and_never_shows_its_password",
+    ],
+    "It sees every pgworkerd process's title (worker id, handler, job id), and a password"
+    " given with `--dsn` only before the daemon masks it (well under 1 s; keep passwords out"
+    " of argv).": [
+        "tests/acceptance/test_daemon.py::test_process_titles_and_registry_row",
+        "tests/acceptance/test_daemon.py::test_a_dsn_password_is_masked_in_the_process_title_at_once",
+    ],
+    "It cannot enter the daemon's directory of per-attempt temp directories (0700).": [
+        "tests/fault/test_containment.py"
+        "::test_the_temp_directories_of_a_daemon_killed_9_go_at_the_next_start",
+    ],
+    "It reads the metrics endpoint when one is configured: it has no login.": [
+        "tests/integration/test_daemon_metrics.py::test_metrics_follow_the_jobs",
+    ],
+    "Without users in the config the dashboard does not start, unless `--no-login` says so,"
+    " and then it says at start that everyone who can reach the address acts with its"
+    " database role: on loopback, every account and every job on the host.": [
+        "tests/web/test_web_cli.py::test_without_users_the_dashboard_does_not_start",
+        "tests/web/test_web_cli.py::test_no_login_is_explicit_and_loud",
+    ],
+    "With users, every page needs a login; failed logins are throttled per name and per"
+    " address without holding a server thread; logout and idleness end a session on the"
+    " server.": [
+        "tests/web/test_dashboard_security.py::test_without_a_login_every_page_is_refused",
+        "tests/web/test_dashboard_trust.py::test_a_locked_name_is_locked_from_its_address_only",
+        "tests/web/test_dashboard_trust.py::test_one_address_cannot_try_many_names",
+        "tests/web/test_dashboard_trust.py::test_guessing_holds_no_server_thread",
+        "tests/web/test_dashboard_trust.py::test_logout_ends_the_session_on_the_server",
+        "tests/web/test_dashboard_trust.py::test_an_idle_session_ends",
+    ],
+    "With `--read-only` it offers and accepts no action (give it `pgworkerd_reader`).": [
+        "tests/web/test_dashboard_security.py::test_read_only_mode_offers_and_accepts_no_action",
+        "tests/web/test_dashboard_roles.py"
+        "::test_every_page_serves_as_the_reader_and_actions_work_as_the_operator",
+    ],
+    "It sees no `PG*` variable and none of the daemon's credentials in its environment.": [
+        "tests/acceptance/test_daemon.py::test_job_children_never_see_the_daemons_credentials",
+    ],
+    "Nothing it starts outlives its attempt, and its temp directory goes with the attempt.": [
+        "tests/fault/test_containment.py::test_nothing_a_job_started_outlives_its_attempt",
+    ],
+}
+
+
+def normal(text: str) -> str:
+    return " ".join(text.split())
+
+
+def readme_items() -> list[str]:
+    """The bullet items of README "Who can do what", each joined into one line."""
+    text = README.read_text()
+    start = text.index("\n### Who can do what\n")
+    section = text[start : text.index("\n### ", start + 1)]
+    items: list[str] = []
+    in_item = False
+    for line in section.splitlines():
+        if line.startswith("- "):
+            items.append(line[2:])
+            in_item = True
+        elif in_item and line.startswith("  "):
+            items[-1] += " " + line.strip()
+        else:
+            in_item = False  # a blank line or a paragraph ends an item
+    return [normal(i) for i in items]
+
+
+def docstrings_of_tests(path: Path) -> dict[str, str | None]:
+    """Test functions of a file: name -> docstring."""
+    tree = ast.parse(path.read_text())
+    return {
+        n.name: ast.get_docstring(n)
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+    }
+
+
+def test_every_item_of_who_can_do_what_has_its_test() -> None:
+    items = readme_items()
+    assert len(items) >= 25 and len(set(items)) == len(items)
+    here = {normal(doc) for doc in docstrings_of_tests(Path(__file__)).values() if doc}
+    elsewhere = {normal(k): v for k, v in ELSEWHERE.items()}
+    assert [i for i in items if i not in here and i not in elsewhere] == [], "items untested"
+    # and no test holds an item the README no longer makes
+    assert [d for d in (*here, *elsewhere) if d not in items] == [], "stale tests"
+    for refs in elsewhere.values():
+        for ref in refs:
+            path, name = ref.split("::")
+            assert name in docstrings_of_tests(ROOT / path), ref
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def connect(dsn: str) -> psycopg.Connection:
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def as_role(roles: dict[str, str], schema: str, kind: str) -> psycopg.Connection:
+    return connect(roles[f"{schema}_{kind}"])
+
+
+def allowed(c: psycopg.Connection, schema: str, statement: str, params: Any = None) -> bool:
+    """Whether `c`'s role may run `statement` (in a transaction rolled back); any error but
+    a permission error fails the test."""
+    text = query(statement[6:], schema) if statement.startswith("query:") else statement
+    try:
+        with c.transaction(force_rollback=True), c.cursor() as cur:
+            cur.execute(render(text, schema) if "@schema@" in text else text, params)
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+    return True
+
+
+def refused(c: psycopg.Connection, schema: str, statements: list[str]) -> list[str]:
+    """The statements of the list that `c` may run (for "cannot" items: must be [])."""
+    return [s for s in statements if allowed(c, schema, s)]
+
+
+def claim_all(conn: psycopg.Connection, schema: str, **capacity: Any) -> list[lease.ClaimedJob]:
+    return lease.claim(
+        conn,
+        "w",
+        queues=["default"],
+        handlers={"h": lease.HandlerCapacity(60, 10, **capacity)},
+        limit=10,
+        schema=schema,
+    )
+
+
+def jobs_table(schema: str) -> sql.Composable:
+    return sql.Identifier(schema, "jobs")
+
+
+# -- pgworkerd_enqueuer ----------------------------------------------------------------------
+
+
+def test_the_enqueuer_enqueues_any_handler_into_any_queue(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It enqueues jobs for any handler, into any queue, with any payload the bounds at
+    enqueue accept."""
+    with as_role(roles, schema, "enqueuer") as c:
+        job = client.enqueue(
+            c, "another_apps_handler", {"to": "x"}, queue="another-apps-queue", schema=schema
+        )
+        deep: dict[str, Any] = {}
+        for _ in range(300):
+            deep = {"a": deep}
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="nested at most 255"):
+            c.execute(render("SELECT @schema@.enqueue('h', %s)", schema), [Jsonb(deep)])
+    row = conn.execute(
+        sql.SQL("SELECT handler, queue, payload FROM {} WHERE id = %s").format(jobs_table(schema)),
+        [job],
+    ).fetchone()
+    assert row == ("another_apps_handler", "another-apps-queue", {"to": "x"})
+
+
+def test_the_enqueuer_chooses_any_priority_unless_bounded(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It chooses any priority from -32768 to 32767, and a job at -32768 is claimed before
+    every other due job, unless an enqueue bound narrows its range."""
+    others = [client.enqueue(conn, "h", schema=schema) for _ in range(3)]
+    with as_role(roles, schema, "enqueuer") as c:
+        jumper = client.enqueue(c, "h", priority=-32768, schema=schema)
+    [first] = lease.claim(
+        conn,
+        "w",
+        queues=["default"],
+        handlers={"h": lease.HandlerCapacity(60, 1)},
+        limit=1,
+        schema=schema,
+    )
+    assert first.id == jumper and jumper > max(others)
+    with as_role(roles, schema, "operator") as op:
+        op.execute(
+            render(
+                "INSERT INTO @schema@.enqueue_bounds (role_name, priority_min) VALUES (%s, 0)",
+                schema,
+            ),
+            [f"{schema}_enqueuer"],
+        )
+    with (
+        as_role(roles, schema, "enqueuer") as c,
+        pytest.raises(
+            psycopg.errors.InsufficientPrivilege, match=r"priority -32768 is outside 0\.\.32767"
+        ),
+    ):
+        client.enqueue(c, "h", priority=-32768, schema=schema)
+
+
+def test_the_enqueuer_can_use_other_applications_keys_unless_bounded(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It can use any concurrency key and any dedupe key of any handler it names, unless an
+    enqueue bound gives it prefixes: its job holding another application's concurrency key
+    keeps that application's jobs with the key waiting, and another application's live
+    dedupe key under the same handler gives it that job's id instead of a new job."""
+    per_key = {"max_running_per_key": 1}
+    with as_role(roles, schema, "enqueuer") as c:
+        squat = client.enqueue(c, "h", concurrency_key="customer:42", schema=schema)
+    assert [j.id for j in claim_all(conn, schema, **per_key)] == [squat]  # it runs
+    app = client.enqueue(conn, "h", concurrency_key="customer:42", schema=schema)
+    assert claim_all(conn, schema, **per_key) == []  # the application's job waits
+    theirs = client.enqueue(
+        conn, "h", {"to": "a@example.com"}, dedupe_key="welcome:43", schema=schema
+    )
+    with as_role(roles, schema, "enqueuer") as c:
+        assert (
+            client.enqueue(c, "h", {"to": "evil"}, dedupe_key="welcome:43", schema=schema) == theirs
+        )
+    with as_role(roles, schema, "operator") as op:
+        op.execute(
+            render(
+                "INSERT INTO @schema@.enqueue_bounds (role_name, dedupe_key_prefix,"
+                " concurrency_key_prefix) VALUES (%s, 'shop:', 'shop:')",
+                schema,
+            ),
+            [f"{schema}_enqueuer"],
+        )
+    with as_role(roles, schema, "enqueuer") as c:
+        for keys in ({"concurrency_key": "customer:42"}, {"dedupe_key": "welcome:43"}):
+            with pytest.raises(
+                psycopg.errors.InsufficientPrivilege, match="must start with 'shop:'"
+            ):
+                client.enqueue(c, "h", schema=schema, **keys)
+    assert app > squat
+
+
+def test_the_enqueuer_has_no_quota(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It has no quota: one call enqueues as many jobs as its 30 s statement timeout
+    allows."""
+    with as_role(roles, schema, "enqueuer") as c:
+        assert c.execute("SHOW statement_timeout").fetchone() == ("30s",)
+        ids = client.enqueue_many(c, [client.JobSpec("h") for _ in range(20_000)], schema=schema)
+    assert len(ids) == 20_000
+    count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(jobs_table(schema)))
+    assert count.fetchone() == (20_000,)
+
+
+def test_the_enqueuer_reads_its_own_jobs_only(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It reads and waits for the jobs its own login enqueued, and gets no row for any other
+    job, as for an id that does not exist."""
+    other = client.enqueue(conn, "h", {"secret": 1}, schema=schema)
+    with as_role(roles, schema, "enqueuer") as c:
+        own = client.enqueue(c, "h", schema=schema)
+        found = pgworkerd.get(c, own, schema=schema)
+        assert found is not None and found.id == own
+        assert pgworkerd.get(c, other, schema=schema) is None
+        assert pgworkerd.get(c, other + 1000, schema=schema) is None
+        with pytest.raises(pgworkerd.JobNotFound):
+            pgworkerd.wait(c, other, timeout=2, schema=schema)
+
+
+# The 2026-11-26 audit's enqueuer_probe.sql (security-2026-11-26-repro), statement by
+# statement, and the enqueue bounds since.
+ENQUEUER_PROBE = [
+    "SELECT @schema@.pause_queue('default', 'by the enqueuer')",
+    "SELECT @schema@.pause('handler', 'echo')",
+    "SELECT @schema@.resume_queue('default')",
+    "INSERT INTO @schema@.paused(kind, name) VALUES ('queue', 'default')",
+    "SELECT @schema@.schedule_declare('flood', '{\"handler\":\"echo\",\"every\":1}', 'enq')",
+    "SELECT @schema@.schedule_fire('flood', now(), '{\"handler\":\"echo\"}', 'allow', 'enq')",
+    "SELECT @schema@.schedule_runs_prune('0 s')",
+    "INSERT INTO @schema@.schedules(name, definition, declared_by) VALUES ('x', '{}', 'enq')",
+    "SELECT count(*) FROM @schema@.schedules",
+    "SELECT * FROM @schema@.claim_v3('enq', '{default}', '{echo}', '{60}', '{1}', 1, NULL,"
+    " NULL, '{0}', NULL)",
+    'UPDATE @schema@.workers SET handler_settings = \'{"echo":{"max_running":0}}\'',
+    "INSERT INTO @schema@.workers(id, host, pid) VALUES ('enq:1:x', 'h', 1)",
+    "SELECT * FROM @schema@.prune_finished_v1(0, 0, 0, 10000)",
+    "INSERT INTO @schema@.attempts(job_id, lease_token, attempt, outcome)"
+    " VALUES (1, 999, 1, 'completed')",
+    "SELECT count(*) FROM @schema@.attempts",
+    "SELECT count(*) FROM @schema@.job_logs",
+    "INSERT INTO @schema@.job_logs(job_id, lease_token, attempt, worker, head)"
+    " VALUES (1, 999, 1, 'x', 'forged')",
+    "SELECT @schema@.complete_job(1, 'w', 1, '{}')",
+    "SELECT * FROM @schema@.snooze_job(1, 'w', 1, 0)",
+    "SELECT @schema@.give_up_job(1, 'w', 1, 'x')",
+    "SELECT count(*) FROM @schema@.jobs",
+    "UPDATE @schema@.jobs SET status = 'dead' WHERE id = 1",
+    # since: the registry's drains, the claim of every language, the enqueue bounds
+    "SELECT @schema@.drain_request(NULL, NULL, false, NULL, NULL, NULL)",
+    "SELECT * FROM @schema@.claim_jobs('enq', '{default}', '{echo}', '{60}', '{1}', 1,"
+    " NULL, NULL, NULL, NULL)",
+    "SELECT * FROM @schema@.enqueue_bounds",
+    "INSERT INTO @schema@.enqueue_bounds (role_name) VALUES (NULL)",
+    "DELETE FROM @schema@.enqueue_bounds",
+]
+
+
+def test_the_enqueuer_probe_is_refused(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It cannot read or write the tables (jobs, attempts, logs, registry, pauses,
+    schedules, enqueue bounds), nor pause, drain, declare or fire schedules, claim, finish
+    or prune: every statement of the 2026-11-26 audit's enqueuer probe is refused."""
+    client.enqueue(conn, "h", schema=schema)  # job 1, so that the statements touch a row
+    with as_role(roles, schema, "enqueuer") as c:
+        assert refused(c, schema, ENQUEUER_PROBE) == []
+    assert refused(conn, schema, ENQUEUER_PROBE[:3]) == ENQUEUER_PROBE[:3]  # real statements
+
+
+# -- pgworkerd_daemon ------------------------------------------------------------------------
+
+
+def test_the_daemon_runs_its_claims(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It claims, renews and finishes jobs, and writes its registry row, job logs and
+    attempt figures."""
+    job = client.enqueue(conn, "h", schema=schema)
+    with as_role(roles, schema, "daemon") as c:
+        [held] = claim_all(c, schema)
+        worker = "w"
+        [renewed] = lease.renew(c, worker, [lease.Lease(held.id, held.token, 60)], schema=schema)
+        assert renewed.renewed
+        c.execute(
+            query("worker_register", schema),
+            {
+                "id": "h:1:abc",
+                "host": "h",
+                "pid": 1,
+                "version": "0",
+                "queues": ["default"],
+                "handlers": ["h"],
+                "slots": 1,
+                "state": "running",
+                "settings": "{}",
+                "heartbeat_interval": 10.0,
+            },
+        )
+        logged = c.execute(
+            query("job_log_write", schema),
+            {
+                "worker": worker,
+                "ids": [held.id],
+                "tokens": [held.token],
+                "attempts": [1],
+                "heads": ["hello"],
+                "tails": [""],
+                "totals": [5],
+                "omitted": [0],
+                "finished": [True],
+            },
+        ).fetchall()
+        assert logged == [(job,)]
+        assert lease.complete(c, worker, held.id, held.token, {"ok": True}, schema=schema)
+        figures = c.execute(
+            query("attempt_account", schema),
+            {
+                "worker": worker,
+                "ids": [held.id],
+                "tokens": [held.token],
+                "wall": [1.0],
+                "cpu_user": [0.5],
+                "cpu_system": [0.1],
+                "peak_memory": [1000],
+            },
+        ).fetchall()
+        assert figures == [(job,)]
+    assert Db.prepare(conn, schema).job(job)["status"] == "completed"
+
+
+def test_the_daemon_cannot_change_what_a_job_runs(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It cannot change a job's payload, handler, queue, priority, dedupe key or who
+    enqueued it, nor insert a job or delete one."""
+    client.enqueue(conn, "h", schema=schema)
+    with as_role(roles, schema, "daemon") as c:
+        assert (
+            refused(
+                c,
+                schema,
+                [
+                    "UPDATE @schema@.jobs SET payload = '{\"evil\": 1}'",
+                    "UPDATE @schema@.jobs SET handler = 'other'",
+                    "UPDATE @schema@.jobs SET queue = 'other'",
+                    "UPDATE @schema@.jobs SET priority = -32768",
+                    "UPDATE @schema@.jobs SET dedupe_key = 'x'",
+                    "UPDATE @schema@.jobs SET enqueued_by = 'someone'",
+                    "INSERT INTO @schema@.jobs (handler) VALUES ('h')",
+                    "DELETE FROM @schema@.jobs",
+                    "SELECT @schema@.enqueue('h')",
+                    'SELECT @schema@.enqueue_many(\'[{"handler": "h"}]\')',
+                ],
+            )
+            == []
+        )
+
+
+def test_the_daemon_is_not_protected_yet_from_rewriting_status_logs_schedules_and_retention(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """Not protected yet: it can set any job's status, attempts, checkpoint and result by a
+    plain UPDATE (so run a finished job again), write any job's logs, fire a schedule with a
+    job of its own making, and delete every finished job at once with
+    `prune_finished_v1(0, 0, 0, …)`; treat a worker host's credentials as the fleet's."""
+    # (lockdown, migration 0022, closes these: each statement below must then be refused)
+    job = client.enqueue(conn, "h", schema=schema)
+    [held] = claim_all(conn, schema)
+    assert lease.complete(conn, "w", held.id, held.token, {"paid": True}, schema=schema)
+    with as_role(roles, schema, "daemon") as c:
+        c.execute(
+            render(
+                "UPDATE @schema@.jobs SET status = 'pending', attempts = 0, run_at = now(),"
+                " finished_at = NULL, result = NULL, checkpoint = '{\"step\": 99}'"
+                " WHERE id = %s",
+                schema,
+            ),
+            [job],
+        )
+        assert [j.id for j in claim_all(c, schema)] == [job]  # it runs again
+        c.execute(
+            render(
+                "INSERT INTO @schema@.job_logs (job_id, lease_token, attempt, worker, head)"
+                " VALUES (%s, 999, 1, 'some-other-host:1:abc', 'FORGED: all good')",
+                schema,
+            ),
+            [job],
+        )
+        c.execute(render("SELECT @schema@.schedule_declare('zz', '{}', 'attacker')", schema))
+        fired = c.execute(
+            render(
+                "SELECT * FROM @schema@.schedule_fire('zz', now(),"
+                ' \'{"handler": "printer", "payload": {"rm": 1}}\', \'allow\', \'attacker\')',
+                schema,
+            )
+        ).fetchone()
+        assert fired is not None
+        finished = client.enqueue(conn, "h2", schema=schema)
+        conn.execute(
+            sql.SQL("UPDATE {} SET status = 'completed', finished_at = now() WHERE id = %s").format(
+                jobs_table(schema)
+            ),
+            [finished],
+        )
+        deleted = c.execute(
+            render("SELECT * FROM @schema@.prune_finished_v1(0, 0, 0, 10)", schema)
+        ).fetchone()
+        assert deleted is not None and deleted[0] >= 1
+    rows = conn.execute(
+        sql.SQL("SELECT id, handler FROM {} ORDER BY id").format(jobs_table(schema))
+    ).fetchall()
+    assert (finished, "h2") not in rows and any(h == "printer" for _, h in rows)
+
+
+# -- pgworkerd_operator ----------------------------------------------------------------------
+
+OPERATOR_CAN = [
+    "SELECT * FROM @schema@.jobs",
+    "SELECT * FROM @schema@.attempts",
+    "SELECT * FROM @schema@.job_logs",
+    "SELECT * FROM @schema@.workers",
+    "SELECT * FROM @schema@.enqueue_bounds",
+    "SELECT @schema@.enqueue('h')",
+    'SELECT @schema@.enqueue_many_v2(\'[{"handler": "h", "concurrency_key": "k"}]\')',
+    "UPDATE @schema@.jobs SET status = 'cancelled', finished_at = now(), updated_at = now()",
+    "UPDATE @schema@.jobs SET status = 'pending', attempts = 0, snoozes = 0, run_at = now()",
+    "SELECT @schema@.pause_queue('q')",
+    "SELECT @schema@.resume_queue('q')",
+    "SELECT @schema@.drain_request(NULL, NULL, false, NULL, NULL, NULL)",
+    "SELECT @schema@.drain_lift(NULL, NULL)",
+    "DELETE FROM @schema@.jobs WHERE status = 'completed'",
+    "DELETE FROM @schema@.workers WHERE state = 'gone'",
+    "SELECT @schema@.schedule_runs_prune('1 day')",
+    "INSERT INTO @schema@.enqueue_bounds (queue, priority_min) VALUES ('q', 0)",
+]
+
+
+def test_the_operator_acts_on_jobs_and_sets_bounds(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It reads what the reader reads, enqueues like the enqueuer, cancels, retries, pauses
+    and resumes, drains and resumes daemons, prunes, and sets enqueue bounds."""
+    client.enqueue(conn, "h", schema=schema)
+    with as_role(roles, schema, "operator") as c:
+        assert [s for s in OPERATOR_CAN if not allowed(c, schema, s)] == []
+
+
+def test_the_operator_cannot_change_what_a_job_runs(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It cannot change what a job runs (payload, handler, queue, priority, checkpoint,
+    dedupe key), who enqueued it or its lease, nor claim, declare schedules, or write job
+    logs or attempt history."""
+    client.enqueue(conn, "h", schema=schema)
+    with as_role(roles, schema, "operator") as c:
+        assert (
+            refused(
+                c,
+                schema,
+                [
+                    "UPDATE @schema@.jobs SET payload = '{}'",
+                    "UPDATE @schema@.jobs SET handler = 'x'",
+                    "UPDATE @schema@.jobs SET queue = 'x'",
+                    "UPDATE @schema@.jobs SET priority = -32768",
+                    "UPDATE @schema@.jobs SET checkpoint = '{}'",
+                    "UPDATE @schema@.jobs SET dedupe_key = 'x'",
+                    "UPDATE @schema@.jobs SET enqueued_by = 'x'",
+                    "UPDATE @schema@.jobs SET lease_token = lease_token + 1",
+                    "UPDATE @schema@.jobs SET locked_by = 'x', locked_until = now()",
+                    "SELECT * FROM @schema@.claim_jobs('w', '{default}', '{h}', '{60}', '{1}', 1,"
+                    " NULL, NULL, NULL, NULL)",
+                    "SELECT @schema@.schedule_declare('s', '{}', 'w')",
+                    "INSERT INTO @schema@.job_logs (job_id, lease_token, attempt, worker)"
+                    " VALUES (1, 1, 1, 'w')",
+                    "INSERT INTO @schema@.attempts (job_id, lease_token, attempt, outcome)"
+                    " VALUES (1, 1, 1, 'completed')",
+                    "UPDATE @schema@.attempts SET error = 'x'",
+                ],
+            )
+            == []
+        )
+
+
+def test_the_operator_can_delete_a_running_job(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """Not protected: its DELETE reaches any job, a running one included (prune is a table
+    right)."""
+    job = client.enqueue(conn, "h", schema=schema)
+    [held] = claim_all(conn, schema)
+    assert held.id == job
+    with as_role(roles, schema, "operator") as c:
+        gone = c.execute(render("DELETE FROM @schema@.jobs WHERE id = %s", schema), [job])
+        assert gone.rowcount == 1
+
+
+# -- pgworkerd_reader ------------------------------------------------------------------------
+
+
+def test_the_reader_reads_everything_and_changes_nothing(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It reads every job's payload, result, error and logs, the registry, pauses,
+    schedules and enqueue bounds, and changes nothing."""
+    job = client.enqueue(conn, "h", {"card": "4111"}, schema=schema)
+    with as_role(roles, schema, "reader") as c:
+        payload = c.execute(
+            render("SELECT payload FROM @schema@.jobs WHERE id = %s", schema), [job]
+        )
+        assert payload.fetchone() == ({"card": "4111"},)
+        for table in ("attempts", "job_logs", "workers", "paused", "schedules", "enqueue_bounds"):
+            assert allowed(c, schema, f"SELECT * FROM @schema@.{table}")
+        assert (
+            refused(
+                c,
+                schema,
+                [
+                    "UPDATE @schema@.jobs SET status = 'cancelled'",
+                    "DELETE FROM @schema@.jobs",
+                    "SELECT @schema@.enqueue('h')",
+                    "SELECT @schema@.pause_queue('q')",
+                    "SELECT @schema@.drain_request(NULL, NULL, false, NULL, NULL, NULL)",
+                    "DELETE FROM @schema@.workers",
+                    "INSERT INTO @schema@.enqueue_bounds (queue) VALUES ('q')",
+                    "SELECT @schema@.schedule_runs_prune('1 day')",
+                ],
+            )
+            == []
+        )
+
+
+# -- the schema's owner ----------------------------------------------------------------------
+
+
+def test_the_owner_can_do_anything_and_skips_the_enqueue_checks(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It can do anything in the schema: a job it inserts directly skips every check and
+    bound of the enqueue functions, and only the claim's guard (above) stands between that
+    row and a daemon."""
+    with as_role(roles, schema, "operator") as op:
+        op.execute(render("INSERT INTO @schema@.enqueue_bounds (priority_min) VALUES (0)", schema))
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the functions bind it too
+        client.enqueue(conn, "h", priority=-1, schema=schema)
+    row = conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (handler, priority, payload) VALUES"
+            " ('h', -32768, %s::jsonb) RETURNING id"
+        ).format(jobs_table(schema)),
+        ['{"x": 1' + "0" * 5000 + "}"],  # a number Python refuses to load
+    ).fetchone()
+    assert row is not None
+    assert claim_all(conn, schema) == []  # the guard: that job is dead, not handed out
+    dead = conn.execute(
+        sql.SQL("SELECT status::text, last_error FROM {} WHERE id = %s").format(jobs_table(schema)),
+        [row[0]],
+    ).fetchone()
+    assert dead is not None and dead[0] == "dead" and "cannot run" in dead[1]
+
+
+# -- a role with no grant at all -------------------------------------------------------------
+
+
+@pytest.fixture
+def stranger(pg: LocalPostgres, conn: psycopg.Connection, schema: str) -> Iterator[str]:
+    """A login of the database with no grant at all; yields its DSN."""
+    name = f"{schema}_stranger"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    pg.grant_login(name)
+    yield pg.dsn("pgworkerd_test").replace("user=postgres", f"user={name}")
+    drop_roles(conn, [name])
+
+
+def test_a_role_with_no_grant_can_use_nothing_in_the_schema(
+    schema: str, conn: psycopg.Connection, stranger: str
+) -> None:
+    """It can call and read nothing in the schema."""
+    client.enqueue(conn, "h", schema=schema)
+    with connect(stranger) as c:
+        assert (
+            refused(
+                c,
+                schema,
+                [
+                    "SELECT @schema@.enqueue('h')",
+                    "SELECT * FROM @schema@.job_get_v1(1)",
+                    "SELECT * FROM @schema@.jobs",
+                    "SELECT * FROM @schema@.schema_version",
+                    "SELECT * FROM @schema@.enqueue_bounds",
+                ],
+            )
+            == []
+        )
+
+
+def notifications(c: psycopg.Connection, count: int) -> list[tuple[str, str]]:
+    got: list[tuple[str, str]] = []
+    for note in c.notifies(timeout=DEADLINE, stop_after=count):
+        got.append((note.channel, note.payload))
+    return got
+
+
+def test_a_role_with_no_grant_listens_and_notifies(
+    schema: str, conn: psycopg.Connection, stranger: str
+) -> None:
+    """It can LISTEN to the schema's channels (the queues that got jobs, finished jobs'
+    ids, daemon ids, queue and handler names) and NOTIFY on them, which daemons take as
+    hints only (above)."""
+    channels = [f"{schema}.jobs", f"{schema}.finished", f"{schema}.wake"]
+    with connect(stranger) as c:
+        for channel in channels:
+            c.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        job = client.enqueue(conn, "h", queue="payroll", schema=schema)
+        [held] = lease.claim(
+            conn,
+            "w",
+            queues=["payroll"],
+            handlers={"h": lease.HandlerCapacity(60, 1)},
+            limit=1,
+            schema=schema,
+        )
+        assert lease.complete(conn, "w", held.id, held.token, None, schema=schema)
+        got = notifications(c, 3)
+        assert (f"{schema}.jobs", "payroll") in got and (f"{schema}.finished", str(job)) in got
+        c.execute(
+            "SELECT pg_notify(%s, %s)",
+            [f"{schema}.wake", '{"peer": "up", "id": "fake:1:x", "slots": 1000000}'],
+        )
+
+
+def test_a_role_with_no_grant_reads_the_definitions(
+    schema: str, conn: psycopg.Connection, stranger: str
+) -> None:
+    """It can read the source of every pgworkerd function and the definition of every table
+    in the catalogs, as on any PostgreSQL."""
+    with connect(stranger) as c:
+        source = c.execute(
+            "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = %s AND p.proname = 'enqueue_bounds_check'",
+            [schema],
+        ).fetchone()
+        assert source is not None and "session_user" in source[0]
+        columns = c.execute(
+            "SELECT a.attname FROM pg_attribute a JOIN pg_class t ON t.oid = a.attrelid"
+            " JOIN pg_namespace n ON n.oid = t.relnamespace"
+            " WHERE n.nspname = %s AND t.relname = 'jobs' AND a.attnum > 0",
+            [schema],
+        ).fetchall()
+        assert ("payload",) in columns
+
+
+# -- the dashboard's loopback and a job's own code ------------------------------------------
+
+
+def test_a_no_login_dashboard_serves_every_account_on_the_host(
+    test_db_dsn: str, schema: str
+) -> None:
+    """Without users in the config the dashboard does not start, unless `--no-login` says
+    so, and then it says at start that everyone who can reach the address acts with its
+    database role: on loopback, every account and every job on the host."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as another account")
+    proc = subprocess.Popen(
+        [
+            str(PGWORKERD),
+            *("--dsn", test_db_dsn, "--schema", schema),
+            *("web", "--port", "0", "--no-login"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        warning = proc.stderr.readline()
+        assert "WITHOUT A LOGIN" in warning, warning
+        served = re.search(r"http://127\.0\.0\.1:(\d+)/", proc.stderr.readline())
+        assert served is not None
+        fetch = (
+            "import urllib.request, sys;"
+            f"r = urllib.request.urlopen('http://127.0.0.1:{served[1]}/', timeout=20);"
+            "sys.stdout.write(str(r.status) + ' ' + r.read().decode())"
+        )
+
+        def as_nobody() -> str | None:
+            done = subprocess.run(
+                ["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", fetch],
+                capture_output=True,
+                text=True,
+                timeout=DEADLINE,
+                cwd="/",
+            )
+            return done.stdout if done.returncode == 0 else None
+
+        page = wait_for(as_nobody, what="the dashboard's overview, fetched as nobody")
+        assert page.startswith("200 ") and 'id="daemons"' in page
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_job_runs_as_the_daemons_user_and_reaches_it(
+    db: Db, daemons: Daemons, tmp_path: Path
+) -> None:
+    """It runs as the daemon's user, so it can read the daemon's config, signal the daemon
+    and the other jobs of that user, and reach their `/proc` entries: handlers run by one
+    daemon are one trust domain."""
+    config = daemons.config({"neighbours": {"target": "trusthandlers:neighbours"}})
+    config.chmod(0o600)
+    daemon = daemons.start(config)
+    job = db.enqueue("neighbours", {"daemon_pid": daemon.pid, "config": str(config)})
+    seen = db.wait_status(job, "completed")["result"]
+    daemon_uid = int(
+        next(
+            line.split()[1]
+            for line in Path(f"/proc/{daemon.pid}/status").read_text().splitlines()
+            if line.startswith("Uid:")
+        )
+    )
+    assert seen["uid"] == seen["euid"] == daemon_uid
+    assert seen["signal_daemon"] is True  # kill(pid, 0): it may send any signal
+    assert seen["config"] == config.read_text()
+    assert seen["daemon_environ"] is True

@@ -87,8 +87,9 @@ def _reap(pid: int) -> bool:
     return done == pid
 
 
-def kill_descendants(limit: float = SWEEP_LIMIT) -> int:
-    """Kill and reap every descendant of this process; returns how many it killed.
+def kill_descendants(limit: float = SWEEP_LIMIT, keep: frozenset[int] = frozenset()) -> int:
+    """Kill and reap every descendant of this process but the children in `keep` (the
+    job child's watcher); returns how many it killed.
 
     For the job's child, which must be a subreaper: a killed child's own children are
     re-parented here at its exit, so repeating until no child is left reaches the whole
@@ -101,7 +102,7 @@ def kill_descendants(limit: float = SWEEP_LIMIT) -> int:
     killed: set[int] = set()
     deadline = time.monotonic() + limit
     while True:
-        left = children() if has_children() else set()
+        left = children() - keep if has_children() else set()
         if not left:
             return len(killed)
         for pid in left:

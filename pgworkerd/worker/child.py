@@ -215,6 +215,7 @@ def _monitor(channel: _Channel) -> None:
             data = os.read(relay, 65536) if poller.poll(_MONITOR_TICK * 1000) else None
             if data == b"":  # the watcher saw the daemon's socket end (or died)
                 if channel.deadline is not None:
+                    _watcher_gone(channel)
                     _fence("the daemon is gone")
                 channel.watcher.stop()
                 os._exit(0)  # idle and orphaned: nothing to protect
@@ -253,6 +254,22 @@ def _monitor(channel: _Channel) -> None:
             elapsed = int(time.monotonic() - channel.job_started)
             setproctitle(f"{channel.title} {elapsed}s")
             channel.flush_pending_beat()
+
+
+def _watcher_gone(channel: _Channel) -> None:
+    """If the watcher was killed (by the handler: it is a child of this process), say so
+    in the attempt's report and stop: without it no renewal reaches this child."""
+    killed_by = channel.watcher.killed_by()
+    job_id = channel.job_id
+    if killed_by is None or job_id is None:
+        return
+    error = (
+        f"the job child's watcher (pid {channel.watcher.pid}) was killed by {killed_by}: "
+        "a handler must not kill processes it did not start"
+    )
+    with contextlib.suppress(OSError):
+        channel.send(Failed(job_id, error))
+    _fence(error)
 
 
 def _measure(channel: _Channel) -> None:
@@ -406,7 +423,7 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
             signal.signal(sig, signal.SIG_IGN)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         setproctitle("pgworkerd: idle child")
-        fence = watcher.start(fd)  # before any thread runs here
+        fence = watcher.start(fd, settings.get("tmpdir"))  # before any thread runs here
         channel = _Channel(socket.socket(fileno=fd), fence)
         # the output file exists before the daemon learns our pid (pgworkerd.worker.capture)
         capture = Capture.open(settings.get("tmpdir")) if settings.get("capture_logs") else None

@@ -45,12 +45,13 @@ import select
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from setproctitle import setproctitle
 
-from pgworkerd.worker import protocol
+from pgworkerd.worker import protocol, tmpdirs
 from pgworkerd.worker.protocol import Failed, Job, LeaseExtended, Usage
 from pgworkerd.worker.resources import SAMPLE_INTERVAL, children_of, cpu_of, limit_message, rss
 from pgworkerd.worker.wire import FrameReader
@@ -93,6 +94,25 @@ class Watcher:
         with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
 
+    def killed_by(self) -> str | None:
+        """The signal that killed the watcher ('SIGKILL'), once it was; None while it
+        lives or if it exited on its own (the daemon closed the socket)."""
+        pid, status = 0, 0
+        give_up = time.monotonic() + 1.0  # (its pipe closes a moment before it is reapable)
+        while pid == 0 and time.monotonic() < give_up:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid == 0:
+                time.sleep(0.01)
+        if pid != self.pid or not os.WIFSIGNALED(status):
+            return None
+        try:
+            return signal.Signals(os.WTERMSIG(status)).name
+        except ValueError:
+            return f"signal {os.WTERMSIG(status)}"
+
     @contextlib.contextmanager
     def locked(self) -> Any:
         fcntl.lockf(self.send_lock, fcntl.LOCK_EX)
@@ -102,9 +122,10 @@ class Watcher:
             fcntl.lockf(self.send_lock, fcntl.LOCK_UN)
 
 
-def start(sock_fd: int) -> Watcher:
-    """Fork the watcher of this child, which talks to the daemon over `sock_fd`. Call it
-    before any thread of the child runs."""
+def start(sock_fd: int, tmp_root: str | None) -> Watcher:
+    """Fork the watcher of this child, which talks to the daemon over `sock_fd`; the
+    child's temp directories are in `tmp_root`. Call it before any thread of the child
+    runs."""
     relay_r, relay_w = os.pipe()
     events_r, events_w = os.pipe()
     send_lock = os.memfd_create("pgworkerd-send-lock")  # (close-on-exec)
@@ -115,7 +136,7 @@ def start(sock_fd: int) -> Watcher:
         try:
             os.close(relay_r)
             os.close(events_w)
-            _Watch(child_pid, sock_fd, relay_w, events_r, send_lock).run()
+            _Watch(child_pid, sock_fd, relay_w, events_r, send_lock, tmp_root).run()
             status = 0
         except BaseException:
             import traceback
@@ -131,9 +152,11 @@ def start(sock_fd: int) -> Watcher:
 class _Watch:
     """The watcher's loop."""
 
-    def __init__(self, child: int, sock: int, relay: int, events: int, send_lock: int) -> None:
+    def __init__(
+        self, child: int, sock: int, relay: int, events: int, send_lock: int, tmp_root: str | None
+    ) -> None:
         self.child, self.sock, self.relay, self.events = child, sock, relay, events
-        self.send_lock = send_lock
+        self.send_lock, self.tmp_root = send_lock, tmp_root
         self.me = os.getpid()
         self.pending = bytearray()  # relayed bytes the child has not taken yet
         self.reader: FrameReader | None = FrameReader()
@@ -206,11 +229,14 @@ class _Watch:
         except OSError:
             data = b""
         if not data:
-            if self.job is not None:
-                self._fence(LEASE_SIGNAL, "the daemon is gone")
             with contextlib.suppress(OSError):
                 self._relay()
-            os.close(self.relay)  # the child sees the end, as it would the socket's
+            # The child sees the end, as it would the socket's, and stops itself (its
+            # tree, its temp directory, then us); if it cannot (the GIL held), we do.
+            os.close(self.relay)
+            if self.job is not None:
+                time.sleep(_DEATH_WAIT)
+                self._fence(LEASE_SIGNAL, "the daemon is gone")
             return False
         self.pending += data
         if self.reader is not None:
@@ -302,14 +328,22 @@ class _Watch:
         """Stop the job's whole tree, the child with `sig`; never returns."""
         with contextlib.suppress(Exception):
             print(f"pgworkerd child {self.child}: {reason}; stopping", file=sys.stderr, flush=True)
-        stop_tree(self.child, sig, skip={self.me})
+
+        def remove_temp_dirs() -> None:  # (the daemon would, but it may be gone)
+            if self.tmp_root is not None:
+                tmpdirs.remove_child_dirs(self.tmp_root, self.child)
+
+        stop_tree(self.child, sig, skip={self.me}, before_end=remove_temp_dirs)
         signal.pause()  # the child is dying: its death kills us (PR_SET_PDEATHSIG)
         os._exit(0)
 
 
-def stop_tree(root: int, sig: int, skip: set[int]) -> None:
-    """Freeze `root` and every descendant (but `skip`), SIGKILL the descendants, end
-    `root` with the fatal signal `sig` (SIGKILL if it outlives it)."""
+def stop_tree(
+    root: int, sig: int, skip: set[int], before_end: Callable[[], None] | None = None
+) -> None:
+    """Freeze `root` and every descendant (but `skip`), SIGKILL the descendants, call
+    `before_end` (the tree is still), end `root` with the fatal signal `sig` (SIGKILL if
+    it outlives it)."""
     _signal(root, signal.SIGSTOP)
     stopped = {root}
     while True:  # again until a walk finds nothing new (an orphan re-parented meanwhile)
@@ -331,6 +365,9 @@ def stop_tree(root: int, sig: int, skip: set[int]) -> None:
             break
     for pid in stopped - {root}:
         _signal(pid, signal.SIGKILL)
+    if before_end is not None:
+        with contextlib.suppress(Exception):
+            before_end()
     _signal(root, sig)
     _signal(root, signal.SIGCONT)
     give_up = time.monotonic() + _DEATH_WAIT

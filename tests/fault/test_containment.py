@@ -133,6 +133,7 @@ ENDINGS: dict[str, tuple[dict[str, Any], dict[str, Any], Callable[..., str]]] = 
     "kill -9 fork server": ({}, {"then": "sleep", "seconds": 3}, _kill_forkserver),
     "kill -9 daemon, handler sleeping": ({}, {"then": "sleep"}, _kill_daemon),
     "kill -9 daemon, handler computing": ({}, {"then": "compute"}, _kill_daemon),
+    "kill -9 daemon, handler holding the GIL": ({}, {"then": "hold_gil"}, _kill_daemon),
 }
 
 
@@ -286,6 +287,13 @@ def test_a_handler_holding_the_gil_past_its_lease_runs_on_while_the_lease_is_ren
     row = db.wait_status(tree.job_id, "completed", "dead")
     assert row["status"] == "completed", row["last_error"]
     tree.wait_none_left()
+
+
+def test_a_handler_that_kills_its_childs_watcher_fails_saying_so(db: Db, daemons: Daemons) -> None:
+    daemons.start({"careless": {"target": "treehandlers:kill_my_children", "max_attempts": 1}})
+    job_id = db.enqueue("careless")
+    error = db.wait_status(job_id, "dead")["last_error"]
+    assert "watcher" in error and "was killed by SIGKILL" in error, error
 
 
 def test_a_reused_child_kills_each_jobs_processes_when_that_job_ends(

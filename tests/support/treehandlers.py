@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -72,6 +73,16 @@ def hold_gil(seconds: int) -> None:
     """Sleep `seconds` in C, the GIL held all along (ctypes.PyDLL calls keep it), as a
     handler stuck in a C extension's loop or a huge json.loads does."""
     ctypes.PyDLL(None).sleep(seconds)
+
+
+def kill_my_children(job: JobContext) -> Any:
+    """SIGKILL every child process of the job's child (a careless cleanup, as with
+    psutil's children()), then sleep."""
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            for pid in f.read().split():
+                os.kill(int(pid), signal.SIGKILL)
+    time.sleep(60)
 
 
 def tree(job: JobContext) -> Any:

@@ -8,15 +8,18 @@ the daemon. Whoever holds them kills them:
 
 - the job's child at the end of every attempt (kill_descendants: SIGKILL its children,
   reap them, and again for the grandchildren that were re-parented to it meanwhile,
-  until it has none), and before it stops itself (lease fence, the daemon gone);
+  until it has none), and before it stops itself (the daemon gone);
+- the child's watcher, when it stops the job (its lease ran out, its memory limit, the
+  daemon gone while the handler holds the GIL): pgworkerd.worker.watcher.stop_tree,
+  which freezes the tree before it signals it, since those are not its children;
 - the daemon, whenever one of its job children has died (kill_adopted: every child of
   the daemon that is neither its fork server nor a job child it knows).
 
-Only direct children are ever signalled: their pids cannot be reused until they are
+Here, only direct children are ever signalled: their pids cannot be reused until they are
 reaped, so a signal never reaches an unrelated process that got a recycled pid. Children
 are listed from /proc/self/task/*/children (a few small reads), not by scanning /proc,
-and only when a waitid() says there is a child at all (one system call: the common case
-of a handler that started nothing costs no file read).
+and only when a waitid() says there is a child at all (one system call; a job child
+always has one, its watcher, which it leaves out).
 
 Dependency-free: the job's child imports it.
 """

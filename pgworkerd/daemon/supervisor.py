@@ -28,7 +28,7 @@ from typing import Any
 from pgworkerd.backoff import Backoff
 from pgworkerd.daemon.containment import Containment
 from pgworkerd.describe import short_error
-from pgworkerd.worker import protocol, reaper
+from pgworkerd.worker import protocol, reaper, watcher
 from pgworkerd.worker.forkserver import MAX_BATCH, ForkServer
 from pgworkerd.worker.protocol import ChildMessage, Exit, Hello, ParentMessage
 from pgworkerd.worker.wire import FrameReader
@@ -45,10 +45,17 @@ FORKSERVER_RESTART_MAX = 30.0
 FORKSERVER_STABLE_AFTER = 60.0
 
 
+_LEASE_RAN_OUT = "its lease ran out without renewal (daemon or database too slow)"
+
+
 def describe_exit(status: int) -> str:
     """A wait status as words: 'killed by SIGKILL' or 'exited with code 3'."""
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
+        if sig == watcher.LEASE_SIGNAL:  # (its watcher stopped it: pgworkerd.worker.watcher)
+            return f"stopped: {_LEASE_RAN_OUT}"
+        if sig == watcher.MEMORY_SIGNAL:
+            return "stopped: its process tree went past its memory limit"
         try:
             name = signal.Signals(sig).name
         except ValueError:
@@ -58,7 +65,7 @@ def describe_exit(status: int) -> str:
         return f"killed by {name}{hint}"
     code = os.waitstatus_to_exitcode(status)
     if code == reaper.FENCED_EXIT:
-        return "stopped itself: its lease ran out without renewal (daemon or database too slow)"
+        return f"stopped itself: {_LEASE_RAN_OUT}"
     return f"exited with code {code}"
 
 

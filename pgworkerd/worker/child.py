@@ -1,10 +1,13 @@
 """A job child: runs handler code for the parent, one job at a time.
 
 The main thread runs the handler. A monitor thread reads the parent's messages (jobs,
-lease deadlines, cancel and shutdown requests), keeps the process title current and
-enforces the lease: if the deadline passes without a renewal, or the parent vanishes,
-the child kills every process of the job and exits, so a frozen or dead parent can never
-leave a job running after its lease ran out (another host may be running it by then).
+lease deadlines, cancel and shutdown requests) as the child's watcher relays them, and
+keeps the process title and the job's figures current. The watcher
+(pgworkerd.worker.watcher), a process of its own outside this interpreter, enforces the
+lease and the memory limit: if the deadline passes without a renewal, or the parent
+vanishes mid-job, it stops every process of the job, even while the handler holds the
+GIL, so a frozen or dead parent can never leave a job running after its lease ran out
+(another host may be running it by then).
 
 The child is a subreaper (pgworkerd.worker.reaper): whatever the handler starts stays in
 its tree, and is killed at the end of every attempt, however the attempt ended.
@@ -17,6 +20,7 @@ import ctypes
 import importlib
 import os
 import queue
+import select
 import signal
 import socket
 import sys
@@ -28,7 +32,7 @@ from typing import Any
 from setproctitle import setproctitle
 
 from pgworkerd.jsontext import storable_json, storable_text
-from pgworkerd.worker import protocol, reaper, tmpdirs
+from pgworkerd.worker import protocol, reaper, tmpdirs, watcher
 from pgworkerd.worker.capture import Capture
 from pgworkerd.worker.outcomes import GiveUp, Snooze, exception_types, snooze_problem
 from pgworkerd.worker.protocol import (
@@ -46,7 +50,7 @@ from pgworkerd.worker.protocol import (
     Started,
     Usage,
 )
-from pgworkerd.worker.resources import Figures, Meter, descendants, limit_message
+from pgworkerd.worker.resources import Figures, Meter
 from pgworkerd.worker.wire import FrameReader, FrameTooLarge
 
 PR_SET_PDEATHSIG = 1
@@ -129,10 +133,15 @@ class JobContext:
 
 
 class _Channel:
-    """The socket to the parent, shared by the handler thread and the monitor."""
+    """The socket to the parent, shared by the handler thread and the monitor (which
+    writes to it; the watcher reads it and relays to the monitor)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, fence: watcher.Watcher) -> None:
+        # Blocking, with no timeout: a frozen parent that reads nothing blocks a chatty
+        # handler's heartbeat until it thaws (the watcher fences at the lease deadline),
+        # it does not fail the job.
         self.sock = sock
+        self.watcher = fence
         self._lock = threading.Lock()
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.cancel_requested = False
@@ -145,20 +154,19 @@ class _Channel:
         self.job_started = 0.0
         self.job_id: int | None = None  # the job running now
         self._pending_beat: Beat | None = None
-        # the running job's measurements (pgworkerd.worker.resources) and limit
+        # the running job's measurements (pgworkerd.worker.resources)
         self.meter: Meter | None = None
-        self.memory_limit: int | None = None
         self.usage_sent_peak = 0  # the peak the parent was last told of
         self.jobs_run = 0
 
     def send(self, message: protocol.ChildMessage) -> None:
         data = protocol.encode(message)
-        with self._lock:
+        with self._lock, self.watcher.locked():
             self._pending_beat = None if isinstance(message, Beat) else self._pending_beat
             self.sock.sendall(data)
 
     def send_encoded(self, frame: bytes) -> None:
-        with self._lock:
+        with self._lock, self.watcher.locked():
             self.sock.sendall(frame)
 
     def is_current(self, job_id: int | None) -> bool:
@@ -199,15 +207,19 @@ def _parent_died(signum: int, frame: Any) -> None:
 
 def _monitor(channel: _Channel) -> None:
     reader = FrameReader()
-    channel.sock.settimeout(_MONITOR_TICK)
+    relay = channel.watcher.relay
+    poller = select.poll()
+    poller.register(relay, select.POLLIN)
     while True:
         try:
-            data = channel.sock.recv(65536)
-            if not data:
+            data = os.read(relay, 65536) if poller.poll(_MONITOR_TICK * 1000) else None
+            if data == b"":  # the watcher saw the daemon's socket end (or died)
                 if channel.deadline is not None:
+                    _watcher_gone(channel)
                     _fence("the daemon is gone")
+                channel.watcher.stop()
                 os._exit(0)  # idle and orphaned: nothing to protect
-            for frame in reader.feed(data):
+            for frame in reader.feed(data or b""):
                 message = protocol.decode(frame)
                 if isinstance(message, Job):
                     channel.shutdown_jobs.discard(message.id)  # a stale ask of an earlier run
@@ -227,17 +239,13 @@ def _monitor(channel: _Channel) -> None:
                         channel.shutdown_jobs.add(message.id)
                 elif isinstance(message, Exit):
                     channel.jobs.put(None)
-        except TimeoutError:
-            pass
         except OSError:
-            # ECONNRESET: the daemon died with messages of ours unread. Same as EOF; an
-            # uncaught error here would end this thread and with it the lease check.
+            # An uncaught error here would end this thread: treated as the end.
             if channel.deadline is not None:
                 _fence("the daemon is gone")
+            channel.watcher.stop()
             os._exit(0)
         if channel.deadline is not None:
-            if time.monotonic() >= channel.deadline:
-                _fence("lease deadline passed without renewal")
             try:
                 _measure(channel)
             except Exception as exc:  # never at the cost of the lease check above
@@ -248,25 +256,29 @@ def _monitor(channel: _Channel) -> None:
             channel.flush_pending_beat()
 
 
+def _watcher_gone(channel: _Channel) -> None:
+    """If the watcher was killed (by the handler: it is a child of this process), say so
+    in the attempt's report and stop: without it no renewal reaches this child."""
+    killed_by = channel.watcher.killed_by()
+    job_id = channel.job_id
+    if killed_by is None or job_id is None:
+        return
+    error = (
+        f"the job child's watcher (pid {channel.watcher.pid}) was killed by {killed_by}: "
+        "a handler must not kill processes it did not start"
+    )
+    with contextlib.suppress(OSError):
+        channel.send(Failed(job_id, error))
+    _fence(error)
+
+
 def _measure(channel: _Channel) -> None:
-    """Sample the job's tree when due: stop the job over its memory limit; tell the parent
-    of a peak that grew (a job killed later keeps a figure)."""
+    """Sample the job's tree when due: tell the parent of a peak that grew (a job killed
+    later keeps a figure). (The memory limit is the watcher's.)"""
     meter, job_id = channel.meter, channel.job_id
     if meter is None or job_id is None or not meter.due(time.monotonic()):
         return
-    total = meter.sample()
-    limit = channel.memory_limit
-    if limit is not None and total > limit:
-        figures = meter.figures(sample=False)
-        failed = Failed(job_id, limit_message(limit, max(total, figures.peak_memory)))
-        frames = protocol.encode(_usage(job_id, figures)) + protocol.encode(failed)
-        with channel._lock:  # held to the end: the handler reports nothing after this
-            with contextlib.suppress(OSError):
-                channel.sock.sendall(frames)
-            for pid in descendants(os.getpid()):  # those in groups of their own too
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            _fence(failed.error)
+    meter.sample()
     if meter.peak > channel.usage_sent_peak * 1.1:
         channel.usage_sent_peak = meter.peak
         channel.send(_usage(job_id, meter.figures(sample=False)))
@@ -302,9 +314,9 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
     channel.job_started = time.monotonic()
     channel.deadline = job.deadline
     channel.job_id = job.id
-    channel.memory_limit = job.memory_limit
     channel.usage_sent_peak = 0
-    channel.meter = Meter(first_job=channel.jobs_run == 0)
+    watcher_only = frozenset({channel.watcher.pid})
+    channel.meter = Meter(first_job=channel.jobs_run == 0, leave_out=watcher_only)
     channel.jobs_run += 1
     setproctitle(f"{channel.title} 0s")
     scratch = tmpdirs.enter(scratch_dir)
@@ -356,7 +368,7 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
         # the tree's last peak, before the sweep below ends it
         with contextlib.suppress(OSError):
             channel.meter.sample()
-    reaper.kill_descendants()
+    reaper.kill_descendants(keep=watcher_only)
     tmpdirs.leave(scratch)
     if capture is not None:
         # Before the outcome: once the daemon has it, it reads the log to its end.
@@ -376,6 +388,7 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
     channel.deadline = None
     channel.job_id = None
     channel.meter = None
+    channel.watcher.job_ended(job.id)  # before the outcome: no fence for an ended job
     channel.send_encoded(frame)
     channel.cancel_requested = False
     channel.shutdown_jobs.discard(job.id)
@@ -397,6 +410,7 @@ def _snoozed(job_id: int, exc: Snooze) -> Failed:
 def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
     """Entry point in the freshly forked child; never returns."""
     status = 0
+    fence: watcher.Watcher | None = None
     try:
         # Close-on-exec: no handler subprocess (close_fds=False, os.system, a shell)
         # may hold the daemon's socket, or the daemon would see no end when we exit.
@@ -409,7 +423,8 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
             signal.signal(sig, signal.SIG_IGN)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         setproctitle("pgworkerd: idle child")
-        channel = _Channel(socket.socket(fileno=fd))
+        fence = watcher.start(fd, settings.get("tmpdir"))  # before any thread runs here
+        channel = _Channel(socket.socket(fileno=fd), fence)
         # the output file exists before the daemon learns our pid (pgworkerd.worker.capture)
         capture = Capture.open(settings.get("tmpdir")) if settings.get("capture_logs") else None
         channel.send(Hello(os.getpid()))
@@ -437,4 +452,6 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
+        if fence is not None:
+            fence.stop()
         os._exit(status)

@@ -8,15 +8,18 @@ the daemon. Whoever holds them kills them:
 
 - the job's child at the end of every attempt (kill_descendants: SIGKILL its children,
   reap them, and again for the grandchildren that were re-parented to it meanwhile,
-  until it has none), and before it stops itself (lease fence, the daemon gone);
+  until it has none), and before it stops itself (the daemon gone);
+- the child's watcher, when it stops the job (its lease ran out, its memory limit, the
+  daemon gone while the handler holds the GIL): pgworkerd.worker.watcher.stop_tree,
+  which freezes the tree before it signals it, since those are not its children;
 - the daemon, whenever one of its job children has died (kill_adopted: every child of
   the daemon that is neither its fork server nor a job child it knows).
 
-Only direct children are ever signalled: their pids cannot be reused until they are
+Here, only direct children are ever signalled: their pids cannot be reused until they are
 reaped, so a signal never reaches an unrelated process that got a recycled pid. Children
 are listed from /proc/self/task/*/children (a few small reads), not by scanning /proc,
-and only when a waitid() says there is a child at all (one system call: the common case
-of a handler that started nothing costs no file read).
+and only when a waitid() says there is a child at all (one system call; a job child
+always has one, its watcher, which it leaves out).
 
 Dependency-free: the job's child imports it.
 """
@@ -87,8 +90,9 @@ def _reap(pid: int) -> bool:
     return done == pid
 
 
-def kill_descendants(limit: float = SWEEP_LIMIT) -> int:
-    """Kill and reap every descendant of this process; returns how many it killed.
+def kill_descendants(limit: float = SWEEP_LIMIT, keep: frozenset[int] = frozenset()) -> int:
+    """Kill and reap every descendant of this process but the children in `keep` (the
+    job child's watcher); returns how many it killed.
 
     For the job's child, which must be a subreaper: a killed child's own children are
     re-parented here at its exit, so repeating until no child is left reaches the whole
@@ -101,7 +105,7 @@ def kill_descendants(limit: float = SWEEP_LIMIT) -> int:
     killed: set[int] = set()
     deadline = time.monotonic() + limit
     while True:
-        left = children() if has_children() else set()
+        left = children() - keep if has_children() else set()
         if not left:
             return len(killed)
         for pid in left:

@@ -1,5 +1,5 @@
 """What a job's process tree costs, measured from inside its child: the tree's resident
-memory (sampled), its CPU time, and the peak; and the memory limit's check.
+memory (sampled), its CPU time, and the peak; and the memory limit's message.
 
 The tree is the child and every descendant reachable through /proc/<pid>/task/*/children
 (descendants that a subreaper child adopts are among them); where the kernel lacks that
@@ -11,7 +11,9 @@ side of stopping a job, never of letting one grow past its limit unseen.
 Sampling runs on the child's monitor thread (every SAMPLE_INTERVAL while a job runs): it
 costs the job, in its own process, a few /proc reads per tree member, and the daemon's
 single loop nothing. A peak between two samples is caught afterwards by ru_maxrss (the
-child's own, and of the descendants it reaped), not by the limit.
+child's own, and of the descendants it reaped), not by the limit. The limit itself is
+checked as often by the child's watcher (pgworkerd.worker.watcher), from outside the
+child's interpreter: a handler holding the GIL stops this sampling, not that check.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _children(pid: int) -> list[int] | None:
+def children_of(pid: int) -> list[int] | None:
     """Direct children of `pid` (every thread's), None if the kernel has no such file."""
     found: list[int] = []
     try:
@@ -75,7 +77,7 @@ def descendants(root: int) -> list[int]:
     while stack:
         pid = stack.pop()
         if table is None:
-            kids = _children(pid)
+            kids = children_of(pid)
             if kids is None:
                 table = _parents()
                 kids = table.get(pid, [])
@@ -94,7 +96,7 @@ def rss(pid: int) -> int:
         return 0
 
 
-def _cpu(pid: int) -> tuple[float, float]:
+def cpu_of(pid: int) -> tuple[float, float]:
     """(user, system) seconds of a live process, its reaped children's included."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -124,8 +126,9 @@ def _rusage_sum() -> tuple[float, float, int]:
 class Meter:
     """One job's measurements, from start() to figures()."""
 
-    def __init__(self, first_job: bool) -> None:
+    def __init__(self, first_job: bool, leave_out: frozenset[int] = frozenset()) -> None:
         self.pid = os.getpid()
+        self.leave_out = leave_out  # the child's watcher: not the job's
         self.first_job = first_job
         self.started = time.monotonic()
         self.last_sample = 0.0
@@ -136,11 +139,11 @@ class Meter:
     def sample(self) -> int:
         """Measure the tree now; returns its resident bytes."""
         self.last_sample = time.monotonic()
-        members = descendants(self.pid)
+        members = [p for p in descendants(self.pid) if p not in self.leave_out]
         total = rss(self.pid) + sum(rss(p) for p in members)
         user = system = 0.0
         for pid in members:
-            u, s = _cpu(pid)
+            u, s = cpu_of(pid)
             user, system = user + u, system + s
         self._live_cpu = (user, system)
         self.peak = max(self.peak, total)

@@ -60,6 +60,24 @@ def test_a_job_over_its_memory_limit_is_stopped_saying_so(
     assert attempt["wall_seconds"] < 30
 
 
+def test_a_handler_holding_the_gil_is_stopped_near_its_memory_limit(
+    db: Db, daemons: Daemons
+) -> None:
+    """The tree grows inside one json.loads call (the GIL held, no thread of the child
+    runs): it is stopped near its limit, while parsing, not after it (about 1.6 GB)."""
+    daemons.start({"parse": {"target": "accounthandlers:parse_huge", "memory_limit": "200MiB"}})
+    job_id = db.enqueue("parse", {"items": 20_000_000}, max_attempts=1)
+    row = db.wait_status(job_id, "dead")
+    first = row["last_error"].splitlines()[0]
+    match = re.fullmatch(r"memory limit 200 MiB exceeded \(peak ([\d.]+) MiB\)", first)
+    assert match, row["last_error"]
+    assert 200 < float(match[1]) < 1000, first
+    [attempt] = measured(db, job_id)
+    assert attempt["outcome"] == "dead" and attempt["error"] == row["last_error"]
+    assert 200 * MIB < attempt["peak_memory"] < 1000 * MIB
+    assert attempt["wall_seconds"] < 30  # not after the handler's 300 s in C
+
+
 def test_a_job_under_its_memory_limit_runs_to_the_end(db: Db, daemons: Daemons) -> None:
     target = {"target": "accounthandlers:allocate", "memory_limit": "400MiB"}
     daemons.start({"allocate": target})

@@ -133,6 +133,7 @@ ENDINGS: dict[str, tuple[dict[str, Any], dict[str, Any], Callable[..., str]]] = 
     "kill -9 fork server": ({}, {"then": "sleep", "seconds": 3}, _kill_forkserver),
     "kill -9 daemon, handler sleeping": ({}, {"then": "sleep"}, _kill_daemon),
     "kill -9 daemon, handler computing": ({}, {"then": "compute"}, _kill_daemon),
+    "kill -9 daemon, handler holding the GIL": ({}, {"then": "hold_gil"}, _kill_daemon),
 }
 
 
@@ -245,6 +246,54 @@ def test_an_attempt_whose_lease_could_not_be_renewed_says_so(
     error = row["last_error"]
     assert "lease" in error and "renew" in error and "SIGKILL" not in error, error
     assert "lease" in daemon.log()
+
+
+def test_a_handler_holding_the_gil_is_stopped_at_its_lease_deadline_with_its_tree(
+    db: Db, daemons: Daemons, tmp_path: Path
+) -> None:
+    """The handler sleeps in C with the GIL held (no thread of its child can run) and
+    the daemon is frozen (no renewal, no kill from it): the child and every process the
+    handler started are gone by the lease's end, while the daemon is still frozen."""
+    config = daemons.config({"tree": TREE}, {**WORKER, "lease": "4s", "renew_interval": "1s"})
+    daemon = daemons.start(config)
+    tree = Tree(db, tmp_path, then="hold_gil", seconds=600)
+    handler_pid = tree.wait_running()["handler"]["pid"]
+    time.sleep(2)  # renewed meanwhile: the deadline that counts is the last renewal's
+    daemon.send(signal.SIGSTOP)
+    try:
+        time.sleep(0.5)  # (a renewal sent just before the stop commits)
+        lease_end = db.job(tree.job_id)["locked_until"].timestamp()
+        wait_for(
+            lambda: process_state(handler_pid) in (None, "Z") and not marked(tree.marker),
+            timeout=30,
+            what="the job's child and its processes stopped",
+        )
+        stopped_at = time.time()
+    finally:
+        daemon.send(signal.SIGCONT)
+    assert stopped_at < lease_end + 1.0, (stopped_at, lease_end)
+    error = db.wait_status(tree.job_id, "dead")["last_error"]
+    assert "lease" in error and "SIGKILL" not in error, error
+
+
+def test_a_handler_holding_the_gil_past_its_lease_runs_on_while_the_lease_is_renewed(
+    db: Db, daemons: Daemons, tmp_path: Path
+) -> None:
+    """Renewals reach the child's fence while the handler holds the GIL: a handler in C
+    for three leases' time completes."""
+    config = daemons.config({"tree": TREE}, {**WORKER, "lease": "4s", "renew_interval": "1s"})
+    daemons.start(config)
+    tree = Tree(db, tmp_path, then="hold_gil", seconds=12)
+    row = db.wait_status(tree.job_id, "completed", "dead")
+    assert row["status"] == "completed", row["last_error"]
+    tree.wait_none_left()
+
+
+def test_a_handler_that_kills_its_childs_watcher_fails_saying_so(db: Db, daemons: Daemons) -> None:
+    daemons.start({"careless": {"target": "treehandlers:kill_my_children", "max_attempts": 1}})
+    job_id = db.enqueue("careless")
+    error = db.wait_status(job_id, "dead")["last_error"]
+    assert "watcher" in error and "was killed by SIGKILL" in error, error
 
 
 def test_a_reused_child_kills_each_jobs_processes_when_that_job_ends(

@@ -435,3 +435,25 @@ def test_sigstop_of_the_parent_past_its_lease_child_fences_rescue_then_late_outc
         a.send(signal.SIGCONT)
     assert_fenced_rescue(db, job_id, execs, a, b, lease_end)
     assert a.proc is not None and a.proc.poll() is None
+
+
+def test_a_chatty_job_survives_its_parent_frozen_within_its_lease(
+    db: Db, daemons: Daemons, tmp_path: Path
+) -> None:
+    """A child heartbeating many times a second fills the socket of a daemon frozen for
+    15 s: its sends wait for the daemon (no timeout fails the job); after SIGCONT the job
+    completes on its first attempt."""
+    execs = tmp_path / "executions.jsonl"
+    config = daemons.config({"chatty": {"target": "faulthandlers:chatty"}}, {"lease": "60s"})
+    a = daemons.start(config, tag="A")
+    job_id = db.enqueue("chatty", {"file": str(execs), "seconds": 22}, max_attempts=1)
+    wait_for(lambda: read_executions(execs, job_id), what="the job to start")
+    time.sleep(1)
+    a.send(signal.SIGSTOP)
+    try:
+        time.sleep(15)
+    finally:
+        a.send(signal.SIGCONT)
+    row = db.wait_status(job_id, "completed", "dead")
+    assert (row["status"], row["attempts"]) == ("completed", 1), row["last_error"]
+    assert row["result"]["beats"] > 200

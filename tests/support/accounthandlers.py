@@ -3,6 +3,8 @@ known work, so what an attempt's history says can be checked against it."""
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 import subprocess
 import sys
@@ -61,3 +63,15 @@ def burn_then_exit(job: JobContext) -> None:
     """Known work, then an exit without a report: only the kernel's figures (wait4) remain."""
     burn_and_touch(job)
     os._exit(3)
+
+
+def parse_huge(job: JobContext) -> None:
+    """Parse a JSON list of `items` empty objects (about 80 bytes each once parsed) in
+    one json.loads call, which holds the GIL throughout: the tree grows past its limit
+    while no thread of the child can run. Then sleep in C with the GIL held."""
+    doc = bytearray(b"{},") * int(job.payload["items"])  # (one allocation, not three)
+    doc[-1:] = b"]"
+    doc[0:0] = b"["
+    parsed = json.loads(doc)
+    ctypes.PyDLL(None).sleep(300)
+    del parsed

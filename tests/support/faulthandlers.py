@@ -68,6 +68,22 @@ def work(job: JobContext) -> Any:
     return {"attempt": job.attempt, "pid": os.getpid(), "tag": os.environ.get(TAG_ENV, "")}
 
 
+def chatty(job: JobContext) -> Any:
+    """Heartbeats with a `kib` KiB checkpoint every `step` seconds (default 0.01) for
+    payload["seconds"]: a frozen daemon's socket fills within a second or two."""
+    p = job.payload
+    record(p["file"], job, "start")
+    filler = "x" * (int(p.get("kib", 32)) * 1024)
+    end = time.monotonic() + float(p["seconds"])
+    n = 0
+    while time.monotonic() < end:
+        n += 1
+        job.heartbeat(progress={"step": n}, checkpoint={"n": n, "filler": filler})
+        time.sleep(float(p.get("step", 0.01)))
+    record(p["file"], job, "end")
+    return {"beats": n, "attempt": job.attempt}
+
+
 @dataclass
 class Execution:
     job: int

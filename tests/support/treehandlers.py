@@ -10,8 +10,10 @@ handler writes its own pid there as well, then ends as payload["then"] says.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -67,6 +69,22 @@ def recorded(path: str) -> list[dict[str, Any]]:
         return []
 
 
+def hold_gil(seconds: int) -> None:
+    """Sleep `seconds` in C, the GIL held all along (ctypes.PyDLL calls keep it), as a
+    handler stuck in a C extension's loop or a huge json.loads does."""
+    ctypes.PyDLL(None).sleep(seconds)
+
+
+def kill_my_children(job: JobContext) -> Any:
+    """SIGKILL every child process of the job's child (a careless cleanup, as with
+    psutil's children()), then sleep."""
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{tid}/children") as f:
+            for pid in f.read().split():
+                os.kill(int(pid), signal.SIGKILL)
+    time.sleep(60)
+
+
 def tree(job: JobContext) -> Any:
     p = job.payload
     marker, path = p["marker"], p["file"]
@@ -85,6 +103,8 @@ def tree(job: JobContext) -> Any:
         raise RuntimeError("the handler fails")
     if then == "sleep":  # until stopped (timeout, cancel, drain, kill)
         time.sleep(float(p.get("seconds", 1000)))
+    elif then == "hold_gil":  # in C with the GIL held: no thread of the child runs
+        hold_gil(int(p.get("seconds", 1000)))
     elif then == "compute":  # busy in Python, never sleeping
         end = time.monotonic() + float(p.get("seconds", 1000))
         n = 0

@@ -1,0 +1,397 @@
+"""The job child's fence, outside its interpreter: the lease deadline and the memory limit
+hold even while a handler holds the GIL in C code for minutes (a huge `json.loads`, a
+backtracking regex, a C extension's loop), when no thread of the child can run.
+
+Each job child forks one watcher at its start, before it runs any thread (so the fork is
+safe): a small process of its own interpreter, so of its own GIL. The watcher is the only
+reader of the daemon's socket. It keeps what a fence needs from the daemon's messages
+(the running job, its lease deadline as last renewed, its memory limit) and relays every
+byte to the child through a pipe, which the child's monitor thread reads; the child writes
+its own messages to the socket as before. A renewal therefore reaches the fence whatever
+the child's interpreter is doing: the watcher never waits for the child (its relay pipe is
+non-blocking; what the child has not read yet waits in the watcher's memory).
+
+Why a process and not a kernel timer: the deadline moves with every renewal, which a timer
+armed by the child can only follow with the child's GIL; and a timer's signal kills only
+the child, whose orphans would then go to the daemon, which may be the frozen process
+that failed to renew (so they would run on past the lease). The watcher stops the whole
+tree itself, and the kernel enforces nothing per process that would break allocators (as
+RLIMIT_AS does).
+
+Stopping the tree (stop_tree): the child is stopped (SIGSTOP) first, then its descendants
+level by level, each listed only once its parent is stopped, so none can be reaped and its
+pid reused before it is signalled, and none can fork or exit its way out; the walk repeats
+until it finds nothing new. Then every descendant is SIGKILLed and the child gets a fatal
+signal of its own (LEASE_SIGNAL or MEMORY_SIGNAL, default action: terminate, no handler),
+which the daemon reads as the reason (supervisor.describe_exit). The killed descendants
+are zombies of stopped parents; they go to the daemon with the child and it reaps them.
+
+When the job runs past its memory limit the watcher first tells the daemon, as the child
+did: a Usage and a Failed report written to the socket under the child's send lock (a
+POSIX record lock on a shared memfd, so a frame of the child is never cut by one of the
+watcher's; the kernel drops it with a process that dies holding it).
+
+The watcher dies with the child (PR_SET_PDEATHSIG); the child kills and reaps it before it
+exits, and leaves it out of every sweep and measurement of the job's tree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import os
+import select
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from setproctitle import setproctitle
+
+from pgworkerd.worker import protocol, tmpdirs
+from pgworkerd.worker.protocol import Failed, Job, LeaseExtended, Usage
+from pgworkerd.worker.resources import SAMPLE_INTERVAL, children_of, cpu_of, limit_message, rss
+from pgworkerd.worker.wire import FrameReader
+
+PR_SET_PDEATHSIG = 1
+# The signals the watcher ends a child with (default action: terminate, never handled by
+# the child), so the child's wait status says why: its lease ran out unrenewed (or the
+# daemon vanished mid-job), or its tree went past its memory limit.
+LEASE_SIGNAL = signal.SIGRTMIN + 6
+MEMORY_SIGNAL = signal.SIGRTMIN + 7
+# How long the watcher waits for the child's send lock before it stops a job over its
+# memory limit without a report (the child blocked in a send the daemon does not read):
+# the wait status then says why.
+_LOCK_WAIT = 1.0
+# A child that outlives its fatal signal this long (a handler installed a handler for
+# it) is SIGKILLed.
+_DEATH_WAIT = 2.0
+# What the watcher keeps for a child that reads slowly (it holds the GIL): frames for a
+# few jobs at most; past it the child is stopped as if the daemon were gone.
+_MAX_PENDING = 256 * 1024 * 1024
+
+
+@dataclass
+class Watcher:
+    """The child's handle on its watcher."""
+
+    pid: int
+    relay: int  # read end: the daemon's bytes, as the watcher relays them
+    events: int  # write end: what the child tells the watcher (a job ended)
+    send_lock: int  # a memfd: lockf()ed around every frame the child sends
+
+    def job_ended(self, job_id: int) -> None:
+        """The job ended here (before its outcome is sent): no deadline or limit holds."""
+        os.write(self.events, f"{job_id}\n".encode())
+
+    def stop(self) -> None:
+        """Kill and reap the watcher (the child's last act: not to leave it to the daemon)."""
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(self.pid, 0)
+
+    def killed_by(self) -> str | None:
+        """The signal that killed the watcher ('SIGKILL'), once it was; None while it
+        lives or if it exited on its own (the daemon closed the socket)."""
+        pid, status = 0, 0
+        give_up = time.monotonic() + 1.0  # (its pipe closes a moment before it is reapable)
+        while pid == 0 and time.monotonic() < give_up:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                return None
+            if pid == 0:
+                time.sleep(0.01)
+        if pid != self.pid or not os.WIFSIGNALED(status):
+            return None
+        try:
+            return signal.Signals(os.WTERMSIG(status)).name
+        except ValueError:
+            return f"signal {os.WTERMSIG(status)}"
+
+    @contextlib.contextmanager
+    def locked(self) -> Any:
+        fcntl.lockf(self.send_lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.lockf(self.send_lock, fcntl.LOCK_UN)
+
+
+def start(sock_fd: int, tmp_root: str | None) -> Watcher:
+    """Fork the watcher of this child, which talks to the daemon over `sock_fd`; the
+    child's temp directories are in `tmp_root`. Call it before any thread of the child
+    runs."""
+    relay_r, relay_w = os.pipe()
+    events_r, events_w = os.pipe()
+    send_lock = os.memfd_create("pgworkerd-send-lock")  # (close-on-exec)
+    child_pid = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        status = 70
+        try:
+            os.close(relay_r)
+            os.close(events_w)
+            _Watch(child_pid, sock_fd, relay_w, events_r, send_lock, tmp_root).run()
+            status = 0
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            os._exit(status)
+    os.close(relay_w)
+    os.close(events_r)
+    return Watcher(pid, relay_r, events_w, send_lock)
+
+
+class _Watch:
+    """The watcher's loop."""
+
+    def __init__(
+        self, child: int, sock: int, relay: int, events: int, send_lock: int, tmp_root: str | None
+    ) -> None:
+        self.child, self.sock, self.relay, self.events = child, sock, relay, events
+        self.send_lock, self.tmp_root = send_lock, tmp_root
+        self.me = os.getpid()
+        self.pending = bytearray()  # relayed bytes the child has not taken yet
+        self.reader: FrameReader | None = FrameReader()
+        self.job: int | None = None
+        self.deadline: float | None = None
+        self.limit: int | None = None
+        self.next_sample = 0.0
+        self.peak = 0
+        self.events_buffer = b""
+
+    def run(self) -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != self.child:  # the child died before the prctl took effect
+            return
+        # The daemon's SIGTERM to the child's group is the handler's, not ours.
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(sig, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        setproctitle(f"pgworkerd: watcher of child {self.child}")
+        os.set_blocking(self.relay, False)
+        poller = select.poll()
+        poller.register(self.sock, select.POLLIN)
+        poller.register(self.events, select.POLLIN)
+        while True:
+            poller.modify(self.sock, select.POLLIN if len(self.pending) < _MAX_PENDING else 0)
+            if self.pending:
+                with contextlib.suppress(KeyError):
+                    poller.unregister(self.relay)
+                poller.register(self.relay, select.POLLOUT)
+            else:
+                with contextlib.suppress(KeyError):
+                    poller.unregister(self.relay)
+            ready = {fd for fd, _ in poller.poll(self._timeout_ms())}
+            if self.events in ready:  # first: a job's end is told before its outcome
+                self._read_events()
+            if self.sock in ready and not self._read_daemon():
+                return
+            if self.pending:
+                self._relay()
+            self._check(time.monotonic())
+
+    def _timeout_ms(self) -> int | None:
+        if self.job is None:
+            return None
+        now = time.monotonic()
+        due = self.deadline if self.deadline is not None else now + 60
+        if self.limit is not None:
+            due = min(due, self.next_sample)
+        return max(0, int((due - now) * 1000) + 1)
+
+    def _read_events(self) -> None:
+        data = os.read(self.events, 4096)
+        if not data:  # the child is exiting: it kills us next
+            os.close(self.events)
+            signal.pause()
+        self.events_buffer += data
+        *lines, self.events_buffer = self.events_buffer.split(b"\n")
+        for line in lines:
+            if self.job is not None and int(line) == self.job:
+                self.job = self.deadline = self.limit = None
+
+    def _read_daemon(self) -> bool:
+        """Relay what the daemon sent and keep what the fence needs; False once the
+        daemon is gone (the child has been told, or stopped if a job runs)."""
+        try:
+            data = os.read(self.sock, 1 << 20)
+        except BlockingIOError:
+            return True
+        except OSError:
+            data = b""
+        if not data:
+            with contextlib.suppress(OSError):
+                self._relay()
+            # The child sees the end, as it would the socket's, and stops itself (its
+            # tree, its temp directory, then us); if it cannot (the GIL held), we do.
+            os.close(self.relay)
+            if self.job is not None:
+                time.sleep(_DEATH_WAIT)
+                self._fence(LEASE_SIGNAL, "the daemon is gone")
+            return False
+        self.pending += data
+        if self.reader is not None:
+            try:
+                frames = self.reader.feed(data)
+            except Exception as exc:  # the child's monitor sees it too; relay on
+                print(f"pgworkerd watcher {self.me}: {exc}", file=sys.stderr)
+                self.reader = None
+                frames = []
+            for frame in frames:
+                with contextlib.suppress(Exception):  # (the child's monitor judges it)
+                    self._note(protocol.decode(frame))
+        return True
+
+    def _note(self, message: protocol.Message) -> None:
+        if isinstance(message, Job):
+            self.job, self.deadline, self.limit = message.id, message.deadline, message.memory_limit
+            self.next_sample, self.peak = 0.0, 0
+        elif (
+            isinstance(message, LeaseExtended)
+            and self.job is not None
+            and message.id
+            in (
+                None,
+                self.job,
+            )
+        ):  # (one for a job that ended is ignored)
+            self.deadline = message.deadline
+
+    def _relay(self) -> None:
+        try:
+            written = os.write(self.relay, self.pending[: 1 << 20])
+        except BlockingIOError:
+            return
+        except BrokenPipeError:  # the child is exiting: it kills us next
+            self.pending.clear()
+            return
+        del self.pending[:written]
+
+    def _check(self, now: float) -> None:
+        if self.job is None:
+            return
+        if self.deadline is not None and now >= self.deadline:
+            self._fence(LEASE_SIGNAL, "lease deadline passed without renewal")
+        if self.limit is not None and now >= self.next_sample:
+            self.next_sample = now + SAMPLE_INTERVAL
+            members = self._tree()
+            total = sum(rss(p) for p in members)
+            self.peak = max(self.peak, total)
+            if total > self.limit:
+                self._over_limit(self.job, self.limit, members)
+
+    def _tree(self) -> list[int]:
+        """The child and its descendants, without this watcher."""
+        found, stack = [self.child], [self.child]
+        while stack:
+            for kid in children_of(stack.pop()) or []:
+                if kid != self.me:
+                    found.append(kid)
+                    stack.append(kid)
+        return found
+
+    def _over_limit(self, job: int, limit: int, members: list[int]) -> None:
+        locked = self._lock()
+        cpu = [cpu_of(p) for p in members]
+        failed = Failed(job, limit_message(limit, self.peak))
+        usage = Usage(
+            job, sum(u for u, _ in cpu), sum(s for _, s in cpu), self.peak, rss(self.child)
+        )
+        if locked:
+            os.kill(self.child, signal.SIGSTOP)  # it sends nothing more
+            with contextlib.suppress(OSError):
+                _write_all(self.sock, protocol.encode(usage) + protocol.encode(failed))
+        self._fence(MEMORY_SIGNAL, failed.error)
+
+    def _lock(self) -> bool:
+        """Take the child's send lock (wait at most _LOCK_WAIT)."""
+        give_up = time.monotonic() + _LOCK_WAIT
+        while True:
+            try:
+                fcntl.lockf(self.send_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError:
+                if time.monotonic() > give_up:
+                    return False
+                time.sleep(0.01)
+
+    def _fence(self, sig: int, reason: str) -> None:
+        """Stop the job's whole tree, the child with `sig`; never returns."""
+        with contextlib.suppress(Exception):
+            print(f"pgworkerd child {self.child}: {reason}; stopping", file=sys.stderr, flush=True)
+
+        def remove_temp_dirs() -> None:  # (the daemon would, but it may be gone)
+            if self.tmp_root is not None:
+                tmpdirs.remove_child_dirs(self.tmp_root, self.child)
+
+        stop_tree(self.child, sig, skip={self.me}, before_end=remove_temp_dirs)
+        signal.pause()  # the child is dying: its death kills us (PR_SET_PDEATHSIG)
+        os._exit(0)
+
+
+def stop_tree(
+    root: int, sig: int, skip: set[int], before_end: Callable[[], None] | None = None
+) -> None:
+    """Freeze `root` and every descendant (but `skip`), SIGKILL the descendants, call
+    `before_end` (the tree is still), end `root` with the fatal signal `sig` (SIGKILL if
+    it outlives it)."""
+    _signal(root, signal.SIGSTOP)
+    stopped = {root}
+    while True:  # again until a walk finds nothing new (an orphan re-parented meanwhile)
+        new: list[int] = []
+        level = [root]
+        while level:
+            below = []
+            for pid in level:
+                for kid in children_of(pid) or []:
+                    if kid in skip:
+                        continue
+                    if kid not in stopped:
+                        _signal(kid, signal.SIGSTOP)
+                        stopped.add(kid)
+                        new.append(kid)
+                    below.append(kid)
+            level = below
+        if not new:
+            break
+    for pid in stopped - {root}:
+        _signal(pid, signal.SIGKILL)
+    if before_end is not None:
+        with contextlib.suppress(Exception):
+            before_end()
+    _signal(root, sig)
+    _signal(root, signal.SIGCONT)
+    give_up = time.monotonic() + _DEATH_WAIT
+    while os.path.exists(f"/proc/{root}/task") and _state(root) not in ("Z", "X", None):
+        if time.monotonic() > give_up:
+            _signal(root, signal.SIGKILL)
+            return
+        time.sleep(0.01)
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rpartition(b")")[2].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]

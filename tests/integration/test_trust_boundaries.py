@@ -48,6 +48,13 @@ ELSEWHERE: dict[str, list[str]] = {
         "tests/acceptance/test_daemon.py::test_process_titles_and_registry_row",
         "tests/acceptance/test_daemon.py::test_a_dsn_password_is_masked_in_the_process_title_at_once",
     ],
+    "Holding the GIL in C code does not keep it running: a watcher process outside its"
+    " interpreter stops its whole tree at its lease deadline and at its memory limit.": [
+        "tests/fault/test_containment.py"
+        "::test_a_handler_holding_the_gil_is_stopped_at_its_lease_deadline_with_its_tree",
+        "tests/acceptance/test_accounting.py"
+        "::test_a_handler_holding_the_gil_is_stopped_near_its_memory_limit",
+    ],
     "It cannot enter the daemon's directory of per-attempt temp directories (0700).": [
         "tests/fault/test_containment.py"
         "::test_the_temp_directories_of_a_daemon_killed_9_go_at_the_next_start",

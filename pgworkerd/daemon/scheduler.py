@@ -103,7 +103,7 @@ class Scheduler:
             self.cadences[name], self.handled_until[name], wall, schedule.catch_up
         )
         for tick in ticks:
-            fired = self.statements.fire_schedule(name, tick, schedule.job(), schedule.overlap)
+            fired = self.statements.fire_schedule(name, tick)
             if fired is None:
                 return False
             self.handled_until[name] = tick

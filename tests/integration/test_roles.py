@@ -19,6 +19,7 @@ from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue import admin, lease
 from pgworkerd.queue.db import connect
+from pgworkerd.queue.queries import render
 
 
 def test_enqueuer_can_only_enqueue(
@@ -139,7 +140,7 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
     roles: dict[str, str], schema: str, conn: psycopg.Connection, tmp_path: Path
 ) -> None:
     """A real `pgworkerd run` as the daemon role: claim, complete, fail, retry, and the
-    operator commands that role is for (jobs, status, cancel, retry)."""
+    read commands (jobs, status); cancel and retry are the operator role's."""
     daemon_dsn, enqueuer_dsn = roles[f"{schema}_daemon"], roles[f"{schema}_enqueuer"]
     with psycopg.connect(enqueuer_dsn, autocommit=True) as c:
         done = client.enqueue(c, "echo", {"n": 1}, schema=schema)
@@ -185,10 +186,31 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
         assert shown.returncode == 0 and "#1 completed" in shown.stdout, shown.stderr
         dead = db.wait_status(crashed, "dead")
         assert dead["attempts"] == 2 and "exited with code 3" in dead["last_error"]
-        for command in (["jobs"], ["status"], ["cancel", str(later)], ["retry", str(crashed)]):
+        for command in (["jobs"], ["status"]):
             proc = daemons.cli(*command)
             assert proc.returncode == 0, (command, proc.stderr)
             assert "Traceback" not in proc.stderr
+        # cancel and retry are the operator's (schema 22: the daemon role changes jobs
+        # only through the fenced functions): refused to the daemon role, and done by
+        # the operator role
+        for command in (["cancel", str(later)], ["retry", str(crashed)]):
+            proc = daemons.cli(*command)
+            assert proc.returncode != 0 and "permission denied" in proc.stderr, command
+            proc = subprocess.run(
+                [
+                    str(PGWORKERD),
+                    "--dsn",
+                    roles[f"{schema}_operator"],
+                    "--schema",
+                    schema,
+                    *command,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert proc.returncode == 0, (command, proc.stderr)
         assert db.job(later)["status"] == "cancelled"
         assert db.job(crashed)["status"] in ("pending", "running", "dead")
         assert db.wait_status(crashed, "dead")["attempts"] == 2
@@ -386,12 +408,29 @@ def test_daemon_role_fires_schedules_and_enqueuer_cannot(
 
     from pgworkerd.queue import schedules
 
-    tick = datetime.now(UTC) + timedelta(hours=1)
-    job = {"handler": "h", "payload": {}, "queue": "default", "priority": 0}
+    tick = datetime.now(UTC) - timedelta(seconds=1)
+    definition = {
+        "handler": "h",
+        "every": 60.0,
+        "payload": {"from": "the operator"},
+        "queue": "default",
+        "priority": 0,
+        "overlap": "allow",
+    }
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
-        schedules.declare(c, "s", {"every": 60.0}, "w", schema)
-        fired = schedules.fire(c, "s", tick, job, "skip", "w", schema)
+        # the daemon role may not declare (schema 22): an operator does
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="not declared"):
+            schedules.declare(c, "s", definition, "w", schema)
+    with psycopg.connect(roles[f"{schema}_operator"], autocommit=True) as c:
+        schedules.declare(c, "s", definition, "alice", schema)
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        schedules.declare(c, "s", definition, "w", schema)  # the same: accepted, read only
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="another definition"):
+            schedules.declare(c, "s", {**definition, "handler": "other"}, "w", schema)
+        fired = schedules.fire(c, "s", tick, "w", schema)
         assert fired.outcome == "fired"
+        job = admin.get(conn, fired.job_id, schema=schema)
+        assert (job["handler"], job["payload"]) == ("h", {"from": "the operator"})
         assert schedules.list_all(c, schema)[0]["last_job_id"] == fired.job_id
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # only through the functions
             c.execute(sql.SQL("DELETE FROM {}.schedule_runs").format(sql.Identifier(schema)))
@@ -399,7 +438,7 @@ def test_daemon_role_fires_schedules_and_enqueuer_cannot(
         psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c,
         pytest.raises(psycopg.errors.InsufficientPrivilege),
     ):
-        schedules.fire(c, "s", tick + timedelta(minutes=1), job, "allow", "w", schema)
+        schedules.fire(c, "s", tick + timedelta(seconds=1), "w", schema)
 
 
 def test_the_operator_role_prunes_jobs_gone_daemons_and_schedule_runs(
@@ -462,10 +501,26 @@ def test_daemon_role_prunes_finished_jobs_through_the_function_only(
         (old,),
     )
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        # below the operator's floor (1 day until changed, schema 22): refused, nothing gone
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="floor"):
+            retention.prune_finished(
+                c, completed=0.0, cancelled=0.0, dead=86400.0, batch=10, schema=schema
+            )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the floor is not its own
+            c.execute(render("SELECT @schema@.retention_floor_set(0)", schema))
         result = retention.prune_finished(
-            c, completed=0.0, cancelled=0.0, dead=86400.0, batch=10, schema=schema
+            c, completed=86400.0, cancelled=86400.0, dead=86400.0, batch=10, schema=schema
         )
         assert result.deleted == 1
+    with psycopg.connect(roles[f"{schema}_operator"], autocommit=True) as c:
+        c.execute(render("SELECT @schema@.retention_floor_set(60)", schema))
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        assert (
+            retention.prune_finished(
+                c, completed=60.0, cancelled=60.0, dead=60.0, batch=10, schema=schema
+            ).deleted
+            == 0
+        )
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # still no DELETE
             c.execute(sql.SQL("DELETE FROM {}.jobs").format(sql.Identifier(schema)))
     ids = {
@@ -495,6 +550,8 @@ def test_daemon_role_drains_and_hands_back_through_the_functions_and_enqueuer_ca
         assert request.hand_back.handlers == frozenset({"h"})
         assert fleet.request_drain(c, schema, drain=False, worker_id=info.id)
         assert registry.heartbeat(c, info, "running", [], schema) == registry.DrainRequest()
+
+
 def test_the_daemon_role_prunes_runs_and_daemons_only_through_the_function(
     roles: dict[str, str], conn: psycopg.Connection, schema: str
 ) -> None:
@@ -537,3 +594,123 @@ def test_the_daemon_role_prunes_runs_and_daemons_only_through_the_function(
                         sql.Identifier(schema), sql.Identifier(table)
                     )
                 )
+
+
+# -- the audit's daemon_role_probe.sql (security review 2026-11-26, N4), statement by statement
+
+# Each statement of security-2026-11-26-repro/daemon_role_probe.sql, as pgworkerd_daemon
+# runs it (`:job` is a completed job), and what else the daemon role must not do: all of
+# them succeeded on the audited commit; every one must be refused now.
+DAEMON_PROBE: dict[str, str] = {
+    "1a. declare a schedule": (
+        'SELECT @schema@.schedule_declare(\'zz-injected\', \'{"handler":"x","every":86400}\','
+        " 'attacker')"
+    ),
+    "1b. fire a job object of its choosing": (
+        "SELECT * FROM @schema@.schedule_fire('s', now(),"
+        ' \'{"handler":"printer","payload":{"text":"by the daemon role"}}\','
+        " 'allow', 'attacker')"
+    ),
+    "2. run a finished job again": (
+        "UPDATE @schema@.jobs SET status = 'pending', run_at = now(), attempts = 0,"
+        " finished_at = NULL, result = NULL WHERE id = %(job)s RETURNING id"
+    ),
+    "3. rewrite a checkpoint": (
+        "UPDATE @schema@.jobs SET checkpoint = '{\"step\": 999}'"
+        " WHERE id = (SELECT min(id) FROM @schema@.jobs WHERE status = 'pending')"
+    ),
+    "4. forge any job's captured output": (
+        "INSERT INTO @schema@.job_logs (job_id, lease_token, attempt, worker, head, finished)"
+        " VALUES (%(job)s, 987654321, 1, 'some-other-host:1:abc', 'FORGED', true)"
+    ),
+    "4b. forge it through the daemon's function": (
+        "SELECT * FROM @schema@.job_log_write_v1('some-other-host:1:abc', ARRAY[%(job)s]::bigint[],"
+        " '{987654321}', '{1}', '{FORGED}', '{x}', '{6}', '{0}', '{true}')"
+    ),
+    "4c. rewrite a running job's outcome (and its attempt row)": (
+        "UPDATE @schema@.jobs SET status = 'dead', last_error = 'forged by the daemon role'"
+        " WHERE id = %(running)s"
+    ),
+    "4d. rewrite attempt history": "UPDATE @schema@.attempts SET error = 'forged'",
+    "4e. rewrite attempt figures": "UPDATE @schema@.attempts SET wall_seconds = 0",
+    "5. delete every finished job now (retention 0)": (
+        "SELECT * FROM @schema@.prune_finished_v1(0, 0, 0, 10)"
+    ),
+    "5b. the same through v2": "SELECT * FROM @schema@.prune_finished_v2(0, 0, 0, 0, 0, 10)",
+    "5c. lower the retention floor": "SELECT @schema@.retention_floor_set(0)",
+    "5d. lower it behind the function": "UPDATE @schema@.retention_floor SET min_seconds = 0",
+    "rewrite a result": "UPDATE @schema@.jobs SET result = '{}' WHERE id = %(job)s",
+    "reset attempts": "UPDATE @schema@.jobs SET attempts = 0 WHERE id = %(running)s",
+    "insert a job": "INSERT INTO @schema@.jobs (handler) VALUES ('printer')",
+    "enqueue": 'SELECT @schema@.enqueue_many(\'[{"handler": "printer"}]\')',
+    "rewrite a schedule": "UPDATE @schema@.schedules SET definition = '{}'",
+}
+
+
+def test_the_audits_daemon_role_probe_is_refused_statement_by_statement(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    done, running = client.enqueue_many(
+        conn, [client.JobSpec("h"), client.JobSpec("h")], schema=schema
+    )
+    client.enqueue(conn, "h", schema=schema)  # a pending job (statement 3)
+    with psycopg.connect(roles[f"{schema}_operator"], autocommit=True) as c:
+        c.execute(
+            render(
+                'SELECT @schema@.schedule_declare(\'s\', \'{"handler": "h", '
+                "\"every\": 60}', 'alice')",
+                schema,
+            )
+        )
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        held = lease.claim(
+            c,
+            "w",
+            queues=["default"],
+            handlers={"h": lease.HandlerCapacity(30, 2)},
+            limit=2,
+            schema=schema,
+        )
+        assert sorted(j.id for j in held) == [done, running]
+        token = {j.id: j.token for j in held}
+        assert lease.complete(c, "w", done, token[done], {"ok": 1}, schema=schema)
+    before = conn.execute(
+        render(
+            "SELECT (SELECT jsonb_agg(j ORDER BY id) FROM @schema@.jobs j),"
+            " (SELECT jsonb_agg(a ORDER BY job_id) FROM @schema@.attempts a),"
+            " (SELECT count(*) FROM @schema@.job_logs),"
+            " (SELECT jsonb_agg(s) FROM @schema@.schedules s),"
+            " (SELECT min_seconds FROM @schema@.retention_floor)",
+            schema,
+        )
+    ).fetchone()
+    allowed = []
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        for name, statement in DAEMON_PROBE.items():
+            try:
+                with c.transaction(), c.cursor() as cur:
+                    cur.execute(render(statement, schema), {"job": done, "running": running})
+                    rows = cur.fetchall() if cur.description else []
+                # a fenced function may run and change nothing (no row: not its attempt)
+                if rows and name.startswith("4b"):
+                    allowed.append(name)
+                elif not name.startswith("4b"):
+                    allowed.append(name)
+            except psycopg.errors.InsufficientPrivilege:
+                pass
+    assert allowed == []
+    after = conn.execute(
+        render(
+            "SELECT (SELECT jsonb_agg(j ORDER BY id) FROM @schema@.jobs j),"
+            " (SELECT jsonb_agg(a ORDER BY job_id) FROM @schema@.attempts a),"
+            " (SELECT count(*) FROM @schema@.job_logs),"
+            " (SELECT jsonb_agg(s) FROM @schema@.schedules s),"
+            " (SELECT min_seconds FROM @schema@.retention_floor)",
+            schema,
+        )
+    ).fetchone()
+    assert after == before
+    # and what a daemon does still works: its own attempt, fenced
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        assert not lease.complete(c, "other", running, token[running], None, schema=schema)
+        assert lease.complete(c, "w", running, token[running], None, schema=schema)

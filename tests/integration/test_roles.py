@@ -417,10 +417,12 @@ def test_daemon_role_fires_schedules_and_enqueuer_cannot(
         "priority": 0,
         "overlap": "allow",
     }
-    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
-        # the daemon role may not declare (schema 22): an operator does
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="not declared"):
-            schedules.declare(c, "s", definition, "w", schema)
+    # the daemon role may not declare (schema 22): an operator does
+    with (
+        psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c,
+        pytest.raises(psycopg.errors.InsufficientPrivilege, match="not declared"),
+    ):
+        schedules.declare(c, "s", definition, "w", schema)
     with psycopg.connect(roles[f"{schema}_operator"], autocommit=True) as c:
         schedules.declare(c, "s", definition, "alice", schema)
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:

@@ -183,9 +183,7 @@ class FakeScheduleStatements:
         self.declared = list(names)
         return True
 
-    def fire_schedule(
-        self, name: str, tick: datetime, job: dict[str, Any], overlap: str
-    ) -> Fired | None:
+    def fire_schedule(self, name: str, tick: datetime) -> Fired | None:
         if self.failing:
             return None
         if (name, tick) in self.runs:

@@ -5,13 +5,14 @@
 -- literal percent sign is written %%).
 --
 -- Durable whatever the server's default: the claim (claim_jobs, migration 0019, which
--- every language uses) forces it itself, and the daemon's other fenced writes (renew and
--- every finish) carry `(SELECT set_config('synchronous_commit', 'on', true)) IS NOT NULL`,
--- the per-transaction form of SET LOCAL inside the statement itself (no extra round trip,
--- and safe behind PgBouncer in transaction mode). It is an uncorrelated subquery, so it
--- runs once, before the statement's own work, and its setting holds until the commit of
--- the (implicit) transaction: an acknowledged claim or finish is on disk (and, with
--- synchronous_standby_names, on the standby) even where synchronous_commit = off.
+-- every language uses) and the daemon's other fenced writes (renew and every finish, the
+-- functions of migrations 0019 and 0022 since the daemon role lost UPDATE on jobs) each
+-- run `set_config('synchronous_commit', 'on', true)`, the per-transaction form of SET
+-- LOCAL (no extra round trip, and safe behind PgBouncer in transaction mode). Its setting
+-- holds until the commit of the (implicit) transaction, also when set inside a function
+-- (whose SET clause pins only search_path): an acknowledged claim or finish is on disk
+-- (and, with synchronous_standby_names, on the standby) even where synchronous_commit =
+-- off.
 
 -- name: schema_migrate_lock
 -- Serialise migrations of one schema across hosts, until the transaction ends.
@@ -127,30 +128,26 @@ SELECT * FROM @schema@.claim_jobs(
 -- Renew many leases of one worker at once, saving progress and checkpoints sent along
 -- (NULL keeps the old value); one row per lease: renewed or lost, and cancel requests.
 -- Through renew_leases (migration 0022: fenced by the lease, SECURITY DEFINER, the
--- daemon role has no UPDATE on jobs). Every statement that ends or changes a held job
--- forces a durable commit here, in the statement: a function with a SET clause would
--- undo its own set_config when it returns.
+-- daemon role has no UPDATE on jobs). Like every function that ends or changes a held
+-- job, it forces a durable commit (synchronous_commit on for the transaction).
 SELECT r.id, r.renewed, r.cancel_requested, r.locked_until
-  FROM pg_catalog.set_config('synchronous_commit', 'on', true) AS durable,
-       @schema@.renew_leases(%(worker)s::text, %(ids)s::bigint[], %(tokens)s::bigint[],
+  FROM @schema@.renew_leases(%(worker)s::text, %(ids)s::bigint[], %(tokens)s::bigint[],
                              %(lease_seconds)s::float8[], %(progress)s::jsonb[],
                              %(checkpoints)s::jsonb[]) AS r;
 
 -- name: job_complete
 -- Finish jobs their holder still owns: completed, each with an optional JSON result.
 -- Returns the ids completed; a missing id means that lease was lost and nothing changed.
--- Through complete_jobs (migration 0022; durable as job_renew).
+-- Through complete_jobs (migration 0022; durable).
 SELECT c.id
-  FROM pg_catalog.set_config('synchronous_commit', 'on', true) AS durable,
-       @schema@.complete_jobs(%(worker)s::text, %(ids)s::bigint[], %(tokens)s::bigint[],
+  FROM @schema@.complete_jobs(%(worker)s::text, %(ids)s::bigint[], %(tokens)s::bigint[],
                               %(results)s::jsonb[], %(progress)s::jsonb[]) AS c(id);
 
 -- name: job_complete_one
 -- job_complete for one job, through complete_job (migrations 0019, 0022: one primary-key
--- look-up, no arrays to unpack; durable as job_renew). Returns the id if the lease held.
+-- look-up, no arrays to unpack; durable). Returns the id if the lease held.
 SELECT %(id)s::bigint AS id
-  FROM pg_catalog.set_config('synchronous_commit', 'on', true) AS durable,
-       @schema@.complete_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+  FROM @schema@.complete_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
                              %(result)s::jsonb, %(progress)s::jsonb) AS done
  WHERE done;
 
@@ -159,12 +156,11 @@ SELECT %(id)s::bigint AS id
 -- exponential backoff with +-25 %% jitter, or dead once max_attempts are used, or
 -- cancelled if a cancel was requested meanwhile. The attempt's latest progress and
 -- checkpoint are saved with it (NULL keeps the old value), so the next attempt resumes
--- from there. retry_in: seconds until the retry. Durable as job_renew.
+-- from there. retry_in: seconds until the retry. Durable.
 SELECT %(id)s::bigint AS id, f.status, f.run_at,
        CASE WHEN f.status = 'pending' THEN extract(epoch FROM f.run_at - now())::float8
        END AS retry_in
-  FROM pg_catalog.set_config('synchronous_commit', 'on', true) AS durable,
-       @schema@.fail_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+  FROM @schema@.fail_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
                          %(error)s::text, %(backoff_base)s::float8, %(backoff_max)s::float8,
                          %(progress)s::jsonb, %(checkpoint)s::jsonb) AS f;
 
@@ -174,11 +170,10 @@ SELECT %(id)s::bigint AS id, f.status, f.run_at,
 -- (run_at kept), so the next daemon takes it before newer jobs. Its latest progress and
 -- checkpoint are saved (NULL keeps the old value). The peers that serve it are woken on
 -- commit as for a new job (the wake channel's {"q", "h", "id", "n"}, see
--- daemon/peers.py), so another daemon starts it at once. Durable as job_renew.
+-- daemon/peers.py), so another daemon starts it at once. Durable.
 WITH released AS (
     SELECT %(id)s::bigint AS id, r.status
-      FROM pg_catalog.set_config('synchronous_commit', 'on', true) AS durable,
-           @schema@.release_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+      FROM @schema@.release_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
                                 %(progress)s::jsonb, %(checkpoint)s::jsonb) AS r(status)
 )
 SELECT r.id, r.status FROM released r
@@ -194,18 +189,16 @@ SELECT r.id, r.status FROM released r
 -- progress; NULL keeps the old value), through cancel_held_job (migration 0022; durable
 -- as job_renew).
 SELECT %(id)s::bigint AS id, c.status
-  FROM pg_catalog.set_config('synchronous_commit', 'on', true) AS durable,
-       @schema@.cancel_held_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+  FROM @schema@.cancel_held_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
                                 %(error)s::text, %(progress)s::jsonb) AS c(status)
  WHERE c.status IS NOT NULL;
 
 -- name: job_bury
 -- The holder cannot run a claimed job at all (its row cannot be loaded or handed to a
 -- child): dead at once, whatever attempts are left, with the reason; through give_up_job
--- (migrations 0019, 0022; durable as job_renew).
+-- (migrations 0019, 0022; durable).
 SELECT %(id)s::bigint AS id, 'dead' AS status
-  FROM pg_catalog.set_config('synchronous_commit', 'on', true) AS durable,
-       @schema@.give_up_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+  FROM @schema@.give_up_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
                             %(error)s::text) AS buried
  WHERE buried;
 
@@ -682,7 +675,7 @@ UPDATE @schema@.workers SET schedules = %(schedules)s WHERE id = %(id)s;
 
 -- name: job_snooze
 -- The handler asked to run again in %(delay)s seconds (pgworkerd.Snooze), which is not a
--- failure, through snooze_held_job (migration 0022; durable as job_renew): pending again
+-- failure, through snooze_held_job (migration 0022; durable): pending again
 -- at now() + delay with the attempt not counted and one more snooze counted (cancelled
 -- instead if a cancel was requested meanwhile), its latest progress and checkpoint saved
 -- (NULL keeps the old value), last_error kept. Only while the job has snoozed fewer than
@@ -692,8 +685,7 @@ UPDATE @schema@.workers SET schedules = %(schedules)s WHERE id = %(id)s;
 SELECT %(id)s::bigint AS id, s.status, s.run_at, s.snoozes,
        CASE WHEN s.status = 'pending' THEN extract(epoch FROM s.run_at - now())::float8
        END AS retry_in
-  FROM pg_catalog.set_config('synchronous_commit', 'on', true) AS durable,
-       @schema@.snooze_held_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+  FROM @schema@.snooze_held_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
                                 %(delay)s::float8, %(max_snoozes)s::integer,
                                 %(progress)s::jsonb, %(checkpoint)s::jsonb) AS s;
 

@@ -2632,9 +2632,8 @@ $$;
 -- daemon role needs no UPDATE on jobs (roles.sql takes it away): every change of status,
 -- attempts, checkpoint or result is one of these, each fenced by the lease (the job's
 -- worker and token, and status running), and EXECUTE is revoked from PUBLIC (roles.sql
--- grants it to pgworkerd_daemon). The durable commit the daemon's statements force
--- (synchronous_commit on) is set by the calling statement in queries.sql: a function
--- with a SET clause undoes its own set_config(..., true) when it returns.
+-- grants it to pgworkerd_daemon). Each forces a durable commit (synchronous_commit on
+-- for the transaction) and finds jobs by primary key, as the statements of 0019 did.
 --
 -- The claim of every language (0019) and the finishing functions of other languages'
 -- workers keep their names and arguments; they run as the schema owner from now on.
@@ -2675,6 +2674,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     RETURN QUERY
     WITH lease AS (
         SELECT * FROM unnest(renew_leases.ids, renew_leases.tokens,
@@ -2708,6 +2708,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     RETURN QUERY
     WITH done AS (
         SELECT * FROM unnest(complete_jobs.ids, complete_jobs.tokens, complete_jobs.results,
@@ -2739,6 +2740,7 @@ AS $$
 DECLARE
     new_status text;
 BEGIN
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     UPDATE @schema@.jobs j
        SET status = 'cancelled', last_error = cancel_held_job.reason,
            progress = coalesce(cancel_held_job.progress, j.progress),
@@ -2766,6 +2768,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
 BEGIN
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     -- (NaN is above every number in PostgreSQL: refused too)
     IF snooze_held_job.delay_seconds IS NULL
        OR NOT (snooze_held_job.delay_seconds BETWEEN 0 AND 2592000) THEN

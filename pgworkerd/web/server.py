@@ -108,6 +108,37 @@ class Dashboard:
         self.pool.close(timeout=POOL_CLOSE_SECONDS)
 
 
+class WritableRole(BindRefused):
+    """`read_only` with a database role that could change something (N9): a read-only
+    dashboard is one whose role cannot write, not only one that offers no button."""
+
+
+def check_read_only(pool: Any, schema: str, timeout: float, dsn: str) -> None:
+    """Refuse a read-only dashboard whose database role could write (or whose rights
+    cannot be read): the role of `read_only = true` is pgworkerd_reader."""
+    import psycopg
+
+    from pgworkerd.queue.db import scrub
+    from pgworkerd.queue.queries import query
+
+    try:
+        with pool.connection(timeout=max(timeout, 10.0)) as conn:
+            row = conn.execute(query("role_writes", schema)).fetchone()
+    except (psycopg.Error, OSError) as exc:
+        reason = scrub(str(exc).strip(), dsn)
+        raise WritableRole(
+            f"read_only: cannot check that the database role changes nothing: {reason}"
+        ) from None
+    rights = list(row[0]) if row else []
+    if rights:
+        shown = ", ".join(rights[:5]) + (f" and {len(rights) - 5} more" if len(rights) > 5 else "")
+        raise WritableRole(
+            "read_only: refusing a database role that can write ("
+            + shown
+            + "); connect as pgworkerd_reader (deploy/roles.sql), or leave read_only off"
+        )
+
+
 def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
     """Bind the address and open the pool (raises BindRefused, OSError for the bind)."""
     from waitress.server import create_server
@@ -135,6 +166,12 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
             "trusted_proxy_headers": {"x-forwarded-for"},
         }
     pool = open_pool(dsn, size=web.pool_size, statement_timeout=web.statement_timeout)
+    if web.read_only:
+        try:
+            check_read_only(pool, schema, web.statement_timeout, dsn)
+        except BaseException:
+            pool.close()
+            raise
     socket_map: dict[int, Any] = {}
     try:
         server = create_server(

@@ -14,7 +14,7 @@ from test_dashboard_actions import act
 from pgworkerd import client
 from pgworkerd.config import WebConfig
 from pgworkerd.queue.queries import render
-from pgworkerd.web.server import build
+from pgworkerd.web.server import WritableRole, build
 
 
 @pytest.fixture
@@ -83,3 +83,15 @@ def test_every_page_serves_as_the_reader_and_actions_work_as_the_operator(
     assert "resumed" in act(operator, "resume-queue", "default")
     assert "drain requested" in act(operator, "drain", "h:1:a")
     assert "resumed" in act(operator, "resume", "h:1:a")
+
+
+@pytest.mark.parametrize("kind", ["operator", "daemon", "owner"])
+def test_read_only_refuses_a_role_that_can_write(
+    roles: dict[str, str], schema: str, test_db_dsn: str, kind: str
+) -> None:
+    """N9: `read_only = true` is a role that cannot write, not only a page without
+    buttons: the operator's, the daemon's and the owner's DSN are refused at start,
+    naming what the role could change."""
+    dsn = test_db_dsn if kind == "owner" else roles[f"{schema}_{kind}"]
+    with pytest.raises(WritableRole, match="refusing a database role that can write"):
+        build(WebConfig(port=0, users={USER: PASSWORD_HASH}, read_only=True), dsn, schema)

@@ -757,6 +757,31 @@ SELECT status::text AS status, attempts, lease_token
 
 -- -- the read side: `status`, `show`, `jobs`, `explain` and the dashboard (views.py) ------
 
+-- name: role_writes
+-- What the session's role could change through the schema (a read-only dashboard's
+-- role must be able to change nothing: `[web] read_only` refuses one that can, N9): the
+-- names of the rights it holds, empty for pgworkerd_reader. Any write on a table, any
+-- column UPDATE, and EXECUTE on a VOLATILE SECURITY DEFINER function (the others run
+-- with the caller's rights, or change nothing: job_get_v1 is STABLE).
+SELECT ARRAY(
+    SELECT c.relname || ': ' || p.privilege
+      FROM pg_catalog.pg_class c
+      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     CROSS JOIN unnest(ARRAY['INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) AS p(privilege)
+     WHERE n.nspname = @schema_literal@ AND c.relkind IN ('r', 'p')
+       AND (pg_catalog.has_table_privilege(c.oid, p.privilege)
+            OR (p.privilege IN ('INSERT', 'UPDATE')
+                AND pg_catalog.has_any_column_privilege(c.oid, p.privilege)))
+    UNION ALL
+    SELECT f.oid::pg_catalog.regprocedure::text || ': EXECUTE'
+      FROM pg_catalog.pg_proc f
+      JOIN pg_catalog.pg_namespace n ON n.oid = f.pronamespace
+     WHERE n.nspname = @schema_literal@ AND f.provolatile = 'v' AND f.prokind = 'f'
+       AND f.prosecdef
+       AND f.prorettype <> 'pg_catalog.trigger'::pg_catalog.regtype
+       AND pg_catalog.has_function_privilege(f.oid, 'EXECUTE')
+     ORDER BY 1) AS rights;
+
 -- name: view_job_counts_recent_capped
 -- job_counts_capped with the finished jobs of the last %(window)s seconds only: pending
 -- and running counted through their partial indexes, finished ones through

@@ -2446,7 +2446,8 @@ BEGIN
                             '(the floor an operator set) is refused', floor_seconds
                 USING ERRCODE = 'insufficient_privilege',
                       HINT = 'Raise [retention] in the config, or have an operator lower the '
-                             'floor: SELECT pgworkerd.retention_floor_set(seconds).';
+                             'floor: SELECT ' || @schema_literal@
+                             || '.retention_floor_set(seconds).';
         END IF;
     END IF;
     SELECT count(*) INTO live_daemons FROM @schema@.workers WHERE state <> 'gone';

@@ -714,3 +714,51 @@ def test_the_audits_daemon_role_probe_is_refused_statement_by_statement(
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
         assert not lease.complete(c, "other", running, token[running], None, schema=schema)
         assert lease.complete(c, "w", running, token[running], None, schema=schema)
+
+
+def test_a_daemon_as_its_role_fires_only_what_an_operator_declared(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection, tmp_path: Path
+) -> None:
+    """The README's schedules path with roles.sql (schema 22): the daemon role cannot
+    declare its config's schedules, says so, and fires them once the operator declared
+    them from the same config (`schedules declare`)."""
+    daemons = Daemons(tmp_path, roles[f"{schema}_daemon"], schema)
+    config = daemons.config(
+        {"echo": {"target": "pgworkerd.examples:echo"}},
+        tables={"schedules.tick": {"handler": "echo", "every": "1s", "overlap": "allow"}},
+    )
+    db = Db(conn, schema)
+    try:
+        daemon = daemons.start(config)
+        daemon.wait_log(r"declaring schedule 'tick' failed: .*not declared.*schedules declare")
+        assert db.rows("SELECT 1 FROM {schema}.schedules") == []
+        declared = subprocess.run(
+            [
+                str(PGWORKERD),
+                "--dsn",
+                roles[f"{schema}_operator"],
+                "--schema",
+                schema,
+                "--config",
+                str(config),
+                "schedules",
+                "declare",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert declared.returncode == 0, declared.stderr
+        assert "declared schedule tick" in declared.stdout
+        [row] = db.rows("SELECT declared_by FROM {schema}.schedules WHERE name = 'tick'")
+        assert row["declared_by"] == f"{schema}_operator"
+        wait_for(
+            lambda: db.rows(
+                "SELECT 1 FROM {schema}.schedule_runs r JOIN {schema}.jobs j ON j.id = r.job_id"
+                " WHERE r.schedule = 'tick' AND j.status = 'completed' AND j.handler = 'echo'"
+            ),
+            what="a declared schedule's job, fired and run by the daemon role",
+        )
+    finally:
+        daemons.stop_all()

@@ -193,3 +193,23 @@ def test_a_removed_schedule_is_not_declared_by_live_daemons(
     schedules.set_declared(conn, "w1", [], schema)
     [row] = schedules.list_all(conn, schema)
     assert row["declared_now"] is False
+
+
+@pytest.mark.parametrize("max_attempts", ["max_attempts = 2\n", ""])
+def test_a_fired_tick_enqueues_the_stored_definitions_job(
+    conn: psycopg.Connection, schema: str, max_attempts: str
+) -> None:
+    """schedule_fire_v2 (schema 22) builds the job from the stored definition, as
+    ScheduleConfig.job() describes it (handler, payload, queue, priority, max_attempts
+    when given); the caller names only the schedule and the tick."""
+    from pgworkerd.config import parse_config
+
+    [schedule] = parse_config(
+        '[schedules.n]\nevery = "60s"\nhandler = "report"\nqueue = "reports"\n'
+        f'priority = -5\npayload = {{ kind = "full", days = [1, 2] }}\n{max_attempts}'
+    ).schedules.values()
+    schedules.declare(conn, "n", schedule.definition(), "operator", schema)
+    fired = schedules.fire(conn, "n", tick(1), "w", schema)
+    job = admin.get(conn, fired.job_id, schema=schema)
+    expected = schedule.job()
+    assert {k: job[k] for k in expected} == expected

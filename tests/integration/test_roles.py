@@ -11,6 +11,7 @@ import pytest
 from daemon_harness import PGWORKERD, Daemons, Db, wait_for
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from roles_harness import drop_roles
 
 import pgworkerd
 from pgworkerd import client
@@ -20,6 +21,8 @@ from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue import admin, lease
 from pgworkerd.queue.db import connect
 from pgworkerd.queue.queries import render
+
+MIGRATIONS = Path(pgworkerd.__file__).resolve().parent / "queue" / "sql" / "migrations"
 
 
 def test_enqueuer_can_only_enqueue(
@@ -33,7 +36,7 @@ def test_enqueuer_can_only_enqueue(
             c.execute(sql.SQL("SELECT payload FROM {}.jobs").format(sql.Identifier(schema)))
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute(sql.SQL("UPDATE {}.jobs SET priority = 1").format(sql.Identifier(schema)))
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # claim() is INVOKER
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # no EXECUTE on claim_jobs
             lease.claim(
                 c,
                 "w",
@@ -762,3 +765,68 @@ def test_a_daemon_as_its_role_fires_only_what_an_operator_declared(
         )
     finally:
         daemons.stop_all()
+
+
+def test_the_migration_lets_the_old_daemon_role_run_both_releases_until_roles_sql(
+    pg: LocalPostgres, schema: str, conn: psycopg.Connection
+) -> None:
+    """Schema 22's rolling upgrade: a role with the daemon's rights of an earlier
+    roles.sql (UPDATE of jobs' columns, lease_token among them) gets EXECUTE on what the
+    new release calls when the migration runs (its last block, run here again as the
+    migration ran it), so old and new daemons work side by side; a role that may change
+    a job's status but not its lease (the operator's) gets nothing."""
+    block = (MIGRATIONS / "0022_lockdown.sql").read_text()
+    block = block[block.rindex("DO $$") :]
+    old, operator_like = f"{schema}_old_daemon", f"{schema}_old_operator"
+    for name in (old, operator_like):
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+        pg.grant_login(name)
+        conn.execute(
+            render(
+                "GRANT USAGE ON SCHEMA @schema@ TO {0}; GRANT SELECT ON @schema@.jobs TO {0}",
+                schema,
+            ).replace("{0}", f'"{name}"')
+        )
+    conn.execute(
+        render(
+            f"GRANT UPDATE (status, locked_by, locked_until, lease_token, attempts, result, "
+            f"progress, checkpoint, cancel_requested, started_at, finished_at, updated_at, "
+            f'last_error, run_at) ON @schema@.jobs TO "{old}";'
+            f"GRANT UPDATE (status, attempts, run_at, finished_at, cancel_requested, "
+            f'updated_at) ON @schema@.jobs TO "{operator_like}"',
+            schema,
+        )
+    )
+    try:
+        conn.execute(render(block, schema))
+        job = client.enqueue(conn, "h", schema=schema)
+        dsn = pg.dsn("pgworkerd_test").replace("user=postgres", f"user={old}")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            [held] = lease.claim(
+                c,
+                "w",
+                queues=["default"],
+                handlers={"h": lease.HandlerCapacity(30, 1)},
+                limit=1,
+                schema=schema,
+            )
+            assert lease.complete(c, "w", job, held.token, {"new": True}, schema=schema)
+            # and the previous release's way, a column UPDATE, still works too
+            c.execute(
+                render("UPDATE @schema@.jobs SET progress = '1' WHERE id = %s", schema), [job]
+            )
+        dsn = pg.dsn("pgworkerd_test").replace("user=postgres", f"user={operator_like}")
+        with (
+            psycopg.connect(dsn, autocommit=True) as c,
+            pytest.raises(psycopg.errors.InsufficientPrivilege),
+        ):
+            lease.claim(
+                c,
+                "w",
+                queues=["default"],
+                handlers={"h": lease.HandlerCapacity(30, 1)},
+                limit=1,
+                schema=schema,
+            )
+    finally:
+        drop_roles(conn, [old, operator_like])

@@ -6,23 +6,25 @@
 -- retention floor (one row, 1 day) guards prune_finished_v2. Older daemons keep running
 -- after `pgworkerd migrate`: they UPDATE jobs with the rights roles.sql gave them.
 --
--- What breaks, and the upgrade path. roles.sql of this release takes from
--- pgworkerd_daemon the column UPDATE on jobs, INSERT/UPDATE on job_logs, UPDATE on
--- attempts, schedule_declare, schedule_fire and prune_finished_v1, and grants it these
--- functions instead. So:
---   1. `pgworkerd migrate` (old daemons run on);
---   2. an operator declares the schedules of every daemon's config, as pgworkerd_operator
---      (or the owner): `pgworkerd --config d.toml schedules declare` (daemons of this
---      release no longer declare them unless their role may);
---   3. re-apply roles.sql, then restart every daemon on this release at once: between
---      the two, daemons of an older release fail every claim, finish, log write and
---      schedule fire with "permission denied" (their running jobs are retried after
---      their lease). Drain them first (`pgworkerd drain --hand-back`) to lose no work.
---   Workers in other languages under pgworkerd_daemon: between steps 1 and 3 their
---   claim_jobs, renew_lease and finishing calls fail (EXECUTE was revoked from PUBLIC
---   here, roles.sql grants it back); re-apply roles.sql right after migrating.
---   A daemon whose [retention] keeps finished jobs under a day is refused its prune
---   (logged) until an operator lowers the floor: SELECT pgworkerd.retention_floor_set(s).
+-- The upgrade path, without a window: roles that may UPDATE jobs.lease_token (the daemon
+-- role of an earlier roles.sql) are granted the new functions at the end of this
+-- migration, so old and new daemons run side by side. roles.sql of this release then
+-- takes from pgworkerd_daemon the column UPDATE on jobs, INSERT/UPDATE on job_logs,
+-- UPDATE on attempts, schedule_declare, schedule_fire and prune_finished_v1. So:
+--   1. `pgworkerd migrate` (daemons of every release keep running, workers in other
+--      languages too);
+--   2. roll every daemon to this release (they still declare their schedules: the old
+--      grants let them);
+--   3. an operator declares the schedules of every daemon's config, as
+--      pgworkerd_operator: `pgworkerd --config d.toml schedules declare` (it is so
+--      already when step 2 ran, unless a config changed since);
+--   4. re-apply roles.sql. What breaks then: a daemon of an older release still running
+--      fails every claim, finish, log write and schedule fire with "permission denied"
+--      (its running jobs are retried after their lease), and a daemon of this release
+--      whose config has a schedule no operator declared (or declared otherwise) logs
+--      that and does not fire it. A daemon whose [retention] keeps finished jobs under a
+--      day is refused its prune (logged) until an operator lowers the floor:
+--      SELECT pgworkerd.retention_floor_set(seconds).
 
 -- The fenced functions the daemon role changes jobs through. SECURITY DEFINER, so the
 -- daemon role needs no UPDATE on jobs (roles.sql takes it away): every change of status,
@@ -486,4 +488,48 @@ BEGIN
         GET DIAGNOSTICS daemons_deleted = ROW_COUNT;
     END IF;
 END;
+$$;
+
+-- A rolling upgrade without a window: the roles that may rewrite a job's lease today
+-- (UPDATE of jobs.lease_token: pgworkerd_daemon under an earlier roles.sql, whatever it
+-- is named) get EXECUTE on what the daemon role of this release calls, now. So daemons
+-- of the previous release (their UPDATEs) and of this one (these functions), and workers
+-- in other languages (claim_jobs, the finishing functions), all run until roles.sql is
+-- applied again, which takes the old rights away. The schema owner needs no grant. (A
+-- fresh schema has no such role: schema.sql has nothing to copy.)
+DO $$
+DECLARE
+    grantee text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT p.grantee::text
+          FROM information_schema.column_privileges p
+         WHERE p.table_schema = @schema_literal@ AND p.table_name = 'jobs'
+           AND p.column_name = 'lease_token' AND p.privilege_type = 'UPDATE'
+           AND p.grantee::text <> 'PUBLIC'
+           AND p.grantee::text <> (SELECT r.rolname FROM pg_catalog.pg_roles r
+                                   JOIN pg_catalog.pg_class c ON c.relowner = r.oid
+                                  WHERE c.oid = '@schema@.jobs'::regclass)
+    LOOP
+        EXECUTE pg_catalog.format(
+            'GRANT EXECUTE ON FUNCTION '
+            '@schema@.claim_jobs(text, text[], text[], float8[], integer[], integer, '
+            'integer[], jsonb, integer[], integer[]), '
+            '@schema@.renew_lease(bigint, text, bigint, float8, jsonb, jsonb), '
+            '@schema@.complete_job(bigint, text, bigint, jsonb, jsonb), '
+            '@schema@.fail_job(bigint, text, bigint, text, float8, float8, jsonb, jsonb), '
+            '@schema@.release_job(bigint, text, bigint, jsonb, jsonb), '
+            '@schema@.snooze_job(bigint, text, bigint, float8, integer, jsonb, jsonb), '
+            '@schema@.give_up_job(bigint, text, bigint, text), '
+            '@schema@.renew_leases(text, bigint[], bigint[], float8[], jsonb[], jsonb[]), '
+            '@schema@.complete_jobs(text, bigint[], bigint[], jsonb[], jsonb[]), '
+            '@schema@.cancel_held_job(bigint, text, bigint, text, jsonb), '
+            '@schema@.snooze_held_job(bigint, text, bigint, float8, integer, jsonb, jsonb), '
+            '@schema@.job_log_write_v1(text, bigint[], bigint[], integer[], text[], text[], '
+            'bigint[], bigint[], boolean[]), '
+            '@schema@.attempt_account_v1(text, bigint[], bigint[], float8[], float8[], '
+            'float8[], bigint[]), '
+            '@schema@.schedule_fire_v2(text, timestamptz, text) TO %I', grantee);
+    END LOOP;
+END
 $$;

@@ -830,3 +830,39 @@ def test_the_migration_lets_the_old_daemon_role_run_both_releases_until_roles_sq
             )
     finally:
         drop_roles(conn, [old, operator_like])
+
+
+def test_the_daemon_role_can_still_end_a_running_attempt_whose_lease_it_reads(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """A gap the fenced functions leave (README "Trust boundaries"): the daemon role reads
+    every running job's worker and lease token, so it can end another host's running
+    attempt (here: complete it with a result of its choosing), and fire a declared
+    schedule at a tick of its choosing (its stored job, never another)."""
+    job = client.enqueue(conn, "h", schema=schema)
+    [held] = lease.claim(
+        conn,
+        "other-host:1:abc",
+        queues=["default"],
+        handlers={"h": lease.HandlerCapacity(60, 1)},
+        limit=1,
+        schema=schema,
+    )
+    conn.execute(
+        render("SELECT @schema@.schedule_declare('s', '{\"handler\": \"h\"}', 'op')", schema)
+    )
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        [(worker, token)] = c.execute(
+            render("SELECT locked_by, lease_token FROM @schema@.jobs WHERE id = %s", schema),
+            [job],
+        ).fetchall()
+        assert (worker, token) == ("other-host:1:abc", held.token)
+        assert lease.complete(c, worker, job, token, {"forged": True}, schema=schema)
+        from datetime import UTC, datetime
+
+        fired = c.execute(
+            render("SELECT * FROM @schema@.schedule_fire_v2('s', %s, 'attacker')", schema),
+            [datetime(2001, 1, 1, tzinfo=UTC)],
+        ).fetchone()
+        assert fired is not None and fired[0] == "fired"
+    assert admin.get(conn, job, schema=schema)["result"] == {"forged": True}

@@ -2,15 +2,17 @@
 -- CREATEROLE (CREATE ROLE needs it; a superuser will do), which must also be able to grant
 -- on the schema's objects: the schema owner, or a superuser. Each process then connects
 -- as its role (README "Install and run"):
---   pgworkerd_daemon:   what `pgworkerd run` needs: claim, renew and finish jobs, the
---                       registry, schedules, the fleet's retention.
+--   pgworkerd_daemon:   what `pgworkerd run` needs: claim, renew and finish the jobs
+--                       it holds (fenced functions only, no UPDATE on jobs), write the
+--                       logs and history of its attempts, the registry, fire the
+--                       schedules an operator declared, prune above the operator's floor.
 --   pgworkerd_enqueuer: enqueue (the SQL functions), and read and wait for the jobs its
 --                       own login enqueued (job_get_v1: `pgworkerd.get`/`wait`); it
 --                       cannot read or change any other job, nor anything else.
 --   pgworkerd_operator: a person at the CLI or the dashboard: read everything
 --                       pgworkerd_reader reads, enqueue, cancel, retry, pause/resume,
---                       drain/resume, prune, and set what enqueuers may ask
---                       (enqueue_bounds).
+--                       drain/resume, prune, declare schedules, set the retention floor,
+--                       and set what enqueuers may ask (enqueue_bounds).
 --   pgworkerd_reader:   read-only, for dashboards (`pgworkerd web --read-only`) and
 --                       `jobs`, `show`, `logs`, `explain`, `status`, `schedules`: reads the
 --                       jobs, their attempts and logs, the registry, pauses, schedules and
@@ -143,36 +145,63 @@ $$;
 GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_daemon;
 
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_daemon;
--- UPDATE only on the columns the daemon writes (claim(), the statements in queries.sql):
--- never payload, handler, queue, priority or dedupe_key, so a compromised worker host
--- cannot rewrite what other hosts' handlers will run.
+-- The daemon reads jobs, and changes them only through the fenced SECURITY DEFINER
+-- functions of schema 22 (each checks the job's worker, lease token and status): no
+-- UPDATE on any column of jobs, so a compromised worker host cannot put a finished job
+-- back, rewrite a payload, a checkpoint or a result outside an attempt it holds, nor
+-- create jobs. What it can still do: end or renew any *running* attempt whose worker
+-- name and token it reads (its SELECT shows them), fire a declared schedule at extra
+-- ticks (the stored job), and prune finished jobs older than the operator's floor.
+-- Earlier versions of this file granted more: taken back here, so running it again
+-- after an upgrade leaves only this (see migration 0022 for the upgrade order).
+REVOKE UPDATE ON pgworkerd.jobs FROM pgworkerd_daemon;
+REVOKE INSERT, UPDATE ON pgworkerd.job_logs FROM pgworkerd_daemon;
+REVOKE UPDATE ON pgworkerd.attempts FROM pgworkerd_daemon;
+REVOKE EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
+                           pgworkerd.schedule_fire(text, timestamptz, jsonb, text, text),
+                           pgworkerd.prune_finished_v1(float8, float8, float8, integer)
+       FROM pgworkerd_daemon;
 GRANT SELECT ON pgworkerd.jobs TO pgworkerd_daemon;
-GRANT UPDATE (status, locked_by, locked_until, lease_token, attempts, max_attempts,
-              last_error, result, progress, checkpoint, cancel_requested, run_at,
-              started_at, finished_at, updated_at)
-      ON pgworkerd.jobs TO pgworkerd_daemon;
--- snoozes: counted by the daemon when a handler snoozes a job (schema 9)
-GRANT UPDATE (snoozes) ON pgworkerd.jobs TO pgworkerd_daemon;
 GRANT SELECT, INSERT, UPDATE ON pgworkerd.workers TO pgworkerd_daemon;
--- The claim of every language (schema 19; README "Jobs"), also the daemon's: SECURITY
--- INVOKER, so the rights above are what it uses. A worker in another language logs in
--- as pgworkerd_daemon and calls it with renew_lease, complete_job, fail_job and the
--- other finishing functions (INVOKER too, EXECUTE to PUBLIC by default).
+-- The claim of every language (schema 19; README "Jobs"), and the finishing functions a
+-- worker in another language calls as pgworkerd_daemon (SECURITY DEFINER since schema 22,
+-- EXECUTE no longer PUBLIC's).
 GRANT EXECUTE ON FUNCTION pgworkerd.claim_jobs(text, text[], text[], float8[], integer[],
                                                integer, integer[], jsonb, integer[],
-                                               integer[])
+                                               integer[]),
+                          pgworkerd.renew_lease(bigint, text, bigint, float8, jsonb, jsonb),
+                          pgworkerd.complete_job(bigint, text, bigint, jsonb, jsonb),
+                          pgworkerd.fail_job(bigint, text, bigint, text, float8, float8,
+                                             jsonb, jsonb),
+                          pgworkerd.release_job(bigint, text, bigint, jsonb, jsonb),
+                          pgworkerd.snooze_job(bigint, text, bigint, float8, integer, jsonb,
+                                               jsonb),
+                          pgworkerd.give_up_job(bigint, text, bigint, text)
+      TO pgworkerd_daemon;
+-- The daemon's own statements (queries.sql): batched renew and complete, cancel and
+-- snooze of held jobs (schema 22), all fenced by the lease.
+GRANT EXECUTE ON FUNCTION pgworkerd.renew_leases(text, bigint[], bigint[], float8[], jsonb[],
+                                                 jsonb[]),
+                          pgworkerd.complete_jobs(text, bigint[], bigint[], jsonb[], jsonb[]),
+                          pgworkerd.cancel_held_job(bigint, text, bigint, text, jsonb),
+                          pgworkerd.snooze_held_job(bigint, text, bigint, float8, integer,
+                                                    jsonb, jsonb)
       TO pgworkerd_daemon;
 -- Attempt history (schema 12): rows are written by a trigger (SECURITY DEFINER) whatever
--- ends an attempt; the daemon adds only what it measured, and `show` reads them.
+-- ends an attempt; the daemon adds what it measured of its own attempts only
+-- (attempt_account_v1), and `show` reads them.
 GRANT SELECT ON pgworkerd.attempts TO pgworkerd_daemon;
-GRANT UPDATE (wall_seconds, cpu_user_seconds, cpu_system_seconds, peak_memory)
-      ON pgworkerd.attempts TO pgworkerd_daemon;
--- Job logs (schema 15): the daemon upserts what its attempts printed (job_log_write:
--- INSERT ... ON CONFLICT DO UPDATE needs SELECT too); `logs` reads them. Rows go with
--- their job through a trigger (SECURITY DEFINER): no DELETE needed.
-GRANT SELECT, INSERT ON pgworkerd.job_logs TO pgworkerd_daemon;
-GRANT UPDATE (head, tail, total_bytes, omitted_bytes, finished, updated_at)
-      ON pgworkerd.job_logs TO pgworkerd_daemon;
+GRANT EXECUTE ON FUNCTION pgworkerd.attempt_account_v1(text, bigint[], bigint[], float8[],
+                                                       float8[], float8[], bigint[])
+      TO pgworkerd_daemon;
+-- Job logs (schema 15): the daemon writes what attempts it holds or held printed
+-- (job_log_write_v1), never another worker's row; `logs` reads them. Rows go with their
+-- job through a trigger (SECURITY DEFINER).
+GRANT SELECT ON pgworkerd.job_logs TO pgworkerd_daemon;
+GRANT EXECUTE ON FUNCTION pgworkerd.job_log_write_v1(text, bigint[], bigint[], integer[],
+                                                     text[], text[], bigint[], bigint[],
+                                                     boolean[])
+      TO pgworkerd_daemon;
 -- Pausing queues and handlers (`pgworkerd pause`/`resume --queue/--handler`, the claim
 -- and `status` read what is paused; the functions are SECURITY DEFINER).
 GRANT SELECT ON pgworkerd.paused TO pgworkerd_daemon;
@@ -186,18 +215,16 @@ GRANT EXECUTE ON FUNCTION pgworkerd.pause(text, text, text), pgworkerd.resume(te
 GRANT EXECUTE ON FUNCTION pgworkerd.drain_request(text, text, boolean, interval, text[], text[]),
                           pgworkerd.drain_lift(text, text)
       TO pgworkerd_daemon;
--- Periodic jobs: daemons declare their schedules and fire ticks through the functions.
+-- Periodic jobs: an operator declares them (`pgworkerd schedules declare`); daemons read
+-- them and fire ticks by name, the job built from the stored definition (schema 22).
 GRANT SELECT ON pgworkerd.schedules, pgworkerd.schedule_runs TO pgworkerd_daemon;
-GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
-                          pgworkerd.schedule_fire(text, timestamptz, jsonb, text, text)
+GRANT EXECUTE ON FUNCTION pgworkerd.schedule_fire_v2(text, timestamptz, text)
       TO pgworkerd_daemon;
--- Retention (schema 14): the fleet deletes finished jobs past their retention through
--- this SECURITY DEFINER function; the daemon has no DELETE on jobs, so it can remove
--- finished jobs older than a retention and nothing else.
-GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v1(float8, float8, float8, integer)
-      TO pgworkerd_daemon;
--- Version 2 (schema 20): also old schedule runs and gone daemons' registry rows, each
--- bounded per call; v1 stays granted for daemons of an older release during an upgrade.
+-- Retention (schemas 14, 20, 22): the fleet deletes finished jobs past their retention
+-- through this SECURITY DEFINER function, which refuses the daemon role a retention
+-- below the floor an operator set (retention_floor, 1 day until changed); the daemon has
+-- no DELETE on jobs.
+GRANT SELECT ON pgworkerd.retention_floor TO pgworkerd_daemon;
 GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v2(float8, float8, float8, float8, float8,
                                                       integer)
       TO pgworkerd_daemon;
@@ -224,7 +251,7 @@ GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_enqueuer;
 GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_reader;
 GRANT SELECT ON pgworkerd.schema_version, pgworkerd.jobs, pgworkerd.attempts,
                 pgworkerd.job_logs, pgworkerd.workers, pgworkerd.paused,
-                pgworkerd.schedules, pgworkerd.schedule_runs
+                pgworkerd.schedules, pgworkerd.schedule_runs, pgworkerd.retention_floor
       TO pgworkerd_reader;
 -- what enqueuers may ask (schema 23)
 GRANT SELECT ON pgworkerd.enqueue_bounds TO pgworkerd_reader;
@@ -262,6 +289,12 @@ GRANT INSERT (role_name, queue, priority_min, priority_max, dedupe_key_prefix,
               concurrency_key_prefix, comment),
       DELETE
       ON pgworkerd.enqueue_bounds TO pgworkerd_operator;
+-- schedules: `pgworkerd schedules declare` records the definitions of a daemon's config,
+-- which daemons then fire (schema 22); the floor under the fleet's retention
+-- (retention_floor_set; the operator's own prune is not held to it).
+GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
+                          pgworkerd.retention_floor_set(float8)
+      TO pgworkerd_operator;
 -- MERGE (issue 21): grants of people's roles for objects that later work adds go here,
 -- with their statements in tests/integration/test_people_roles.py (STATEMENTS, PROMISED).
 

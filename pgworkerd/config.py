@@ -214,6 +214,10 @@ class WebConfig:
     # address is the last X-Forwarded-For entry (login throttling, audit lines); empty:
     # the peer's address, X-Forwarded-For never believed
     trusted_proxy: str = ""
+    # The DSN actions run with (pgworkerd_operator); empty: actions use database.dsn. Set,
+    # the pages' DSN (database.dsn) must be a role that cannot write (pgworkerd_reader):
+    # the dashboard refuses to start otherwise (N9)
+    action_dsn: str = ""
 
 
 # -- schedules (periodic jobs) ---------------------------------------------------------------
@@ -689,6 +693,7 @@ _WEB = {
     "statement_timeout": lambda v: _positive_duration(_millis_duration(v)),
     "pool_size": _int_up_to(100),
     "secure_cookie": _bool,
+    "action_dsn": _string,
 }
 _METRICS = {
     "listen": _listen,
@@ -955,6 +960,12 @@ def _cross_check(config: Config, text: str) -> None:
             "allow_anonymous",
             "contradicts [web.users]: with users every page needs a login; remove one of them",
         )
+    if config.web.action_dsn and config.web.read_only:
+        raise error(
+            "web",
+            "action_dsn",
+            "contradicts read_only: a read-only dashboard runs no action; remove one of them",
+        )
     if config.web.trusted_proxy and not config.web.users:
         raise error(
             "web",
@@ -1086,6 +1097,7 @@ def effective(config: Config) -> dict[str, Any]:
     data = dataclasses.asdict(config)
     data["database"]["dsn"] = mask_dsn(config.database.dsn)
     data["database"]["listen_dsn"] = mask_dsn(config.database.listen_dsn)
+    data["web"]["action_dsn"] = mask_dsn(config.web.action_dsn)
     data["worker"]["queues"] = list(config.queues)
     data["web"]["users"] = sorted(config.web.users)  # names only
     return data

@@ -80,6 +80,7 @@ ROLES_WITH_RIGHT: dict[str, tuple[str, ...]] = {
     "read the schema version": PEOPLE_ROLES,
     "read jobs": ("pgworkerd_reader", "pgworkerd_operator"),
     "read schedules": ("pgworkerd_reader", "pgworkerd_operator"),
+    "declare schedules": ("pgworkerd_operator",),
     "enqueue jobs": ("pgworkerd_enqueuer", "pgworkerd_operator"),
     "change jobs": ("pgworkerd_operator",),
     "delete jobs": ("pgworkerd_operator",),

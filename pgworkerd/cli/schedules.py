@@ -48,11 +48,37 @@ def _last(row: dict[str, Any]) -> str:
     return f"{_utc(row['last_tick'])} job {row['last_job_id']} {status}"
 
 
-@main.command("schedules")
+@main.group("schedules", invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.pass_context
+def schedules_group(click_ctx: click.Context, as_json: bool) -> None:
+    """Periodic jobs: definition, last tick and its job, next run, declared by a live daemon.
+    `schedules declare` (an operator) declares the schedules of a daemon's config."""
+    if click_ctx.invoked_subcommand is None:
+        list_schedules(click_ctx.obj, as_json)
+
+
+@schedules_group.command("declare")
 @click.pass_obj
+def declare_schedules(ctx: Context) -> None:
+    """Declare the [schedules] of the --config file, as an operator: daemons fire only
+    declared schedules, each tick's job built from the stored definition (schema 22)."""
+    from pgworkerd.queue import schedules
+
+    if not ctx.config_path:
+        raise click.UsageError("schedules declare needs --config (the daemon's config file)")
+    config = ctx.config()
+    if not config.schedules:
+        click.echo("no [schedules] in the config: nothing declared")
+        return
+    with database(ctx, needs="declare schedules") as conn:
+        for name, schedule in sorted(config.schedules.items()):
+            with conn.transaction():
+                schedules.declare(conn, name, schedule.definition(), conn.info.user, ctx.schema)
+            click.echo(f"declared schedule {printable(name)}")
+
+
 def list_schedules(ctx: Context, as_json: bool) -> None:
-    """Periodic jobs: definition, last tick and its job, next run, declared by a live daemon."""
     from pgworkerd.queue import schedules
 
     with database(ctx, needs="read schedules") as conn:

@@ -62,7 +62,7 @@ def web(
         settings = dataclasses.replace(settings, allow_anonymous=True)
     dsn = ctx.resolved_dsn()
     logs.setup(config.logging.format, config.logging.level)
-    logs.hide_passwords_of(dsn)
+    logs.hide_passwords_of(dsn, settings.action_dsn)
     for warning in file_warnings(config):
         logging.getLogger("pgworkerd.web").warning("%s", warning)
     try:

@@ -50,6 +50,7 @@ class Scheduler:
         self.cadences: dict[str, Cadence] = {}
         self.handled_until: dict[str, datetime] = {}  # every tick up to it was handled
         self.declared = True  # nothing to declare yet
+        self.ready: set[str] = set()  # the schedules declared as configured: fired
         self.due_at = 0.0  # monotonic
         self.configure(config)
 
@@ -79,22 +80,30 @@ class Scheduler:
             self.due_at = now + RETRY_AFTER_ERROR
             return
         wall = datetime.fromtimestamp(self.wall_clock(), UTC)
-        failed = False
+        failed = not self.declared  # one is not declared yet: declare again soon
         for name, schedule in self.schedules.items():
-            if not self._fire_due(name, schedule, wall):
+            if name in self.ready and not self._fire_due(name, schedule, wall):
                 failed = True
         self.due_at = now + RETRY_AFTER_ERROR if failed else self._next_due(now, wall)
 
     def _declare(self) -> bool:
+        """Declare every schedule (or, for the daemon role, check that an operator
+        declared it as configured: schema 22); False when none could be. One that could
+        not (logged: not declared by an operator, declared otherwise, a failure) is left
+        out and tried again later, and the others fire meanwhile."""
+        self.ready = set()
         for name, schedule in self.schedules.items():
             handled = self.statements.declare_schedule(name, schedule.definition())
             if handled is None:
-                return False
+                continue
             known = self.handled_until.get(name)
             self.handled_until[name] = handled if known is None else max(known, handled)
-        if self.statements.set_declared_schedules(list(self.schedules)) is None:
+            self.ready.add(name)
+        if self.schedules and not self.ready:
             return False
-        self.declared = True
+        if self.statements.set_declared_schedules(sorted(self.ready)) is None:
+            return False
+        self.declared = self.ready == set(self.schedules)
         return True
 
     def _fire_due(self, name: str, schedule: ScheduleConfig, wall: datetime) -> bool:
@@ -103,7 +112,7 @@ class Scheduler:
             self.cadences[name], self.handled_until[name], wall, schedule.catch_up
         )
         for tick in ticks:
-            fired = self.statements.fire_schedule(name, tick, schedule.job(), schedule.overlap)
+            fired = self.statements.fire_schedule(name, tick)
             if fired is None:
                 return False
             self.handled_until[name] = tick

@@ -193,10 +193,8 @@ class Statements:
 
         return self.link.run("recording declared schedules", call)
 
-    def fire_schedule(
-        self, name: str, tick: datetime, job: dict[str, Any], overlap: str
-    ) -> schedules.Fired | None:
+    def fire_schedule(self, name: str, tick: datetime) -> schedules.Fired | None:
         return self.link.run(
             f"firing schedule {name!r}",
-            lambda c: schedules.fire(c, name, tick, job, overlap, self.worker_id, self.schema),
+            lambda c: schedules.fire(c, name, tick, self.worker_id, self.schema),
         )

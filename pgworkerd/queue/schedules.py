@@ -28,15 +28,35 @@ class Fired:
 def declare(
     conn: psycopg.Connection, name: str, definition: dict[str, Any], worker_id: str, schema: str
 ) -> datetime:
-    """Record this daemon's definition; returns the tick up to which the schedule is
-    handled (its latest run, or when it was first declared)."""
+    """Record this definition, or, for a role that may not declare schedules (the
+    daemon role since schema 22: an operator declares them), check that an operator
+    declared it so; returns the tick up to which the schedule is handled (its latest
+    run, or when it was first declared). Raises InsufficientPrivilege when the role may
+    not declare and the stored definition is missing or differs."""
+    stored = conn.execute(query("schedule_declared", schema), {"name": name}).fetchone()
+    assert stored is not None
+    may_declare, stored_definition, handled_until = stored
+    if not may_declare:
+        if stored_definition is None:
+            raise psycopg.errors.InsufficientPrivilege(
+                f"schedule {name!r} is not declared, and this role may not declare it: an "
+                "operator runs `pgworkerd --config FILE schedules declare`"
+            )
+        if stored_definition != definition:
+            raise psycopg.errors.InsufficientPrivilege(
+                f"schedule {name!r} is declared with another definition than this config's, "
+                "and this role may not declare it: an operator runs `pgworkerd --config "
+                "FILE schedules declare` (the stored one would be fired)"
+            )
+        result: datetime = handled_until
+        return result
     row = conn.execute(
         query("schedule_declare", schema),
         {"name": name, "definition": Jsonb(definition), "worker": worker_id},
     ).fetchone()
     assert row is not None
-    handled_until: datetime = row[0]
-    return handled_until
+    declared: datetime = row[0]
+    return declared
 
 
 def set_declared(
@@ -49,22 +69,14 @@ def fire(
     conn: psycopg.Connection,
     name: str,
     tick: datetime,
-    job: dict[str, Any],
-    overlap: str,
     worker_id: str,
     schema: str,
 ) -> Fired:
-    """Fire one tick (its run row and its job in one transaction)."""
+    """Fire one tick (its run row and its job in one transaction); the job and the
+    overlap policy are the stored definition's (schema 22)."""
     with conn.transaction():
         row = conn.execute(
-            query("schedule_fire", schema),
-            {
-                "name": name,
-                "tick": tick,
-                "job": Jsonb(job),
-                "overlap": overlap,
-                "worker": worker_id,
-            },
+            query("schedule_fire", schema), {"name": name, "tick": tick, "worker": worker_id}
         ).fetchone()
     assert row is not None
     return Fired(row[0], row[1])

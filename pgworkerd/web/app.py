@@ -82,6 +82,7 @@ class Settings:
     # read it (DNS rebinding).
     allowed_hosts: frozenset[str] | None = None
     dsn: str = ""  # only to mask its password in error messages
+    action_dsn: str = ""  # the same, for [web] action_dsn
     idle_timeout: float = 30 * 60.0  # a session unused this long is over
 
 
@@ -216,7 +217,11 @@ def _hostname(host: str) -> str:
 # -- the application ----------------------------------------------------------------------
 
 
-def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
+def create_app(
+    settings: Settings, pool: ConnectionPool, action_pool: ConnectionPool | None = None
+) -> Flask:
+    """The application: pages read through `pool`; actions run through `action_pool`
+    ([web] action_dsn, the operator's role) when given, else through `pool`."""
     app = Flask(__name__)
     # A new key at each start: a restart logs everyone out, and no key sits in a file.
     app.secret_key = secrets.token_bytes(32)
@@ -322,7 +327,9 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
 
     @app.errorhandler(psycopg.Error)
     def db_error(exc: Exception) -> tuple[str, int]:
-        message = "database error: " + scrub(str(exc).strip(), settings.dsn)
+        message = "database error: " + scrub(
+            scrub(str(exc).strip(), settings.dsn), settings.action_dsn or None
+        )
         log.warning("web: %s on %s", message, request.path)
         return render_template("error.html", code=503, message=message), 503
 
@@ -588,7 +595,7 @@ def create_app(settings: Settings, pool: ConnectionPool) -> Flask:
     def act(name: str) -> Any:
         action, target = checked_action(name)
         who = user() or "?"
-        with database() as conn:
+        with (action_pool or pool).connection() as conn:
             outcome = action.run(conn, settings.schema, target, who)
         log.info(
             "web action: %s %s %s by %s from %s: %s",

@@ -23,6 +23,11 @@ POOL_WAIT_SECONDS = 5.0
 POOL_MAX_WAITING = 32
 
 
+def page_conninfo(dsn: str, statement_timeout: float) -> str:
+    """The conninfo of the dashboard's connections (the pool's, and the start check's)."""
+    return _conninfo(dsn, statement_timeout)
+
+
 def _conninfo(dsn: str, statement_timeout: float) -> str:
     try:
         own = conninfo_to_dict(dsn).get("options") or ""
@@ -37,10 +42,42 @@ def _configure(conn: psycopg.Connection[Any]) -> None:
     register_safe_loaders(conn)
 
 
-def open_pool(dsn: str, *, size: int, statement_timeout: float) -> ConnectionPool:
+class WritableRole(ValueError):
+    """The pages' database role could change something, where it must not (N9): with
+    `read_only`, or with actions on a DSN of their own (`action_dsn`)."""
+
+
+def check_cannot_write(conn: psycopg.Connection[Any], schema: str) -> None:
+    """Raise WritableRole when the session's role could write through the schema (the
+    statement role_writes: table writes, column UPDATE, EXECUTE on a volatile SECURITY
+    DEFINER function). pgworkerd_reader passes."""
+    from pgworkerd.queue.queries import query
+
+    row = conn.execute(query("role_writes", schema)).fetchone()
+    rights = list(row[0]) if row else []
+    if rights:
+        more = f" and {len(rights) - 5} more" if len(rights) > 5 else ""
+        raise WritableRole(
+            f"refusing a database role that can write ({', '.join(rights[:5])}{more}) for "
+            "pages that must only read ([web] read_only, or action_dsn set): connect as "
+            "pgworkerd_reader (deploy/roles.sql)"
+        )
+
+
+def open_pool(
+    dsn: str, *, size: int, statement_timeout: float, read_only_schema: str | None = None
+) -> ConnectionPool:
     """An open pool of at most `size` autocommit connections (each action is one
     statement; reads need no transaction). Connects lazily: the server starts, and a page
-    says what is wrong, while the database is down."""
+    says what is wrong, while the database is down. With read_only_schema, every new
+    connection is checked to be unable to write (check_cannot_write), so a role that
+    gains rights later, or a database that was down at start, still serves no page."""
+
+    def configure(conn: psycopg.Connection[Any]) -> None:
+        _configure(conn)
+        if read_only_schema is not None:
+            check_cannot_write(conn, read_only_schema)
+
     pool = ConnectionPool(
         _conninfo(dsn, statement_timeout),
         kwargs={"autocommit": True, "prepare_threshold": None},
@@ -48,7 +85,7 @@ def open_pool(dsn: str, *, size: int, statement_timeout: float) -> ConnectionPoo
         max_size=size,
         timeout=POOL_WAIT_SECONDS,
         max_waiting=POOL_MAX_WAITING,
-        configure=_configure,
+        configure=configure,
         check=ConnectionPool.check_connection,
         name="pgworkerd-web",
         open=False,

@@ -68,6 +68,7 @@ class Dashboard:
     pool: Any
     socket_map: dict[int, Any]  # waitress's sockets: the listener, its trigger, the channels
     stop_requested: bool = False
+    action_pool: Any = None  # the operator's connections ([web] action_dsn), or None
     _loop_done: threading.Event = field(default_factory=threading.Event)
     _loop_started: bool = False
 
@@ -106,6 +107,36 @@ class Dashboard:
         self.server.task_dispatcher.shutdown(timeout=REQUESTS_EXIT_SECONDS)
         wasyncore.close_all(self.socket_map)
         self.pool.close(timeout=POOL_CLOSE_SECONDS)
+        if self.action_pool is not None:
+            self.action_pool.close(timeout=POOL_CLOSE_SECONDS)
+
+
+class PagesCanWrite(BindRefused):
+    """The pages' DSN is a role that can write, where it must only read (N9)."""
+
+
+def check_pages_read_only(dsn: str, schema: str, timeout: float) -> None:
+    """At start, when the database answers: refuse a pages' role that could write
+    (raises PagesCanWrite). A database that does not answer is no refusal: every pool
+    connection is checked again before it serves (open_pool's read_only_schema)."""
+    import logging
+
+    import psycopg
+
+    from pgworkerd.queue.db import scrub
+    from pgworkerd.web.db import WritableRole, check_cannot_write, page_conninfo
+
+    try:
+        with psycopg.connect(page_conninfo(dsn, timeout), autocommit=True) as conn:
+            check_cannot_write(conn, schema)
+    except WritableRole as exc:
+        raise PagesCanWrite(str(exc)) from None
+    except psycopg.Error as exc:
+        logging.getLogger("pgworkerd.web").warning(
+            "web: cannot check at start that the pages' database role changes nothing "
+            "(each connection is checked before it serves): %s",
+            scrub(str(exc).strip(), dsn),
+        )
 
 
 def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
@@ -125,6 +156,7 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
         idle_timeout=web.idle_timeout,
         allowed_hosts=None if allowed is None else frozenset(allowed),
         dsn=dsn,
+        action_dsn=web.action_dsn,
     )
     # the client's address from the proxy's X-Forwarded-For, from the proxy only
     proxy: dict[str, Any] = {}
@@ -134,11 +166,28 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
             "trusted_proxy_count": 1,
             "trusted_proxy_headers": {"x-forwarded-for"},
         }
-    pool = open_pool(dsn, size=web.pool_size, statement_timeout=web.statement_timeout)
+    # read_only, or actions on a DSN of their own: the pages' role must not write
+    pages_read_only = web.read_only or bool(web.action_dsn)
+    if pages_read_only:
+        check_pages_read_only(dsn, schema, web.statement_timeout)
+    pool = open_pool(
+        dsn,
+        size=web.pool_size,
+        statement_timeout=web.statement_timeout,
+        read_only_schema=schema if pages_read_only else None,
+    )
+    action_pool = None
+    try:
+        if web.action_dsn:
+            # one action at a time is plenty (a person clicking); a second for overlap
+            action_pool = open_pool(web.action_dsn, size=2, statement_timeout=web.statement_timeout)
+    except BaseException:
+        pool.close()
+        raise
     socket_map: dict[int, Any] = {}
     try:
         server = create_server(
-            create_app(settings, pool),
+            create_app(settings, pool, action_pool),
             map=socket_map,
             host=web.bind,
             port=web.port,
@@ -156,5 +205,7 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
         )
     except BaseException:
         pool.close()
+        if action_pool is not None:
+            action_pool.close()
         raise
-    return Dashboard(server, pool, socket_map)
+    return Dashboard(server, pool, socket_map, action_pool=action_pool)

@@ -1,8 +1,9 @@
 """Fault tier: the daemon's claims and finishes are durable whatever the server's
-synchronous_commit (queries.sql: each carries `set_config('synchronous_commit', 'on',
-true)`), seen from outside: a crash (`pg_ctl stop -m immediate`) of a server running with
-synchronous_commit = off, right after a claim and a finish were acknowledged, loses
-neither, so a second daemon never runs the job while the first still runs it.
+synchronous_commit (each runs `set_config('synchronous_commit', 'on', true)`: claim_jobs
+and, since schema 22, the fenced functions queries.sql calls), seen from outside: a
+crash (`pg_ctl stop -m immediate`) of a server running with synchronous_commit = off,
+right after a claim and a finish were acknowledged, loses neither, so a second daemon
+never runs the job while the first still runs it.
 
 With the server default alone, an async commit sits in the WAL buffers until the WAL
 writer writes it (wal_writer_delay, here its maximum, 10 s), and an immediate stop drops

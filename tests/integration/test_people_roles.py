@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import re
 import subprocess
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -246,6 +247,8 @@ STATEMENTS: dict[str, Statement] = {
         {},
     ),
     "declare a schedule": ("SELECT @schema@.schedule_declare('s', '{}', 'w')", {}),
+    "set the retention floor": ("SELECT @schema@.retention_floor_set(3600)", {}),
+    "select retention_floor": ("SELECT * FROM @schema@.retention_floor", {}),
     "fleet retention": ("SELECT @schema@.prune_finished_v1(0, 0, 0, 10)", {}),
 }
 
@@ -258,6 +261,7 @@ READS = {
     "select schedules",
     "select schedule_runs",
     "select schema_version",
+    "select retention_floor",
     "job_get_v1",
     "select enqueue_bounds",
 }
@@ -275,6 +279,8 @@ ACTIONS = {
     "prune schedule runs",
     "set an enqueue bound",
     "lift enqueue bounds",
+    "declare a schedule",  # schema 22: the operator's, daemons fire what it declared
+    "set the retention floor",
 }
 # What roles.sql's header promises each role of people, and nothing else.
 PROMISED = {
@@ -469,9 +475,17 @@ def test_every_needs_of_the_cli_has_its_roles() -> None:
 
 
 # needs -> a command that needs exactly it (run by every role named for it)
+# A daemon's config with one schedule, for `schedules declare` (the --dsn given wins).
+SCHEDULES_CONFIG = Path(tempfile.mkdtemp(prefix="pgworkerd-people-roles-")) / "d.toml"
+SCHEDULES_CONFIG.write_text(
+    '[handlers.h]\ntarget = "pgworkerd.examples:echo"\n\n'
+    '[schedules.s]\nhandler = "h"\nevery = "60s"\n'
+)
+
 NEEDS_COMMANDS: dict[str, Callable[[int], list[str]]] = {
     "read jobs": lambda job: ["show", str(job)],
     "read schedules": lambda job: ["schedules"],
+    "declare schedules": lambda job: ["--config", str(SCHEDULES_CONFIG), "schedules", "declare"],
     "enqueue jobs": lambda job: ["enqueue", "h"],
     "change jobs": lambda job: ["cancel", str(job)],
     "delete jobs": lambda job: ["prune", "--older-than", "1d"],

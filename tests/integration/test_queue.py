@@ -1203,14 +1203,15 @@ def test_finishing_and_renewing_look_jobs_up_by_primary_key(
 
     # (not the insert into attempts that the trigger of migration 0012 runs inside them)
     plans = [p for p in plans if "INSERT INTO" not in p["Query Text"]]
-    assert len(plans) == 5, plans
+    # the five UPDATEs, nested in the fenced functions since schema 22
+    assert len([p for p in plans if "UPDATE" in p["Query Text"]]) == 5, plans
     for plan in plans:
         nodes = plan_nodes(plan["Plan"])
         on_jobs = [
             n for n in nodes if n.get("Relation Name") == "jobs" and "Scan" in n["Node Type"]
         ]
         text = json.dumps(plan, indent=1)
-        assert on_jobs, text
+        assert on_jobs or "UPDATE" not in plan["Query Text"], text
         assert all(n.get("Index Name") == "jobs_pkey" for n in on_jobs), text
 
 

@@ -11,6 +11,7 @@ import pytest
 from daemon_harness import PGWORKERD, Daemons, Db, wait_for
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from roles_harness import drop_roles
 
 import pgworkerd
 from pgworkerd import client
@@ -19,6 +20,9 @@ from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue import admin, lease
 from pgworkerd.queue.db import connect
+from pgworkerd.queue.queries import render
+
+MIGRATIONS = Path(pgworkerd.__file__).resolve().parent / "queue" / "sql" / "migrations"
 
 
 def test_enqueuer_can_only_enqueue(
@@ -32,7 +36,7 @@ def test_enqueuer_can_only_enqueue(
             c.execute(sql.SQL("SELECT payload FROM {}.jobs").format(sql.Identifier(schema)))
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute(sql.SQL("UPDATE {}.jobs SET priority = 1").format(sql.Identifier(schema)))
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # claim() is INVOKER
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # no EXECUTE on claim_jobs
             lease.claim(
                 c,
                 "w",
@@ -139,7 +143,7 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
     roles: dict[str, str], schema: str, conn: psycopg.Connection, tmp_path: Path
 ) -> None:
     """A real `pgworkerd run` as the daemon role: claim, complete, fail, retry, and the
-    operator commands that role is for (jobs, status, cancel, retry)."""
+    read commands (jobs, status); cancel and retry are the operator role's."""
     daemon_dsn, enqueuer_dsn = roles[f"{schema}_daemon"], roles[f"{schema}_enqueuer"]
     with psycopg.connect(enqueuer_dsn, autocommit=True) as c:
         done = client.enqueue(c, "echo", {"n": 1}, schema=schema)
@@ -185,10 +189,31 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
         assert shown.returncode == 0 and "#1 completed" in shown.stdout, shown.stderr
         dead = db.wait_status(crashed, "dead")
         assert dead["attempts"] == 2 and "exited with code 3" in dead["last_error"]
-        for command in (["jobs"], ["status"], ["cancel", str(later)], ["retry", str(crashed)]):
+        for command in (["jobs"], ["status"]):
             proc = daemons.cli(*command)
             assert proc.returncode == 0, (command, proc.stderr)
             assert "Traceback" not in proc.stderr
+        # cancel and retry are the operator's (schema 22: the daemon role changes jobs
+        # only through the fenced functions): refused to the daemon role, and done by
+        # the operator role
+        for command in (["cancel", str(later)], ["retry", str(crashed)]):
+            proc = daemons.cli(*command)
+            assert proc.returncode != 0 and "permission denied" in proc.stderr, command
+            proc = subprocess.run(
+                [
+                    str(PGWORKERD),
+                    "--dsn",
+                    roles[f"{schema}_operator"],
+                    "--schema",
+                    schema,
+                    *command,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            assert proc.returncode == 0, (command, proc.stderr)
         assert db.job(later)["status"] == "cancelled"
         assert db.job(crashed)["status"] in ("pending", "running", "dead")
         assert db.wait_status(crashed, "dead")["attempts"] == 2
@@ -386,12 +411,31 @@ def test_daemon_role_fires_schedules_and_enqueuer_cannot(
 
     from pgworkerd.queue import schedules
 
-    tick = datetime.now(UTC) + timedelta(hours=1)
-    job = {"handler": "h", "payload": {}, "queue": "default", "priority": 0}
+    tick = datetime.now(UTC) - timedelta(seconds=1)
+    definition = {
+        "handler": "h",
+        "every": 60.0,
+        "payload": {"from": "the operator"},
+        "queue": "default",
+        "priority": 0,
+        "overlap": "allow",
+    }
+    # the daemon role may not declare (schema 22): an operator does
+    with (
+        psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c,
+        pytest.raises(psycopg.errors.InsufficientPrivilege, match="not declared"),
+    ):
+        schedules.declare(c, "s", definition, "w", schema)
+    with psycopg.connect(roles[f"{schema}_operator"], autocommit=True) as c:
+        schedules.declare(c, "s", definition, "alice", schema)
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
-        schedules.declare(c, "s", {"every": 60.0}, "w", schema)
-        fired = schedules.fire(c, "s", tick, job, "skip", "w", schema)
+        schedules.declare(c, "s", definition, "w", schema)  # the same: accepted, read only
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="another definition"):
+            schedules.declare(c, "s", {**definition, "handler": "other"}, "w", schema)
+        fired = schedules.fire(c, "s", tick, "w", schema)
         assert fired.outcome == "fired"
+        job = admin.get(conn, fired.job_id, schema=schema)
+        assert (job["handler"], job["payload"]) == ("h", {"from": "the operator"})
         assert schedules.list_all(c, schema)[0]["last_job_id"] == fired.job_id
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # only through the functions
             c.execute(sql.SQL("DELETE FROM {}.schedule_runs").format(sql.Identifier(schema)))
@@ -399,7 +443,7 @@ def test_daemon_role_fires_schedules_and_enqueuer_cannot(
         psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c,
         pytest.raises(psycopg.errors.InsufficientPrivilege),
     ):
-        schedules.fire(c, "s", tick + timedelta(minutes=1), job, "allow", "w", schema)
+        schedules.fire(c, "s", tick + timedelta(seconds=1), "w", schema)
 
 
 def test_the_operator_role_prunes_jobs_gone_daemons_and_schedule_runs(
@@ -462,10 +506,26 @@ def test_daemon_role_prunes_finished_jobs_through_the_function_only(
         (old,),
     )
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        # below the operator's floor (1 day until changed, schema 22): refused, nothing gone
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="floor"):
+            retention.prune_finished(
+                c, completed=0.0, cancelled=0.0, dead=86400.0, batch=10, schema=schema
+            )
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the floor is not its own
+            c.execute(render("SELECT @schema@.retention_floor_set(0)", schema))
         result = retention.prune_finished(
-            c, completed=0.0, cancelled=0.0, dead=86400.0, batch=10, schema=schema
+            c, completed=86400.0, cancelled=86400.0, dead=86400.0, batch=10, schema=schema
         )
         assert result.deleted == 1
+    with psycopg.connect(roles[f"{schema}_operator"], autocommit=True) as c:
+        c.execute(render("SELECT @schema@.retention_floor_set(60)", schema))
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        assert (
+            retention.prune_finished(
+                c, completed=60.0, cancelled=60.0, dead=60.0, batch=10, schema=schema
+            ).deleted
+            == 0
+        )
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # still no DELETE
             c.execute(sql.SQL("DELETE FROM {}.jobs").format(sql.Identifier(schema)))
     ids = {
@@ -495,6 +555,8 @@ def test_daemon_role_drains_and_hands_back_through_the_functions_and_enqueuer_ca
         assert request.hand_back.handlers == frozenset({"h"})
         assert fleet.request_drain(c, schema, drain=False, worker_id=info.id)
         assert registry.heartbeat(c, info, "running", [], schema) == registry.DrainRequest()
+
+
 def test_the_daemon_role_prunes_runs_and_daemons_only_through_the_function(
     roles: dict[str, str], conn: psycopg.Connection, schema: str
 ) -> None:
@@ -537,3 +599,270 @@ def test_the_daemon_role_prunes_runs_and_daemons_only_through_the_function(
                         sql.Identifier(schema), sql.Identifier(table)
                     )
                 )
+
+
+# -- the audit's daemon_role_probe.sql (security review 2026-11-26, N4), statement by statement
+
+# Each statement of security-2026-11-26-repro/daemon_role_probe.sql, as pgworkerd_daemon
+# runs it (`:job` is a completed job), and what else the daemon role must not do: all of
+# them succeeded on the audited commit; every one must be refused now.
+DAEMON_PROBE: dict[str, str] = {
+    "1a. declare a schedule": (
+        'SELECT @schema@.schedule_declare(\'zz-injected\', \'{"handler":"x","every":86400}\','
+        " 'attacker')"
+    ),
+    "1b. fire a job object of its choosing": (
+        "SELECT * FROM @schema@.schedule_fire('s', now(),"
+        ' \'{"handler":"printer","payload":{"text":"by the daemon role"}}\','
+        " 'allow', 'attacker')"
+    ),
+    "2. run a finished job again": (
+        "UPDATE @schema@.jobs SET status = 'pending', run_at = now(), attempts = 0,"
+        " finished_at = NULL, result = NULL WHERE id = %(job)s RETURNING id"
+    ),
+    "3. rewrite a checkpoint": (
+        "UPDATE @schema@.jobs SET checkpoint = '{\"step\": 999}'"
+        " WHERE id = (SELECT min(id) FROM @schema@.jobs WHERE status = 'pending')"
+    ),
+    "4. forge any job's captured output": (
+        "INSERT INTO @schema@.job_logs (job_id, lease_token, attempt, worker, head, finished)"
+        " VALUES (%(job)s, 987654321, 1, 'some-other-host:1:abc', 'FORGED', true)"
+    ),
+    "4b. forge it through the daemon's function": (
+        "SELECT * FROM @schema@.job_log_write_v1('some-other-host:1:abc', ARRAY[%(job)s]::bigint[],"
+        " '{987654321}', '{1}', '{FORGED}', '{x}', '{6}', '{0}', '{true}')"
+    ),
+    "4c. rewrite a running job's outcome (and its attempt row)": (
+        "UPDATE @schema@.jobs SET status = 'dead', last_error = 'forged by the daemon role'"
+        " WHERE id = %(running)s"
+    ),
+    "4d. rewrite attempt history": "UPDATE @schema@.attempts SET error = 'forged'",
+    "4e. rewrite attempt figures": "UPDATE @schema@.attempts SET wall_seconds = 0",
+    "5. delete every finished job now (retention 0)": (
+        "SELECT * FROM @schema@.prune_finished_v1(0, 0, 0, 10)"
+    ),
+    "5b. the same through v2": "SELECT * FROM @schema@.prune_finished_v2(0, 0, 0, 0, 0, 10)",
+    "5c. lower the retention floor": "SELECT @schema@.retention_floor_set(0)",
+    "5d. lower it behind the function": "UPDATE @schema@.retention_floor SET min_seconds = 0",
+    "rewrite a result": "UPDATE @schema@.jobs SET result = '{}' WHERE id = %(job)s",
+    "reset attempts": "UPDATE @schema@.jobs SET attempts = 0 WHERE id = %(running)s",
+    "insert a job": "INSERT INTO @schema@.jobs (handler) VALUES ('printer')",
+    "enqueue": 'SELECT @schema@.enqueue_many(\'[{"handler": "printer"}]\')',
+    "rewrite a schedule": "UPDATE @schema@.schedules SET definition = '{}'",
+}
+
+
+def test_the_audits_daemon_role_probe_is_refused_statement_by_statement(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    done, running = client.enqueue_many(
+        conn, [client.JobSpec("h"), client.JobSpec("h")], schema=schema
+    )
+    client.enqueue(conn, "h", schema=schema)  # a pending job (statement 3)
+    with psycopg.connect(roles[f"{schema}_operator"], autocommit=True) as c:
+        c.execute(
+            render(
+                'SELECT @schema@.schedule_declare(\'s\', \'{"handler": "h", '
+                "\"every\": 60}', 'alice')",
+                schema,
+            )
+        )
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        held = lease.claim(
+            c,
+            "w",
+            queues=["default"],
+            handlers={"h": lease.HandlerCapacity(30, 2)},
+            limit=2,
+            schema=schema,
+        )
+        assert sorted(j.id for j in held) == [done, running]
+        token = {j.id: j.token for j in held}
+        assert lease.complete(c, "w", done, token[done], {"ok": 1}, schema=schema)
+    before = conn.execute(
+        render(
+            "SELECT (SELECT jsonb_agg(j ORDER BY id) FROM @schema@.jobs j),"
+            " (SELECT jsonb_agg(a ORDER BY job_id) FROM @schema@.attempts a),"
+            " (SELECT count(*) FROM @schema@.job_logs),"
+            " (SELECT jsonb_agg(s) FROM @schema@.schedules s),"
+            " (SELECT min_seconds FROM @schema@.retention_floor)",
+            schema,
+        )
+    ).fetchone()
+    allowed = []
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        for name, statement in DAEMON_PROBE.items():
+            try:
+                with c.transaction(), c.cursor() as cur:
+                    cur.execute(render(statement, schema), {"job": done, "running": running})
+                    rows = cur.fetchall() if cur.description else []
+                # a fenced function may run: it must change nothing (no row back)
+                if rows or not name.startswith("4b"):
+                    allowed.append(name)
+            except psycopg.errors.InsufficientPrivilege:
+                pass
+    assert allowed == []
+    after = conn.execute(
+        render(
+            "SELECT (SELECT jsonb_agg(j ORDER BY id) FROM @schema@.jobs j),"
+            " (SELECT jsonb_agg(a ORDER BY job_id) FROM @schema@.attempts a),"
+            " (SELECT count(*) FROM @schema@.job_logs),"
+            " (SELECT jsonb_agg(s) FROM @schema@.schedules s),"
+            " (SELECT min_seconds FROM @schema@.retention_floor)",
+            schema,
+        )
+    ).fetchone()
+    assert after == before
+    # and what a daemon does still works: its own attempt, fenced
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        assert not lease.complete(c, "other", running, token[running], None, schema=schema)
+        assert lease.complete(c, "w", running, token[running], None, schema=schema)
+
+
+def test_a_daemon_as_its_role_fires_only_what_an_operator_declared(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection, tmp_path: Path
+) -> None:
+    """The README's schedules path with roles.sql (schema 22): the daemon role cannot
+    declare its config's schedules, says so, and fires them once the operator declared
+    them from the same config (`schedules declare`)."""
+    daemons = Daemons(tmp_path, roles[f"{schema}_daemon"], schema)
+    config = daemons.config(
+        {"echo": {"target": "pgworkerd.examples:echo"}},
+        tables={"schedules.tick": {"handler": "echo", "every": "1s", "overlap": "allow"}},
+    )
+    db = Db(conn, schema)
+    try:
+        daemon = daemons.start(config)
+        daemon.wait_log(r"declaring schedule 'tick' failed: .*not declared.*schedules declare")
+        assert db.rows("SELECT 1 FROM {schema}.schedules") == []
+        declared = subprocess.run(
+            [
+                str(PGWORKERD),
+                "--dsn",
+                roles[f"{schema}_operator"],
+                "--schema",
+                schema,
+                "--config",
+                str(config),
+                "schedules",
+                "declare",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert declared.returncode == 0, declared.stderr
+        assert "declared schedule tick" in declared.stdout
+        [row] = db.rows("SELECT declared_by FROM {schema}.schedules WHERE name = 'tick'")
+        assert row["declared_by"] == f"{schema}_operator"
+        wait_for(
+            lambda: db.rows(
+                "SELECT 1 FROM {schema}.schedule_runs r JOIN {schema}.jobs j ON j.id = r.job_id"
+                " WHERE r.schedule = 'tick' AND j.status = 'completed' AND j.handler = 'echo'"
+            ),
+            what="a declared schedule's job, fired and run by the daemon role",
+        )
+    finally:
+        daemons.stop_all()
+
+
+def test_the_migration_lets_the_old_daemon_role_run_both_releases_until_roles_sql(
+    pg: LocalPostgres, schema: str, conn: psycopg.Connection
+) -> None:
+    """Schema 22's rolling upgrade: a role with the daemon's rights of an earlier
+    roles.sql (UPDATE of jobs' columns, lease_token among them) gets EXECUTE on what the
+    new release calls when the migration runs (its last block, run here again as the
+    migration ran it), so old and new daemons work side by side; a role that may change
+    a job's status but not its lease (the operator's) gets nothing."""
+    block = (MIGRATIONS / "0022_lockdown.sql").read_text()
+    block = block[block.rindex("DO $$") :]
+    old, operator_like = f"{schema}_old_daemon", f"{schema}_old_operator"
+    for name in (old, operator_like):
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+        pg.grant_login(name)
+        conn.execute(
+            render(
+                "GRANT USAGE ON SCHEMA @schema@ TO {0}; GRANT SELECT ON @schema@.jobs TO {0}",
+                schema,
+            ).replace("{0}", f'"{name}"')
+        )
+    conn.execute(
+        render(
+            f"GRANT UPDATE (status, locked_by, locked_until, lease_token, attempts, result, "
+            f"progress, checkpoint, cancel_requested, started_at, finished_at, updated_at, "
+            f'last_error, run_at) ON @schema@.jobs TO "{old}";'
+            f"GRANT UPDATE (status, attempts, run_at, finished_at, cancel_requested, "
+            f'updated_at) ON @schema@.jobs TO "{operator_like}"',
+            schema,
+        )
+    )
+    try:
+        conn.execute(render(block, schema))
+        job = client.enqueue(conn, "h", schema=schema)
+        dsn = pg.dsn("pgworkerd_test").replace("user=postgres", f"user={old}")
+        with psycopg.connect(dsn, autocommit=True) as c:
+            [held] = lease.claim(
+                c,
+                "w",
+                queues=["default"],
+                handlers={"h": lease.HandlerCapacity(30, 1)},
+                limit=1,
+                schema=schema,
+            )
+            assert lease.complete(c, "w", job, held.token, {"new": True}, schema=schema)
+            # and the previous release's way, a column UPDATE, still works too
+            c.execute(
+                render("UPDATE @schema@.jobs SET progress = '1' WHERE id = %s", schema), [job]
+            )
+        dsn = pg.dsn("pgworkerd_test").replace("user=postgres", f"user={operator_like}")
+        with (
+            psycopg.connect(dsn, autocommit=True) as c,
+            pytest.raises(psycopg.errors.InsufficientPrivilege),
+        ):
+            lease.claim(
+                c,
+                "w",
+                queues=["default"],
+                handlers={"h": lease.HandlerCapacity(30, 1)},
+                limit=1,
+                schema=schema,
+            )
+    finally:
+        drop_roles(conn, [old, operator_like])
+
+
+def test_the_daemon_role_can_still_end_a_running_attempt_whose_lease_it_reads(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """A gap the fenced functions leave (README "Trust boundaries"): the daemon role reads
+    every running job's worker and lease token, so it can end another host's running
+    attempt (here: complete it with a result of its choosing), and fire a declared
+    schedule at a tick of its choosing (its stored job, never another)."""
+    job = client.enqueue(conn, "h", schema=schema)
+    [held] = lease.claim(
+        conn,
+        "other-host:1:abc",
+        queues=["default"],
+        handlers={"h": lease.HandlerCapacity(60, 1)},
+        limit=1,
+        schema=schema,
+    )
+    conn.execute(
+        render("SELECT @schema@.schedule_declare('s', '{\"handler\": \"h\"}', 'op')", schema)
+    )
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        [(worker, token)] = c.execute(
+            render("SELECT locked_by, lease_token FROM @schema@.jobs WHERE id = %s", schema),
+            [job],
+        ).fetchall()
+        assert (worker, token) == ("other-host:1:abc", held.token)
+        assert lease.complete(c, worker, job, token, {"forged": True}, schema=schema)
+        from datetime import UTC, datetime
+
+        fired = c.execute(
+            render("SELECT * FROM @schema@.schedule_fire_v2('s', %s, 'attacker')", schema),
+            [datetime(2001, 1, 1, tzinfo=UTC)],
+        ).fetchone()
+        assert fired is not None and fired[0] == "fired"
+    assert admin.get(conn, job, schema=schema)["result"] == {"forged": True}

@@ -21,6 +21,25 @@ def tick(n: int) -> datetime:
     return T0 + timedelta(seconds=n)
 
 
+def fire(
+    conn: psycopg.Connection,
+    name: str,
+    at: datetime,
+    job: dict,
+    overlap: str,
+    worker: str,
+    schema: str,
+) -> schedules.Fired:
+    """Fire a tick of a declared schedule whose stored definition is `job` and `overlap`
+    (schema 22: the job is the stored one's): the definition is declared again first."""
+    if conn.execute(
+        sql.SQL("SELECT 1 FROM {}.schedules WHERE name = %s").format(sql.Identifier(schema)),
+        (name,),
+    ).fetchone():
+        schedules.declare(conn, name, {**job, "every": 1.0, "overlap": overlap}, worker, schema)
+    return schedules.fire(conn, name, at, worker, schema)
+
+
 def runs(conn: psycopg.Connection, schema: str) -> list[tuple]:
     return conn.execute(
         sql.SQL(
@@ -46,8 +65,8 @@ def test_a_tick_is_fired_once_and_its_job_created_with_it(
 ) -> None:
     handled = schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
     assert handled <= datetime.now(UTC)
-    first = schedules.fire(conn, "s", tick(1), JOB, "allow", "a", schema)
-    again = schedules.fire(conn, "s", tick(1), JOB, "allow", "b", schema)
+    first = fire(conn, "s", tick(1), JOB, "allow", "a", schema)
+    again = fire(conn, "s", tick(1), JOB, "allow", "b", schema)
     assert first.outcome == "fired" and first.job_id is not None
     assert again == schedules.Fired("taken", None)
     job = admin.get(conn, first.job_id, schema=schema)
@@ -62,13 +81,13 @@ def test_an_invalid_job_is_refused_and_records_nothing(
 ) -> None:
     schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
     with pytest.raises(psycopg.errors.InvalidParameterValue):
-        schedules.fire(conn, "s", tick(1), {**JOB, "handler": "bad\nname"}, "allow", "a", schema)
+        fire(conn, "s", tick(1), {**JOB, "handler": "bad\nname"}, "allow", "a", schema)
     with pytest.raises(psycopg.errors.InvalidParameterValue):
-        schedules.fire(conn, "s", tick(1), {**JOB, "priority": 10**6}, "allow", "a", schema)
+        fire(conn, "s", tick(1), {**JOB, "priority": 10**6}, "allow", "a", schema)
     with pytest.raises(psycopg.errors.InvalidParameterValue):
-        schedules.fire(conn, "undeclared", tick(1), JOB, "allow", "a", schema)
+        fire(conn, "undeclared", tick(1), JOB, "allow", "a", schema)
     with pytest.raises(psycopg.errors.InvalidParameterValue):
-        schedules.fire(conn, "s", tick(1), JOB, "sometimes", "a", schema)
+        fire(conn, "s", tick(1), JOB, "sometimes", "a", schema)
     assert runs(conn, schema) == []
     assert admin.counts(conn, schema=schema) == []
 
@@ -77,11 +96,11 @@ def test_overlap_skip_waits_for_the_last_job_to_finish(
     conn: psycopg.Connection, schema: str
 ) -> None:
     schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
-    fired = schedules.fire(conn, "s", tick(1), JOB, "skip", "a", schema)
-    skipped = schedules.fire(conn, "s", tick(2), JOB, "skip", "a", schema)  # pending
+    fired = fire(conn, "s", tick(1), JOB, "skip", "a", schema)
+    skipped = fire(conn, "s", tick(2), JOB, "skip", "a", schema)  # pending
     assert skipped == schedules.Fired("skipped", fired.job_id)
     assert claim_one(conn, schema) == fired.job_id
-    assert schedules.fire(conn, "s", tick(3), JOB, "skip", "a", schema).outcome == "skipped"
+    assert fire(conn, "s", tick(3), JOB, "skip", "a", schema).outcome == "skipped"
     conn.execute(
         sql.SQL(
             "UPDATE {}.jobs SET status = 'completed', locked_by = NULL, locked_until = NULL, "
@@ -89,7 +108,7 @@ def test_overlap_skip_waits_for_the_last_job_to_finish(
         ).format(sql.Identifier(schema)),
         [fired.job_id],
     )
-    assert schedules.fire(conn, "s", tick(4), JOB, "skip", "a", schema).outcome == "fired"
+    assert fire(conn, "s", tick(4), JOB, "skip", "a", schema).outcome == "fired"
     [_, (_, _, reason, _), _, _] = runs(conn, schema)
     assert reason == f"overlap skip: job {fired.job_id} is not finished"
 
@@ -98,19 +117,19 @@ def test_overlap_queue_one_keeps_one_waiting_beside_a_running_one(
     conn: psycopg.Connection, schema: str
 ) -> None:
     schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
-    first = schedules.fire(conn, "s", tick(1), JOB, "queue_one", "a", schema)
-    assert schedules.fire(conn, "s", tick(2), JOB, "queue_one", "a", schema).outcome == "skipped"
+    first = fire(conn, "s", tick(1), JOB, "queue_one", "a", schema)
+    assert fire(conn, "s", tick(2), JOB, "queue_one", "a", schema).outcome == "skipped"
     assert claim_one(conn, schema) == first.job_id  # running now: one more may wait
-    second = schedules.fire(conn, "s", tick(3), JOB, "queue_one", "a", schema)
+    second = fire(conn, "s", tick(3), JOB, "queue_one", "a", schema)
     assert second.outcome == "fired"
-    assert schedules.fire(conn, "s", tick(4), JOB, "queue_one", "a", schema) == (
+    assert fire(conn, "s", tick(4), JOB, "queue_one", "a", schema) == (
         schedules.Fired("skipped", second.job_id)
     )
 
 
 def test_overlap_allow_always_fires(conn: psycopg.Connection, schema: str) -> None:
     schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
-    outcomes = [schedules.fire(conn, "s", tick(n), JOB, "allow", "a", schema) for n in range(5)]
+    outcomes = [fire(conn, "s", tick(n), JOB, "allow", "a", schema) for n in range(5)]
     assert [f.outcome for f in outcomes] == ["fired"] * 5
     assert len({f.job_id for f in outcomes}) == 5
 
@@ -127,7 +146,7 @@ def finish_all(conn: psycopg.Connection, schema: str) -> None:
 def test_prune_keeps_each_schedules_latest_run(conn: psycopg.Connection, schema: str) -> None:
     schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
     for n in range(3):
-        schedules.fire(conn, "s", tick(n), JOB, "allow", "a", schema)
+        fire(conn, "s", tick(n), JOB, "allow", "a", schema)
     finish_all(conn, schema)
     assert schedules.prune_runs(conn, 3600, schema=schema) == 0
     assert schedules.prune_runs(conn, 0, schema=schema) == 2
@@ -141,9 +160,9 @@ def test_prune_keeps_the_run_of_a_job_not_finished_so_skip_still_sees_it(
     # retention, the ticks since were skipped; pruning its run must not let the next
     # tick start a second one beside it
     schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
-    long = schedules.fire(conn, "s", tick(1), JOB, "skip", "a", schema)
+    long = fire(conn, "s", tick(1), JOB, "skip", "a", schema)
     for n in (2, 3):
-        assert schedules.fire(conn, "s", tick(n), JOB, "skip", "a", schema).outcome == "skipped"
+        assert fire(conn, "s", tick(n), JOB, "skip", "a", schema).outcome == "skipped"
     conn.execute(
         sql.SQL("UPDATE {}.schedule_runs SET fired_at = fired_at - interval '8 days'").format(
             sql.Identifier(schema)
@@ -151,7 +170,7 @@ def test_prune_keeps_the_run_of_a_job_not_finished_so_skip_still_sees_it(
     )
     schedules.prune_runs(conn, 7 * 86400, schema=schema)
     assert runs(conn, schema)[0][1] == long.job_id
-    assert schedules.fire(conn, "s", tick(4), JOB, "skip", "a", schema) == schedules.Fired(
+    assert fire(conn, "s", tick(4), JOB, "skip", "a", schema) == schedules.Fired(
         "skipped", long.job_id
     )
     # once it is finished, its run goes like any other (each schedule's latest stays)
@@ -174,3 +193,23 @@ def test_a_removed_schedule_is_not_declared_by_live_daemons(
     schedules.set_declared(conn, "w1", [], schema)
     [row] = schedules.list_all(conn, schema)
     assert row["declared_now"] is False
+
+
+@pytest.mark.parametrize("max_attempts", ["max_attempts = 2\n", ""])
+def test_a_fired_tick_enqueues_the_stored_definitions_job(
+    conn: psycopg.Connection, schema: str, max_attempts: str
+) -> None:
+    """schedule_fire_v2 (schema 22) builds the job from the stored definition, as
+    ScheduleConfig.job() describes it (handler, payload, queue, priority, max_attempts
+    when given); the caller names only the schedule and the tick."""
+    from pgworkerd.config import parse_config
+
+    [schedule] = parse_config(
+        '[schedules.n]\nevery = "60s"\nhandler = "report"\nqueue = "reports"\n'
+        f'priority = -5\npayload = {{ kind = "full", days = [1, 2] }}\n{max_attempts}'
+    ).schedules.values()
+    schedules.declare(conn, "n", schedule.definition(), "operator", schema)
+    fired = schedules.fire(conn, "n", tick(1), "w", schema)
+    job = admin.get(conn, fired.job_id, schema=schema)
+    expected = schedule.job()
+    assert {k: job[k] for k in expected} == expected

@@ -55,6 +55,18 @@ ELSEWHERE: dict[str, list[str]] = {
         "tests/acceptance/test_accounting.py"
         "::test_a_handler_holding_the_gil_is_stopped_near_its_memory_limit",
     ],
+    "It changes a job only through fenced functions that check its worker, lease token and"
+    " `running`: no UPDATE of status, attempts, checkpoint or result, no other worker's logs"
+    " or attempt figures, no schedule declared or fired with its own job, no prune below the"
+    " operator's floor; every statement of the audit's daemon probe is refused.": [
+        "tests/integration/test_roles.py"
+        "::test_the_audits_daemon_role_probe_is_refused_statement_by_statement",
+    ],
+    "Not protected: it reads every running attempt's worker and token, so it can end or"
+    " renew any running attempt, and fire a declared schedule at any tick.": [
+        "tests/integration/test_roles.py"
+        "::test_the_daemon_role_can_still_end_a_running_attempt_whose_lease_it_reads",
+    ],
     "It cannot enter the daemon's directory of per-attempt temp directories (0700).": [
         "tests/fault/test_containment.py"
         "::test_the_temp_directories_of_a_daemon_killed_9_go_at_the_next_start",
@@ -445,62 +457,6 @@ def test_the_daemon_cannot_change_what_a_job_runs(
         )
 
 
-def test_the_daemon_is_not_protected_yet_from_rewriting_status_logs_schedules_and_retention(
-    roles: dict[str, str], schema: str, conn: psycopg.Connection
-) -> None:
-    """Not protected yet: it can set any job's status, attempts, checkpoint and result by a
-    plain UPDATE (so run a finished job again), write any job's logs, fire a schedule with a
-    job of its own making, and delete every finished job at once with
-    `prune_finished_v1(0, 0, 0, …)`; treat a worker host's credentials as the fleet's."""
-    # (lockdown, migration 0022, closes these: each statement below must then be refused)
-    job = client.enqueue(conn, "h", schema=schema)
-    [held] = claim_all(conn, schema)
-    assert lease.complete(conn, "w", held.id, held.token, {"paid": True}, schema=schema)
-    with as_role(roles, schema, "daemon") as c:
-        c.execute(
-            render(
-                "UPDATE @schema@.jobs SET status = 'pending', attempts = 0, run_at = now(),"
-                " finished_at = NULL, result = NULL, checkpoint = '{\"step\": 99}'"
-                " WHERE id = %s",
-                schema,
-            ),
-            [job],
-        )
-        assert [j.id for j in claim_all(c, schema)] == [job]  # it runs again
-        c.execute(
-            render(
-                "INSERT INTO @schema@.job_logs (job_id, lease_token, attempt, worker, head)"
-                " VALUES (%s, 999, 1, 'some-other-host:1:abc', 'FORGED: all good')",
-                schema,
-            ),
-            [job],
-        )
-        c.execute(render("SELECT @schema@.schedule_declare('zz', '{}', 'attacker')", schema))
-        fired = c.execute(
-            render(
-                "SELECT * FROM @schema@.schedule_fire('zz', now(),"
-                ' \'{"handler": "printer", "payload": {"rm": 1}}\', \'allow\', \'attacker\')',
-                schema,
-            )
-        ).fetchone()
-        assert fired is not None
-        finished = client.enqueue(conn, "h2", schema=schema)
-        conn.execute(
-            sql.SQL("UPDATE {} SET status = 'completed', finished_at = now() WHERE id = %s").format(
-                jobs_table(schema)
-            ),
-            [finished],
-        )
-        deleted = c.execute(
-            render("SELECT * FROM @schema@.prune_finished_v1(0, 0, 0, 10)", schema)
-        ).fetchone()
-        assert deleted is not None and deleted[0] >= 1
-    rows = conn.execute(
-        sql.SQL("SELECT id, handler FROM {} ORDER BY id").format(jobs_table(schema))
-    ).fetchall()
-    assert (finished, "h2") not in rows and any(h == "printer" for _, h in rows)
-
-
 # -- pgworkerd_operator ----------------------------------------------------------------------
 
 OPERATOR_CAN = [
@@ -521,6 +477,8 @@ OPERATOR_CAN = [
     "DELETE FROM @schema@.workers WHERE state = 'gone'",
     "SELECT @schema@.schedule_runs_prune('1 day')",
     "INSERT INTO @schema@.enqueue_bounds (queue, priority_min) VALUES ('q', 0)",
+    "SELECT @schema@.schedule_declare('s', '{}', 'w')",
+    "SELECT @schema@.retention_floor_set(86400)",
 ]
 
 
@@ -528,7 +486,8 @@ def test_the_operator_acts_on_jobs_and_sets_bounds(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
 ) -> None:
     """It reads what the reader reads, enqueues like the enqueuer, cancels, retries, pauses
-    and resumes, drains and resumes daemons, prunes, and sets enqueue bounds."""
+    and resumes, drains and resumes daemons, prunes, declares schedules, sets the retention
+    floor and sets enqueue bounds."""
     client.enqueue(conn, "h", schema=schema)
     with as_role(roles, schema, "operator") as c:
         assert [s for s in OPERATOR_CAN if not allowed(c, schema, s)] == []
@@ -538,8 +497,8 @@ def test_the_operator_cannot_change_what_a_job_runs(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
 ) -> None:
     """It cannot change what a job runs (payload, handler, queue, priority, checkpoint,
-    dedupe key), who enqueued it or its lease, nor claim, declare schedules, or write job
-    logs or attempt history."""
+    dedupe key), who enqueued it or its lease, nor claim, fire schedules, or write job logs
+    or attempt history."""
     client.enqueue(conn, "h", schema=schema)
     with as_role(roles, schema, "operator") as c:
         assert (
@@ -558,7 +517,7 @@ def test_the_operator_cannot_change_what_a_job_runs(
                     "UPDATE @schema@.jobs SET locked_by = 'x', locked_until = now()",
                     "SELECT * FROM @schema@.claim_jobs('w', '{default}', '{h}', '{60}', '{1}', 1,"
                     " NULL, NULL, NULL, NULL)",
-                    "SELECT @schema@.schedule_declare('s', '{}', 'w')",
+                    "SELECT * FROM @schema@.schedule_fire_v2('s', now(), 'w')",
                     "INSERT INTO @schema@.job_logs (job_id, lease_token, attempt, worker)"
                     " VALUES (1, 1, 1, 'w')",
                     "INSERT INTO @schema@.attempts (job_id, lease_token, attempt, outcome)"

@@ -100,3 +100,18 @@ def test_trusted_proxy_is_an_address_and_needs_users() -> None:
         parse_config('[web]\ntrusted_proxy = "proxy.example"\n', "c.toml")
     with pytest.raises(ConfigError, match=r"web.trusted_proxy: needs \[web.users\]"):
         parse_config('[web]\ntrusted_proxy = "127.0.0.1"\n', "c.toml")
+
+
+def test_action_dsn_is_read_masked_and_contradicts_read_only() -> None:
+    from pgworkerd.config import effective
+
+    config = parse_config(
+        '[web]\naction_dsn = "postgresql://pgworkerd_operator:s3cret-pass@db/app"\n'
+    )
+    assert config.web.action_dsn == "postgresql://pgworkerd_operator:s3cret-pass@db/app"
+    assert "s3cret-pass" not in str(effective(config))  # check-config shows it masked
+    assert WebConfig().action_dsn == ""
+    with pytest.raises(ConfigError, match=r"web\.action_dsn: contradicts read_only"):
+        parse_config('[web]\nread_only = true\naction_dsn = "dbname=app"\n', "c.toml")
+    with pytest.raises(ConfigError, match=r"web\.action_dsn: expected a string"):
+        parse_config("[web]\naction_dsn = 5\n", "c.toml")

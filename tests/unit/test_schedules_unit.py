@@ -175,17 +175,16 @@ class FakeScheduleStatements:
     runs: dict[tuple[str, datetime], int] = field(default_factory=dict)
     failing: bool = False
     declared: list[str] = field(default_factory=list)
+    undeclared: set[str] = field(default_factory=set)  # no operator declared these
 
     def declare_schedule(self, name: str, definition: dict[str, Any]) -> datetime | None:
-        return self.handled if self.ok else None
+        return self.handled if self.ok and name not in self.undeclared else None
 
     def set_declared_schedules(self, names: list[str]) -> bool | None:
         self.declared = list(names)
         return True
 
-    def fire_schedule(
-        self, name: str, tick: datetime, job: dict[str, Any], overlap: str
-    ) -> Fired | None:
+    def fire_schedule(self, name: str, tick: datetime) -> Fired | None:
         if self.failing:
             return None
         if (name, tick) in self.runs:
@@ -218,6 +217,26 @@ def test_scheduler_fires_each_tick_once_and_sleeps_until_the_next() -> None:
         at("2026-01-01T00:00:20+00:00"),
         at("2026-01-01T00:00:30+00:00"),
     ]
+
+
+def test_a_schedule_no_operator_declared_waits_and_the_others_fire() -> None:
+    """Schema 22: the daemon role fires only what an operator declared; one schedule of
+    the config not declared yet must not hold back the others, and fires once it is."""
+    wall = FakeClock(at("2026-01-01T00:00:05+00:00").timestamp())
+    mono = FakeClock(100.0)
+    two = parse_config(CONFIG + '[schedules.t]\nevery = "10s"\nhandler = "h"\n')
+    fake = FakeScheduleStatements(undeclared={"t"})
+    scheduler = Scheduler(two, fake, wall)  # type: ignore[arg-type]
+    scheduler.tick(mono())
+    assert fake.declared == ["s"]
+    wall.advance(10)
+    scheduler.tick(mono.advance(10))
+    assert [name for name, _ in fake.runs] == ["s"]
+    fake.undeclared.clear()  # the operator declares it
+    wall.advance(10)
+    scheduler.tick(mono.advance(10))
+    assert fake.declared == ["s", "t"]
+    assert sorted(name for name, _ in fake.runs) == ["s", "s", "t"]
 
 
 def test_scheduler_looks_at_the_wall_clock_again_within_half_a_minute() -> None:

@@ -14,7 +14,7 @@ from test_dashboard_actions import act
 from pgworkerd import client
 from pgworkerd.config import WebConfig
 from pgworkerd.queue.queries import render
-from pgworkerd.web.server import build
+from pgworkerd.web.server import PagesCanWrite, build
 
 
 @pytest.fixture
@@ -83,3 +83,49 @@ def test_every_page_serves_as_the_reader_and_actions_work_as_the_operator(
     assert "resumed" in act(operator, "resume-queue", "default")
     assert "drain requested" in act(operator, "drain", "h:1:a")
     assert "resumed" in act(operator, "resume", "h:1:a")
+
+
+@pytest.mark.parametrize("kind", ["operator", "daemon", "owner"])
+@pytest.mark.parametrize("setting", ["read_only", "action_dsn"])
+def test_pages_that_must_only_read_refuse_a_role_that_can_write(
+    roles: dict[str, str], schema: str, test_db_dsn: str, kind: str, setting: str
+) -> None:
+    """N9: `read_only = true` (or actions on a DSN of their own) means the pages' role
+    cannot write, not only pages without buttons: the operator's, the daemon's and the
+    owner's DSN are refused at start, naming what the role could change."""
+    dsn = test_db_dsn if kind == "owner" else roles[f"{schema}_{kind}"]
+    web = (
+        WebConfig(port=0, users={USER: PASSWORD_HASH}, read_only=True)
+        if setting == "read_only"
+        else WebConfig(port=0, users={USER: PASSWORD_HASH}, action_dsn=roles[f"{schema}_operator"])
+    )
+    with pytest.raises(PagesCanWrite, match="refusing a database role that can write"):
+        build(web, dsn, schema)
+
+
+def test_pages_as_the_reader_and_actions_as_the_operator_in_one_dashboard(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """[web] action_dsn: one dashboard whose pages read as pgworkerd_reader and whose
+    actions (only they) run as pgworkerd_operator."""
+    job = client.enqueue(conn, "h", {"x": 1}, schema=schema)
+    running = RunningDashboard(
+        build(
+            WebConfig(port=0, users={USER: PASSWORD_HASH}, action_dsn=roles[f"{schema}_operator"]),
+            roles[f"{schema}_reader"],
+            schema,
+        )
+    )
+    try:
+        http = Http(running.port)
+        assert http.log_in().status == 302
+        page = http.get(f"/jobs/{job}")
+        assert page.status == 200 and "/confirm/" in page.body
+        assert "cancelled" in act(http, "cancel", str(job))
+        assert "paused" in act(http, "pause-queue", "default")
+        assert "resumed" in act(http, "resume-queue", "default")
+    finally:
+        running.close()
+    assert conn.execute(
+        render("SELECT status FROM @schema@.jobs WHERE id = %s", schema), [job]
+    ).fetchone() == ("cancelled",)

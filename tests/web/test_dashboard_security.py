@@ -14,6 +14,7 @@ import pytest
 from daemon_harness import Db
 from dashboard_harness import (
     PASSWORD,
+    PASSWORD_HASH,
     USER,
     Http,
     RunningDashboard,
@@ -24,7 +25,7 @@ from dashboard_harness import (
 )
 
 from pgworkerd.config import ConfigError, WebConfig, parse_config
-from pgworkerd.web.server import BindRefused, check_bind
+from pgworkerd.web.server import BindRefused, build, check_bind
 
 
 def test_without_a_login_every_page_is_refused(dashboard: RunningDashboard, db: Db) -> None:
@@ -71,10 +72,24 @@ def test_a_login_without_the_csrf_token_is_refused(dashboard: RunningDashboard) 
 
 
 def test_read_only_mode_offers_and_accepts_no_action(
-    start_dashboard: Callable[..., RunningDashboard], db: Db
+    roles: dict[str, str], schema: str, db: Db
 ) -> None:
     job = db.enqueue("work", {})
-    client = Http(start_dashboard(read_only=True).port)
+    # (read_only refuses a role that could write: the reader's, as roles.sql says)
+    dashboard = RunningDashboard(
+        build(
+            WebConfig(port=0, users={USER: PASSWORD_HASH}, read_only=True),
+            roles[f"{schema}_reader"],
+            schema,
+        )
+    )
+    try:
+        _read_only_refuses_actions(Http(dashboard.port), job, db)
+    finally:
+        dashboard.close()
+
+
+def _read_only_refuses_actions(client: Http, job: int, db: Db) -> None:
     client.log_in()
     page = client.get(f"/jobs/{job}")
     assert page.status == 200 and "/confirm/" not in page.body

@@ -5,13 +5,14 @@
 -- literal percent sign is written %%).
 --
 -- Durable whatever the server's default: the claim (claim_jobs, migration 0019, which
--- every language uses) forces it itself, and the daemon's other fenced writes (renew and
--- every finish) carry `(SELECT set_config('synchronous_commit', 'on', true)) IS NOT NULL`,
--- the per-transaction form of SET LOCAL inside the statement itself (no extra round trip,
--- and safe behind PgBouncer in transaction mode). It is an uncorrelated subquery, so it
--- runs once, before the statement's own work, and its setting holds until the commit of
--- the (implicit) transaction: an acknowledged claim or finish is on disk (and, with
--- synchronous_standby_names, on the standby) even where synchronous_commit = off.
+-- every language uses) and the daemon's other fenced writes (renew and every finish, the
+-- functions of migrations 0019 and 0022 since the daemon role lost UPDATE on jobs) each
+-- run `set_config('synchronous_commit', 'on', true)`, the per-transaction form of SET
+-- LOCAL (no extra round trip, and safe behind PgBouncer in transaction mode). Its setting
+-- holds until the commit of the (implicit) transaction, also when set inside a function
+-- (whose SET clause pins only search_path): an acknowledged claim or finish is on disk
+-- (and, with synchronous_standby_names, on the standby) even where synchronous_commit =
+-- off.
 
 -- name: schema_migrate_lock
 -- Serialise migrations of one schema across hosts, until the transaction ends.
@@ -126,141 +127,80 @@ SELECT * FROM @schema@.claim_jobs(
 -- name: job_renew
 -- Renew many leases of one worker at once, saving progress and checkpoints sent along
 -- (NULL keeps the old value); one row per lease: renewed or lost, and cancel requests.
--- Jobs are found by primary key only (id = ANY): the status test compares text so that
--- the partial index on running jobs, whose size grows with every worker's jobs, never
--- looks attractive to the planner, fresh statistics or stale, custom plan or generic.
-WITH lease AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[],
-                         %(lease_seconds)s::float8[], %(progress)s::jsonb[],
-                         %(checkpoints)s::jsonb[])
-             AS l(id, token, lease_seconds, progress, checkpoint)
-), renewed AS (
-    UPDATE @schema@.jobs j
-       SET locked_until = now() + make_interval(secs => l.lease_seconds),
-           progress = coalesce(l.progress, j.progress),
-           checkpoint = coalesce(l.checkpoint, j.checkpoint),
-           updated_at = now()
-      FROM lease l
-     WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = l.id AND j.lease_token = l.token
-       AND j.locked_by = %(worker)s AND j.status::text = 'running'
-       AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
-    RETURNING j.id, j.cancel_requested, j.locked_until
-)
-SELECT l.id, r.id IS NOT NULL AS renewed,
-       coalesce(r.cancel_requested, false) AS cancel_requested, r.locked_until
-  FROM lease l LEFT JOIN renewed r USING (id);
+-- Through renew_leases (migration 0022: fenced by the lease, SECURITY DEFINER, the
+-- daemon role has no UPDATE on jobs). Like every function that ends or changes a held
+-- job, it forces a durable commit (synchronous_commit on for the transaction).
+SELECT r.id, r.renewed, r.cancel_requested, r.locked_until
+  FROM @schema@.renew_leases(%(worker)s::text, %(ids)s::bigint[], %(tokens)s::bigint[],
+                             %(lease_seconds)s::float8[], %(progress)s::jsonb[],
+                             %(checkpoints)s::jsonb[]) AS r;
 
 -- name: job_complete
 -- Finish jobs their holder still owns: completed, each with an optional JSON result.
 -- Returns the ids completed; a missing id means that lease was lost and nothing changed.
--- Primary-key look-ups only (see job_renew).
-WITH done AS (
-    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[],
-                         %(progress)s::jsonb[]) AS d(id, token, result, progress)
-)
-UPDATE @schema@.jobs j
-   SET status = 'completed', result = d.result,
-       progress = coalesce(d.progress, j.progress),
-       locked_by = NULL, locked_until = NULL, cancel_requested = false,
-       finished_at = now(), updated_at = now()
-  FROM done d
- WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = d.id AND j.locked_by = %(worker)s
-   AND j.lease_token = d.token AND j.status::text = 'running'
-   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
-RETURNING j.id;
+-- Through complete_jobs (migration 0022; durable).
+SELECT c.id
+  FROM @schema@.complete_jobs(%(worker)s::text, %(ids)s::bigint[], %(tokens)s::bigint[],
+                              %(results)s::jsonb[], %(progress)s::jsonb[]) AS c(id);
 
 -- name: job_complete_one
--- job_complete for one job: a single primary-key look-up, no arrays to unpack.
--- Returns the id if the lease still held.
-UPDATE @schema@.jobs
-   SET status = 'completed', result = %(result)s::jsonb,
-       progress = coalesce(%(progress)s::jsonb, progress),
-       locked_by = NULL, locked_until = NULL, cancel_requested = false,
-       finished_at = now(), updated_at = now()
- WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
-   AND status::text = 'running'  -- by primary key, never the running-jobs index
-   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
-RETURNING id;
+-- job_complete for one job, through complete_job (migrations 0019, 0022: one primary-key
+-- look-up, no arrays to unpack; durable). Returns the id if the lease held.
+SELECT %(id)s::bigint AS id
+  FROM @schema@.complete_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+                             %(result)s::jsonb, %(progress)s::jsonb) AS done
+ WHERE done;
 
 -- name: job_fail
--- A failed attempt: back to pending after exponential backoff with +-25 %% jitter, or
--- dead once max_attempts are used, or cancelled if a cancel was requested meanwhile.
--- The attempt's latest progress and checkpoint are saved with it (NULL keeps the old
--- value), so the next attempt resumes from there. retry_in: seconds until the retry.
-UPDATE @schema@.jobs
-   SET status = CASE WHEN cancel_requested THEN 'cancelled'
-                     WHEN attempts >= max_attempts THEN 'dead'
-                     ELSE 'pending' END::@schema@.job_status,
-       run_at = CASE WHEN cancel_requested OR attempts >= max_attempts THEN run_at
-                     ELSE now() + make_interval(secs =>
-                          least(%(backoff_max)s::float8,
-                                %(backoff_base)s::float8 * power(2, least(attempts - 1, 60)))
-                          * (0.75 + 0.5 * random())) END,
-       finished_at = CASE WHEN cancel_requested OR attempts >= max_attempts
-                          THEN now() END,
-       last_error = %(error)s,
-       progress = coalesce(%(progress)s::jsonb, progress),
-       checkpoint = coalesce(%(checkpoint)s::jsonb, checkpoint),
-       locked_by = NULL, locked_until = NULL, cancel_requested = false,
-       updated_at = now()
- WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
-   AND status::text = 'running'  -- by primary key, never the running-jobs index
-   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
-RETURNING id, status, run_at,
-          CASE WHEN status = 'pending' THEN extract(epoch FROM run_at - now())::float8
-          END AS retry_in;
+-- A failed attempt, through fail_job (migrations 0019, 0022): back to pending after
+-- exponential backoff with +-25 %% jitter, or dead once max_attempts are used, or
+-- cancelled if a cancel was requested meanwhile. The attempt's latest progress and
+-- checkpoint are saved with it (NULL keeps the old value), so the next attempt resumes
+-- from there. retry_in: seconds until the retry. Durable.
+SELECT %(id)s::bigint AS id, f.status, f.run_at,
+       CASE WHEN f.status = 'pending' THEN extract(epoch FROM f.run_at - now())::float8
+       END AS retry_in
+  FROM @schema@.fail_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+                         %(error)s::text, %(backoff_base)s::float8, %(backoff_max)s::float8,
+                         %(progress)s::jsonb, %(checkpoint)s::jsonb) AS f;
 
 -- name: job_release
--- Hand a job back (drain, hand-back, shutdown): pending at once, the attempt not counted,
--- and in its old place in the queue (run_at kept), so the next daemon takes it before
--- newer jobs. Its latest progress and checkpoint are saved (NULL keeps the old value).
--- The peers that serve it are woken on commit as for a new job (the wake channel's
--- {"q", "h", "id", "n"}, see daemon/peers.py), so another daemon starts it at once.
+-- Hand a job back (drain, hand-back, shutdown), through release_job (migrations 0019,
+-- 0022): pending at once, the attempt not counted, and in its old place in the queue
+-- (run_at kept), so the next daemon takes it before newer jobs. Its latest progress and
+-- checkpoint are saved (NULL keeps the old value). The peers that serve it are woken on
+-- commit as for a new job (the wake channel's {"q", "h", "id", "n"}, see
+-- daemon/peers.py), so another daemon starts it at once. Durable.
 WITH released AS (
-UPDATE @schema@.jobs
-   SET status = CASE WHEN cancel_requested THEN 'cancelled'
-                     ELSE 'pending' END::@schema@.job_status,
-       finished_at = CASE WHEN cancel_requested THEN now() END,
-       attempts = attempts - 1,
-       progress = coalesce(%(progress)s::jsonb, progress),
-       checkpoint = coalesce(%(checkpoint)s::jsonb, checkpoint),
-       locked_by = NULL, locked_until = NULL, cancel_requested = false,
-       updated_at = now()
- WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
-   AND status::text = 'running'  -- by primary key, never the running-jobs index
-   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
-RETURNING id, status, queue, handler
+    SELECT %(id)s::bigint AS id, r.status
+      FROM @schema@.release_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+                                %(progress)s::jsonb, %(checkpoint)s::jsonb) AS r(status)
 )
-SELECT r.id, r.status FROM released r, LATERAL (
+SELECT r.id, r.status FROM released r
+  JOIN @schema@.jobs j ON j.id = r.id, LATERAL (
     SELECT CASE WHEN r.status = 'pending' THEN pg_notify(@schema_literal@ || '.wake',
-        CASE WHEN octet_length(r.queue) + octet_length(r.handler) <= 2048
-             THEN json_build_object('q', r.queue, 'h', r.handler, 'id', r.id, 'n', 1)
-             ELSE json_build_object('id', r.id, 'n', 1) END::text) END) AS sent;
+        CASE WHEN octet_length(j.queue) + octet_length(j.handler) <= 2048
+             THEN json_build_object('q', j.queue, 'h', j.handler, 'id', j.id, 'n', 1)
+             ELSE json_build_object('id', j.id, 'n', 1) END::text) END) AS sent
+ WHERE r.status IS NOT NULL;
 
 -- name: job_cancel_running
 -- The holder stopped a job whose cancellation was requested: cancelled (with its latest
--- progress; NULL keeps the old value).
-UPDATE @schema@.jobs
-   SET status = 'cancelled', last_error = %(error)s,
-       progress = coalesce(%(progress)s::jsonb, progress),
-       locked_by = NULL, locked_until = NULL, cancel_requested = false,
-       finished_at = now(), updated_at = now()
- WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
-   AND status::text = 'running'  -- by primary key, never the running-jobs index
-   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
-RETURNING id, status;
+-- progress; NULL keeps the old value), through cancel_held_job (migration 0022; durable
+-- as job_renew).
+SELECT %(id)s::bigint AS id, c.status
+  FROM @schema@.cancel_held_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+                                %(error)s::text, %(progress)s::jsonb) AS c(status)
+ WHERE c.status IS NOT NULL;
 
 -- name: job_bury
 -- The holder cannot run a claimed job at all (its row cannot be loaded or handed to a
--- child): dead at once, whatever attempts are left, with the reason.
-UPDATE @schema@.jobs
-   SET status = 'dead', last_error = %(error)s,
-       locked_by = NULL, locked_until = NULL, cancel_requested = false,
-       finished_at = now(), updated_at = now()
- WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
-   AND status::text = 'running'  -- by primary key, never the running-jobs index
-   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
-RETURNING id, status;
+-- child): dead at once, whatever attempts are left, with the reason; through give_up_job
+-- (migrations 0019, 0022; durable).
+SELECT %(id)s::bigint AS id, 'dead' AS status
+  FROM @schema@.give_up_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+                            %(error)s::text) AS buried
+ WHERE buried;
 
 -- name: job_cancel
 -- Cancel jobs by id: pending ones at once, running ones by request to their daemon.
@@ -676,11 +616,24 @@ FROM @schema@.paused ORDER BY paused_at, kind, name;
 -- is handled (its latest run, or when it was first declared).
 SELECT @schema@.schedule_declare(%(name)s, %(definition)s::jsonb, %(worker)s) AS handled_until;
 
+-- name: schedule_declared
+-- Whether this role may declare schedules (an operator; the daemon role may not since
+-- schema 22), and the stored definition of one (NULL: not declared) with the tick up to
+-- which it is handled (its latest run, or when it was first declared).
+SELECT has_function_privilege(@schema_literal@ || '.schedule_declare(text, jsonb, text)',
+                              'EXECUTE') AS may_declare,
+       s.definition,
+       greatest(s.created_at, (SELECT max(r.tick) FROM @schema@.schedule_runs r
+                                WHERE r.schedule = s.name)) AS handled_until
+  FROM (SELECT) AS one
+  LEFT JOIN @schema@.schedules s ON s.name = %(name)s;
+
 -- name: schedule_fire
--- Fire one tick: record it and enqueue its job in one transaction (see migration
--- "schedules"); returns outcome fired / skipped / taken and the job id.
+-- Fire one tick of a schedule an operator declared, its job and overlap policy taken from
+-- the stored definition (migration 0022, schedule_fire_v2): record it and enqueue its job
+-- in one transaction; returns outcome fired / skipped / taken and the job id.
 SELECT outcome, job_id
-  FROM @schema@.schedule_fire(%(name)s, %(tick)s, %(job)s::jsonb, %(overlap)s, %(worker)s);
+  FROM @schema@.schedule_fire_v2(%(name)s, %(tick)s, %(worker)s);
 
 -- name: schedule_list
 -- Every schedule with its last run, that run's job status, and whether a live daemon
@@ -722,31 +675,19 @@ UPDATE @schema@.workers SET schedules = %(schedules)s WHERE id = %(id)s;
 
 -- name: job_snooze
 -- The handler asked to run again in %(delay)s seconds (pgworkerd.Snooze), which is not a
--- failure: pending again at now() + delay with the attempt not counted and one more
--- snooze counted (cancelled instead if a cancel was requested meanwhile), its latest
--- progress and checkpoint saved (NULL keeps the old value), last_error kept. Only while
--- the job has snoozed fewer than %(max_snoozes)s times: no row back then, and the daemon
--- records the attempt as failed instead (a lost lease also gives no row: job_fail, under
--- the same fence, changes nothing either). retry_in: seconds until it is due.
-UPDATE @schema@.jobs
-   SET status = CASE WHEN cancel_requested THEN 'cancelled'
-                     ELSE 'pending' END::@schema@.job_status,
-       run_at = CASE WHEN cancel_requested THEN run_at
-                     ELSE now() + make_interval(secs => %(delay)s::float8) END,
-       finished_at = CASE WHEN cancel_requested THEN now() END,
-       attempts = attempts - 1,
-       snoozes = snoozes + 1,
-       progress = coalesce(%(progress)s::jsonb, progress),
-       checkpoint = coalesce(%(checkpoint)s::jsonb, checkpoint),
-       locked_by = NULL, locked_until = NULL, cancel_requested = false,
-       updated_at = now()
- WHERE id = %(id)s AND locked_by = %(worker)s AND lease_token = %(token)s
-   AND status::text = 'running'  -- by primary key, never the running-jobs index
-   AND (SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL
-   AND snoozes < %(max_snoozes)s::integer
-RETURNING id, status, run_at, snoozes,
-          CASE WHEN status = 'pending' THEN extract(epoch FROM run_at - now())::float8
-          END AS retry_in;
+-- failure, through snooze_held_job (migration 0022; durable): pending again
+-- at now() + delay with the attempt not counted and one more snooze counted (cancelled
+-- instead if a cancel was requested meanwhile), its latest progress and checkpoint saved
+-- (NULL keeps the old value), last_error kept. Only while the job has snoozed fewer than
+-- %(max_snoozes)s times: no row back then, and the daemon records the attempt as failed
+-- instead (a lost lease also gives no row: job_fail, under the same fence, changes
+-- nothing either). retry_in: seconds until it is due.
+SELECT %(id)s::bigint AS id, s.status, s.run_at, s.snoozes,
+       CASE WHEN s.status = 'pending' THEN extract(epoch FROM s.run_at - now())::float8
+       END AS retry_in
+  FROM @schema@.snooze_held_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+                                %(delay)s::float8, %(max_snoozes)s::integer,
+                                %(progress)s::jsonb, %(checkpoint)s::jsonb) AS s;
 
 -- name: job_info
 -- One job as pgworkerd.get returns it (client.JobInfo's fields, in order), through the
@@ -769,18 +710,15 @@ LISTEN @finished_channel@;
 UNLISTEN @finished_channel@;
 
 -- name: attempt_account
--- Add what the daemon measured to attempts its trigger recorded (migration 0012): each
--- names the job and the lease token it ran under, so a figure lands on its own attempt
--- only, also one another daemon's claim ended (lease expired). Returns the rows changed.
-UPDATE @schema@.attempts a
-   SET wall_seconds = u.wall, cpu_user_seconds = u.cpu_user,
-       cpu_system_seconds = u.cpu_system, peak_memory = u.peak_memory
-  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(wall)s::float8[],
-              %(cpu_user)s::float8[], %(cpu_system)s::float8[], %(peak_memory)s::bigint[])
-       AS u(id, token, wall, cpu_user, cpu_system, peak_memory)
- WHERE a.job_id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the plan expects
-   AND a.job_id = u.id AND a.lease_token = u.token AND a.worker = %(worker)s
-RETURNING a.job_id;
+-- Add what the daemon measured to attempts its trigger recorded (migration 0012), through
+-- attempt_account_v1 (0022): each names the job and the lease token it ran under, and
+-- this worker, so a figure lands on its own attempt only, also one another daemon's
+-- claim ended (lease expired). Returns the rows changed.
+SELECT a.job_id
+  FROM @schema@.attempt_account_v1(%(worker)s::text, %(ids)s::bigint[], %(tokens)s::bigint[],
+                                   %(wall)s::float8[], %(cpu_user)s::float8[],
+                                   %(cpu_system)s::float8[], %(peak_memory)s::bigint[])
+       AS a(job_id);
 
 -- name: attempt_list
 -- A job's attempts, oldest first (pgworkerd show).
@@ -792,24 +730,16 @@ SELECT attempt, outcome, worker, host, started_at, finished_at, wall_seconds,
 
 -- name: job_log_write
 -- Upsert running and ended attempts' captured output (migration 0015), every attempt in
--- one statement: a NULL (or empty) head keeps the stored one (a head only grows, and once
--- full it is sent no more, so its TOASTed value is not rewritten every second). Attempts of jobs deleted meanwhile are
+-- one statement, through job_log_write_v1 (0022): only attempts this worker holds or held
+-- (the attempt history names it), never another worker's row. A NULL (or empty) head
+-- keeps the stored one (a head only grows, and once full it is sent no more, so its
+-- TOASTed value is not rewritten every second). Attempts of jobs deleted meanwhile are
 -- skipped, so a log never outlives its job. Returns the job ids written.
-INSERT INTO @schema@.job_logs AS l
-       (job_id, lease_token, attempt, worker, head, tail, total_bytes, omitted_bytes,
-        finished, updated_at)
-SELECT u.id, u.token, u.attempt, %(worker)s, coalesce(u.head, ''), u.tail, u.total,
-       u.omitted, u.finished, now()
-  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(attempts)s::integer[],
-              %(heads)s::text[], %(tails)s::text[], %(totals)s::bigint[],
-              %(omitted)s::bigint[], %(finished)s::boolean[])
-       AS u(id, token, attempt, head, tail, total, omitted, finished)
- WHERE EXISTS (SELECT 1 FROM @schema@.jobs j WHERE j.id = u.id)
-ON CONFLICT (job_id, lease_token) DO UPDATE
-   SET head = CASE WHEN EXCLUDED.head = '' THEN l.head ELSE EXCLUDED.head END, tail = EXCLUDED.tail,
-       total_bytes = EXCLUDED.total_bytes, omitted_bytes = EXCLUDED.omitted_bytes,
-       finished = EXCLUDED.finished, updated_at = EXCLUDED.updated_at
-RETURNING l.job_id;
+SELECT l.job_id
+  FROM @schema@.job_log_write_v1(%(worker)s::text, %(ids)s::bigint[], %(tokens)s::bigint[],
+                                 %(attempts)s::integer[], %(heads)s::text[],
+                                 %(tails)s::text[], %(totals)s::bigint[],
+                                 %(omitted)s::bigint[], %(finished)s::boolean[]) AS l(job_id);
 
 -- name: job_log_list
 -- A job's captured output, one row per attempt that printed something, oldest first
@@ -826,6 +756,31 @@ SELECT status::text AS status, attempts, lease_token
   FROM @schema@.jobs WHERE id = %(id)s;
 
 -- -- the read side: `status`, `show`, `jobs`, `explain` and the dashboard (views.py) ------
+
+-- name: role_writes
+-- What the session's role could change through the schema (a read-only dashboard's
+-- role must be able to change nothing: `[web] read_only` refuses one that can, N9): the
+-- names of the rights it holds, empty for pgworkerd_reader. Any write on a table, any
+-- column UPDATE, and EXECUTE on a VOLATILE SECURITY DEFINER function (the others run
+-- with the caller's rights, or change nothing: job_get_v1 is STABLE).
+SELECT ARRAY(
+    SELECT c.relname || ': ' || p.privilege
+      FROM pg_catalog.pg_class c
+      JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+     CROSS JOIN unnest(ARRAY['INSERT', 'UPDATE', 'DELETE', 'TRUNCATE']) AS p(privilege)
+     WHERE n.nspname = @schema_literal@ AND c.relkind IN ('r', 'p')
+       AND (pg_catalog.has_table_privilege(c.oid, p.privilege)
+            OR (p.privilege IN ('INSERT', 'UPDATE')
+                AND pg_catalog.has_any_column_privilege(c.oid, p.privilege)))
+    UNION ALL
+    SELECT f.oid::pg_catalog.regprocedure::text || ': EXECUTE'
+      FROM pg_catalog.pg_proc f
+      JOIN pg_catalog.pg_namespace n ON n.oid = f.pronamespace
+     WHERE n.nspname = @schema_literal@ AND f.provolatile = 'v' AND f.prokind = 'f'
+       AND f.prosecdef
+       AND f.prorettype <> 'pg_catalog.trigger'::pg_catalog.regtype
+       AND pg_catalog.has_function_privilege(f.oid, 'EXECUTE')
+     ORDER BY 1) AS rights;
 
 -- name: view_job_counts_recent_capped
 -- job_counts_capped with the finished jobs of the last %(window)s seconds only: pending

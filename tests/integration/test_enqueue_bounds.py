@@ -232,16 +232,17 @@ def test_schedules_fired_by_the_daemon_role_are_bound_like_any_enqueue(
     daemon = f"{schema}_daemon"
     with connect(roles[f"{schema}_operator"]) as op:
         set_bound(op, schema, role_name=daemon, priority_min=0)
-    with connect(roles[daemon]) as c:
-        c.execute(render("SELECT @schema@.schedule_declare('s', '{}', 'w')", schema))
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="priority -5 is outside"):
-            c.execute(
-                render(
-                    "SELECT * FROM @schema@.schedule_fire('s', now(),"
-                    " '{\"handler\": \"h\", \"priority\": -5}', 'allow', 'w')",
-                    schema,
-                )
+        # the operator declares the schedule (schema 22); the daemon fires its stored job
+        op.execute(
+            render(
+                "SELECT @schema@.schedule_declare('s',"
+                " '{\"handler\": \"h\", \"priority\": -5}', 'operator')",
+                schema,
             )
+        )
+    with connect(roles[daemon]) as c:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="priority -5 is outside"):
+            c.execute(render("SELECT * FROM @schema@.schedule_fire_v2('s', now(), 'w')", schema))
     assert job_count(conn, schema) == 0
 
 

@@ -172,6 +172,12 @@ def run(ctx: Context, log_format: str | None) -> None:
             conninfo(dsn)  # syntax only; retrying could never fix an unparsable DSN
         except InvalidDsn as exc:
             fail(str(exc), ExitCode.CONFIG)
+    if config.worker.job_uids is not None:
+        from pgworkerd.daemon.jobuids import startup_problem
+
+        problem = startup_problem(ctx.config_path, config.worker.job_uids)
+        if problem:
+            fail(f"{config.path}: worker.job_uids: {problem}", ExitCode.CONFIG)
     for handler in config.handlers.values():
         try:
             import_handler(handler)

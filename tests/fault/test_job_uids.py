@@ -142,7 +142,7 @@ def test_without_job_uids_every_attack_of_the_audit_succeeds(
     """Today's default, said plainly: jobs share the daemon's uid (root here), so one job
     can do all of this to another and to the daemon."""
     config = config_in(open_tmp, daemons, WORKER)
-    _daemon, result, victim, output, victim_uid = attack_a_victim(db, daemons, config)
+    _daemon, result, _victim, output, victim_uid = attack_a_victim(db, daemons, config)
 
     assert result["uid"] == victim_uid == os.geteuid()
     for attack in ("write_victim_fd1", "list_victim_tmpdir", "read_daemon_environ"):

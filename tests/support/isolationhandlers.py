@@ -24,6 +24,7 @@ from pgworkerd.worker import JobContext
 
 # A sleeper every user can run, its marker in its argv (walked by the test in /proc).
 SLEEPER = ["/usr/bin/python3", "-c", "import time; time.sleep(300)"]
+FORGED = "FORGED: written by another job\n"
 
 
 def victim(job: JobContext) -> Any:
@@ -75,7 +76,7 @@ def attack(job: JobContext) -> Any:
     p = job.payload
     out: dict[str, Any] = {
         "uid": os.getuid(),
-        "write_victim_fd1": _try(lambda: _write_fd1(p["victim"], "FORGED: written by another job\n")),
+        "write_victim_fd1": _try(lambda: _write_fd1(p["victim"], FORGED)),
         "read_victim_environ": _try(lambda: _read(f"/proc/{p['victim']}/environ")[:20]),
         "list_victim_tmpdir": _try(lambda: os.listdir(p["tmpdir"])),
         "read_victim_secret": _try(lambda: _read(p["secret"])),

@@ -227,3 +227,22 @@ def test_the_audits_escapes_do_not_outlive_the_attempt(
         and not list(open_tmp.glob(f"pgworkerd-0/d*/{Path(path_for('', child)).name}")),
         what="the child's leftovers removed",
     )
+
+
+def test_a_reload_keeps_the_job_uids_the_daemon_started_with(
+    db: Db, daemons: Daemons, open_tmp: Path
+) -> None:
+    """The uids of live children belong to the range the daemon started with: a reload
+    that changes job_uids (here: removes it) keeps it, and says so."""
+    config = config_in(open_tmp, daemons, {**WORKER, "job_uids": UIDS})
+    daemon = daemons.start(config)
+    text = config.read_text().replace(f'job_uids = "{UIDS}"\n', "")
+    assert "job_uids" not in text
+    config.write_text(text)
+    daemon.send(signal.SIGHUP)
+    daemon.wait_log("job_uids changed .* applies after a restart")
+    daemon.wait_log(r"reloaded ")
+    job = db.enqueue("victim", {"seconds": 1})
+    progress = wait_for(lambda: db.job(job)["progress"], what="the job's progress")
+    assert 61000 <= uid_of(progress["pid"]) <= 61007
+    assert db.wait_status(job, "completed")["status"] == "completed"

@@ -145,7 +145,14 @@ def test_without_job_uids_every_attack_of_the_audit_succeeds(
     _daemon, result, _victim, output, victim_uid = attack_a_victim(db, daemons, config)
 
     assert result["uid"] == victim_uid == os.geteuid()
-    for attack in ("write_victim_fd1", "list_victim_tmpdir", "read_daemon_environ"):
+    for attack in (
+        "write_victim_fd1",
+        "read_victim_environ",
+        "list_victim_tmpdir",
+        "read_daemon_environ",
+        "daemon_fds",
+        "signal_victim",
+    ):
         assert result[attack].startswith("ok: "), (attack, result[attack])
     assert "the victim's secret" in result["read_victim_secret"]
     assert daemons.dsn in result["read_daemon_config"]  # the DSN, password and all

@@ -36,7 +36,7 @@ from pgworkerd.worker.capture import path_for
 UIDS = "61000-61007"
 HANDLERS = {
     name: {"target": f"isolationhandlers:{name}", "max_attempts": 1}
-    for name in ("victim", "attack", "escapes")
+    for name in ("victim", "attack", "escapes", "allocate")
 }
 WORKER = {"slots": 3, "warm_children": 1, "kill_grace": "2s", "drain_timeout": "1s"}
 
@@ -253,3 +253,32 @@ def test_a_reload_keeps_the_job_uids_the_daemon_started_with(
     progress = wait_for(lambda: db.job(job)["progress"], what="the job's progress")
     assert 61000 <= uid_of(progress["pid"]) <= 61007
     assert db.wait_status(job, "completed")["status"] == "completed"
+
+
+def test_a_job_user_is_still_measured_and_stopped_at_its_memory_limit(
+    db: Db, daemons: Daemons, open_tmp: Path
+) -> None:
+    """The child reads its tree's /proc files as the job user (non-dumpable children
+    included) and kills over the limit."""
+    worker = {**WORKER, "job_uids": UIDS, "memory_limit": "150MiB"}
+    daemons.start(config_in(open_tmp, daemons, worker))
+    job = db.enqueue("allocate", {"mib": 400})
+    row = db.wait_status(job, "dead")
+    assert re.match(r"memory limit 150 MiB exceeded \(peak [\d.]+ MiB\)", row["last_error"]), row
+
+
+def test_a_reused_child_keeps_its_uid_and_gives_each_job_its_own_tmpdir(
+    db: Db, daemons: Daemons, open_tmp: Path
+) -> None:
+    worker = {**WORKER, "job_uids": UIDS, "slots": 1, "warm_children": 0, "max_jobs_per_child": 3}
+    daemons.start(config_in(open_tmp, daemons, worker))
+    seen = []
+    for _ in range(2):
+        job = db.enqueue("victim", {"seconds": 0.5})
+        progress = wait_for(lambda j=job: db.job(j)["progress"], what="the job's progress")
+        seen.append((progress["pid"], uid_of(progress["pid"]), progress["tmpdir"]))
+        assert db.wait_status(job, "completed")["status"] == "completed"
+    (pid1, uid1, tmp1), (pid2, uid2, tmp2) = seen
+    assert pid1 == pid2 and uid1 == uid2 and 61000 <= uid1 <= 61007 and tmp1 != tmp2
+    for scratch in (tmp1, tmp2):
+        wait_for(lambda s=scratch: not Path(s).exists(), what="the attempt's TMPDIR removed")

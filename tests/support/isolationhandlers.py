@@ -138,3 +138,19 @@ def escapes(job: JobContext) -> Any:
         os.execv("/usr/bin/unshare", ["unshare", "-Urpf", *SLEEPER, marker, "userns"])
     time.sleep(float(job.payload.get("seconds", 1)))  # (the test ends it, or it returns)
     return {"escaped": True}
+
+
+def allocate(job: JobContext) -> Any:
+    """Hold payload["mib"] MiB for 60 s in a subprocess of its own session (only a walk of
+    the tree finds it): the memory limit must stop it."""
+    mib = int(job.payload["mib"])
+    code = (
+        f"import time; b = bytearray({mib} << 20); "
+        "[b.__setitem__(i, 1) for i in range(0, len(b), 4096)]; time.sleep(60)"
+    )
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        os.execv(SLEEPER[0], [SLEEPER[0], "-c", code])
+    os.waitpid(pid, 0)
+    return {"held": mib}

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 from daemon_harness import PGWORKERD, DaemonProcess, Daemons, Db, wait_for
-from proctree import process_state
+from proctree import children_of, process_state, process_title
 
 from pgworkerd.worker.capture import path_for
 
@@ -69,6 +69,11 @@ def uid_of(pid: int) -> int:
     return int(re.search(r"^Uid:\s+(\d+)", status, re.M)[1])  # type: ignore[index]
 
 
+def forkserver_of(daemon: DaemonProcess) -> int:
+    [pid] = [p for p in children_of(daemon.pid) if "worker.forkserver" in process_title(p)]
+    return pid
+
+
 def child_of(daemon: DaemonProcess, job_id: int) -> int:
     line = daemon.wait_log(rf"job {job_id} \S+ attempt 1: started in child \d+")
     return int(re.search(r"started in child (\d+)", line)[1])  # type: ignore[index]
@@ -91,6 +96,7 @@ def attack_a_victim(
             "tmpdir": progress["tmpdir"],
             "secret": progress["secret"],
             "daemon": daemon.pid,
+            "forkserver": forkserver_of(daemon),
             "config": str(config),
         },
     )
@@ -117,6 +123,7 @@ def test_with_job_uids_no_attack_of_the_audit_reaches_another_job_or_the_daemon(
         "read_daemon_environ",
         "daemon_fds",
         "signal_daemon",
+        "signal_forkserver",
         "signal_victim",
         "kill_victim_sleeper",
     ):
@@ -157,6 +164,7 @@ def test_without_job_uids_every_attack_of_the_audit_succeeds(
     assert "the victim's secret" in result["read_victim_secret"]
     assert daemons.dsn in result["read_daemon_config"]  # the DSN, password and all
     assert result["signal_daemon"] == "ok: None"  # SIGKILL would have killed it
+    assert result["signal_forkserver"] == "ok: None"
     assert result["kill_victim_sleeper"] == "ok: None"
     assert "FORGED: written by another job" in output
 

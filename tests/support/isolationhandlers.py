@@ -72,7 +72,8 @@ def _read(path: str) -> str:
 
 def attack(job: JobContext) -> Any:
     """What the audit's job did to another job and to the daemon (payload: the victim's
-    pid, its sleeper's pid, its TMPDIR and secret; the daemon's pid and config path)."""
+    pid, its sleeper's pid, its TMPDIR and secret; the daemon's and its fork server's
+    pids, the config's path)."""
     p = job.payload
     out: dict[str, Any] = {
         "uid": os.getuid(),
@@ -85,6 +86,7 @@ def attack(job: JobContext) -> Any:
         "daemon_fds": _try(lambda: os.listdir(f"/proc/{p['daemon']}/fd")),
         # signal 0: the permission check of a kill without the kill (the daemon lives on)
         "signal_daemon": _try(lambda: os.kill(p["daemon"], 0)),
+        "signal_forkserver": _try(lambda: os.kill(p["forkserver"], 0)),
         "signal_victim": _try(lambda: os.kill(p["victim"], 0)),
         # last: the victim's child, SIGKILLed (the audit's kill_pid)
         "kill_victim_sleeper": _try(lambda: os.kill(p["sleeper"], signal.SIGKILL)),

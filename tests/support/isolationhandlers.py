@@ -156,3 +156,15 @@ def allocate(job: JobContext) -> Any:
         os.execv(SLEEPER[0], [SLEEPER[0], "-c", code])
     os.waitpid(pid, 0)
     return {"held": mib}
+
+
+def probe_daemon(job: JobContext) -> Any:
+    """Under a systemd unit: this job's uid, and whether it can signal its daemon (its
+    parent), read the daemon's /proc environment and the config at payload["config"]."""
+    daemon = os.getppid()
+    return {
+        "uid": os.getuid(),
+        "signal_daemon": _try(lambda: os.kill(daemon, 0)),
+        "read_daemon_environ": _try(lambda: _read(f"/proc/{daemon}/environ")[:20]),
+        "read_daemon_config": _try(lambda: _read(job.payload["config"])[:20]),
+    }

@@ -38,6 +38,8 @@ PR_SET_DUMPABLE = 4
 PR_GET_DUMPABLE = 3
 PR_SET_NO_NEW_PRIVS = 38
 PR_GET_NO_NEW_PRIVS = 39
+# Loaded once in the fork server (which preloads this module), not in every child.
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class DropFailed(RuntimeError):
@@ -70,7 +72,7 @@ def become(uid: int, tmp_root: str | None) -> str | None:
         os.setresuid(uid, uid, uid)
     except OSError as exc:
         raise DropFailed(f"cannot become uid {uid}: {exc}") from exc
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise DropFailed(f"prctl(PR_SET_NO_NEW_PRIVS): errno {ctypes.get_errno()}")
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:

@@ -174,9 +174,11 @@ def run(ctx: Context, log_format: str | None) -> None:
         except InvalidDsn as exc:
             fail(str(exc), ExitCode.CONFIG)
     if config.worker.job_uids is not None:
-        from pgworkerd.daemon.jobuids import startup_problem
+        from pgworkerd.daemon.jobuids import claim_range, startup_problem
 
-        problem = startup_problem(ctx.config_path, config.worker.job_uids)
+        problem = startup_problem(ctx.config_path, config.worker.job_uids) or claim_range(
+            config.worker.job_uids
+        )
         if problem:
             fail(f"{config.path}: worker.job_uids: {problem}", ExitCode.CONFIG)
     for handler in config.handlers.values():

@@ -6,10 +6,18 @@ The child's side, the drop itself, is pgworkerd.worker.identity.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import stat
 from collections import deque
 from pathlib import Path
+
+# One file for the host: each daemon with job_uids holds a POSIX lock on the bytes
+# [first, last] of it for its life (released at its death, however it dies; not held by
+# its children), so two daemons can never share a uid: a child kills every process of its
+# uid when it starts, which would be another daemon's job.
+RANGE_LOCK = "/run/lock/pgworkerd-job-uids"
+_held: list[int] = []  # the lock's descriptor, kept open for the daemon's life
 
 # Capabilities the daemon (and its fork server) need to run children as other users and
 # to keep containing them: chown their directory, become them, signal them, remove what
@@ -77,6 +85,30 @@ def startup_problem(config_path: str | None, uids: tuple[int, int]) -> str | Non
                 f"{config_path} is readable by other users, so by every job: "
                 f"chmod o-r {config_path} (jobs run as uids {first}-{last})"
             )
+    return None
+
+
+def claim_range(uids: tuple[int, int], path: str = RANGE_LOCK) -> str | None:
+    """Lock this daemon's uids on the host for its life; why not (None: done): another
+    daemon holds some of them, or the lock file is not root's own."""
+    first, last = uids
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        return f"cannot open {path} to lock the range on this host: {exc}"
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        os.close(fd)
+        return f"{path} is not a regular file of root's that only root may write"
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, last - first + 1, first, os.SEEK_SET)
+    except OSError:
+        os.close(fd)
+        return (
+            f"some of the uids {first}-{last} are another running daemon's on this host "
+            "(each daemon needs a range of its own)"
+        )
+    _held.append(fd)
     return None
 
 

@@ -15,6 +15,7 @@ each drop-in verifies on top of the unit and keeps the score it states.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -364,8 +365,12 @@ def test_job_uids_dropin_runs_each_job_as_a_user_of_its_own(
     environment (tests/fault/test_job_uids.py has the whole attacker)."""
     svc = make_service(Environment=PYTHONPATH)
     svc.write_config(SANDBOX_HANDLERS)
+    # (not the uids of tests/fault/test_job_uids.py: one kernel, but another /run/lock)
+    first = 62000 + 64 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
     svc.config.write_text(
-        svc.config.read_text().replace("[worker]\n", '[worker]\njob_uids = "61000-61015"\n', 1)
+        svc.config.read_text().replace(
+            "[worker]\n", f'[worker]\njob_uids = "{first}-{first + 15}"\n', 1
+        )
     )
     svc.config.chmod(0o600)
     svc.systemctl("start", check=False)
@@ -373,11 +378,13 @@ def test_job_uids_dropin_runs_each_job_as_a_user_of_its_own(
     assert "worker.job_uids: the daemon lacks CAP_" in svc.tb.journal(svc.unit)
 
     svc.systemctl("reset-failed", check=False)
+    assert svc.tb.pid is not None  # (the testbed's /run has no /run/lock of its own)
+    Path(f"/proc/{svc.tb.pid}/root/run/lock").mkdir(mode=0o1777, exist_ok=True)
     install_dropin(svc, "dropin-job-uids.conf", shipped_dropin("dropin-job-uids.conf"))
     svc.start()
     row = outcome(svc, "probe_daemon", {"config": str(svc.config)})
     assert row["status"] == "completed", row
     result = row["result"]
-    assert isinstance(result, dict) and 61000 <= result["uid"] <= 61015, result
+    assert isinstance(result, dict) and first <= result["uid"] <= first + 15, result
     for attack in ("signal_daemon", "read_daemon_environ", "read_daemon_config"):
         assert result[attack] == "PermissionError", (attack, result)

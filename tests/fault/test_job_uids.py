@@ -33,7 +33,11 @@ from proctree import children_of, process_state, process_title
 
 from pgworkerd.worker.capture import path_for
 
-UIDS = "61000-61007"
+# A range per pytest-xdist worker: two daemons on one host never share a uid (the second
+# would refuse to start).
+FIRST = 61000 + 64 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+LAST = FIRST + 7
+UIDS = f"{FIRST}-{LAST}"
 HANDLERS = {
     name: {"target": f"isolationhandlers:{name}", "max_attempts": 1}
     for name in ("victim", "attack", "escapes", "allocate")
@@ -112,7 +116,7 @@ def test_with_job_uids_no_attack_of_the_audit_reaches_another_job_or_the_daemon(
     config = config_in(open_tmp, daemons, {**WORKER, "job_uids": UIDS})
     daemon, result, victim, output, victim_uid = attack_a_victim(db, daemons, config)
 
-    assert 61000 <= result["uid"] <= 61007 and 61000 <= victim_uid <= 61007
+    assert FIRST <= result["uid"] <= LAST and FIRST <= victim_uid <= LAST
     assert result["uid"] != victim_uid
     for attack in (
         "write_victim_fd1",
@@ -227,7 +231,7 @@ def test_the_audits_escapes_do_not_outlive_the_attempt(
     owners = {uid_of(pid) for pid in escaped}
     assert owners == {uid_of(child)}, owners  # each escape is the job's uid
     if uids:
-        assert 61000 <= uid_of(child) <= 61007
+        assert FIRST <= uid_of(child) <= LAST
 
     if ending == "kill -9 child":
         os.kill(child, signal.SIGKILL)
@@ -259,7 +263,7 @@ def test_a_reload_keeps_the_job_uids_the_daemon_started_with(
     daemon.wait_log(r"reloaded ")
     job = db.enqueue("victim", {"seconds": 1})
     progress = wait_for(lambda: db.job(job)["progress"], what="the job's progress")
-    assert 61000 <= uid_of(progress["pid"]) <= 61007
+    assert FIRST <= uid_of(progress["pid"]) <= LAST
     assert db.wait_status(job, "completed")["status"] == "completed"
 
 
@@ -287,6 +291,25 @@ def test_a_reused_child_keeps_its_uid_and_gives_each_job_its_own_tmpdir(
         seen.append((progress["pid"], uid_of(progress["pid"]), progress["tmpdir"]))
         assert db.wait_status(job, "completed")["status"] == "completed"
     (pid1, uid1, tmp1), (pid2, uid2, tmp2) = seen
-    assert pid1 == pid2 and uid1 == uid2 and 61000 <= uid1 <= 61007 and tmp1 != tmp2
+    assert pid1 == pid2 and uid1 == uid2 and FIRST <= uid1 <= LAST and tmp1 != tmp2
     for scratch in (tmp1, tmp2):
         wait_for(lambda s=scratch: not Path(s).exists(), what="the attempt's TMPDIR removed")
+
+
+def test_two_daemons_on_one_host_never_share_a_uid(
+    db: Db, daemons: Daemons, open_tmp: Path
+) -> None:
+    """A child kills every process of its uid as it starts: a second daemon whose range
+    overlaps a running one's would kill that daemon's jobs. It refuses to start instead."""
+    daemons.start(config_in(open_tmp, daemons, {**WORKER, "job_uids": UIDS}))
+    overlapping = f"{LAST}-{LAST + 8}"
+    config = config_in(open_tmp, daemons, {**WORKER, "job_uids": overlapping})
+    second = subprocess.run(
+        [str(PGWORKERD), "--config", str(config), "run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert second.returncode == 3, second
+    assert f"some of the uids {overlapping} are another running daemon's" in second.stderr

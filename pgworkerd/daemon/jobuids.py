@@ -1,5 +1,6 @@
 """The daemon's side of [worker] job_uids (README "Per-job uids"): which uid each child
-gets, and whether this daemon may hand out uids at all.
+gets, whether this daemon may hand out uids at all, and the host-wide lock that keeps
+two daemons from handing out the same uid.
 
 The child's side, the drop itself, is pgworkerd.worker.identity.
 """

@@ -89,7 +89,7 @@ def attack_a_victim(
     """Run the victim, then the attacker against it and the daemon. Returns the daemon,
     the attacker's result, the victim's row, its stored output and its child's uid."""
     daemon = daemons.start(config)
-    victim = db.enqueue("victim", {"seconds": 5})
+    victim = db.enqueue("victim", {"seconds": 10})  # (alive while the attacker runs)
     progress = wait_for(lambda: db.job(victim)["progress"], what="the victim's progress")
     victim_uid = uid_of(progress["pid"])
     attacker = db.enqueue(

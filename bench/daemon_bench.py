@@ -1,6 +1,6 @@
 """Daemon benchmark: the real `pgworkerd run` on a private PostgreSQL.
 
-    .venv/bin/python bench/daemon_bench.py [--short] [--json out.json]
+    .venv/bin/python bench/daemon_bench.py [--short] [--json out.json] [--job-uids RANGE]
 
 Prints:
   - no-op jobs/s through children, max_jobs_per_child = 1 (a fresh process per job) and
@@ -10,6 +10,9 @@ Prints:
   - lease renewal with 1,000 in-flight jobs on one host: the renew statement's cost
     (ms per statement of 1,000 leases), and the real daemon's CPU while it holds them;
   - parent and child memory (RSS and PSS).
+With --job-uids (as root), every daemon runs its children as uids of that range
+([worker] job_uids; at least 2 x the in-flight count): the cost of the privilege drop
+shows in the no-op rate with max_jobs_per_child = 1 (a fork and a drop per job).
 A benchmark, not a test: figures are printed, never asserted.
 """
 
@@ -70,6 +73,9 @@ class Daemon:
     def __init__(
         self, dsn: str, workdir: Path, worker: dict[str, Any], handlers: dict[str, str]
     ) -> None:
+        uids = os.environ.get("BENCH_JOB_UIDS")  # set by --job-uids
+        if uids:
+            worker = {**worker, "job_uids": uids}
         lines = ["[worker]"] + [f"{k} = {json.dumps(v)}" for k, v in worker.items()]
         for name, target in handlers.items():
             lines += [f"[handlers.{name}]", f'target = "{target}"']
@@ -79,8 +85,11 @@ class Daemon:
             lines += ["[logs]", "capture = false"]
         self.config = workdir / f"bench-{time.monotonic_ns()}.toml"
         self.config.write_text("\n".join(lines) + "\n")
+        self.config.chmod(0o600)  # (job_uids: a config others can read is refused)
         self.log = workdir / "daemon.log"
         env = {**os.environ, "PYTHONPATH": str(BENCH_DIR)}
+        if uids:  # the daemon's temp directories in the work directory, open to job users
+            env["TMPDIR"] = str(workdir)
         self.proc = subprocess.Popen(
             [PGWORKERD, "--dsn", dsn, "--config", str(self.config), "run"],
             env=env,
@@ -151,6 +160,7 @@ def throughput(dsn: str, workdir: Path, per_child: int, n_jobs: int) -> dict[str
 def latency(dsn: str, workdir: Path, samples: int) -> dict[str, Any]:
     starts = workdir / "starts.log"
     starts.write_text("")
+    starts.chmod(0o666)  # (job_uids: the handler runs as another user)
     os.environ["BENCH_STARTS"] = str(starts)
     with connect(dsn) as conn:
         conn.execute("TRUNCATE pgworkerd.jobs")
@@ -268,7 +278,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--short", action="store_true", help="a quick run (CI)")
     parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--job-uids", metavar="RANGE", help='run children as these uids ("61000-62023")'
+    )
     args = parser.parse_args()
+    if args.job_uids:
+        os.environ["BENCH_JOB_UIDS"] = args.job_uids
     n_jobs = 2000 if args.short else 20000
     samples = 50 if args.short else 500
     in_flight = 200 if args.short else 1000
@@ -282,13 +297,15 @@ def main() -> None:
         LocalPostgres(settings=SERVER_SETTINGS) as pg,
     ):
         workdir = Path(tmp)
+        workdir.chmod(0o711)  # (job users pass through to their files, never list it)
         dsn = pg.dsn()
         migrate(dsn)
         with connect(dsn) as conn:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public")
         print(
             f"# pgworkerd daemon benchmark ({'short' if args.short else 'full'}) on "
-            f"{results['machine']}",
+            f"{results['machine']}"
+            + (f", job_uids {args.job_uids}" if args.job_uids else ""),
             flush=True,
         )
         for per_child in (1, 1000):

@@ -12,6 +12,7 @@ import importlib
 import importlib.util
 import math
 import os
+import pwd
 import re
 import socket
 import stat
@@ -79,6 +80,9 @@ class WorkerConfig:
     # job; None: none.
     memory_limit: int | None = None
     max_child_memory: int | None = None
+    # (first, last) uid of the range job children run as, one uid per live child (README
+    # "Per-job uids"); None: children run as the daemon's uid
+    job_uids: tuple[int, int] | None = None
 
 
 # A handler's max_snoozes when not set, and the most it may be set to.
@@ -463,6 +467,29 @@ def _positive_duration(value: Any) -> float:
     return seconds
 
 
+# The lowest uid job_uids may name: below it are the system's own accounts (Debian's
+# SYS_UID_MAX is 999); 65534 and up hold nobody, overflow uids and namespaces' mappings.
+JOB_UID_MIN = 1000
+JOB_UID_MAX = 65533
+
+
+def _uid_range(value: Any) -> tuple[int, int]:
+    """A range of uids "FIRST-LAST" (inclusive), e.g. "61000-61063"."""
+    text = _string(value)
+    m = re.fullmatch(r"\s*(\d{1,9})\s*-\s*(\d{1,9})\s*", text)
+    if m is None:
+        raise ValueError(f'expected a uid range like "61000-61063", got {text!r}')
+    first, last = int(m[1]), int(m[2])
+    if first > last:
+        raise ValueError(f"{text!r}: the first uid is above the last")
+    if first < JOB_UID_MIN or last > JOB_UID_MAX:
+        raise ValueError(
+            f"{text!r}: must lie within {JOB_UID_MIN}-{JOB_UID_MAX} (below are system "
+            "accounts, above nobody and the overflow uids)"
+        )
+    return first, last
+
+
 def _string_list(value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise TypeError(f"expected a list of non-empty strings, got {_describe(value)}")
@@ -572,6 +599,7 @@ _WORKER = {
     "backoff_max": _duration,
     "memory_limit": _size,
     "max_child_memory": _size,
+    "job_uids": _uid_range,
 }
 
 
@@ -974,6 +1002,10 @@ def _cross_check(config: Config, text: str) -> None:
         )
     if w.backoff_max < w.backoff:
         raise error("worker", "backoff_max", "must not be shorter than worker.backoff")
+    if w.job_uids is not None:
+        problem = _job_uids_problem(w)
+        if problem:
+            raise error("worker", "job_uids", problem)
     for h in config.handlers.values():
         if w.queues and not h.queues and h.queue not in w.queues:
             raise error(
@@ -1003,6 +1035,33 @@ def _cross_check(config: Config, text: str) -> None:
                 "heartbeat_timeout",
                 "is longer than timeout, so it would never apply",
             )
+
+
+def _job_uids_problem(w: WorkerConfig) -> str | None:
+    """Why worker.job_uids cannot be used with these settings: too few uids for the
+    children that live at once, or uids (or gids: a child's gid is its uid) of accounts
+    or groups this host has, whose files and processes a job would own."""
+    assert w.job_uids is not None
+    first, last = w.job_uids
+    size, needed = last - first + 1, w.slots + w.warm_children
+    if size < needed:
+        return (
+            f"{size} uid(s) for {needed} children at once (slots {w.slots} + warm_children "
+            f"{w.warm_children}): widen the range (twice that leaves room for children "
+            "still exiting)"
+        )
+    users = sorted((u.pw_uid, u.pw_name) for u in pwd.getpwall() if first <= u.pw_uid <= last)
+    if users:
+        uid, name = users[0]
+        return f"uid {uid} belongs to the user {name!r}: choose a range no account uses"
+    groups = sorted((g.gr_gid, g.gr_name) for g in grp.getgrall() if first <= g.gr_gid <= last)
+    if groups:
+        gid, name = groups[0]
+        return (
+            f"gid {gid} belongs to the group {name!r} (a job's gid is its uid): choose a "
+            "range no account or group uses"
+        )
+    return None
 
 
 def load_config(path: str | Path) -> Config:
@@ -1099,5 +1158,7 @@ def effective(config: Config) -> dict[str, Any]:
     data["database"]["listen_dsn"] = mask_dsn(config.database.listen_dsn)
     data["web"]["action_dsn"] = mask_dsn(config.web.action_dsn)
     data["worker"]["queues"] = list(config.queues)
+    if config.worker.job_uids is not None:  # as written in the file
+        data["worker"]["job_uids"] = "{}-{}".format(*config.worker.job_uids)
     data["web"]["users"] = sorted(config.web.users)  # names only
     return data

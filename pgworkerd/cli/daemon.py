@@ -39,6 +39,7 @@ SHIPPED_FILES = {
     # sandbox that its jobs inherit, and says in its comment which failure it fixes.
     "dropin-gpu.conf": "systemd drop-in: jobs may use NVIDIA GPUs (DeviceAllow=)",
     "dropin-jit.conf": "systemd drop-in: jobs may run JIT compilers (MemoryDenyWriteExecute=no)",
+    "dropin-job-uids.conf": "systemd drop-in: jobs as uids of their own ([worker] job_uids)",
     "dropin-output-dirs.conf": "systemd drop-in: directories jobs may write (ReadWritePaths=)",
     "dropin-venv.conf": "systemd drop-in: run pgworkerd from a virtualenv (ExecStart=)",
     "pgworkerd-web.service": "systemd unit: the web dashboard, `pgworkerd web`",
@@ -172,6 +173,14 @@ def run(ctx: Context, log_format: str | None) -> None:
             conninfo(dsn)  # syntax only; retrying could never fix an unparsable DSN
         except InvalidDsn as exc:
             fail(str(exc), ExitCode.CONFIG)
+    if config.worker.job_uids is not None:
+        from pgworkerd.daemon.jobuids import claim_range, startup_problem
+
+        problem = startup_problem(ctx.config_path, config.worker.job_uids) or claim_range(
+            config.worker.job_uids
+        )
+        if problem:
+            fail(f"{config.path}: worker.job_uids: {problem}", ExitCode.CONFIG)
     for handler in config.handlers.values():
         try:
             import_handler(handler)

@@ -33,12 +33,14 @@ STALE_SETUP_AGE = 600.0
 
 def _shared_root() -> str | None:
     """`$TMPDIR/pgworkerd-UID`, private to this user; None if someone else made it or
-    it is not a private directory (then this daemon's directory goes elsewhere)."""
+    it is not a private directory (then this daemon's directory goes elsewhere). Others
+    may traverse it (0711, for the children of a daemon with job_uids), never list or
+    write it."""
     root = os.path.join(tempfile.gettempdir(), f"pgworkerd-{os.getuid()}")
     with contextlib.suppress(FileExistsError):
         os.mkdir(root, 0o700)
     st = os.lstat(root)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o066:
         log.warning("%s is not a private directory of this user; not using it", root)
         return None
     return root
@@ -78,7 +80,10 @@ def remove_abandoned(root: str) -> int:
 class Containment:
     """Orphan sweeps and the temp directory root of one daemon."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, traversable: bool = False) -> None:
+        # whether children of other uids (job_uids) must reach their directories in it:
+        # then it and the shared root are 0711 (others pass through, never list or write)
+        self.traversable = traversable
         self.tmp_root: str | None = None
         self._lock_fd: int | None = None
         self.sweep_due = False
@@ -94,7 +99,9 @@ class Containment:
             shared = _shared_root()
             if shared is None:
                 self.tmp_root = tempfile.mkdtemp(prefix="pgworkerd-")
+                self._open_to_children(self.tmp_root)
                 return
+            self._open_to_children(shared)
             removed = remove_abandoned(shared)
             if removed:
                 log.info("removed the temp directories of %d daemon(s) that died", removed)
@@ -105,9 +112,14 @@ class Containment:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             final = os.path.join(shared, f"d{os.getpid()}-{os.path.basename(staging)[5:]}")
             os.rename(staging, final)
+            self._open_to_children(final)
             self.tmp_root, self._lock_fd = final, fd
         except OSError as exc:
             log.warning("no private temp directories for jobs: %s", exc)
+
+    def _open_to_children(self, path: str) -> None:
+        if self.traversable:
+            os.chmod(path, 0o711)
 
     def child_settings(self) -> dict[str, str]:
         return {"tmpdir": self.tmp_root} if self.tmp_root is not None else {}

@@ -106,7 +106,9 @@ class Daemon:
 
         self.link = DatabaseLink(config.database, self.dsn, self.schema, self.selector)
         self.statements = Statements(self.link, self.worker_id, self.schema, self.metrics)
-        self.supervisor = Supervisor(self.selector, self._on_message, self._on_child_exit)
+        self.supervisor = Supervisor(
+            self.selector, self._on_message, self._on_child_exit, job_uids=config.worker.job_uids
+        )
         # what jobs print (daemon.joblogs)
         self.joblogs = JobLogs(
             config.logs,
@@ -475,6 +477,13 @@ class Daemon:
                     "reload: [database] changed in %s; it applies after a restart", self.config_path
                 )
                 new = dataclasses.replace(new, database=self.config.database)
+            if new.worker.job_uids != self.config.worker.job_uids:
+                log.warning(
+                    "reload: worker.job_uids changed in %s; it applies after a restart",
+                    self.config_path,
+                )
+                worker = dataclasses.replace(new.worker, job_uids=self.config.worker.job_uids)
+                new = dataclasses.replace(new, worker=worker)
             modules = sorted({h.module for h in new.handlers.values()})
             self.supervisor.start_forkserver(modules, child_settings(new))
         except (ConfigError, RuntimeError, OSError) as exc:

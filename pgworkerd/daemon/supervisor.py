@@ -27,6 +27,7 @@ from typing import Any
 
 from pgworkerd.backoff import Backoff
 from pgworkerd.daemon.containment import Containment
+from pgworkerd.daemon.jobuids import UidPool
 from pgworkerd.describe import short_error
 from pgworkerd.worker import protocol, reaper, watcher
 from pgworkerd.worker.forkserver import MAX_BATCH, ForkServer
@@ -92,6 +93,7 @@ class Child:
     eof: bool = False
     broken: str = ""  # why the daemon stopped it for a message it could not read
     rusage: Any = None  # os.wait4's, once reaped (daemon.accounting)
+    uid: int | None = None  # its own uid ([worker] job_uids), held until it is reaped
     cpu_reported: tuple[float, float] = (0.0, 0.0)  # (user, system) its settled jobs used
 
     def send(self, message: ParentMessage) -> bool:
@@ -126,6 +128,7 @@ class Supervisor:
         on_exit: Callable[[Child, int], None],
         *,
         stable_after: float = FORKSERVER_STABLE_AFTER,
+        job_uids: tuple[int, int] | None = None,
     ) -> None:
         self.selector = selector
         self.on_message = on_message
@@ -141,7 +144,10 @@ class Supervisor:
         self._forkserver_started_at = 0.0
         self._forkserver_retry_at = 0.0
         self._stable_after = stable_after
-        self.containment = Containment()  # orphans of dead children, temp directories
+        # orphans of dead children, temp directories (which children of other uids traverse)
+        self.containment = Containment(traversable=job_uids is not None)
+        # the uids no live child holds ([worker] job_uids; None: children run as ours)
+        self.uids = UidPool(*job_uids) if job_uids is not None else None
         self._forkserver_pids: set[int] = set()  # every fork server not reaped yet
 
     # -- fork server -------------------------------------------------------------------
@@ -222,15 +228,22 @@ class Supervisor:
         """Start up to `count` children with one request to the fork server (which forks
         them from one middle process); returns how many are on their way."""
         count = min(count, MAX_BATCH)
+        if self.uids is not None:
+            # (the range holds slots + warm_children: a shortage is a child still exiting,
+            # and the next loop turn after its reaping spawns again)
+            count = min(count, self.uids.free())
         if count <= 0 or not self.ensure_forkserver():
             return 0
         assert self.forkserver is not None
+        uids = self.uids.take(count) if self.uids is not None else None
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(count)]
         try:
-            self.forkserver.spawn([theirs for _, theirs in pairs])
+            self.forkserver.spawn([theirs for _, theirs in pairs], uids)
         except OSError as exc:
             for ours, _ in pairs:
                 ours.close()
+            for uid in uids or ():
+                self._give_back(uid)
             log.error("fork server unreachable (%s)", exc)
             self.forkserver.stop()
             self._forkserver_died()
@@ -239,9 +252,9 @@ class Supervisor:
             for _, theirs in pairs:
                 theirs.close()
         now = time.monotonic()
-        for ours, _ in pairs:
+        for i, (ours, _) in enumerate(pairs):
             ours.setblocking(False)
-            child = Child(sock=ours, spawned_at=now)
+            child = Child(sock=ours, spawned_at=now, uid=uids[i] if uids is not None else None)
             self.children.append(child)
             self.selector.register(ours, selectors.EVENT_READ, ("child", child))
         return count
@@ -423,7 +436,12 @@ class Supervisor:
         if child.pid is not None:
             self.by_pid.pop(child.pid, None)
         self.children.remove(child)
+        self._give_back(child.uid)
         self.on_exit(child, status)
+
+    def _give_back(self, uid: int | None) -> None:
+        if self.uids is not None:
+            self.uids.give_back(uid)
 
     def close(self) -> None:
         """At the daemon's exit: kill everything left (children and their orphans)."""
@@ -442,4 +460,5 @@ class Supervisor:
                     self.selector.unregister(child.sock)
                 child.sock.close()
                 self.children.remove(child)
+                self._give_back(child.uid)
         self._forget_unmatched()

@@ -32,7 +32,7 @@ from typing import Any
 from setproctitle import setproctitle
 
 from pgworkerd.jsontext import storable_json, storable_text
-from pgworkerd.worker import protocol, reaper, tmpdirs, watcher
+from pgworkerd.worker import identity, protocol, reaper, tmpdirs, watcher
 from pgworkerd.worker.capture import Capture
 from pgworkerd.worker.outcomes import GiveUp, Snooze, exception_types, snooze_problem
 from pgworkerd.worker.protocol import (
@@ -415,7 +415,10 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
         # Close-on-exec: no handler subprocess (close_fds=False, os.system, a shell)
         # may hold the daemon's socket, or the daemon would see no end when we exit.
         os.set_inheritable(fd, False)
-        _bind_to_daemon(daemon_pid)
+        # the output file exists before the daemon learns our pid (pgworkerd.worker.capture);
+        # made before the drop below: the daemon's directory is root's
+        capture = Capture.open(settings.get("tmpdir")) if settings.get("capture_logs") else None
+        tmp_root = settings.get("tmpdir")
         reaper.become_subreaper()  # every process the handler starts stays below us
         os.setpgid(0, 0)  # own group: the daemon's SIGTERM reaches handler subprocesses too
         signal.signal(signal.SIGTERM, _raise_interrupted)
@@ -423,21 +426,25 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
             signal.signal(sig, signal.SIG_IGN)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         setproctitle("pgworkerd: idle child")
-        fence = watcher.start(fd, settings.get("tmpdir"))  # before any thread runs here
+        # The watcher (pgworkerd.worker.watcher) before any thread runs here, and before
+        # the drop below: it keeps this process's uid, so a job of a uid of its own can
+        # neither stop it nor escape it, and it may still signal the job's processes.
+        fence = watcher.start(fd, tmp_root)
+        if settings.get("job_uid") is not None:  # [worker] job_uids: before any handler code
+            tmp_root = identity.become(int(settings["job_uid"]), tmp_root)
+        _bind_to_daemon(daemon_pid)  # (after the drop: a change of uid clears PDEATHSIG)
         channel = _Channel(socket.socket(fileno=fd), fence)
-        # the output file exists before the daemon learns our pid (pgworkerd.worker.capture)
-        capture = Capture.open(settings.get("tmpdir")) if settings.get("capture_logs") else None
         channel.send(Hello(os.getpid()))
         threading.Thread(target=_monitor, args=(channel,), daemon=True).start()
         jobs = int(settings.get("max_jobs_per_child", 1))
-        scratch_dir = tmpdirs.prepare(settings.get("tmpdir"))  # while no job waits on it
+        scratch_dir = tmpdirs.prepare(tmp_root)  # while no job waits on it
         for n in range(jobs):
             job = channel.jobs.get()
             if job is None:
                 break
             _run_one(channel, job, scratch_dir, capture)
             tmpdirs.remove(scratch_dir)  # the outcome is sent: off the job's path
-            scratch_dir = tmpdirs.prepare(settings.get("tmpdir")) if n + 1 < jobs else None
+            scratch_dir = tmpdirs.prepare(tmp_root) if n + 1 < jobs else None
         tmpdirs.remove(scratch_dir)
     except (BrokenPipeError, ConnectionResetError):
         # The daemon died while this child was telling it something: stop quietly, as

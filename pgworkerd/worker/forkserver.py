@@ -20,6 +20,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import sys
 import traceback
 from typing import Any
@@ -78,10 +79,12 @@ class ForkServer:
             data += chunk
         return json.loads(data)
 
-    def spawn(self, child_socks: list[socket.socket]) -> None:
+    def spawn(self, child_socks: list[socket.socket], uids: list[int] | None = None) -> None:
         """Ask for one child per socket, each to talk over its own (passed by SCM_RIGHTS,
-        all in one message: at most MAX_BATCH)."""
-        socket.send_fds(self.sock, [b"f"], [s.fileno() for s in child_socks])
+        all in one message: at most MAX_BATCH); with `uids`, the child of each socket runs
+        as the uid at the same place ([worker] job_uids, pgworkerd.worker.identity)."""
+        message = b"f" if uids is None else b"u" + struct.pack(f"<{len(uids)}I", *uids)
+        socket.send_fds(self.sock, [message], [s.fileno() for s in child_socks])
 
     def stop(self) -> None:
         """Closing the socket ends the fork server; children it made are unaffected."""
@@ -116,24 +119,34 @@ def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
 
     while True:
         try:
-            _msg, fds, _flags, _addr = socket.recv_fds(sock, 16, MAX_BATCH)
+            msg, fds, _flags, _addr = socket.recv_fds(sock, 1 + 4 * MAX_BATCH, MAX_BATCH)
         except InterruptedError:
             continue
         if not fds:
             return  # the daemon closed the socket (or died): nothing more to fork
+        uids: list[int | None] = [None] * len(fds)
+        if msg[:1] == b"u":
+            if len(msg) != 1 + 4 * len(fds):  # never from our daemon: fork nothing, not guess
+                for fd in fds:
+                    os.close(fd)
+                continue
+            uids = list(struct.unpack(f"<{len(fds)}I", msg[1:]))
         # One middle process for the whole batch: a fork and an exit of this whole
         # interpreter per batch, not per child (with a fresh process per job that was a
         # quarter of the CPU a job cost).
         middle = os.fork()
         if middle == 0:
             try:
-                for fd in fds:
+                for fd, uid in zip(fds, uids, strict=True):
                     if os.fork() == 0:
                         sock.close()
                         for other in fds:  # a sibling's socket held here would hide its EOF
                             if other != fd:
                                 os.close(other)
-                        child.main(fd, config["daemon_pid"], config["settings"])
+                        settings = config["settings"]
+                        if uid is not None:
+                            settings = {**settings, "job_uid": uid}
+                        child.main(fd, config["daemon_pid"], settings)
             finally:
                 os._exit(0)
         for fd in fds:

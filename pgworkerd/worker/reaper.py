@@ -39,6 +39,9 @@ FENCED_EXIT = 117
 # A sweep gives up after this long (a process stuck in uninterruptible sleep, such as on
 # a dead NFS server, cannot die until the kernel lets it): the attempt still ends.
 SWEEP_LIMIT = 5.0
+# Set in a job child that owns its uid alone ([worker] job_uids, pgworkerd.worker.identity):
+# its sweeps then also kill every process of that uid, wherever it is in the process tree.
+own_uid = False
 
 
 def become_subreaper() -> None:
@@ -104,6 +107,11 @@ def kill_descendants(limit: float = SWEEP_LIMIT, keep: frozenset[int] = frozense
     Cost when there is nothing to kill: one directory listing and a read per thread."""
     killed: set[int] = set()
     deadline = time.monotonic() + limit
+    if own_uid:
+        # kill(-1) as the job's own user: every process of the uid but this one, at once,
+        # those that left the tree (clone(CLONE_PARENT)) too; children are reaped below
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)
     while True:
         left = children() - keep if has_children() else set()
         if not left:

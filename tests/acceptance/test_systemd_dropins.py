@@ -15,6 +15,7 @@ each drop-in verifies on top of the unit and keeps the score it states.
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -56,12 +57,14 @@ DROPIN_EXPOSURE = {
     "dropin-jit.conf": 1.3,
     "dropin-gpu.conf": 1.5,
     "dropin-venv.conf": 1.3,
+    "dropin-job-uids.conf": 2.9,
 }
 SANDBOX_HANDLERS = {
     **HANDLERS,
     "write_output": "sandboxhandlers:write_output",
     "jit_page": "sandboxhandlers:jit_page",
     "open_device": "sandboxhandlers:open_device",
+    "probe_daemon": "isolationhandlers:probe_daemon",
 }
 # The unit's code: this tree, and the test handlers.
 PYTHONPATH = f'"PYTHONPATH={REPO}:{REPO / "tests" / "support"}"'
@@ -93,9 +96,10 @@ def unit_copy(unit: Path, directory: Path, dropin: str | None = None) -> Path:
     return directory / unit.name.replace("@.", "@example.")
 
 
-def exposure(path: Path) -> tuple[float, str]:
+def exposure(path: Path, threshold: float = 2.0) -> tuple[float, str]:
     # --threshold is on the 0-100 scale of the exposure level shown as 0.0-10.0.
-    proc = analyze("security", "--offline=true", "--threshold=20", "--no-pager", str(path))
+    limit = f"--threshold={round(threshold * 10)}"
+    proc = analyze("security", "--offline=true", limit, "--no-pager", str(path))
     output = proc.stdout + proc.stderr
     m = re.search(r"Overall exposure level for \S+: (\d+(?:\.\d+)?)", output)
     assert m and proc.returncode == 0, output
@@ -123,7 +127,7 @@ def test_each_dropin_verifies_on_the_unit_and_keeps_its_score(
     proc = analyze("verify", "--man=no", str(path))
     output = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 0 and not output, output
-    score, output = exposure(path)
+    score, output = exposure(path, max(2.0, DROPIN_EXPOSURE[dropin]))
     assert score <= DROPIN_EXPOSURE[dropin], output
     if dropin == "dropin-gpu.conf":  # applied, not silently ignored
         assert "char-nvidia*:rw" in output, output
@@ -351,3 +355,36 @@ def test_web_unit_refusing_its_bind_fails_the_start_without_restarts(
     assert testbed.show(unit, "ExecMainStatus") == "3"
     assert "refusing to listen on '0.0.0.0' without a login" in testbed.journal(unit)
     assert testbed.show(unit, "NRestarts") == "0"
+
+
+def test_job_uids_dropin_runs_each_job_as_a_user_of_its_own(
+    make_service: Callable[..., Service],
+) -> None:
+    """As shipped, the unit refuses job_uids (exit 3, saying why); with the drop-in a job
+    runs as a uid of the range and cannot signal the daemon nor read its config or /proc
+    environment (tests/fault/test_job_uids.py has the whole attacker)."""
+    svc = make_service(Environment=PYTHONPATH)
+    svc.write_config(SANDBOX_HANDLERS)
+    # (not the uids of tests/fault/test_job_uids.py: one kernel, but another /run/lock)
+    first = 62000 + 64 * int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+    svc.config.write_text(
+        svc.config.read_text().replace(
+            "[worker]\n", f'[worker]\njob_uids = "{first}-{first + 15}"\n', 1
+        )
+    )
+    svc.config.chmod(0o600)
+    svc.systemctl("start", check=False)
+    svc.wait(lambda: svc.state() == "failed", "the unit to fail")
+    assert "worker.job_uids: the daemon lacks CAP_" in svc.tb.journal(svc.unit)
+
+    svc.systemctl("reset-failed", check=False)
+    assert svc.tb.pid is not None  # (the testbed's /run has no /run/lock of its own)
+    Path(f"/proc/{svc.tb.pid}/root/run/lock").mkdir(mode=0o1777, exist_ok=True)
+    install_dropin(svc, "dropin-job-uids.conf", shipped_dropin("dropin-job-uids.conf"))
+    svc.start()
+    row = outcome(svc, "probe_daemon", {"config": str(svc.config)})
+    assert row["status"] == "completed", row
+    result = row["result"]
+    assert isinstance(result, dict) and first <= result["uid"] <= first + 15, result
+    for attack in ("signal_daemon", "read_daemon_environ", "read_daemon_config"):
+        assert result[attack] == "PermissionError", (attack, result)

@@ -465,3 +465,42 @@ def test_web_users_hashes_readable_by_others_get_a_warning(tmp_path: Path) -> No
     assert "scrypt$" not in warning  # the hash itself is never shown
     cfg.chmod(0o600)
     assert "password hashes" not in _warnings_of(cfg)
+
+
+# -- [worker] job_uids ----------------------------------------------------------------------
+
+
+def test_job_uids_is_a_range_shown_as_written() -> None:
+    config = parse_config('[worker]\njob_uids = "61000-61063"\n', "x.toml")
+    assert config.worker.job_uids == (61000, 61063)
+    assert effective(config)["worker"]["job_uids"] == "61000-61063"
+    assert parse_config("", "x.toml").worker.job_uids is None  # the default: one uid
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ('"61000"', "uid range like"),
+        ('"61063-61000"', "first uid is above the last"),
+        ('"0-63"', "within 1000-65533"),
+        ('"65000-65534"', "within 1000-65533"),
+        ("61000", "expected a string"),
+        ('"61000-61004"', "5 uid(s) for 6 children at once (slots 4 + warm_children 2)"),
+    ],
+)
+def test_job_uids_refused_with_the_reason(value: str, says: str) -> None:
+    message = error_of(f"[worker]\njob_uids = {value}\n")
+    assert "worker.job_uids" in message and says in message, message
+
+
+def test_job_uids_must_not_hold_an_account_or_group() -> None:
+    import grp
+    import pwd
+
+    nobody_like = [u for u in pwd.getpwall() if 1000 <= u.pw_uid <= 65533]
+    groups = [g for g in grp.getgrall() if 1000 <= g.gr_gid <= 65533]
+    if not nobody_like and not groups:
+        pytest.skip("no account or group with an id in 1000-65533 on this machine")
+    taken = nobody_like[0].pw_uid if nobody_like else groups[0].gr_gid
+    message = error_of(f'[worker]\njob_uids = "{taken}-{min(taken + 63, 65533)}"\n')
+    assert "worker.job_uids" in message and "choose a range no account" in message, message

@@ -67,7 +67,18 @@ ELSEWHERE: dict[str, list[str]] = {
         "tests/integration/test_roles.py"
         "::test_the_daemon_role_can_still_end_a_running_attempt_whose_lease_it_reads",
     ],
-    "It cannot enter the daemon's directory of per-attempt temp directories (0700).": [
+    "With `[worker] job_uids` (see [Per-job uids](#per-job-uids)) it runs as a uid of its"
+    " own: it cannot write into another job's output, read another job's environment or temp"
+    " directory, signal another job, the daemon or the fork server, nor read the daemon's"
+    " config; its handler module's import still ran as the daemon's user.": [
+        "tests/fault/test_job_uids.py"
+        "::test_with_job_uids_no_attack_of_the_audit_reaches_another_job_or_the_daemon",
+    ],
+    "It cannot enter the daemon's directory of per-attempt temp directories (0700), nor,"
+    " with `job_uids` (which makes that directory 0711), a job user's own directory in it"
+    " (0700).": [
+        "tests/fault/test_job_uids.py"
+        "::test_with_job_uids_no_attack_of_the_audit_reaches_another_job_or_the_daemon",
         "tests/fault/test_containment.py"
         "::test_the_temp_directories_of_a_daemon_killed_9_go_at_the_next_start",
     ],

@@ -69,6 +69,8 @@ _LOCK_WAIT = 1.0
 # A child that outlives its fatal signal this long (a handler installed a handler for
 # it) is SIGKILLed.
 _DEATH_WAIT = 2.0
+# How long a child that is exiting waits for its watcher to go (Watcher.stop).
+_STOP_WAIT = 2.0
 # What the watcher keeps for a child that reads slowly (it holds the GIL): frames for a
 # few jobs at most; past it the child is stopped as if the daemon were gone.
 _MAX_PENDING = 256 * 1024 * 1024
@@ -88,11 +90,20 @@ class Watcher:
         os.write(self.events, f"{job_id}\n".encode())
 
     def stop(self) -> None:
-        """Kill and reap the watcher (the child's last act: not to leave it to the daemon)."""
+        """End and reap the watcher (the child's last act: not to leave it to the daemon).
+
+        The end of the events pipe tells it to exit: a child that dropped to a job's uid
+        ([worker] job_uids) may not signal it, since the watcher keeps the uid it was
+        forked with. The wait is bounded: if it has not gone by then, this child's exit
+        ends it (PR_SET_PDEATHSIG)."""
         with contextlib.suppress(OSError):
-            os.kill(self.pid, signal.SIGKILL)
+            os.close(self.events)
+        with contextlib.suppress(OSError):
+            os.kill(self.pid, signal.SIGKILL)  # (EPERM after a drop to a job's uid)
+        give_up = time.monotonic() + _STOP_WAIT
         with contextlib.suppress(ChildProcessError):
-            os.waitpid(self.pid, 0)
+            while os.waitpid(self.pid, os.WNOHANG)[0] == 0 and time.monotonic() < give_up:
+                time.sleep(0.005)
 
     def killed_by(self) -> str | None:
         """The signal that killed the watcher ('SIGKILL'), once it was; None while it
@@ -210,9 +221,8 @@ class _Watch:
 
     def _read_events(self) -> None:
         data = os.read(self.events, 4096)
-        if not data:  # the child is exiting: it kills us next
-            os.close(self.events)
-            signal.pause()
+        if not data:  # the child is exiting (Watcher.stop): so do we, for it to reap
+            os._exit(0)
         self.events_buffer += data
         *lines, self.events_buffer = self.events_buffer.split(b"\n")
         for line in lines:

@@ -137,3 +137,17 @@ def test_cli_prune_deletes_gone_daemons_after_their_retention(
         text=True,
     )
     assert proc.stdout == "deleted 0 job(s)\ndeleted 1 gone daemon(s) from the registry\n"
+
+
+def test_a_heartbeat_in_the_future_makes_no_peer(conn: psycopg.Connection, schema: str) -> None:
+    """Daemons write now(): a row whose heartbeat lies ahead was planted by hand (a role
+    with the daemon's rights), and would never go stale; it is no peer to wake."""
+    live = registry.WorkerInfo("h:1:a", "h", 1, "t", ["default"], ["h"], 2)
+    registry.register(conn, live, "running", schema)
+    conn.execute(
+        sql.SQL(
+            "INSERT INTO {} (id, host, pid, version, slots, state, heartbeat_at)"
+            " VALUES ('fake:1:b', 'h', 2, 't', 1000000, 'running', now() + interval '1 day')"
+        ).format(sql.Identifier(schema, "workers"))
+    )
+    assert [p[0] for p in registry.peers(conn, 60.0, schema)] == ["h:1:a"]

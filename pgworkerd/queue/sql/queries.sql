@@ -471,9 +471,12 @@ SELECT w.id, w.host, w.pid, w.state,
 
 -- name: worker_peers
 -- The live daemons a daemon ranks when it decides whose a wake-up is (daemon/peers.py):
--- running (not draining), heartbeating within %(stale_after)s seconds.
+-- running (not draining), heartbeating within %(stale_after)s seconds. A heartbeat in the
+-- future is no heartbeat: daemons write now() (worker_heartbeat), so such a row was
+-- written by hand (a role with the daemon's rights planting peers that never go stale).
 SELECT id, queues, handlers, slots FROM @schema@.workers
- WHERE state = 'running' AND heartbeat_at > now() - make_interval(secs => %(stale_after)s);
+ WHERE state = 'running' AND heartbeat_at > now() - make_interval(secs => %(stale_after)s)
+   AND heartbeat_at <= now() + interval '5 seconds';
 
 -- name: worker_list
 -- Live daemons, and those gone within the last hour, with their in-flight job counts,

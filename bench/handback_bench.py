@@ -45,6 +45,7 @@ SUPPORT = BENCH_DIR.parent / "tests" / "support"
 # The handlers and the process-tree helpers the tests use (standard library + pgworkerd).
 sys.path.insert(0, str(SUPPORT))
 
+from daemon_bench import wait_for  # noqa: E402
 from handbackhandlers import recorded  # noqa: E402
 from proctree import is_gone  # noqa: E402
 
@@ -57,14 +58,6 @@ PGWORKERD = Path(sys.executable).with_name("pgworkerd")
 JOBS = 4
 
 
-def wait_for(condition: Any, timeout: float, what: str, step: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(step)
-    raise TimeoutError(f"timed out waiting for {what}")
 
 
 class Daemon:

@@ -28,11 +28,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from daemon_bench import wait_for
 
 from pgworkerd import client
 from pgworkerd.daemon.presence import HEARTBEAT_BUSY
@@ -43,14 +43,6 @@ from pgworkerd.queue.migrate import migrate
 PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, step: float = 0.02) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(step)
-    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
 
 
 def flagged(conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:

@@ -43,7 +43,9 @@ INSERT INTO @schema@.schema_version (version, name, compatible_with) VALUES
     (20, 'upkeep', 5),
     (21, 'silent', 5),
     (22, 'lockdown', 5),
-    (23, 'enqueue_bounds', 5);
+    (23, 'enqueue_bounds', 5),
+    (24, 'lease_fence', 5),
+    (25, 'one_text', 5);
 
 -- Jobs (0001).
 

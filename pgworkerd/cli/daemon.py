@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -102,8 +101,10 @@ def shipped_files(names: tuple[str, ...], directory: str | None) -> None:
 )
 @click.pass_obj
 def check_config(ctx: Context, as_json: bool, quiet: bool) -> None:
-    """Validate the config, import every handler, print the effective config."""
+    """Validate the config, import every handler, print the effective config (every
+    table, secrets masked)."""
     from pgworkerd.config import effective, file_warnings, import_handler
+    from pgworkerd.config.show import effective_text
 
     if not ctx.config_path:
         raise click.UsageError("give the config file with --config (or PGWORKERD_CONFIG)")
@@ -129,18 +130,8 @@ def check_config(ctx: Context, as_json: bool, quiet: bool) -> None:
         echo_json(data)
         return
     click.echo(f"{config.path}: OK ({len(config.handlers)} handler(s))")
-    for table in ("database", "worker", "logging", "metrics"):
-        click.echo(f"[{table}]")
-        for key, value in data[table].items():
-            click.echo(f"{key} = {json.dumps(value)}")
-    click.echo("[retention]")
-    for key, value in data["retention"].items():
-        click.echo(f"{key} = {json.dumps('off' if value is None else value)}")
-    for name, handler in data["handlers"].items():
-        click.echo(f"[handlers.{name}]")
-        for key, value in handler.items():
-            if key != "name" and value is not None:
-                click.echo(f"{key} = {json.dumps(value)}")
+    for line in effective_text(config):
+        click.echo(line)
 
 
 @main.command()

@@ -14,6 +14,24 @@ from pgworkerd.config.spec import ConfigError
 from pgworkerd.config.tables import WorkerConfig
 from pgworkerd.durations import format_duration
 
+# What cross_check holds, in words (the reference's "Relations between keys"); keep in
+# step with the checks below.
+RULES = (
+    "worker.renew_interval is at most a third of worker.lease and of every handler's "
+    "lease, so a lease survives two missed renewals.",
+    "worker.backoff_max is not shorter than worker.backoff.",
+    "worker.job_uids holds at least worker.slots + worker.warm_children uids, none of "
+    "them a user's or a group's on this host.",
+    "A handler's queue (with worker.queues set and no handler queues) and each of its "
+    "queues are among worker.queues: its jobs would never run here otherwise.",
+    "A handler's slots are at most worker.slots; its heartbeat_timeout is not longer "
+    "than its timeout.",
+    "metrics.listen needs prometheus-client installed (pip install 'pgworkerd[metrics]').",
+    "web.bind other than a loopback address needs web.users; web.allow_anonymous "
+    "contradicts web.users; web.action_dsn contradicts web.read_only; web.trusted_proxy "
+    "needs web.users.",
+)
+
 
 def cross_check(config: Config, error: Callable[[str, str, str], ConfigError]) -> None:
     """Relations between keys that single values cannot show; `error(table, key,

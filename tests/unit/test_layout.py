@@ -11,6 +11,7 @@ is read with `ast` and sorted into the part of the package it belongs to:
   ops         pgworkerd/ops/        systemd, metrics, logs
   devcluster  pgworkerd/devcluster/ throwaway PostgreSQL clusters, the demo
   web         pgworkerd/web/        the dashboard (`pgworkerd web`)
+  config      pgworkerd/config/     the TOML configuration (a shared part, with its own rules)
   shared      pgworkerd/*.py        dependency-free modules (config, model, durations, ...)
   face        pgworkerd/__init__.py the package face (lazy: imports on first attribute use)
 
@@ -30,12 +31,15 @@ from pathlib import Path
 import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "pgworkerd"
-SUBPACKAGES = ("worker", "queue", "daemon", "cli", "ops", "devcluster", "web")
+SUBPACKAGES = ("worker", "queue", "daemon", "cli", "ops", "devcluster", "web", "config")
 
 # part -> the parts (and "psycopg") it must never import.
 FORBIDDEN: dict[str, set[str]] = {
     "worker": {"client", "queue", "daemon", "cli", "ops", "devcluster", "psycopg", "web"},
     "shared": {"client", "queue", "daemon", "cli", "ops", "devcluster", "psycopg"},
+    # the config is shared too: every part may read it, it reads none of them (but the
+    # dashboard's password hashes, to check [web.users])
+    "config": {"client", "queue", "daemon", "cli", "ops", "devcluster", "worker", "psycopg"},
     "client": {"daemon", "cli", "ops", "worker", "devcluster", "web"},
     "queue": {"client", "daemon", "cli", "ops", "worker", "devcluster", "web"},
     # ops reads the job statuses from the dependency-free pgworkerd.model

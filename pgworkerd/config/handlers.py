@@ -38,7 +38,7 @@ class HandlerConfig:
     queues: tuple[str, ...] = key(
         (),
         check=checks.queue_names,
-        example=["mail"],
+        example=("mail",),
         help="The queues this handler claims from, when it must not run jobs from the other "
         "served queues; served in place of `queue`, and each among worker.queues. Empty: it "
         "claims from every queue the daemon serves.",
@@ -118,7 +118,7 @@ class HandlerConfig:
     no_retry: tuple[str, ...] = key(
         (),
         check=checks.exception_type_names,
-        example=["ValueError", "myapp.errors.PermanentError"],
+        example=("ValueError", "myapp.errors.PermanentError"),
         help="Exception types that end the job as dead at once (no retry), by qualified "
         "name, matched along the raised exception's class hierarchy (so subclasses match "
         "too); builtins by their bare name.",
@@ -156,6 +156,7 @@ class ScheduleConfig:
     )
     cron: str = key(
         "",
+        unset=True,
         check=checks.cron,
         example="0 3 * * *",
         help="A cron expression (5 fields, or 6 with seconds first), read in `timezone`; "
@@ -184,6 +185,7 @@ class ScheduleConfig:
     # resolved by parse_config when empty: the handler's queue, else "default"
     queue: str = key(
         "",
+        unset=True,
         check=checks.named("queue"),
         example="default",
         help="The job's queue. Default: the handler's queue when the handler is declared "

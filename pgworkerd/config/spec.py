@@ -37,6 +37,8 @@ class Key:
     example: a value shown commented out in the example, in place of the default (for a
              key that is unset by default, or whose default says nothing about its form)
     shown:   what check-config shows of a value (masks a secret); None: the value itself
+    default_is_unset: the default stands for "not set" (a schedule's cron, resolved
+             queue): the file cannot write it
     """
 
     name: str
@@ -46,10 +48,13 @@ class Key:
     help: str
     example: Any = UNSET
     shown: Callable[[Any], Any] | None = None
+    default_is_unset: bool = False
 
     def written(self, value: Any) -> Any:
         """`value` as the file holds it (durations as "30s", sizes as "1MiB", None as the
         check's word for it, such as "off"); None: the file cannot say it (unset)."""
+        if self.default_is_unset and value == self.default:
+            return None
         return self.check.unset if value is None else self.check.written(value)
 
 
@@ -61,10 +66,12 @@ def key(
     example: Any = UNSET,
     factory: Callable[[], Any] | None = None,
     shown: Callable[[Any], Any] | None = None,
+    unset: bool = False,
 ) -> Any:
     """Declare a dataclass field as a key: `slots: int = key(4, check=..., help=...)`.
-    No default (and no factory): the key is required."""
-    metadata = {_SPEC: (check, help, example, shown)}
+    No default (and no factory): the key is required. `unset`: the default stands for
+    "not set" and is not a value the file could hold."""
+    metadata = {_SPEC: (check, help, example, shown, unset)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -77,14 +84,14 @@ def keys_of(cls: type) -> list[Key]:
     for f in dataclasses.fields(cls):
         if _SPEC not in f.metadata:
             continue
-        check, help_text, example, shown = f.metadata[_SPEC]
+        check, help_text, example, shown, unset = f.metadata[_SPEC]
         if f.default is not dataclasses.MISSING:
             default, required = f.default, False
         elif f.default_factory is not dataclasses.MISSING:
             default, required = f.default_factory(), False
         else:
             default, required = None, True
-        found.append(Key(f.name, default, required, check, help_text, example, shown))
+        found.append(Key(f.name, default, required, check, help_text, example, shown, unset))
     return found
 
 

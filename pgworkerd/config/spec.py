@@ -6,6 +6,7 @@ loader (load.py), `check-config` (show.py) and the generated example and referen
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,28 +72,30 @@ def key(
     """Declare a dataclass field as a key: `slots: int = key(4, check=..., help=...)`.
     No default (and no factory): the key is required. `unset`: the default stands for
     "not set" and is not a value the file could hold."""
-    metadata = {_SPEC: (check, help, example, shown, unset)}
+    # name, default and required come from the field itself (keys_of)
+    metadata = {_SPEC: Key("", None, False, check, help, example, shown, unset)}
     if factory is not None:
         return dataclasses.field(default_factory=factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
 
 
-def keys_of(cls: type) -> list[Key]:
+@functools.cache
+def keys_of(cls: type) -> tuple[Key, ...]:
     """The keys a table dataclass declares, in field order (fields without key metadata,
     such as a handler's name, are not keys)."""
     found = []
     for f in dataclasses.fields(cls):
         if _SPEC not in f.metadata:
             continue
-        check, help_text, example, shown, unset = f.metadata[_SPEC]
         if f.default is not dataclasses.MISSING:
             default, required = f.default, False
         elif f.default_factory is not dataclasses.MISSING:
             default, required = f.default_factory(), False
         else:
             default, required = None, True
-        found.append(Key(f.name, default, required, check, help_text, example, shown, unset))
-    return found
+        declared = f.metadata[_SPEC]
+        found.append(dataclasses.replace(declared, name=f.name, default=default, required=required))
+    return tuple(found)
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,7 @@ class Table:
     commented: bool = False
     extra: str = ""
 
-    def declared(self) -> list[Key]:
+    def declared(self) -> tuple[Key, ...]:
         return keys_of(self.cls)
 
     def key_names(self) -> list[str]:

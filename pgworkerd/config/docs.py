@@ -117,6 +117,15 @@ def _default_text(k: Key) -> str:
     return f"`{toml_value(written)}`"
 
 
+def _header(table: Table) -> str:
+    return f"{table.name}.NAME" if table.named else table.name
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor, as MkDocs and GitHub make it: "[handlers.NAME]" -> "handlersname"."""
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", heading).strip().lower())
+
+
 def render_reference() -> str:
     """The text of docs/reference/configuration.md."""
     lines = [
@@ -138,16 +147,15 @@ def render_reference() -> str:
         "",
         *textwrap.wrap(
             "Tables: "
-            + ", ".join(f"[`[{t.name}]`](#{t.name})" for t in _in_file_order())
-            + "; and "
-            "[the relations between keys](#relations).",
+            + ", ".join(f"[`[{_header(t)}]`](#{_slug(_header(t))})" for t in _in_file_order())
+            + "; and [the relations between keys](#relations-between-keys).",
             width=88,
             break_on_hyphens=False,
         ),
     ]
     for table in _in_file_order():
-        header = f"{table.name}.NAME" if table.named else table.name
-        lines.extend(["", f'<a id="{table.name}"></a>', "", f"## [{header}]", ""])
+        header = _header(table)
+        lines.extend(["", f"## [{header}]", ""])
         lines.extend(textwrap.wrap(table.help, width=88, break_on_hyphens=False))
         for k in table.declared():
             lines.extend(["", f"### {header}.{k.name}", ""])
@@ -155,7 +163,7 @@ def render_reference() -> str:
             lines.extend(["", f"- Allowed: {k.check.allowed}", f"- Default: {_default_text(k)}"])
             if k.example is not UNSET:
                 lines.append(f"- Example: `{k.name} = {toml_value(k.written(k.example))}`")
-    lines.extend(["", '<a id="relations"></a>', "", "## Relations between keys", ""])
+    lines.extend(["", "## Relations between keys", ""])
     lines.append("Checked when the file is read, after each key's own check:")
     lines.append("")
     for rule in RULES:

@@ -118,7 +118,8 @@ def _minimal(table: Table, *, but: str = "") -> str:
         if r.required and r.name != but
     ]
     if table.name == "schedules" and but not in ("cron", "every"):
-        lines.append('every = "1m"\n')  # exactly one of cron and every
+        # exactly one of cron and every; a timezone only with cron
+        lines.append('cron = "0 3 * * *"\n' if but == "timezone" else 'every = "1m"\n')
     return "".join(lines)
 
 

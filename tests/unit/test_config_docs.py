@@ -205,3 +205,11 @@ def test_check_config_prints_every_table_with_secrets_masked(tmp_path: Path) -> 
     )
     assert data["web"]["users"] == ["alice"] and "Act-Pw2" not in json.dumps(data)
     assert data["schedules"]["nightly"]["cron"] == "0 3 * * *"
+
+
+@pytest.mark.parametrize("table", ["handlers", "schedules"])
+def test_a_named_table_cannot_rename_itself(table: str) -> None:
+    """`name` is the table's NAME, not a key: it used to be accepted and ignored."""
+    required = 'target = "m:f"\n' if table == "handlers" else 'handler = "h"\nevery = "1m"\n'
+    with pytest.raises(ConfigError, match=rf"^c\.toml:2: {table}\.t\.name: unknown key"):
+        parse_config(f'[{table}.t]\nname = "other"\n{required}', "c.toml")

@@ -36,7 +36,7 @@ from pgworkerd.durations import format_duration
 from pgworkerd.model import STATUSES
 from pgworkerd.queue import admin, explain, fleet, joblogs, views
 from pgworkerd.queue.db import scrub
-from pgworkerd.web.auth import LoginThrottle, Sessions
+from pgworkerd.web.auth import Devices, LoginThrottle, Sessions
 from pgworkerd.web.passwords import verify
 
 log = logging.getLogger("pgworkerd.web")
@@ -58,7 +58,14 @@ RAW_MAX_CHARS = 64 << 20
 ANONYMOUS = "(no login)"
 # Password checks (scrypt: ~50 ms of CPU, 16 MiB) running at once at most; a login
 # beyond that is answered 429 at once rather than holding a server thread in a queue.
+# Logins that bring a device token for their name have checks of their own, so guessing
+# without one cannot take them all.
 VERIFY_AT_ONCE = 2
+VERIFY_AT_ONCE_DEVICES = 2
+# The cookie holding a browser's device token (auth.Devices); its lifetime (a restart
+# forgets every token anyway).
+DEVICE_COOKIE = "pgworkerd_device"
+DEVICE_COOKIE_MAX_AGE = 90 * 24 * 3600
 # Headers a reverse proxy adds: a dashboard without a login refuses such requests (a
 # proxy on the same host would otherwise publish it while it sees a loopback client).
 PROXY_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Real-IP", "Via")
@@ -239,8 +246,10 @@ def create_app(
     )
     login_needed = bool(settings.users)
     throttle = LoginThrottle()
+    devices = Devices()
     sessions = Sessions(settings.idle_timeout)
     verifying = threading.BoundedSemaphore(VERIFY_AT_ONCE)
+    verifying_devices = threading.BoundedSemaphore(VERIFY_AT_ONCE_DEVICES)
     # What an unknown user name is checked against, so that it costs what a known one
     # does (no timing tells which names exist): a configured hash, whose answer is then
     # ignored (the name is unknown, so the login fails whatever the password).
@@ -359,25 +368,44 @@ def create_app(
         name = request.form.get("user", "")[:200]
         password = request.form.get("password", "")
         address = request.remote_addr
-        wait = throttle.retry_after(name, address)
-        if wait > 0:
-            return too_many(f"too many failed logins: try again in {wait:.0f} s", wait)
-        if not verifying.acquire(blocking=False):
+        device = request.cookies.get(DEVICE_COOKIE)
+        # a browser that logged in as this name before spends its own budget only, so
+        # someone guessing this name's password cannot lock its user out (auth.py)
+        known_device = devices.trusted(device, name)
+        if not known_device:
+            wait = throttle.retry_after(name, address)
+            if wait > 0:
+                return too_many(f"too many failed logins: try again in {wait:.0f} s", wait)
+        checks = verifying_devices if known_device else verifying
+        if not checks.acquire(blocking=False):
             return too_many("too many logins at once: try again in a moment", 1)
         try:
             # an unknown name costs a check too: the answer takes as long either way
             matches = verify(password, settings.users.get(name, stand_in))
             ok = matches and name in settings.users
         finally:
-            verifying.release()
+            checks.release()
         if ok:
             throttle.succeeded(name, address)
             sessions.end(session.get("sid"))
             session.clear()
             session.update(sid=sessions.start(name), csrf=secrets.token_urlsafe(32))
             log.info("web: %s logged in from %s", name, address)
-            return redirect(safe_next(request.args.get("next")))
-        throttle.failed(name, address)
+            response = redirect(safe_next(request.args.get("next")))
+            response.set_cookie(
+                DEVICE_COOKIE,
+                devices.issue(device, name),
+                max_age=DEVICE_COOKIE_MAX_AGE,
+                path=url_for("login"),
+                secure=settings.secure_cookie,
+                httponly=True,
+                samesite="Strict",
+            )
+            return response
+        if known_device:
+            devices.failed(device)
+        else:
+            throttle.failed(name, address)
         log.warning("web: failed login as %r from %s", name[:100], address)
         return render_template("login.html", error="wrong user name or password"), 401
 

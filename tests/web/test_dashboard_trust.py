@@ -25,6 +25,7 @@ from dashboard_harness import (
     Http,
     RunningDashboard,
     by_id,
+    log_in,
     screenshot,
     text_of,
     wait_browser,
@@ -401,3 +402,19 @@ def test_all_names_together_have_a_budget() -> None:
     assert throttle.retry_after("alice", "10.2.0.1") > 0
     now[0] += auth.NAME_REFILL
     assert throttle.retry_after("alice", "10.2.0.1") == 0
+
+
+def test_in_chromium_a_user_logs_in_while_their_name_is_guessed(
+    browser: Any, dashboard: RunningDashboard
+) -> None:
+    """The device token as a real browser keeps it: Chromium logs in, logs out, someone
+    spends the name's budget from rotating addresses, and Chromium logs in again."""
+    log_in(browser, dashboard)
+    browser.find_element("css selector", "form.inline button").click()
+    wait_browser(browser, lambda d: d.find_elements("id", "password"), "the login page")
+    device = browser.get_cookie("pgworkerd_device")  # seen from /login, its path
+    assert device and device["httpOnly"] and device["path"] == "/login"
+    answers = _rotating_guesses(dashboard.port, USER, auth.NAME_BURST + 2, first=500)
+    assert answers[-1] == 429
+    log_in(browser, dashboard)
+    screenshot(browser, "login-while-guessed")

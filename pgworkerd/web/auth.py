@@ -2,7 +2,10 @@
 
 Throttling answers at once (429 with Retry-After) and never sleeps in a server thread:
 waitress has a handful of threads, and a delay held in one of them is a delay for every
-page. Budgets of failed (checked) logins:
+page. Budgets of failed logins:
+
+Each budget counts a check when it begins (two checks in flight cannot share the last
+token) and gives it back when it succeeds:
 
 - per user name, whatever the address: a token bucket (NAME_BURST failures, then one per
   NAME_REFILL seconds). A local account can send from any address of 127.0.0.0/8 (and a
@@ -134,13 +137,21 @@ class _Buckets:
         while len(self._by_key) > MAX_ENTRIES:
             self._by_key.popitem(last=False)
 
+    def give_back(self, key: str, now: float) -> None:
+        bucket = self._by_key.get(key)
+        if bucket is not None:
+            bucket.refilled(now, self.burst, self.refill)
+            bucket.tokens = min(float(self.burst), bucket.tokens + 1)
+
     def __len__(self) -> int:
         return len(self._by_key)
 
 
 class LoginThrottle:
-    """Failed-login budgets; `retry_after` before checking a password, `failed` or
-    `succeeded` after. Thread-safe; `clock` is time.monotonic unless a test passes one."""
+    """Login budgets. `begin` before checking a password counts the check in every budget
+    at once (two checks in flight cannot share the last token); after it, `failed` (it
+    stays counted), or `give_back` (it succeeded or was not made: only failures count).
+    Thread-safe; `clock` is time.monotonic unless a test passes one."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -150,20 +161,27 @@ class LoginThrottle:
         self._names = _Buckets(NAME_BURST, NAME_REFILL)
         self._all = _Buckets(ALL_BURST, ALL_REFILL)
 
-    def retry_after(self, user: str, address: str | None) -> float:
-        """Seconds until this name may be tried from this address (0: now)."""
+    def begin(self, user: str, address: str | None) -> float:
+        """Seconds until this name may be tried from this address; 0: now, and this
+        check is counted in every budget (until `give_back`)."""
         key = address_key(address)
         now = self._clock()
         with self._lock:
             pair = self._pairs.get((user, key))
-            return max(
+            wait = max(
                 max(0.0, pair.locked_until - now) if pair else 0.0,
                 self._addresses.wait(key, now),
                 self._names.wait(user, now),
                 self._all.wait("", now),
             )
+            if wait <= 0:
+                self._addresses.spend(key, now)
+                self._names.spend(user, now)
+                self._all.spend("", now)
+            return wait
 
     def failed(self, user: str, address: str | None) -> None:
+        """The check begun was a failure: it stays counted, and the pair's failures grow."""
         key = address_key(address)
         now = self._clock()
         with self._lock:
@@ -175,15 +193,22 @@ class LoginThrottle:
             self._pairs[(user, key)] = pair  # (re)inserted last: the newest
             while len(self._pairs) > MAX_ENTRIES:
                 self._pairs.popitem(last=False)
-            self._addresses.spend(key, now)
-            self._names.spend(user, now)
-            self._all.spend("", now)
 
     def succeeded(self, user: str, address: str | None) -> None:
-        """Clears the pair's lockout only: the name's budget is not given back (a real
-        user logging in now and then must not refill it for someone guessing)."""
+        """A login as `user` from `address` succeeded: the pair's lockout is cleared."""
         with self._lock:
             self._pairs.pop((user, address_key(address)), None)
+
+    def give_back(self, user: str, address: str | None) -> None:
+        """The check `begin` counted succeeded or was not made: it no longer counts. Only
+        that check: a real user logging in now and then does not refill the name's
+        budget for someone guessing."""
+        key = address_key(address)
+        now = self._clock()
+        with self._lock:
+            self._addresses.give_back(key, now)
+            self._names.give_back(user, now)
+            self._all.give_back("", now)
 
 
 @dataclass

@@ -146,11 +146,13 @@ def login_page() -> Any:
     # someone guessing this name's password cannot lock its user out (auth.py)
     known_device = ctx.devices.trusted(device, name)
     if not known_device:
-        wait = ctx.throttle.retry_after(name, address)
+        wait = ctx.throttle.begin(name, address)
         if wait > 0:
             return _too_many(f"too many failed logins: try again in {wait:.0f} s", wait)
     checks = ctx.verifying_devices if known_device else ctx.verifying
     if not checks.acquire(blocking=False):
+        if not known_device:
+            ctx.throttle.give_back(name, address)
         return _too_many("too many logins at once: try again in a moment", 1)
     try:
         # an unknown name costs a check too: the answer takes as long either way
@@ -159,6 +161,8 @@ def login_page() -> Any:
     finally:
         checks.release()
     if ok:
+        if not known_device:
+            ctx.throttle.give_back(name, address)  # only failures count
         ctx.throttle.succeeded(name, address)
         ctx.sessions.end(session.get("sid"))
         session.clear()

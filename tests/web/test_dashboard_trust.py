@@ -233,23 +233,30 @@ def test_no_open_redirect_in_chromium(dashboard: RunningDashboard, tmp_path: Any
         phish.server_close()
 
 
+def _fail(throttle: auth.LoginThrottle, user: str, address: str) -> None:
+    """One failed login as the dashboard makes it: begun (allowed), then failed."""
+    assert throttle.begin(user, address) == 0, (user, address)
+    throttle.failed(user, address)
+
+
 def test_throttle_and_sessions_stay_bounded() -> None:
     now = [0.0]
     throttle = auth.LoginThrottle(clock=lambda: now[0])
     for n in range(auth.MAX_ENTRIES + 50):
-        throttle.failed(f"u{n}", f"10.{n // 65536}.{n // 256 % 256}.{n % 256}")
+        _fail(throttle, f"u{n}", f"10.{n // 65536}.{n // 256 % 256}.{n % 256}")
+        now[0] += auth.ALL_REFILL  # keep the budget of all names out of the way
     assert len(throttle._pairs) == auth.MAX_ENTRIES
     assert len(throttle._addresses) == auth.MAX_ENTRIES
     assert len(throttle._names) == auth.MAX_ENTRIES
     # an IPv6 host counts by its /64: rotating the low bits does not reset its budget
     throttle = auth.LoginThrottle(clock=lambda: now[0])
     for n in range(auth.ADDRESS_BURST):
-        throttle.failed(f"name{n}", f"2001:db8::{n:x}")
-    assert throttle.retry_after("other", "2001:db8::ffff") > 0
-    assert throttle.retry_after("other", "2001:db8:0:1::1") == 0
+        _fail(throttle, f"name{n}", f"2001:db8::{n:x}")
+    assert throttle.begin("other", "2001:db8::ffff") > 0
+    assert throttle.begin("other", "2001:db8:0:1::1") == 0
     # the budget refills with time
     now[0] += auth.ADDRESS_REFILL * 2
-    assert throttle.retry_after("other", "2001:db8::ffff") == 0
+    assert throttle.begin("other", "2001:db8::ffff") == 0
     sessions = auth.Sessions(idle_timeout=60, clock=lambda: now[0])
     ids = [sessions.start("u") for _ in range(auth.MAX_SESSIONS + 5)]
     assert len(sessions) == auth.MAX_SESSIONS
@@ -389,19 +396,29 @@ def test_all_names_together_have_a_budget() -> None:
     now = [0.0]
     throttle = auth.LoginThrottle(clock=lambda: now[0])
     for n in range(auth.ALL_BURST):
-        assert throttle.retry_after(f"name{n}", f"10.0.{n // 250}.{n % 250}") == 0
-        throttle.failed(f"name{n}", f"10.0.{n // 250}.{n % 250}")
-    assert throttle.retry_after("fresh", "10.9.9.9") > 0
+        _fail(throttle, f"name{n}", f"10.0.{n // 250}.{n % 250}")
+    assert throttle.begin("fresh", "10.9.9.9") > 0
     now[0] += auth.ALL_REFILL
-    assert throttle.retry_after("fresh", "10.9.9.9") == 0
-    # a name's budget, whatever the address; a success does not give it back
-    for n in range(auth.NAME_BURST):
-        throttle.failed("alice", f"10.1.0.{n}")
+    assert throttle.begin("fresh", "10.9.9.9") == 0
+
+
+def test_a_check_counts_from_its_start_and_only_failures_stay_counted() -> None:
+    """Checks in flight cannot share a name's last token (two guessers at once got one
+    more guess per token before); a success gives back its own check only."""
+    now = [0.0]
+    throttle = auth.LoginThrottle(clock=lambda: now[0])
+    for n in range(auth.NAME_BURST - 1):
+        _fail(throttle, "alice", f"10.1.0.{n}")
         now[0] += auth.ALL_REFILL  # keep the budget of all names out of the way
-    throttle.succeeded("alice", "10.2.0.1")
-    assert throttle.retry_after("alice", "10.2.0.1") > 0
+    assert throttle.begin("alice", "10.1.1.1") == 0  # the last token, in flight
+    assert throttle.begin("alice", "10.1.1.2") > 0  # so nobody else may start
+    throttle.give_back("alice", "10.1.1.1")  # that one succeeded
+    throttle.succeeded("alice", "10.1.1.1")
+    assert throttle.begin("alice", "10.1.1.2") == 0
+    throttle.failed("alice", "10.1.1.2")
+    assert throttle.begin("alice", "10.2.0.1") > 0  # a success gave back no failure
     now[0] += auth.NAME_REFILL
-    assert throttle.retry_after("alice", "10.2.0.1") == 0
+    assert throttle.begin("alice", "10.2.0.1") == 0
 
 
 def test_in_chromium_a_user_logs_in_while_their_name_is_guessed(

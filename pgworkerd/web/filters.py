@@ -16,6 +16,7 @@ from flask import Blueprint
 
 from pgworkerd.describe import printable
 from pgworkerd.durations import format_duration
+from pgworkerd.sizes import format_size
 
 # Characters of one value (payload, progress, checkpoint, result, an error, a log's head
 # or tail) a page shows at most; the rest is a "download raw" link away. The job page
@@ -66,11 +67,5 @@ def _age(seconds: Any) -> str:
 
 @filters.app_template_filter("size")
 def _size(value: Any) -> str:
-    if value is None:
-        return "-"
-    size = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return str(value)
+    """Bytes as the CLI writes them ("2.1 GiB", "300 KiB")."""
+    return "-" if value is None else format_size(float(value))

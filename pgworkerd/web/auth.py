@@ -63,8 +63,11 @@ ALL_BURST = 100
 ALL_REFILL = 1.0
 # Failed logins that bring a device token before the token is forgotten.
 DEVICE_FREE_FAILURES = 5
-# Device tokens kept at most (a login makes one): the least recently used go first.
+# Device tokens kept at most (a login makes one): the least recently used go first. And
+# per user name: that name's least recently used go first, so that one user logging in
+# over and over cannot push the other users' tokens out.
 MAX_DEVICES = 10_000
+MAX_DEVICES_PER_USER = 50
 # Entries kept at most in each table (an attacker with many addresses fills them: the
 # oldest, least recently failed, go first).
 MAX_ENTRIES = 20_000
@@ -246,6 +249,9 @@ class Devices:
                 return token
             new = secrets.token_urlsafe(32)
             self._by_id[new] = _Device(user)
+            mine = [t for t, d in self._by_id.items() if d.user == user]  # oldest first
+            for old in mine[: max(0, len(mine) - MAX_DEVICES_PER_USER)]:
+                del self._by_id[old]
             while len(self._by_id) > MAX_DEVICES:
                 self._by_id.popitem(last=False)
             return new

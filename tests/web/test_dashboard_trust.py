@@ -257,6 +257,13 @@ def test_throttle_and_sessions_stay_bounded() -> None:
     # the budget refills with time
     now[0] += auth.ADDRESS_REFILL * 2
     assert throttle.begin("other", "2001:db8::ffff") == 0
+    # device tokens: bounded, and per user, so one user cannot push out another's
+    devices = auth.Devices()
+    theirs = devices.issue(None, "bob")
+    mine = [devices.issue(None, "alice") for _ in range(auth.MAX_DEVICES + 5)]
+    assert len(devices) == auth.MAX_DEVICES_PER_USER + 1
+    assert devices.trusted(theirs, "bob") and devices.trusted(mine[-1], "alice")
+    assert not devices.trusted(mine[0], "alice") and not devices.trusted(theirs, "alice")
     sessions = auth.Sessions(idle_timeout=60, clock=lambda: now[0])
     ids = [sessions.start("u") for _ in range(auth.MAX_SESSIONS + 5)]
     assert len(sessions) == auth.MAX_SESSIONS

@@ -186,8 +186,22 @@ def run(ctx: Context, log_format: str | None) -> None:
             import_handler(handler)
         except ConfigError as exc:
             fail(str(exc), ExitCode.HANDLER)
+    from pgworkerd.daemon.cgroups import NoDelegation, setup
+
+    try:
+        job_cgroups = setup(config.worker.job_cgroups)
+    except NoDelegation as exc:
+        fail(f'{config.path}: worker.job_cgroups = "require": {exc}', ExitCode.CONFIG)
     schema = ctx.schema if ctx.schema != DEFAULT_SCHEMA else None
-    sys.exit(run_daemon(config, dsn=ctx.dsn, schema=schema, config_path=ctx.config_path))
+    sys.exit(
+        run_daemon(
+            config,
+            dsn=ctx.dsn,
+            schema=schema,
+            config_path=ctx.config_path,
+            job_cgroups=job_cgroups,
+        )
+    )
 
 
 @main.command()

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from daemon_harness import Daemons, Db, wait_for
-from test_containment import marked
+from proctree import marked
 
 from pgworkerd.daemon.cgroups import _unified_mount
 from pgworkerd.worker import cgroup

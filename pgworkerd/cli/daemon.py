@@ -39,6 +39,7 @@ SHIPPED_FILES = {
     # sandbox that its jobs inherit, and says in its comment which failure it fixes.
     "dropin-gpu.conf": "systemd drop-in: jobs may use NVIDIA GPUs (DeviceAllow=)",
     "dropin-jit.conf": "systemd drop-in: jobs may run JIT compilers (MemoryDenyWriteExecute=no)",
+    "dropin-job-cgroups.conf": "systemd drop-in: one cgroup per attempt ([worker] job_cgroups)",
     "dropin-job-uids.conf": "systemd drop-in: jobs as uids of their own ([worker] job_uids)",
     "dropin-output-dirs.conf": "systemd drop-in: directories jobs may write (ReadWritePaths=)",
     "dropin-venv.conf": "systemd drop-in: run pgworkerd from a virtualenv (ExecStart=)",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
 import time
 import uuid
@@ -191,3 +192,34 @@ def test_a_job_cannot_write_into_the_daemons_log(
     assert all(f"job {job_id} attempt 1" in line for line in forged), forged
     with contextlib.suppress(Exception):
         daemon.stop()
+
+
+@pytest.mark.parametrize("job_cgroups", ["auto", "off"])
+def test_a_frozen_daemons_escapees_die_at_the_lease_deadline(
+    db: Db, daemons: Daemons, delegated: Path, job_cgroups: str
+) -> None:
+    """The daemon frozen (no renewal, no sweep): the watcher stops the job at its lease
+    deadline, and with the attempt's cgroup the escapees (the daemon's children now, out
+    of every walk the watcher can make) die with it; without, they run on past the lease
+    until the daemon thaws and sweeps. The attempt still says its lease ran out."""
+    worker = {**WORKER, "lease": "4s", "renew_interval": "1s", "job_cgroups": job_cgroups}
+    daemon = daemons.start(HANDLERS, worker, cgroup=str(delegated))
+    marker = f"pgworkerd-test-{uuid.uuid4().hex}"
+    job_id = db.enqueue("escape", {"marker": marker, "seconds": 600})
+    wait_for(lambda: len(marked(marker)) == 2, what="the escapees")
+    daemon.send(signal.SIGSTOP)
+    try:
+        time.sleep(0.5)  # (a renewal sent just before the stop commits)
+        lease_end = db.job(job_id)["locked_until"].timestamp()
+        time.sleep(max(0.0, lease_end - time.time()) + 3.0)
+        left = marked(marker)
+    finally:
+        daemon.send(signal.SIGCONT)
+    if job_cgroups == "auto":
+        assert left == []
+        assert attempt_cgroups(delegated) == []
+    else:
+        assert len(left) == 2
+    error = db.wait_status(job_id, "dead")["last_error"]
+    assert "lease" in error and "SIGKILL" not in error, error
+    wait_for(lambda: not marked(marker), what="the daemon's sweep after it thawed")

@@ -495,6 +495,13 @@ class Daemon:
                 )
                 worker = dataclasses.replace(new.worker, job_uids=self.config.worker.job_uids)
                 new = dataclasses.replace(new, worker=worker)
+            if new.worker.job_cgroups != self.config.worker.job_cgroups:
+                log.warning(
+                    "reload: worker.job_cgroups changed in %s; it applies after a restart",
+                    self.config_path,
+                )
+                worker = dataclasses.replace(new.worker, job_cgroups=self.config.worker.job_cgroups)
+                new = dataclasses.replace(new, worker=worker)
             modules = sorted({h.module for h in new.handlers.values()})
             self.supervisor.start_forkserver(modules, child_settings(new))
         except (ConfigError, RuntimeError, OSError) as exc:

@@ -23,6 +23,10 @@ from pgworkerd.worker import cgroup
 log = logging.getLogger("pgworkerd")
 
 _DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")
+# How long the daemon's loop waits for a dead child's attempt cgroup to empty after
+# cgroup.kill (a few milliseconds as a rule); what is not empty by then (a process in
+# uninterruptible sleep) is killed and removed again at the next reaping.
+_LOOP_WAIT = 0.1
 
 
 class NoDelegation(RuntimeError):
@@ -112,7 +116,7 @@ class JobCgroups:
                     outcome = "killed: memory (the kernel's OOM killer, in the attempt's cgroup)"
                 self._left.add(path)
         for path in list(self._left):
-            if cgroup.remove(path):
+            if cgroup.remove(path, _LOOP_WAIT):
                 self._left.discard(path)
         return outcome
 

@@ -162,11 +162,10 @@ def kill(path: str, wait: float = KILL_WAIT) -> bool:
         time.sleep(0.005)
 
 
-def remove(path: str) -> bool:
-    """Kill what is in the cgroup and remove it; True when it is gone. (Killed processes
-    that are zombies still count until reaped: their parent, the daemon or the job child,
-    reaps them; the daemon retries then.)"""
-    kill(path)
+def remove(path: str, wait: float = KILL_WAIT) -> bool:
+    """Kill what is in the cgroup (waiting at most `wait` for it to be empty) and remove
+    it; True when it is gone (False: the caller retries later)."""
+    kill(path, wait)
     try:
         os.rmdir(path)
     except FileNotFoundError:

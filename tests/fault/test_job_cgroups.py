@@ -223,3 +223,21 @@ def test_a_frozen_daemons_escapees_die_at_the_lease_deadline(
     error = db.wait_status(job_id, "dead")["last_error"]
     assert "lease" in error and "SIGKILL" not in error, error
     wait_for(lambda: not marked(marker), what="the daemon's sweep after it thawed")
+
+
+def test_a_killed_childs_attempt_cgroup_is_killed_and_removed_by_the_daemon(
+    db: Db, daemons: Daemons, delegated: Path
+) -> None:
+    """kill -9 of the job child takes its watcher with it (PR_SET_PDEATHSIG): the daemon,
+    when it reaps the child, kills what is left in the attempt's cgroup and removes it."""
+    daemons.start(HANDLERS, WORKER, cgroup=str(delegated))
+    marker = f"pgworkerd-test-{uuid.uuid4().hex}"
+    job_id = db.enqueue("escape", {"marker": marker, "seconds": 600})
+    wait_for(lambda: len(marked(marker)) == 2, what="the escapees")
+    [name] = attempt_cgroups(delegated)
+    child = cgroup.child_pid_of(name)
+    assert child is not None and name.startswith(f"{cgroup.PREFIX}{job_id}-a1-")
+    os.kill(child, signal.SIGKILL)
+    wait_for(lambda: not attempt_cgroups(delegated), what="the attempt's cgroup removed")
+    assert marked(marker) == []
+    assert db.wait_status(job_id, "dead")["status"] == "dead"

@@ -180,6 +180,16 @@ class WorkerConfig:
         "least slots + warm_children uids that no account or group uses. Unset: jobs run "
         "as the daemon's uid.",
     )
+    # applies after a restart
+    job_cgroups: str = key(
+        "auto",
+        check=checks.choice("auto", "off", "require"),
+        help='One cgroup per attempt (README "Per-attempt cgroups"): "auto" where the daemon '
+        "runs in a cgroup v2 directory delegated to it (systemd's Delegate=yes: "
+        'dropin-job-cgroups.conf), "off", or "require" (refuse to start without one). Each '
+        "attempt's processes are then killed at once when it ends, and memory.max holds its "
+        "memory limit where the memory controller is delegated.",
+    )
 
 
 @dataclass(frozen=True)

@@ -165,16 +165,7 @@ class Statements:
         """One batch of the fleet's retention (None: the call failed)."""
         return self.link.run(
             "pruning finished jobs, schedule runs and gone daemons",
-            lambda c: retention.prune_finished(
-                c,
-                completed=config.completed,
-                cancelled=config.cancelled,
-                dead=config.dead,
-                schedule_runs=config.schedule_runs,
-                gone_daemons=config.gone_daemons,
-                batch=config.batch,
-                schema=self.schema,
-            ),
+            lambda c: retention.prune_batch(c, config, self.schema),
         )
 
     # -- schedules (periodic jobs) ----------------------------------------------------------

@@ -5,11 +5,11 @@ history with its job."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
+from pruning import prune
 
 from pgworkerd import client
 from pgworkerd.queue import admin, attempts, lease, registry
@@ -163,7 +163,7 @@ def test_prune_removes_the_history_with_its_job(conn: psycopg.Connection, schema
     )
     count = "SELECT job_id, count(*) FROM @schema@.attempts GROUP BY job_id ORDER BY job_id"
     assert sql(conn, schema, count) == [(kept, 1), (pruned, 1)]
-    assert admin.prune(conn, timedelta(days=1), schema=schema) == 1
+    assert prune(conn, jobs_older_than=86400.0, schema=schema).jobs == 1
     assert sql(conn, schema, count) == [(kept, 1)]
 
 

@@ -4,14 +4,14 @@ head without rewriting it, skips jobs deleted meanwhile, and the logs go with th
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 import psycopg
+from pruning import prune
 
 from pgworkerd import client
 from pgworkerd.config import RetentionConfig
-from pgworkerd.queue import admin, joblogs, lease, retention
+from pgworkerd.queue import joblogs, lease, retention
 from pgworkerd.queue.joblogs import LogWrite
 from pgworkerd.queue.queries import render
 
@@ -119,7 +119,7 @@ def test_prune_and_retention_remove_the_logs_with_their_jobs(
     )
     assert result.deleted == 1
     assert logged_jobs(conn, schema) == [kept, pruned]
-    assert admin.prune(conn, timedelta(days=1), schema=schema) == 1
+    assert prune(conn, jobs_older_than=86400.0, schema=schema).jobs == 1
     assert logged_jobs(conn, schema) == [kept]
     sql(conn, schema, "TRUNCATE @schema@.jobs")
     assert logged_jobs(conn, schema) == []

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import psycopg
+from pruning import prune
 from psycopg import sql
 
 from pgworkerd import client
@@ -112,14 +113,15 @@ def test_prune_gone_deletes_only_daemons_gone_longer_than_the_retention(
     add_workers(conn, schema, "old-", 3, state="'gone'", stopped_at="now() - interval '8 days'")
     add_workers(conn, schema, "recent-", 2, state="'gone'", stopped_at="now() - interval '1 day'")
     add_workers(conn, schema, "silent-", 1, heartbeat_at="now() - interval '30 days'")
-    assert registry.prune_gone(conn, registry.GONE_RETENTION_SECONDS, schema=schema) == 3
-    assert registry.prune_gone(conn, schema=schema) == 0
+    week = 7 * 86400.0
+    assert prune(conn, gone_daemons_older_than=week, schema=schema).daemons == 3
+    assert prune(conn, gone_daemons_older_than=week, schema=schema).daemons == 0
     left = conn.execute(
         sql.SQL("SELECT id FROM {}.workers ORDER BY id").format(sql.Identifier(schema))
     ).fetchall()
     # a silent daemon not yet marked gone is never pruned: it is marked first
     assert [r[0] for r in left] == ["recent-1", "recent-2", "silent-1"]
-    assert registry.prune_gone(conn, 3600, schema=schema) == 2
+    assert prune(conn, gone_daemons_older_than=3600.0, schema=schema).daemons == 2
 
 
 def test_cli_prune_deletes_gone_daemons_after_their_retention(

@@ -238,7 +238,7 @@ class ClaimerRig:
         self.outcomes: list[Outcome] = []
         self.table = JobTable(
             self.config.worker,
-            self.supervisor,  # type: ignore[arg-type]
+            self.supervisor,
             NullMetrics(),
             self.outcomes.append,
             clock=self.clock,
@@ -252,9 +252,9 @@ class ClaimerRig:
             extra["rng"] = rng
         self.claimer = Claimer(
             self.config,
-            self.statements,  # type: ignore[arg-type]
+            self.statements,
             self.table,
-            self.supervisor,  # type: ignore[arg-type]
+            self.supervisor,
             NullMetrics(),
             clock=self.clock,
             **extra,

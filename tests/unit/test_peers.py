@@ -310,7 +310,8 @@ def test_a_rescuer_wakes_when_the_lease_runs_out_and_the_others_do_not() -> None
     s.statements.expiring = Expiring(77, "default", "h", "d5", -0.1)
     s.claimer.request()
     s.tick()
-    assert s.claimer.next_deadline() - s.clock() > 1.0  # type: ignore[operator]
+    deadline = s.claimer.next_deadline()
+    assert deadline is not None and deadline - s.clock() > 1.0
 
 
 def test_the_fleet_shares_the_poll_while_listening() -> None:
@@ -351,7 +352,8 @@ def test_a_lease_not_renewed_on_time_sends_its_rescuers_a_hint_once() -> None:
         else:
             expected = 30.0 + RESCUE_MARGIN + rank * RESCUE_SECOND
             assert r.claimer.next_deadline() == r.claimer.hint_at
-            assert r.claimer.hint_at - r.clock() == pytest.approx(expected)  # type: ignore[operator]
+            assert r.claimer.hint_at is not None
+            assert r.claimer.hint_at - r.clock() == pytest.approx(expected)
             claims = r.claims()
             r.tick(expected)  # due: one claim, through the notifications' coalescing
             r.tick(0.05)

@@ -74,14 +74,6 @@ class Statements:
             ),
         )
 
-    def next_run_in(self, queues: Sequence[str], handlers: Sequence[str]) -> float | None:
-        """Seconds until the earliest scheduled job this daemon could claim (None: none,
-        or the lookup failed)."""
-        return self.link.run(
-            "looking up scheduled jobs",
-            lambda c: lease.next_run_in(c, queues, handlers, schema=self.schema),
-        )
-
     def next_wakeups(
         self, queues: Sequence[str], handlers: Sequence[str]
     ) -> lease.NextWakeups | None:

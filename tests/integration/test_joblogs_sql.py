@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import leasing
 import psycopg
 from pruning import prune
 
@@ -19,7 +20,7 @@ SERVED = {"h": lease.HandlerCapacity(lease_seconds=60, free=10)}
 
 
 def claim(conn: psycopg.Connection, schema: str) -> lease.ClaimedJob:
-    [job] = lease.claim(conn, "w1", queues=["default"], handlers=SERVED, limit=1, schema=schema)
+    [job] = leasing.claim(conn, "w1", queues=["default"], handlers=SERVED, limit=1, schema=schema)
     return job
 
 
@@ -91,7 +92,7 @@ def finished_with_log(conn: psycopg.Connection, schema: str, days_ago: float) ->
     client.enqueue(conn, "h", schema=schema)
     job = claim(conn, schema)
     joblogs.write(conn, "w1", [entry(job, "out\n", total_bytes=4)], schema=schema)
-    lease.complete(conn, "w1", job.id, job.token, schema=schema)
+    leasing.complete(conn, "w1", job.id, job.token, schema=schema)
     sql(
         conn,
         schema,

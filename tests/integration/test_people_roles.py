@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from daemon_harness import PGWORKERD
@@ -59,7 +60,7 @@ def second_app(
 
 def finish(conn: psycopg.Connection, schema: str, job_id: int, result: Any) -> None:
     """Claim and complete job_id as the owner (as a daemon would)."""
-    held = lease.claim(
+    held = leasing.claim(
         conn,
         "w",
         queues=["default"],
@@ -69,7 +70,7 @@ def finish(conn: psycopg.Connection, schema: str, job_id: int, result: Any) -> N
     )
     for job in held:
         if job.id == job_id:
-            assert lease.complete(conn, "w", job.id, job.token, result, schema=schema)
+            assert leasing.complete(conn, "w", job.id, job.token, result, schema=schema)
         else:
             assert lease.release(conn, "w", job.id, job.token, schema=schema) == "pending"
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import leasing
 import psycopg
 from pruning import prune
 from psycopg import sql
@@ -28,13 +29,13 @@ def test_drained_worker_claims_nothing(conn: psycopg.Connection, schema: str) ->
     client.enqueue_many(conn, [client.JobSpec("h") for _ in range(3)], schema=schema)
     fleet.request_drain(conn, schema, drain=True, worker_id=INFO.id)
     assert (
-        lease.claim(conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=4, schema=schema)
+        leasing.claim(conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=4, schema=schema)
         == []
     )
     # another worker is not affected
     assert (
         len(
-            lease.claim(
+            leasing.claim(
                 conn, "other", queues=["default"], handlers=CAPACITY, limit=1, schema=schema
             )
         )
@@ -43,7 +44,7 @@ def test_drained_worker_claims_nothing(conn: psycopg.Connection, schema: str) ->
     fleet.request_drain(conn, schema, drain=False, worker_id=INFO.id)
     assert (
         len(
-            lease.claim(
+            leasing.claim(
                 conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=4, schema=schema
             )
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import leasing
 import psycopg
 import pytest
 from pruning import prune
@@ -50,7 +51,7 @@ def runs(conn: psycopg.Connection, schema: str) -> list[tuple]:
 
 
 def claim_one(conn: psycopg.Connection, schema: str) -> int:
-    [job] = lease.claim(
+    [job] = leasing.claim(
         conn,
         "w",
         queues=["default"],

@@ -152,9 +152,6 @@ class FakeStatements:
             self.written.append(list(completions))
         return answer
 
-    def next_run_in(self, queues: Any, handlers: Any) -> float | None:
-        return self.next_run
-
     def next_wakeups(self, queues: Any, handlers: Any) -> NextWakeups | None:
         return NextWakeups(self.next_run, self.expiring)
 

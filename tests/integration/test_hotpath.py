@@ -13,6 +13,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import leasing
@@ -312,6 +313,7 @@ def test_the_probe_names_a_missing_or_reshaped_internal() -> None:
 FALLBACK_SCRIPT = """
 import json, logging, sys
 import psycopg
+import leasing  # tests/support/leasing.py: the calls the tests hold jobs with
 from pgworkerd.queue import hotpath, lease
 from pgworkerd import client
 
@@ -354,7 +356,8 @@ def test_with_the_probe_failed_the_lease_statements_run_through_a_cursor(
     """PGWORKERD_HOTPATH=off fails the import-time probe the way a psycopg without one of
     the internals would: import works, every lease statement gives its right answer, no
     statement of ours is prepared, and the fallback is logged once."""
-    env = {**os.environ, "PGWORKERD_HOTPATH": "off"}
+    support = str(Path(__file__).resolve().parents[1] / "support")  # for leasing
+    env = {**os.environ, "PGWORKERD_HOTPATH": "off", "PYTHONPATH": support}
     proc = subprocess.run(
         [sys.executable, "-c", FALLBACK_SCRIPT, test_db_dsn, schema],
         env=env,

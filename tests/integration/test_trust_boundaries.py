@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from daemon_harness import DEADLINE, PGWORKERD, Daemons, Db, wait_for
@@ -194,7 +195,7 @@ def refused(c: psycopg.Connection, schema: str, statements: list[str]) -> list[s
 
 
 def claim_all(conn: psycopg.Connection, schema: str, **capacity: Any) -> list[lease.ClaimedJob]:
-    return lease.claim(
+    return leasing.claim(
         conn,
         "w",
         queues=["default"],
@@ -240,7 +241,7 @@ def test_the_enqueuer_chooses_any_priority_unless_bounded(
     others = [client.enqueue(conn, "h", schema=schema) for _ in range(3)]
     with as_role(roles, schema, "enqueuer") as c:
         jumper = client.enqueue(c, "h", priority=-32768, schema=schema)
-    [first] = lease.claim(
+    [first] = leasing.claim(
         conn,
         "w",
         queues=["default"],
@@ -427,7 +428,7 @@ def test_the_daemon_runs_its_claims(
             },
         ).fetchall()
         assert logged == [(job,)]
-        assert lease.complete(c, worker, held.id, held.token, {"ok": True}, schema=schema)
+        assert leasing.complete(c, worker, held.id, held.token, {"ok": True}, schema=schema)
         figures = c.execute(
             query("attempt_account", schema),
             {
@@ -674,7 +675,7 @@ def test_a_role_with_no_grant_listens_and_notifies(
         for channel in channels:
             c.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         job = client.enqueue(conn, "h", queue="payroll", schema=schema)
-        [held] = lease.claim(
+        [held] = leasing.claim(
             conn,
             "w",
             queues=["payroll"],
@@ -682,7 +683,7 @@ def test_a_role_with_no_grant_listens_and_notifies(
             limit=1,
             schema=schema,
         )
-        assert lease.complete(conn, "w", held.id, held.token, None, schema=schema)
+        assert leasing.complete(conn, "w", held.id, held.token, None, schema=schema)
         got = notifications(c, 3)
         assert (f"{schema}.jobs", "payroll") in got and (f"{schema}.finished", str(job)) in got
         c.execute(

@@ -252,15 +252,6 @@ UPDATE @schema@.jobs j
                        AND (%(handler)s::text IS NULL OR d.handler = %(handler)s))))
 RETURNING j.id;
 
--- name: job_prune
--- Delete up to %(batch)s finished jobs (of the given statuses) finished before the cutoff.
-DELETE FROM @schema@.jobs
- WHERE id IN (SELECT id FROM @schema@.jobs
-               WHERE finished_at < now() - make_interval(secs => %(older_than)s)
-                 AND status = ANY(%(statuses)s::@schema@.job_status[])
-               LIMIT %(batch)s)
-RETURNING id;
-
 -- name: job_prune_finished
 -- The fleet's own retention (migrations 0014, 0020): delete one batch of finished jobs
 -- past their retention (seconds per final status; NULL keeps it), one of schedule runs
@@ -429,17 +420,6 @@ WITH gone AS (
 SELECT g.id, g.host, g.pid FROM gone g, LATERAL (
     SELECT pg_notify(@schema_literal@ || '.wake',
                      json_build_object('peer', 'down', 'id', g.id)::text)) AS sent;
-
--- name: worker_prune_gone
--- Delete the rows of daemons gone (stopped or marked gone) over %(older_than)s seconds
--- ago; returns how many.
-WITH pruned AS (
-    DELETE FROM @schema@.workers
-     WHERE state = 'gone'
-       AND coalesce(stopped_at, heartbeat_at) < now() - make_interval(secs => %(older_than)s)
-    RETURNING 1
-)
-SELECT count(*) FROM pruned;
 
 -- name: worker_request_drain
 -- A drain (plain, or with hand_back a hand-back) of live daemons: one id, one host, or all
@@ -652,24 +632,6 @@ SELECT s.name, s.definition, s.declared_by, s.declared_at, s.created_at,
                       WHERE r.schedule = s.name ORDER BY r.tick DESC LIMIT 1) r ON true
   LEFT JOIN @schema@.jobs j ON j.id = r.job_id
  ORDER BY s.name;
-
--- name: schedule_runs_prune
--- Delete schedule run rows older than %(older_than)s seconds, keeping each schedule's
--- latest; returns how many. Runs whose job is still pending or running are kept, and so
--- every newer run: overlap (schedule_fire) finds a schedule's unfinished job through its
--- run among the latest 100 that created one, so a job older than the retention (a
--- week-long run, or one held by a paused queue) must keep it, or the next tick starts a
--- second one. The function (migration 0010) deletes by age alone; now() is the same
--- inside it, so the oldest such run is exactly kept.
-SELECT @schema@.schedule_runs_prune(greatest(
-           make_interval(secs => %(older_than)s),
-           (SELECT now() - min(recent.fired_at)
-              FROM @schema@.schedules s
-             CROSS JOIN LATERAL (SELECT r.job_id, r.fired_at FROM @schema@.schedule_runs r
-                                  WHERE r.schedule = s.name AND r.job_id IS NOT NULL
-                                  ORDER BY r.tick DESC LIMIT 100) recent
-              JOIN @schema@.jobs j ON j.id = recent.job_id
-             WHERE j.status IN ('pending', 'running')))) AS deleted;
 
 -- name: worker_schedules_set
 -- Record which schedules this daemon declares (shown by `pgworkerd schedules`).

@@ -767,8 +767,12 @@ def test_a_job_runs_as_the_daemons_user_and_reaches_it(
     db: Db, daemons: Daemons, tmp_path: Path
 ) -> None:
     """It runs as the daemon's user, so it can read the daemon's config, signal the daemon
-    and the other jobs of that user, and reach their `/proc` entries: handlers run by one
-    daemon are one trust domain."""
+    and the other jobs of that user, and reach their `/proc` entries (the daemon, the fork
+    server and the watchers are not dumpable: a job without CAP_SYS_PTRACE cannot open
+    their descriptors): handlers run by one daemon are one trust domain."""
+    # The tests run as root, so the job here has CAP_SYS_PTRACE and still reads the daemon's
+    # environ; test_job_cgroups' daemon-log tests hold the descriptors a job without it
+    # cannot open.
     config = daemons.config({"neighbours": {"target": "trusthandlers:neighbours"}})
     config.chmod(0o600)
     daemon = daemons.start(config)

@@ -2639,7 +2639,7 @@ BEGIN
       FROM @schema@.jobs j
      WHERE j.id = job_get_v1.job_id
        AND (j.enqueued_by = session_user
-            OR has_table_privilege(session_user, '@schema@.jobs', 'SELECT'));
+            OR has_any_column_privilege(session_user, '@schema@.jobs', 'SELECT'));
 END;
 $$;
 
@@ -2897,7 +2897,9 @@ REVOKE EXECUTE ON FUNCTION
 -- instant `at` in time zone `zone`. A field using cronsim's L, W or # is not checked here
 -- (it matches every value): such a schedule's ticks are held to the other fields and to
 -- schedule_fire_v2's window only. In a zone's spring-forward gap cronsim fires a skipped
--- wall time when the clocks jump: at a jump, the hour before counts, any minute.
+-- wall time when the clocks jump: at a jump, the hour before counts, any minute. A wall
+-- time repeated when the clocks go back matches at both instants (cronsim fires the
+-- first only).
 CREATE FUNCTION @schema@.cron_field_matches(field text, value integer, low integer,
                                             high integer, names text[])
 RETURNS boolean
@@ -2939,39 +2941,27 @@ BEGIN
 END;
 $$;
 
-CREATE FUNCTION @schema@.cron_matches(expression text, zone text, at timestamptz)
+-- Whether wall time `wall` matches the six fields (seconds first); any_minute: the
+-- seconds and minutes fields are not checked (a wall time in a skipped hour).
+CREATE FUNCTION @schema@.cron_wall_matches(fields text[], wall timestamp, any_minute boolean)
 RETURNS boolean
 LANGUAGE plpgsql
-STABLE
+IMMUTABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    fields text[] := regexp_split_to_array(btrim(expression), '\s+');
-    wall timestamp := at AT TIME ZONE zone;
-    -- the clocks jumped forward at `at` (spring): wall times before it were skipped
-    jumped boolean := (at - interval '1 second') AT TIME ZONE zone + interval '1 second'
-                      < wall;
     months constant text[] := ARRAY['JAN', 'FEB', 'MAR', 'APR', 'MAY', 'JUN', 'JUL', 'AUG',
                                     'SEP', 'OCT', 'NOV', 'DEC'];
     days constant text[] := ARRAY['SUN', 'MON', 'TUE', 'WED', 'THU', 'FRI', 'SAT'];
-    day_of_week integer;
+    day_of_week integer := extract(dow FROM wall)::integer;
     dom_ok boolean;
     dow_ok boolean;
 BEGIN
-    IF cardinality(fields) = 5 THEN
-        fields := array_prepend('0', fields);
-    ELSIF cardinality(fields) <> 6 THEN
-        RETURN false;
-    END IF;
-    IF jumped THEN
-        wall := date_trunc('hour', wall) - interval '1 hour';
-    END IF;
-    day_of_week := extract(dow FROM wall)::integer;
     dom_ok := @schema@.cron_field_matches(fields[4], extract(day FROM wall)::integer, 1, 31,
                                           NULL);
     dow_ok := @schema@.cron_field_matches(fields[6], day_of_week, 0, 7, days)
               OR (day_of_week = 0 AND @schema@.cron_field_matches(fields[6], 7, 0, 7, days));
-    RETURN (jumped OR (
+    RETURN (any_minute OR (
                 @schema@.cron_field_matches(fields[1], extract(second FROM wall)::integer,
                                             0, 59, NULL)
                 AND @schema@.cron_field_matches(fields[2], extract(minute FROM wall)::integer,
@@ -2983,6 +2973,29 @@ BEGIN
        AND CASE WHEN left(fields[4], 1) IN ('*', '?') OR left(fields[6], 1) IN ('*', '?')
                 THEN dom_ok AND dow_ok
                 ELSE dom_ok OR dow_ok END;
+END;
+$$;
+
+CREATE FUNCTION @schema@.cron_matches(expression text, zone text, at timestamptz)
+RETURNS boolean
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    fields text[] := regexp_split_to_array(btrim(expression), '\s+');
+    wall timestamp := at AT TIME ZONE zone;
+BEGIN
+    IF cardinality(fields) = 5 THEN
+        fields := array_prepend('0', fields);
+    ELSIF cardinality(fields) <> 6 THEN
+        RETURN false;
+    END IF;
+    RETURN @schema@.cron_wall_matches(fields, wall, false)
+        -- the clocks jumped forward at `at` (spring): the skipped wall times fire now
+        OR ((at - interval '1 second') AT TIME ZONE zone + interval '1 second' < wall
+            AND @schema@.cron_wall_matches(fields, date_trunc('hour', wall) - interval '1 hour',
+                                           true));
 END;
 $$;
 
@@ -3294,7 +3307,9 @@ REVOKE EXECUTE ON FUNCTION @schema@.job_lease_state_v1(bigint, bigint) FROM PUBL
 -- starts (at least 32 characters, never stored: its SHA-256 is) and names it in every
 -- write of its row; an id registered with another secret is refused. The row records the
 -- login that registered it (registered_by), and a login may keep at most
--- registry_cap.max_live_per_login rows not gone (100 until an operator changes it): a
+-- registry_cap.max_live_per_login rows not gone (100 until an operator changes it;
+-- a login that may INSERT into workers itself is not held to it, as for the retention
+-- floor): a
 -- compromised host can still register that many daemons and keep them fresh, as any
 -- daemon of its login, but no more (README "Who can do what").
 ALTER TABLE @schema@.workers
@@ -3354,7 +3369,9 @@ BEGIN
             USING ERRCODE = 'insufficient_privilege',
                   HINT = 'Each daemon registers an id of its own (host:pid:random).';
     END IF;
-    IF NOT FOUND OR existing.state = 'gone' THEN
+    -- (a caller that may INSERT rows itself, the owner, is not held to the cap)
+    IF (NOT FOUND OR existing.state = 'gone')
+       AND NOT has_table_privilege(session_user, '@schema@.workers', 'INSERT') THEN
         -- one registration of a login at a time, so that the count holds
         PERFORM pg_advisory_xact_lock(
             hashtextextended('pgworkerd.registry.cap:' || @schema_literal@ || ':'

@@ -5,6 +5,7 @@ and help live beside its field (`key(...)`), and everything else reads them.
   checks.py     value checks: what a key takes, its error messages, how it is written
   tables.py     [database] [worker] [logging] [metrics] [retention] [logs] [web]
   handlers.py   [handlers.NAME] and [schedules.NAME], and importing a handler
+  webusers.py   [web.users]: the dashboard's password hashes, checked, never shown
   model.py      `Config` and the list of tables
   load.py       reading a file: file:line: table.key: what is wrong and what is allowed
   relations.py  the checks between keys (renew_interval against every lease, ...)

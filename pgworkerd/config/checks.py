@@ -17,7 +17,6 @@ from pgworkerd.bounds import (
     PRIORITY_MAX,
     PRIORITY_MIN,
     check_name,
-    name_problem,
 )
 from pgworkerd.durations import format_duration, parse_duration
 from pgworkerd.names import check_schema_name
@@ -442,33 +441,6 @@ def _ip_address(value: Any) -> str:
 
 
 ip_address = Check(_ip_address, "an IP address, or empty")
-
-
-# -- the dashboard's users -------------------------------------------------------------------
-
-
-def _web_users(value: Any) -> dict[str, str]:
-    """[web.users]: NAME = "scrypt$..." (a hash, never a password)."""
-    from pgworkerd.web.passwords import hash_problem
-
-    if not isinstance(value, dict):
-        raise TypeError(f"expected a table of NAME = HASH, got {describe(value)}")
-    for name, hashed in value.items():
-        problem = name_problem("user", name)
-        if problem:
-            raise ValueError(problem)
-        if not isinstance(hashed, str) or hash_problem(hashed):
-            # the value is never shown: someone may have put a password there
-            raise ValueError(
-                f"user {name!r}: not a password hash (make one with "
-                "`pgworkerd web hash-password`, which reads the password from stdin)"
-            )
-    return dict(value)
-
-
-web_users = Check(
-    _web_users, 'a table of NAME = "HASH" (hashes from `pgworkerd web hash-password`)'
-)
 
 
 # -- schedules -------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pgworkerd.config import checks
+from pgworkerd.config import checks, webusers
 from pgworkerd.config.spec import key
 from pgworkerd.masking import mask_dsn
 from pgworkerd.names import DEFAULT_SCHEMA
@@ -343,10 +343,6 @@ class LogsConfig:
     )
 
 
-def _user_names(users: dict[str, str]) -> list[str]:
-    return sorted(users)  # a hash is slow to guess, not impossible: never shown
-
-
 @dataclass(frozen=True)
 class WebConfig:
     """`pgworkerd web` (pgworkerd/web): where it listens, who may log in, what it may do."""
@@ -360,8 +356,8 @@ class WebConfig:
     port: int = key(8470, check=checks.integer(1, 65535), help="Port the dashboard listens on.")
     users: dict[str, str] = key(  # noqa: RUF009 (a field, from its factory)
         factory=dict,
-        check=checks.web_users,
-        shown=_user_names,
+        check=webusers.web_users,
+        shown=webusers.user_names,
         example={"alice": "scrypt$16384$8$1$...$..."},
         help='Who may log in: NAME = "HASH", the hash from `pgworkerd web hash-password` '
         "(reads the password from stdin, never from the command line), in this inline table "

@@ -232,8 +232,8 @@ def run(
         _report_fallback(UNAVAILABLE or "disabled")
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(query(name, schema), params)
-        rows = cur.fetchall()  # first: in pipeline mode the description comes with it
-        return Rows(rows, _described(cur))
+        fetched = cur.fetchall()  # first: in pipeline mode the description comes with it
+        return Rows(fetched, _described(cur))
 
 
 def _described(cur: psycopg.Cursor[Any]) -> tuple[str, ...]:
@@ -510,8 +510,8 @@ def _guarded_via_cursor(
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(query(name, schema), params)
         try:
-            loaded = cur.fetchall()  # first: in pipeline mode the description comes with it
-            return Rows(loaded, _described(cur))
+            every = cur.fetchall()  # first: in pipeline mode the description comes with it
+            return Rows(every, _described(cur))
         except Exception:
             # A loader's error (psycopg's DataError for a timestamp out of range, json's
             # ValueError, ...) leaves the rows in the cursor's result; a server error,

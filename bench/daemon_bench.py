@@ -304,8 +304,7 @@ def main() -> None:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public")
         print(
             f"# pgworkerd daemon benchmark ({'short' if args.short else 'full'}) on "
-            f"{results['machine']}"
-            + (f", job_uids {args.job_uids}" if args.job_uids else ""),
+            f"{results['machine']}" + (f", job_uids {args.job_uids}" if args.job_uids else ""),
             flush=True,
         )
         for per_child in (1, 1000):

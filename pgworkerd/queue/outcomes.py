@@ -12,8 +12,9 @@ the caller (the daemon's Statements) logs and counts it afterwards. The protocol
 - a rejected write (no row: the lease token no longer matches) is read back: when the row
   shows this outcome under our token with nobody holding the job, an earlier write of it
   committed and only its reply was lost (`earlier`: counted as recorded, not fenced off).
-  Every claim, and every burial of an expired job, bumps the token, so the token being
-  ours proves no other attempt came in between.
+  Every claim, and every burial of an expired job, gives the job a new token, so the token
+  being ours proves no other attempt came in between (the read-back asks whether the job
+  still has our token: the daemon role reads no other, schema 24).
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ def _record_one(
 
 def _held(conn: psycopg.Connection[Any], worker: str, w: OutcomeWrite, schema: str) -> bool:
     """The job is running under this worker and the write's token."""
-    row = lease.lease_state(conn, w.id, schema=schema)
+    row = lease.lease_state(conn, w.id, w.token, schema=schema)
     return (
         row is not None
         and row.token == w.token
@@ -233,7 +234,7 @@ def _rejected(
 ) -> Recorded:
     """A write the fence rejected: recorded after all if an earlier write of the same
     outcome landed (its reply was lost), else fenced off."""
-    row = lease.lease_state(conn, w.id, schema=schema)
+    row = lease.lease_state(conn, w.id, w.token, schema=schema)
     earlier = (
         row is not None
         and row.token == w.token

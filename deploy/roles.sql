@@ -227,9 +227,9 @@ GRANT EXECUTE ON FUNCTION pgworkerd.attempt_account_v1(text, bigint[], bigint[],
                                                        float8[], float8[], bigint[])
       TO pgworkerd_daemon;
 -- Job logs (schema 15): the daemon writes what attempts it holds or held printed
--- (job_log_write_v1), never another worker's row; `logs` reads them. Rows go with their
--- job through a trigger (SECURITY DEFINER).
-GRANT SELECT ON pgworkerd.job_logs TO pgworkerd_daemon;
+-- (job_log_write_v1), never another worker's row; it reads them without their lease
+-- tokens (above; `logs` is the reader's). Rows go with their job through a trigger
+-- (SECURITY DEFINER).
 GRANT EXECUTE ON FUNCTION pgworkerd.job_log_write_v1(text, bigint[], bigint[], integer[],
                                                      text[], text[], bigint[], bigint[],
                                                      boolean[])

@@ -859,3 +859,38 @@ def test_the_migration_lets_the_old_daemon_role_run_both_releases_until_roles_sq
             )
     finally:
         drop_roles(conn, [old, operator_like])
+
+
+def test_the_lease_migration_grants_its_functions_to_the_roles_that_claim(
+    pg: LocalPostgres, schema: str, conn: psycopg.Connection
+) -> None:
+    """Schema 24's rolling upgrade: a role that may claim (EXECUTE on claim_jobs, the
+    daemon role of roles.sql of schemas 22 and 23) gets EXECUTE on the registry functions
+    and the lease check when the migration runs (its last block, run here again), so a
+    daemon of this release runs before roles.sql is applied again; a role that may not
+    claim gets nothing."""
+    block = (MIGRATIONS / "0024_lease_fence.sql").read_text()
+    block = block[block.rindex("DO $$") :]
+    claimer, other = f"{schema}_claimer", f"{schema}_other"
+    for name in (claimer, other):
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    conn.execute(
+        render(
+            "GRANT EXECUTE ON FUNCTION @schema@.claim_jobs(text, text[], text[], float8[],"
+            " integer[], integer, integer[], jsonb, integer[], integer[]) TO {0}",
+            schema,
+        ).replace("{0}", f'"{claimer}"')
+    )
+    try:
+        conn.execute(render(block, schema))
+        may = render(
+            "SELECT has_function_privilege(%s, '@schema@.worker_register_v2(text, text, text,"
+            " integer, text, text[], text[], integer, text, jsonb, float8)', 'EXECUTE'),"
+            " has_function_privilege(%s, '@schema@.job_lease_state_v1(bigint, bigint)',"
+            " 'EXECUTE')",
+            schema,
+        )
+        assert conn.execute(may, [claimer, claimer]).fetchone() == (True, True)
+        assert conn.execute(may, [other, other]).fetchone() == (False, False)
+    finally:
+        drop_roles(conn, [claimer, other])

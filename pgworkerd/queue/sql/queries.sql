@@ -148,12 +148,13 @@ SELECT c.id
                               %(results)s::jsonb[], %(progress)s::jsonb[]) AS c(id);
 
 -- name: job_complete_one
--- job_complete for one job, through complete_job (migrations 0019, 0022: one primary-key
--- look-up, no arrays to unpack; durable). Returns the id if the lease held.
-SELECT %(id)s::bigint AS id
-  FROM @schema@.complete_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
-                             %(result)s::jsonb, %(progress)s::jsonb) AS done
- WHERE done;
+-- job_complete for one job (tests and benchmarks; the daemon batches): complete_jobs
+-- (migration 0025, the one text of a completion; durable) with one-element arrays, called
+-- directly: through complete_job, its wrapper for other languages, it would pay a second
+-- SECURITY DEFINER call. Returns the id if the lease held.
+SELECT c.id
+  FROM @schema@.complete_jobs(%(worker)s::text, ARRAY[%(id)s::bigint], ARRAY[%(token)s::bigint],
+                              ARRAY[%(result)s::jsonb], ARRAY[%(progress)s::jsonb]) AS c(id);
 
 -- name: job_fail
 -- A failed attempt, through fail_job (migration 0025, the text every language uses): back

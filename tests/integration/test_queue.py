@@ -535,7 +535,8 @@ def test_claim_returns_what_a_child_needs(q: Queue) -> None:
     job = q.claim_one("w9", lease_seconds=45)
     assert job.id == job_id
     assert (job.handler, job.queue, job.payload, job.priority) == ("h", "default", {"k": "v"}, 2)
-    assert (job.attempt, job.max_attempts, job.token, job.rescued) == (1, 4, 1, False)
+    assert (job.attempt, job.max_attempts, job.rescued) == (1, 4, False)
+    assert job.token >= 1 << 60  # drawn at random (schema 24)
     assert job.checkpoint is None
     row = q.row(job_id)
     assert row["status"] == "running"
@@ -552,12 +553,17 @@ def test_other_languages_claim_with_one_select_as_the_readme_shows(q: Queue) -> 
         "SELECT id, handler, attempts, lease_token, rescued"
         " FROM @schema@.claim('worker-1', '{default}', '{h}', '{300}', '{2}', 4)"
     )
-    assert rows == [(ids[0], "h", 1, 1, False), (ids[1], "h", 1, 1, False)]  # h's 2 slots
+    # h's 2 slots; tokens drawn at random (schema 24)
+    assert [(r[0], r[1], r[2], r[4]) for r in rows] == [
+        (ids[0], "h", 1, False),
+        (ids[1], "h", 1, False),
+    ]
+    assert all(r[3] >= 1 << 60 for r in rows) and rows[0][3] != rows[1][3]
     [(until,)] = q.sql("SELECT locked_until - now() FROM @schema@.jobs WHERE id = %s", [ids[0]])
     assert timedelta(seconds=290) < until <= timedelta(seconds=300)
     # ... and finish them with the same fencing as the Python API.
-    assert lease.complete(q.conn, "worker-1", ids[0], 1, schema=q.schema)
-    assert not lease.complete(q.conn, "worker-2", ids[1], 1, schema=q.schema)
+    assert lease.complete(q.conn, "worker-1", ids[0], rows[0][3], schema=q.schema)
+    assert not lease.complete(q.conn, "worker-2", ids[1], rows[1][3], schema=q.schema)
 
 
 def test_scheduled_jobs_are_invisible_until_due(q: Queue) -> None:
@@ -836,7 +842,8 @@ def test_release_hands_the_job_back_without_counting_the_attempt(q: Queue) -> No
     assert row["run_at"] == held.run_at  # its old place in the queue: before `newer`
     again = q.claim_one("w2")
     assert q.row(newer)["status"] == "pending"
-    assert (again.id, again.attempt, again.token, again.rescued) == (job_id, 1, 2, False)
+    assert (again.id, again.attempt, again.rescued) == (job_id, 1, False)
+    assert again.token != held.token
     # With max_attempts=1, a counted release would have made this attempt impossible.
     assert lease.complete(q.conn, "w2", again.id, again.token, schema=q.schema)
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg import sql
 
 from pgworkerd import client
@@ -172,3 +173,27 @@ def test_a_heartbeat_in_the_future_makes_no_peer(conn: psycopg.Connection, schem
         ).format(sql.Identifier(schema, "workers"))
     )
     assert [p[0] for p in registry.peers(conn, 60.0, schema)] == ["h:1:a"]
+
+
+def test_a_registry_row_is_bounded_and_a_bad_one_changes_nothing(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """Schema 24: what a daemon writes into its row is checked (every peer reads it):
+    names, how many queues, handlers and in-flight jobs, the settings' size."""
+    bad = [
+        registry.WorkerInfo("w:1:a", "", 1, "t", ["default"], ["h"], 1),
+        registry.WorkerInfo("w:1:a", "h", 1, "t", [f"q{n}" for n in range(10_001)], ["h"], 1),
+        registry.WorkerInfo("w:1:a", "h", 1, "t", ["default"], ["x" * 256], 1),
+        registry.WorkerInfo("w:1:a", "h", 1, "t", ["default"], ["h"], 1, {"h": {"x": "y" * 2**21}}),
+    ]
+    for info in bad:
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="pgworkerd: a daemon"):
+            registry.register(conn, info, "running", schema, secret=SECRET)
+    assert registry.peers(conn, 60.0, schema) == []
+    good = registry.WorkerInfo("w:1:a", "h", 1, "t", ["default"], ["h"], 1)
+    registry.register(conn, good, "running", schema, secret=SECRET)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="10,000"):
+        registry.heartbeat(conn, good, "running", list(range(10_001)), schema, secret=SECRET)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="cannot mark a daemon gone"):
+        registry.heartbeat(conn, good, "gone", [], schema, secret=SECRET)
+    assert registry.peers(conn, 60.0, schema) == [("w:1:a", ["default"], ["h"], 1)]

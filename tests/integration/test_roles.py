@@ -894,3 +894,33 @@ def test_the_lease_migration_grants_its_functions_to_the_roles_that_claim(
         assert conn.execute(may, [other, other]).fetchone() == (False, False)
     finally:
         drop_roles(conn, [claimer, other])
+
+
+def test_a_restarted_daemon_rescues_its_attempt_without_reading_tokens(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """Schema 24: the daemon role reads no lease token, yet a daemon started again (a new
+    id) takes over the attempt its predecessor held once that lease ran out (the claim
+    returns the new token), finishes it, and the predecessor's token is fenced off."""
+    job = client.enqueue(conn, "h", schema=schema)
+    capacity = {"h": lease.HandlerCapacity(0.5, 1)}
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
+        [before] = lease.claim(
+            c, "host:1:a", queues=["default"], handlers=capacity, limit=1, schema=schema
+        )
+
+        def rescue() -> list[lease.ClaimedJob]:
+            return lease.claim(
+                c,
+                "host:2:b",
+                queues=["default"],
+                handlers={"h": lease.HandlerCapacity(60, 1)},
+                limit=1,
+                schema=schema,
+            )
+
+        [after] = wait_for(rescue, what="the expired attempt to be rescued")
+        assert (after.id, after.rescued) == (job, True) and after.token != before.token
+        assert not lease.complete(c, "host:1:a", job, before.token, None, schema=schema)
+        assert lease.complete(c, "host:2:b", job, after.token, {"ok": 1}, schema=schema)
+    assert admin.get(conn, job, schema=schema)["result"] == {"ok": 1}

@@ -21,14 +21,12 @@ RETURNS trigger
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    hex text;
 BEGIN
     LOOP
-        hex := translate(gen_random_uuid()::text, '-', '');
-        -- hex digit 13 is the uuid's version, 17 its variant: left out
+        -- the uuid's last 8 bytes: 62 random bits (the variant takes 2), 60 of them kept
         NEW.lease_token := (1::bigint << 60)
-            | ('x' || lpad(substr(hex, 1, 12) || substr(hex, 18, 3), 16, '0'))::bit(64)::bigint;
+            | (('x' || encode(substr(uuid_send(gen_random_uuid()), 9, 8), 'hex'))::bit(64)::bigint
+               & ((1::bigint << 60) - 1));
         EXIT WHEN NEW.lease_token <> OLD.lease_token;
     END LOOP;
     RETURN NEW;
@@ -317,6 +315,38 @@ BEGIN
 END;
 $$;
 
+-- What a daemon may write into its row, bounded (a compromised host writes its own row
+-- only, but every peer and `status` reads it): names of 1 to 255 characters, at most
+-- 10,000 queues, handlers and in-flight jobs, settings of at most 1 MB. Raises 22023.
+CREATE FUNCTION @schema@.worker_row_check(host text, version text, queues text[],
+                                          handlers text[], handler_settings jsonb,
+                                          in_flight bigint[])
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF host IS NULL OR length(host) NOT BETWEEN 1 AND 255
+       OR version IS NULL OR length(version) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'pgworkerd: a daemon''s host and version must be 1 to 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF coalesce(cardinality(queues), 0) > 10000 OR coalesce(cardinality(handlers), 0) > 10000
+       OR coalesce(cardinality(in_flight), 0) > 10000
+       OR EXISTS (SELECT 1 FROM unnest(queues || handlers) n
+                   WHERE n IS NULL OR length(n) NOT BETWEEN 1 AND 255) THEN
+        RAISE EXCEPTION 'pgworkerd: a daemon names at most 10,000 queues, handlers and '
+                        'in-flight jobs, each name 1 to 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pg_column_size(handler_settings) > 1048576 THEN
+        RAISE EXCEPTION 'pgworkerd: a daemon''s handler settings must be at most 1 MB'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END;
+$$;
+
 -- Record a daemon (worker_register of queries.sql before schema 24), or record it again
 -- after it was marked gone, under the secret it registered with. Returns the id.
 CREATE FUNCTION @schema@.worker_register_v2(
@@ -338,6 +368,8 @@ BEGIN
         RAISE EXCEPTION 'pgworkerd: a daemon id must be 1 to 255 characters'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM @schema@.worker_row_check(host, version, queues, handlers, handler_settings,
+                                      NULL);
     SELECT * INTO existing FROM @schema@.workers w WHERE w.id = worker_register_v2.id
        FOR UPDATE;
     IF FOUND AND existing.secret_sha256 IS DISTINCT FROM digest THEN
@@ -403,6 +435,9 @@ BEGIN
         RAISE EXCEPTION 'pgworkerd: a heartbeat cannot mark a daemon gone (deregister does)'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM @schema@.worker_row_check(
+        'h', 'v', worker_heartbeat_v2.queues, worker_heartbeat_v2.handlers,
+        worker_heartbeat_v2.handler_settings, worker_heartbeat_v2.in_flight);
     RETURN QUERY
     UPDATE @schema@.workers w
        SET state = worker_heartbeat_v2.state, in_flight = worker_heartbeat_v2.in_flight,

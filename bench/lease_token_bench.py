@@ -9,6 +9,10 @@ trigger. Each block enqueues 2,000 jobs, then claims them all with claim_jobs as
 does (batches of 10, one handler), as the schema owner; the two variants alternate,
 rotating their order, so that the load of a shared machine falls on both alike; medians
 of the blocks are printed. A benchmark, not a test: nothing is asserted.
+
+Measured 2026-11-27, this 2-CPU VM, PostgreSQL 15, 20 rounds: at load 1.7, counter 9,756
+claims/s, drawn 8,581 (0.88x: ~14 us per claimed job, the trigger's call); at load 6.6,
+5,197 and 5,181 (1.00x). A first version that drew through uuid text was 0.84x at load 8.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 -- on the schema's objects: the schema owner, or a superuser. Each process then connects
 -- as its role (README "Install and run"):
 --   pgworkerd_daemon:   what `pgworkerd run` needs: claim, renew and finish the jobs
---                       it holds (fenced functions only, no UPDATE on jobs), write the
---                       logs and history of its attempts, the registry, fire the
---                       schedules an operator declared, prune above the operator's floor.
+--                       it holds (fenced functions only, no UPDATE on jobs, no lease
+--                       token read), write the logs and history of its attempts and its
+--                       own registry row, fire the schedules an operator declared at
+--                       their ticks, prune above the operator's floor.
 --   pgworkerd_enqueuer: enqueue (the SQL functions), and read and wait for the jobs its
 --                       own login enqueued (job_get_v1: `pgworkerd.get`/`wait`); it
 --                       cannot read or change any other job, nor anything else.

@@ -727,6 +727,7 @@ OPERATOR_CAN = [
     "INSERT INTO @schema@.enqueue_bounds (queue, priority_min) VALUES ('q', 0)",
     "SELECT @schema@.schedule_declare('s', '{}', 'w')",
     "SELECT @schema@.retention_floor_set(86400)",
+    "UPDATE @schema@.registry_cap SET max_live_per_login = 50",
 ]
 
 
@@ -735,7 +736,7 @@ def test_the_operator_acts_on_jobs_and_sets_bounds(
 ) -> None:
     """It reads what the reader reads, enqueues like the enqueuer, cancels, retries, pauses
     and resumes, drains and resumes daemons, prunes, declares schedules, sets the retention
-    floor and sets enqueue bounds."""
+    floor, enqueue bounds and the registry cap."""
     client.enqueue(conn, "h", schema=schema)
     with as_role(roles, schema, "operator") as c:
         assert [s for s in OPERATOR_CAN if not allowed(c, schema, s)] == []
@@ -797,14 +798,22 @@ def test_the_reader_reads_everything_and_changes_nothing(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
 ) -> None:
     """It reads every job's payload, result, error and logs, the registry, pauses,
-    schedules and enqueue bounds, and changes nothing."""
+    schedules, enqueue bounds and the registry cap, and changes nothing."""
     job = client.enqueue(conn, "h", {"card": "4111"}, schema=schema)
     with as_role(roles, schema, "reader") as c:
         payload = c.execute(
             render("SELECT payload FROM @schema@.jobs WHERE id = %s", schema), [job]
         )
         assert payload.fetchone() == ({"card": "4111"},)
-        for table in ("attempts", "job_logs", "workers", "paused", "schedules", "enqueue_bounds"):
+        for table in (
+            "attempts",
+            "job_logs",
+            "workers",
+            "paused",
+            "schedules",
+            "enqueue_bounds",
+            "registry_cap",
+        ):
             assert allowed(c, schema, f"SELECT * FROM @schema@.{table}")
         assert (
             refused(
@@ -819,6 +828,7 @@ def test_the_reader_reads_everything_and_changes_nothing(
                     "DELETE FROM @schema@.workers",
                     "INSERT INTO @schema@.enqueue_bounds (queue) VALUES ('q')",
                     "SELECT @schema@.schedule_runs_prune('1 day')",
+                    "UPDATE @schema@.registry_cap SET max_live_per_login = 1",
                 ],
             )
             == []

@@ -151,7 +151,7 @@ SELECT c.id
 -- job_complete for one job (tests and benchmarks; the daemon batches): complete_jobs
 -- (migration 0025, the one text of a completion; durable) with one-element arrays, called
 -- directly: through complete_job, its wrapper for other languages, it would pay a second
--- SECURITY DEFINER call. Returns the id if the lease held.
+-- SECURITY DEFINER call (~8 us, migration 0025). Returns the id if the lease held.
 SELECT c.id
   FROM @schema@.complete_jobs(%(worker)s::text, ARRAY[%(id)s::bigint], ARRAY[%(token)s::bigint],
                               ARRAY[%(result)s::jsonb], ARRAY[%(progress)s::jsonb]) AS c(id);

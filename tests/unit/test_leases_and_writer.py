@@ -190,7 +190,8 @@ def test_a_failed_jobs_retry_wakes_the_claimer_when_due() -> None:
 
 
 def test_write_then_claim_writes_other_outcomes_before_the_claim_and_carries_completions() -> None:
-    statements, clock, retries = FakeStatements(), FakeClock(), []
+    statements, clock = FakeStatements(), FakeClock()
+    retries: list[float] = []
     w = writer(statements, clock, retries)
     done, failed = outcome(OutcomeKind.COMPLETE), outcome(OutcomeKind.FAIL)
     released = outcome(OutcomeKind.RELEASE)
@@ -211,7 +212,8 @@ def test_write_then_claim_writes_other_outcomes_before_the_claim_and_carries_com
 
 
 def test_write_then_claim_writes_the_completions_a_claim_did_not_carry_after_it() -> None:
-    statements, clock, retries = FakeStatements(), FakeClock(), []
+    statements, clock = FakeStatements(), FakeClock()
+    retries: list[float] = []
     w = writer(statements, clock, retries)
     done = outcome(OutcomeKind.COMPLETE)
     w.add(done)

@@ -1,13 +1,13 @@
 """Every code block of the README and docs/ that can run, run as written, as the role it
 names (issue 21, issue 23 item 5; the convention: docs/development/docs.md).
 
-One database, set up the docs' way (the owner migrates the default `pgworkerd` schema,
-roles.sql goes through psql unchanged, with its real role names), serves every block:
+Each block gets its own copy of one database set up the docs' way (the owner migrates the
+default `pgworkerd` schema, roles.sql goes through psql unchanged, with its real role names):
 
 - ```sh blocks whose first line names a role of roles.sql (`# as pgworkerd_operator`) and
   that are not a `synopsis` run through bash with `PGWORKERD_DSN` that role's DSN;
 - ```sql blocks run as the role their marker names (`<!-- doc: sql as=ROLE -->`; the
-  schema's owner without one), in a transaction rolled back after (`autocommit`: outside
+  schema's owner without one), in a transaction (`autocommit`: each statement outside
   one, for CREATE INDEX CONCURRENTLY);
 - ```python blocks with `module=PATH` are written to PATH and imported; the others run as
   a script as their role, `dsn="…"` in the marker naming the DSN text to replace with the
@@ -65,9 +65,9 @@ def test_every_shell_example_says_which_role_it_runs_as() -> None:
 
 
 @pytest.fixture(scope="module")
-def docs_db(pg: LocalPostgres) -> Iterator[dict[str, str]]:
-    """A database set up as "Install and run" says; yields each role's DSN (they log in
-    with the cluster's password, from its passfile), and the owner's."""
+def docs_template(pg: LocalPostgres) -> Iterator[str]:
+    """A database set up as "Install and run" says, once per module: each example gets a
+    copy of it (`docs_db`), so no example sees what another left behind."""
     with psycopg.connect(pg.dsn(), autocommit=True) as admin:
         taken = [
             r[0]
@@ -108,7 +108,7 @@ def docs_db(pg: LocalPostgres) -> Iterator[dict[str, str]]:
         assert applied.returncode == 0, applied.stderr
         for role in ROLES:  # the admin's \password, done the test cluster's way
             pg.grant_login(role)
-        yield {OWNER: owner_dsn, **{role: pg.dsn(name, user=role) for role in ROLES}}
+        yield name
     finally:
         with psycopg.connect(pg.dsn(), autocommit=True) as admin:
             admin.execute(
@@ -116,6 +116,26 @@ def docs_db(pg: LocalPostgres) -> Iterator[dict[str, str]]:
             )
             for role in ROLES:
                 admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+@pytest.fixture
+def docs_db(pg: LocalPostgres, docs_template: str) -> Iterator[dict[str, str]]:
+    """A fresh copy of the set-up database; yields each role's DSN (they log in with the
+    cluster's password, from its passfile), and the owner's."""
+    name = f"docs_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(docs_template)
+            )
+        )
+    try:
+        yield {OWNER: pg.dsn(name), **{role: pg.dsn(name, user=role) for role in ROLES}}
+    finally:
+        with psycopg.connect(pg.dsn(), autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
 
 
 def clean_env() -> dict[str, str]:
@@ -157,10 +177,11 @@ def test_sql_example_runs_as_the_role_it_names(docs_db: dict[str, str], block: B
     with psycopg.connect(docs_db[role], autocommit=autocommit) as c:
         # a bare client's session: nothing of pgworkerd's on the search path
         c.execute("SET search_path = pg_catalog, pg_temp")
-        if autocommit:
-            c.execute(block.body)
+        if autocommit:  # one statement at a time, each outside a transaction
+            for statement in filter(str.strip, block.body.split(";\n")):
+                c.execute(statement)
         else:
-            with c.transaction(force_rollback=True):
+            with c.transaction():
                 c.execute(block.body)
 
 

@@ -395,6 +395,11 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
         if s.strip()
     ]
     renew, complete, fail, release = statements
+    snooze, give_up = [
+        s.strip() + ";"
+        for s in readme_block(page, "sql", "# Other languages", nth=2).split(";\n")
+        if s.strip()
+    ]
     claim = readme_block(page, "sql", "# Other languages", nth=0)  # claim_jobs
 
     with psycopg.connect(app_db, autocommit=True) as c:
@@ -449,6 +454,19 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
         token = again["lease_token"]
         assert run_sql(release, b["id"], "worker-1", token) == [(b"pending",)]
         assert row(b["id"])[:2] == ("pending", 1)  # the released attempt is not counted
+
+        def claim_again() -> int:
+            c.execute("UPDATE pgworkerd.jobs SET run_at = now() WHERE id = %s", [b["id"]])
+            with c.cursor(row_factory=psycopg.rows.dict_row) as cur:
+                [again] = cur.execute(claim).fetchall()
+            assert again["id"] == b["id"]
+            return int(again["lease_token"])
+
+        [(status, _)] = run_sql(snooze, b["id"], "worker-1", claim_again())  # 600 s
+        assert status == b"pending"
+        assert row(b["id"])[:2] == ("pending", 1)  # a snooze is not a failed attempt
+        assert run_sql(give_up, b["id"], "worker-1", claim_again()) == [(b"t",)]
+        assert row(b["id"])[:4] == ("dead", 2, None, "customer deleted")
 
 
 def test_cancel_of_a_finished_job_exits_1_and_says_so(cli: Cli) -> None:

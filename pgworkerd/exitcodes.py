@@ -1,4 +1,4 @@
-"""Exit codes of every pgworkerd command (documented in the README)."""
+"""Exit codes of every pgworkerd command (docs/reference/exit-codes.md; a test keeps the two in step)."""
 
 from enum import IntEnum
 

@@ -204,3 +204,14 @@ def test_the_docs_tree_has_no_stray_copies() -> None:
         ["git", "ls-files", "site"], cwd=ROOT, capture_output=True, text=True, check=False
     ).stdout
     assert tracked == ""
+
+
+def test_the_exit_code_table_is_the_enums() -> None:
+    from pgworkerd.exitcodes import RESTART_PREVENTING, ExitCode
+
+    text = (DOCS / "reference" / "exit-codes.md").read_text()
+    listed = [int(m[1]) for m in re.finditer(r"(?m)^\| (\d+) \|", text)]
+    assert listed == [int(code) for code in ExitCode]
+    named = re.search(r"exits with ([\d, and]+) only when restarting cannot help", text)
+    assert named is not None
+    assert [int(n) for n in re.findall(r"\d+", named[1])] == [int(c) for c in RESTART_PREVENTING]

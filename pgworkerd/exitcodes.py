@@ -1,4 +1,4 @@
-"""Exit codes of every pgworkerd command (docs/reference/exit-codes.md; a test keeps the two in step)."""
+"""Exit codes of every pgworkerd command (docs/reference/exit-codes.md, held to it by a test)."""
 
 from enum import IntEnum
 

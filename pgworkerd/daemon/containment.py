@@ -22,6 +22,7 @@ import stat
 import tempfile
 import time
 
+from pgworkerd.daemon.cgroups import JobCgroups
 from pgworkerd.worker import reaper, tmpdirs
 
 log = logging.getLogger("pgworkerd")
@@ -80,10 +81,11 @@ def remove_abandoned(root: str) -> int:
 class Containment:
     """Orphan sweeps and the temp directory root of one daemon."""
 
-    def __init__(self, *, traversable: bool = False) -> None:
+    def __init__(self, *, traversable: bool = False, cgroups: JobCgroups | None = None) -> None:
         # whether children of other uids (job_uids) must reach their directories in it:
         # then it and the shared root are 0711 (others pass through, never list or write)
         self.traversable = traversable
+        self.cgroups = cgroups  # one cgroup per attempt ([worker] job_cgroups; None: off)
         self.tmp_root: str | None = None
         self._lock_fd: int | None = None
         self.sweep_due = False
@@ -122,15 +124,23 @@ class Containment:
             os.chmod(path, 0o711)
 
     def child_settings(self) -> dict[str, str]:
-        return {"tmpdir": self.tmp_root} if self.tmp_root is not None else {}
+        settings = {"tmpdir": self.tmp_root} if self.tmp_root is not None else {}
+        if self.cgroups is not None:
+            settings.update(self.cgroups.child_settings())
+        return settings
 
     # -- orphans -------------------------------------------------------------------------
 
-    def child_exited(self, pid: int | None) -> None:
-        """A job child was reaped: its temp directory goes, its orphans go next sweep."""
+    def child_exited(self, pid: int | None) -> str | None:
+        """A job child was reaped: its temp directory goes, its attempt's cgroup (killed
+        at once) too, its orphans go next sweep. Returns the outcome its death means when
+        the OOM killer killed in its attempt's cgroup (else None)."""
         if pid is not None and self.tmp_root is not None:
             tmpdirs.remove_child_dirs(self.tmp_root, pid)
         self.sweep_due = True
+        if pid is not None and self.cgroups is not None:
+            return self.cgroups.child_exited(pid)
+        return None
 
     def process_reaped(self) -> None:
         """Some process of ours was reaped: what it left may have come to us."""
@@ -157,6 +167,8 @@ class Containment:
         """At the daemon's exit: kill and reap everything it still has, remove its temp
         directory and let go of the lock."""
         reaper.kill_all_children()
+        if self.cgroups is not None:
+            self.cgroups.close()
         if self.tmp_root is not None:
             shutil.rmtree(self.tmp_root, ignore_errors=True)
             self.tmp_root = None

@@ -91,9 +91,13 @@ ELSEWHERE: dict[str, list[str]] = {
         "tests/web/test_web_cli.py::test_without_users_the_dashboard_does_not_start",
         "tests/web/test_web_cli.py::test_no_login_is_explicit_and_loud",
     ],
-    "With users, every page needs a login; failed logins are throttled per name and per"
-    " address without holding a server thread; logout and idleness end a session on the"
-    " server.": [
+    "With users, every page needs a login; failed logins are throttled per name (from any"
+    " address) and per address without holding a server thread, and a browser that logged"
+    " in as a user before still logs in while someone guesses that user's password; logout"
+    " and idleness end a session on the server.": [
+        "tests/web/test_dashboard_trust.py"
+        "::test_a_name_guessed_from_rotating_addresses_gets_only_its_budget",
+        "tests/web/test_dashboard_trust.py::test_a_real_user_logs_in_while_their_name_is_guessed",
         "tests/web/test_dashboard_security.py::test_without_a_login_every_page_is_refused",
         "tests/web/test_dashboard_trust.py::test_a_locked_name_is_locked_from_its_address_only",
         "tests/web/test_dashboard_trust.py::test_one_address_cannot_try_many_names",

@@ -89,6 +89,7 @@ class Containment:
         self.tmp_root: str | None = None
         self._lock_fd: int | None = None
         self.sweep_due = False
+        self.early_sweep_due = False  # the sweep while a child's pid is unknown (sweep)
 
     # -- temp directories ----------------------------------------------------------------
 
@@ -137,23 +138,34 @@ class Containment:
         the OOM killer killed in its attempt's cgroup (else None)."""
         if pid is not None and self.tmp_root is not None:
             tmpdirs.remove_child_dirs(self.tmp_root, pid)
-        self.sweep_due = True
+        self.sweep_due = self.early_sweep_due = True
         if pid is not None and self.cgroups is not None:
             return self.cgroups.child_exited(pid)
         return None
 
     def process_reaped(self) -> None:
         """Some process of ours was reaped: what it left may have come to us."""
-        self.sweep_due = True
+        self.sweep_due = self.early_sweep_due = True
 
     def sweep(self, keep: set[int], *, pids_known: bool) -> None:
-        """Kill adopted orphans if a process was reaped since the last sweep. Only when
-        every child's pid is known (`pids_known`): a child that has not said hello yet
-        looks like an orphan."""
-        if not self.sweep_due or not pids_known:
+        """Kill adopted orphans if a process was reaped since the last sweep.
+
+        A child that has not said hello yet (`pids_known` False) looks like an orphan,
+        so until every pid is known only what cannot be one goes (reaper.runs_pgworkerd
+        spares pgworkerd's own processes), once per reaping; the rest at the full sweep.
+        Not waiting for the hello matters under load: children start slowly, one is
+        nearly always starting, and a daemon killed meanwhile would leave its orphans
+        to init (the chaos soak's kill -9 of a parent after one of a job child)."""
+        if not self.sweep_due:
             return
-        self.sweep_due = False
-        killed = reaper.kill_adopted(keep)
+        if pids_known:
+            self.sweep_due = self.early_sweep_due = False
+            killed = reaper.kill_adopted(keep)
+        elif self.early_sweep_due:
+            self.early_sweep_due = False
+            killed = reaper.kill_adopted(keep, spare=reaper.runs_pgworkerd)
+        else:
+            return
         if killed:
             log.warning(
                 "killed %d process(es) left behind by job children: %s",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from support.daemon_harness import Daemons, Db, wait_for
@@ -16,6 +17,9 @@ from support.daemon_harness import Daemons, Db, wait_for
 from pgworkerd import client
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.queue import admin, explain, fleet, lease, registry
+
+# a daemon's registry secret (schema 24), the same for every row of these tests
+SECRET = "test-registry-secret-" + "x" * 32
 
 WORK = "jobhandlers:work"
 SETTINGS = {"queues": None, "slots": None, "max_running": None, "max_running_per_key": None}
@@ -41,7 +45,7 @@ def daemon_row(
     info = registry.WorkerInfo(
         worker_id, "host-a", 1, "t", list(queues), list(handlers), slots, handlers
     )
-    registry.register(conn, info, "running", schema)
+    registry.register(conn, info, "running", schema, secret=SECRET)
     return info
 
 
@@ -69,7 +73,7 @@ def test_scheduled_later(conn: psycopg.Connection, schema: str):
 def test_backing_off_after_a_failed_attempt(conn: psycopg.Connection, schema: str):
     daemon_row(conn, schema)
     job = client.enqueue(conn, "h", schema=schema)
-    [claimed] = lease.claim(
+    [claimed] = leasing.claim(
         conn, "host-a:1:x", queues=["default"], handlers={"h": lease.HandlerCapacity(30, 1)},
         limit=1, schema=schema,
     )  # fmt: skip
@@ -95,7 +99,7 @@ def test_no_live_daemon_serves_its_handler_or_queue(conn: psycopg.Connection, sc
     # a daemon gone serves nothing
     daemon_row(conn, schema, "host-c:3:z", queues=("mail",))
     assert list(codes(conn, schema, job)) == ["claimable"]
-    registry.deregister(conn, "host-c:3:z", schema)
+    registry.deregister(conn, "host-c:3:z", schema, secret=SECRET)
     assert list(codes(conn, schema, job)) == ["no_daemon"]
 
 
@@ -131,7 +135,7 @@ def test_every_reason_at_once(conn: psycopg.Connection, schema: str):
 def test_retried_by_hand(conn: psycopg.Connection, schema: str):
     daemon_row(conn, schema)
     job = client.enqueue(conn, "h", max_attempts=1, schema=schema)
-    [claimed] = lease.claim(
+    [claimed] = leasing.claim(
         conn, "host-a:1:x", queues=["default"], handlers={"h": lease.HandlerCapacity(30, 1)},
         limit=1, schema=schema,
     )  # fmt: skip
@@ -147,7 +151,7 @@ def test_retried_by_hand(conn: psycopg.Connection, schema: str):
 
 
 def _claim(conn: psycopg.Connection, schema: str, job: int, lease_seconds: float = 30) -> int:
-    [claimed] = lease.claim(
+    [claimed] = leasing.claim(
         conn, "host-a:1:x", queues=["default"],
         handlers={"h": lease.HandlerCapacity(lease_seconds, 1)}, limit=1, schema=schema,
     )  # fmt: skip
@@ -191,7 +195,7 @@ def test_cancel_requested_while_running(conn: psycopg.Connection, schema: str):
 def test_completed_dead_cancelled_and_dedupe_held(conn: psycopg.Connection, schema: str):
     daemon_row(conn, schema)
     done = client.enqueue(conn, "h", schema=schema)
-    lease.complete(conn, "host-a:1:x", done, _claim(conn, schema, done), {"ok": 1}, schema=schema)
+    leasing.complete(conn, "host-a:1:x", done, _claim(conn, schema, done), {"ok": 1}, schema=schema)
     assert list(codes(conn, schema, done)) == ["completed"]
 
     dead = client.enqueue(conn, "h", max_attempts=1, dedupe_key="nightly", schema=schema)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from daemon_harness import PGWORKERD
@@ -59,7 +60,7 @@ def second_app(
 
 def finish(conn: psycopg.Connection, schema: str, job_id: int, result: Any) -> None:
     """Claim and complete job_id as the owner (as a daemon would)."""
-    held = lease.claim(
+    held = leasing.claim(
         conn,
         "w",
         queues=["default"],
@@ -69,7 +70,7 @@ def finish(conn: psycopg.Connection, schema: str, job_id: int, result: Any) -> N
     )
     for job in held:
         if job.id == job_id:
-            assert lease.complete(conn, "w", job.id, job.token, result, schema=schema)
+            assert leasing.complete(conn, "w", job.id, job.token, result, schema=schema)
         else:
             assert lease.release(conn, "w", job.id, job.token, schema=schema) == "pending"
 
@@ -207,12 +208,18 @@ STATEMENTS: dict[str, Statement] = {
         },
     ),
     "resume daemons": ("query:worker_lift_drain", {"id": None, "host": None}),
-    "prune jobs": (
-        "query:job_prune",
-        {"older_than": 0.0, "statuses": ["completed", "dead", "cancelled"], "batch": 10},
+    "prune": (
+        "query:job_prune_finished",
+        {
+            "completed": 0.0,
+            "cancelled": 0.0,
+            "dead": 0.0,
+            "schedule_runs": 0.0,
+            "gone_daemons": 0.0,
+            "batch": 10,
+        },
     ),
-    "prune gone daemons": ("query:worker_prune_gone", {"older_than": 0.0}),
-    "prune schedule runs": ("query:schedule_runs_prune", {"older_than": 0.0}),
+    "prune schedule runs (older releases)": ("SELECT @schema@.schedule_runs_prune('0 s')", {}),
     "set an enqueue bound": (
         "INSERT INTO @schema@.enqueue_bounds (queue, priority_min) VALUES ('q', 0)",
         {},
@@ -250,6 +257,15 @@ STATEMENTS: dict[str, Statement] = {
     "set the retention floor": ("SELECT @schema@.retention_floor_set(3600)", {}),
     "select retention_floor": ("SELECT * FROM @schema@.retention_floor", {}),
     "fleet retention": ("SELECT @schema@.prune_finished_v1(0, 0, 0, 10)", {}),
+    # the registry (schema 24): the daemons' own rows through functions, a cap per login
+    "select registry_cap": ("SELECT * FROM @schema@.registry_cap", {}),
+    "set the registry cap": ("UPDATE @schema@.registry_cap SET max_live_per_login = 50", {}),
+    "register through the function": (
+        "SELECT @schema@.worker_register_v2('x', repeat('s', 32), 'h', 1, '0', '{}', '{}', 1,"
+        " 'running', '{}', 10)",
+        {},
+    ),
+    "read whether a lease holds": ("SELECT * FROM @schema@.job_lease_state_v1(1, 1)", {}),
 }
 
 READS = {
@@ -264,6 +280,7 @@ READS = {
     "select retention_floor",
     "job_get_v1",
     "select enqueue_bounds",
+    "select registry_cap",
 }
 ENQUEUES = {"enqueue", "enqueue_many", "enqueue_v2", "enqueue_many_v2"}
 ACTIONS = {
@@ -274,13 +291,13 @@ ACTIONS = {
     "drain",
     "hand back",
     "resume daemons",
-    "prune jobs",
-    "prune gone daemons",
-    "prune schedule runs",
+    "prune",
+    "prune schedule runs (older releases)",
     "set an enqueue bound",
     "lift enqueue bounds",
     "declare a schedule",  # schema 22: the operator's, daemons fire what it declared
     "set the retention floor",
+    "set the registry cap",
 }
 # What roles.sql's header promises each role of people, and nothing else.
 PROMISED = {
@@ -489,8 +506,6 @@ NEEDS_COMMANDS: dict[str, Callable[[int], list[str]]] = {
     "enqueue jobs": lambda job: ["enqueue", "h"],
     "change jobs": lambda job: ["cancel", str(job)],
     "delete jobs": lambda job: ["prune", "--older-than", "1d"],
-    "delete gone daemons from the registry": lambda job: ["prune", "--older-than", "1d"],
-    "delete schedule runs": lambda job: ["prune", "--older-than", "1d"],
     "change the daemons' registry": lambda job: ["resume", "--all"],
     "pause queues and handlers": lambda job: ["pause", "--queue", "q"],
 }

@@ -9,11 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 
 from pgworkerd import client
 from pgworkerd.queue import explain, lease, registry, views
+
+# a daemon's registry secret (schema 24), the same for every row of these tests
+SECRET = "test-registry-secret-" + "x" * 32
 
 SETTINGS = {"queues": None, "slots": None, "max_running": None, "max_running_per_key": None}
 
@@ -22,13 +26,13 @@ def live_daemon(
     conn: psycopg.Connection, schema: str, worker_id: str, *, interval: float = 5.0
 ) -> registry.WorkerInfo:
     info = registry.WorkerInfo(worker_id, "host-a", 1, "t", ["default"], ["h"], 4, {"h": SETTINGS})
-    registry.register(conn, info, "running", schema, interval)
+    registry.register(conn, info, "running", schema, interval, secret=SECRET)
     return info
 
 
 def running_job(conn: psycopg.Connection, schema: str, worker_id: str, lease_s: float) -> int:
     job = client.enqueue(conn, "h", schema=schema)
-    [claimed] = lease.claim(
+    [claimed] = leasing.claim(
         conn,
         worker_id,
         queues=["default"],
@@ -92,13 +96,15 @@ def test_a_running_job_of_a_silent_daemon_is_flagged_everywhere_and_left_to_its_
     assert views.silent_jobs(conn, schema) == {"jobs": 1, "daemons": 1}
     # nothing ends the lease: the job is still the silent daemon's
     assert views.job(conn, schema, job)["status"] == "running"  # type: ignore[index]
-    assert lease.claim(
+    assert leasing.claim(
         conn, "host-b:2:y", queues=["default"], handlers={"h": lease.HandlerCapacity(60, 1)},
         limit=1, schema=schema,
     ) == []  # fmt: skip
 
     # a heartbeat and it is live again
-    registry.heartbeat(conn, live_daemon(conn, schema, "host-a:1:x"), "running", [job], schema, 5.0)
+    registry.heartbeat(
+        conn, live_daemon(conn, schema, "host-a:1:x"), "running", [job], schema, 5.0, secret=SECRET
+    )
     assert list(reasons(conn, schema, job)) == ["running"]
     assert views.silent_jobs(conn, schema) == {"jobs": 0, "daemons": 0}
 
@@ -184,7 +190,7 @@ def test_the_registry_refuses_an_interval_that_would_hide_or_fake_silence(
     info = registry.WorkerInfo("bad:1:x", "host-a", 1, "t", ["default"], ["h"], 4, {})
     # out of bounds: the CHECK; not a finite number: make_interval itself
     with pytest.raises((psycopg.errors.CheckViolation, psycopg.errors.DataError)):
-        registry.register(conn, info, "running", schema, interval)
+        registry.register(conn, info, "running", schema, interval, secret=SECRET)
     assert conn.execute(f"SELECT count(*) FROM {schema}.workers").fetchone() == (0,)
 
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from daemon_harness import Daemons
@@ -25,7 +26,7 @@ WORKER = "tester"
 
 
 def claim(conn: psycopg.Connection, schema: str, lease_seconds: float = 30.0) -> lease.ClaimedJob:
-    [job] = lease.claim(
+    [job] = leasing.claim(
         conn,
         WORKER,
         queues=["default"],
@@ -84,7 +85,7 @@ def test_wait_returns_the_result_within_50ms_of_the_finishing_commit(
         waiter.ready.wait()
         time.sleep(0.3)  # past its first read: asleep on the notification
         assert waiter.is_alive()
-        assert lease.complete(conn, WORKER, job.id, job.token, {"n": n}, schema=schema)
+        assert leasing.complete(conn, WORKER, job.id, job.token, {"n": n}, schema=schema)
         committed = time.monotonic()  # autocommit: the commit has returned
         waiter.join(30)
         assert waiter.outcome == {"n": n}
@@ -155,7 +156,7 @@ def test_wait_leaves_the_connection_as_it_found_it(
     job_id = client.enqueue(conn, "h", {}, schema=schema)
     if ends == "done":
         job = claim(conn, schema)
-        lease.complete(conn, WORKER, job.id, job.token, 1, schema=schema)
+        leasing.complete(conn, WORKER, job.id, job.token, 1, schema=schema)
     with psycopg.connect(test_db_dsn, autocommit=autocommit) as waiting:
         try:
             assert pgworkerd.wait(waiting, job_id, timeout=0.3, poll=0.1, schema=schema) == 1
@@ -224,7 +225,7 @@ def test_every_path_to_a_final_status_notifies_once(
 ) -> None:
     def done(job_id: int) -> None:
         job = claim(conn, schema)
-        lease.complete(conn, WORKER, job.id, job.token, None, schema=schema)
+        leasing.complete(conn, WORKER, job.id, job.token, None, schema=schema)
 
     def dead(job_id: int) -> None:
         job = claim(conn, schema)
@@ -238,7 +239,7 @@ def test_every_path_to_a_final_status_notifies_once(
         time.sleep(0.3)
         # the next claim finds the expired lease with no attempt left: dead
         assert (
-            lease.claim(
+            leasing.claim(
                 conn,
                 "another",
                 queues=["default"],

@@ -9,6 +9,7 @@ import json
 import time
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from psycopg import sql
@@ -17,6 +18,9 @@ from pgworkerd import client
 from pgworkerd.queue import fleet, lease, registry
 from pgworkerd.queue.lease import HandlerCapacity
 from pgworkerd.queue.queries import notify_channel, wake_channel
+
+# a daemon's registry secret (schema 24), the same for every row of these tests
+SECRET = "test-registry-secret-" + "x" * 32
 
 
 class Listener:
@@ -93,12 +97,16 @@ def test_peers_hear_of_registrations_departures_stale_marks_and_drains(
     conn: psycopg.Connection, schema: str, listener: Listener
 ) -> None:
     info = registry.WorkerInfo("w1", "host", 1, "test", ["default"], ["h"], 2)
-    registry.register(conn, info, "running", schema)
+    registry.register(conn, info, "running", schema, secret=SECRET)
     assert registry.peers(conn, 60.0, schema) == [("w1", ["default"], ["h"], 2)]
     fleet.request_drain(conn, schema, drain=True, worker_id="w1")
-    registry.deregister(conn, "w1", schema)
+    registry.deregister(conn, "w1", schema, secret=SECRET)
     registry.register(
-        conn, registry.WorkerInfo("w2", "h", 2, "t", ["q"], ["h"], 1), "running", schema
+        conn,
+        registry.WorkerInfo("w2", "h", 2, "t", ["q"], ["h"], 1),
+        "running",
+        schema,
+        secret=SECRET,
     )
     conn.execute(
         sql.SQL("UPDATE {}.workers SET heartbeat_at = now() - interval '2 minutes'").format(
@@ -124,7 +132,7 @@ def test_the_look_ahead_finds_the_lease_that_runs_out_first(
     )
     for seconds in (30.0, 10.0):
         client.enqueue(conn, "h", schema=schema)
-        lease.claim(
+        leasing.claim(
             conn,
             f"w{int(seconds)}",
             queues=["default"],

@@ -107,8 +107,8 @@ def write_to_daemon_log(job: JobContext) -> Any:
         except OSError:
             continue
         if (st.st_dev, st.st_ino) == log:
-            tried[f"fd {fd}"] = _try(lambda fd=fd: os.write(fd, text.encode()))  # type: ignore[misc]
+            tried[f"fd {fd}"] = _try(lambda fd=fd: os.write(fd, text.encode()))
     for what in ("1", "2"):
         path = f"/proc/{os.getppid()}/fd/{what}"
-        tried[path] = _try(lambda path=path: _write(path, text))  # type: ignore[misc]
+        tried[path] = _try(lambda path=path: _write(path, text))
     return tried

@@ -175,7 +175,9 @@ class DaemonProcess:
         )
         if wait_ready:
             ready = re.compile(r"running as (\S+):")
-            self.worker_id = ready.search(self.wait_log(ready.pattern))[1]  # type: ignore[index]
+            found = ready.search(self.wait_log(ready.pattern))
+            assert found is not None  # wait_log returned the log that matches it
+            self.worker_id = found[1]
         return self
 
     @property

@@ -252,15 +252,6 @@ UPDATE @schema@.jobs j
                        AND (%(handler)s::text IS NULL OR d.handler = %(handler)s))))
 RETURNING j.id;
 
--- name: job_prune
--- Delete up to %(batch)s finished jobs (of the given statuses) finished before the cutoff.
-DELETE FROM @schema@.jobs
- WHERE id IN (SELECT id FROM @schema@.jobs
-               WHERE finished_at < now() - make_interval(secs => %(older_than)s)
-                 AND status = ANY(%(statuses)s::@schema@.job_status[])
-               LIMIT %(batch)s)
-RETURNING id;
-
 -- name: job_prune_finished
 -- The fleet's own retention (migrations 0014, 0020): delete one batch of finished jobs
 -- past their retention (seconds per final status; NULL keeps it), one of schedule runs
@@ -277,10 +268,12 @@ SELECT deleted, schedule_runs_deleted, daemons_deleted, live_daemons
 SELECT * FROM @schema@.jobs WHERE id = %(id)s;
 
 -- name: job_lease_state
--- Who holds a job and under which token: what a rejected outcome is checked against
--- (never the payload or other values that a poison row may hold).
-SELECT status::text AS status, lease_token, locked_by
-  FROM @schema@.jobs WHERE id = %(id)s;
+-- Who holds a job, and whether under token %(token)s (lease_token: that token, else NULL):
+-- what a rejected outcome is checked against (never the payload or other values that a
+-- poison row may hold). Through job_lease_state_v1 (schema 24): the daemon role reads no
+-- lease token.
+SELECT status, CASE WHEN token_holds THEN %(token)s::bigint END AS lease_token, locked_by
+  FROM @schema@.job_lease_state_v1(%(id)s::bigint, %(token)s::bigint);
 
 -- name: job_list
 -- Jobs filtered by status, queue and handler (NULL matches all), newest first.
@@ -359,87 +352,40 @@ SELECT (SELECT extract(epoch FROM next.run_at - now())::float8 FROM (SELECT leas
        LIMIT 1) r ON true;
 
 -- name: worker_register
--- Record a daemon in the registry, or record it again after it was marked gone.
+-- Record a daemon in the registry, or record it again after it was marked gone, under the
+-- secret it drew at start (%(secret)s; schema 24: only the row's own daemon writes it).
 -- drain_requested is kept then: a drained daemon marked gone during an outage comes back
 -- drained. A restarted daemon has a new id, so it starts undrained. Its peers hear of it
 -- on the wake channel ({"peer": "up", ...}; just the id when its lists are too long for
 -- a payload, and they read the registry then).
-WITH registered AS (
-    INSERT INTO @schema@.workers AS w (id, host, pid, version, queues, handlers, slots, state,
-                                       handler_settings, heartbeat_interval)
-    VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(queues)s, %(handlers)s, %(slots)s,
-            %(state)s, %(settings)s::jsonb,
-            make_interval(secs => %(heartbeat_interval)s::float8))
-    ON CONFLICT (id) DO UPDATE
-       SET state = excluded.state, queues = excluded.queues, handlers = excluded.handlers,
-           slots = excluded.slots, handler_settings = excluded.handler_settings,
-           heartbeat_interval = excluded.heartbeat_interval,
-           heartbeat_at = now(), stopped_at = NULL
-    RETURNING w.id, w.queues, w.handlers, w.slots
-)
-SELECT r.id FROM registered r, LATERAL (
-    SELECT pg_notify(@schema_literal@ || '.wake', CASE
-        WHEN octet_length(array_to_string(r.queues, ',') || array_to_string(r.handlers, ','))
-             < 6000
-        THEN json_build_object('peer', 'up', 'id', r.id, 'queues', r.queues,
-                               'handlers', r.handlers, 'slots', r.slots)
-        ELSE json_build_object('peer', 'up', 'id', r.id) END::text)) AS sent;
+SELECT @schema@.worker_register_v2(
+    %(id)s::text, %(secret)s::text, %(host)s::text, %(pid)s::integer, %(version)s::text,
+    %(queues)s::text[], %(handlers)s::text[], %(slots)s::integer, %(state)s::text,
+    %(settings)s::jsonb, %(heartbeat_interval)s::float8);
 
 -- name: worker_heartbeat
 -- Record this daemon's state and in-flight jobs, and the most it lets pass before its
 -- next heartbeat (%(heartbeat_interval)s seconds; migration 0021); returns the drain
 -- requested of it: the plain drain flag and the hand-back request (0017; grace in
 -- seconds, NULL: each handler's stop_grace). The hand-back request is marked seen:
--- `drain --wait` waits for it.
-UPDATE @schema@.workers
-   SET state = %(state)s, in_flight = %(in_flight)s, queues = %(queues)s,
-       handlers = %(handlers)s, slots = %(slots)s, handler_settings = %(settings)s::jsonb,
-       heartbeat_interval = make_interval(secs => %(heartbeat_interval)s::float8),
-       heartbeat_at = now(), hand_back_seen_at = hand_back_requested_at
- WHERE id = %(id)s AND state <> 'gone'
-RETURNING drain_requested, hand_back_requested_at,
-          extract(epoch FROM hand_back_grace)::float8 AS hand_back_grace,
-          hand_back_queues, hand_back_handlers;
+-- `drain --wait` waits for it. heartbeat_at is the server's now() (schema 24).
+SELECT drain_requested, hand_back_requested_at, hand_back_grace, hand_back_queues,
+       hand_back_handlers
+  FROM @schema@.worker_heartbeat_v2(
+           %(id)s::text, %(secret)s::text, %(state)s::text, %(in_flight)s::bigint[],
+           %(queues)s::text[], %(handlers)s::text[], %(slots)s::integer,
+           %(settings)s::jsonb, %(heartbeat_interval)s::float8);
 
 -- name: worker_deregister
 -- A daemon that exits cleanly marks itself gone (and its peers hear so: {"peer": "down"}).
-WITH gone AS (
-    UPDATE @schema@.workers
-       SET state = 'gone', in_flight = '{}', stopped_at = now(), heartbeat_at = now()
-     WHERE id = %(id)s
-    RETURNING id
-)
-SELECT g.id FROM gone g, LATERAL (
-    SELECT pg_notify(@schema_literal@ || '.wake',
-                     json_build_object('peer', 'down', 'id', g.id)::text)) AS sent;
+SELECT g FROM @schema@.worker_deregister_v2(%(id)s::text, %(secret)s::text) g;
 
 -- name: worker_mark_stale
--- Daemons silent for longer than %(stale_after)s seconds are marked gone, by one caller at
--- a time: under a transaction-level advisory lock keyed by the schema, so that a caller
--- that finds it taken marks nothing (no row) instead of waiting. Served by
+-- Daemons silent for longer than %(stale_after)s seconds (60 at least) are marked gone, by
+-- one caller at a time: under a transaction-level advisory lock keyed by the schema, so
+-- that a caller that finds it taken marks nothing (no row) instead of waiting. Served by
 -- workers_live_idx (0007). Peers hear of each on the wake channel ({"peer": "down"}).
-WITH gone AS (
-    UPDATE @schema@.workers
-       SET state = 'gone', stopped_at = now()
-     WHERE (SELECT pg_try_advisory_xact_lock(
-                hashtextextended('pgworkerd.registry.mark_stale:' || @schema_literal@, 0)))
-       AND state <> 'gone' AND heartbeat_at < now() - make_interval(secs => %(stale_after)s)
-    RETURNING id, host, pid
-)
-SELECT g.id, g.host, g.pid FROM gone g, LATERAL (
-    SELECT pg_notify(@schema_literal@ || '.wake',
-                     json_build_object('peer', 'down', 'id', g.id)::text)) AS sent;
-
--- name: worker_prune_gone
--- Delete the rows of daemons gone (stopped or marked gone) over %(older_than)s seconds
--- ago; returns how many.
-WITH pruned AS (
-    DELETE FROM @schema@.workers
-     WHERE state = 'gone'
-       AND coalesce(stopped_at, heartbeat_at) < now() - make_interval(secs => %(older_than)s)
-    RETURNING 1
-)
-SELECT count(*) FROM pruned;
+SELECT id, host, pid FROM @schema@.worker_mark_stale_v2(%(stale_after)s::float8);
 
 -- name: worker_request_drain
 -- A drain (plain, or with hand_back a hand-back) of live daemons: one id, one host, or all
@@ -653,27 +599,10 @@ SELECT s.name, s.definition, s.declared_by, s.declared_at, s.created_at,
   LEFT JOIN @schema@.jobs j ON j.id = r.job_id
  ORDER BY s.name;
 
--- name: schedule_runs_prune
--- Delete schedule run rows older than %(older_than)s seconds, keeping each schedule's
--- latest; returns how many. Runs whose job is still pending or running are kept, and so
--- every newer run: overlap (schedule_fire) finds a schedule's unfinished job through its
--- run among the latest 100 that created one, so a job older than the retention (a
--- week-long run, or one held by a paused queue) must keep it, or the next tick starts a
--- second one. The function (migration 0010) deletes by age alone; now() is the same
--- inside it, so the oldest such run is exactly kept.
-SELECT @schema@.schedule_runs_prune(greatest(
-           make_interval(secs => %(older_than)s),
-           (SELECT now() - min(recent.fired_at)
-              FROM @schema@.schedules s
-             CROSS JOIN LATERAL (SELECT r.job_id, r.fired_at FROM @schema@.schedule_runs r
-                                  WHERE r.schedule = s.name AND r.job_id IS NOT NULL
-                                  ORDER BY r.tick DESC LIMIT 100) recent
-              JOIN @schema@.jobs j ON j.id = recent.job_id
-             WHERE j.status IN ('pending', 'running')))) AS deleted;
-
 -- name: worker_schedules_set
 -- Record which schedules this daemon declares (shown by `pgworkerd schedules`).
-UPDATE @schema@.workers SET schedules = %(schedules)s WHERE id = %(id)s;
+SELECT @schema@.worker_schedules_set_v2(%(id)s::text, %(secret)s::text,
+                                        %(schedules)s::text[]);
 -- Handler-controlled outcomes (schema 9, migration "outcomes") ---------------------------
 
 -- name: job_snooze
@@ -751,7 +680,7 @@ SELECT attempt, lease_token, worker, head, tail, total_bytes, omitted_bytes, fin
        updated_at
   FROM @schema@.job_logs
  WHERE job_id = %(id)s AND (%(attempt)s::integer IS NULL OR attempt = %(attempt)s)
- ORDER BY lease_token;
+ ORDER BY updated_at, lease_token;  -- tokens are random (schema 24): by time
 
 -- name: job_log_state
 -- Whether a job exists, and the attempt it runs now (for `logs --follow`).
@@ -1070,9 +999,9 @@ SELECT * FROM (
            count(*) OVER () AS total
       FROM @schema@.job_logs
      WHERE job_id = %(id)s
-     ORDER BY lease_token DESC
+     ORDER BY updated_at DESC, lease_token DESC  -- tokens are random (schema 24): by time
      LIMIT %(limit)s) l
- ORDER BY l.lease_token;
+ ORDER BY l.updated_at, l.lease_token;
 
 -- name: view_job_log_part
 -- %(chars)s characters from character %(start)s (1-based) of one attempt's head or tail

@@ -444,8 +444,8 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
         assert done == [(b"t",)]
         assert row(a["id"]) == ("completed", 1, {"ok": True}, None, None, {"step": 1})
 
-        [(status, _)] = run_sql(fail, b["id"], "worker-1", b["lease_token"], "boom")
-        assert status == b"pending"
+        [(status, _, retry_in)] = run_sql(fail, b["id"], "worker-1", b["lease_token"], "boom")
+        assert status == b"pending" and 7.0 <= float(retry_in or b"0") <= 12.5  # 10 s +-25 %
         assert row(b["id"])[:5] == ("pending", 1, None, "boom", None)
 
         c.execute("UPDATE pgworkerd.jobs SET run_at = now() WHERE id = %s", [b["id"]])
@@ -463,8 +463,8 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
             assert again["id"] == b["id"]
             return int(again["lease_token"])
 
-        [(status, _)] = run_sql(snooze, b["id"], "worker-1", claim_again())  # 600 s
-        assert status == b"pending"
+        [(status, _, retry_in)] = run_sql(snooze, b["id"], "worker-1", claim_again())
+        assert status == b"pending" and 590 <= float(retry_in or b"0") <= 600  # 600 s
         assert row(b["id"])[:2] == ("pending", 1)  # a snooze is not a failed attempt
         assert run_sql(give_up, b["id"], "worker-1", claim_again()) == [(b"t",)]
         assert row(b["id"])[:4] == ("dead", 2, None, "customer deleted")

@@ -1,4 +1,4 @@
-"""Exit codes of every pgworkerd command (documented in the README)."""
+"""Exit codes of every pgworkerd command (docs/reference/exit-codes.md, held to it by a test)."""
 
 from enum import IntEnum
 

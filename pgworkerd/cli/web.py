@@ -33,7 +33,7 @@ def web(
     """Serve the web dashboard (needs `pip install 'pgworkerd[web]'`).
 
     Needs [web.users] (a login), unless --no-login says otherwise; listens on 127.0.0.1
-    unless told otherwise, and any other address needs users (README "Web dashboard").
+    unless told otherwise, and any other address needs users (docs/operations/dashboard.md).
     Stops on SIGINT or SIGTERM.
     """
     if click_ctx.invoked_subcommand is not None:

@@ -107,7 +107,7 @@ class WakeHints:
             log.warning(
                 "wake channel flooded: %d notifications over %d a second were not decoded "
                 "(each batch became one plain wake-up); any role that can connect may NOTIFY, "
-                "see README 'Trust boundaries'",
+                "see docs/operations/trust-boundaries.md",
                 self.undecoded,
                 int(PARSE_RATE),
             )

@@ -1,4 +1,4 @@
-"""`pgworkerd web`: the operators' dashboard (README "Web dashboard").
+"""`pgworkerd web`: the operators' dashboard (docs/operations/dashboard.md).
 
 Server-rendered pages (Flask, Jinja2 autoescaping) served by waitress; live parts of a
 page are HTML fragments the server renders and a 40-line script of ours polls (static/

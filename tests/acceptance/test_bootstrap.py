@@ -52,7 +52,7 @@ def test_the_demo_size_needs_no_pgbouncer_chromium_or_test_toolchain(tmp_path: P
     assert tests.returncode == 0, tests.stderr
     for needed in ("postgresql", "pgbouncer", "chromium", "chromium-driver"):
         assert f"needs {needed}:" in tests.stderr or f"installing {needed} " in tests.stderr
-    assert "pip install -e '.[test]'" in tests.stderr, tests.stderr
+    assert "pip install -e '.[test,docs]'" in tests.stderr, tests.stderr
 
 
 def test_a_wrong_argument_is_refused_and_changes_nothing(tmp_path: Path) -> None:
@@ -93,4 +93,4 @@ def test_the_demo_bootstrap_installs_the_demo_and_a_rerun_does_nothing(tmp_path:
     assert again.returncode == 0 and again.stderr == "", again.stderr  # nothing to do
     assert time.monotonic() - started < 10
     # the suite's size still has its part to do
-    assert "pip install -e '.[test]'" in dry_run("--test", cwd=project).stderr
+    assert "pip install -e '.[test,docs]'" in dry_run("--test", cwd=project).stderr

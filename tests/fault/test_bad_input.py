@@ -4,7 +4,7 @@ refusing database, a missing or mismatched schema, an unknown option...
 
 Every case checks, where it applies, that
 1. the message names the problem (for a config: the file, the key and the line),
-2. the exit code is the documented one (README's table, pgworkerd.exitcodes.ExitCode),
+2. the exit code is the documented one (docs/reference/exit-codes.md, pgworkerd.exitcodes.ExitCode),
 3. a user error prints no Python traceback (and never the password),
 4. nothing was written: no job row, no registry row, the schema unchanged.
 

@@ -8,20 +8,17 @@ the server to prove it)."""
 
 from __future__ import annotations
 
-import re
 import uuid
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from doctext import block_after
 
 from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue.migrate import migrate
 from pgworkerd.queue.queries import render
-
-README = Path(__file__).resolve().parents[2] / "README.md"
 
 CLAIM_JOBS = """
 SELECT id, lease_token FROM @schema@.claim_jobs(
@@ -243,14 +240,12 @@ def test_a_set_clause_would_not_do(conn: psycopg.Connection, schema: str) -> Non
         assert conn.execute("SHOW synchronous_commit").fetchone() == ("off",)
 
 
-# -- the README's example, run as written ---------------------------------------------------
+# -- the docs' example, run as written -------------------------------------------------------------
 
 
 def test_the_readme_claim_example_runs_as_written(pg: LocalPostgres) -> None:
-    text = README.read_text()
-    start = text.index("\n### Finishing a claimed job from SQL")
-    match = re.search(r"\n```sql\n(.*?)\n```\n", text[start:], re.S)
-    assert match and "claim_jobs(" in match.group(1)
+    claim = block_after("guide/other-languages.md", "sql", "# Other languages")
+    assert "claim_jobs(" in claim
     name = f"readme_{uuid.uuid4().hex[:8]}"
     pg.create_database(name)
     try:
@@ -258,7 +253,7 @@ def test_the_readme_claim_example_runs_as_written(pg: LocalPostgres) -> None:
         with psycopg.connect(pg.dsn(name), autocommit=True) as c:
             for key in ("img:1", "img:1", "img:2"):
                 client.enqueue(c, "resize", {"key": key}, concurrency_key=key)
-            rows = c.execute(match.group(1)).fetchall()
+            rows = c.execute(claim).fetchall()
             # two slots, one job per key: the second job of img:1 waits
             assert [(r[1], r[3]) for r in rows] == [({"key": "img:1"}, 1), ({"key": "img:2"}, 1)]
     finally:

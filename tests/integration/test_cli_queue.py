@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import leasing
 import psycopg
 import psycopg.rows
 import pytest
+from doctext import block_after
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
@@ -346,19 +346,14 @@ def test_show_one_job(cli: Cli) -> None:
     assert f"job {10**12} not found" in proc.stderr
 
 
-# -- README examples, run as written ----------------------------------------------------------
+# -- the docs' examples, run as written ------------------------------------------------------------
 
-README = Path(__file__).resolve().parents[2] / "README.md"
 README_DSN = '"postgresql://app@db/app"'
 
 
-def readme_block(lang: str, after: str, nth: int = 0) -> str:
-    """The nth (from 0) ```lang block of the README after the line starting with `after`."""
-    text = README.read_text()
-    start = text.index(f"\n{after}")
-    blocks = re.findall(rf"\n```{lang}\n(.*?)\n```\n", text[start:], re.S)
-    assert len(blocks) > nth, f"no {lang} block {nth} after {after!r}"
-    return str(blocks[nth])
+def readme_block(name: str, lang: str, after: str, nth: int = 0) -> str:
+    """The nth (from 0) ```lang block of a docs page after the line starting with `after`."""
+    return block_after(name, lang, after, nth)
 
 
 @pytest.fixture
@@ -377,7 +372,7 @@ def app_db(pg: LocalPostgres) -> Iterator[str]:
 
 
 def test_readme_python_enqueue_example_commits(app_db: str, tmp_path: Path) -> None:
-    code = readme_block("python", "From Python")
+    code = readme_block("guide/enqueue.md", "python", "From Python")
     assert README_DSN in code
     script = tmp_path / "example.py"
     script.write_text(code.replace(README_DSN, repr(app_db)) + "\nprint(job_id, len(ids))\n")
@@ -393,17 +388,23 @@ def test_readme_python_enqueue_example_commits(app_db: str, tmp_path: Path) -> N
 
 
 def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
-    """The SQL a worker in another language runs, exactly as the README prints it."""
+    """The SQL a worker in another language runs, exactly as the docs print it."""
+    page = "guide/other-languages.md"
     statements = [
         s.strip() + ";"
-        for s in readme_block("sql", "### Finishing a claimed job", nth=1).split(";\n")
+        for s in readme_block(page, "sql", "# Other languages", nth=1).split(";\n")
         if s.strip()
     ]
     renew, complete, fail, release = statements
-    claim = readme_block("sql", "### Finishing a claimed job", nth=0)  # claim_jobs
+    snooze, give_up = [
+        s.strip() + ";"
+        for s in readme_block(page, "sql", "# Other languages", nth=2).split(";\n")
+        if s.strip()
+    ]
+    claim = readme_block(page, "sql", "# Other languages", nth=0)  # claim_jobs
 
     with psycopg.connect(app_db, autocommit=True) as c:
-        c.execute(readme_block("sql", "From SQL"))  # enqueue and enqueue_many
+        c.execute(readme_block("guide/enqueue.md", "sql", "From SQL"))  # enqueue and enqueue_many
         c.execute("SET search_path = pg_catalog, pg_temp")
         with c.cursor(row_factory=psycopg.rows.dict_row) as cur:
             held = cur.execute(claim).fetchall()
@@ -454,6 +455,19 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
         token = again["lease_token"]
         assert run_sql(release, b["id"], "worker-1", token) == [(b"pending",)]
         assert row(b["id"])[:2] == ("pending", 1)  # the released attempt is not counted
+
+        def claim_again() -> int:
+            c.execute("UPDATE pgworkerd.jobs SET run_at = now() WHERE id = %s", [b["id"]])
+            with c.cursor(row_factory=psycopg.rows.dict_row) as cur:
+                [again] = cur.execute(claim).fetchall()
+            assert again["id"] == b["id"]
+            return int(again["lease_token"])
+
+        [(status, _, retry_in)] = run_sql(snooze, b["id"], "worker-1", claim_again())
+        assert status == b"pending" and 590 <= float(retry_in or b"0") <= 600  # 600 s
+        assert row(b["id"])[:2] == ("pending", 1)  # a snooze is not a failed attempt
+        assert run_sql(give_up, b["id"], "worker-1", claim_again()) == [(b"t",)]
+        assert row(b["id"])[:4] == ("dead", 2, None, "customer deleted")
 
 
 def test_cancel_of_a_finished_job_exits_1_and_says_so(cli: Cli) -> None:

@@ -6,16 +6,15 @@ handlers are not claimed, and the concurrency key is checked on every enqueue pa
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import leasing
 import psycopg
 import pytest
 from daemon_harness import Daemons
+from doctext import block_after
 from psycopg import sql
 
 from pgworkerd import client
@@ -445,18 +444,7 @@ def test_limits_in_the_config_are_positive_integers(key: str, value: str, messag
     assert getattr(good.handlers["export"], key) == 3
 
 
-# -- README examples, run as written --------------------------------------------------------
-
-README = Path(__file__).resolve().parents[2] / "README.md"
-
-
-def readme_block(lang: str, after: str) -> str:
-    """The first ```lang block of the README after the line starting with `after`."""
-    text = README.read_text()
-    start = text.index(f"\n{after}")
-    match = re.search(rf"\n```{lang}\n(.*?)\n```\n", text[start:], re.S)
-    assert match, f"no {lang} block after {after!r}"
-    return match.group(1)
+# -- the docs' examples, run as written ----------------------------------------------------------
 
 
 def test_readme_sql_examples_of_keys_and_pauses(pg: LocalPostgres) -> None:
@@ -467,10 +455,11 @@ def test_readme_sql_examples_of_keys_and_pauses(pg: LocalPostgres) -> None:
     try:
         migrate(pg.dsn(name))  # the default schema, as the README has it
         with psycopg.connect(pg.dsn(name), autocommit=True) as c:
-            c.execute(readme_block("sql", "The key comes from every enqueue path"))
+            keyed = block_after("guide/limits.md", "sql", "The key comes from every enqueue path")
+            c.execute(keyed)
             keys = c.execute("SELECT concurrency_key FROM pgworkerd.jobs ORDER BY id").fetchall()
             assert keys == [("customer:42",), ("customer:42",), ("customer:7",)]
-            pauses = readme_block("sql", "### Pause and resume a queue or handler")
+            pauses = block_after("operations/managing-jobs.md", "sql", "## Pause and resume")
             c.execute(pauses)  # pause, resume, pause, resume: nothing left paused
             assert c.execute("SELECT count(*) FROM pgworkerd.paused").fetchone() == (0,)
             for line in pauses.splitlines():  # the pauses alone

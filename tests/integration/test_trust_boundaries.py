@@ -1,12 +1,12 @@
-"""README "Trust boundaries", "Who can do what": each item is held by a test. The tests
+"""docs/operations/trust-boundaries.md, "Who can do what": each item is held by a test. The tests
 here carry their item as their docstring, word for word; items that tests elsewhere
 already hold are listed in ELSEWHERE. test_every_item_of_who_can_do_what_has_its_test
-keeps the README and the tests in step.
+keeps the page and the tests in step.
 
 The roles' tests run against a real cluster with roles.sql applied (the `roles` fixture):
 what must fail is tried as the role and fails with a permission error, what must work is
 done as the role. Items marked "Not protected" are gaps of today, held as gaps: a test
-that the gap is there, to be turned round by the work that closes it (README's
+that the gap is there, to be turned round by the work that closes it (the page's
 `<!-- lockdown: ... -->`, `<!-- jobuids: ... -->`, `<!-- gilfence: ... -->` notes)."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pgworkerd.queue import lease
 from pgworkerd.queue.queries import query, render
 
 ROOT = Path(__file__).resolve().parents[2]
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "operations" / "trust-boundaries.md"
 
 # Items held by tests in other files: item -> ["path::test", ...].
 ELSEWHERE: dict[str, list[str]] = {
@@ -63,7 +63,7 @@ ELSEWHERE: dict[str, list[str]] = {
         "tests/integration/test_roles.py"
         "::test_the_audits_daemon_role_probe_is_refused_statement_by_statement",
     ],
-    "With `[worker] job_uids` (see [Per-job uids](#per-job-uids)) it runs as a uid of its"
+    "With `[worker] job_uids` (see [Per-job uids](per-job-uids.md)) it runs as a uid of its"
     " own: it cannot write into another job's output, read another job's environment or temp"
     " directory, signal another job, the daemon or the fork server, nor read the daemon's"
     " config; its handler module's import still ran as the daemon's user.": [
@@ -120,10 +120,10 @@ def normal(text: str) -> str:
 
 
 def readme_items() -> list[str]:
-    """The bullet items of README "Who can do what", each joined into one line."""
-    text = README.read_text()
-    start = text.index("\n### Who can do what\n")
-    section = text[start : text.index("\n### ", start + 1)]
+    """The bullet items of "Who can do what", each joined into one line."""
+    text = PAGE.read_text()
+    start = text.index("\n## Who can do what\n")
+    section = text[start : text.index("\n## ", start + 1)]
     items: list[str] = []
     in_item = False
     for line in section.splitlines():
@@ -153,7 +153,7 @@ def test_every_item_of_who_can_do_what_has_its_test() -> None:
     here = {normal(doc) for doc in docstrings_of_tests(Path(__file__)).values() if doc}
     elsewhere = {normal(k): v for k, v in ELSEWHERE.items()}
     assert [i for i in items if i not in here and i not in elsewhere] == [], "items untested"
-    # and no test holds an item the README no longer makes
+    # and no test holds an item the page no longer makes
     assert [d for d in (*here, *elsewhere) if d not in items] == [], "stale tests"
     for refs in elsewhere.values():
         for ref in refs:

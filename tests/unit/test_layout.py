@@ -1,4 +1,4 @@
-"""The package's layering, checked on its imports (the README's "Layout" map says the same).
+"""The package's layering, checked on its imports (docs/development/layout.md says the same).
 
 Static: every `import` in pgworkerd/ (module level, inside functions, under TYPE_CHECKING)
 is read with `ast` and sorted into the part of the package it belongs to:

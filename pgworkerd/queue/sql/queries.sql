@@ -30,6 +30,11 @@ SELECT coalesce(max(version), 0) AS version FROM @schema@.schema_version;
 -- The schema itself, before the first migration.
 CREATE SCHEMA IF NOT EXISTS @schema@;
 
+-- name: schema_search_path_pin_local
+-- For the rest of the transaction, resolve names in pg_catalog only: a fresh install's
+-- declared objects bind their names as the functions' pinned search_path would.
+SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);
+
 -- name: schema_version_create
 -- The table of applied migrations, before the first migration.
 CREATE TABLE @schema@.schema_version (

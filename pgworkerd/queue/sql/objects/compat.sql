@@ -1,15 +1,16 @@
--- What only older code calls. Each object says which code needs it and which migration may
--- drop it. None is dropped yet: every migration so far is an expand migration compatible
--- with code of schema 5 (release 0.2). The first contract migration (docs/development/
--- sql.md, "Dropping an old version") drops them once no supported release calls them.
+-- What only older code calls. Each object says which code needs it (Needed by) and which
+-- migration may drop it (Dropped by). None is dropped yet: every migration so far is an
+-- expand migration compatible with code of schema 5 (release 0.2), and a function that
+-- code of schema 5 or newer may call cannot go before a contract migration declares
+-- compatibility only with newer code (docs/development/sql.md, "Versions and the
+-- contract migration").
 --
--- Beside these, enqueue and enqueue_many (enqueue.sql) keep notifying the `<schema>.jobs`
--- channel that release 0.2's daemons listen on; the same contract migration may stop it.
+-- Beside these, enqueue and enqueue_many (enqueue.sql) notify the `<schema>.jobs` channel
+-- that release 0.2's daemons listen on: the first contract migration may stop that too.
 
--- claim, version 1 (0003, search_path pinned in 0004). Needed by release 0.2 (schema 5)
--- daemons and by SQL workers written against its README. Dropped by the first contract
--- migration, the one that ends support for 0.2.
-
+-- claim, version 1 (0003; search_path pinned in 0004).
+-- Needed by: release 0.2 (schema 5) daemons, and SQL workers written against its README.
+-- Dropped by: the first contract migration, which ends support for release 0.2.
 CREATE FUNCTION @schema@.claim(
     worker text,
     queues text[],
@@ -128,11 +129,10 @@ COMMENT ON FUNCTION @schema@.claim(text, text[], text[], float8[], integer[], in
     'its README, during a rolling upgrade. It ignores pauses, fleet-wide limits and '
     'concurrency keys, and does not force a durable commit. New code calls claim_jobs.';
 
--- claim_v2 (0006): claim plus handler_queues. Needed by no release: only unreleased
--- daemons of schemas 6 to 8 call it. Kept because dropping it needs a migration that is
--- not compatible with code of schema 5 (docs/development/sql.md, "Squashing"); dropped by
--- the same contract migration as claim.
-
+-- claim_v2 (0006): claim plus handler_queues.
+-- Needed by: no release; only unreleased daemons of schemas 6 to 8 call it.
+-- Dropped by: the first contract migration (dropping it sooner would need a migration
+-- not compatible with code of schema 6: docs/development/sql.md, "Squashing").
 CREATE FUNCTION @schema@.claim_v2(
     worker text,
     queues text[],
@@ -261,10 +261,7 @@ COMMENT ON FUNCTION @schema@.claim_v2(text, text[], text[], float8[], integer[],
     'Superseded; called by no release, only by unreleased daemons of schemas 6 to 8. It '
     'ignores pauses and fleet-wide limits. New code calls claim_jobs.';
 
--- schedule_fire (0010): fires a tick with the job its caller passes. Needed by no release:
--- daemons of schemas 10 to 21 (unreleased) call it; current daemons call
--- schedule_fire_v2 (schedules.sql). Dropped by the first contract migration.
-
+-- schedule_fire (0010): fires a tick with the job object its caller passes.
 -- Fire one tick of a schedule: in one transaction, record the tick and enqueue `job` (an
 -- enqueue_many job object, checked by enqueue_many like any other), or record why no job
 -- was created. Returns 'fired' and the job id, 'skipped' and the id of the job still in
@@ -276,6 +273,9 @@ COMMENT ON FUNCTION @schema@.claim_v2(text, text[], text[], float8[], integer[],
 --   skip:      none of them pending or running;
 --   queue_one: none of them pending (one may be running);
 --   allow:     no check.
+-- Needed by: no release; daemons of schemas 10 to 21 (unreleased) call it. Current
+-- daemons call schedule_fire_v2 (schedules.sql).
+-- Dropped by: the first contract migration.
 CREATE FUNCTION @schema@.schedule_fire(
     name text, tick timestamptz, job jsonb, overlap text, worker text,
     OUT outcome text, OUT job_id bigint)
@@ -329,10 +329,7 @@ $$;
 REVOKE EXECUTE ON FUNCTION @schema@.schedule_fire(text, timestamptz, jsonb, text, text)
     FROM PUBLIC;
 
--- prune_finished_v1 (0014): needed by no release: daemons of schemas 14 to 19
--- (unreleased) call it; current daemons call prune_finished_v2 (retention.sql), which
--- takes the same lock. Dropped by the first contract migration.
-
+-- prune_finished_v1 (0014).
 -- Automatic retention (0014, retention).
 -- Delete one small batch of finished jobs past their retention: completed, cancelled and
 -- dead each with their own (seconds; NULL keeps that status forever), oldest first, at
@@ -350,6 +347,9 @@ REVOKE EXECUTE ON FUNCTION @schema@.schedule_fire(text, timestamptz, jsonb, text
 --
 -- SECURITY DEFINER, owned by the schema owner: the daemon role gets EXECUTE, not DELETE
 -- on jobs, so it can remove finished jobs older than a retention and nothing else.
+-- Needed by: no release; daemons of schemas 14 to 19 (unreleased) call it. Current
+-- daemons call prune_finished_v2 (retention.sql), which takes the same lock.
+-- Dropped by: the first contract migration.
 CREATE FUNCTION @schema@.prune_finished_v1(
     p_completed float8, p_cancelled float8, p_dead float8, p_batch integer,
     OUT deleted integer, OUT live_daemons integer)

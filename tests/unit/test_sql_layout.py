@@ -313,3 +313,23 @@ def test_the_registry_refuses_a_name_defined_twice() -> None:
         ValueError, match=re.escape("'job_get' is defined in a.sql and again in a.sql")
     ):
         queries._registry([("a.sql", one + one)])
+
+
+# -- the contributor docs' map -------------------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "development" / "sql.md"
+
+
+def test_the_docs_map_names_every_table_and_function_in_its_file() -> None:
+    """docs/development/sql.md's "Where is X defined": each declared table and function
+    appears, as `name`, on the row of the file that declares it."""
+    text = DOCS.read_text()
+    section = text[text.index("### Tables and their functions") : text.index("### Statements")]
+    rows = {match[1]: match[0] for match in re.finditer(r"^\| `(\w+)\.sql` \|.*$", section, re.M)}
+    assert sorted(rows) == sorted(migrate.DECLARATION)
+    missing = []
+    for file, text in declared().items():
+        for name in _FUNCTION_RE.findall(text) + _TABLE_RE.findall(text):
+            if f"`{name}`" not in rows[file]:
+                missing.append(f"{name} ({file}.sql)")
+    assert missing == []

@@ -2,13 +2,13 @@
 -- the daemon adds what it measured with attempt_account_v1.
 
 -- One row per ended attempt: where it ran, how it ended and why, what it cost. Written by
--- the trigger below whatever ended the attempt (a daemon's finish of any release, a
--- worker finishing from SQL, another daemon's claim rescuing an expired lease); the
--- daemon then adds what it measured (attempt_account in queries.sql). Keyed by the
--- attempt's lease token: every claim bumps it, so it names exactly one attempt of the
--- job (an attempt number recurs after a release or a snooze). Removed with its job by
--- the triggers below (not a foreign key: TRUNCATE of jobs keeps working, and a finish
--- does not pay for a key check).
+-- the triggers on jobs (jobs.sql) whatever ended the attempt (a daemon's finish of any
+-- release, a worker finishing from SQL, another daemon's claim rescuing an expired
+-- lease); the daemon then adds what it measured (attempt_account in
+-- queries/attempts.sql). Keyed by the attempt's lease token: every claim bumps it, so it
+-- names exactly one attempt of the job (an attempt number recurs after a release or a
+-- snooze). Removed with its job by the triggers on jobs (not a foreign key: TRUNCATE of
+-- jobs keeps working, and a finish does not pay for a key check).
 CREATE TABLE @schema@.attempts (
     job_id             bigint NOT NULL,
     lease_token        bigint NOT NULL,

@@ -49,8 +49,10 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
--- SECURITY INVOKER: callers need UPDATE on the jobs table and SELECT on paused
--- (pgworkerd_daemon has both), so EXECUTE can stay granted to everyone.
+-- SECURITY INVOKER: a caller needs UPDATE on the jobs table and SELECT on paused, so
+-- EXECUTE can stay granted to everyone. claim_jobs (SECURITY DEFINER) has both; the
+-- daemon role has no UPDATE on jobs since roles.sql of schema 22, so it claims through
+-- claim_jobs.
 SET jit = off
 AS $$
 #variable_conflict use_column
@@ -258,7 +260,7 @@ COMMENT ON FUNCTION @schema@.claim_v3(text, text[], text[], float8[], integer[],
     'schemas 9 to 18 (unreleased code before schema 19), during a rolling upgrade. New '
     'code calls claim_jobs (checked arguments, a durable commit).';
 
--- claim_jobs: the stable claim, for the daemon (queries.sql job_claim) and for workers in
+-- claim_jobs: the stable claim, for the daemon (queries/jobs.sql job_claim) and for workers in
 -- any language (README "Jobs"). Named, documented arguments, each checked (a bad one
 -- raises 22023 naming it, and claims nothing); then claim_v3's one implementation:
 -- queues and handlers paused by `pgworkerd pause` are left out, fleet-wide limits and
@@ -291,7 +293,8 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
--- SECURITY INVOKER, like claim_v3: the caller needs pgworkerd_daemon's rights.
+-- SECURITY DEFINER (since 0022, when the daemon role lost UPDATE on jobs): EXECUTE is
+-- revoked from PUBLIC below and granted to pgworkerd_daemon by roles.sql.
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column

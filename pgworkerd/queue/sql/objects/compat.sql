@@ -26,8 +26,8 @@ RETURNS TABLE (
     created_at timestamptz, locked_until timestamptz, rescued boolean
 )
 LANGUAGE plpgsql
--- SECURITY INVOKER: callers need UPDATE on the jobs table (pgworkerd_daemon has it), so
--- EXECUTE can stay granted to everyone.
+-- SECURITY INVOKER: callers need UPDATE on the jobs table, so EXECUTE can stay granted
+-- to everyone. (The daemon role has had no UPDATE on jobs since roles.sql of schema 22.)
 SET jit = off
 -- Names resolve in pg_catalog only: an operator or function someone created in a schema
 -- on the caller's search_path (public, up to PostgreSQL 14) cannot stand in for a
@@ -152,8 +152,8 @@ RETURNS TABLE (
 )
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
--- SECURITY INVOKER: callers need UPDATE on the jobs table (pgworkerd_daemon has it), so
--- EXECUTE can stay granted to everyone.
+-- SECURITY INVOKER: callers need UPDATE on the jobs table, so EXECUTE can stay granted
+-- to everyone. (The daemon role has had no UPDATE on jobs since roles.sql of schema 22.)
 SET jit = off
 AS $$
 #variable_conflict use_column

@@ -8,7 +8,7 @@
 -- daemon's [logs] max_bytes_per_attempt, `tail` the last half; omitted_bytes is what lies
 -- between them (0: head followed by tail is the whole output). total_bytes counts every
 -- byte the attempt wrote. Text as PostgreSQL can hold it: NULs removed, invalid UTF-8
--- replaced (by the daemon). Removed with its job by the triggers below.
+-- replaced (by the daemon). Removed with its job by the triggers on jobs.
 CREATE TABLE @schema@.job_logs (
     job_id        bigint NOT NULL,
     lease_token   bigint NOT NULL,

@@ -121,8 +121,10 @@ def _applied(conn: psycopg.Connection, schema: str) -> int | None:
 
 
 def migrate_conn(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list[int]:
-    """Apply the missing migrations in one transaction; returns the versions applied.
+    """Bring `schema` up to date in one transaction; returns the versions applied.
 
+    A schema without a version table is installed from the declaration (sql/objects/) and
+    every migration recorded; an existing one gets the migrations it lacks, in order.
     Several hosts may run this at once: the advisory lock makes them queue, and each
     re-reads the version under the lock, so every migration runs exactly once.
     """

@@ -187,7 +187,7 @@ def test_every_listed_exception_still_exists() -> None:
     assert sorted(EXCEPTIONS - set(functions())) == []
 
 
-@pytest.mark.parametrize("name", sorted(EXCEPTIONS | {"prune_finished_v2"}))
+@pytest.mark.parametrize("name", sorted(functions()))
 def test_a_versioned_function_has_a_predecessor(name: str) -> None:
     match = _VERSION_RE.match(name)
     if not match:

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psycopg
 
@@ -26,6 +28,10 @@ from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue import attempts, lease
 from pgworkerd.queue.db import connect
 from pgworkerd.queue.migrate import migrate
+
+# The queue calls the tests hold jobs with (tests/support/leasing.py: claim, complete).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+import leasing
 
 SCHEMA = "pgworkerd"
 TRIGGERS = ("jobs_attempt_record", "jobs_attempt_lease_expired")
@@ -44,7 +50,9 @@ def block(conn: psycopg.Connection, seconds: float, account: bool) -> float:
     usages: list[attempts.Usage] = []
     flushed = start
     while time.perf_counter() - start < seconds:
-        jobs = lease.claim(conn, "w1", queues=["default"], handlers=SERVED, limit=10, schema=SCHEMA)
+        jobs = leasing.claim(
+            conn, "w1", queues=["default"], handlers=SERVED, limit=10, schema=SCHEMA
+        )
         lease.complete_many(
             conn, "w1", [lease.Completion(j.id, j.token) for j in jobs], schema=SCHEMA
         )

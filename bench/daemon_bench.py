@@ -44,6 +44,7 @@ from pgworkerd.queue.migrate import migrate
 BENCH_DIR = Path(__file__).resolve().parent
 # The process-tree helpers the tests use (tests/support/proctree.py, standard library only).
 sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
+import leasing  # noqa: E402  (tests/support/leasing.py: claim)
 from proctree import children_of, cpu_seconds, process_title  # noqa: E402
 
 PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
@@ -207,7 +208,7 @@ def renewal(dsn: str, workdir: Path, in_flight: int, window: float) -> dict[str,
         conn.execute("TRUNCATE pgworkerd.jobs")
         # The statement alone: renew `in_flight` leases of one worker, repeatedly.
         client.enqueue_many(conn, [client.JobSpec("noop") for _ in range(in_flight)])
-        held = lease.claim(
+        held = leasing.claim(
             conn,
             "bench",
             queues=["default"],
@@ -304,8 +305,7 @@ def main() -> None:
             conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public")
         print(
             f"# pgworkerd daemon benchmark ({'short' if args.short else 'full'}) on "
-            f"{results['machine']}"
-            + (f", job_uids {args.job_uids}" if args.job_uids else ""),
+            f"{results['machine']}" + (f", job_uids {args.job_uids}" if args.job_uids else ""),
             flush=True,
         )
         for per_child in (1, 1000):

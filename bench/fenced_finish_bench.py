@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -31,6 +33,10 @@ from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue import lease
 from pgworkerd.queue.migrate import migrate
 from pgworkerd.queue.queries import query, render
+
+# The queue calls the tests hold jobs with (tests/support/leasing.py: claim, complete).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+import leasing
 
 SCHEMA = "pgworkerd"
 DURABLE = "(SELECT pg_catalog.set_config('synchronous_commit', 'on', true)) IS NOT NULL"
@@ -89,7 +95,7 @@ def statement(name: str, side: str) -> str:
 
 def held_jobs(conn: psycopg.Connection, n: int) -> list[lease.ClaimedJob]:
     client.enqueue_many(conn, [client.JobSpec("h") for _ in range(n)], schema=SCHEMA)
-    return lease.claim(
+    return leasing.claim(
         conn,
         "bench",
         queues=["default"],
@@ -159,7 +165,7 @@ def claim_one(conn: psycopg.Connection, side: str, n: int) -> float:
     client.enqueue_many(conn, [client.JobSpec("h") for _ in range(n)], schema=SCHEMA)
     start = time.perf_counter()
     for _ in range(n):
-        [_claimed] = lease.claim(
+        [_claimed] = leasing.claim(
             conn,
             "bench",
             queues=["default"],

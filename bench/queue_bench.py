@@ -53,6 +53,10 @@ from pgworkerd.queue.db import PREPARE_THRESHOLD, connect
 from pgworkerd.queue.migrate import migrate
 from pgworkerd.queue.queries import query, render
 
+# The queue calls the tests hold jobs with (tests/support/leasing.py: claim, complete).
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+import leasing
+
 HANDLER = "noop"
 # the binding-limit row: a handler at its max_running with a backlog
 BLOCKED_HANDLER = "blocked"
@@ -167,7 +171,7 @@ def claim_loop(
         start = time.perf_counter()
         deadline = start + seconds
         while time.perf_counter() < deadline:
-            claimed = lease.claim(
+            claimed = leasing.claim(
                 conn, worker, queues=queues, handlers=handlers, limit=batch, schema=schema
             )
             if many:
@@ -175,7 +179,7 @@ def claim_loop(
                 lease.complete_many(conn, worker, done_now, schema=schema)
             else:
                 for job in claimed:
-                    lease.complete(conn, worker, job.id, job.token, schema=schema)
+                    leasing.complete(conn, worker, job.id, job.token, schema=schema)
             done += len(claimed)
             if len(claimed) < batch:
                 drained = True
@@ -422,7 +426,7 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
     if many:
         script += complete(":ids", ":tokens", batch)
     else:
-        for k in range(1, batch + 1):  # lease.complete(): result and progress None
+        for k in range(1, batch + 1):  # leasing.complete(): result and progress None
             script += (
                 own_statement(
                     "job_complete_one",

@@ -277,10 +277,15 @@ GRANT EXECUTE ON FUNCTION pgworkerd.drain_request(text, text, boolean, interval,
       TO pgworkerd_operator;
 -- prune: `pgworkerd prune` deletes finished jobs at any retention (their attempts and
 -- logs go with them through SECURITY DEFINER triggers), the registry rows of daemons long
--- gone, and old schedule runs. (DELETE itself reaches any row: operators are trusted
--- with the table's rows, never with what a job runs.)
+-- gone, and old schedule runs, through the fleet's retention function (prune_finished_v2,
+-- the daemons' statement; with DELETE on jobs no floor applies). (DELETE itself reaches
+-- any row: operators are trusted with the table's rows, never with what a job runs.
+-- schedule_runs_prune: what `prune` of older releases calls.)
 GRANT DELETE ON pgworkerd.jobs, pgworkerd.workers TO pgworkerd_operator;
-GRANT EXECUTE ON FUNCTION pgworkerd.schedule_runs_prune(interval) TO pgworkerd_operator;
+GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v2(float8, float8, float8, float8, float8,
+                                                      integer),
+                          pgworkerd.schedule_runs_prune(interval)
+      TO pgworkerd_operator;
 -- enqueue bounds (schema 23): what enqueuers may ask, per role and queue. Only the bound
 -- itself: set_by and set_at are the table's defaults (who set it, when), never given.
 GRANT INSERT (role_name, queue, priority_min, priority_max, dedupe_key_prefix,

@@ -324,6 +324,9 @@ def enqueue_many(
 # wait() re-reads the job this often when no notification came (and always through
 # PgBouncer in transaction mode, where LISTEN does not reach this session).
 DEFAULT_WAIT_POLL = 1.0
+# wait's re-reads of its job are at least this far apart: a notification is a hint, and
+# any role that may connect can send "<schema>.finished" with any id as often as it likes.
+WAIT_REREAD_FLOOR = 0.020
 FINAL_STATUSES = frozenset({"completed", "dead", "cancelled"})
 
 
@@ -414,7 +417,9 @@ def wait(
 
     Woken by the notification each finished job sends (LISTEN on "<schema>.finished";
     the job is read after LISTEN, so a completion in between is not missed), with a
-    re-read every `poll` seconds in case it does not come. listen=False only polls: use
+    re-read every `poll` seconds in case it does not come. A notification is only a hint
+    (anyone may send one): re-reads are at least WAIT_REREAD_FLOOR (20 ms) apart, however
+    many arrive. listen=False only polls: use
     it through PgBouncer in transaction mode, where LISTEN lands on whichever server
     connection the pool picked (wait stays correct either way, but only a direct
     connection gives the fast wake-up).
@@ -453,6 +458,7 @@ def wait(
                     cur.execute(query("session_finished_listen", schema))
                     listening = True
         while True:
+            read_at = time.monotonic()
             job = get(conn, job_id, schema=schema)
             if job is None:
                 raise JobNotFound(f"no job {job_id} in schema {schema!r} that this role may read")
@@ -468,6 +474,12 @@ def wait(
                 for note in conn.notifies(timeout=nap):
                     if note.channel == channel and note.payload == str(job_id):
                         break
+                # a flood of notifications naming this job makes no more reads than this
+                rest = read_at + WAIT_REREAD_FLOOR - time.monotonic()
+                if deadline is not None:
+                    rest = min(rest, deadline - time.monotonic())
+                if rest > 0:
+                    time.sleep(rest)
             else:
                 time.sleep(nap)
     finally:

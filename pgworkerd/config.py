@@ -83,6 +83,10 @@ class WorkerConfig:
     # (first, last) uid of the range job children run as, one uid per live child (README
     # "Per-job uids"); None: children run as the daemon's uid
     job_uids: tuple[int, int] | None = None
+    # One cgroup per attempt (README "Per-attempt cgroups"): "auto" where the daemon runs
+    # in a cgroup v2 directory delegated to it (systemd's Delegate=yes), "off", or
+    # "require" (the daemon refuses to start without one); applies after a restart
+    job_cgroups: str = "auto"
 
 
 # A handler's max_snoozes when not set, and the most it may be set to.
@@ -600,6 +604,7 @@ _WORKER = {
     "memory_limit": _size,
     "max_child_memory": _size,
     "job_uids": _uid_range,
+    "job_cgroups": _choice("auto", "off", "require"),
 }
 
 

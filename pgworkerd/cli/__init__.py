@@ -84,8 +84,6 @@ ROLES_WITH_RIGHT: dict[str, tuple[str, ...]] = {
     "enqueue jobs": ("pgworkerd_enqueuer", "pgworkerd_operator"),
     "change jobs": ("pgworkerd_operator",),
     "delete jobs": ("pgworkerd_operator",),
-    "delete gone daemons from the registry": ("pgworkerd_operator",),
-    "delete schedule runs": ("pgworkerd_operator",),
     "change the daemons' registry": ("pgworkerd_operator",),
     "pause queues and handlers": ("pgworkerd_operator",),
     "create or upgrade the schema": (),  # the schema's owner only

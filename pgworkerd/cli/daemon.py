@@ -39,6 +39,7 @@ SHIPPED_FILES = {
     # sandbox that its jobs inherit, and says in its comment which failure it fixes.
     "dropin-gpu.conf": "systemd drop-in: jobs may use NVIDIA GPUs (DeviceAllow=)",
     "dropin-jit.conf": "systemd drop-in: jobs may run JIT compilers (MemoryDenyWriteExecute=no)",
+    "dropin-job-cgroups.conf": "systemd drop-in: one cgroup per attempt ([worker] job_cgroups)",
     "dropin-job-uids.conf": "systemd drop-in: jobs as uids of their own ([worker] job_uids)",
     "dropin-output-dirs.conf": "systemd drop-in: directories jobs may write (ReadWritePaths=)",
     "dropin-venv.conf": "systemd drop-in: run pgworkerd from a virtualenv (ExecStart=)",
@@ -186,8 +187,22 @@ def run(ctx: Context, log_format: str | None) -> None:
             import_handler(handler)
         except ConfigError as exc:
             fail(str(exc), ExitCode.HANDLER)
+    from pgworkerd.daemon.cgroups import NoDelegation, setup
+
+    try:
+        job_cgroups = setup(config.worker.job_cgroups)
+    except NoDelegation as exc:
+        fail(f'{config.path}: worker.job_cgroups = "require": {exc}', ExitCode.CONFIG)
     schema = ctx.schema if ctx.schema != DEFAULT_SCHEMA else None
-    sys.exit(run_daemon(config, dsn=ctx.dsn, schema=schema, config_path=ctx.config_path))
+    sys.exit(
+        run_daemon(
+            config,
+            dsn=ctx.dsn,
+            schema=schema,
+            config_path=ctx.config_path,
+            job_cgroups=job_cgroups,
+        )
+    )
 
 
 @main.command()

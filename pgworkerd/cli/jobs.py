@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import click
@@ -13,6 +13,7 @@ from pgworkerd import client, model
 from pgworkerd.cli import Context, database, fail, main
 from pgworkerd.cli.display import RawJson, echo_json, printable
 from pgworkerd.cli.params import DURATION
+from pgworkerd.config import RetentionConfig
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.queue import admin, views
@@ -153,6 +154,10 @@ def _not_retried(row: dict[str, Any] | None) -> str:
     return f"not retried: it is {row['status']} (only dead or cancelled jobs are)"
 
 
+# Rows per table and statement of `prune` (the function's most: the fewest round trips).
+PRUNE_BATCH = 10_000
+
+
 @main.command()
 @click.option(
     "--older-than",
@@ -192,25 +197,30 @@ def prune(
     runs_older_than: float,
 ) -> None:
     """Delete finished jobs older than a retention, the registry rows of daemons gone
-    longer than theirs, and schedule run rows older than theirs."""
-    from pgworkerd.queue import registry, schedules
+    longer than theirs, and schedule run rows older than theirs (what the daemons' own
+    retention deletes, run to the end at once: the same component, the same statement)."""
+    from pgworkerd.daemon.retention import RetentionBusy, prune_to_end
 
+    chosen = statuses or model.FINAL_STATUSES
+    kept = None  # a final status not chosen is kept
+    config = RetentionConfig(
+        completed=older_than if "completed" in chosen else kept,
+        cancelled=older_than if "cancelled" in chosen else kept,
+        dead=older_than if "dead" in chosen else kept,
+        schedule_runs=runs_older_than,
+        gone_daemons=gone_older_than,
+        batch=PRUNE_BATCH,
+    )
     with database(ctx, needs="delete jobs") as conn:
-        deleted = admin.prune(
-            conn,
-            timedelta(seconds=older_than),
-            statuses=statuses or model.FINAL_STATUSES,
-            schema=ctx.schema,
-        )
-    click.echo(f"deleted {deleted} job(s)")
-    with database(ctx, needs="delete gone daemons from the registry") as conn:
-        gone = registry.prune_gone(conn, gone_older_than, schema=ctx.schema)
-    if gone:
-        click.echo(f"deleted {gone} gone daemon(s) from the registry")
-    with database(ctx, needs="delete schedule runs") as conn:
-        runs = schedules.prune_runs(conn, runs_older_than, schema=ctx.schema)
-    if runs:
-        click.echo(f"deleted {runs} schedule run(s)")
+        try:
+            pruned = prune_to_end(conn, config, ctx.schema)
+        except RetentionBusy as exc:
+            fail(str(exc), ExitCode.DATABASE)
+    click.echo(f"deleted {pruned.jobs} job(s)")
+    if pruned.daemons:
+        click.echo(f"deleted {pruned.daemons} gone daemon(s) from the registry")
+    if pruned.schedule_runs:
+        click.echo(f"deleted {pruned.schedule_runs} schedule run(s)")
 
 
 @main.command("jobs")

@@ -12,7 +12,7 @@ from typing import Any
 
 import psycopg
 
-from pgworkerd.daemon.supervisor import Child
+from pgworkerd.daemon.children import ChildProcess
 from pgworkerd.queue import attempts
 from pgworkerd.queue.attempts import Usage
 from pgworkerd.sizes import format_size
@@ -26,7 +26,7 @@ def attempt_usage(
     token: int,
     wall: float,
     reported: protocol.Usage | None,
-    child: Child | None,
+    child: ChildProcess | None,
 ) -> Usage:
     """The attempt's figures. A child reaped with the job (killed, crashed) adds its
     rusage: its CPU (less what its earlier jobs reported, for a reused child) and, if this
@@ -45,7 +45,7 @@ def attempt_usage(
     return Usage(job_id, token, wall, cpu_user, cpu_system, peak)
 
 
-def reported(child: Child, usage: protocol.Usage, max_child_memory: int | None) -> None:
+def reported(child: ChildProcess, usage: protocol.Usage, max_child_memory: int | None) -> None:
     """A child's figures for its job: retire a reused child grown past max_child_memory
     (told now, it exits after this job; a fresh one takes the next)."""
     if max_child_memory is None or usage.child_memory <= max_child_memory or child.exiting:
@@ -60,7 +60,7 @@ def reported(child: Child, usage: protocol.Usage, max_child_memory: int | None) 
     child.send(protocol.Exit())
 
 
-def settled(child: Child, usage: protocol.Usage | None) -> None:
+def settled(child: ChildProcess, usage: protocol.Usage | None) -> None:
     """The job's last figures are in: what a later death of the child adds is not its."""
     if usage is not None:
         user, system = child.cpu_reported

@@ -36,16 +36,16 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from typing import Generic, Protocol
 
 from pgworkerd.config import Config
+from pgworkerd.daemon.children import ChildSupervisor, ChildT
 from pgworkerd.daemon.hints import RateLimit
 from pgworkerd.daemon.jobtable import JobTable
-from pgworkerd.daemon.outcomes import OutcomeWriter
+from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.peers import FLEET_POLLERS, Peers, Wake, rescue_hint
-from pgworkerd.daemon.statements import Statements
-from pgworkerd.daemon.supervisor import Supervisor
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue.lease import HandlerCapacity
+from pgworkerd.queue.lease import ClaimedJob, HandlerCapacity, NextWakeups, RefusedJob
 from pgworkerd.queue.registry import HandBack
 
 log = logging.getLogger("pgworkerd")
@@ -73,13 +73,35 @@ FORWARD_OVERFLOW_EVERY = 0.5
 PLAIN_WAKE = "{}"
 
 
-class Claimer:
+class ClaimStatements(Protocol):
+    """The database calls the claimer makes (daemon.statements.Statements; None: the call
+    failed)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    def claim(
+        self,
+        queues: Sequence[str],
+        capacity: dict[str, HandlerCapacity],
+        limit: int,
+        completions: Sequence[Outcome] = (),
+    ) -> tuple[list[ClaimedJob], list[RefusedJob]] | None: ...
+
+    def next_wakeups(
+        self, queues: Sequence[str], handlers: Sequence[str]
+    ) -> NextWakeups | None: ...
+
+    def wake_send(self, payload: str) -> bool | None: ...
+
+
+class Claimer(Generic[ChildT]):
     def __init__(
         self,
         config: Config,
-        statements: Statements,
-        table: JobTable,
-        supervisor: Supervisor,
+        statements: ClaimStatements,
+        table: JobTable[ChildT],
+        supervisor: ChildSupervisor[ChildT],
         metrics: NullMetrics,
         clock: Callable[[], float] = time.monotonic,
         *,

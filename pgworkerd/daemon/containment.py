@@ -22,6 +22,7 @@ import stat
 import tempfile
 import time
 
+from pgworkerd.daemon.cgroups import JobCgroups
 from pgworkerd.worker import reaper, tmpdirs
 
 log = logging.getLogger("pgworkerd")
@@ -80,13 +81,15 @@ def remove_abandoned(root: str) -> int:
 class Containment:
     """Orphan sweeps and the temp directory root of one daemon."""
 
-    def __init__(self, *, traversable: bool = False) -> None:
+    def __init__(self, *, traversable: bool = False, cgroups: JobCgroups | None = None) -> None:
         # whether children of other uids (job_uids) must reach their directories in it:
         # then it and the shared root are 0711 (others pass through, never list or write)
         self.traversable = traversable
+        self.cgroups = cgroups  # one cgroup per attempt ([worker] job_cgroups; None: off)
         self.tmp_root: str | None = None
         self._lock_fd: int | None = None
         self.sweep_due = False
+        self.early_sweep_due = False  # the sweep while a child's pid is unknown (sweep)
 
     # -- temp directories ----------------------------------------------------------------
 
@@ -122,28 +125,47 @@ class Containment:
             os.chmod(path, 0o711)
 
     def child_settings(self) -> dict[str, str]:
-        return {"tmpdir": self.tmp_root} if self.tmp_root is not None else {}
+        settings = {"tmpdir": self.tmp_root} if self.tmp_root is not None else {}
+        if self.cgroups is not None:
+            settings.update(self.cgroups.child_settings())
+        return settings
 
     # -- orphans -------------------------------------------------------------------------
 
-    def child_exited(self, pid: int | None) -> None:
-        """A job child was reaped: its temp directory goes, its orphans go next sweep."""
+    def child_exited(self, pid: int | None) -> str | None:
+        """A job child was reaped: its temp directory goes, its attempt's cgroup (killed
+        at once) too, its orphans go next sweep. Returns the outcome its death means when
+        the OOM killer killed in its attempt's cgroup (else None)."""
         if pid is not None and self.tmp_root is not None:
             tmpdirs.remove_child_dirs(self.tmp_root, pid)
-        self.sweep_due = True
+        self.sweep_due = self.early_sweep_due = True
+        if pid is not None and self.cgroups is not None:
+            return self.cgroups.child_exited(pid)
+        return None
 
     def process_reaped(self) -> None:
         """Some process of ours was reaped: what it left may have come to us."""
-        self.sweep_due = True
+        self.sweep_due = self.early_sweep_due = True
 
     def sweep(self, keep: set[int], *, pids_known: bool) -> None:
-        """Kill adopted orphans if a process was reaped since the last sweep. Only when
-        every child's pid is known (`pids_known`): a child that has not said hello yet
-        looks like an orphan."""
-        if not self.sweep_due or not pids_known:
+        """Kill adopted orphans if a process was reaped since the last sweep.
+
+        A child that has not said hello yet (`pids_known` False) looks like an orphan,
+        so until every pid is known only what cannot be one goes (reaper.runs_pgworkerd
+        spares pgworkerd's own processes), once per reaping; the rest at the full sweep.
+        Not waiting for the hello matters under load: children start slowly, one is
+        nearly always starting, and a daemon killed meanwhile would leave its orphans
+        to init (the chaos soak's kill -9 of a parent after one of a job child)."""
+        if not self.sweep_due:
             return
-        self.sweep_due = False
-        killed = reaper.kill_adopted(keep)
+        if pids_known:
+            self.sweep_due = self.early_sweep_due = False
+            killed = reaper.kill_adopted(keep)
+        elif self.early_sweep_due:
+            self.early_sweep_due = False
+            killed = reaper.kill_adopted(keep, spare=reaper.runs_pgworkerd)
+        else:
+            return
         if killed:
             log.warning(
                 "killed %d process(es) left behind by job children: %s",
@@ -157,6 +179,8 @@ class Containment:
         """At the daemon's exit: kill and reap everything it still has, remove its temp
         directory and let go of the lock."""
         reaper.kill_all_children()
+        if self.cgroups is not None:
+            self.cgroups.close()
         if self.tmp_root is not None:
             shutil.rmtree(self.tmp_root, ignore_errors=True)
             self.tmp_root = None

@@ -13,13 +13,15 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Iterator
+from typing import Generic
 
 from pgworkerd.config import HandlerConfig, WorkerConfig
 from pgworkerd.daemon import accounting
+from pgworkerd.daemon.children import ChildSupervisor, ChildT
 from pgworkerd.daemon.joblogs import JobLogs
 from pgworkerd.daemon.outcomes import InFlight, Outcome, decide, fence_margin
 from pgworkerd.daemon.states import OutcomeKind, StopReason
-from pgworkerd.daemon.supervisor import Child, Supervisor, describe_exit
+from pgworkerd.daemon.supervisor import describe_exit
 from pgworkerd.describe import short_error
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue.lease import ClaimedJob, RefusedJob, encode_json
@@ -46,11 +48,11 @@ log = logging.getLogger("pgworkerd")
 START_TIMEOUT = 10.0
 
 
-class JobTable:
+class JobTable(Generic[ChildT]):
     def __init__(
         self,
         worker: WorkerConfig,
-        supervisor: Supervisor,
+        supervisor: ChildSupervisor[ChildT],
         metrics: NullMetrics,
         on_settled: Callable[[Outcome], None],
         clock: Callable[[], float] = time.monotonic,
@@ -63,7 +65,7 @@ class JobTable:
         self.clock = clock
         self.logs = logs  # what the jobs print (daemon.joblogs); None: not captured
         self.jobs: dict[int, InFlight] = {}
-        self._child_of: dict[int, Child] = {}  # job id -> the child running it
+        self._child_of: dict[int, ChildT] = {}  # job id -> the child running it
         self.draining = False
 
     def configure(self, worker: WorkerConfig) -> None:
@@ -166,7 +168,7 @@ class JobTable:
             elif self.logs is not None:
                 self.logs.begin(job.job.id, job.job.token, job.job.attempt, child.pid)
 
-    def child_of(self, job: InFlight) -> Child | None:
+    def child_of(self, job: InFlight) -> ChildT | None:
         return self._child_of.get(job.job.id)
 
     def _unlink(self, job: InFlight) -> None:
@@ -176,7 +178,7 @@ class JobTable:
 
     # -- what children say and how they end ---------------------------------------------
 
-    def on_message(self, child: Child, message: ChildMessage) -> None:
+    def on_message(self, child: ChildT, message: ChildMessage) -> None:
         job = self.jobs.get(child.job) if child.job is not None else None
         if job is None or self.child_of(job) is not child:
             return
@@ -227,7 +229,7 @@ class JobTable:
                     report = Failed(message.id, f"the result cannot be stored: {short_error(exc)}")
             self._settle(job, report)
 
-    def on_exit(self, child: Child, status: int) -> None:
+    def on_exit(self, child: ChildT, status: int) -> None:
         job = self.jobs.get(child.job) if child.job is not None else None
         if job is not None and self.child_of(job) is child:
             self._settle(job, None, exit_description=child.broken or describe_exit(status))

@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from typing import Protocol
 
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.outcomes import fence_margin
-from pgworkerd.daemon.statements import Statements
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue.lease import Lease
+from pgworkerd.queue.lease import Lease, RenewOutcome
 
 log = logging.getLogger("pgworkerd")
 
@@ -21,10 +21,20 @@ log = logging.getLogger("pgworkerd")
 PROGRESS_SAVE_INTERVAL = 1.0
 
 
+class LeaseStatements(Protocol):
+    """The database calls the lease keeper makes (daemon.statements.Statements; None: the
+    call failed)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    def renew(self, leases: list[Lease]) -> list[RenewOutcome] | None: ...
+
+
 class LeaseKeeper:
     def __init__(
         self,
-        statements: Statements,
+        statements: LeaseStatements,
         table: JobTable,
         metrics: NullMetrics,
         renew_interval: float,

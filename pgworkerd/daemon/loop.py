@@ -38,6 +38,7 @@ from pgworkerd import __version__
 from pgworkerd.backoff import Backoff
 from pgworkerd.config import Config, ConfigError, file_warnings, load_config
 from pgworkerd.daemon.accounting import UsageWriter
+from pgworkerd.daemon.cgroups import JobCgroups
 from pgworkerd.daemon.claimer import Claimer
 from pgworkerd.daemon.dblink import MAX_RECONNECT_DELAY, RECONNECT_INITIAL, DatabaseLink
 from pgworkerd.daemon.hints import WakeHints
@@ -59,6 +60,7 @@ from pgworkerd.ops.systemd import Notifier
 from pgworkerd.queue.db import DatabaseError, InvalidDsn, scrub
 from pgworkerd.queue.migrate import SchemaError, check_current
 from pgworkerd.queue.registry import HandBack
+from pgworkerd.worker import identity
 from pgworkerd.worker.forkserver import set_child_subreaper
 from pgworkerd.worker.protocol import ChildMessage
 
@@ -84,6 +86,7 @@ class Daemon:
         dsn: str | None = None,
         schema: str | None = None,
         config_path: str | None = None,
+        job_cgroups: JobCgroups | None = None,
     ) -> None:
         # self.config is the file's; --dsn and --schema from the command line override it.
         self.config = config
@@ -107,7 +110,11 @@ class Daemon:
         self.link = DatabaseLink(config.database, self.dsn, self.schema, self.selector)
         self.statements = Statements(self.link, self.worker_id, self.schema, self.metrics)
         self.supervisor = Supervisor(
-            self.selector, self._on_message, self._on_child_exit, job_uids=config.worker.job_uids
+            self.selector,
+            self._on_message,
+            self._on_child_exit,
+            job_uids=config.worker.job_uids,
+            job_cgroups=job_cgroups,
         )
         # what jobs print (daemon.joblogs)
         self.joblogs = JobLogs(
@@ -174,6 +181,10 @@ class Daemon:
         # here on the title says what the daemon does, as it will once running.
         setproctitle(f"pgworkerd: starting [{self.worker_id}]")
         set_child_subreaper()
+        # Not dumpable: a job of the daemon's own uid may not open the daemon's /proc
+        # files (its descriptors: its log, its database sockets; its memory, with the
+        # DSN) nor ptrace it; root still may (py-spy, gdb as root).
+        identity.set_dumpable(False)
         # The fork server first: it must come from a process with no connections.
         modules = sorted({h.module for h in self.config.handlers.values()})
         try:
@@ -484,6 +495,13 @@ class Daemon:
                 )
                 worker = dataclasses.replace(new.worker, job_uids=self.config.worker.job_uids)
                 new = dataclasses.replace(new, worker=worker)
+            if new.worker.job_cgroups != self.config.worker.job_cgroups:
+                log.warning(
+                    "reload: worker.job_cgroups changed in %s; it applies after a restart",
+                    self.config_path,
+                )
+                worker = dataclasses.replace(new.worker, job_cgroups=self.config.worker.job_cgroups)
+                new = dataclasses.replace(new, worker=worker)
             modules = sorted({h.module for h in new.handlers.values()})
             self.supervisor.start_forkserver(modules, child_settings(new))
         except (ConfigError, RuntimeError, OSError) as exc:
@@ -527,9 +545,12 @@ def run_daemon(
     dsn: str | None = None,
     schema: str | None = None,
     config_path: str | None = None,
+    job_cgroups: JobCgroups | None = None,
 ) -> int:
     try:
-        return Daemon(config, dsn=dsn, schema=schema, config_path=config_path).run()
+        return Daemon(
+            config, dsn=dsn, schema=schema, config_path=config_path, job_cgroups=job_cgroups
+        ).run()
     except Exception as exc:
         # The traceback goes through the log formatter: masked, each line escaped.
         summary = scrub(f"{type(exc).__name__}: {exc}", dsn)

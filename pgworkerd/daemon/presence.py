@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import psycopg
 from setproctitle import setproctitle
@@ -25,7 +26,6 @@ from pgworkerd.config import Config
 from pgworkerd.daemon.dblink import ESCALATE_AFTER, DatabaseLink
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.peers import FLEET_POLLERS, Peer, Peers
-from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState, RegistryState
 from pgworkerd.durations import format_duration
 from pgworkerd.ops.metrics import NullMetrics
@@ -138,13 +138,39 @@ class Lifecycle:
     reload_error: str = ""  # "" or why the last SIGHUP reload failed (shown in STATUS=)
 
 
+class PresenceStatements(Protocol):
+    """The database calls presence makes (daemon.statements.Statements; None: the call
+    failed)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    def register(
+        self, info: registry.WorkerInfo, state: str, heartbeat_interval: float
+    ) -> None: ...
+
+    def deregister(self) -> None: ...
+
+    def heartbeat(
+        self,
+        info: registry.WorkerInfo,
+        state: str,
+        job_ids: list[int],
+        heartbeat_interval: float,
+    ) -> registry.DrainRequest | None: ...
+
+    def mark_stale(self, stale_after: float) -> list[tuple[str, str, int]] | None: ...
+
+    def peers(self, stale_after: float) -> list[tuple[str, list[str], list[str], int]] | None: ...
+
+
 class Presence:
     def __init__(
         self,
         config: Config,
         worker_id: str,
         lifecycle: Lifecycle,
-        statements: Statements,
+        statements: PresenceStatements,
         link: DatabaseLink,
         table: JobTable,
         notifier: Notifier,

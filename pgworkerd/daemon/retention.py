@@ -1,11 +1,14 @@
-"""The fleet's own retention: finished jobs (completed, cancelled, dead) older than the
-configured retention ([retention]) are deleted, with their history, by the daemons
-themselves — no cron job to forget; so are old schedule runs and the registry rows of
-daemons gone long ago (each kind bounded by `batch` rows per call).
+"""The one maintenance component that deletes old rows: finished jobs (completed,
+cancelled, dead) older than the configured retention ([retention]), with their history
+(attempts and logs go with them), old schedule runs and the registry rows of daemons gone
+long ago (each kind bounded by `batch` rows per call). The daemons run it on their own
+cadence (`tick`) — no cron job to forget; `pgworkerd prune` runs the same component to
+the end at once (`run_to_end`), so both delete through the one statement
+(prune_finished_v2) under the one lock.
 
 Maintenance has one shape here: the config dataclass (config.RetentionConfig),
-`run_once()` (one batch, one statement; returns what it did) and a thin loop around it
-(`tick`/`next_deadline`, like every component of the parent).
+`run_once()` (one batch, one statement; returns what it did) and thin loops around it
+(`tick`/`next_deadline`, like every component of the parent; `run_to_end` for the CLI).
 
 - One daemon at a time: the statement takes a transaction-level advisory lock and
   returns at once without deleting when another daemon holds it.
@@ -23,9 +26,12 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
 
 from pgworkerd.config import RetentionConfig
-from pgworkerd.queue.retention import PruneResult
+from pgworkerd.queue.retention import PruneResult, prune_batch
 
 log = logging.getLogger("pgworkerd")
 
@@ -33,6 +39,27 @@ log = logging.getLogger("pgworkerd")
 BATCH_PAUSE = 0.2
 # Jitter of the spaced interval: a fleet started at once does not look at once.
 JITTER = 0.5
+# How long `run_to_end` waits for a daemon's batch (one short transaction) to let go of
+# the retention lock before it gives up.
+LOCK_WAIT = 60.0
+
+
+class RetentionBusy(Exception):
+    """The retention lock stayed taken (another caller pruning) for LOCK_WAIT seconds."""
+
+
+@dataclass
+class Pruned:
+    """Rows deleted by consecutive batches: finished jobs, schedule runs, gone daemons."""
+
+    jobs: int = 0
+    schedule_runs: int = 0
+    daemons: int = 0
+
+    def add(self, result: PruneResult) -> None:
+        self.jobs += result.deleted or 0
+        self.schedule_runs += result.schedule_runs_deleted or 0
+        self.daemons += result.daemons_deleted or 0
 
 
 class Retention:
@@ -49,8 +76,8 @@ class Retention:
         self.rng = rng if rng is not None else random.Random()
         self.config = config
         self.live_daemons = 1
-        # rows deleted by the consecutive batches of this run: jobs, schedule runs, daemons
-        self.deleted_in_run = self.runs_deleted_in_run = self.daemons_deleted_in_run = 0
+        # rows deleted by the consecutive batches of this run
+        self.run = Pruned()
         # The first look comes at a random point of the first interval.
         self.due_at = clock() + self.rng.uniform(0.0, config.interval)
 
@@ -66,6 +93,28 @@ class Retention:
             return None
         return self.prune(self.config)
 
+    def run_to_end(self, *, sleep: Callable[[float], None] = time.sleep) -> Pruned:
+        """Batch after batch until one comes back short of `batch` rows (what
+        `pgworkerd prune` does); waits while another caller holds the lock, up to
+        LOCK_WAIT seconds (then RetentionBusy). Errors of the statement propagate."""
+        total = Pruned()
+        waited = 0.0
+        while True:
+            result = self.run_once()
+            if result is None:  # retention off: nothing to delete
+                return total
+            if result.deleted is None:  # a daemon is pruning: its batch is short
+                if waited >= LOCK_WAIT:
+                    raise RetentionBusy(
+                        f"another pgworkerd kept the retention lock for {LOCK_WAIT:.0f}s; try again"
+                    )
+                sleep(BATCH_PAUSE)
+                waited += BATCH_PAUSE
+                continue
+            total.add(result)
+            if result.most() < self.config.batch:
+                return total
+
     def next_deadline(self) -> float | None:
         return self.due_at if self.config.enabled else None
 
@@ -76,31 +125,38 @@ class Retention:
         if result is not None:
             self.live_daemons = max(1, result.live_daemons)
         if result is not None and result.deleted is not None:
-            self.deleted_in_run += result.deleted
-            self.runs_deleted_in_run += result.schedule_runs_deleted or 0
-            self.daemons_deleted_in_run += result.daemons_deleted or 0
+            self.run.add(result)
             if result.most() >= self.config.batch:
                 self.due_at = now + BATCH_PAUSE  # more to do: the next batch soon
                 return
             self.log_run()
-        self.deleted_in_run = self.runs_deleted_in_run = self.daemons_deleted_in_run = 0
+        self.run = Pruned()
         self.due_at = now + self.spaced_interval()
 
     def log_run(self) -> None:
         """One line for the run's consecutive batches, naming what they deleted."""
-        if self.deleted_in_run:
-            log.info(
-                "retention: deleted %d finished job(s) past their retention",
-                self.deleted_in_run,
-            )
-        if self.runs_deleted_in_run or self.daemons_deleted_in_run:
+        if self.run.jobs:
+            log.info("retention: deleted %d finished job(s) past their retention", self.run.jobs)
+        if self.run.schedule_runs or self.run.daemons:
             log.info(
                 "retention: deleted %d schedule run(s) and %d gone daemon(s) from the registry",
-                self.runs_deleted_in_run,
-                self.daemons_deleted_in_run,
+                self.run.schedule_runs,
+                self.run.daemons,
             )
 
     def spaced_interval(self) -> float:
         """Until this daemon looks again: the fleet's interval times its live daemons."""
         spread = self.rng.uniform(1.0 - JITTER, 1.0 + JITTER)
         return self.config.interval * self.live_daemons * spread
+
+
+def prune_to_end(
+    conn: psycopg.Connection,
+    config: RetentionConfig,
+    schema: str,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Pruned:
+    """What `pgworkerd prune` runs: this component to the end at once, each batch its own
+    short transaction on the caller's autocommit connection."""
+    return Retention(config, lambda c: prune_batch(conn, c, schema)).run_to_end(sleep=sleep)

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from typing import Any, Protocol
 
 from pgworkerd.cadence import Cadence, to_fire
 from pgworkerd.config import Config, ScheduleConfig
-from pgworkerd.daemon.statements import Statements
+from pgworkerd.queue.schedules import Fired
 
 log = logging.getLogger("pgworkerd")
 
@@ -36,11 +37,25 @@ TICK_SLACK = 0.005
 MAX_SLEEP = 30.0
 
 
+class ScheduleStatements(Protocol):
+    """The database calls the scheduler makes (daemon.statements.Statements; None: the
+    call failed)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    def declare_schedule(self, name: str, definition: dict[str, Any]) -> datetime | None: ...
+
+    def set_declared_schedules(self, names: Sequence[str]) -> bool | None: ...
+
+    def fire_schedule(self, name: str, tick: datetime) -> Fired | None: ...
+
+
 class Scheduler:
     def __init__(
         self,
         config: Config,
-        statements: Statements,
+        statements: ScheduleStatements,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         # Ticks are wall-clock times; the loop's `now` (monotonic) only says when to look.

@@ -74,14 +74,6 @@ class Statements:
             ),
         )
 
-    def next_run_in(self, queues: Sequence[str], handlers: Sequence[str]) -> float | None:
-        """Seconds until the earliest scheduled job this daemon could claim (None: none,
-        or the lookup failed)."""
-        return self.link.run(
-            "looking up scheduled jobs",
-            lambda c: lease.next_run_in(c, queues, handlers, schema=self.schema),
-        )
-
     def next_wakeups(
         self, queues: Sequence[str], handlers: Sequence[str]
     ) -> lease.NextWakeups | None:
@@ -165,16 +157,7 @@ class Statements:
         """One batch of the fleet's retention (None: the call failed)."""
         return self.link.run(
             "pruning finished jobs, schedule runs and gone daemons",
-            lambda c: retention.prune_finished(
-                c,
-                completed=config.completed,
-                cancelled=config.cancelled,
-                dead=config.dead,
-                schedule_runs=config.schedule_runs,
-                gone_daemons=config.gone_daemons,
-                batch=config.batch,
-                schema=self.schema,
-            ),
+            lambda c: retention.prune_batch(c, config, self.schema),
         )
 
     # -- schedules (periodic jobs) ----------------------------------------------------------

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from pgworkerd.backoff import Backoff
+from pgworkerd.daemon.cgroups import JobCgroups
 from pgworkerd.daemon.containment import Containment
 from pgworkerd.daemon.jobuids import UidPool
 from pgworkerd.describe import short_error
@@ -129,6 +130,7 @@ class Supervisor:
         *,
         stable_after: float = FORKSERVER_STABLE_AFTER,
         job_uids: tuple[int, int] | None = None,
+        job_cgroups: JobCgroups | None = None,
     ) -> None:
         self.selector = selector
         self.on_message = on_message
@@ -145,7 +147,7 @@ class Supervisor:
         self._forkserver_retry_at = 0.0
         self._stable_after = stable_after
         # orphans of dead children, temp directories (which children of other uids traverse)
-        self.containment = Containment(traversable=job_uids is not None)
+        self.containment = Containment(traversable=job_uids is not None, cgroups=job_cgroups)
         # the uids no live child holds ([worker] job_uids; None: children run as ours)
         self.uids = UidPool(*job_uids) if job_uids is not None else None
         self._forkserver_pids: set[int] = set()  # every fork server not reaped yet
@@ -432,7 +434,9 @@ class Supervisor:
             elif data:
                 self._deliver(child, data)
         child.sock.close()
-        self.containment.child_exited(child.pid)
+        oom = self.containment.child_exited(child.pid)
+        if oom is not None and not child.broken:  # (the OOM killer in its attempt's cgroup)
+            child.broken = oom
         if child.pid is not None:
             self.by_pid.pop(child.pid, None)
         self.children.remove(child)

@@ -4,13 +4,12 @@ through psycopg's public API, each on a connection owned by the caller."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
-from pgworkerd.model import FINAL_STATUSES, STATUSES
+from pgworkerd.model import STATUSES
 from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
 
 
@@ -48,30 +47,6 @@ def check_statuses(statuses: Iterable[str]) -> list[str]:
             f"unknown status {', '.join(map(repr, unknown))}: choose from {', '.join(STATUSES)}"
         )
     return chosen
-
-
-def prune(
-    conn: psycopg.Connection[Any],
-    older_than: timedelta,
-    *,
-    statuses: Iterable[str] = FINAL_STATUSES,
-    batch: int = 10_000,
-    schema: str = DEFAULT_SCHEMA,
-) -> int:
-    """Delete finished jobs older than the retention, in batches; returns how many."""
-    chosen = check_statuses(statuses)
-    live = [s for s in chosen if s not in FINAL_STATUSES]
-    if live:
-        raise ValueError(f"prune only deletes finished jobs, not {', '.join(live)}")
-    total = 0
-    while True:
-        deleted = conn.execute(
-            query("job_prune", schema),
-            {"older_than": older_than.total_seconds(), "statuses": chosen, "batch": batch},
-        ).rowcount
-        total += deleted
-        if deleted < batch:
-            return total
 
 
 def get(conn: psycopg.Connection[Any], job_id: int, *, schema: str = DEFAULT_SCHEMA) -> dict | None:

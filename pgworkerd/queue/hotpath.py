@@ -38,9 +38,10 @@ What is kept per connection, as a cached cursor would keep it: a Transformer (du
 loaders found once: ~10 µs per statement measured, a third of this module's gain) and the
 names of the statements prepared on its server session. It hangs on the connection object
 itself (attribute `_pgworkerd_hotpath`), which only ever is the daemon's own (or a test's
-or benchmark's) since only queue.lease calls here: a cache keyed weakly by connection
-could not hold a Transformer, which refers to its connection, without keeping every
-connection alive. The daemon registers no adapters after its first statement, so the
+or benchmark's) since only the daemon's statement modules (queue.lease, queue.attempts)
+and tests/support/leasing.py call here: a cache keyed weakly by connection could not
+hold a Transformer, which refers to its connection, without keeping every connection
+alive. The daemon registers no adapters after its first statement, so the
 cached Transformer sees all of them.
 """
 

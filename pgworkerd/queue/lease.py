@@ -175,26 +175,6 @@ def _refused(raw: tuple[bytes | None, ...], reason: str, encoding: str) -> Refus
     )
 
 
-def claim(
-    conn: psycopg.Connection[Any],
-    worker: str,
-    *,
-    queues: Sequence[str],
-    handlers: Mapping[str, HandlerCapacity],
-    limit: int,
-    schema: str = DEFAULT_SCHEMA,
-) -> list[ClaimedJob]:
-    """Claim up to `limit` due jobs (and rescue expired leases) in one statement. A job
-    whose row cannot be loaded is finished as dead at once, with the reason in
-    last_error; the others are returned."""
-    claimed, refused = claim_checked(
-        conn, worker, queues=queues, handlers=handlers, limit=limit, schema=schema
-    )
-    for job in refused:
-        bury(conn, worker, job.id, job.token, f"cannot run: {job.reason}", schema=schema)
-    return claimed
-
-
 @dataclass(frozen=True)
 class Lease:
     """One lease to renew, with progress and checkpoint to save (None: keep)."""
@@ -228,7 +208,7 @@ def _as_is(text: str) -> str:
     return text
 
 
-def _jsonb_or_none(value: Any) -> Jsonb | None:
+def jsonb_or_none(value: Any) -> Jsonb | None:
     if value is None:
         return None
     if isinstance(value, EncodedJson):
@@ -251,37 +231,11 @@ def renew(
         "ids": [lease.id for lease in leases],
         "tokens": [lease.token for lease in leases],
         "lease_seconds": [lease.lease_seconds for lease in leases],
-        "progress": [_jsonb_or_none(lease.progress) for lease in leases],
-        "checkpoints": [_jsonb_or_none(lease.checkpoint) for lease in leases],
+        "progress": [jsonb_or_none(lease.progress) for lease in leases],
+        "checkpoints": [jsonb_or_none(lease.checkpoint) for lease in leases],
     }
     rows = hotpath.run(conn, "job_renew", params, schema=schema)
     return [RenewOutcome(id=r[0], renewed=r[1], cancel_requested=r[2]) for r in rows]
-
-
-def complete(
-    conn: psycopg.Connection[Any],
-    worker: str,
-    job_id: int,
-    token: int,
-    result: Any = None,
-    *,
-    progress: Any = None,
-    schema: str = DEFAULT_SCHEMA,
-) -> bool:
-    """Mark a held job completed. False: the lease was lost, nothing changed."""
-    rows = hotpath.run(
-        conn,
-        "job_complete_one",
-        {
-            "id": job_id,
-            "worker": worker,
-            "token": token,
-            "result": _jsonb_or_none(result),
-            "progress": _jsonb_or_none(progress),
-        },
-        schema=schema,
-    )
-    return bool(rows)
 
 
 @dataclass(frozen=True)
@@ -311,8 +265,8 @@ def _complete_params(worker: str, done: Sequence[Completion]) -> dict[str, Any]:
         "worker": worker,
         "ids": [d.id for d in done],
         "tokens": [d.token for d in done],
-        "results": [_jsonb_or_none(d.result) for d in done],
-        "progress": [_jsonb_or_none(d.progress) for d in done],
+        "results": [jsonb_or_none(d.result) for d in done],
+        "progress": [jsonb_or_none(d.progress) for d in done],
     }
 
 
@@ -348,8 +302,8 @@ def fail(
             "error": error,
             "backoff_base": backoff_base,
             "backoff_max": backoff_max,
-            "progress": _jsonb_or_none(progress),
-            "checkpoint": _jsonb_or_none(checkpoint),
+            "progress": jsonb_or_none(progress),
+            "checkpoint": jsonb_or_none(checkpoint),
         },
         schema=schema,
     )
@@ -376,8 +330,8 @@ def release(
             "id": job_id,
             "worker": worker,
             "token": token,
-            "progress": _jsonb_or_none(progress),
-            "checkpoint": _jsonb_or_none(checkpoint),
+            "progress": jsonb_or_none(progress),
+            "checkpoint": jsonb_or_none(checkpoint),
         },
         schema=schema,
     )
@@ -404,7 +358,7 @@ def cancel_running(
             "worker": worker,
             "token": token,
             "error": reason,
-            "progress": _jsonb_or_none(progress),
+            "progress": jsonb_or_none(progress),
         },
         schema=schema,
     )
@@ -463,8 +417,8 @@ def snooze(
             "token": token,
             "delay": delay,
             "max_snoozes": max_snoozes,
-            "progress": _jsonb_or_none(progress),
-            "checkpoint": _jsonb_or_none(checkpoint),
+            "progress": jsonb_or_none(progress),
+            "checkpoint": jsonb_or_none(checkpoint),
         },
         schema=schema,
     )
@@ -485,18 +439,6 @@ def lease_state(
     """Who holds a job, under which token (None: no such job); loads nothing else."""
     rows = hotpath.run(conn, "job_lease_state", {"id": job_id}, schema=schema)
     return LeaseState(*rows[0]) if rows else None
-
-
-def next_run_in(
-    conn: psycopg.Connection[Any],
-    queues: Iterable[str],
-    handlers: Iterable[str],
-    *,
-    schema: str = DEFAULT_SCHEMA,
-) -> float | None:
-    """Seconds until the earliest scheduled (future) job this worker could claim, by the
-    server's clock; None when there is none."""
-    return next_wakeups(conn, queues, handlers, schema=schema).run_in
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,6 @@ from pgworkerd.queue.queries import query
 STALE_AFTER_SECONDS = 60.0
 # What a registry row says when the daemon wrote no interval (code before schema 21).
 DEFAULT_HEARTBEAT_INTERVAL = 10.0
-# Registry rows of daemons gone this long are deleted by `pgworkerd prune` (one row per
-# daemon start: a unit restarting every 5 s would add 17,000 a day).
-GONE_RETENTION_SECONDS = 7 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -146,19 +143,6 @@ def mark_stale(
     pid). One caller at a time: empty when another holds the lock (it marks them)."""
     rows = conn.execute(query("worker_mark_stale", schema), {"stale_after": stale_after}).fetchall()
     return [(r[0], r[1], r[2]) for r in rows]
-
-
-def prune_gone(
-    conn: psycopg.Connection,
-    older_than_seconds: float = GONE_RETENTION_SECONDS,
-    *,
-    schema: str,
-) -> int:
-    """Delete the rows of daemons gone over `older_than_seconds` ago; returns how many."""
-    row = conn.execute(
-        query("worker_prune_gone", schema), {"older_than": older_than_seconds}
-    ).fetchone()
-    return int(row[0]) if row else 0
 
 
 def peers(

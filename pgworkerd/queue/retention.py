@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import psycopg
 
+from pgworkerd.config import RetentionConfig
 from pgworkerd.queue.queries import query
 
 
@@ -50,3 +51,17 @@ def prune_finished(
     assert row is not None  # the function always returns its one row
     jobs, runs, daemons, live = row
     return PruneResult(jobs, int(live), runs, daemons)  # counts: int or None (lock taken)
+
+
+def prune_batch(conn: psycopg.Connection, config: RetentionConfig, schema: str) -> PruneResult:
+    """One batch of `config`'s retentions (prune_finished with its fields)."""
+    return prune_finished(
+        conn,
+        completed=config.completed,
+        cancelled=config.cancelled,
+        dead=config.dead,
+        schedule_runs=config.schedule_runs,
+        gone_daemons=config.gone_daemons,
+        batch=config.batch,
+        schema=schema,
+    )

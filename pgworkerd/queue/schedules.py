@@ -14,10 +14,6 @@ from psycopg.types.json import Jsonb
 
 from pgworkerd.queue.queries import query
 
-# Run rows older than this are deleted by `pgworkerd prune` (each schedule's latest run
-# is kept): a one-second schedule adds 86,400 a day.
-RUNS_RETENTION_SECONDS = 7 * 86400.0
-
 
 @dataclass(frozen=True)
 class Fired:
@@ -85,12 +81,3 @@ def fire(
 def list_all(conn: psycopg.Connection, schema: str) -> list[dict[str, Any]]:
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query("schedule_list", schema)).fetchall()
-
-
-def prune_runs(
-    conn: psycopg.Connection, older_than_seconds: float = RUNS_RETENTION_SECONDS, *, schema: str
-) -> int:
-    row = conn.execute(
-        query("schedule_runs_prune", schema), {"older_than": older_than_seconds}
-    ).fetchone()
-    return int(row[0]) if row else 0

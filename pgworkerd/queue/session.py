@@ -1,5 +1,5 @@
-"""Statements about the session itself rather than about jobs: subscribing to enqueue's
-notifications and bounding the current transaction's statements."""
+"""Statements about the session itself rather than about jobs: subscribing to the wake
+channel's notifications and bounding the current transaction's statements."""
 
 from __future__ import annotations
 
@@ -8,12 +8,6 @@ from typing import Any
 import psycopg
 
 from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
-
-
-def listen(conn: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA) -> None:
-    """Receive the notifications enqueue sends for `schema` on this connection (read them
-    with conn.notifies()); NOTIFY is a hint that due jobs may be waiting, nothing more."""
-    conn.execute(query("session_listen", schema))
 
 
 def listen_wake(conn: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA) -> None:

@@ -143,7 +143,8 @@ def build(web: WebConfig, dsn: str, schema: str) -> Dashboard:
     """Bind the address and open the pool (raises BindRefused, OSError for the bind)."""
     from waitress.server import create_server
 
-    from pgworkerd.web.app import Settings, create_app
+    from pgworkerd.web.app import create_app
+    from pgworkerd.web.context import Settings
     from pgworkerd.web.db import open_pool
 
     check_bind(web)

@@ -2,13 +2,18 @@
 
 Each child opens one file at its start, `log-PID` in the daemon's temp directory (see
 pgworkerd.daemon.containment), before it says hello: the daemon opens it by that name,
-unlinks it and reads what is appended. While an attempt runs, the child's descriptors 1
-and 2 point at it (dup2), so the handler's print() and sys.stderr, Python logging, C
-libraries writing to stdout and every subprocess the handler starts write there; between
-attempts they point back at the daemon's stdout and stderr. The daemon attributes what it
-reads to the child's current attempt: the child restores its descriptors (and every
-process of the attempt is dead) before it reports the outcome, and the next attempt
-starts after the daemon has read to the end.
+unlinks it and reads what is appended. From before the child's first job (seal) to its
+end, the child's descriptors 1 and 2 point at it (dup2), so the handler's print() and
+sys.stderr, Python logging, C libraries writing to stdout and every subprocess the
+handler starts write there. The daemon attributes what it reads to the child's current
+attempt (every process of the attempt is dead before the child reports the outcome, and
+the next attempt starts after the daemon has read to the end).
+
+The child keeps no descriptor of the daemon's own stdout and stderr (the daemon's log):
+a handler could write lines into it that look like the daemon's own. So what the child
+itself writes between attempts goes to the file too (the next attempt's log, if any);
+its watcher, a process the handler cannot reach, keeps the daemon's stderr for the
+messages that matter (a job stopped at its lease or memory limit).
 
 Why a file: a write to a regular file never waits for a reader, so a handler printing at
 full speed is never slowed by the daemon (a pipe would block it once the daemon falls a
@@ -42,8 +47,6 @@ class Capture:
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
-        # the daemon's stdout and stderr, kept (close-on-exec) to put back after a job
-        self.saved = (os.dup(1), os.dup(2))
         # Line-buffered, for the child's life (it writes little between jobs): what a
         # handler printed is in the file (and survives its kill -9) line by line, not
         # 8 KiB at a time.
@@ -71,11 +74,16 @@ class Capture:
             print(f"pgworkerd child {os.getpid()}: output not captured: {exc}", file=sys.stderr)
             return None
 
-    def enter(self) -> None:
-        """Point descriptors 1 and 2 at the file for an attempt."""
+    def seal(self) -> None:
+        """Point descriptors 1 and 2 at the file for the rest of the child's life: the
+        daemon's stdout and stderr are no longer open here (before any handler code)."""
         _flush()
         os.dup2(self.fd, 1)  # (inheritable: the handler's subprocesses write here too)
         os.dup2(self.fd, 2)
+
+    def enter(self) -> None:
+        """An attempt begins: what it logs (with no logging set up) goes to stderr."""
+        _flush()
         root = logging.getLogger()
         if not root.handlers:  # the handler's own logging config, if any, stays as it is
             self._handler.setStream(sys.stderr)  # (whatever sys.stderr is now)
@@ -85,15 +93,13 @@ class Capture:
             self._handler_added = True
 
     def leave(self) -> None:
-        """Put the daemon's stdout and stderr back (before the outcome is reported)."""
+        """The attempt ends (before the outcome is reported): its output is flushed."""
         _flush()
         if self._handler_added:
             root = logging.getLogger()
             root.removeHandler(self._handler)
             root.setLevel(self._root_level)
             self._handler_added = False
-        os.dup2(self.saved[0], 1)
-        os.dup2(self.saved[1], 2)
 
 
 def _flush() -> None:

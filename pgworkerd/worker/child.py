@@ -388,7 +388,10 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
     channel.deadline = None
     channel.job_id = None
     channel.meter = None
-    channel.watcher.job_ended(job.id)  # before the outcome: no fence for an ended job
+    # Before the outcome: no fence for an ended job, and the attempt's cgroup killed and
+    # gone ([worker] job_cgroups); then reap what that killed and was ours.
+    channel.watcher.job_ended(job.id)
+    reaper.kill_descendants(keep=watcher_only)
     channel.send_encoded(frame)
     channel.cancel_requested = False
     channel.shutdown_jobs.discard(job.id)
@@ -429,9 +432,15 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
         # The watcher (pgworkerd.worker.watcher) before any thread runs here, and before
         # the drop below: it keeps this process's uid, so a job of a uid of its own can
         # neither stop it nor escape it, and it may still signal the job's processes.
-        fence = watcher.start(fd, tmp_root)
+        fence = watcher.start(fd, tmp_root, settings.get("cgroup"))
         if settings.get("job_uid") is not None:  # [worker] job_uids: before any handler code
             tmp_root = identity.become(int(settings["job_uid"]), tmp_root)
+        else:
+            # (the fork server is not dumpable, and so were we, so that the watcher is
+            # not: a job may not open its descriptors, the daemon's stderr among them)
+            identity.set_dumpable(True)
+        if capture is not None:
+            capture.seal()  # the daemon's stdout and stderr are closed here from now on
         _bind_to_daemon(daemon_pid)  # (after the drop: a change of uid clears PDEATHSIG)
         channel = _Channel(socket.socket(fileno=fd), fence)
         channel.send(Hello(os.getpid()))

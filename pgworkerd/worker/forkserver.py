@@ -165,6 +165,13 @@ def main() -> None:
     # Middle processes are reaped by the kernel (see _serve); a job child resets this
     # (child.main), and a handler's own subprocesses are waited for as usual.
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    # Not dumpable (as the daemon): no job of the daemon's uid may open our descriptors
+    # (the daemon's stdout and stderr, its log) through /proc; the children inherit it
+    # and a child of the daemon's uid sets itself dumpable again once its watcher, which
+    # keeps these descriptors, is forked (pgworkerd.worker.child.main).
+    from pgworkerd.worker import identity
+
+    identity.set_dumpable(False)
     try:
         import pgworkerd.worker.child  # noqa: F401  (preload what every child runs)
 

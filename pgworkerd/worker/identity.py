@@ -84,6 +84,13 @@ def become(uid: int, tmp_root: str | None) -> str | None:
     return home
 
 
+def set_dumpable(dumpable: bool) -> None:
+    """Whether processes of this uid may open this process's /proc files (descriptors,
+    memory, environment) and ptrace it; not dumpable: root's alone. (Reset to dumpable by
+    an exec; kept across fork.)"""
+    _libc.prctl(PR_SET_DUMPABLE, 1 if dumpable else 0, 0, 0, 0)
+
+
 def _verify(uid: int, libc: ctypes.CDLL) -> None:
     """Check that the drop took and cannot be undone; DropFailed if not."""
     if os.getresuid() != (uid, uid, uid) or os.getresgid() != (uid, uid, uid):

@@ -31,6 +31,7 @@ import ctypes
 import os
 import signal
 import time
+from collections.abc import Callable
 
 PR_SET_CHILD_SUBREAPER = 36
 # The exit code of a job child that stopped itself (its lease ran out without renewal, or
@@ -126,14 +127,30 @@ def kill_descendants(limit: float = SWEEP_LIMIT, keep: frozenset[int] = frozense
             time.sleep(0.001)  # SIGKILLed processes take a moment to exit
 
 
-def kill_adopted(keep: set[int]) -> list[int]:
-    """SIGKILL every child of this process whose pid is not in `keep`; returns them.
+def runs_pgworkerd(pid: int) -> bool:
+    """Whether child `pid` runs pgworkerd's own code, by its command line: a job child
+    still starting (forked by the fork server, `python -P -m pgworkerd.worker.forkserver`,
+    then titled `pgworkerd: ...`), or a fork of one that never exec'd. A child's pid is
+    not reused before it is reaped, so the read is about that process."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read(4096)
+    except OSError:
+        return False  # exited meanwhile
+    return command.startswith(b"pgworkerd") or b"pgworkerd.worker.forkserver" in command
+
+
+def kill_adopted(keep: set[int], spare: Callable[[int], bool] | None = None) -> list[int]:
+    """SIGKILL every child of this process whose pid is not in `keep` (nor `spare`d);
+    returns them.
 
     For the daemon: its own children are the fork server and the job children; any other
     child was adopted, as a subreaper, from a job child that died before it could kill
     it (SIGKILL after a timeout, kill -9). They are reaped where the daemon reaps: its
     SIGCHLD path, which calls this again for the grandchildren re-parented meanwhile."""
-    adopted = sorted(children(main_thread_only=True) - keep)
+    adopted = sorted(
+        pid for pid in children(main_thread_only=True) - keep if spare is None or not spare(pid)
+    )
     for pid in adopted:
         _kill(pid)
     return adopted

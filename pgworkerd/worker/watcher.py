@@ -51,7 +51,7 @@ from typing import Any
 
 from setproctitle import setproctitle
 
-from pgworkerd.worker import protocol, tmpdirs
+from pgworkerd.worker import cgroup, protocol, tmpdirs
 from pgworkerd.worker.protocol import Failed, Job, LeaseExtended, Usage
 from pgworkerd.worker.resources import SAMPLE_INTERVAL, children_of, cpu_of, limit_message, rss
 from pgworkerd.worker.wire import FrameReader
@@ -84,10 +84,19 @@ class Watcher:
     relay: int  # read end: the daemon's bytes, as the watcher relays them
     events: int  # write end: what the child tells the watcher (a job ended)
     send_lock: int  # a memfd: lockf()ed around every frame the child sends
+    acks: int  # read end: the watcher's answer to job_ended (the attempt's cgroup is gone)
 
     def job_ended(self, job_id: int) -> None:
-        """The job ended here (before its outcome is sent): no deadline or limit holds."""
+        """The job ended here (before its outcome is sent): no deadline or limit holds,
+        and the attempt's cgroup ([worker] job_cgroups) is killed and removed: this waits
+        for the watcher to say so (bounded), so nothing of the attempt runs on once the
+        daemon has its outcome."""
         os.write(self.events, f"{job_id}\n".encode())
+        poller = select.poll()
+        poller.register(self.acks, select.POLLIN)
+        with contextlib.suppress(OSError):
+            if poller.poll(int((cgroup.KILL_WAIT + 1) * 1000)):
+                os.read(self.acks, 64)
 
     def stop(self) -> None:
         """End and reap the watcher (the child's last act: not to leave it to the daemon).
@@ -133,12 +142,14 @@ class Watcher:
             fcntl.lockf(self.send_lock, fcntl.LOCK_UN)
 
 
-def start(sock_fd: int, tmp_root: str | None) -> Watcher:
+def start(sock_fd: int, tmp_root: str | None, cgroup_base: str | None = None) -> Watcher:
     """Fork the watcher of this child, which talks to the daemon over `sock_fd`; the
-    child's temp directories are in `tmp_root`. Call it before any thread of the child
-    runs."""
+    child's temp directories are in `tmp_root`; `cgroup_base`: the daemon's delegated
+    cgroup, where each attempt gets a cgroup of its own (None: none). Call it before any
+    thread of the child runs."""
     relay_r, relay_w = os.pipe()
     events_r, events_w = os.pipe()
+    acks_r, acks_w = os.pipe()
     send_lock = os.memfd_create("pgworkerd-send-lock")  # (close-on-exec)
     child_pid = os.getpid()
     pid = os.fork()
@@ -147,7 +158,10 @@ def start(sock_fd: int, tmp_root: str | None) -> Watcher:
         try:
             os.close(relay_r)
             os.close(events_w)
-            _Watch(child_pid, sock_fd, relay_w, events_r, send_lock, tmp_root).run()
+            os.close(acks_r)
+            watch = _Watch(child_pid, sock_fd, relay_w, events_r, send_lock, tmp_root)
+            watch.acks, watch.cgroup_base = acks_w, cgroup_base
+            watch.run()
             status = 0
         except BaseException:
             import traceback
@@ -157,7 +171,8 @@ def start(sock_fd: int, tmp_root: str | None) -> Watcher:
             os._exit(status)
     os.close(relay_w)
     os.close(events_r)
-    return Watcher(pid, relay_r, events_w, send_lock)
+    os.close(acks_w)
+    return Watcher(pid, relay_r, events_w, send_lock, acks_r)
 
 
 class _Watch:
@@ -177,6 +192,9 @@ class _Watch:
         self.next_sample = 0.0
         self.peak = 0
         self.events_buffer = b""
+        self.acks = -1  # write end of the child's acks pipe
+        self.cgroup_base: str | None = None
+        self.attempt_cgroup: str | None = None  # the running attempt's, while it runs
 
     def run(self) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -222,12 +240,45 @@ class _Watch:
     def _read_events(self) -> None:
         data = os.read(self.events, 4096)
         if not data:  # the child is exiting (Watcher.stop): so do we, for it to reap
+            self._end_cgroup()
             os._exit(0)
         self.events_buffer += data
         *lines, self.events_buffer = self.events_buffer.split(b"\n")
         for line in lines:
             if self.job is not None and int(line) == self.job:
                 self.job = self.deadline = self.limit = None
+            self._end_cgroup()
+            with contextlib.suppress(OSError):
+                os.write(self.acks, b"k")
+
+    def _begin_cgroup(self, message: Job) -> None:
+        """The attempt's own cgroup, the child in it (before the job reaches the child)."""
+        self._end_cgroup()  # (an earlier attempt's that was never ended: not to leak it)
+        if self.cgroup_base is None:
+            return
+        name = cgroup.attempt_name(message.id, message.attempt, self.child)
+        try:
+            self.attempt_cgroup = cgroup.create(
+                self.cgroup_base, name, self.child, message.memory_limit
+            )
+        except OSError as exc:  # the attempt runs, contained by the tree walks alone
+            print(
+                f"pgworkerd watcher {self.me}: no cgroup for job {message.id}: {exc}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _end_cgroup(self) -> None:
+        """The child back in the daemon's leaf; everything else in the attempt's cgroup
+        killed at once; the cgroup removed (what cannot be yet, the daemon removes)."""
+        path, self.attempt_cgroup = self.attempt_cgroup, None
+        if path is None or self.cgroup_base is None:
+            return
+        try:
+            cgroup.move(self.child, os.path.join(self.cgroup_base, cgroup.DAEMON_LEAF))
+        except OSError as exc:
+            print(f"pgworkerd watcher {self.me}: {exc}", file=sys.stderr, flush=True)
+        cgroup.remove(path)
 
     def _read_daemon(self) -> bool:
         """Relay what the daemon sent and keep what the fence needs; False once the
@@ -265,6 +316,7 @@ class _Watch:
         if isinstance(message, Job):
             self.job, self.deadline, self.limit = message.id, message.deadline, message.memory_limit
             self.next_sample, self.peak = 0.0, 0
+            self._begin_cgroup(message)
         elif (
             isinstance(message, LeaseExtended)
             and self.job is not None
@@ -298,6 +350,12 @@ class _Watch:
             self.peak = max(self.peak, total)
             if total > self.limit:
                 self._over_limit(self.job, self.limit, members)
+            if self.attempt_cgroup is not None and cgroup.oom_kills(self.attempt_cgroup):
+                error = (
+                    "killed: memory (the kernel's OOM killer, in the attempt's cgroup: "
+                    f"memory.max = its limit, {self.limit} bytes)"
+                )
+                self._over_limit(self.job, self.limit, members, error)
 
     def _tree(self) -> list[int]:
         """The child and its descendants, without this watcher."""
@@ -309,10 +367,12 @@ class _Watch:
                     stack.append(kid)
         return found
 
-    def _over_limit(self, job: int, limit: int, members: list[int]) -> None:
+    def _over_limit(
+        self, job: int, limit: int, members: list[int], error: str | None = None
+    ) -> None:
         locked = self._lock()
         cpu = [cpu_of(p) for p in members]
-        failed = Failed(job, limit_message(limit, self.peak))
+        failed = Failed(job, error or limit_message(limit, self.peak))
         usage = Usage(
             job, sum(u for u, _ in cpu), sum(s for _, s in cpu), self.peak, rss(self.child)
         )
@@ -340,6 +400,9 @@ class _Watch:
             print(f"pgworkerd child {self.child}: {reason}; stopping", file=sys.stderr, flush=True)
 
         def remove_temp_dirs() -> None:  # (the daemon would, but it may be gone)
+            # what left the tree dies with the attempt's cgroup (the child, stopped, is
+            # moved out first: it dies of `sig`, which tells the daemon why)
+            self._end_cgroup()
             if self.tmp_root is not None:
                 tmpdirs.remove_child_dirs(self.tmp_root, self.child)
 

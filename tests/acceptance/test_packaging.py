@@ -28,6 +28,7 @@ SHIPPED = {
         for name in (
             "dropin-gpu.conf",
             "dropin-jit.conf",
+            "dropin-job-cgroups.conf",
             "dropin-job-uids.conf",
             "dropin-output-dirs.conf",
             "dropin-venv.conf",

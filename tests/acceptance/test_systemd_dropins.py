@@ -6,6 +6,8 @@ tests show, under a real systemd (the testbed and daemon units of test_systemd.p
 the job fails the way the drop-in's comment says without it and works with it:
 - dropin-output-dirs.conf: a job writing into a directory gets EROFS, then writes;
 - dropin-jit.conf: a writable and executable page (what a JIT maps) gets EPERM, then works;
+- dropin-job-cgroups.conf: job_cgroups = "require" refuses to start, then each attempt
+  runs in a cgroup of its own that is killed whole before the outcome;
 - dropin-gpu.conf: the host's device nodes appear but stay closed except the NVIDIA group
   (no GPU here: the same drop-in with the `misc` group in place of `nvidia*` opens
   /dev/net/tun, which it refuses as shipped and which is missing without the drop-in).
@@ -27,6 +29,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import test_systemd as sd
+from proctree import marked
 from psycopg import sql
 from sdtestbed import Testbed, derive_unit
 from test_systemd import (
@@ -58,6 +61,7 @@ DROPIN_EXPOSURE = {
     "dropin-gpu.conf": 1.5,
     "dropin-venv.conf": 1.3,
     "dropin-job-uids.conf": 2.9,
+    "dropin-job-cgroups.conf": 1.3,
 }
 SANDBOX_HANDLERS = {
     **HANDLERS,
@@ -65,6 +69,7 @@ SANDBOX_HANDLERS = {
     "jit_page": "sandboxhandlers:jit_page",
     "open_device": "sandboxhandlers:open_device",
     "probe_daemon": "isolationhandlers:probe_daemon",
+    "escape": "cgrouphandlers:escape",
 }
 # The unit's code: this tree, and the test handlers.
 PYTHONPATH = f'"PYTHONPATH={REPO}:{REPO / "tests" / "support"}"'
@@ -388,3 +393,59 @@ def test_job_uids_dropin_runs_each_job_as_a_user_of_its_own(
     assert isinstance(result, dict) and first <= result["uid"] <= first + 15, result
     for attack in ("signal_daemon", "read_daemon_environ", "read_daemon_config"):
         assert result[attack] == "PermissionError", (attack, result)
+
+
+def test_job_cgroups_dropin_puts_each_attempt_in_a_cgroup_killed_whole(
+    make_service: Callable[..., Service],
+) -> None:
+    """As shipped, the unit's cgroup is not the daemon's: job_cgroups = "require" refuses
+    to start (exit 3, saying why). With the drop-in (Delegate=yes) each attempt runs in a
+    cgroup of its own under the unit's, and a process that left the job's tree
+    (clone(CLONE_PARENT), setsid) is dead when the outcome is stored, the cgroup gone."""
+    svc = make_service(Environment=PYTHONPATH)
+    svc.write_config(SANDBOX_HANDLERS)
+    svc.config.write_text(
+        svc.config.read_text().replace(
+            "[worker]\n",
+            '[worker]\njob_cgroups = "require"\nmax_jobs_per_child = 5\n',
+            1,
+        )
+    )
+    svc.systemctl("start", check=False)
+    svc.wait(lambda: svc.state() == "failed", "the unit to fail")
+    assert 'worker.job_cgroups = "require": ' in svc.tb.journal(svc.unit)
+    assert "is not delegated to the daemon" in svc.tb.journal(svc.unit)
+
+    # Delegate=yes alone is not enough with systemd 252: ProtectControlGroups=yes keeps
+    # the whole cgroup file system read-only, the delegated part too.
+    svc.systemctl("reset-failed", check=False)
+    delegate_only = "[Service]\nDelegate=yes\n"
+    install_dropin(svc, "dropin-job-cgroups.conf", delegate_only)
+    svc.systemctl("start", check=False)
+    svc.wait(lambda: svc.state() == "failed", "the unit to fail")
+    assert "is not writable here (ProtectControlGroups=?)" in svc.tb.journal(svc.unit)
+
+    svc.systemctl("reset-failed", check=False)
+    install_dropin(svc, "dropin-job-cgroups.conf", shipped_dropin("dropin-job-cgroups.conf"))
+    svc.start()
+    assert "per-attempt cgroups under /sys/fs/cgroup/" in svc.tb.journal(svc.unit)
+    assert svc.tb.pid is not None
+    unit_cgroup = Path(f"/proc/{svc.tb.pid}/root/sys/fs/cgroup/system.slice/{svc.unit}")
+    # the daemon, its fork server, an idle child and its watcher: all in the leaf
+    leaf = unit_cgroup / "daemon" / "cgroup.procs"
+    svc.wait(lambda: len(leaf.read_text().split()) >= 4, "the warm child in the leaf")
+    assert (unit_cgroup / "cgroup.procs").read_text() == ""
+
+    marker = f"pgworkerd-test-{uuid.uuid4().hex}"
+    with svc.connect() as conn:
+        job = pgworkerd.enqueue(
+            conn, "escape", {"marker": marker, "seconds": 3}, max_attempts=1, schema=svc.schema
+        )
+    escapees = svc.wait(lambda: len(m := marked(marker)) == 2 and m, "the escapees to start")
+    for pid in escapees:
+        where = Path(f"/proc/{pid}/cgroup").read_text()
+        assert f"/{svc.unit}/job-{job}-a1-p" in where, where
+    svc.wait(lambda: svc.job_status(job) in ("completed", "dead"), f"job {job} to end")
+    assert svc.job_status(job) == "completed", svc.job(job)
+    assert marked(marker) == []  # dead before the outcome was stored
+    assert sorted(p.name for p in unit_cgroup.iterdir() if p.name.startswith("job-")) == []

@@ -10,6 +10,7 @@ import signal
 import time
 from pathlib import Path
 
+import leasing
 import psycopg
 import pytest
 from daemon_harness import Daemons, Db, wait_for
@@ -263,7 +264,7 @@ def test_the_claim_api_buries_an_unloadable_row_and_returns_the_others(
     capacity = {"work": lease.HandlerCapacity(lease_seconds=30, free=10)}
 
     def claim() -> list[lease.ClaimedJob]:
-        return lease.claim(
+        return leasing.claim(
             conn, "w1", queues=["default"], handlers=capacity, limit=10, schema=schema
         )
 

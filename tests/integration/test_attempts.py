@@ -5,11 +5,12 @@ history with its job."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
+from pruning import prune
 
 from pgworkerd import client
 from pgworkerd.queue import admin, attempts, lease, registry
@@ -20,7 +21,7 @@ SERVED = {"h": lease.HandlerCapacity(lease_seconds=60, free=10)}
 
 def claim(conn: psycopg.Connection, schema: str, worker: str = "w1", **kw: Any) -> lease.ClaimedJob:
     served = {"h": lease.HandlerCapacity(**{"lease_seconds": 60, "free": 10, **kw})}
-    [job] = lease.claim(conn, worker, queues=["default"], handlers=served, limit=1, schema=schema)
+    [job] = leasing.claim(conn, worker, queues=["default"], handlers=served, limit=1, schema=schema)
     return job
 
 
@@ -51,7 +52,7 @@ def test_each_ending_of_the_daemons_statements_leaves_one_row(
     assert lease.fail(conn, "w1", j.id, j.token, "boom\nTraceback: here", schema=schema)
     sql(conn, schema, "UPDATE @schema@.jobs SET run_at = now() WHERE id = %s", job_id)
     j = claim(conn, schema)
-    assert lease.complete(conn, "w1", j.id, j.token, {"r": 1}, schema=schema)
+    assert leasing.complete(conn, "w1", j.id, j.token, {"r": 1}, schema=schema)
     rows = history(conn, schema, job_id)
     assert [(r["attempt"], r["outcome"], r["error"]) for r in rows] == [
         (1, "released", None),
@@ -66,7 +67,7 @@ def test_an_sql_workers_finishes_are_recorded_too(conn: psycopg.Connection, sche
     ids = [client.enqueue(conn, "h", {"n": n}, max_attempts=1, schema=schema) for n in range(4)]
     jobs = {
         j.id: j
-        for j in lease.claim(
+        for j in leasing.claim(
             conn, "sqlw", queues=["default"], handlers=SERVED, limit=4, schema=schema
         )
     }
@@ -99,7 +100,7 @@ def test_a_lease_that_ran_out_says_whose_it_was(
     job_id = client.enqueue(conn, "h", max_attempts=2 if attempts_left else 1, schema=schema)
     claim(conn, schema, worker=info.id)
     expire(conn, schema)
-    rescued = lease.claim(conn, "w2", queues=["default"], handlers=SERVED, limit=1, schema=schema)
+    rescued = leasing.claim(conn, "w2", queues=["default"], handlers=SERVED, limit=1, schema=schema)
     assert [j.id for j in rescued] == ([job_id] if attempts_left else [])
     [row] = admin.list_jobs(conn, schema=schema)
     expected = "lease expired: daemon host-a:1:x on host-a stopped renewing (lease of host-a:1:x"
@@ -132,7 +133,7 @@ def test_the_daemons_figures_land_on_their_own_attempt_only(
     lease.fail(conn, "w1", first.id, first.token, "boom", schema=schema)
     sql(conn, schema, "UPDATE @schema@.jobs SET run_at = now() WHERE id = %s", job_id)
     second = claim(conn, schema)
-    lease.complete(conn, "w1", second.id, second.token, schema=schema)
+    leasing.complete(conn, "w1", second.id, second.token, schema=schema)
     usage = attempts.Usage(job_id, second.token, 1.5, 0.9, 0.1, 200 << 20)
     assert attempts.account(conn, "w1", [usage], schema=schema) == {job_id}
     # another worker's figures, or a token no attempt had, change nothing
@@ -154,7 +155,7 @@ def test_prune_removes_the_history_with_its_job(conn: psycopg.Connection, schema
     pruned = client.enqueue(conn, "h", schema=schema)
     for _ in range(2):
         j = claim(conn, schema)
-        lease.complete(conn, "w1", j.id, j.token, schema=schema)
+        leasing.complete(conn, "w1", j.id, j.token, schema=schema)
     sql(
         conn,
         schema,
@@ -163,14 +164,14 @@ def test_prune_removes_the_history_with_its_job(conn: psycopg.Connection, schema
     )
     count = "SELECT job_id, count(*) FROM @schema@.attempts GROUP BY job_id ORDER BY job_id"
     assert sql(conn, schema, count) == [(kept, 1), (pruned, 1)]
-    assert admin.prune(conn, timedelta(days=1), schema=schema) == 1
+    assert prune(conn, jobs_older_than=86400.0, schema=schema).jobs == 1
     assert sql(conn, schema, count) == [(kept, 1)]
 
 
 def test_truncating_the_jobs_truncates_the_history(conn: psycopg.Connection, schema: str) -> None:
     client.enqueue(conn, "h", schema=schema)
     j = claim(conn, schema)
-    lease.complete(conn, "w1", j.id, j.token, schema=schema)
+    leasing.complete(conn, "w1", j.id, j.token, schema=schema)
     assert sql(conn, schema, "SELECT count(*) FROM @schema@.attempts") == [(1,)]
     sql(conn, schema, "TRUNCATE @schema@.jobs")
     assert sql(conn, schema, "SELECT count(*) FROM @schema@.attempts") == [(0,)]

@@ -4,6 +4,7 @@ was for daemons of schema 5 (README "Upgrading")."""
 
 from __future__ import annotations
 
+import leasing
 import psycopg
 import pytest
 from daemon_harness import Daemons, Db
@@ -12,7 +13,6 @@ from psycopg import sql
 from pgworkerd import client
 from pgworkerd.client import JobSpec
 from pgworkerd.config import ConfigError, parse_config
-from pgworkerd.queue import lease
 from pgworkerd.queue.lease import HandlerCapacity
 
 WORK = "jobhandlers:work"
@@ -34,18 +34,18 @@ def test_a_handler_that_names_its_queues_claims_only_from_them(
         "send": HandlerCapacity(lease_seconds=30, free=10, queues=["mail"]),
         "resize": HandlerCapacity(lease_seconds=30, free=10),  # every queue of the claim
     }
-    claimed = lease.claim(conn, "w", queues=BOTH, handlers=capacity, limit=10, schema=schema)
+    claimed = leasing.claim(conn, "w", queues=BOTH, handlers=capacity, limit=10, schema=schema)
     assert sorted(j.id for j in claimed) == [mail, other]
     # without the restriction the same handler takes the rest
     unrestricted = {"send": HandlerCapacity(lease_seconds=30, free=10)}
-    claimed = lease.claim(conn, "w", queues=BOTH, handlers=unrestricted, limit=10, schema=schema)
+    claimed = leasing.claim(conn, "w", queues=BOTH, handlers=unrestricted, limit=10, schema=schema)
     assert [j.id for j in claimed] == [default]
 
 
 def test_a_handlers_queues_apply_to_rescued_jobs_too(conn: psycopg.Connection, schema: str) -> None:
     in_default = enqueue(conn, schema, "send", "default")
     everywhere = {"send": HandlerCapacity(lease_seconds=30, free=10)}
-    [first] = lease.claim(conn, "lost", queues=BOTH, handlers=everywhere, limit=1, schema=schema)
+    [first] = leasing.claim(conn, "lost", queues=BOTH, handlers=everywhere, limit=1, schema=schema)
     assert first.id == in_default
     conn.execute(
         sql.SQL("UPDATE {}.jobs SET locked_until = now() - interval '1 second'").format(
@@ -53,8 +53,8 @@ def test_a_handlers_queues_apply_to_rescued_jobs_too(conn: psycopg.Connection, s
         )
     )
     only_mail = {"send": HandlerCapacity(lease_seconds=30, free=10, queues=["mail"])}
-    assert lease.claim(conn, "w", queues=BOTH, handlers=only_mail, limit=10, schema=schema) == []
-    [rescued] = lease.claim(conn, "w", queues=BOTH, handlers=everywhere, limit=10, schema=schema)
+    assert leasing.claim(conn, "w", queues=BOTH, handlers=only_mail, limit=10, schema=schema) == []
+    [rescued] = leasing.claim(conn, "w", queues=BOTH, handlers=everywhere, limit=10, schema=schema)
     assert (rescued.id, rescued.rescued) == (in_default, True)
 
 

@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import leasing
 import psycopg
 import psycopg.rows
 import pytest
@@ -230,7 +231,7 @@ def test_cancel_and_retry(cli: Cli) -> None:
     assert cli.row(a)["finished_at"] is not None
     assert cli("cancel", str(a)).stdout == f"{a}: already cancelled\n"  # as asked: exit 0
 
-    [held] = lease.claim(
+    [held] = leasing.claim(
         cli.conn,
         "w1",
         queues=["qb"],
@@ -457,7 +458,7 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
 
 def test_cancel_of_a_finished_job_exits_1_and_says_so(cli: Cli) -> None:
     job_id = cli.enqueue("h")
-    [held] = lease.claim(
+    [held] = leasing.claim(
         cli.conn,
         "w1",
         queues=["default"],
@@ -465,7 +466,7 @@ def test_cancel_of_a_finished_job_exits_1_and_says_so(cli: Cli) -> None:
         limit=1,
         schema=cli.schema,
     )
-    assert lease.complete(cli.conn, "w1", held.id, held.token, schema=cli.schema)
+    assert leasing.complete(cli.conn, "w1", held.id, held.token, schema=cli.schema)
     proc = cli("cancel", str(job_id), code=ExitCode.FAILURE)
     assert proc.stdout == f"{job_id}: already completed\n"
     assert cli.row(job_id)["status"] == "completed"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from support.daemon_harness import Daemons, Db, wait_for
@@ -69,7 +70,7 @@ def test_scheduled_later(conn: psycopg.Connection, schema: str):
 def test_backing_off_after_a_failed_attempt(conn: psycopg.Connection, schema: str):
     daemon_row(conn, schema)
     job = client.enqueue(conn, "h", schema=schema)
-    [claimed] = lease.claim(
+    [claimed] = leasing.claim(
         conn, "host-a:1:x", queues=["default"], handlers={"h": lease.HandlerCapacity(30, 1)},
         limit=1, schema=schema,
     )  # fmt: skip
@@ -131,7 +132,7 @@ def test_every_reason_at_once(conn: psycopg.Connection, schema: str):
 def test_retried_by_hand(conn: psycopg.Connection, schema: str):
     daemon_row(conn, schema)
     job = client.enqueue(conn, "h", max_attempts=1, schema=schema)
-    [claimed] = lease.claim(
+    [claimed] = leasing.claim(
         conn, "host-a:1:x", queues=["default"], handlers={"h": lease.HandlerCapacity(30, 1)},
         limit=1, schema=schema,
     )  # fmt: skip
@@ -147,7 +148,7 @@ def test_retried_by_hand(conn: psycopg.Connection, schema: str):
 
 
 def _claim(conn: psycopg.Connection, schema: str, job: int, lease_seconds: float = 30) -> int:
-    [claimed] = lease.claim(
+    [claimed] = leasing.claim(
         conn, "host-a:1:x", queues=["default"],
         handlers={"h": lease.HandlerCapacity(lease_seconds, 1)}, limit=1, schema=schema,
     )  # fmt: skip
@@ -191,7 +192,7 @@ def test_cancel_requested_while_running(conn: psycopg.Connection, schema: str):
 def test_completed_dead_cancelled_and_dedupe_held(conn: psycopg.Connection, schema: str):
     daemon_row(conn, schema)
     done = client.enqueue(conn, "h", schema=schema)
-    lease.complete(conn, "host-a:1:x", done, _claim(conn, schema, done), {"ok": 1}, schema=schema)
+    leasing.complete(conn, "host-a:1:x", done, _claim(conn, schema, done), {"ok": 1}, schema=schema)
     assert list(codes(conn, schema, done)) == ["completed"]
 
     dead = client.enqueue(conn, "h", max_attempts=1, dedupe_key="nightly", schema=schema)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from psycopg.rows import dict_row
@@ -127,7 +128,7 @@ def test_an_unfiltered_hand_back_binds_the_claim_a_filtered_one_does_not(
     assert row(conn, schema)["drain_requested"] is False  # the daemon leaves "other" out
     assert (
         len(
-            lease.claim(
+            leasing.claim(
                 conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=1, schema=schema
             )
         )
@@ -136,7 +137,7 @@ def test_an_unfiltered_hand_back_binds_the_claim_a_filtered_one_does_not(
     hand_back(conn, schema, grace=1.0)
     assert row(conn, schema)["drain_requested"] is True  # older daemons stop claiming too
     assert (
-        lease.claim(conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=1, schema=schema)
+        leasing.claim(conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=1, schema=schema)
         == []
     )
 
@@ -146,7 +147,9 @@ def test_a_hand_back_wakes_the_daemons_and_a_release_wakes_the_peers(
 ) -> None:
     registry.register(conn, INFO, "running", schema)
     [job_id] = client.enqueue_many(conn, [client.JobSpec("h", queue="q")], schema=schema)
-    [claimed] = lease.claim(conn, INFO.id, queues=["q"], handlers=CAPACITY, limit=1, schema=schema)
+    [claimed] = leasing.claim(
+        conn, INFO.id, queues=["q"], handlers=CAPACITY, limit=1, schema=schema
+    )
     with psycopg.connect(test_db_dsn, autocommit=True) as listener:
         listener.execute(f'LISTEN "{schema}.wake"')
         hand_back(conn, schema, grace=1.0)
@@ -162,7 +165,7 @@ def test_a_release_racing_the_completion_one_wins_whole(
 ) -> None:
     registry.register(conn, INFO, "running", schema)
     [job_id] = client.enqueue_many(conn, [client.JobSpec("h")], schema=schema)
-    [claimed] = lease.claim(
+    [claimed] = leasing.claim(
         conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=1, schema=schema
     )
     saved = lease.renew(
@@ -174,7 +177,7 @@ def test_a_release_racing_the_completion_one_wins_whole(
     assert saved[0].renewed
 
     def complete() -> bool:
-        return lease.complete(conn, INFO.id, job_id, claimed.token, {"done": 1}, schema=schema)
+        return leasing.complete(conn, INFO.id, job_id, claimed.token, {"done": 1}, schema=schema)
 
     def release() -> str | None:
         return lease.release(

@@ -13,8 +13,10 @@ import sys
 import threading
 import weakref
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from psycopg import errors
@@ -30,7 +32,7 @@ SERVED = {"h": HandlerCapacity(lease_seconds=30.0, free=100)}
 
 
 def claim(conn: psycopg.Connection, schema: str, limit: int = 10) -> list[lease.ClaimedJob]:
-    return lease.claim(conn, "w", queues=["default"], handlers=SERVED, limit=limit, schema=schema)
+    return leasing.claim(conn, "w", queues=["default"], handlers=SERVED, limit=limit, schema=schema)
 
 
 @pytest.fixture(params=["direct", "cursor"])
@@ -56,7 +58,7 @@ def test_each_statement_is_prepared_once_per_connection(schema: str, test_db_dsn
         client.enqueue_many(conn, [JobSpec("h") for _ in range(30)], schema=schema)
         for _ in range(3):
             for job in claim(conn, schema):
-                assert lease.complete(conn, "w", job.id, job.token, schema=schema)
+                assert leasing.complete(conn, "w", job.id, job.token, schema=schema)
         # claim and complete: two statements of ours, each prepared once (enqueue_many is
         # the application's: psycopg prepares it like any statement of the caller's)
         assert len(our_statements(conn)) == 2
@@ -71,7 +73,7 @@ def test_an_unprepared_connection_leaves_no_statement_on_the_server(
         client.enqueue_many(conn, [JobSpec("h") for _ in range(20)], schema=schema)
         for _ in range(2):
             for job in claim(conn, schema):
-                assert lease.complete(conn, "w", job.id, job.token, schema=schema)
+                assert leasing.complete(conn, "w", job.id, job.token, schema=schema)
         assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone() == (0,)
 
 
@@ -99,14 +101,14 @@ def test_a_partly_deallocated_session_recovers(schema: str, test_db_dsn: str) ->
     with connect(test_db_dsn, prepare=True) as conn:
         client.enqueue_many(conn, [JobSpec("h") for _ in range(6)], schema=schema)
         for job in claim(conn, schema, limit=2):
-            assert lease.complete(conn, "w", job.id, job.token, schema=schema)
+            assert leasing.complete(conn, "w", job.id, job.token, schema=schema)
         names = our_statements(conn)
         assert len(names) == 2
         for name in names:
             conn.execute(f"DEALLOCATE {name}")
             client.enqueue_many(conn, [JobSpec("h")], schema=schema)
             for job in claim(conn, schema, limit=1):
-                assert lease.complete(conn, "w", job.id, job.token, schema=schema)
+                assert leasing.complete(conn, "w", job.id, job.token, schema=schema)
             assert our_statements(conn) == names
 
 
@@ -123,7 +125,7 @@ def test_threads_making_their_first_statements_at_once(
                 for _ in range(20):
                     client.enqueue(conn, "h", schema=schema)
                     for job in claim(conn, schema, limit=1):
-                        assert lease.complete(conn, "w", job.id, job.token, schema=schema)
+                        assert leasing.complete(conn, "w", job.id, job.token, schema=schema)
             except BaseException as exc:  # reported below
                 failures.append(exc)
 
@@ -135,7 +137,7 @@ def test_threads_making_their_first_statements_at_once(
         assert failures == []
         assert len(our_statements(conn)) == (2 if path == "direct" else 0)
         for job in claim(conn, schema, limit=100):  # what the threads' claims did not find
-            assert lease.complete(conn, "w", job.id, job.token, schema=schema)
+            assert leasing.complete(conn, "w", job.id, job.token, schema=schema)
         rows = conn.execute(f'SELECT status, count(*) FROM "{schema}".jobs GROUP BY 1')
         assert dict(rows.fetchall()) == {"completed": 80}
 
@@ -175,10 +177,10 @@ def test_a_dead_connection_raises_operational_error(
     pid = worker.info.backend_pid
     conn.execute("SELECT pg_terminate_backend(%s)", [pid])
     with pytest.raises(psycopg.OperationalError):
-        lease.complete(worker, "w", job.id, job.token, schema=schema)
+        leasing.complete(worker, "w", job.id, job.token, schema=schema)
     assert worker.closed
     with pytest.raises(psycopg.OperationalError):
-        lease.complete(worker, "w", job.id, job.token, schema=schema)
+        leasing.complete(worker, "w", job.id, job.token, schema=schema)
     worker.close()
 
 
@@ -188,11 +190,11 @@ def test_statements_join_the_callers_transaction(
     client.enqueue(conn, "h", schema=schema)
     [job] = claim(conn, schema)
     with pytest.raises(RuntimeError), conn.transaction():
-        assert lease.complete(conn, "w", job.id, job.token, schema=schema)
+        assert leasing.complete(conn, "w", job.id, job.token, schema=schema)
         raise RuntimeError("the caller changes its mind")
     status = conn.execute(f'SELECT status FROM "{schema}".jobs WHERE id = %s', [job.id]).fetchone()
     assert status == ("running",)  # rolled back with the caller's transaction
-    assert lease.complete(conn, "w", job.id, job.token, schema=schema)
+    assert leasing.complete(conn, "w", job.id, job.token, schema=schema)
 
 
 def carry(
@@ -273,7 +275,7 @@ def test_pipeline_mode_goes_through_a_cursor(conn: psycopg.Connection, schema: s
     with conn.pipeline():
         ids = [client.enqueue(conn, "h", {"n": n}, schema=schema) for n in range(5)]
         claimed = claim(conn, schema)
-        done = [lease.complete(conn, "w", j.id, j.token, schema=schema) for j in claimed]
+        done = [leasing.complete(conn, "w", j.id, j.token, schema=schema) for j in claimed]
     assert len(set(ids)) == 5
     assert [j.payload["n"] for j in claimed] == list(range(5))
     assert done == [True] * 5
@@ -290,8 +292,8 @@ def test_values_beyond_32_bits_travel_intact(
     assert job_id > big
     [job] = claim(conn, schema)
     assert job.id == job_id and job.payload == {"big": 2**62}
-    assert not lease.complete(conn, "w", job.id + 2**41, job.token, schema=schema)
-    assert lease.complete(conn, "w", job.id, job.token, result={"n": 2**63 - 1}, schema=schema)
+    assert not leasing.complete(conn, "w", job.id + 2**41, job.token, schema=schema)
+    assert leasing.complete(conn, "w", job.id, job.token, result={"n": 2**63 - 1}, schema=schema)
     result = conn.execute(f'SELECT result FROM "{schema}".jobs WHERE id = %s', [job_id])
     assert result.fetchone() == ({"n": 2**63 - 1},)
 
@@ -311,6 +313,7 @@ def test_the_probe_names_a_missing_or_reshaped_internal() -> None:
 FALLBACK_SCRIPT = """
 import json, logging, sys
 import psycopg
+import leasing  # tests/support/leasing.py: the calls the tests hold jobs with
 from pgworkerd.queue import hotpath, lease
 from pgworkerd import client
 
@@ -322,15 +325,15 @@ with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as conn:
     specs = [client.JobSpec("h", {"n": n}) for n in range(5)]
     ids = client.enqueue_many(conn, specs, schema=schema)
     later = client.enqueue(conn, "h", delay=600, schema=schema)
-    jobs = lease.claim(conn, "w", queues=["default"], handlers=served, limit=10, schema=schema)
+    jobs = leasing.claim(conn, "w", queues=["default"], handlers=served, limit=10, schema=schema)
     out["claimed"] = sorted(j.id for j in jobs)
-    out["next_run_in"] = lease.next_run_in(conn, ["default"], ["h"], schema=schema)
+    out["next_run_in"] = leasing.next_run_in(conn, ["default"], ["h"], schema=schema)
     a, b, c, d, e = sorted(jobs, key=lambda j: j.id)
     held = [lease.Lease(a.id, a.token, 60.0, progress={"p": 1})]
     renewed = lease.renew(conn, "w", held, schema=schema)
     out["renewed"] = [(r.id, r.renewed, r.cancel_requested) for r in renewed]
-    out["complete"] = lease.complete(conn, "w", a.id, a.token, {"r": 1}, schema=schema)
-    out["complete_lost"] = lease.complete(conn, "w", a.id, a.token + 1, schema=schema)
+    out["complete"] = leasing.complete(conn, "w", a.id, a.token, {"r": 1}, schema=schema)
+    out["complete_lost"] = leasing.complete(conn, "w", a.id, a.token + 1, schema=schema)
     done = lease.complete_many(conn, "w", [lease.Completion(b.id, b.token, "ok")], schema=schema)
     out["complete_many"] = sorted(done)
     failed = lease.fail(conn, "w", c.id, c.token, "boom", schema=schema)
@@ -353,7 +356,8 @@ def test_with_the_probe_failed_the_lease_statements_run_through_a_cursor(
     """PGWORKERD_HOTPATH=off fails the import-time probe the way a psycopg without one of
     the internals would: import works, every lease statement gives its right answer, no
     statement of ours is prepared, and the fallback is logged once."""
-    env = {**os.environ, "PGWORKERD_HOTPATH": "off"}
+    support = str(Path(__file__).resolve().parents[1] / "support")  # for leasing
+    env = {**os.environ, "PGWORKERD_HOTPATH": "off", "PYTHONPATH": support}
     proc = subprocess.run(
         [sys.executable, "-c", FALLBACK_SCRIPT, test_db_dsn, schema],
         env=env,
@@ -400,7 +404,7 @@ def test_the_daemons_connection_is_not_kept_alive_by_what_is_known_about_it(
     conn = connect(test_db_dsn, prepare=True)
     client.enqueue(conn, "h", schema=schema)
     for job in claim(conn, schema):
-        assert lease.complete(conn, "w", job.id, job.token, schema=schema)
+        assert leasing.complete(conn, "w", job.id, job.token, schema=schema)
     assert len(our_statements(conn)) == 2
     ref = weakref.ref(conn)
     conn.close()

@@ -4,14 +4,15 @@ head without rewriting it, skips jobs deleted meanwhile, and the logs go with th
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
+import leasing
 import psycopg
+from pruning import prune
 
 from pgworkerd import client
 from pgworkerd.config import RetentionConfig
-from pgworkerd.queue import admin, joblogs, lease, retention
+from pgworkerd.queue import joblogs, lease, retention
 from pgworkerd.queue.joblogs import LogWrite
 from pgworkerd.queue.queries import render
 
@@ -19,7 +20,7 @@ SERVED = {"h": lease.HandlerCapacity(lease_seconds=60, free=10)}
 
 
 def claim(conn: psycopg.Connection, schema: str) -> lease.ClaimedJob:
-    [job] = lease.claim(conn, "w1", queues=["default"], handlers=SERVED, limit=1, schema=schema)
+    [job] = leasing.claim(conn, "w1", queues=["default"], handlers=SERVED, limit=1, schema=schema)
     return job
 
 
@@ -91,7 +92,7 @@ def finished_with_log(conn: psycopg.Connection, schema: str, days_ago: float) ->
     client.enqueue(conn, "h", schema=schema)
     job = claim(conn, schema)
     joblogs.write(conn, "w1", [entry(job, "out\n", total_bytes=4)], schema=schema)
-    lease.complete(conn, "w1", job.id, job.token, schema=schema)
+    leasing.complete(conn, "w1", job.id, job.token, schema=schema)
     sql(
         conn,
         schema,
@@ -119,7 +120,7 @@ def test_prune_and_retention_remove_the_logs_with_their_jobs(
     )
     assert result.deleted == 1
     assert logged_jobs(conn, schema) == [kept, pruned]
-    assert admin.prune(conn, timedelta(days=1), schema=schema) == 1
+    assert prune(conn, jobs_older_than=86400.0, schema=schema).jobs == 1
     assert logged_jobs(conn, schema) == [kept]
     sql(conn, schema, "TRUNCATE @schema@.jobs")
     assert logged_jobs(conn, schema) == []

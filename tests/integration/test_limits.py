@@ -12,6 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
+import leasing
 import psycopg
 import pytest
 from daemon_harness import Daemons
@@ -34,7 +35,7 @@ def fill(conn: psycopg.Connection, schema: str, specs: list[JobSpec]) -> list[in
 def claim(
     conn: psycopg.Connection, schema: str, handlers: dict[str, HandlerCapacity], limit: int = 10
 ) -> list[lease.ClaimedJob]:
-    return lease.claim(conn, "w", queues=Q, handlers=handlers, limit=limit, schema=schema)
+    return leasing.claim(conn, "w", queues=Q, handlers=handlers, limit=limit, schema=schema)
 
 
 def expire(conn: psycopg.Connection, schema: str, ids: list[int]) -> None:
@@ -79,7 +80,7 @@ def race(
             with psycopg.connect(dsn, autocommit=True) as conn:
                 start.wait()
                 while time.monotonic() < deadline:
-                    got = lease.claim(
+                    got = leasing.claim(
                         conn, f"w{n}", queues=Q, handlers={"h": capacity}, limit=1, schema=schema
                     )
                     if not got:
@@ -87,7 +88,7 @@ def race(
                     t0 = time.monotonic()
                     time.sleep(hold)
                     t1 = time.monotonic()
-                    assert lease.complete(conn, f"w{n}", got[0].id, got[0].token, schema=schema)
+                    assert leasing.complete(conn, f"w{n}", got[0].id, got[0].token, schema=schema)
                     runs.append((got[0], t0, t1))
         except BaseException as exc:  # reported by the test, not lost in the thread
             errors.append(exc)
@@ -146,7 +147,7 @@ def test_a_lease_that_runs_out_frees_its_slot(conn: psycopg.Connection, schema: 
     # the expired job no longer counted; its rescue took the slot like any claim
     assert (rescued.id, rescued.rescued) == (first, True)
     assert claim(conn, schema, limited) == []
-    assert lease.complete(conn, "w", rescued.id, rescued.token, schema=schema)
+    assert leasing.complete(conn, "w", rescued.id, rescued.token, schema=schema)
     assert [j.id for j in claim(conn, schema, limited)] == [second]  # the finish freed it
 
 
@@ -237,13 +238,13 @@ def test_a_paused_queue_is_not_claimed_until_resumed(conn: psycopg.Connection, s
     assert (row["kind"], row["name"], row["comment"]) == ("queue", "mail", "migration")
     assert row["paused_by"] == conn.info.user
     queues = ["default", "mail"]
-    got = lease.claim(conn, "w", queues=queues, handlers=both, limit=5, schema=schema)
+    got = leasing.claim(conn, "w", queues=queues, handlers=both, limit=5, schema=schema)
     assert [j.id for j in got] == [default]
-    assert lease.claim(conn, "w", queues=queues, handlers=both, limit=5, schema=schema) == []
+    assert leasing.claim(conn, "w", queues=queues, handlers=both, limit=5, schema=schema) == []
     assert admin.get(conn, mail, schema=schema)["status"] == "pending"  # type: ignore[index]
     assert fleet.set_paused(conn, schema, "queue", "mail", pause=False)
     assert not fleet.set_paused(conn, schema, "queue", "mail", pause=False)
-    got = lease.claim(conn, "w", queues=queues, handlers=both, limit=5, schema=schema)
+    got = leasing.claim(conn, "w", queues=queues, handlers=both, limit=5, schema=schema)
     assert [j.id for j in got] == [mail]
 
 

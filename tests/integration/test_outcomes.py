@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import leasing
 import psycopg
 import pytest
 
@@ -22,7 +23,7 @@ HANDLER = HandlerConfig(name="h", target="jobhandlers:work")
 def claim(
     conn: psycopg.Connection, schema: str, worker: str, lease_seconds: float = 30.0
 ) -> lease.ClaimedJob:
-    [job] = lease.claim(
+    [job] = leasing.claim(
         conn,
         worker,
         queues=["default"],
@@ -94,7 +95,7 @@ def test_an_outcome_after_burial_is_fenced_off(
     expected = "cancelled" if cancel_requested else "dead"
     expire_lease(conn, schema, old.id)
     assert (
-        lease.claim(
+        leasing.claim(
             conn,
             "w2",
             queues=["default"],

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from daemon_harness import PGWORKERD
@@ -59,7 +60,7 @@ def second_app(
 
 def finish(conn: psycopg.Connection, schema: str, job_id: int, result: Any) -> None:
     """Claim and complete job_id as the owner (as a daemon would)."""
-    held = lease.claim(
+    held = leasing.claim(
         conn,
         "w",
         queues=["default"],
@@ -69,7 +70,7 @@ def finish(conn: psycopg.Connection, schema: str, job_id: int, result: Any) -> N
     )
     for job in held:
         if job.id == job_id:
-            assert lease.complete(conn, "w", job.id, job.token, result, schema=schema)
+            assert leasing.complete(conn, "w", job.id, job.token, result, schema=schema)
         else:
             assert lease.release(conn, "w", job.id, job.token, schema=schema) == "pending"
 
@@ -207,12 +208,18 @@ STATEMENTS: dict[str, Statement] = {
         },
     ),
     "resume daemons": ("query:worker_lift_drain", {"id": None, "host": None}),
-    "prune jobs": (
-        "query:job_prune",
-        {"older_than": 0.0, "statuses": ["completed", "dead", "cancelled"], "batch": 10},
+    "prune": (
+        "query:job_prune_finished",
+        {
+            "completed": 0.0,
+            "cancelled": 0.0,
+            "dead": 0.0,
+            "schedule_runs": 0.0,
+            "gone_daemons": 0.0,
+            "batch": 10,
+        },
     ),
-    "prune gone daemons": ("query:worker_prune_gone", {"older_than": 0.0}),
-    "prune schedule runs": ("query:schedule_runs_prune", {"older_than": 0.0}),
+    "prune schedule runs (older releases)": ("SELECT @schema@.schedule_runs_prune('0 s')", {}),
     "set an enqueue bound": (
         "INSERT INTO @schema@.enqueue_bounds (queue, priority_min) VALUES ('q', 0)",
         {},
@@ -274,9 +281,8 @@ ACTIONS = {
     "drain",
     "hand back",
     "resume daemons",
-    "prune jobs",
-    "prune gone daemons",
-    "prune schedule runs",
+    "prune",
+    "prune schedule runs (older releases)",
     "set an enqueue bound",
     "lift enqueue bounds",
     "declare a schedule",  # schema 22: the operator's, daemons fire what it declared
@@ -489,8 +495,6 @@ NEEDS_COMMANDS: dict[str, Callable[[int], list[str]]] = {
     "enqueue jobs": lambda job: ["enqueue", "h"],
     "change jobs": lambda job: ["cancel", str(job)],
     "delete jobs": lambda job: ["prune", "--older-than", "1d"],
-    "delete gone daemons from the registry": lambda job: ["prune", "--older-than", "1d"],
-    "delete schedule runs": lambda job: ["prune", "--older-than", "1d"],
     "change the daemons' registry": lambda job: ["resume", "--all"],
     "pause queues and handlers": lambda job: ["pause", "--queue", "q"],
 }

@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import leasing
 import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
@@ -115,7 +116,7 @@ def _worker(dsn: str, schema: str, name: str, rounds: int, queue: mp.Queue) -> N
     with connect(dsn) as conn:
         for _ in range(rounds):
             try:
-                held = lease.claim(
+                held = leasing.claim(
                     conn,
                     name,
                     queues=["default"],
@@ -234,7 +235,7 @@ def test_wait_through_pgbouncer_returns_by_polling(
     job_id = client.enqueue(conn, "h", {}, schema=schema)
 
     def finish() -> None:
-        [job] = lease.claim(
+        [job] = leasing.claim(
             conn,
             "w",
             queues=["default"],
@@ -242,7 +243,7 @@ def test_wait_through_pgbouncer_returns_by_polling(
             limit=1,
             schema=schema,
         )
-        lease.complete(conn, "w", job.id, job.token, {"via": "bouncer"}, schema=schema)
+        leasing.complete(conn, "w", job.id, job.token, {"via": "bouncer"}, schema=schema)
 
     # no server-side prepared statements through PgBouncer 1.18 in transaction mode
     with psycopg.connect(bouncer, autocommit=True, prepare_threshold=None) as through:
@@ -276,7 +277,7 @@ def test_claims_renewals_and_finishes_commit_durably_through_the_bouncer(
     with connect(bouncer) as conn:
         capacity = {"h": lease.HandlerCapacity(30, 4)}
         held, setting = after(
-            lambda: lease.claim(
+            lambda: leasing.claim(
                 conn, "w", queues=["default"], handlers=capacity, limit=4, schema=schema
             )
         )
@@ -284,7 +285,7 @@ def test_claims_renewals_and_finishes_commit_durably_through_the_bouncer(
         a, b, c, d = held  # type: ignore[misc]
         leases = [lease.Lease(j.id, j.token, 30) for j in held]  # type: ignore[attr-defined]
         assert after(lambda: lease.renew(conn, "w", leases, schema=schema))[1] == "on"
-        assert after(lambda: lease.complete(conn, "w", a.id, a.token, schema=schema)) == (
+        assert after(lambda: leasing.complete(conn, "w", a.id, a.token, schema=schema)) == (
             True,
             "on",
         )

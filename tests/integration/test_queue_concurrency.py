@@ -15,6 +15,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 
@@ -79,7 +80,7 @@ def run_worker(dsn: str, schema: str, process: str, seed: int, budget: float) ->
                     [out] = lease.renew(conn, worker, [Lease(job.id, job.token, 30)], schema=schema)
                     ok = out.renewed
                 elif kind == "complete":
-                    ok = lease.complete(
+                    ok = leasing.complete(
                         conn, worker, job.id, job.token, {"by": process}, schema=schema
                     )
                 elif kind == "fail":
@@ -130,7 +131,7 @@ def run_worker(dsn: str, schema: str, process: str, seed: int, budget: float) ->
                 abandon = rng.random() < 0.08
                 capacity = HandlerCapacity(SHORT_LEASE if abandon else 30.0, free)
                 with conn.transaction():
-                    claimed = lease.claim(
+                    claimed = leasing.claim(
                         conn,
                         worker,
                         queues=QUEUES,

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import leasing
 import psycopg
+from pruning import prune
 from psycopg import sql
 
 from pgworkerd import client
@@ -27,13 +29,13 @@ def test_drained_worker_claims_nothing(conn: psycopg.Connection, schema: str) ->
     client.enqueue_many(conn, [client.JobSpec("h") for _ in range(3)], schema=schema)
     fleet.request_drain(conn, schema, drain=True, worker_id=INFO.id)
     assert (
-        lease.claim(conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=4, schema=schema)
+        leasing.claim(conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=4, schema=schema)
         == []
     )
     # another worker is not affected
     assert (
         len(
-            lease.claim(
+            leasing.claim(
                 conn, "other", queues=["default"], handlers=CAPACITY, limit=1, schema=schema
             )
         )
@@ -42,7 +44,7 @@ def test_drained_worker_claims_nothing(conn: psycopg.Connection, schema: str) ->
     fleet.request_drain(conn, schema, drain=False, worker_id=INFO.id)
     assert (
         len(
-            lease.claim(
+            leasing.claim(
                 conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=4, schema=schema
             )
         )
@@ -112,14 +114,15 @@ def test_prune_gone_deletes_only_daemons_gone_longer_than_the_retention(
     add_workers(conn, schema, "old-", 3, state="'gone'", stopped_at="now() - interval '8 days'")
     add_workers(conn, schema, "recent-", 2, state="'gone'", stopped_at="now() - interval '1 day'")
     add_workers(conn, schema, "silent-", 1, heartbeat_at="now() - interval '30 days'")
-    assert registry.prune_gone(conn, registry.GONE_RETENTION_SECONDS, schema=schema) == 3
-    assert registry.prune_gone(conn, schema=schema) == 0
+    week = 7 * 86400.0
+    assert prune(conn, gone_daemons_older_than=week, schema=schema).daemons == 3
+    assert prune(conn, gone_daemons_older_than=week, schema=schema).daemons == 0
     left = conn.execute(
         sql.SQL("SELECT id FROM {}.workers ORDER BY id").format(sql.Identifier(schema))
     ).fetchall()
     # a silent daemon not yet marked gone is never pruned: it is marked first
     assert [r[0] for r in left] == ["recent-1", "recent-2", "silent-1"]
-    assert registry.prune_gone(conn, 3600, schema=schema) == 2
+    assert prune(conn, gone_daemons_older_than=3600.0, schema=schema).daemons == 2
 
 
 def test_cli_prune_deletes_gone_daemons_after_their_retention(

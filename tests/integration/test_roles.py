@@ -6,6 +6,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import leasing
 import psycopg
 import pytest
 from daemon_harness import PGWORKERD, Daemons, Db, wait_for
@@ -37,7 +38,7 @@ def test_enqueuer_can_only_enqueue(
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             c.execute(sql.SQL("UPDATE {}.jobs SET priority = 1").format(sql.Identifier(schema)))
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # no EXECUTE on claim_jobs
-            lease.claim(
+            leasing.claim(
                 c,
                 "w",
                 queues=["default"],
@@ -59,7 +60,7 @@ def test_daemon_role_claims_renews_and_finishes(
 ) -> None:
     client.enqueue_many(conn, [client.JobSpec("h") for _ in range(3)], schema=schema)
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
-        held = lease.claim(
+        held = leasing.claim(
             c,
             "w",
             queues=["default"],
@@ -74,7 +75,7 @@ def test_daemon_role_claims_renews_and_finishes(
                 c, "w", [lease.Lease(j.id, j.token, 30) for j in held], schema=schema
             )
         )
-        assert lease.complete(c, "w", held[0].id, held[0].token, {"ok": 1}, schema=schema)
+        assert leasing.complete(c, "w", held[0].id, held[0].token, {"ok": 1}, schema=schema)
         assert lease.fail(c, "w", held[1].id, held[1].token, "boom", schema=schema)
         assert lease.release(c, "w", held[2].id, held[2].token, schema=schema) == "pending"
         # it cannot delete history (prune is for operators who are granted DELETE)
@@ -307,7 +308,7 @@ def test_planted_overloads_in_public_hijack_nothing(
     short = {"h": lease.HandlerCapacity(lease_seconds=0.2, free=10)}
     served = {"h": lease.HandlerCapacity(lease_seconds=30, free=10)}
     with connect(daemon_dsn, prepare=True) as c:
-        first = lease.claim(c, "w1", queues=["default"], handlers=short, limit=10, schema=schema)
+        first = leasing.claim(c, "w1", queues=["default"], handlers=short, limit=10, schema=schema)
         assert len(first) == 6
 
         def all_expired() -> bool:
@@ -321,7 +322,7 @@ def test_planted_overloads_in_public_hijack_nothing(
         wait_for(all_expired, what="the short leases to run out")
         # the rescue path builds last_error with text || integer; job 5 (no attempts left)
         # is buried by the same branch
-        held = lease.claim(c, "w2", queues=["default"], handlers=served, limit=10, schema=schema)
+        held = leasing.claim(c, "w2", queues=["default"], handlers=served, limit=10, schema=schema)
         assert sorted(j.id for j in held) == ids[:5] and all(j.rescued for j in held)
         assert all(
             r.renewed
@@ -330,7 +331,7 @@ def test_planted_overloads_in_public_hijack_nothing(
             )
         )
         assert lease.fail(c, "w2", held[0].id, held[0].token, "boom", schema=schema)  # power()
-        assert lease.complete(c, "w2", held[1].id, held[1].token, {"ok": 1}, schema=schema)
+        assert leasing.complete(c, "w2", held[1].id, held[1].token, {"ok": 1}, schema=schema)
         assert lease.release(c, "w2", held[2].id, held[2].token, schema=schema) == "pending"
     # claim() pins its own search_path: even a session that puts public first is safe
     with psycopg.connect(daemon_dsn, autocommit=True) as c:
@@ -341,7 +342,7 @@ def test_planted_overloads_in_public_hijack_nothing(
             ),
             [held[3].id],
         )
-        again = lease.claim(c, "w3", queues=["default"], handlers=served, limit=10, schema=schema)
+        again = leasing.claim(c, "w3", queues=["default"], handlers=served, limit=10, schema=schema)
         assert held[3].id in {j.id for j in again if j.rescued}
 
     hits = conn.execute(sql.SQL("SELECT who, what FROM public.{}").format(hostile_public))
@@ -394,7 +395,7 @@ def test_roles_for_concurrency_keys_limits_and_pauses(
         assert fleet.set_paused(c, schema, "handler", "other", pause=True, comment="c")
         assert [p["paused_by"] for p in views.paused(c, schema)] == [f"{schema}_daemon"]
         limited = lease.HandlerCapacity(30, 5, max_running=5, max_running_per_key=1)
-        claimed = lease.claim(
+        claimed = leasing.claim(
             c, "w", queues=["default"], handlers={"h": limited}, limit=5, schema=schema
         )
         assert [j.id for j in claimed] == [keyed]  # one per key
@@ -476,7 +477,7 @@ def test_daemon_role_snoozes_and_gives_up_and_can_wait(
 ) -> None:
     ids = client.enqueue_many(conn, [client.JobSpec("h") for _ in range(2)], schema=schema)
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
-        held = lease.claim(
+        held = leasing.claim(
             c,
             "w",
             queues=["default"],
@@ -668,7 +669,7 @@ def test_the_audits_daemon_role_probe_is_refused_statement_by_statement(
             )
         )
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
-        held = lease.claim(
+        held = leasing.claim(
             c,
             "w",
             queues=["default"],
@@ -678,7 +679,7 @@ def test_the_audits_daemon_role_probe_is_refused_statement_by_statement(
         )
         assert sorted(j.id for j in held) == [done, running]
         token = {j.id: j.token for j in held}
-        assert lease.complete(c, "w", done, token[done], {"ok": 1}, schema=schema)
+        assert leasing.complete(c, "w", done, token[done], {"ok": 1}, schema=schema)
     before = conn.execute(
         render(
             "SELECT (SELECT jsonb_agg(j ORDER BY id) FROM @schema@.jobs j),"
@@ -715,8 +716,8 @@ def test_the_audits_daemon_role_probe_is_refused_statement_by_statement(
     assert after == before
     # and what a daemon does still works: its own attempt, fenced
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
-        assert not lease.complete(c, "other", running, token[running], None, schema=schema)
-        assert lease.complete(c, "w", running, token[running], None, schema=schema)
+        assert not leasing.complete(c, "other", running, token[running], None, schema=schema)
+        assert leasing.complete(c, "w", running, token[running], None, schema=schema)
 
 
 def test_a_daemon_as_its_role_fires_only_what_an_operator_declared(
@@ -802,7 +803,7 @@ def test_the_migration_lets_the_old_daemon_role_run_both_releases_until_roles_sq
         job = client.enqueue(conn, "h", schema=schema)
         dsn = pg.dsn("pgworkerd_test").replace("user=postgres", f"user={old}")
         with psycopg.connect(dsn, autocommit=True) as c:
-            [held] = lease.claim(
+            [held] = leasing.claim(
                 c,
                 "w",
                 queues=["default"],
@@ -810,7 +811,7 @@ def test_the_migration_lets_the_old_daemon_role_run_both_releases_until_roles_sq
                 limit=1,
                 schema=schema,
             )
-            assert lease.complete(c, "w", job, held.token, {"new": True}, schema=schema)
+            assert leasing.complete(c, "w", job, held.token, {"new": True}, schema=schema)
             # and the previous release's way, a column UPDATE, still works too
             c.execute(
                 render("UPDATE @schema@.jobs SET progress = '1' WHERE id = %s", schema), [job]
@@ -820,7 +821,7 @@ def test_the_migration_lets_the_old_daemon_role_run_both_releases_until_roles_sq
             psycopg.connect(dsn, autocommit=True) as c,
             pytest.raises(psycopg.errors.InsufficientPrivilege),
         ):
-            lease.claim(
+            leasing.claim(
                 c,
                 "w",
                 queues=["default"],
@@ -840,7 +841,7 @@ def test_the_daemon_role_can_still_end_a_running_attempt_whose_lease_it_reads(
     attempt (here: complete it with a result of its choosing), and fire a declared
     schedule at a tick of its choosing (its stored job, never another)."""
     job = client.enqueue(conn, "h", schema=schema)
-    [held] = lease.claim(
+    [held] = leasing.claim(
         conn,
         "other-host:1:abc",
         queues=["default"],
@@ -857,7 +858,7 @@ def test_the_daemon_role_can_still_end_a_running_attempt_whose_lease_it_reads(
             [job],
         ).fetchall()
         assert (worker, token) == ("other-host:1:abc", held.token)
-        assert lease.complete(c, worker, job, token, {"forged": True}, schema=schema)
+        assert leasing.complete(c, worker, job, token, {"forged": True}, schema=schema)
         from datetime import UTC, datetime
 
         fired = c.execute(

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import leasing
 import psycopg
 import pytest
+from pruning import prune
 from psycopg import sql
 
 from pgworkerd.queue import admin, lease, schedules
@@ -49,7 +51,7 @@ def runs(conn: psycopg.Connection, schema: str) -> list[tuple]:
 
 
 def claim_one(conn: psycopg.Connection, schema: str) -> int:
-    [job] = lease.claim(
+    [job] = leasing.claim(
         conn,
         "w",
         queues=["default"],
@@ -143,14 +145,30 @@ def finish_all(conn: psycopg.Connection, schema: str) -> None:
     )
 
 
+def backdate_ticks(conn: psycopg.Connection, schema: str, by: str) -> None:
+    """Runs of ticks long past (retention goes by tick)."""
+    conn.execute(
+        sql.SQL("UPDATE {}.schedule_runs SET tick = tick - %s::interval").format(
+            sql.Identifier(schema)
+        ),
+        [by],
+    )
+
+
+def prune_runs(conn: psycopg.Connection, older_than: float, schema: str) -> int:
+    """`pgworkerd prune`'s schedule runs, nothing else."""
+    return prune(conn, schedule_runs_older_than=older_than, schema=schema).schedule_runs
+
+
 def test_prune_keeps_each_schedules_latest_run(conn: psycopg.Connection, schema: str) -> None:
     schedules.declare(conn, "s", {"every": 1.0}, "a", schema)
     for n in range(3):
         fire(conn, "s", tick(n), JOB, "allow", "a", schema)
     finish_all(conn, schema)
-    assert schedules.prune_runs(conn, 3600, schema=schema) == 0
-    assert schedules.prune_runs(conn, 0, schema=schema) == 2
-    assert [r[0] for r in runs(conn, schema)] == [tick(2)]
+    backdate_ticks(conn, schema, "2 days")
+    assert prune_runs(conn, 7 * 86400, schema) == 0
+    assert prune_runs(conn, 0, schema) == 2
+    assert [r[0] for r in runs(conn, schema)] == [tick(2) - timedelta(days=2)]
 
 
 def test_prune_keeps_the_run_of_a_job_not_finished_so_skip_still_sees_it(
@@ -163,19 +181,15 @@ def test_prune_keeps_the_run_of_a_job_not_finished_so_skip_still_sees_it(
     long = fire(conn, "s", tick(1), JOB, "skip", "a", schema)
     for n in (2, 3):
         assert fire(conn, "s", tick(n), JOB, "skip", "a", schema).outcome == "skipped"
-    conn.execute(
-        sql.SQL("UPDATE {}.schedule_runs SET fired_at = fired_at - interval '8 days'").format(
-            sql.Identifier(schema)
-        )
-    )
-    schedules.prune_runs(conn, 7 * 86400, schema=schema)
+    backdate_ticks(conn, schema, "8 days")
+    prune_runs(conn, 7 * 86400, schema)
     assert runs(conn, schema)[0][1] == long.job_id
     assert fire(conn, "s", tick(4), JOB, "skip", "a", schema) == schedules.Fired(
         "skipped", long.job_id
     )
     # once it is finished, its run goes like any other (each schedule's latest stays)
     finish_all(conn, schema)
-    assert schedules.prune_runs(conn, 7 * 86400, schema=schema) == 3
+    assert prune_runs(conn, 7 * 86400, schema) == 3
     assert [r[0] for r in runs(conn, schema)] == [tick(4)]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 
@@ -28,7 +29,7 @@ def live_daemon(
 
 def running_job(conn: psycopg.Connection, schema: str, worker_id: str, lease_s: float) -> int:
     job = client.enqueue(conn, "h", schema=schema)
-    [claimed] = lease.claim(
+    [claimed] = leasing.claim(
         conn,
         worker_id,
         queues=["default"],
@@ -92,7 +93,7 @@ def test_a_running_job_of_a_silent_daemon_is_flagged_everywhere_and_left_to_its_
     assert views.silent_jobs(conn, schema) == {"jobs": 1, "daemons": 1}
     # nothing ends the lease: the job is still the silent daemon's
     assert views.job(conn, schema, job)["status"] == "running"  # type: ignore[index]
-    assert lease.claim(
+    assert leasing.claim(
         conn, "host-b:2:y", queues=["default"], handlers={"h": lease.HandlerCapacity(60, 1)},
         limit=1, schema=schema,
     ) == []  # fmt: skip

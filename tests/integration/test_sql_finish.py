@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from psycopg.rows import dict_row
@@ -34,7 +35,7 @@ class Twins:
         for n in range(2):
             client.enqueue(conn, "h", {"n": n}, max_attempts=2, schema=schema)
         served = {"h": lease.HandlerCapacity(lease_seconds=60, free=2)}
-        self.by_function, self.by_statement = lease.claim(
+        self.by_function, self.by_statement = leasing.claim(
             conn, "w1", queues=["default"], handlers=served, limit=2, schema=schema
         )
 
@@ -73,7 +74,7 @@ def test_complete_job(twins: Twins) -> None:
         "SELECT @schema@.complete_job(%s, 'w1', %s, %s::jsonb, %s::jsonb)",
         (f.id, f.token, '{"ok": 1}', '{"p": 9}'),
     ) == [(True,)]
-    assert lease.complete(
+    assert leasing.complete(
         twins.conn, "w1", s.id, s.token, {"ok": 1}, progress={"p": 9}, schema=twins.schema
     )
     twins.assert_same()

@@ -305,7 +305,9 @@ def test_a_hello_that_is_not_the_childs_own_stops_that_child_only(
     a process of this daemon's (or a second hello) would aim the daemon's signals at
     someone else, or at its own process group (pid 0)."""
     sup = harness.sup
-    live = os.posix_spawn("/bin/sleep", ["sleep", "30"], dict(os.environ))  # ours
+    # ours, leading its own process group as a child does (the daemon signals the group);
+    # it outlives wait_for's deadline: only the daemon's kill ends it in time
+    live = os.posix_spawn("/bin/sleep", ["sleep", "1000"], dict(os.environ), setpgroup=0)
     pids = {"zero": [0], "huge": [2**70], "not ours": [1], "twice": [live, os.getppid()]}
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     ours.setblocking(False)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from daemon_harness import DEADLINE, PGWORKERD, Daemons, Db, wait_for
@@ -91,9 +92,13 @@ ELSEWHERE: dict[str, list[str]] = {
         "tests/web/test_web_cli.py::test_without_users_the_dashboard_does_not_start",
         "tests/web/test_web_cli.py::test_no_login_is_explicit_and_loud",
     ],
-    "With users, every page needs a login; failed logins are throttled per name and per"
-    " address without holding a server thread; logout and idleness end a session on the"
-    " server.": [
+    "With users, every page needs a login; failed logins are throttled per name (from any"
+    " address) and per address without holding a server thread, and a browser that logged"
+    " in as a user before still logs in while someone guesses that user's password; logout"
+    " and idleness end a session on the server.": [
+        "tests/web/test_dashboard_trust.py"
+        "::test_a_name_guessed_from_rotating_addresses_gets_only_its_budget",
+        "tests/web/test_dashboard_trust.py::test_a_real_user_logs_in_while_their_name_is_guessed",
         "tests/web/test_dashboard_security.py::test_without_a_login_every_page_is_refused",
         "tests/web/test_dashboard_trust.py::test_a_locked_name_is_locked_from_its_address_only",
         "tests/web/test_dashboard_trust.py::test_one_address_cannot_try_many_names",
@@ -190,7 +195,7 @@ def refused(c: psycopg.Connection, schema: str, statements: list[str]) -> list[s
 
 
 def claim_all(conn: psycopg.Connection, schema: str, **capacity: Any) -> list[lease.ClaimedJob]:
-    return lease.claim(
+    return leasing.claim(
         conn,
         "w",
         queues=["default"],
@@ -236,7 +241,7 @@ def test_the_enqueuer_chooses_any_priority_unless_bounded(
     others = [client.enqueue(conn, "h", schema=schema) for _ in range(3)]
     with as_role(roles, schema, "enqueuer") as c:
         jumper = client.enqueue(c, "h", priority=-32768, schema=schema)
-    [first] = lease.claim(
+    [first] = leasing.claim(
         conn,
         "w",
         queues=["default"],
@@ -423,7 +428,7 @@ def test_the_daemon_runs_its_claims(
             },
         ).fetchall()
         assert logged == [(job,)]
-        assert lease.complete(c, worker, held.id, held.token, {"ok": True}, schema=schema)
+        assert leasing.complete(c, worker, held.id, held.token, {"ok": True}, schema=schema)
         figures = c.execute(
             query("attempt_account", schema),
             {
@@ -670,7 +675,7 @@ def test_a_role_with_no_grant_listens_and_notifies(
         for channel in channels:
             c.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         job = client.enqueue(conn, "h", queue="payroll", schema=schema)
-        [held] = lease.claim(
+        [held] = leasing.claim(
             conn,
             "w",
             queues=["payroll"],
@@ -678,7 +683,7 @@ def test_a_role_with_no_grant_listens_and_notifies(
             limit=1,
             schema=schema,
         )
-        assert lease.complete(conn, "w", held.id, held.token, None, schema=schema)
+        assert leasing.complete(conn, "w", held.id, held.token, None, schema=schema)
         got = notifications(c, 3)
         assert (f"{schema}.jobs", "payroll") in got and (f"{schema}.finished", str(job)) in got
         c.execute(

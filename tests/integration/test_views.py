@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 
@@ -168,7 +169,7 @@ def test_limits_as_live_daemons_declare_them(conn: psycopg.Connection, schema: s
     registry.register(conn, info, "running", schema)
     _enqueue(conn, schema, [client.JobSpec("h", concurrency_key=k) for k in "aab"])
     cap = {"h": lease.HandlerCapacity(30, 3, max_running=2, max_running_per_key=1)}
-    lease.claim(conn, "w1", queues=["default"], handlers=cap, limit=3, schema=schema)
+    leasing.claim(conn, "w1", queues=["default"], handlers=cap, limit=3, schema=schema)
     [row] = views.limits(conn, schema)
     assert row["handler"] == "h" and (row["max_running"], row["max_running_per_key"]) == (2, 1)
     assert row["running"] == 2 and row["daemons"] == 1

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from daemon_harness import Daemons
@@ -25,7 +26,7 @@ WORKER = "tester"
 
 
 def claim(conn: psycopg.Connection, schema: str, lease_seconds: float = 30.0) -> lease.ClaimedJob:
-    [job] = lease.claim(
+    [job] = leasing.claim(
         conn,
         WORKER,
         queues=["default"],
@@ -84,7 +85,7 @@ def test_wait_returns_the_result_within_50ms_of_the_finishing_commit(
         waiter.ready.wait()
         time.sleep(0.3)  # past its first read: asleep on the notification
         assert waiter.is_alive()
-        assert lease.complete(conn, WORKER, job.id, job.token, {"n": n}, schema=schema)
+        assert leasing.complete(conn, WORKER, job.id, job.token, {"n": n}, schema=schema)
         committed = time.monotonic()  # autocommit: the commit has returned
         waiter.join(30)
         assert waiter.outcome == {"n": n}
@@ -155,7 +156,7 @@ def test_wait_leaves_the_connection_as_it_found_it(
     job_id = client.enqueue(conn, "h", {}, schema=schema)
     if ends == "done":
         job = claim(conn, schema)
-        lease.complete(conn, WORKER, job.id, job.token, 1, schema=schema)
+        leasing.complete(conn, WORKER, job.id, job.token, 1, schema=schema)
     with psycopg.connect(test_db_dsn, autocommit=autocommit) as waiting:
         try:
             assert pgworkerd.wait(waiting, job_id, timeout=0.3, poll=0.1, schema=schema) == 1
@@ -224,7 +225,7 @@ def test_every_path_to_a_final_status_notifies_once(
 ) -> None:
     def done(job_id: int) -> None:
         job = claim(conn, schema)
-        lease.complete(conn, WORKER, job.id, job.token, None, schema=schema)
+        leasing.complete(conn, WORKER, job.id, job.token, None, schema=schema)
 
     def dead(job_id: int) -> None:
         job = claim(conn, schema)
@@ -238,7 +239,7 @@ def test_every_path_to_a_final_status_notifies_once(
         time.sleep(0.3)
         # the next claim finds the expired lease with no attempt left: dead
         assert (
-            lease.claim(
+            leasing.claim(
                 conn,
                 "another",
                 queues=["default"],
@@ -275,3 +276,45 @@ def test_no_notification_for_a_status_that_is_not_final(
     assert notified(listener, 1.0) == [str(job_id)]
     conn.execute(f'UPDATE "{schema}".jobs SET status = status WHERE id = %s', (job_id,))
     assert notified(listener, 0.5) == []
+
+
+def test_a_flood_of_notifications_makes_few_reads(
+    conn: psycopg.Connection, schema: str, test_db_dsn: str
+) -> None:
+    """Any role that may connect can NOTIFY "<schema>.finished" with a job's id as fast as
+    it likes: a waiter re-reads its job at most once per WAIT_REREAD_FLOOR all the same
+    (before: once per notification). Reads are counted at the waiter's connection."""
+    job_id = client.enqueue(conn, "h", {}, schema=schema)  # pending: it never finishes
+    reads = [0]
+
+    class CountingCursor(psycopg.Cursor[Any]):
+        def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
+            if isinstance(params, dict) and params.get("id") == job_id:
+                reads[0] += 1
+            return super().execute(query, params, **kw)
+
+    waiting = 2.0
+    sent = [0]
+    stop = threading.Event()
+
+    def flood() -> None:
+        channel = finished_channel(schema)
+        with psycopg.connect(test_db_dsn, autocommit=True) as flooder:
+            while not stop.is_set():
+                # each statement its own transaction: no two notifications merge
+                flooder.execute("SELECT pg_notify(%s, %s)", (channel, str(job_id)))
+                sent[0] += 1
+
+    flooder = threading.Thread(target=flood)
+    with psycopg.connect(test_db_dsn, autocommit=True, cursor_factory=CountingCursor) as mine:
+        flooder.start()
+        try:
+            with pytest.raises(pgworkerd.WaitTimeout):
+                pgworkerd.wait(mine, job_id, timeout=waiting, poll=30, schema=schema)
+        finally:
+            stop.set()
+            flooder.join()
+    bound = waiting / client.WAIT_REREAD_FLOOR + 5
+    print(f"{sent[0]} notifications naming the job in {waiting} s: {reads[0]} reads")
+    assert sent[0] > 3 * bound, "the flood was too slow to tell anything"
+    assert 2 <= reads[0] <= bound

@@ -9,6 +9,7 @@ import json
 import time
 from typing import Any
 
+import leasing
 import psycopg
 import pytest
 from psycopg import sql
@@ -124,7 +125,7 @@ def test_the_look_ahead_finds_the_lease_that_runs_out_first(
     )
     for seconds in (30.0, 10.0):
         client.enqueue(conn, "h", schema=schema)
-        lease.claim(
+        leasing.claim(
             conn,
             f"w{int(seconds)}",
             queues=["default"],

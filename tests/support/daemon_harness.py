@@ -133,6 +133,10 @@ class DaemonProcess:
     tag: str
     proc: subprocess.Popen[bytes] | None = None
     worker_id: str = ""
+    # a cgroup v2 directory the daemon starts in (tests of [worker] job_cgroups)
+    cgroup: str | None = None
+    # a command the daemon runs under (e.g. setpriv with a smaller bounding set)
+    wrapper: tuple[str, ...] = ()
     _log_file: Any = field(default=None, repr=False)
 
     def start(self, *, wait_ready: bool = True) -> DaemonProcess:
@@ -157,6 +161,9 @@ class DaemonProcess:
             str(self.config),
             "run",
         ]
+        cmd = [*self.wrapper, *cmd]
+        if self.cgroup is not None:  # (the shell moves itself, then becomes the daemon)
+            cmd = ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', self.cgroup, *cmd]
         self.proc = subprocess.Popen(
             cmd,
             env=env,
@@ -168,7 +175,9 @@ class DaemonProcess:
         )
         if wait_ready:
             ready = re.compile(r"running as (\S+):")
-            self.worker_id = ready.search(self.wait_log(ready.pattern))[1]  # type: ignore[index]
+            found = ready.search(self.wait_log(ready.pattern))
+            assert found is not None  # wait_log returned the log that matches it
+            self.worker_id = found[1]
         return self
 
     @property
@@ -305,6 +314,8 @@ class Daemons:
         *,
         tag: str = "A",
         tables: dict[str, dict[str, Any]] | None = None,
+        cgroup: str | None = None,
+        wrapper: tuple[str, ...] = (),
     ) -> DaemonProcess:
         """Start a daemon (from a config path, or handlers, worker settings and other
         tables) and wait until it logs that it is running."""
@@ -314,7 +325,13 @@ class Daemons:
             else self.config(handlers_or_config, worker, tables=tables)
         )
         daemon = DaemonProcess(
-            self.dsn, self.schema, config, self.tmp_path / f"daemon-{tag}.log", tag
+            self.dsn,
+            self.schema,
+            config,
+            self.tmp_path / f"daemon-{tag}.log",
+            tag,
+            cgroup=cgroup,
+            wrapper=wrapper,
         )
         self.started.append(daemon)
         return daemon.start()

@@ -78,7 +78,7 @@ class Http:
 
     port: int
     host: str = "127.0.0.1"
-    cookie: str = ""
+    cookie: str = ""  # "name=value; name=value", as a Cookie header
     extra_headers: dict[str, str] = field(default_factory=dict)
     source: str = ""  # the client's address (any 127.x.y.z): "" lets the kernel choose
 
@@ -108,9 +108,15 @@ class Http:
             reply = Reply(response.status, response.headers, response.read().decode())
         finally:
             conn.close()
-        set_cookie = reply.headers.get("Set-Cookie")
-        if set_cookie:
-            self.cookie = set_cookie.split(";", 1)[0]
+        # every cookie set (the session's, the device token's), as a browser keeps them
+        jar = dict(part.split("=", 1) for part in self.cookie.split("; ") if "=" in part)
+        for set_cookie in reply.headers.get_all("Set-Cookie") or []:
+            name, _, value = set_cookie.split(";", 1)[0].partition("=")
+            if value:
+                jar[name] = value
+            else:  # an expired (deleted) cookie
+                jar.pop(name, None)
+        self.cookie = "; ".join(f"{name}={value}" for name, value in jar.items())
         return reply
 
     def get(self, path: str, **kw: Any) -> Reply:

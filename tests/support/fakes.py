@@ -27,6 +27,7 @@ from pgworkerd.queue.lease import (
     RefusedJob,
     RenewOutcome,
 )
+from pgworkerd.queue.registry import DrainRequest, WorkerInfo
 from pgworkerd.worker import protocol
 
 
@@ -138,6 +139,9 @@ class FakeStatements:
         self.write_fails = 0
         self.retry_in: float | None = None  # what the database says of a failed job's retry
         self.during_renew: Any = None  # called with the leases while the renewal "runs"
+        self.registry_calls: list[tuple[str, str]] = []  # (call, state) to the registry
+        # what each heartbeat answers (None: the call failed, or the row is gone)
+        self.drain_request: DrainRequest | None = DrainRequest()
 
     def claim(
         self,
@@ -152,14 +156,26 @@ class FakeStatements:
             self.written.append(list(completions))
         return answer
 
-    def next_run_in(self, queues: Any, handlers: Any) -> float | None:
-        return self.next_run
-
     def next_wakeups(self, queues: Any, handlers: Any) -> NextWakeups | None:
         return NextWakeups(self.next_run, self.expiring)
 
     def peers(self, stale_after: float) -> list[tuple[str, list[str], list[str], int]] | None:
         return list(self.peer_rows)
+
+    def register(self, info: WorkerInfo, state: str, heartbeat_interval: float) -> None:
+        self.registry_calls.append(("register", state))
+
+    def deregister(self) -> None:
+        self.registry_calls.append(("deregister", ""))
+
+    def heartbeat(
+        self, info: WorkerInfo, state: str, job_ids: list[int], heartbeat_interval: float
+    ) -> DrainRequest | None:
+        self.registry_calls.append(("heartbeat", state))
+        return self.drain_request
+
+    def mark_stale(self, stale_after: float) -> list[tuple[str, str, int]] | None:
+        return []
 
     def wake_send(self, payload: str) -> bool | None:
         self.sent_wakes.append(payload)
@@ -238,7 +254,7 @@ class ClaimerRig:
         self.outcomes: list[Outcome] = []
         self.table = JobTable(
             self.config.worker,
-            self.supervisor,  # type: ignore[arg-type]
+            self.supervisor,
             NullMetrics(),
             self.outcomes.append,
             clock=self.clock,
@@ -252,9 +268,9 @@ class ClaimerRig:
             extra["rng"] = rng
         self.claimer = Claimer(
             self.config,
-            self.statements,  # type: ignore[arg-type]
+            self.statements,
             self.table,
-            self.supervisor,  # type: ignore[arg-type]
+            self.supervisor,
             NullMetrics(),
             clock=self.clock,
             **extra,

@@ -76,3 +76,19 @@ def descendants(root: int) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+def marked(marker: str) -> list[int]:
+    """The live processes whose argv holds `marker` (a walk over all of /proc; zombies
+    count as gone)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in argv and process_state(int(entry.name)) not in (None, "Z", "X"):
+            found.append(int(entry.name))
+    return found

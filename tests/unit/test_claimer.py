@@ -108,7 +108,8 @@ def test_a_full_claim_means_a_backlog_so_a_freed_slot_claims_again() -> None:
     assert len(s.statements.claim_calls) == 1
     job = next(iter(s.table))
     child = s.table.child_of(job)
-    s.table.on_message(child, protocol.Done(job.job.id))  # type: ignore[arg-type]
+    assert child is not None
+    s.table.on_message(child, protocol.Done(job.job.id))
     s.claimer.slot_freed()  # what the daemon does when a job leaves the table
     s.tick()
     assert len(s.statements.claim_calls) == 2
@@ -146,7 +147,8 @@ def test_notifications_are_coalesced() -> None:
     s = Setup()
     s.tick()
     s.claimer.notified(s.clock())  # an idle daemon claims at once
-    assert s.claimer.next_deadline() <= s.clock()  # type: ignore[operator]
+    deadline = s.claimer.next_deadline()
+    assert deadline is not None and deadline <= s.clock()
     s.tick()
     assert len(s.statements.claim_calls) == 2
     for _ in range(100):  # a flood: one claim per NOTIFY_CLAIM_INTERVAL

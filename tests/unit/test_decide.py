@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from fakes import claimed_job
@@ -30,7 +31,7 @@ def outcome(
     reason: StopReason | None = None,
     draining: bool = False,
     exit_description: str = "",
-    **kw: object,
+    **kw: Any,
 ) -> tuple[OutcomeKind, str]:
     o = decide(in_flight(stop_reason=reason, **kw), report, exit_description, draining, WORKER)
     return o.kind, o.error

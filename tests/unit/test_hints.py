@@ -163,8 +163,10 @@ def presence(clock: FakeClock, peers: Peers, rows: int) -> tuple[Presence, FakeS
     p = Presence(
         config(CONFIG),
         "d0",
-        None,  # type: ignore[arg-type]  # the lifecycle, link, table, notifier, metrics
-        statements,  # type: ignore[arg-type]  # and queue-depth counter are not used here
+        # the lifecycle, link, table, notifier, metrics and queue-depth counter are not
+        # used here: None, which their types refuse
+        None,  # type: ignore[arg-type]
+        statements,
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]
         None,  # type: ignore[arg-type]

@@ -101,6 +101,7 @@ def test_a_flood_is_read_only_as_far_as_the_tail_needs_and_freed(tmp_path: Path)
     h.child_prints(b"first\n" + line * 200_000 + b"last\n")  # ~20 MB
     h.tick()
     entry = h.last(1)
+    assert entry.head is not None and entry.tail is not None
     assert entry.head.startswith("first\n") and entry.tail.endswith("x\nlast\n")
     assert entry.total_bytes == 6 + 100 * 200_000 + 5
     fd = h.logs.files[PID].fd

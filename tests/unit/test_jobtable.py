@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import signal
+from typing import Any
 
 import pytest
-from fakes import FakeClock, FakeSupervisor, claimed_job
+from fakes import FakeChild, FakeClock, FakeSupervisor, claimed_job
 
 from pgworkerd.config import HandlerConfig, WorkerConfig
 from pgworkerd.daemon.jobtable import START_TIMEOUT, JobTable
-from pgworkerd.daemon.outcomes import Outcome, fence_margin
+from pgworkerd.daemon.outcomes import InFlight, Outcome, fence_margin
 from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.worker import protocol
@@ -27,24 +28,30 @@ class Table:
         self.outcomes: list[Outcome] = []
         self.table = JobTable(
             WorkerConfig(slots=4, kill_grace=kill_grace),
-            self.supervisor,  # type: ignore[arg-type]
+            self.supervisor,
             NullMetrics(),
             self.outcomes.append,
             clock=self.clock,
         )
 
-    def add(self, handler: HandlerConfig = HANDLER, **kw: object):  # type: ignore[no-untyped-def]
+    def add(self, handler: HandlerConfig = HANDLER, **kw: Any) -> InFlight:
         job = claimed_job(handler.name, **kw)
         self.table.add(job, handler, LEASE, self.clock())
         return self.table.jobs[job.id]
 
-    def start(self, handler: HandlerConfig = HANDLER):  # type: ignore[no-untyped-def]
+    def start(self, handler: HandlerConfig = HANDLER) -> tuple[InFlight, FakeChild]:
         job = self.add(handler)
         self.table.dispatch()
         child = self.table.child_of(job)
         assert child is not None
-        self.table.on_message(child, protocol.Started(job.job.id))  # type: ignore[arg-type]
+        self.table.on_message(child, protocol.Started(job.job.id))
         return job, child
+
+
+def progress_of(job: InFlight) -> Any:
+    """The progress the job's child reported last, decoded (it is kept encoded)."""
+    assert job.progress is not None
+    return json.loads(job.progress)
 
 
 def test_dispatch_links_a_job_and_its_child_and_a_report_unlinks_them_once() -> None:
@@ -58,7 +65,7 @@ def test_dispatch_links_a_job_and_its_child_and_a_report_unlinks_them_once() -> 
     assert json.loads(t.outcomes[0].result) == {"ok": True}
     # A second report (or the child's exit after it) changes nothing.
     t.table.on_message(child, protocol.Failed(job.job.id, "late"))
-    t.table.on_exit(child, 0)  # type: ignore[arg-type]
+    t.table.on_exit(child, 0)
     assert len(t.outcomes) == 1
 
 
@@ -72,7 +79,7 @@ def test_a_report_naming_another_job_is_ignored() -> None:
 def test_a_child_that_dies_fails_its_job_with_how_it_died() -> None:
     t = Table()
     _job, child = t.start()
-    t.table.on_exit(child, 9)  # type: ignore[arg-type]  # raw wait status: SIGKILL
+    t.table.on_exit(child, 9)  # raw wait status: SIGKILL
     assert t.outcomes[0].kind is OutcomeKind.FAIL
     assert t.outcomes[0].error.startswith("child process killed by SIGKILL")
 
@@ -121,7 +128,7 @@ def test_a_timeout_sends_sigterm_then_sigkill_after_the_kill_grace() -> None:
     assert child.signals == [signal.SIGTERM]
     t.table.tick(t.clock.advance(0.1))
     assert child.signals == [signal.SIGTERM, signal.SIGKILL]
-    t.table.on_exit(child, 9)  # type: ignore[arg-type]
+    t.table.on_exit(child, 9)
     assert t.outcomes[0].error == "timed out after 30s"
 
 
@@ -138,9 +145,9 @@ def test_progress_is_kept_encoded_and_a_value_jsonb_refuses_is_dropped() -> None
     t = Table()
     job, child = t.start()
     t.table.on_message(child, protocol.Beat(progress={"done": 3}))
-    assert job.unsaved and json.loads(job.progress) == {"done": 3}
+    assert job.unsaved and progress_of(job) == {"done": 3}
     t.table.on_message(child, protocol.Beat(progress={"bad": "\x00"}))
-    assert json.loads(job.progress) == {"done": 3}  # the last storable value stays
+    assert progress_of(job) == {"done": 3}  # the last storable value stays
 
 
 def test_a_drain_hands_back_unstarted_jobs_and_asks_running_ones_to_stop() -> None:
@@ -159,7 +166,7 @@ def test_a_cancel_tells_the_handler_then_stops_it() -> None:
     job, child = t.start()
     t.table.cancel(job)
     assert isinstance(child.sent[-1], protocol.Cancel) and child.signals == [signal.SIGTERM]
-    t.table.on_exit(child, 15)  # type: ignore[arg-type]
+    t.table.on_exit(child, 15)
     assert (t.outcomes[0].kind, t.outcomes[0].error) == (
         OutcomeKind.CANCEL,
         "cancelled while running",
@@ -204,9 +211,9 @@ def test_a_late_beat_about_an_ended_job_is_not_pinned_on_the_next() -> None:
     t.table.dispatch()
     assert t.table.child_of(second) is child
     t.table.on_message(child, protocol.Beat(first.job.id, progress={"of": "first"}))
-    assert second.progress is None and not second.unsaved
+    assert (second.progress, second.unsaved) == (None, False)
     t.table.on_message(child, protocol.Beat(second.job.id, progress={"of": "second"}))
-    assert json.loads(second.progress) == {"of": "second"}
+    assert progress_of(second) == {"of": "second"}
 
 
 # -- hand-back (drain --hand-back) ---------------------------------------------------------
@@ -228,7 +235,7 @@ def test_a_hand_back_asks_that_job_to_stop_then_stops_it_at_the_grace() -> None:
     assert child.signals == [signal.SIGTERM] and job.stop_reason is StopReason.HAND_BACK
     t.table.tick(t.clock.advance(10.0))  # the handler ignores SIGTERM too: its tree is killed
     assert child.signals == [signal.SIGTERM, signal.SIGKILL]
-    t.table.on_exit(child, 9)  # type: ignore[arg-type]
+    t.table.on_exit(child, 9)
     assert [o.kind for o in t.outcomes] == [OutcomeKind.RELEASE]
     assert other.stop_reason is None and len(t.table) == 1
 

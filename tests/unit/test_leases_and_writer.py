@@ -30,26 +30,26 @@ class Setup:
         self.outcomes: list[Outcome] = []
         self.table = JobTable(
             WorkerConfig(),
-            self.supervisor,  # type: ignore[arg-type]
+            self.supervisor,
             NullMetrics(),
             self.outcomes.append,
             clock=self.clock,
         )
         self.leases = LeaseKeeper(
-            self.statements,  # type: ignore[arg-type]
+            self.statements,
             self.table,
             NullMetrics(),
             renew_interval=10.0,
             clock=self.clock,
         )
 
-    def start(self):  # type: ignore[no-untyped-def]
+    def start(self):
         job = claimed_job("h")
         self.table.add(job, HANDLER, LEASE, self.clock())
         self.table.dispatch()
         held = self.table.jobs[job.id]
         child = self.table.child_of(held)
-        self.table.on_message(child, protocol.Started(job.id))  # type: ignore[arg-type]
+        self.table.on_message(child, protocol.Started(job.id))
         return held, child
 
 
@@ -123,7 +123,7 @@ def test_a_job_settled_while_its_renewal_ran_is_left_alone() -> None:
 
 def writer(statements: FakeStatements, clock: FakeClock, retries: list[float]) -> OutcomeWriter:
     return OutcomeWriter(
-        statements.write_outcomes,  # type: ignore[arg-type]
+        statements.write_outcomes,
         lambda: statements.ok,
         retries.append,
         clock=clock,
@@ -137,7 +137,8 @@ def outcome(kind: OutcomeKind, retry_in: float | None = None) -> Outcome:
 
 
 def test_completions_go_in_one_write_the_rest_one_by_one() -> None:
-    statements, clock, retries = FakeStatements(), FakeClock(), []
+    statements, clock = FakeStatements(), FakeClock()
+    retries: list[float] = []
     w = writer(statements, clock, retries)
     for kind in (OutcomeKind.COMPLETE, OutcomeKind.FAIL, OutcomeKind.COMPLETE):
         w.add(outcome(kind))
@@ -150,7 +151,8 @@ def test_completions_go_in_one_write_the_rest_one_by_one() -> None:
 
 
 def test_outcomes_wait_while_the_database_is_away() -> None:
-    statements, clock, retries = FakeStatements(), FakeClock(), []
+    statements, clock = FakeStatements(), FakeClock()
+    retries: list[float] = []
     w = writer(statements, clock, retries)
     statements.ok = False
     w.add(outcome(OutcomeKind.COMPLETE))
@@ -162,7 +164,8 @@ def test_outcomes_wait_while_the_database_is_away() -> None:
 
 
 def test_a_write_that_keeps_failing_is_given_up_after_three_tries_one_at_a_time() -> None:
-    statements, clock, retries = FakeStatements(), FakeClock(), []
+    statements, clock = FakeStatements(), FakeClock()
+    retries: list[float] = []
     w = writer(statements, clock, retries)
     first, second = outcome(OutcomeKind.COMPLETE), outcome(OutcomeKind.COMPLETE)
     w.add(first)
@@ -176,7 +179,8 @@ def test_a_write_that_keeps_failing_is_given_up_after_three_tries_one_at_a_time(
 
 
 def test_a_failed_jobs_retry_wakes_the_claimer_when_due() -> None:
-    statements, clock, retries = FakeStatements(), FakeClock(), []
+    statements, clock = FakeStatements(), FakeClock()
+    retries: list[float] = []
     w = writer(statements, clock, retries)
     statements.retry_in = 12.5
     w.add(outcome(OutcomeKind.COMPLETE))

@@ -24,7 +24,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def scrape(port: int) -> str:
+def scrape(port: int | None) -> str:
+    assert port is not None, "the metrics server is not listening"
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         assert r.status == 200
         return r.read().decode()
@@ -246,8 +247,9 @@ def test_handler_labels_only_for_configured_handlers() -> None:
 # -- the endpoint's bounds -----------------------------------------------------------------
 
 
-def half_open(port: int, count: int) -> list[socket.socket]:
+def half_open(port: int | None, count: int) -> list[socket.socket]:
     """Connections that start a request and never finish it (no blank line)."""
+    assert port is not None, "the metrics server is not listening"
     socks = []
     for _ in range(count):
         s = socket.create_connection(("127.0.0.1", port), timeout=10)

@@ -64,6 +64,70 @@ def test_a_subreaper_kills_and_reaps_its_whole_tree() -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+# In a subprocess, the daemon's position: a subreaper with a job child still starting
+# (pgworkerd's code, its pid not yet known: no hello) and a process a dead job child left
+# behind (re-parented to us). The sweep must not wait for the hello to kill the orphan.
+EARLY_SWEEP_SCRIPT = """
+import os, signal, subprocess, time
+from pgworkerd.daemon.containment import Containment
+from pgworkerd.worker import reaper
+
+def exited(pid):  # reaped here within 30 s (a SIGKILLed process exits at once)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return True
+        time.sleep(0.01)
+    return False
+
+reaper.become_subreaper()
+starting = subprocess.Popen(["bash", "-c", 'exec -a "pgworkerd: idle child" sleep 1000'])
+orphan = None
+try:
+    left = subprocess.run(
+        ["bash", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
+    )
+    orphan = int(left.stdout)
+    deadline = time.monotonic() + 30
+    while not (
+        orphan in reaper.children() and reaper.runs_pgworkerd(starting.pid)
+    ) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert orphan in reaper.children() and reaper.runs_pgworkerd(starting.pid)
+    assert not reaper.runs_pgworkerd(orphan)
+    c = Containment()
+    c.child_exited(None)  # a job child was reaped: what it left is ours
+    c.sweep(set(), pids_known=False)  # a child is starting
+    assert exited(orphan), "the orphan was left for the starting child's hello"
+    orphan = None
+    assert starting.poll() is None, "a child still starting was killed"
+    c.sweep(set(), pids_known=False)
+    assert starting.poll() is None  # once per reaping, never before its hello
+    c.sweep({starting.pid}, pids_known=True)  # its hello came: the full sweep spares it
+    assert starting.poll() is None
+finally:
+    for pid in (starting.pid, orphan):
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+print("ok", flush=True)
+"""
+
+
+def test_orphans_are_killed_while_a_child_is_still_starting_and_it_is_spared() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", EARLY_SWEEP_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "ok\n"
+
+
 def test_a_dead_daemons_temp_directory_is_removed_a_live_ones_is_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

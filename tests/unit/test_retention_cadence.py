@@ -6,10 +6,18 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 from fakes import FakeClock
 
 from pgworkerd.config import RetentionConfig
-from pgworkerd.daemon.retention import BATCH_PAUSE, JITTER, Retention
+from pgworkerd.daemon.retention import (
+    BATCH_PAUSE,
+    JITTER,
+    LOCK_WAIT,
+    Pruned,
+    Retention,
+    RetentionBusy,
+)
 from pgworkerd.queue.retention import PruneResult
 
 POLICY = RetentionConfig(interval=300.0, batch=500)
@@ -55,7 +63,7 @@ def test_full_batches_follow_each_other_then_the_spaced_interval() -> None:
     assert r.due_at == clock() + BATCH_PAUSE
     r.tick(clock.advance(BATCH_PAUSE))
     r.tick(clock.advance(BATCH_PAUSE))
-    assert r.deleted_in_run == 0 and r.due_at - clock() >= 300.0 * (1 - JITTER)
+    assert r.run == Pruned() and r.due_at - clock() >= 300.0 * (1 - JITTER)
     assert answers.calls == 3
 
 
@@ -78,3 +86,28 @@ def test_off_everywhere_means_no_deadline_and_no_statement() -> None:
     r = Retention(off, answers, clock=clock)
     r.tick(clock.advance(10_000.0))
     assert r.next_deadline() is None and r.run_once() is None and answers.calls == 0
+
+
+def test_run_to_end_runs_batches_until_one_comes_back_short_and_sums_them() -> None:
+    # `pgworkerd prune`: the same component, to the end at once, not on the cadence
+    answers = Answers(
+        PruneResult(500, 1, 3, 0), PruneResult(12, 1, 500, 1), PruneResult(0, 1, 4, 0)
+    )
+    slept: list[float] = []
+    r = Retention(POLICY, answers, clock=FakeClock(), rng=random.Random(5))
+    assert r.run_to_end(sleep=slept.append) == Pruned(jobs=512, schedule_runs=507, daemons=1)
+    assert answers.calls == 3 and slept == []
+
+
+def test_run_to_end_waits_while_a_daemon_holds_the_lock_then_gives_up() -> None:
+    answers = Answers(PruneResult(None, 2), PruneResult(None, 2), PruneResult(7, 2))
+    slept: list[float] = []
+    r = Retention(POLICY, answers, clock=FakeClock())
+    assert r.run_to_end(sleep=slept.append) == Pruned(jobs=7)
+    assert slept == [BATCH_PAUSE, BATCH_PAUSE]
+
+    held = Answers(*[PruneResult(None, 2)] * 10_000)
+    slept.clear()
+    with pytest.raises(RetentionBusy, match="retention lock"):
+        Retention(POLICY, held, clock=FakeClock()).run_to_end(sleep=slept.append)
+    assert LOCK_WAIT <= sum(slept) <= LOCK_WAIT + BATCH_PAUSE

@@ -4,6 +4,7 @@ clock and fake statements."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -180,7 +181,7 @@ class FakeScheduleStatements:
     def declare_schedule(self, name: str, definition: dict[str, Any]) -> datetime | None:
         return self.handled if self.ok and name not in self.undeclared else None
 
-    def set_declared_schedules(self, names: list[str]) -> bool | None:
+    def set_declared_schedules(self, names: Sequence[str]) -> bool | None:
         self.declared = list(names)
         return True
 
@@ -204,7 +205,7 @@ def test_scheduler_fires_each_tick_once_and_sleeps_until_the_next() -> None:
     wall = FakeClock(at("2026-01-01T00:00:05+00:00").timestamp())  # time.time()
     mono = FakeClock(100.0)  # time.monotonic()
     fake = FakeScheduleStatements()
-    scheduler = Scheduler(parse_config(CONFIG), fake, wall)  # type: ignore[arg-type]
+    scheduler = Scheduler(parse_config(CONFIG), fake, wall)
     scheduler.tick(mono())
     assert fake.declared == ["s"] and fake.runs == {}  # 00:00:00 was handled already
     assert scheduler.next_deadline() == pytest.approx(105.0, abs=0.01)
@@ -226,7 +227,7 @@ def test_a_schedule_no_operator_declared_waits_and_the_others_fire() -> None:
     mono = FakeClock(100.0)
     two = parse_config(CONFIG + '[schedules.t]\nevery = "10s"\nhandler = "h"\n')
     fake = FakeScheduleStatements(undeclared={"t"})
-    scheduler = Scheduler(two, fake, wall)  # type: ignore[arg-type]
+    scheduler = Scheduler(two, fake, wall)
     scheduler.tick(mono())
     assert fake.declared == ["s"]
     wall.advance(10)
@@ -245,7 +246,7 @@ def test_scheduler_looks_at_the_wall_clock_again_within_half_a_minute() -> None:
     wall = FakeClock(at("2026-01-01T00:00:05+00:00").timestamp())
     nightly = parse_config('[schedules.n]\ncron = "0 3 * * *"\nhandler = "h"\n')
     fake = FakeScheduleStatements()
-    scheduler = Scheduler(nightly, fake, wall)  # type: ignore[arg-type]
+    scheduler = Scheduler(nightly, fake, wall)
     scheduler.tick(100.0)
     deadline = scheduler.next_deadline()
     assert deadline is not None and 100.0 < deadline <= 130.1
@@ -257,7 +258,7 @@ def test_scheduler_looks_at_the_wall_clock_again_within_half_a_minute() -> None:
 def test_scheduler_after_an_outage_catches_up_once_and_survives_failures() -> None:
     wall = [at("2026-01-01T00:00:05+00:00").timestamp()]
     fake = FakeScheduleStatements()
-    scheduler = Scheduler(parse_config(CONFIG), fake, lambda: wall[0])  # type: ignore[arg-type]
+    scheduler = Scheduler(parse_config(CONFIG), fake, lambda: wall[0])
     scheduler.tick(0.0)
     fake.failing = True
     wall[0] += 10

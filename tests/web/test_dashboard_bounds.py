@@ -12,7 +12,7 @@ from daemon_harness import Db
 from dashboard_harness import BROWSER_DEADLINE, Http, RunningDashboard
 
 from pgworkerd.queue import joblogs, views
-from pgworkerd.web import app
+from pgworkerd.web import filters, pages
 
 
 def _download(dashboard: RunningDashboard, client: Http, path: str) -> tuple[int, bytes]:
@@ -109,10 +109,10 @@ def test_the_text_search_looks_at_a_bounded_start_of_each_row(
 
 
 def test_every_rendered_value_is_bounded() -> None:
-    big = "z" * (app.SHOWN_CHARS * 3)
-    for render in (app._text, app._pretty, app._multiline):
+    big = "z" * (filters.SHOWN_CHARS * 3)
+    for render in (filters._text, filters._pretty, filters._multiline):
         shown = render(big)
-        assert len(shown) < app.SHOWN_CHARS + 100 and "more characters not shown" in shown
+        assert len(shown) < filters.SHOWN_CHARS + 100 and "more characters not shown" in shown
 
 
 def test_a_job_page_lists_its_newest_attempts_with_errors_cut(
@@ -129,9 +129,9 @@ def test_a_job_page_lists_its_newest_attempts_with_errors_cut(
     client.log_in()
     page = client.get(f"/jobs/{job}").body
     attempts = page.split('id="attempts"', 1)[1].split("</table>", 1)[0]
-    assert attempts.count("<tr>") == 1 + app.ATTEMPTS_SHOWN  # the header and 100 rows
+    assert attempts.count("<tr>") == 1 + pages.ATTEMPTS_SHOWN  # the header and 100 rows
     assert "error of 150!" in attempts and "error of 51!" in attempts
     assert "error of 50!" not in attempts  # older than the newest 100
-    assert f"the newest {app.ATTEMPTS_SHOWN} of 150 attempts" in page
-    assert f"showing {app.SHOWN_CHARS} of 100012 characters" in attempts  # attempt 150
-    assert len(page.encode()) < 100 * app.SHOWN_CHARS + 1_000_000
+    assert f"the newest {pages.ATTEMPTS_SHOWN} of 150 attempts" in page
+    assert f"showing {filters.SHOWN_CHARS} of 100012 characters" in attempts  # attempt 150
+    assert len(page.encode()) < 100 * filters.SHOWN_CHARS + 1_000_000

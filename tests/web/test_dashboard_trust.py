@@ -25,6 +25,7 @@ from dashboard_harness import (
     Http,
     RunningDashboard,
     by_id,
+    log_in,
     screenshot,
     text_of,
     wait_browser,
@@ -115,8 +116,10 @@ def test_unknown_names_cost_what_known_ones_do(dashboard: RunningDashboard) -> N
         assert status == 401
         return time.monotonic() - began
 
-    known = [timed(USER, n) for n in range(1, 8)]
-    unknown = [timed(f"nosuchuser{n}", n + 10) for n in range(1, 8)]
+    known, unknown = [], []
+    for n in range(1, 8):  # interleaved: a burst of load on a busy machine hits both
+        known.append(timed(USER, n))
+        unknown.append(timed(f"nosuchuser{n}", n + 10))
     print(f"known {sorted(known)}, unknown {sorted(unknown)}")
     assert statistics.median(unknown) > 0.6 * statistics.median(known)
 
@@ -232,21 +235,37 @@ def test_no_open_redirect_in_chromium(dashboard: RunningDashboard, tmp_path: Any
         phish.server_close()
 
 
+def _fail(throttle: auth.LoginThrottle, user: str, address: str) -> None:
+    """One failed login as the dashboard makes it: begun (allowed), then failed."""
+    assert throttle.begin(user, address) == 0, (user, address)
+    throttle.failed(user, address)
+
+
 def test_throttle_and_sessions_stay_bounded() -> None:
     now = [0.0]
     throttle = auth.LoginThrottle(clock=lambda: now[0])
     for n in range(auth.MAX_ENTRIES + 50):
-        throttle.failed("u", f"10.{n // 65536}.{n // 256 % 256}.{n % 256}")
+        _fail(throttle, f"u{n}", f"10.{n // 65536}.{n // 256 % 256}.{n % 256}")
+        now[0] += auth.ALL_REFILL  # keep the budget of all names out of the way
     assert len(throttle._pairs) == auth.MAX_ENTRIES
     assert len(throttle._addresses) == auth.MAX_ENTRIES
+    assert len(throttle._names) == auth.MAX_ENTRIES
     # an IPv6 host counts by its /64: rotating the low bits does not reset its budget
+    throttle = auth.LoginThrottle(clock=lambda: now[0])
     for n in range(auth.ADDRESS_BURST):
-        throttle.failed(f"name{n}", f"2001:db8::{n:x}")
-    assert throttle.retry_after("other", "2001:db8::ffff") > 0
-    assert throttle.retry_after("other", "2001:db8:0:1::1") == 0
+        _fail(throttle, f"name{n}", f"2001:db8::{n:x}")
+    assert throttle.begin("other", "2001:db8::ffff") > 0
+    assert throttle.begin("other", "2001:db8:0:1::1") == 0
     # the budget refills with time
     now[0] += auth.ADDRESS_REFILL * 2
-    assert throttle.retry_after("other", "2001:db8::ffff") == 0
+    assert throttle.begin("other", "2001:db8::ffff") == 0
+    # device tokens: bounded, and per user, so one user cannot push out another's
+    devices = auth.Devices()
+    theirs = devices.issue(None, "bob")
+    mine = [devices.issue(None, "alice") for _ in range(auth.MAX_DEVICES + 5)]
+    assert len(devices) == auth.MAX_DEVICES_PER_USER + 1
+    assert devices.trusted(theirs, "bob") and devices.trusted(mine[-1], "alice")
+    assert not devices.trusted(mine[0], "alice") and not devices.trusted(theirs, "alice")
     sessions = auth.Sessions(idle_timeout=60, clock=lambda: now[0])
     ids = [sessions.start("u") for _ in range(auth.MAX_SESSIONS + 5)]
     assert len(sessions) == auth.MAX_SESSIONS
@@ -282,3 +301,146 @@ def test_behind_a_trusted_proxy_each_client_has_its_own_budget(
         assert _failed_login(direct, user=f"name{n}") == 401
     direct.extra_headers["X-Forwarded-For"] = "192.0.2.200"
     assert _failed_login(direct, user="another") == 429
+
+
+def _rotating_guesses(port: int, user: str, guesses: int, first: int) -> list[int]:
+    """`guesses` wrong passwords for `user`, each from a new loopback address (127.3.x.y,
+    from `first` on), as a local account can send them: the per-address budgets never
+    see a second try. Returns the answers' status codes."""
+    answers = []
+    for n in range(first, first + guesses):
+        client = Http(port, source=f"127.3.{n // 250}.{n % 250 + 1}")
+        answers.append(_failed_login(client, user=user))
+    return answers
+
+
+def test_a_name_guessed_from_rotating_addresses_gets_only_its_budget(
+    dashboard: RunningDashboard,
+) -> None:
+    """The audit's re-run: a local account changing its source address through
+    127.0.0.0/8 got 16-25 checked guesses a second. Now a name has one budget wherever
+    the guesses come from: NAME_BURST, then one per NAME_REFILL seconds."""
+    began = time.monotonic()
+    answers = _rotating_guesses(dashboard.port, USER, auth.NAME_BURST + 15, first=0)
+    elapsed = time.monotonic() - began
+    checked = answers.count(401)
+    print(f"{checked} of {len(answers)} guesses checked in {elapsed:.1f} s: {answers}")
+    assert checked <= auth.NAME_BURST + 1 + elapsed / auth.NAME_REFILL
+    assert answers.count(429) == len(answers) - checked
+    assert answers[: auth.NAME_BURST] == [401] * auth.NAME_BURST
+    # an unknown name behaves the same, so the budget does not tell which names exist
+    unknown = _rotating_guesses(dashboard.port, "nosuchuser", auth.NAME_BURST + 3, first=100)
+    assert unknown == [401] * auth.NAME_BURST + [429] * 3
+    # another name has its own budget
+    assert _rotating_guesses(dashboard.port, "someone-else", 1, first=200) == [401]
+
+
+def test_a_real_user_logs_in_while_their_name_is_guessed(dashboard: RunningDashboard) -> None:
+    """The lockout is no denial of service: a browser that logged in as the user before
+    (it holds a device token) logs in while an attacker has spent the name's budget and
+    keeps every shared password check busy, from any address, even the user's own."""
+    real = Http(dashboard.port, source="127.0.0.1")
+    assert real.log_in().status == 302
+    assert "pgworkerd_device=" in real.cookie
+    assert real.post("/logout", {"csrf": real.get("/").csrf()}).status == 302
+    # the attack: the name's budget spent from rotating addresses...
+    answers = _rotating_guesses(dashboard.port, USER, auth.NAME_BURST + 2, first=300)
+    assert answers[-1] == 429
+    # ... a browser without a token (or the attacker with the right password) waits ...
+    assert Http(dashboard.port, source="127.0.0.1").log_in().status == 429
+    # ... and 20 guessers of other names keep the shared checks busy meanwhile
+    stop = time.monotonic() + 4
+    flood: dict[int, int] = {}
+    lock = threading.Lock()
+
+    def guess(n: int) -> None:
+        count = 0
+        while time.monotonic() < stop:
+            count += 1
+            client = Http(dashboard.port, source=f"127.4.{n}.{count % 250 + 1}")
+            status = _failed_login(client, user=f"flood{n}-{count}")
+            with lock:
+                flood[status] = flood.get(status, 0) + 1
+
+    guessers = [threading.Thread(target=guess, args=(n,)) for n in range(20)]
+    for thread in guessers:
+        thread.start()
+    try:
+        time.sleep(1)
+        logins = []
+        while time.monotonic() < stop - 0.5:
+            began = time.monotonic()
+            again = Http(dashboard.port, source="127.0.0.1", cookie=real.cookie)
+            reply = again.log_in()
+            logins.append((reply.status, round(time.monotonic() - began, 2)))
+            assert reply.status == 302, reply.body[:500]
+            assert again.get("/").status == 200
+    finally:
+        for thread in guessers:
+            thread.join()
+    print(f"real user's logins {logins}; the flood's answers {flood}")
+    assert logins
+    # a wrong password from that browser is a failure too; the token then goes after
+    # DEVICE_FREE_FAILURES of them, and the browser waits like anyone else
+    holder = Http(dashboard.port, source="127.0.0.1", cookie=real.cookie)
+    for _ in range(auth.DEVICE_FREE_FAILURES):
+        assert _failed_login(holder) == 401
+    assert holder.log_in().status == 429
+
+
+def test_a_device_token_is_good_for_its_own_name_only(dashboard: RunningDashboard) -> None:
+    """A token got by logging in as one user does not lift another name's budget."""
+    someone = Http(dashboard.port, source="127.0.0.31")
+    assert someone.log_in().status == 302
+    assert (
+        _rotating_guesses(dashboard.port, "other", auth.NAME_BURST, first=400)
+        == [401] * auth.NAME_BURST
+    )
+    assert _failed_login(someone, user="other") == 429
+
+
+def test_all_names_together_have_a_budget() -> None:
+    """Rotating names as well as addresses: the password checks (scrypt CPU) are bounded
+    too, by one budget of all names together, which refills with time."""
+    now = [0.0]
+    throttle = auth.LoginThrottle(clock=lambda: now[0])
+    for n in range(auth.ALL_BURST):
+        _fail(throttle, f"name{n}", f"10.0.{n // 250}.{n % 250}")
+    assert throttle.begin("fresh", "10.9.9.9") > 0
+    now[0] += auth.ALL_REFILL
+    assert throttle.begin("fresh", "10.9.9.9") == 0
+
+
+def test_a_check_counts_from_its_start_and_only_failures_stay_counted() -> None:
+    """Checks in flight cannot share a name's last token (two guessers at once got one
+    more guess per token before); a success gives back its own check only."""
+    now = [0.0]
+    throttle = auth.LoginThrottle(clock=lambda: now[0])
+    for n in range(auth.NAME_BURST - 1):
+        _fail(throttle, "alice", f"10.1.0.{n}")
+        now[0] += auth.ALL_REFILL  # keep the budget of all names out of the way
+    assert throttle.begin("alice", "10.1.1.1") == 0  # the last token, in flight
+    assert throttle.begin("alice", "10.1.1.2") > 0  # so nobody else may start
+    throttle.give_back("alice", "10.1.1.1")  # that one succeeded
+    throttle.succeeded("alice", "10.1.1.1")
+    assert throttle.begin("alice", "10.1.1.2") == 0
+    throttle.failed("alice", "10.1.1.2")
+    assert throttle.begin("alice", "10.2.0.1") > 0  # a success gave back no failure
+    now[0] += auth.NAME_REFILL
+    assert throttle.begin("alice", "10.2.0.1") == 0
+
+
+def test_in_chromium_a_user_logs_in_while_their_name_is_guessed(
+    browser: Any, dashboard: RunningDashboard
+) -> None:
+    """The device token as a real browser keeps it: Chromium logs in, logs out, someone
+    spends the name's budget from rotating addresses, and Chromium logs in again."""
+    log_in(browser, dashboard)
+    browser.find_element("css selector", "form.inline button").click()
+    wait_browser(browser, lambda d: d.find_elements("id", "password"), "the login page")
+    device = browser.get_cookie("pgworkerd_device")  # seen from /login, its path
+    assert device and device["httpOnly"] and device["path"] == "/login"
+    answers = _rotating_guesses(dashboard.port, USER, auth.NAME_BURST + 2, first=500)
+    assert answers[-1] == 429
+    log_in(browser, dashboard)
+    screenshot(browser, "login-while-guessed")

@@ -186,15 +186,6 @@ UPDATE @schema@.jobs j
                        AND (%(handler)s::text IS NULL OR d.handler = %(handler)s))))
 RETURNING j.id;
 
--- name: job_prune
--- Delete up to %(batch)s finished jobs (of the given statuses) finished before the cutoff.
-DELETE FROM @schema@.jobs
- WHERE id IN (SELECT id FROM @schema@.jobs
-               WHERE finished_at < now() - make_interval(secs => %(older_than)s)
-                 AND status = ANY(%(statuses)s::@schema@.job_status[])
-               LIMIT %(batch)s)
-RETURNING id;
-
 -- name: job_prune_finished
 -- The fleet's own retention (migrations 0014, 0020): delete one batch of finished jobs
 -- past their retention (seconds per final status; NULL keeps it), one of schedule runs

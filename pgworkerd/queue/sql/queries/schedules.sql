@@ -45,21 +45,3 @@ SELECT s.name, s.definition, s.declared_by, s.declared_at, s.created_at,
                       WHERE r.schedule = s.name ORDER BY r.tick DESC LIMIT 1) r ON true
   LEFT JOIN @schema@.jobs j ON j.id = r.job_id
  ORDER BY s.name;
-
--- name: schedule_runs_prune
--- Delete schedule run rows older than %(older_than)s seconds, keeping each schedule's
--- latest; returns how many. Runs whose job is still pending or running are kept, and so
--- every newer run: overlap (schedule_fire) finds a schedule's unfinished job through its
--- run among the latest 100 that created one, so a job older than the retention (a
--- week-long run, or one held by a paused queue) must keep it, or the next tick starts a
--- second one. The function (migration 0010) deletes by age alone; now() is the same
--- inside it, so the oldest such run is exactly kept.
-SELECT @schema@.schedule_runs_prune(greatest(
-           make_interval(secs => %(older_than)s),
-           (SELECT now() - min(recent.fired_at)
-              FROM @schema@.schedules s
-             CROSS JOIN LATERAL (SELECT r.job_id, r.fired_at FROM @schema@.schedule_runs r
-                                  WHERE r.schedule = s.name AND r.job_id IS NOT NULL
-                                  ORDER BY r.tick DESC LIMIT 100) recent
-              JOIN @schema@.jobs j ON j.id = recent.job_id
-             WHERE j.status IN ('pending', 'running')))) AS deleted;

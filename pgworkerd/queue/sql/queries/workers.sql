@@ -79,17 +79,6 @@ SELECT g.id, g.host, g.pid FROM gone g, LATERAL (
     SELECT pg_notify(@schema_literal@ || '.wake',
                      json_build_object('peer', 'down', 'id', g.id)::text)) AS sent;
 
--- name: worker_prune_gone
--- Delete the rows of daemons gone (stopped or marked gone) over %(older_than)s seconds
--- ago; returns how many.
-WITH pruned AS (
-    DELETE FROM @schema@.workers
-     WHERE state = 'gone'
-       AND coalesce(stopped_at, heartbeat_at) < now() - make_interval(secs => %(older_than)s)
-    RETURNING 1
-)
-SELECT count(*) FROM pruned;
-
 -- name: worker_request_drain
 -- A drain (plain, or with hand_back a hand-back) of live daemons: one id, one host, or all
 -- (NULL filters); checked and applied by drain_request (0017), which notifies them.

@@ -1,0 +1,151 @@
+"""The dashboard's actions: cancel, retry, drain, resume, pause.
+
+They reuse the CLI's functions; each is a GET that shows a confirmation page and a POST
+(with the session's CSRF token, checked by login.guard) that does it, through the action
+pool, logged as an audit line naming who, from where, what and on which target.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
+
+from pgworkerd.bounds import name_problem
+from pgworkerd.describe import printable
+from pgworkerd.queue import admin, fleet
+from pgworkerd.web.context import context
+from pgworkerd.web.login import current_user
+
+log = logging.getLogger("pgworkerd.web")
+
+
+@dataclass(frozen=True)
+class Action:
+    title: str  # "Cancel job", shown on the confirmation page and its button
+    kind: str  # what the target is: job, daemon, queue or handler
+    run: Callable[[psycopg.Connection[Any], str, str, str], str]  # conn, schema, target, who
+    warning: str = ""
+
+
+def _cancel(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
+    outcome = admin.cancel(conn, [int(target)], schema=schema)
+    return outcome.get(int(target), "not found")
+
+
+def _retry(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
+    ids = admin.retry(conn, ids=[int(target)], schema=schema)
+    return "back to pending" if ids else "not retried (not dead or cancelled, or a duplicate)"
+
+
+def _drain(drain: bool) -> Callable[[psycopg.Connection[Any], str, str, str], str]:
+    def run(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
+        affected = fleet.request_drain(conn, schema, drain=drain, worker_id=target)
+        if not affected:
+            return "no live daemon has this id"
+        return "drain requested" if drain else "resumed"
+
+    return run
+
+
+def _pause(kind: str, pause: bool) -> Callable[[psycopg.Connection[Any], str, str, str], str]:
+    def run(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
+        comment = f"from the web dashboard by {who}" if pause else None
+        changed = fleet.set_paused(conn, schema, kind, target, pause=pause, comment=comment)
+        if pause:
+            return "paused" if changed else "was already paused"
+        return "resumed" if changed else "was not paused"
+
+    return run
+
+
+ACTIONS: dict[str, Action] = {
+    "cancel": Action(
+        "Cancel job", "job", _cancel, "A running job is asked to stop; a pending one never runs."
+    ),
+    "retry": Action("Retry job", "job", _retry, "The job runs again with fresh attempts."),
+    "drain": Action(
+        "Drain daemon", "daemon", _drain(True), "It finishes its jobs and claims no new ones."
+    ),
+    "resume": Action("Resume daemon", "daemon", _drain(False)),
+    "pause-queue": Action(
+        "Pause queue", "queue", _pause("queue", True), "No daemon claims its jobs until resumed."
+    ),
+    "resume-queue": Action("Resume queue", "queue", _pause("queue", False)),
+    "pause-handler": Action(
+        "Pause handler",
+        "handler",
+        _pause("handler", True),
+        "No daemon claims its jobs until resumed.",
+    ),
+    "resume-handler": Action("Resume handler", "handler", _pause("handler", False)),
+}
+
+
+def _target_problem(kind: str, target: str) -> str | None:
+    if kind == "job":
+        return None if target.isascii() and target.isdigit() and len(target) < 19 else "bad id"
+    if kind == "daemon":
+        return None if 0 < len(target) <= 300 and target.isprintable() else "bad daemon id"
+    return name_problem(kind, target)
+
+
+actions = Blueprint("actions", __name__)
+
+
+def _checked_action(name: str) -> tuple[Action, str]:
+    action = ACTIONS.get(name)
+    if action is None:
+        abort(404, "no such action")
+    if context().settings.read_only:
+        abort(403, "this dashboard is read-only ([web] read_only)")
+    source = request.form if request.method == "POST" else request.args
+    target = source.get("target", "")
+    problem = _target_problem(action.kind, target)
+    if problem:
+        abort(400, problem)
+    return action, target
+
+
+@actions.get("/confirm/<name>")
+def confirm(name: str) -> str:
+    action, target = _checked_action(name)
+    return render_template("confirm.html", name=name, action=action, target=target)
+
+
+@actions.post("/act/<name>")
+def act(name: str) -> Any:
+    action, target = _checked_action(name)
+    who = current_user() or "?"
+    ctx = context()
+    with ctx.action_database() as conn:
+        outcome = action.run(conn, ctx.settings.schema, target, who)
+    log.info(
+        "web action: %s %s %s by %s from %s: %s",
+        name,
+        action.kind,
+        target,
+        who,
+        request.remote_addr,
+        outcome,
+        extra={
+            "fields": {
+                "action": name,
+                "target_kind": action.kind,
+                "target": target,
+                "user": who,
+                "remote": request.remote_addr,
+                "outcome": outcome,
+            }
+        },
+    )
+    flash(f"{action.title} {printable(target)}: {outcome}")
+    if action.kind == "job":
+        return redirect(url_for("pages.job", job_id=int(target)))
+    if action.kind == "daemon":
+        return redirect(url_for("pages.overview"))
+    return redirect(url_for("pages.paused_page"))

@@ -1,0 +1,229 @@
+"""The pages: overview, jobs list, a job (with its live part and raw downloads),
+schedules, pauses and limits. They only read, through the pages' pool."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from flask import Blueprint, abort, render_template, request
+from werkzeug.wrappers import Response
+
+from pgworkerd.model import STATUSES
+from pgworkerd.queue import explain, joblogs, views
+from pgworkerd.web.context import context
+from pgworkerd.web.filters import SHOWN_CHARS
+
+# Rows per page of the jobs list.
+PAGE_SIZE = 50
+# Attempts (history rows, captured logs) a job's page shows at most: the newest.
+ATTEMPTS_SHOWN = 100
+LOGS_SHOWN = 20
+# A raw download streams parts of this many characters (each its own statement) and
+# stops after RAW_MAX_CHARS, saying so.
+RAW_PART_CHARS = 4 << 20
+RAW_MAX_CHARS = 64 << 20
+
+pages = Blueprint("pages", __name__)
+
+
+def _overview_data() -> dict[str, Any]:
+    ctx = context()
+    with ctx.database() as conn:
+        snap = views.overview(conn, ctx.settings.schema)
+    hour = snap["throughput"]
+    peak = max((m["completed"] + m["failed_total"] for m in hour), default=0)
+    totals = {
+        "completed": sum(m["completed"] for m in hour),
+        "failed": sum(m["failed_total"] for m in hour),
+    }
+    return {"snap": snap, "peak": max(peak, 1), "totals": totals}
+
+
+@pages.get("/")
+def overview() -> str:
+    return render_template("overview.html", **_overview_data())
+
+
+@pages.get("/live/overview")
+def overview_live() -> str:
+    return render_template("overview_live.html", **_overview_data())
+
+
+def _job_data(job_id: int) -> dict[str, Any]:
+    ctx = context()
+    schema = ctx.settings.schema
+    with ctx.database() as conn:
+        # the row and history `pgworkerd show` reads, each value bounded (a 30 MB
+        # payload is read as its first SHOWN_CHARS characters and its length)
+        job = views.job_shown(conn, schema, job_id, shown=SHOWN_CHARS)
+        if job is None:
+            abort(404, f"no job {job_id}")
+        history = views.attempts_shown(
+            conn, schema, job_id, shown=SHOWN_CHARS, limit=ATTEMPTS_SHOWN
+        )
+        why = explain.explain(conn, schema, job_id)
+    total = history[0]["total"] if history else 0
+    return {"job": job, "attempts": history or [], "attempts_total": total, "explain": why}
+
+
+@pages.get("/jobs/<int:job_id>")
+def job(job_id: int) -> str:
+    data = _job_data(job_id)
+    ctx = context()
+    with ctx.database() as conn:
+        # None: a role without the job_logs grant: the rest still shows
+        rows = views.logs_shown(
+            conn, ctx.settings.schema, job_id, shown=SHOWN_CHARS, limit=LOGS_SHOWN
+        )
+    logs = None
+    if rows is not None:
+        for row in rows:
+            row["truncated"] = row["omitted_bytes"] > 0
+            row["cut"] = max(row["head_chars"], row["tail_chars"]) > SHOWN_CHARS
+        logs = {"logs": rows, "total": rows[0]["total"] if rows else 0}
+    return render_template("job.html", logs=logs, **data)
+
+
+def _raw_response(parts: Iterator[str], name: str) -> Response:
+    response = Response(parts, mimetype="text/plain")
+    response.headers["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+def _streamed(read: Callable[[int], tuple[str, int] | None]) -> Iterator[str]:
+    """A value read in parts (read(start) -> (part, whole length) or None), each part
+    in its own statement and pool connection, stopped after RAW_MAX_CHARS."""
+    start = 0
+    while start < RAW_MAX_CHARS:
+        found = read(start)
+        if found is None or not found[0]:
+            return
+        part, whole = found
+        yield part
+        start += len(part)
+        if start >= whole:
+            return
+    yield f"\n[... cut here: the download stops after {RAW_MAX_CHARS} characters ...]\n"
+
+
+@pages.get("/jobs/<int:job_id>/raw/<field>")
+def job_raw(job_id: int, field: str) -> Response:
+    if field not in views.JOB_VALUES:
+        abort(404, "no such value")
+    ctx = context()  # the generator runs after the request: it keeps its own reference
+
+    def read(start: int) -> tuple[str, int] | None:
+        with ctx.database() as conn:
+            return views.job_value_part(
+                conn, ctx.settings.schema, job_id, field, start, RAW_PART_CHARS
+            )
+
+    first = read(0)
+    if first is None:
+        abort(404, f"job {job_id} has no {field}")
+    return _raw_response(_streamed(read), f"job-{job_id}-{field}.txt")
+
+
+@pages.get("/jobs/<int:job_id>/logs/<int:token>")
+def job_log_raw(job_id: int, token: int) -> Response:
+    ctx = context()  # the generator runs after the request: it keeps its own reference
+    schema = ctx.settings.schema
+
+    def reader(part: str) -> Callable[[int], tuple[str, int] | None]:
+        def read(start: int) -> tuple[str, int] | None:
+            with ctx.database() as conn:
+                found = views.job_log_part(conn, schema, job_id, token, part, start, RAW_PART_CHARS)
+            return None if found is None else found[:2]
+
+        return read
+
+    with ctx.database() as conn:
+        first = views.job_log_part(conn, schema, job_id, token, "head", 0, 0)
+    if first is None:
+        abort(404, f"job {job_id} has no output of that attempt")
+    omitted = first[2]
+
+    def both() -> Iterator[str]:
+        # as joblogs.text_of (and `pgworkerd logs`) writes it
+        last = ""
+        for part in _streamed(reader("head")):
+            last = part
+            yield part
+        if omitted:
+            newline = "" if not last or last.endswith("\n") else "\n"
+            yield f"{newline}{joblogs.omitted_marker(omitted)}\n"
+        yield from _streamed(reader("tail"))
+
+    return _raw_response(both(), f"job-{job_id}-attempt-{token}.log")
+
+
+@pages.get("/live/jobs/<int:job_id>")
+def job_live(job_id: int) -> str:
+    return render_template("job_live.html", **_job_data(job_id))
+
+
+@pages.get("/jobs")
+def jobs() -> str:
+    filters = {k: request.args.get(k, "") for k in ("status", "queue", "handler", "text")}
+    if filters["status"] and filters["status"] not in STATUSES:
+        abort(400, "unknown status")
+    if len(filters["text"]) > 200:
+        abort(400, "the search text is longer than 200 characters")
+    before, after = _page_id("before"), _page_id("after")
+    error = ""
+    ctx = context()
+    try:
+        with ctx.database() as conn:
+            page = views.jobs_page(
+                conn,
+                ctx.settings.schema,
+                statuses=[filters["status"]] if filters["status"] else None,
+                queue=filters["queue"] or None,
+                handler=filters["handler"] or None,
+                text=filters["text"] or None,
+                before=before,
+                after=after,
+                limit=PAGE_SIZE,
+            )
+    except views.TextSearchTimeout as exc:
+        page, error = {"jobs": [], "older": None, "newer": None}, str(exc)
+    except ValueError as exc:
+        abort(400, str(exc))
+    shown = {k: v for k, v in filters.items() if v}
+    return render_template(
+        "jobs.html", page=page, rows=page["jobs"], filters=filters, shown=shown, error=error
+    )
+
+
+def _page_id(name: str) -> int | None:
+    value = request.args.get(name, "")
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit() and len(value) < 19):
+        abort(400, f"{name} must be a job id")
+    return int(value)
+
+
+@pages.get("/schedules")
+def schedules_page() -> str:
+    ctx = context()
+    with ctx.database() as conn:
+        rows = views.schedules(conn, ctx.settings.schema)
+    return render_template("schedules.html", rows=rows)
+
+
+@pages.get("/paused")
+def paused_page() -> str:
+    ctx = context()
+    with ctx.database() as conn:
+        rows = views.paused(conn, ctx.settings.schema)
+    return render_template("paused.html", rows=rows)
+
+
+@pages.get("/limits")
+def limits_page() -> str:
+    ctx = context()
+    with ctx.database() as conn:
+        rows = views.limits(conn, ctx.settings.schema)
+    return render_template("limits.html", rows=rows)

@@ -24,6 +24,9 @@ from pgworkerd.daemon.peers import FLEET_POLLERS
 from pgworkerd.daemon.presence import HEARTBEAT_IDLE, PEERS_REFRESH, PEERS_REFRESH_MAX
 from pgworkerd.queue import lease, registry
 
+# a daemon's registry secret (schema 24), the same for every row of these tests
+SECRET = "test-registry-secret-" + "x" * 32
+
 SCHEMA = "pgworkerd"
 HANDLER = "record_start"
 QUEUES = ["default"]
@@ -53,7 +56,7 @@ def infos(ids: list[str]) -> dict[str, registry.WorkerInfo]:
 
 def register(conn: psycopg.Connection[Any], ids: list[str]) -> None:
     for info in infos(ids).values():
-        registry.register(conn, info, "running", SCHEMA)
+        registry.register(conn, info, "running", SCHEMA, secret=SECRET)
 
 
 def host_schedule(
@@ -74,7 +77,9 @@ def host_schedule(
     }
     rows = infos(ids)
     actions: dict[str, Callable[[str], object]] = {
-        "heartbeat": lambda i: registry.heartbeat(conn, rows[i], "running", [], SCHEMA),
+        "heartbeat": lambda i: registry.heartbeat(
+            conn, rows[i], "running", [], SCHEMA, secret=SECRET
+        ),
         "stale": lambda i: registry.mark_stale(conn, 60.0, SCHEMA),
         "poll": lambda i: (
             lease.claim_checked(conn, i, queues=QUEUES, handlers=capacity, limit=1, schema=SCHEMA),

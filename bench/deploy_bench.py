@@ -121,9 +121,7 @@ def one_round(tb: Testbed, pg: LocalPostgres, workdir: Path, args: argparse.Name
             "restart": ready - marks["restarting"],
             "total": ready,
             "all_running_again_after_ready": again,
-            "checkpoints_kept": sum(
-                1 for r in rows[:-1] if r is not None and r["checkpoint"]
-            ),
+            "checkpoints_kept": sum(1 for r in rows[:-1] if r is not None and r["checkpoint"]),
             "attempts_counted_by_hand_back": sum(r["attempts"] for r in rows if r) - len(rows),
             "released_attempts": released[0] if released else None,
             "job_processes_at_install": sum(

@@ -58,8 +58,6 @@ PGWORKERD = Path(sys.executable).with_name("pgworkerd")
 JOBS = 4
 
 
-
-
 class Daemon:
     def __init__(self, dsn: str, schema: str, workdir: Path, tag: str) -> None:
         config = workdir / f"{schema}-{tag}.toml"

@@ -43,8 +43,6 @@ from pgworkerd.queue.migrate import migrate
 PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
 
 
-
-
 def flagged(conn: psycopg.Connection, job_id: int) -> dict[str, Any] | None:
     found = explain.explain(conn, "pgworkerd", job_id)
     assert found is not None

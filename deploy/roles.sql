@@ -3,9 +3,10 @@
 -- on the schema's objects: the schema owner, or a superuser. Each process then connects
 -- as its role (README "Install and run"):
 --   pgworkerd_daemon:   what `pgworkerd run` needs: claim, renew and finish the jobs
---                       it holds (fenced functions only, no UPDATE on jobs), write the
---                       logs and history of its attempts, the registry, fire the
---                       schedules an operator declared, prune above the operator's floor.
+--                       it holds (fenced functions only, no UPDATE on jobs, no lease
+--                       token read), write the logs and history of its attempts and its
+--                       own registry row, fire the schedules an operator declared at
+--                       their ticks, prune above the operator's floor.
 --   pgworkerd_enqueuer: enqueue (the SQL functions), and read and wait for the jobs its
 --                       own login enqueued (job_get_v1: `pgworkerd.get`/`wait`); it
 --                       cannot read or change any other job, nor anything else.
@@ -149,11 +150,12 @@ GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_daemon;
 -- functions of schema 22 (each checks the job's worker, lease token and status): no
 -- UPDATE on any column of jobs, so a compromised worker host cannot put a finished job
 -- back, rewrite a payload, a checkpoint or a result outside an attempt it holds, nor
--- create jobs. What it can still do: end or renew any *running* attempt whose worker
--- name and token it reads (its SELECT shows them), fire a declared schedule at extra
--- ticks (the stored job), and prune finished jobs older than the operator's floor.
--- Earlier versions of this file granted more: taken back here, so running it again
--- after an upgrade leaves only this (see migration 0022 for the upgrade order).
+-- create jobs. Since schema 24 it reads no lease token either (every column of jobs and
+-- job_logs but lease_token; tokens are drawn at random), so it cannot end or renew
+-- another host's running attempt; it fires a declared schedule only at the schedule's
+-- own ticks, and prunes finished jobs older than the operator's floor. Earlier versions
+-- of this file granted more: taken back here, so running it again after an upgrade
+-- leaves only this (see migrations 0022 and 0024 for the upgrade order).
 REVOKE UPDATE ON pgworkerd.jobs FROM pgworkerd_daemon;
 REVOKE INSERT, UPDATE ON pgworkerd.job_logs FROM pgworkerd_daemon;
 REVOKE UPDATE ON pgworkerd.attempts FROM pgworkerd_daemon;
@@ -161,8 +163,39 @@ REVOKE EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
                            pgworkerd.schedule_fire(text, timestamptz, jsonb, text, text),
                            pgworkerd.prune_finished_v1(float8, float8, float8, integer)
        FROM pgworkerd_daemon;
-GRANT SELECT ON pgworkerd.jobs TO pgworkerd_daemon;
-GRANT SELECT, INSERT, UPDATE ON pgworkerd.workers TO pgworkerd_daemon;
+REVOKE SELECT ON pgworkerd.jobs, pgworkerd.job_logs FROM pgworkerd_daemon;
+DO $$
+DECLARE
+    t text;
+    readable text;
+BEGIN
+    FOREACH t IN ARRAY ARRAY['pgworkerd.jobs', 'pgworkerd.job_logs'] LOOP
+        SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', '
+                                     ORDER BY a.attnum)
+          INTO readable
+          FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = t::regclass AND a.attnum > 0 AND NOT a.attisdropped
+           AND a.attname <> 'lease_token';
+        EXECUTE pg_catalog.format('GRANT SELECT (%s) ON %s TO pgworkerd_daemon', readable, t);
+    END LOOP;
+END
+$$;
+-- A refused outcome is checked against the job's lease without reading the token
+-- (schema 24).
+GRANT EXECUTE ON FUNCTION pgworkerd.job_lease_state_v1(bigint, bigint) TO pgworkerd_daemon;
+-- The registry (schema 24): a daemon writes its own row only, through these functions,
+-- each naming the secret the row was registered with; heartbeat_at is the server's
+-- clock; a login keeps at most registry_cap's rows not gone. No table rights to write.
+REVOKE INSERT, UPDATE, DELETE ON pgworkerd.workers FROM pgworkerd_daemon;
+GRANT SELECT ON pgworkerd.workers, pgworkerd.registry_cap TO pgworkerd_daemon;
+GRANT EXECUTE ON FUNCTION pgworkerd.worker_register_v2(text, text, text, integer, text, text[],
+                                                       text[], integer, text, jsonb, float8),
+                          pgworkerd.worker_heartbeat_v2(text, text, text, bigint[], text[],
+                                                        text[], integer, jsonb, float8),
+                          pgworkerd.worker_deregister_v2(text, text),
+                          pgworkerd.worker_schedules_set_v2(text, text, text[]),
+                          pgworkerd.worker_mark_stale_v2(float8)
+      TO pgworkerd_daemon;
 -- The claim of every language (schema 19; README "Jobs"), and the finishing functions a
 -- worker in another language calls as pgworkerd_daemon (SECURITY DEFINER since schema 22,
 -- EXECUTE no longer PUBLIC's).
@@ -195,9 +228,9 @@ GRANT EXECUTE ON FUNCTION pgworkerd.attempt_account_v1(text, bigint[], bigint[],
                                                        float8[], float8[], bigint[])
       TO pgworkerd_daemon;
 -- Job logs (schema 15): the daemon writes what attempts it holds or held printed
--- (job_log_write_v1), never another worker's row; `logs` reads them. Rows go with their
--- job through a trigger (SECURITY DEFINER).
-GRANT SELECT ON pgworkerd.job_logs TO pgworkerd_daemon;
+-- (job_log_write_v1), never another worker's row; it reads them without their lease
+-- tokens (above; `logs` is the reader's). Rows go with their job through a trigger
+-- (SECURITY DEFINER).
 GRANT EXECUTE ON FUNCTION pgworkerd.job_log_write_v1(text, bigint[], bigint[], integer[],
                                                      text[], text[], bigint[], bigint[],
                                                      boolean[])
@@ -253,8 +286,8 @@ GRANT SELECT ON pgworkerd.schema_version, pgworkerd.jobs, pgworkerd.attempts,
                 pgworkerd.job_logs, pgworkerd.workers, pgworkerd.paused,
                 pgworkerd.schedules, pgworkerd.schedule_runs, pgworkerd.retention_floor
       TO pgworkerd_reader;
--- what enqueuers may ask (schema 23)
-GRANT SELECT ON pgworkerd.enqueue_bounds TO pgworkerd_reader;
+-- what enqueuers may ask (schema 23); how many daemons a login may register (schema 24)
+GRANT SELECT ON pgworkerd.enqueue_bounds, pgworkerd.registry_cap TO pgworkerd_reader;
 
 -- pgworkerd_operator: what the reader reads and the enqueuer runs (memberships, so a
 -- release's new grants to either reach the operator too), and the actions below.
@@ -300,6 +333,8 @@ GRANT INSERT (role_name, queue, priority_min, priority_max, dedupe_key_prefix,
 GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
                           pgworkerd.retention_floor_set(float8)
       TO pgworkerd_operator;
+-- the most daemons one login may keep registered and not gone (schema 24; 100 until set)
+GRANT UPDATE (max_live_per_login) ON pgworkerd.registry_cap TO pgworkerd_operator;
 -- MERGE (issue 21): grants of people's roles for objects that later work adds go here,
 -- with their statements in tests/integration/test_people_roles.py (STATEMENTS, PROMISED).
 

@@ -316,7 +316,7 @@ def _snooze(conn: psycopg.Connection, worker: str, schema: str, o: Outcome) -> _
             else f"now {snoozed.status}"
         )
         return _Snoozed(True, f"{o.name}: snoozed for {delay:g}s (snooze {snoozed.snoozes}); {due}")
-    row = lease.lease_state(conn, j.id, schema=schema)
+    row = lease.lease_state(conn, j.id, j.token, schema=schema)
     if row is None or row.token != j.token or row.locked_by != worker or row.status != "running":
         return _Snoozed(False, "")  # fenced off (or written earlier: _checked tells)
     o.kind = OutcomeKind.FAIL
@@ -354,7 +354,7 @@ def _recorded_earlier(conn: psycopg.Connection, schema: str, o: Outcome) -> bool
     its reply was lost (the connection died), so the daemon wrote it again. The token is
     still ours (every claim, and every burial of an expired job, bumps it), nobody holds
     the job, and the row is in a state this outcome leaves."""
-    row = lease.lease_state(conn, o.job.id, schema=schema)
+    row = lease.lease_state(conn, o.job.id, o.job.token, schema=schema)
     return (
         row is not None
         and row.token == o.job.token

@@ -30,6 +30,9 @@ class Statements:
         self.worker_id = worker_id
         self.schema = schema
         self.metrics = metrics
+        # what this daemon names in every write of its registry row (schema 24): no other
+        # session can write the row, nor take the id over; never logged
+        self._registry_secret = registry.new_secret()
 
     @property
     def ok(self) -> bool:
@@ -125,12 +128,17 @@ class Statements:
     def register(self, info: registry.WorkerInfo, state: str, heartbeat_interval: float) -> None:
         self.link.run(
             "registering",
-            lambda c: registry.register(c, info, state, self.schema, heartbeat_interval),
+            lambda c: registry.register(
+                c, info, state, self.schema, heartbeat_interval, secret=self._registry_secret
+            ),
         )
 
     def deregister(self) -> None:
         self.link.run(
-            "deregistering", lambda c: registry.deregister(c, self.worker_id, self.schema)
+            "deregistering",
+            lambda c: registry.deregister(
+                c, self.worker_id, self.schema, secret=self._registry_secret
+            ),
         )
 
     def heartbeat(
@@ -144,7 +152,15 @@ class Statements:
         drain requested of this daemon (None: the call failed, or the row is gone)."""
         return self.link.run(
             "heartbeat",
-            lambda c: registry.heartbeat(c, info, state, job_ids, self.schema, heartbeat_interval),
+            lambda c: registry.heartbeat(
+                c,
+                info,
+                state,
+                job_ids,
+                self.schema,
+                heartbeat_interval,
+                secret=self._registry_secret,
+            ),
         )
 
     def mark_stale(self, stale_after: float) -> list[tuple[str, str, int]] | None:
@@ -171,7 +187,9 @@ class Statements:
 
     def set_declared_schedules(self, names: Sequence[str]) -> bool | None:
         def call(c: Any) -> bool:
-            schedules.set_declared(c, self.worker_id, names, self.schema)
+            schedules.set_declared(
+                c, self.worker_id, names, self.schema, secret=self._registry_secret
+            )
             return True
 
         return self.link.run("recording declared schedules", call)

@@ -429,15 +429,16 @@ def snooze(
 @dataclass(frozen=True)
 class LeaseState:
     status: str
-    token: int
+    token: int | None  # the token asked about if the job still has it, else None
     locked_by: str | None
 
 
 def lease_state(
-    conn: psycopg.Connection[Any], job_id: int, *, schema: str = DEFAULT_SCHEMA
+    conn: psycopg.Connection[Any], job_id: int, token: int, *, schema: str = DEFAULT_SCHEMA
 ) -> LeaseState | None:
-    """Who holds a job, under which token (None: no such job); loads nothing else."""
-    rows = hotpath.run(conn, "job_lease_state", {"id": job_id}, schema=schema)
+    """Who holds a job, and whether under `token` (None: no such job); loads nothing else,
+    and never learns another token (schema 24: the daemon role reads none)."""
+    rows = hotpath.run(conn, "job_lease_state", {"id": job_id, "token": token}, schema=schema)
     return LeaseState(*rows[0]) if rows else None
 
 

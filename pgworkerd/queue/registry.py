@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -19,6 +20,12 @@ from pgworkerd.queue.queries import query
 STALE_AFTER_SECONDS = 60.0
 # What a registry row says when the daemon wrote no interval (code before schema 21).
 DEFAULT_HEARTBEAT_INTERVAL = 10.0
+
+
+def new_secret() -> str:
+    """A daemon's registry secret (schema 24): drawn once per daemon, named in every write
+    of its registry row, never logged; the database keeps only its SHA-256."""
+    return secrets.token_urlsafe(32)
 
 
 @dataclass(frozen=True)
@@ -41,13 +48,17 @@ def register(
     state: str,
     schema: str,
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+    *,
+    secret: str,
 ) -> None:
-    """Record the daemon; `heartbeat_interval`: the most seconds it lets pass before its
-    next heartbeat (1 s to an hour: the registry refuses others)."""
+    """Record the daemon under its `secret` (new_secret; the same for every later write of
+    its row); `heartbeat_interval`: the most seconds it lets pass before its next
+    heartbeat (1 s to an hour: the registry refuses others)."""
     conn.execute(
         query("worker_register", schema),
         {
             "id": info.id,
+            "secret": secret,
             "host": info.host,
             "pid": info.pid,
             "version": info.version,
@@ -100,13 +111,17 @@ def heartbeat(
     in_flight: Sequence[int],
     schema: str,
     heartbeat_interval: float = DEFAULT_HEARTBEAT_INTERVAL,
+    *,
+    secret: str,
 ) -> DrainRequest | None:
     """Returns the drain requested of this daemon; None if our row is gone (re-register).
-    `heartbeat_interval`: the most seconds until the next heartbeat, as at register."""
+    `heartbeat_interval`: the most seconds until the next heartbeat, as at register;
+    `secret`: the one it registered with."""
     row = conn.execute(
         query("worker_heartbeat", schema),
         {
             "id": info.id,
+            "secret": secret,
             "state": state,
             "in_flight": list(in_flight),
             "queues": list(info.queues),
@@ -132,8 +147,8 @@ def heartbeat(
     return DrainRequest(bool(drain), hand_back)
 
 
-def deregister(conn: psycopg.Connection, worker_id: str, schema: str) -> None:
-    conn.execute(query("worker_deregister", schema), {"id": worker_id})
+def deregister(conn: psycopg.Connection, worker_id: str, schema: str, *, secret: str) -> None:
+    conn.execute(query("worker_deregister", schema), {"id": worker_id, "secret": secret})
 
 
 def mark_stale(

@@ -56,9 +56,14 @@ def declare(
 
 
 def set_declared(
-    conn: psycopg.Connection, worker_id: str, names: Sequence[str], schema: str
+    conn: psycopg.Connection, worker_id: str, names: Sequence[str], schema: str, *, secret: str
 ) -> None:
-    conn.execute(query("worker_schedules_set", schema), {"id": worker_id, "schedules": list(names)})
+    """Record in this daemon's registry row (its `secret`, registry.new_secret) which
+    schedules it declares."""
+    conn.execute(
+        query("worker_schedules_set", schema),
+        {"id": worker_id, "secret": secret, "schedules": list(names)},
+    )
 
 
 def fire(

@@ -242,8 +242,10 @@ def test_the_audits_escapes_do_not_outlive_the_attempt(
     assert db.wait_status(job, expected)["status"] == expected
     # the child's output file and directories went with it
     wait_for(
-        lambda: not list(open_tmp.glob(f"pgworkerd-0/d*/{child}-*"))
-        and not list(open_tmp.glob(f"pgworkerd-0/d*/{Path(path_for('', child)).name}")),
+        lambda: (
+            not list(open_tmp.glob(f"pgworkerd-0/d*/{child}-*"))
+            and not list(open_tmp.glob(f"pgworkerd-0/d*/{Path(path_for('', child)).name}"))
+        ),
         what="the child's leftovers removed",
     )
 

@@ -16,6 +16,9 @@ from pgworkerd import client
 from pgworkerd.queue import admin, attempts, lease, registry
 from pgworkerd.queue.queries import render
 
+# a daemon's registry secret (schema 24), the same for every row of these tests
+SECRET = "test-registry-secret-" + "x" * 32
+
 SERVED = {"h": lease.HandlerCapacity(lease_seconds=60, free=10)}
 
 
@@ -96,7 +99,7 @@ def test_a_lease_that_ran_out_says_whose_it_was(
     conn: psycopg.Connection, schema: str, attempts_left: bool
 ) -> None:
     info = registry.WorkerInfo("host-a:1:x", "host-a", 1, "test", ["default"], ["h"], 2)
-    registry.register(conn, info, "running", schema)
+    registry.register(conn, info, "running", schema, secret=SECRET)
     job_id = client.enqueue(conn, "h", max_attempts=2 if attempts_left else 1, schema=schema)
     claim(conn, schema, worker=info.id)
     expire(conn, schema)

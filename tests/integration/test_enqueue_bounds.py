@@ -236,13 +236,26 @@ def test_schedules_fired_by_the_daemon_role_are_bound_like_any_enqueue(
         op.execute(
             render(
                 "SELECT @schema@.schedule_declare('s',"
-                " '{\"handler\": \"h\", \"priority\": -5}', 'operator')",
+                ' \'{"handler": "h", "priority": -5, "every": 1}\', \'operator\')',
                 schema,
             )
         )
     refused = pytest.raises(psycopg.errors.InsufficientPrivilege, match="priority -5 is outside")
+    # a live daemon (schema 24), at a tick of the schedule
+    conn.execute(
+        render(
+            "INSERT INTO @schema@.workers (id, host, pid, version, slots, state)"
+            " VALUES ('w', 'h', 1, '0', 1, 'running')",
+            schema,
+        )
+    )
     with connect(roles[daemon]) as c, refused:
-        c.execute(render("SELECT * FROM @schema@.schedule_fire_v2('s', now(), 'w')", schema))
+        c.execute(
+            render(
+                "SELECT * FROM @schema@.schedule_fire_v2('s', date_trunc('second', now()), 'w')",
+                schema,
+            )
+        )
     assert job_count(conn, schema) == 0
 
 

@@ -18,6 +18,9 @@ from pgworkerd import client
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.queue import admin, explain, fleet, lease, registry
 
+# a daemon's registry secret (schema 24), the same for every row of these tests
+SECRET = "test-registry-secret-" + "x" * 32
+
 WORK = "jobhandlers:work"
 SETTINGS = {"queues": None, "slots": None, "max_running": None, "max_running_per_key": None}
 
@@ -42,7 +45,7 @@ def daemon_row(
     info = registry.WorkerInfo(
         worker_id, "host-a", 1, "t", list(queues), list(handlers), slots, handlers
     )
-    registry.register(conn, info, "running", schema)
+    registry.register(conn, info, "running", schema, secret=SECRET)
     return info
 
 
@@ -96,7 +99,7 @@ def test_no_live_daemon_serves_its_handler_or_queue(conn: psycopg.Connection, sc
     # a daemon gone serves nothing
     daemon_row(conn, schema, "host-c:3:z", queues=("mail",))
     assert list(codes(conn, schema, job)) == ["claimable"]
-    registry.deregister(conn, "host-c:3:z", schema)
+    registry.deregister(conn, "host-c:3:z", schema, secret=SECRET)
     assert list(codes(conn, schema, job)) == ["no_daemon"]
 
 

@@ -15,6 +15,9 @@ from psycopg.rows import dict_row
 from pgworkerd import client
 from pgworkerd.queue import fleet, lease, registry
 
+# a daemon's registry secret (schema 24), the same for every row of these tests
+SECRET = "test-registry-secret-" + "x" * 32
+
 INFO = registry.WorkerInfo(
     id="host:1:abc", host="host", pid=1, version="t", queues=["default"], handlers=["h"], slots=4
 )
@@ -54,7 +57,7 @@ def hand_back(conn: psycopg.Connection, schema: str, **kw: Any) -> list[dict[str
 def test_drain_request_refuses_bad_values_and_changes_nothing(
     conn: psycopg.Connection, schema: str, args: str, message: str
 ) -> None:
-    registry.register(conn, INFO, "running", schema)
+    registry.register(conn, INFO, "running", schema, secret=SECRET)
     before = row(conn, schema)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
         conn.execute(f"SELECT * FROM {schema}.drain_request({args})")
@@ -62,16 +65,16 @@ def test_drain_request_refuses_bad_values_and_changes_nothing(
 
 
 def test_grace_bounds_are_inclusive(conn: psycopg.Connection, schema: str) -> None:
-    registry.register(conn, INFO, "running", schema)
+    registry.register(conn, INFO, "running", schema, secret=SECRET)
     assert hand_back(conn, schema, grace=0.0)
     assert hand_back(conn, schema, grace=86400.0)
     assert row(conn, schema)["hand_back_grace"] == timedelta(0)  # the shorter one is kept
 
 
 def test_no_live_daemon_no_change(conn: psycopg.Connection, schema: str) -> None:
-    registry.register(conn, INFO, "running", schema)
+    registry.register(conn, INFO, "running", schema, secret=SECRET)
     assert fleet.request_hand_back(conn, schema, grace=1.0, worker_id="nobody") == []
-    registry.deregister(conn, INFO.id, schema)
+    registry.deregister(conn, INFO.id, schema, secret=SECRET)
     assert hand_back(conn, schema, grace=1.0) == []  # gone
     assert row(conn, schema)["hand_back_requested_at"] is None
 
@@ -79,7 +82,7 @@ def test_no_live_daemon_no_change(conn: psycopg.Connection, schema: str) -> None
 def test_requests_combine_and_the_heartbeat_hands_them_over(
     conn: psycopg.Connection, schema: str
 ) -> None:
-    registry.register(conn, INFO, "running", schema)
+    registry.register(conn, INFO, "running", schema, secret=SECRET)
     # a plain drain, then a filtered hand-back: the plain drain stays (claim nothing)
     fleet.request_drain(conn, schema, drain=True, worker_id=INFO.id)
     [asked] = hand_back(conn, schema, grace=60.0, queues=["b", "a"])
@@ -99,7 +102,7 @@ def test_requests_combine_and_the_heartbeat_hands_them_over(
     r = row(conn, schema)
     assert r["hand_back_grace"] == timedelta(seconds=5) and r["hand_back_queues"] is None
 
-    request = registry.heartbeat(conn, INFO, "draining", [], schema)
+    request = registry.heartbeat(conn, INFO, "draining", [], schema, secret=SECRET)
     assert request is not None and request.drain is True
     hb = request.hand_back
     assert hb is not None and hb.grace == 5.0 and hb.everything
@@ -108,13 +111,16 @@ def test_requests_combine_and_the_heartbeat_hands_them_over(
 
     # without --grace: NULL (each handler's stop_grace) replaces a given grace
     hand_back(conn, schema, grace=None)
-    request = registry.heartbeat(conn, INFO, "draining", [], schema)
+    request = registry.heartbeat(conn, INFO, "draining", [], schema, secret=SECRET)
     assert request is not None and request.hand_back is not None
     assert request.hand_back.grace is None
 
     # resume lifts both drains
     fleet.request_drain(conn, schema, drain=False, worker_id=INFO.id)
-    assert registry.heartbeat(conn, INFO, "running", [], schema) == registry.DrainRequest()
+    assert (
+        registry.heartbeat(conn, INFO, "running", [], schema, secret=SECRET)
+        == registry.DrainRequest()
+    )
     r = row(conn, schema)
     assert r["drain_requested"] is False and r["hand_back_grace"] is None
 
@@ -122,7 +128,7 @@ def test_requests_combine_and_the_heartbeat_hands_them_over(
 def test_an_unfiltered_hand_back_binds_the_claim_a_filtered_one_does_not(
     conn: psycopg.Connection, schema: str
 ) -> None:
-    registry.register(conn, INFO, "running", schema)
+    registry.register(conn, INFO, "running", schema, secret=SECRET)
     client.enqueue_many(conn, [client.JobSpec("h") for _ in range(2)], schema=schema)
     hand_back(conn, schema, grace=1.0, handlers=["other"])
     assert row(conn, schema)["drain_requested"] is False  # the daemon leaves "other" out
@@ -145,7 +151,7 @@ def test_an_unfiltered_hand_back_binds_the_claim_a_filtered_one_does_not(
 def test_a_hand_back_wakes_the_daemons_and_a_release_wakes_the_peers(
     conn: psycopg.Connection, schema: str, test_db_dsn: str
 ) -> None:
-    registry.register(conn, INFO, "running", schema)
+    registry.register(conn, INFO, "running", schema, secret=SECRET)
     [job_id] = client.enqueue_many(conn, [client.JobSpec("h", queue="q")], schema=schema)
     [claimed] = leasing.claim(
         conn, INFO.id, queues=["q"], handlers=CAPACITY, limit=1, schema=schema
@@ -163,7 +169,7 @@ def test_a_hand_back_wakes_the_daemons_and_a_release_wakes_the_peers(
 def test_a_release_racing_the_completion_one_wins_whole(
     conn: psycopg.Connection, schema: str, first: str
 ) -> None:
-    registry.register(conn, INFO, "running", schema)
+    registry.register(conn, INFO, "running", schema, secret=SECRET)
     [job_id] = client.enqueue_many(conn, [client.JobSpec("h")], schema=schema)
     [claimed] = leasing.claim(
         conn, INFO.id, queues=["default"], handlers=CAPACITY, limit=1, schema=schema

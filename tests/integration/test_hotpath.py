@@ -340,7 +340,7 @@ with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as conn:
     out["fail"] = failed.status if failed else None
     out["release"] = lease.release(conn, "w", d.id, d.token, schema=schema)
     out["bury"] = lease.bury(conn, "w", e.id, e.token, "unusable", schema=schema)
-    state = lease.lease_state(conn, e.id, schema=schema)
+    state = lease.lease_state(conn, e.id, e.token, schema=schema)
     out["lease_state"] = state.status if state else None
     out["ours"] = conn.execute(
         "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE '\\_pgworkerd\\_%%'"

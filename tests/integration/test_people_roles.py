@@ -257,6 +257,15 @@ STATEMENTS: dict[str, Statement] = {
     "set the retention floor": ("SELECT @schema@.retention_floor_set(3600)", {}),
     "select retention_floor": ("SELECT * FROM @schema@.retention_floor", {}),
     "fleet retention": ("SELECT @schema@.prune_finished_v1(0, 0, 0, 10)", {}),
+    # the registry (schema 24): the daemons' own rows through functions, a cap per login
+    "select registry_cap": ("SELECT * FROM @schema@.registry_cap", {}),
+    "set the registry cap": ("UPDATE @schema@.registry_cap SET max_live_per_login = 50", {}),
+    "register through the function": (
+        "SELECT @schema@.worker_register_v2('x', repeat('s', 32), 'h', 1, '0', '{}', '{}', 1,"
+        " 'running', '{}', 10)",
+        {},
+    ),
+    "read whether a lease holds": ("SELECT * FROM @schema@.job_lease_state_v1(1, 1)", {}),
 }
 
 READS = {
@@ -271,6 +280,7 @@ READS = {
     "select retention_floor",
     "job_get_v1",
     "select enqueue_bounds",
+    "select registry_cap",
 }
 ENQUEUES = {"enqueue", "enqueue_many", "enqueue_v2", "enqueue_many_v2"}
 ACTIONS = {
@@ -287,6 +297,7 @@ ACTIONS = {
     "lift enqueue bounds",
     "declare a schedule",  # schema 22: the operator's, daemons fire what it declared
     "set the retention floor",
+    "set the registry cap",
 }
 # What roles.sql's header promises each role of people, and nothing else.
 PROMISED = {

@@ -535,7 +535,8 @@ def test_claim_returns_what_a_child_needs(q: Queue) -> None:
     job = q.claim_one("w9", lease_seconds=45)
     assert job.id == job_id
     assert (job.handler, job.queue, job.payload, job.priority) == ("h", "default", {"k": "v"}, 2)
-    assert (job.attempt, job.max_attempts, job.token, job.rescued) == (1, 4, 1, False)
+    assert (job.attempt, job.max_attempts, job.rescued) == (1, 4, False)
+    assert job.token >= 1 << 60  # drawn at random (schema 24)
     assert job.checkpoint is None
     row = q.row(job_id)
     assert row["status"] == "running"
@@ -552,12 +553,17 @@ def test_other_languages_claim_with_one_select_as_the_readme_shows(q: Queue) -> 
         "SELECT id, handler, attempts, lease_token, rescued"
         " FROM @schema@.claim('worker-1', '{default}', '{h}', '{300}', '{2}', 4)"
     )
-    assert rows == [(ids[0], "h", 1, 1, False), (ids[1], "h", 1, 1, False)]  # h's 2 slots
+    # h's 2 slots; tokens drawn at random (schema 24)
+    assert [(r[0], r[1], r[2], r[4]) for r in rows] == [
+        (ids[0], "h", 1, False),
+        (ids[1], "h", 1, False),
+    ]
+    assert all(r[3] >= 1 << 60 for r in rows) and rows[0][3] != rows[1][3]
     [(until,)] = q.sql("SELECT locked_until - now() FROM @schema@.jobs WHERE id = %s", [ids[0]])
     assert timedelta(seconds=290) < until <= timedelta(seconds=300)
     # ... and finish them with the same fencing as the Python API.
-    assert leasing.complete(q.conn, "worker-1", ids[0], 1, schema=q.schema)
-    assert not leasing.complete(q.conn, "worker-2", ids[1], 1, schema=q.schema)
+    assert leasing.complete(q.conn, "worker-1", ids[0], rows[0][3], schema=q.schema)
+    assert not leasing.complete(q.conn, "worker-2", ids[1], rows[1][3], schema=q.schema)
 
 
 def test_scheduled_jobs_are_invisible_until_due(q: Queue) -> None:
@@ -836,7 +842,8 @@ def test_release_hands_the_job_back_without_counting_the_attempt(q: Queue) -> No
     assert row["run_at"] == held.run_at  # its old place in the queue: before `newer`
     again = q.claim_one("w2")
     assert q.row(newer)["status"] == "pending"
-    assert (again.id, again.attempt, again.token, again.rescued) == (job_id, 1, 2, False)
+    assert (again.id, again.attempt, again.rescued) == (job_id, 1, False)
+    assert again.token != held.token
     # With max_attempts=1, a counted release would have made this attempt impossible.
     assert leasing.complete(q.conn, "w2", again.id, again.token, schema=q.schema)
 
@@ -860,7 +867,7 @@ def test_an_expired_lease_is_rescued_and_the_old_holder_is_fenced_off(
     new = q.claim_one(rescuer, lease_seconds=30)
     assert new.id == job_id
     assert new.rescued
-    assert new.token == old.token + 1
+    assert new.token != old.token and new.token >= 1 << 60  # drawn at random (schema 24)
     assert new.attempt == 2
     rescued = q.row(job_id)
     assert rescued["locked_by"] == rescuer
@@ -887,7 +894,7 @@ def test_an_expired_lease_is_rescued_and_the_old_holder_is_fenced_off(
 
 def test_an_expired_job_without_attempts_left_is_buried_by_the_claim(q: Queue) -> None:
     dead = q.enqueue(max_attempts=1)
-    q.claim_one("w1", lease_seconds=0.2)
+    first = q.claim_one("w1", lease_seconds=0.2)
     requested = q.enqueue(max_attempts=3)
     held = q.claim_one("w1", lease_seconds=0.2)
     assert admin.cancel(q.conn, [requested], schema=q.schema) == {requested: "cancel requested"}
@@ -903,7 +910,8 @@ def test_an_expired_job_without_attempts_left_is_buried_by_the_claim(q: Queue) -
     assert row["finished_at"] is not None
     assert row["locked_by"] is None and row["locked_until"] is None
     assert "lease of w1 expired during attempt 1 of 1" in row["last_error"]
-    assert row["lease_token"] == 2  # a burial fences the lost holder off like a claim
+    # a burial fences the lost holder off like a claim: a new token, drawn (schema 24)
+    assert row["lease_token"] != first.token and row["lease_token"] >= 1 << 60
     row = q.row(requested)
     assert row["status"] == "cancelled"
     assert row["finished_at"] is not None

@@ -19,9 +19,12 @@ from pgworkerd import client
 from pgworkerd.config import DatabaseConfig
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.devcluster.localpg import LocalPostgres
-from pgworkerd.queue import admin, lease
+from pgworkerd.queue import admin, lease, registry
 from pgworkerd.queue.db import connect
 from pgworkerd.queue.queries import render
+
+# a daemon's registry secret (schema 24), the same for every row of these tests
+SECRET = "test-registry-secret-" + "x" * 32
 
 MIGRATIONS = Path(pgworkerd.__file__).resolve().parent / "queue" / "sql" / "migrations"
 
@@ -144,7 +147,9 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
     roles: dict[str, str], schema: str, conn: psycopg.Connection, tmp_path: Path
 ) -> None:
     """A real `pgworkerd run` as the daemon role: claim, complete, fail, retry, and the
-    read commands (jobs, status); cancel and retry are the operator role's."""
+    read commands (jobs, status); cancel and retry are the operator role's, `logs` and
+    `show` (they show lease tokens, which the daemon role no longer reads: schema 24) the
+    reader's."""
     daemon_dsn, enqueuer_dsn = roles[f"{schema}_daemon"], roles[f"{schema}_enqueuer"]
     with psycopg.connect(enqueuer_dsn, autocommit=True) as c:
         done = client.enqueue(c, "echo", {"n": 1}, schema=schema)
@@ -176,7 +181,8 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
             ),
             what="the chatty job's stored output",
         )
-        printed = daemons.cli("logs", str(chatty))
+        reader = Daemons(tmp_path, roles[f"{schema}_reader"], schema)
+        printed = reader.cli("logs", str(chatty))
         assert "stdout line of attempt 1\n" in printed.stdout, printed.stderr
         # the role may add its figures to the attempt history (roles.sql) and show them
         wait_for(
@@ -186,8 +192,10 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
             ),
             what="the completed attempt's figures",
         )
-        shown = daemons.cli("show", str(done))
+        shown = reader.cli("show", str(done))
         assert shown.returncode == 0 and "#1 completed" in shown.stdout, shown.stderr
+        refused = daemons.cli("show", str(done))
+        assert refused.returncode != 0 and "cannot read jobs" in refused.stderr, refused
         dead = db.wait_status(crashed, "dead")
         assert dead["attempts"] == 2 and "exited with code 3" in dead["last_error"]
         for command in (["jobs"], ["status"]):
@@ -412,7 +420,10 @@ def test_daemon_role_fires_schedules_and_enqueuer_cannot(
 
     from pgworkerd.queue import schedules
 
-    tick = datetime.now(UTC) - timedelta(seconds=1)
+    # a tick of the schedule (every minute), due (schema 24 checks both)
+    tick = datetime.fromtimestamp(int(datetime.now(UTC).timestamp()) // 60 * 60, UTC)
+    info = registry.WorkerInfo("w", "hostx", 1, "t", ["default"], ["h"], 1)
+    registry.register(conn, info, "running", schema, secret=SECRET)  # a live daemon fires
     definition = {
         "handler": "h",
         "every": 60.0,
@@ -541,7 +552,7 @@ def test_daemon_role_drains_and_hands_back_through_the_functions_and_enqueuer_ca
     from pgworkerd.queue import fleet, registry
 
     info = registry.WorkerInfo("w:1:a", "hostx", 1, "t", ["default"], ["h"], 2)
-    registry.register(conn, info, "running", schema)
+    registry.register(conn, info, "running", schema, secret=SECRET)
     with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             fleet.request_hand_back(c, schema, grace=1.0, worker_id=info.id)
@@ -551,11 +562,14 @@ def test_daemon_role_drains_and_hands_back_through_the_functions_and_enqueuer_ca
         assert fleet.request_drain(c, schema, drain=True, worker_id=info.id)
         [asked] = fleet.request_hand_back(c, schema, grace=2.0, handlers=["h"], worker_id=info.id)
         assert asked["id"] == info.id
-        request = registry.heartbeat(c, info, "draining", [], schema)
+        request = registry.heartbeat(c, info, "draining", [], schema, secret=SECRET)
         assert request is not None and request.drain and request.hand_back is not None
         assert request.hand_back.handlers == frozenset({"h"})
         assert fleet.request_drain(c, schema, drain=False, worker_id=info.id)
-        assert registry.heartbeat(c, info, "running", [], schema) == registry.DrainRequest()
+        assert (
+            registry.heartbeat(c, info, "running", [], schema, secret=SECRET)
+            == registry.DrainRequest()
+        )
 
 
 def test_the_daemon_role_prunes_runs_and_daemons_only_through_the_function(
@@ -650,6 +664,21 @@ DAEMON_PROBE: dict[str, str] = {
     "insert a job": "INSERT INTO @schema@.jobs (handler) VALUES ('printer')",
     "enqueue": 'SELECT @schema@.enqueue_many(\'[{"handler": "printer"}]\')',
     "rewrite a schedule": "UPDATE @schema@.schedules SET definition = '{}'",
+    # schema 24 (lease): another host's running attempt, and the registry
+    "6a. read running attempts' lease tokens": (
+        "SELECT locked_by, lease_token FROM @schema@.jobs WHERE status = 'running'"
+    ),
+    "6b. read them from the logs of running attempts": (
+        "SELECT worker, lease_token FROM @schema@.job_logs"
+    ),
+    "6c. read every column": "SELECT * FROM @schema@.jobs",
+    "7a. plant a peer": (
+        "INSERT INTO @schema@.workers (id, host, pid, version, slots, state)"
+        " VALUES ('fake:1:x', 'h', 1, '0', 64, 'running')"
+    ),
+    "7b. keep planted peers fresh": "UPDATE @schema@.workers SET heartbeat_at = now()",
+    "7c. remove the other daemons": "DELETE FROM @schema@.workers",
+    "7d. raise the registry cap": "UPDATE @schema@.registry_cap SET max_live_per_login = 100000",
 }
 
 
@@ -833,37 +862,66 @@ def test_the_migration_lets_the_old_daemon_role_run_both_releases_until_roles_sq
         drop_roles(conn, [old, operator_like])
 
 
-def test_the_daemon_role_can_still_end_a_running_attempt_whose_lease_it_reads(
+def test_the_lease_migration_grants_its_functions_to_the_roles_that_claim(
+    pg: LocalPostgres, schema: str, conn: psycopg.Connection
+) -> None:
+    """Schema 24's rolling upgrade: a role that may claim (EXECUTE on claim_jobs, the
+    daemon role of roles.sql of schemas 22 and 23) gets EXECUTE on the registry functions
+    and the lease check when the migration runs (its last block, run here again), so a
+    daemon of this release runs before roles.sql is applied again; a role that may not
+    claim gets nothing."""
+    block = (MIGRATIONS / "0024_lease_fence.sql").read_text()
+    block = block[block.rindex("DO $$") :]
+    claimer, other = f"{schema}_claimer", f"{schema}_other"
+    for name in (claimer, other):
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))
+    conn.execute(
+        render(
+            "GRANT EXECUTE ON FUNCTION @schema@.claim_jobs(text, text[], text[], float8[],"
+            " integer[], integer, integer[], jsonb, integer[], integer[]) TO {0}",
+            schema,
+        ).replace("{0}", f'"{claimer}"')
+    )
+    try:
+        conn.execute(render(block, schema))
+        may = render(
+            "SELECT has_function_privilege(%s, '@schema@.worker_register_v2(text, text, text,"
+            " integer, text, text[], text[], integer, text, jsonb, float8)', 'EXECUTE'),"
+            " has_function_privilege(%s, '@schema@.job_lease_state_v1(bigint, bigint)',"
+            " 'EXECUTE')",
+            schema,
+        )
+        assert conn.execute(may, [claimer, claimer]).fetchone() == (True, True)
+        assert conn.execute(may, [other, other]).fetchone() == (False, False)
+    finally:
+        drop_roles(conn, [claimer, other])
+
+
+def test_a_restarted_daemon_rescues_its_attempt_without_reading_tokens(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
 ) -> None:
-    """A gap the fenced functions leave (README "Trust boundaries"): the daemon role reads
-    every running job's worker and lease token, so it can end another host's running
-    attempt (here: complete it with a result of its choosing), and fire a declared
-    schedule at a tick of its choosing (its stored job, never another)."""
+    """Schema 24: the daemon role reads no lease token, yet a daemon started again (a new
+    id) takes over the attempt its predecessor held once that lease ran out (the claim
+    returns the new token), finishes it, and the predecessor's token is fenced off."""
     job = client.enqueue(conn, "h", schema=schema)
-    [held] = leasing.claim(
-        conn,
-        "other-host:1:abc",
-        queues=["default"],
-        handlers={"h": lease.HandlerCapacity(60, 1)},
-        limit=1,
-        schema=schema,
-    )
-    conn.execute(
-        render("SELECT @schema@.schedule_declare('s', '{\"handler\": \"h\"}', 'op')", schema)
-    )
+    capacity = {"h": lease.HandlerCapacity(0.5, 1)}
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
-        [(worker, token)] = c.execute(
-            render("SELECT locked_by, lease_token FROM @schema@.jobs WHERE id = %s", schema),
-            [job],
-        ).fetchall()
-        assert (worker, token) == ("other-host:1:abc", held.token)
-        assert leasing.complete(c, worker, job, token, {"forged": True}, schema=schema)
-        from datetime import UTC, datetime
+        [before] = leasing.claim(
+            c, "host:1:a", queues=["default"], handlers=capacity, limit=1, schema=schema
+        )
 
-        fired = c.execute(
-            render("SELECT * FROM @schema@.schedule_fire_v2('s', %s, 'attacker')", schema),
-            [datetime(2001, 1, 1, tzinfo=UTC)],
-        ).fetchone()
-        assert fired is not None and fired[0] == "fired"
-    assert admin.get(conn, job, schema=schema)["result"] == {"forged": True}
+        def rescue() -> list[lease.ClaimedJob]:
+            return leasing.claim(
+                c,
+                "host:2:b",
+                queues=["default"],
+                handlers={"h": lease.HandlerCapacity(60, 1)},
+                limit=1,
+                schema=schema,
+            )
+
+        [after] = wait_for(rescue, what="the expired attempt to be rescued")
+        assert (after.id, after.rescued) == (job, True) and after.token != before.token
+        assert not leasing.complete(c, "host:1:a", job, before.token, None, schema=schema)
+        assert leasing.complete(c, "host:2:b", job, after.token, {"ok": 1}, schema=schema)
+    assert admin.get(conn, job, schema=schema)["result"] == {"ok": 1}

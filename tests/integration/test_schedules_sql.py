@@ -12,15 +12,31 @@ import pytest
 from pruning import prune
 from psycopg import sql
 
-from pgworkerd.queue import admin, lease, schedules
+from pgworkerd.queue import admin, lease, registry, schedules
 
-# ticks after the schedules are declared (earlier ones are before their time)
-T0 = datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1)
+# a daemon's registry secret (schema 24), the same for every row of these tests
+SECRET = "test-registry-secret-" + "x" * 32
+
 JOB = {"handler": "h", "payload": {"n": 1}, "queue": "default", "priority": 0}
+# ticks after the schedules are declared (earlier ones are before their time), and due
+# within a minute (schema 24 refuses ticks further ahead): set by each test
+T0 = datetime.now(UTC)
+
+
+@pytest.fixture(autouse=True)
+def base_tick() -> None:
+    global T0
+    T0 = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=20)
 
 
 def tick(n: int) -> datetime:
     return T0 + timedelta(seconds=n)
+
+
+def live(conn: psycopg.Connection, worker: str, schema: str) -> None:
+    """Register `worker` (schema 24: a tick is fired by a live daemon only)."""
+    info = registry.WorkerInfo(worker, "host", 1, "t", ["default"], ["h"], 1)
+    registry.register(conn, info, "running", schema, secret=SECRET)
 
 
 def fire(
@@ -39,6 +55,7 @@ def fire(
         (name,),
     ).fetchone():
         schedules.declare(conn, name, {**job, "every": 1.0, "overlap": overlap}, worker, schema)
+    live(conn, worker, schema)
     return schedules.fire(conn, name, at, worker, schema)
 
 
@@ -196,15 +213,13 @@ def test_prune_keeps_the_run_of_a_job_not_finished_so_skip_still_sees_it(
 def test_a_removed_schedule_is_not_declared_by_live_daemons(
     conn: psycopg.Connection, schema: str
 ) -> None:
-    from pgworkerd.queue import registry
-
     info = registry.WorkerInfo("w1", "host", 1, "t", ["default"], ["h"], 1)
-    registry.register(conn, info, "running", schema)
+    registry.register(conn, info, "running", schema, secret=SECRET)
     schedules.declare(conn, "s", {"every": 60.0}, "w1", schema)
-    schedules.set_declared(conn, "w1", ["s"], schema)
+    schedules.set_declared(conn, "w1", ["s"], schema, secret=SECRET)
     [row] = schedules.list_all(conn, schema)
     assert row["declared_now"] is True and row["last_tick"] is None
-    schedules.set_declared(conn, "w1", [], schema)
+    schedules.set_declared(conn, "w1", [], schema, secret=SECRET)
     [row] = schedules.list_all(conn, schema)
     assert row["declared_now"] is False
 
@@ -223,7 +238,61 @@ def test_a_fired_tick_enqueues_the_stored_definitions_job(
         f'priority = -5\npayload = {{ kind = "full", days = [1, 2] }}\n{max_attempts}'
     ).schedules.values()
     schedules.declare(conn, "n", schedule.definition(), "operator", schema)
-    fired = schedules.fire(conn, "n", tick(1), "w", schema)
+    live(conn, "w", schema)
+    minute = datetime.fromtimestamp(int(datetime.now(UTC).timestamp()) // 60 * 60, UTC)
+    fired = schedules.fire(conn, "n", minute, "w", schema)
     job = admin.get(conn, fired.job_id, schema=schema)
     expected = schedule.job()
     assert {k: job[k] for k in expected} == expected
+
+
+# cron_matches (schema 24) against cronsim, the daemon's own reading of an expression:
+# every whole minute of two days around each of Berlin's clock changes of 2026 (and of a
+# quiet week for the day fields), in SQL, against the ticks pgworkerd.cadence computes.
+CRON_CASES = [
+    ("30 2 * * *", "Europe/Berlin"),
+    ("0 3 * * *", "Europe/Berlin"),
+    ("*/15 * * * *", "Europe/Berlin"),
+    ("0 9-17/2 * * MON-FRI", "Europe/Berlin"),
+    ("5 0 1,15 * SUN", "UTC"),
+    ("0 12 * JAN,MAR,OCT *", "America/New_York"),
+    ("59 23 * * 7", "UTC"),
+]
+SPANS = [
+    datetime(2026, 3, 28, tzinfo=UTC),  # spring forward in Berlin on the 29th
+    datetime(2026, 10, 24, tzinfo=UTC),  # fall back on the 25th
+    datetime(2026, 3, 8, tzinfo=UTC),  # spring forward in New York; a Sunday the 15th
+]
+
+
+@pytest.mark.parametrize(("expression", "zone"), CRON_CASES)
+def test_cron_matches_says_what_cronsim_fires(
+    conn: psycopg.Connection, schema: str, expression: str, zone: str
+) -> None:
+    from pgworkerd.cadence import Cadence
+
+    cadence = Cadence({"cron": expression, "timezone": zone})
+    for start in SPANS:
+        end = start + timedelta(days=9)
+        ticks = set(cadence.due(start - timedelta(seconds=1), end))
+        matched = {
+            r[0]
+            for r in conn.execute(
+                sql.SQL(
+                    "SELECT m FROM generate_series(%s::timestamptz, %s, '1 minute') m"
+                    " WHERE {}.cron_matches(%s, %s, m)"
+                ).format(sql.Identifier(schema)),
+                [start, end, expression, zone],
+            )
+        }
+        # cronsim fires a wall time of the autumn's repeated hour once (the first); SQL
+        # accepts both instants (README "Who can do what"): an hour later, the same wall
+        repeated = {
+            m
+            for m in matched - ticks
+            if (m - timedelta(hours=1)) in ticks
+            and (m - timedelta(hours=1)).astimezone(cadence.zone).replace(tzinfo=None)
+            == m.astimezone(cadence.zone).replace(tzinfo=None)
+        }
+        assert ticks <= matched, sorted(ticks - matched)
+        assert matched - ticks == repeated, sorted(matched - ticks)

@@ -16,6 +16,9 @@ import pytest
 from pgworkerd import client
 from pgworkerd.queue import explain, lease, registry, views
 
+# a daemon's registry secret (schema 24), the same for every row of these tests
+SECRET = "test-registry-secret-" + "x" * 32
+
 SETTINGS = {"queues": None, "slots": None, "max_running": None, "max_running_per_key": None}
 
 
@@ -23,7 +26,7 @@ def live_daemon(
     conn: psycopg.Connection, schema: str, worker_id: str, *, interval: float = 5.0
 ) -> registry.WorkerInfo:
     info = registry.WorkerInfo(worker_id, "host-a", 1, "t", ["default"], ["h"], 4, {"h": SETTINGS})
-    registry.register(conn, info, "running", schema, interval)
+    registry.register(conn, info, "running", schema, interval, secret=SECRET)
     return info
 
 
@@ -99,7 +102,9 @@ def test_a_running_job_of_a_silent_daemon_is_flagged_everywhere_and_left_to_its_
     ) == []  # fmt: skip
 
     # a heartbeat and it is live again
-    registry.heartbeat(conn, live_daemon(conn, schema, "host-a:1:x"), "running", [job], schema, 5.0)
+    registry.heartbeat(
+        conn, live_daemon(conn, schema, "host-a:1:x"), "running", [job], schema, 5.0, secret=SECRET
+    )
     assert list(reasons(conn, schema, job)) == ["running"]
     assert views.silent_jobs(conn, schema) == {"jobs": 0, "daemons": 0}
 
@@ -185,7 +190,7 @@ def test_the_registry_refuses_an_interval_that_would_hide_or_fake_silence(
     info = registry.WorkerInfo("bad:1:x", "host-a", 1, "t", ["default"], ["h"], 4, {})
     # out of bounds: the CHECK; not a finite number: make_interval itself
     with pytest.raises((psycopg.errors.CheckViolation, psycopg.errors.DataError)):
-        registry.register(conn, info, "running", schema, interval)
+        registry.register(conn, info, "running", schema, interval, secret=SECRET)
     assert conn.execute(f"SELECT count(*) FROM {schema}.workers").fetchone() == (0,)
 
 

@@ -63,11 +63,6 @@ ELSEWHERE: dict[str, list[str]] = {
         "tests/integration/test_roles.py"
         "::test_the_audits_daemon_role_probe_is_refused_statement_by_statement",
     ],
-    "Not protected: it reads every running attempt's worker and token, so it can end or"
-    " renew any running attempt, and fire a declared schedule at any tick.": [
-        "tests/integration/test_roles.py"
-        "::test_the_daemon_role_can_still_end_a_running_attempt_whose_lease_it_reads",
-    ],
     "With `[worker] job_uids` (see [Per-job uids](#per-job-uids)) it runs as a uid of its"
     " own: it cannot write into another job's output, read another job's environment or temp"
     " directory, signal another job, the daemon or the fork server, nor read the daemon's"
@@ -402,6 +397,7 @@ def test_the_daemon_runs_its_claims(
             query("worker_register", schema),
             {
                 "id": "h:1:abc",
+                "secret": "s" * 32,
                 "host": "h",
                 "pid": 1,
                 "version": "0",
@@ -473,6 +469,247 @@ def test_the_daemon_cannot_change_what_a_job_runs(
         )
 
 
+def other_hosts_attempt(conn: psycopg.Connection, schema: str) -> lease.ClaimedJob:
+    """A job running on another host (claimed by the owner, as that host's daemon)."""
+    client.enqueue(conn, "h", schema=schema)
+    [held] = leasing.claim(
+        conn,
+        "other-host:1:abc",
+        queues=["default"],
+        handlers={"h": lease.HandlerCapacity(600, 1)},
+        limit=1,
+        schema=schema,
+    )
+    return held
+
+
+def test_the_daemon_reads_no_lease_token(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It reads no lease token (a column grant leaves them out of jobs and job_logs), and
+    tokens are drawn at random (60 bits), so it cannot end or renew another host's running
+    attempt, by reading or by guessing."""
+    held = other_hosts_attempt(conn, schema)
+    assert held.token >= 1 << 60  # drawn, not counted
+    with as_role(roles, schema, "daemon") as c:
+        assert (
+            refused(
+                c,
+                schema,
+                [
+                    "SELECT lease_token FROM @schema@.jobs",
+                    "SELECT * FROM @schema@.jobs",
+                    "SELECT j FROM @schema@.jobs j",
+                    "SELECT 1 FROM @schema@.jobs WHERE lease_token > 0",
+                    "SELECT lease_token FROM @schema@.job_logs",
+                ],
+            )
+            == []
+        )
+        # what it reads of the attempt: who holds it, not the token
+        [(holder,)] = c.execute(
+            render("SELECT locked_by FROM @schema@.jobs WHERE id = %s", schema), [held.id]
+        ).fetchall()
+        assert holder == "other-host:1:abc"
+        # guessing: the counter tokens of earlier releases, then 20,000 in one batch
+        for token in range(0, 50):
+            assert not leasing.complete(c, holder, held.id, token, {"forged": 1}, schema=schema)
+        guesses = [lease.Lease(held.id, t, 60) for t in range(1, 20_001)]
+        assert not any(r.renewed for r in lease.renew(c, holder, guesses, schema=schema))
+        # the lease check a refused outcome makes tells whether a token holds, not which
+        assert lease.lease_state(c, held.id, 1, schema=schema) == lease.LeaseState(
+            "running", None, holder
+        )
+    row = Db.prepare(conn, schema).job(held.id)
+    assert (row["status"], row["locked_by"], row["lease_token"]) == (
+        "running",
+        holder,
+        held.token,
+    )
+    # the holder still finishes it with its token
+    assert leasing.complete(conn, holder, held.id, held.token, {"ok": 1}, schema=schema)
+
+
+def test_the_daemon_fires_schedules_only_at_their_ticks(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It fires a declared schedule only at a tick the stored schedule produces, due within
+    a minute, not older than the schedule's catch-up, each once, under the id of a live
+    daemon."""
+    from datetime import UTC, datetime, timedelta
+
+    conn.execute(
+        render(
+            'SELECT @schema@.schedule_declare(\'s\', \'{"handler": "h", "every": 60,'
+            ' "overlap": "allow"}\', \'op\')',
+            schema,
+        )
+    )
+    minute = datetime.fromtimestamp(int(datetime.now(UTC).timestamp()) // 60 * 60, UTC)
+    with as_role(roles, schema, "daemon") as c:
+        fire = render("SELECT * FROM @schema@.schedule_fire_v2('s', %s, %s)", schema)
+
+        def refusal(tick: datetime, worker: str = "w:1:a") -> str:
+            with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+                c.execute(fire, [tick, worker])
+            return str(caught.value)
+
+        # no live daemon of that id yet
+        assert "is no live daemon" in refusal(minute)
+        c.execute(
+            query("worker_register", schema),
+            {
+                "id": "w:1:a",
+                "secret": "s" * 32,
+                "host": "h",
+                "pid": 1,
+                "version": "0",
+                "queues": ["default"],
+                "handlers": ["h"],
+                "slots": 1,
+                "state": "running",
+                "settings": "{}",
+                "heartbeat_interval": 10.0,
+            },
+        )
+        assert "is no tick of it" in refusal(minute + timedelta(seconds=1))
+        assert "is no tick of it" in refusal(minute + timedelta(microseconds=5))
+        assert "in the future" in refusal(minute + timedelta(hours=1))
+        # the audit's attack: 51 ticks of an `allow` schedule, fired at once
+        fired = []
+        for n in range(51):
+            try:
+                with c.transaction():
+                    row = c.execute(fire, [minute - timedelta(minutes=n), "w:1:a"]).fetchone()
+                    assert row is not None
+                    fired.append(row[0])
+            except psycopg.errors.InvalidParameterValue as exc:
+                assert "is past" in str(exc)
+        assert fired.count("fired") <= 2  # the due tick, and one within the skew
+        assert c.execute(fire, [minute, "w:1:a"]).fetchone()[0] == "taken"  # each once
+    jobs = conn.execute(
+        render("SELECT count(*) FROM @schema@.jobs WHERE handler = 'h'", schema)
+    ).fetchone()
+    assert jobs is not None and jobs[0] == fired.count("fired")
+
+
+def test_the_daemon_writes_its_own_registry_row_only(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It writes the registry row of its own daemon only (through functions that check
+    the row's secret, with the server's clock), and a login keeps at most `registry_cap`
+    daemons registered (100 until an operator changes it)."""
+    from pgworkerd.queue import registry
+
+    def info(worker: str) -> registry.WorkerInfo:
+        return registry.WorkerInfo(worker, "h", 1, "t", ["default"], ["h"], 1)
+
+    mine, theirs = "s" * 32, "t" * 32
+    conn.execute(render("UPDATE @schema@.registry_cap SET max_live_per_login = 3", schema))
+    with as_role(roles, schema, "daemon") as c:
+        registry.register(c, info("a:1:x"), "running", schema, secret=mine)
+        # another secret neither beats for the row nor takes its id over
+        assert registry.heartbeat(c, info("a:1:x"), "running", [], schema, secret=theirs) is None
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="another secret"):
+            registry.register(c, info("a:1:x"), "running", schema, secret=theirs)
+        registry.deregister(c, "a:1:x", schema, secret=theirs)
+        assert registry.heartbeat(c, info("a:1:x"), "running", [], schema, secret=mine)
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="32 to 256"):
+            registry.register(c, info("b:1:x"), "running", schema, secret="short")
+        # the cap: 3 rows not gone per login
+        registry.register(c, info("b:1:x"), "running", schema, secret=mine)
+        registry.register(c, info("c:1:x"), "running", schema, secret=mine)
+        with pytest.raises(psycopg.errors.ConfigurationLimitExceeded, match="registry_cap"):
+            registry.register(c, info("d:1:x"), "running", schema, secret=mine)
+        registry.deregister(c, "c:1:x", schema, secret=mine)
+        registry.register(c, info("d:1:x"), "running", schema, secret=mine)
+        # the server's clock: no heartbeat in the future, no one marked stale early
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="60 to 86400"):
+            registry.mark_stale(c, 0, schema)
+        assert (
+            refused(
+                c,
+                schema,
+                [
+                    "UPDATE @schema@.workers SET heartbeat_at = now() + interval '1 day'",
+                    "INSERT INTO @schema@.workers (id, host, pid, version, slots)"
+                    " VALUES ('x', 'h', 1, '0', 1)",
+                    "DELETE FROM @schema@.workers",
+                    "UPDATE @schema@.registry_cap SET max_live_per_login = 100000",
+                ],
+            )
+            == []
+        )
+    rows = conn.execute(
+        render(
+            "SELECT id, state, registered_by, heartbeat_at <= now() FROM @schema@.workers"
+            " ORDER BY id",
+            schema,
+        )
+    ).fetchall()
+    daemon = f"{schema}_daemon"
+    assert rows == [
+        ("a:1:x", "running", daemon, True),
+        ("b:1:x", "running", daemon, True),
+        ("c:1:x", "gone", daemon, True),
+        ("d:1:x", "running", daemon, True),
+    ]
+
+
+def test_the_daemon_can_still_act_as_any_live_daemon_within_the_cap(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """Not protected: it reads every daemon's id and every running job's holder, and can
+    fire a due tick under another live daemon's id; it can register up to the cap of fake
+    daemons and keep them fresh, which count as peers (poll stretch, ring) like real ones;
+    a cron field with L, W or # is not checked tick by tick, and both instants of a wall
+    time repeated when the clocks go back pass."""
+    from datetime import UTC, datetime
+
+    from pgworkerd.queue import registry
+
+    registry.register(
+        conn,
+        registry.WorkerInfo("real:1:x", "h", 1, "t", ["default"], ["h"], 1),
+        "running",
+        schema,
+        secret="r" * 32,
+    )
+    conn.execute(
+        render(
+            'SELECT @schema@.schedule_declare(\'s\', \'{"handler": "h", "every": 1}\','
+            " 'op'), @schema@.schedule_declare('last', '{\"handler\": \"h\","
+            ' "cron": "0 0 L * *"}\', \'op\')',
+            schema,
+        )
+    )
+    now = datetime.fromtimestamp(int(datetime.now(UTC).timestamp()), UTC)
+    with as_role(roles, schema, "daemon") as c:
+        [(ids,)] = c.execute(render("SELECT array_agg(id) FROM @schema@.workers", schema))
+        assert ids == ["real:1:x"]
+        fired = c.execute(
+            render("SELECT outcome FROM @schema@.schedule_fire_v2('s', %s, 'real:1:x')", schema),
+            [now],
+        ).fetchone()
+        assert fired == ("fired",)
+        for n in range(5):
+            registry.register(
+                c,
+                registry.WorkerInfo(f"fake:{n}:x", "h", n, "t", ["default"], ["h"], 64),
+                "running",
+                schema,
+                secret="f" * 32,
+            )
+        peers = registry.peers(c, 60.0, schema)
+        assert len(peers) == 6
+        # "L" (the month's last day) is not checked: any day at midnight passes that field
+        matches = c.execute(
+            render("SELECT @schema@.cron_matches('0 0 L * *', 'UTC', %s)", schema),
+            [datetime(2026, 11, 3, tzinfo=UTC)],
+        ).fetchone()
+        assert matches == (True,)
+
+
 # -- pgworkerd_operator ----------------------------------------------------------------------
 
 OPERATOR_CAN = [
@@ -495,6 +732,7 @@ OPERATOR_CAN = [
     "INSERT INTO @schema@.enqueue_bounds (queue, priority_min) VALUES ('q', 0)",
     "SELECT @schema@.schedule_declare('s', '{}', 'w')",
     "SELECT @schema@.retention_floor_set(86400)",
+    "UPDATE @schema@.registry_cap SET max_live_per_login = 50",
 ]
 
 
@@ -503,7 +741,7 @@ def test_the_operator_acts_on_jobs_and_sets_bounds(
 ) -> None:
     """It reads what the reader reads, enqueues like the enqueuer, cancels, retries, pauses
     and resumes, drains and resumes daemons, prunes, declares schedules, sets the retention
-    floor and sets enqueue bounds."""
+    floor, enqueue bounds and the registry cap."""
     client.enqueue(conn, "h", schema=schema)
     with as_role(roles, schema, "operator") as c:
         assert [s for s in OPERATOR_CAN if not allowed(c, schema, s)] == []
@@ -565,14 +803,22 @@ def test_the_reader_reads_everything_and_changes_nothing(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
 ) -> None:
     """It reads every job's payload, result, error and logs, the registry, pauses,
-    schedules and enqueue bounds, and changes nothing."""
+    schedules, enqueue bounds and the registry cap, and changes nothing."""
     job = client.enqueue(conn, "h", {"card": "4111"}, schema=schema)
     with as_role(roles, schema, "reader") as c:
         payload = c.execute(
             render("SELECT payload FROM @schema@.jobs WHERE id = %s", schema), [job]
         )
         assert payload.fetchone() == ({"card": "4111"},)
-        for table in ("attempts", "job_logs", "workers", "paused", "schedules", "enqueue_bounds"):
+        for table in (
+            "attempts",
+            "job_logs",
+            "workers",
+            "paused",
+            "schedules",
+            "enqueue_bounds",
+            "registry_cap",
+        ):
             assert allowed(c, schema, f"SELECT * FROM @schema@.{table}")
         assert (
             refused(
@@ -587,6 +833,7 @@ def test_the_reader_reads_everything_and_changes_nothing(
                     "DELETE FROM @schema@.workers",
                     "INSERT INTO @schema@.enqueue_bounds (queue) VALUES ('q')",
                     "SELECT @schema@.schedule_runs_prune('1 day')",
+                    "UPDATE @schema@.registry_cap SET max_live_per_login = 1",
                 ],
             )
             == []
@@ -767,8 +1014,12 @@ def test_a_job_runs_as_the_daemons_user_and_reaches_it(
     db: Db, daemons: Daemons, tmp_path: Path
 ) -> None:
     """It runs as the daemon's user, so it can read the daemon's config, signal the daemon
-    and the other jobs of that user, and reach their `/proc` entries: handlers run by one
-    daemon are one trust domain."""
+    and the other jobs of that user, and reach their `/proc` entries (the daemon, the fork
+    server and the watchers are not dumpable: a job without CAP_SYS_PTRACE cannot open
+    their descriptors): handlers run by one daemon are one trust domain."""
+    # The tests run as root, so the job here has CAP_SYS_PTRACE and still reads the daemon's
+    # environ; test_job_cgroups' daemon-log tests hold the descriptors a job without it
+    # cannot open.
     config = daemons.config({"neighbours": {"target": "trusthandlers:neighbours"}})
     config.chmod(0o600)
     daemon = daemons.start(config)

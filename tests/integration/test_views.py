@@ -13,6 +13,9 @@ import pytest
 from pgworkerd import client
 from pgworkerd.queue import fleet, lease, registry, views
 
+# a daemon's registry secret (schema 24), the same for every row of these tests
+SECRET = "test-registry-secret-" + "x" * 32
+
 HOSTILE = "%_\\'\"; DROP TABLE x; --\x1b[2J\u202e"
 
 
@@ -137,7 +140,7 @@ def test_job_shows_columns_and_attempts(conn: psycopg.Connection, schema: str):
 
 def test_overview_counts_throughput_and_oldest_due(conn: psycopg.Connection, schema: str):
     info = registry.WorkerInfo("w1", "host", 1, "t", ["q1"], ["h"], 3)
-    registry.register(conn, info, "running", schema)
+    registry.register(conn, info, "running", schema, secret=SECRET)
     done = _enqueue(conn, schema, [client.JobSpec("h", queue="q1") for _ in range(4)])
     _finish(conn, schema, "completed", done[:3])
     _finish(conn, schema, "dead", done[3:], error="x")
@@ -166,7 +169,7 @@ def test_overview_counts_throughput_and_oldest_due(conn: psycopg.Connection, sch
 def test_limits_as_live_daemons_declare_them(conn: psycopg.Connection, schema: str):
     settings = {"h": {"queues": None, "slots": None, "max_running": 2, "max_running_per_key": 1}}
     info = registry.WorkerInfo("w1", "host", 1, "t", ["default"], ["h", "free"], 3, settings)
-    registry.register(conn, info, "running", schema)
+    registry.register(conn, info, "running", schema, secret=SECRET)
     _enqueue(conn, schema, [client.JobSpec("h", concurrency_key=k) for k in "aab"])
     cap = {"h": lease.HandlerCapacity(30, 3, max_running=2, max_running_per_key=1)}
     leasing.claim(conn, "w1", queues=["default"], handlers=cap, limit=3, schema=schema)
@@ -176,7 +179,7 @@ def test_limits_as_live_daemons_declare_them(conn: psycopg.Connection, schema: s
     assert sorted(k["key"] for k in row["busiest_keys"]) == ["a", "b"]
     # a daemon gone declares nothing any more
     fleet.request_drain(conn, schema, drain=True, worker_id="w1")
-    registry.deregister(conn, "w1", schema)
+    registry.deregister(conn, "w1", schema, secret=SECRET)
     assert views.limits(conn, schema) == []
 
 

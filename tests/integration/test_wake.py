@@ -19,6 +19,9 @@ from pgworkerd.queue import fleet, lease, registry
 from pgworkerd.queue.lease import HandlerCapacity
 from pgworkerd.queue.queries import notify_channel, wake_channel
 
+# a daemon's registry secret (schema 24), the same for every row of these tests
+SECRET = "test-registry-secret-" + "x" * 32
+
 
 class Listener:
     def __init__(self, dsn: str, schema: str) -> None:
@@ -94,12 +97,16 @@ def test_peers_hear_of_registrations_departures_stale_marks_and_drains(
     conn: psycopg.Connection, schema: str, listener: Listener
 ) -> None:
     info = registry.WorkerInfo("w1", "host", 1, "test", ["default"], ["h"], 2)
-    registry.register(conn, info, "running", schema)
+    registry.register(conn, info, "running", schema, secret=SECRET)
     assert registry.peers(conn, 60.0, schema) == [("w1", ["default"], ["h"], 2)]
     fleet.request_drain(conn, schema, drain=True, worker_id="w1")
-    registry.deregister(conn, "w1", schema)
+    registry.deregister(conn, "w1", schema, secret=SECRET)
     registry.register(
-        conn, registry.WorkerInfo("w2", "h", 2, "t", ["q"], ["h"], 1), "running", schema
+        conn,
+        registry.WorkerInfo("w2", "h", 2, "t", ["q"], ["h"], 1),
+        "running",
+        schema,
+        secret=SECRET,
     )
     conn.execute(
         sql.SQL("UPDATE {}.workers SET heartbeat_at = now() - interval '2 minutes'").format(

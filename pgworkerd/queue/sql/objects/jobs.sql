@@ -19,7 +19,8 @@ CREATE TABLE @schema@.jobs (
     max_attempts     integer NOT NULL DEFAULT 5,
     locked_by        text,
     locked_until     timestamptz,
-    -- Fencing token: bumped by every claim; renew and finish statements must name it.
+    -- Fencing token: a new one, drawn at random, with every claim (the trigger
+    -- jobs_lease_token_drawn); renew and finish must name it.
     lease_token      bigint NOT NULL DEFAULT 0,
     cancel_requested boolean NOT NULL DEFAULT false,
     last_error       text,
@@ -312,6 +313,35 @@ CREATE TRIGGER jobs_logs_forget_all
 
 REVOKE EXECUTE ON FUNCTION @schema@.job_logs_forget() FROM PUBLIC;
 
+-- Lease tokens (the fence every renew and finish names) were a counter: who saw one
+-- token knew the next. Every new token is drawn at random now, from the server's strong
+-- random source (gen_random_uuid, pg_strong_random): 60 random bits, plus 2^60 so that
+-- every new token is above every counter token of earlier releases. One trigger, whatever
+-- statement claims (claim_jobs, the claims of older releases, a burial), so no claim text
+-- changes. A token is never ordered: attempts and logs are ordered by time.
+CREATE FUNCTION @schema@.lease_token_draw()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    LOOP
+        -- the uuid's last 8 bytes: 62 random bits (the variant takes 2), 60 of them kept
+        NEW.lease_token := (1::bigint << 60)
+            | (('x' || encode(substr(uuid_send(gen_random_uuid()), 9, 8), 'hex'))::bit(64)::bigint
+               & ((1::bigint << 60) - 1));
+        EXIT WHEN NEW.lease_token <> OLD.lease_token;
+    END LOOP;
+    RETURN NEW;
+END;
+$$;
+
+CREATE TRIGGER jobs_lease_token_drawn
+    BEFORE UPDATE OF lease_token ON @schema@.jobs
+    FOR EACH ROW
+    WHEN (NEW.lease_token IS DISTINCT FROM OLD.lease_token)
+    EXECUTE FUNCTION @schema@.lease_token_draw();
+
 -- Reading one job.
 
 -- One job as pgworkerd.get returns it (client.JobInfo's fields, in order), for a role that
@@ -347,6 +377,23 @@ BEGIN
       FROM @schema@.jobs j
      WHERE j.id = job_get_v1.job_id
        AND (j.enqueued_by = session_user
-            OR has_table_privilege(session_user, '@schema@.jobs', 'SELECT'));
+            OR has_any_column_privilege(session_user, '@schema@.jobs', 'SELECT'));
 END;
 $$;
+
+-- What a daemon whose outcome was refused checks (outcomes.py): the job's status and
+-- holder, and whether its token is still the one the caller names, without the token
+-- itself (roles.sql does not let the daemon role read tokens: it could end or renew
+-- another host's attempt with one). No row: no such job.
+CREATE FUNCTION @schema@.job_lease_state_v1(id bigint, token bigint)
+RETURNS TABLE (status text, token_holds boolean, locked_by text)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT j.status::text, j.lease_token = job_lease_state_v1.token, j.locked_by
+      FROM @schema@.jobs j
+     WHERE j.id = job_lease_state_v1.id;
+$$;
+REVOKE EXECUTE ON FUNCTION @schema@.job_lease_state_v1(bigint, bigint) FROM PUBLIC;

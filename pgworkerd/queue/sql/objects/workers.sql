@@ -44,7 +44,12 @@ CREATE TABLE @schema@.workers (
     heartbeat_interval interval NOT NULL DEFAULT '10 seconds'
         CONSTRAINT workers_heartbeat_interval_check
         CHECK (heartbeat_interval >= interval '1 second'
-               AND heartbeat_interval <= interval '1 hour')
+               AND heartbeat_interval <= interval '1 hour'),
+    -- The SHA-256 of the secret the daemon drew when it started (never the secret): every
+    -- write of the row names the secret (worker_register_v2 and the functions after it).
+    -- And the login that registered the row, which registry_cap bounds.
+    secret_sha256   bytea,
+    registered_by   text
 );
 
 CREATE INDEX workers_host_idx ON @schema@.workers (host);
@@ -192,6 +197,261 @@ $$;
 
 REVOKE EXECUTE ON FUNCTION @schema@.drain_request(text, text, boolean, interval, text[], text[]),
                            @schema@.drain_lift(text, text)
+    FROM PUBLIC;
+
+-- The daemon's own row (0024).
+
+-- The registry: each daemon writes its own row only. A daemon draws a secret when it
+-- starts (at least 32 characters, never stored: its SHA-256 is) and names it in every
+-- write of its row; an id registered with another secret is refused. The row records the
+-- login that registered it (registered_by), and a login may keep at most
+-- registry_cap.max_live_per_login rows not gone (100 until an operator changes it;
+-- a login that may INSERT into workers itself is not held to it, as for the retention
+-- floor): a
+-- compromised host can still register that many daemons and keep them fresh, as any
+-- daemon of its login, but no more (README "Who can do what").
+CREATE TABLE @schema@.registry_cap (
+    single boolean PRIMARY KEY DEFAULT true CHECK (single),
+    max_live_per_login integer NOT NULL CHECK (max_live_per_login BETWEEN 1 AND 100000),
+    set_by text NOT NULL DEFAULT session_user,
+    set_at timestamptz NOT NULL DEFAULT now()
+);
+INSERT INTO @schema@.registry_cap (max_live_per_login, set_by) VALUES (100, 'pgworkerd migrate');
+
+-- The row of `id` if `secret` is its secret; raises 42501 (22023 for a malformed secret).
+CREATE FUNCTION @schema@.worker_secret_digest(secret text)
+RETURNS bytea
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF secret IS NULL OR length(secret) NOT BETWEEN 32 AND 256 THEN
+        RAISE EXCEPTION 'pgworkerd: a daemon''s registry secret must be 32 to 256 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN sha256(convert_to(secret, 'UTF8'));
+END;
+$$;
+
+-- What a daemon may write into its row, bounded (a compromised host writes its own row
+-- only, but every peer and `status` reads it): names of 1 to 255 characters, at most
+-- 10,000 queues, handlers and in-flight jobs, settings of at most 1 MB. Raises 22023.
+CREATE FUNCTION @schema@.worker_row_check(host text, version text, queues text[],
+                                          handlers text[], handler_settings jsonb,
+                                          in_flight bigint[])
+RETURNS void
+LANGUAGE plpgsql
+IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF host IS NULL OR length(host) NOT BETWEEN 1 AND 255
+       OR version IS NULL OR length(version) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'pgworkerd: a daemon''s host and version must be 1 to 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF coalesce(cardinality(queues), 0) > 10000 OR coalesce(cardinality(handlers), 0) > 10000
+       OR coalesce(cardinality(in_flight), 0) > 10000
+       OR EXISTS (SELECT 1 FROM unnest(queues || handlers) n
+                   WHERE n IS NULL OR length(n) NOT BETWEEN 1 AND 255) THEN
+        RAISE EXCEPTION 'pgworkerd: a daemon names at most 10,000 queues, handlers and '
+                        'in-flight jobs, each name 1 to 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF pg_column_size(handler_settings) > 1048576 THEN
+        RAISE EXCEPTION 'pgworkerd: a daemon''s handler settings must be at most 1 MB'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+END;
+$$;
+
+-- Record a daemon (worker_register of queries.sql before schema 24), or record it again
+-- after it was marked gone, under the secret it registered with. Returns the id.
+CREATE FUNCTION @schema@.worker_register_v2(
+    id text, secret text, host text, pid integer, version text, queues text[],
+    handlers text[], slots integer, state text, handler_settings jsonb,
+    heartbeat_interval float8)
+RETURNS text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    digest bytea := @schema@.worker_secret_digest(secret);
+    existing @schema@.workers;
+    cap integer;
+    live integer;
+BEGIN
+    IF id IS NULL OR id = '' OR length(id) > 255 THEN
+        RAISE EXCEPTION 'pgworkerd: a daemon id must be 1 to 255 characters'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @schema@.worker_row_check(host, version, queues, handlers, handler_settings,
+                                      NULL);
+    SELECT * INTO existing FROM @schema@.workers w WHERE w.id = worker_register_v2.id
+       FOR UPDATE;
+    IF FOUND AND existing.secret_sha256 IS DISTINCT FROM digest THEN
+        RAISE EXCEPTION 'pgworkerd: daemon id % is registered already, with another secret',
+            quote_literal(id)
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Each daemon registers an id of its own (host:pid:random).';
+    END IF;
+    -- (a caller that may INSERT rows itself, the owner, is not held to the cap)
+    IF (NOT FOUND OR existing.state = 'gone')
+       AND NOT has_table_privilege(session_user, '@schema@.workers', 'INSERT') THEN
+        -- one registration of a login at a time, so that the count holds
+        PERFORM pg_advisory_xact_lock(
+            hashtextextended('pgworkerd.registry.cap:' || @schema_literal@ || ':'
+                             || session_user, 0));
+        SELECT c.max_live_per_login INTO cap FROM @schema@.registry_cap c;
+        SELECT count(*) INTO live FROM @schema@.workers w
+         WHERE w.registered_by = session_user AND w.state <> 'gone';
+        IF live >= cap THEN
+            RAISE EXCEPTION 'pgworkerd: login % has % daemons registered and not gone, the '
+                            'most the registry allows one login', quote_ident(session_user),
+                            live
+                USING ERRCODE = 'configuration_limit_exceeded',
+                      HINT = 'An operator raises the cap: UPDATE ' || @schema_literal@
+                             || '.registry_cap SET max_live_per_login = N.';
+        END IF;
+    END IF;
+    INSERT INTO @schema@.workers AS w (id, host, pid, version, queues, handlers, slots, state,
+                                       handler_settings, heartbeat_interval, secret_sha256,
+                                       registered_by)
+    VALUES (id, host, pid, version, queues, handlers, slots, state, handler_settings,
+            make_interval(secs => heartbeat_interval), digest, session_user)
+    ON CONFLICT ON CONSTRAINT workers_pkey DO UPDATE
+       SET state = excluded.state, queues = excluded.queues, handlers = excluded.handlers,
+           slots = excluded.slots, handler_settings = excluded.handler_settings,
+           heartbeat_interval = excluded.heartbeat_interval,
+           heartbeat_at = now(), stopped_at = NULL;
+    PERFORM pg_notify(@schema_literal@ || '.wake', CASE
+        WHEN octet_length(array_to_string(queues, ',') || array_to_string(handlers, ','))
+             < 6000
+        THEN json_build_object('peer', 'up', 'id', id, 'queues', queues,
+                               'handlers', handlers, 'slots', slots)
+        ELSE json_build_object('peer', 'up', 'id', id) END::text);
+    RETURN id;
+END;
+$$;
+
+-- A heartbeat (worker_heartbeat before schema 24) of the caller's own row: its state,
+-- in-flight jobs and settings, heartbeat_at set to the server's now(). No row: the row is
+-- gone (or the secret is not its own): register again.
+CREATE FUNCTION @schema@.worker_heartbeat_v2(
+    id text, secret text, state text, in_flight bigint[], queues text[], handlers text[],
+    slots integer, handler_settings jsonb, heartbeat_interval float8)
+RETURNS TABLE (drain_requested boolean, hand_back_requested_at timestamptz,
+               hand_back_grace float8, hand_back_queues text[], hand_back_handlers text[])
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF worker_heartbeat_v2.state = 'gone' THEN
+        RAISE EXCEPTION 'pgworkerd: a heartbeat cannot mark a daemon gone (deregister does)'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM @schema@.worker_row_check(
+        'h', 'v', worker_heartbeat_v2.queues, worker_heartbeat_v2.handlers,
+        worker_heartbeat_v2.handler_settings, worker_heartbeat_v2.in_flight);
+    RETURN QUERY
+    UPDATE @schema@.workers w
+       SET state = worker_heartbeat_v2.state, in_flight = worker_heartbeat_v2.in_flight,
+           queues = worker_heartbeat_v2.queues, handlers = worker_heartbeat_v2.handlers,
+           slots = worker_heartbeat_v2.slots,
+           handler_settings = worker_heartbeat_v2.handler_settings,
+           heartbeat_interval = make_interval(secs => worker_heartbeat_v2.heartbeat_interval),
+           heartbeat_at = now(), hand_back_seen_at = w.hand_back_requested_at
+     WHERE w.id = worker_heartbeat_v2.id AND w.state <> 'gone'
+       AND w.secret_sha256 = @schema@.worker_secret_digest(worker_heartbeat_v2.secret)
+    RETURNING w.drain_requested, w.hand_back_requested_at,
+              extract(epoch FROM w.hand_back_grace)::float8, w.hand_back_queues,
+              w.hand_back_handlers;
+END;
+$$;
+
+-- A daemon that exits cleanly marks its own row gone; its peers hear so.
+CREATE FUNCTION @schema@.worker_deregister_v2(id text, secret text)
+RETURNS SETOF text
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH gone AS (
+        UPDATE @schema@.workers w
+           SET state = 'gone', in_flight = '{}', stopped_at = now(), heartbeat_at = now()
+         WHERE w.id = worker_deregister_v2.id
+           AND w.secret_sha256 = @schema@.worker_secret_digest(worker_deregister_v2.secret)
+        RETURNING w.id
+    )
+    SELECT g.id FROM gone g, LATERAL (
+        SELECT pg_notify(@schema_literal@ || '.wake',
+                         json_build_object('peer', 'down', 'id', g.id)::text)) AS sent;
+END;
+$$;
+
+-- Which schedules the caller's own row declares (worker_schedules_set before schema 24).
+CREATE FUNCTION @schema@.worker_schedules_set_v2(id text, secret text, schedules text[])
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    UPDATE @schema@.workers w SET schedules = coalesce(worker_schedules_set_v2.schedules, '{}')
+     WHERE w.id = worker_schedules_set_v2.id
+       AND w.secret_sha256 = @schema@.worker_secret_digest(worker_schedules_set_v2.secret);
+    RETURN FOUND;
+END;
+$$;
+
+-- Daemons silent for longer than `stale_after` seconds (60 at least: no caller marks a
+-- live daemon gone) are marked gone, by one caller at a time (worker_mark_stale before
+-- schema 24); returns them.
+CREATE FUNCTION @schema@.worker_mark_stale_v2(stale_after float8)
+RETURNS TABLE (id text, host text, pid integer)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF stale_after IS NULL OR NOT (stale_after BETWEEN 60 AND 86400) THEN
+        RAISE EXCEPTION 'pgworkerd: stale_after must be from 60 to 86400 seconds, not %',
+            coalesce(stale_after::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    WITH gone AS (
+        UPDATE @schema@.workers w
+           SET state = 'gone', stopped_at = now()
+         WHERE (SELECT pg_try_advisory_xact_lock(
+                    hashtextextended('pgworkerd.registry.mark_stale:' || @schema_literal@, 0)))
+           AND w.state <> 'gone'
+           AND w.heartbeat_at < now() - make_interval(secs => worker_mark_stale_v2.stale_after)
+        RETURNING w.id, w.host, w.pid
+    )
+    SELECT g.id, g.host, g.pid FROM gone g, LATERAL (
+        SELECT pg_notify(@schema_literal@ || '.wake',
+                         json_build_object('peer', 'down', 'id', g.id)::text)) AS sent;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION
+    @schema@.worker_register_v2(text, text, text, integer, text, text[], text[], integer, text,
+                                jsonb, float8),
+    @schema@.worker_heartbeat_v2(text, text, text, bigint[], text[], text[], integer, jsonb,
+                                 float8),
+    @schema@.worker_deregister_v2(text, text),
+    @schema@.worker_schedules_set_v2(text, text, text[]),
+    @schema@.worker_mark_stale_v2(float8)
     FROM PUBLIC;
 
 -- Silent daemons (0021).

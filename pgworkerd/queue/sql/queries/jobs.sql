@@ -202,10 +202,12 @@ SELECT deleted, schedule_runs_deleted, daemons_deleted, live_daemons
 SELECT * FROM @schema@.jobs WHERE id = %(id)s;
 
 -- name: job_lease_state
--- Who holds a job and under which token: what a rejected outcome is checked against
--- (never the payload or other values that a poison row may hold).
-SELECT status::text AS status, lease_token, locked_by
-  FROM @schema@.jobs WHERE id = %(id)s;
+-- Who holds a job, and whether under token %(token)s (lease_token: that token, else NULL):
+-- what a rejected outcome is checked against (never the payload or other values that a
+-- poison row may hold). Through job_lease_state_v1 (schema 24): the daemon role reads no
+-- lease token.
+SELECT status, CASE WHEN token_holds THEN %(token)s::bigint END AS lease_token, locked_by
+  FROM @schema@.job_lease_state_v1(%(id)s::bigint, %(token)s::bigint);
 
 -- name: job_list
 -- Jobs filtered by status, queue and handler (NULL matches all), newest first.

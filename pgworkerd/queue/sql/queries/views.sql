@@ -293,9 +293,9 @@ SELECT * FROM (
            count(*) OVER () AS total
       FROM @schema@.job_logs
      WHERE job_id = %(id)s
-     ORDER BY lease_token DESC
+     ORDER BY updated_at DESC, lease_token DESC  -- tokens are random (schema 24): by time
      LIMIT %(limit)s) l
- ORDER BY l.lease_token;
+ ORDER BY l.updated_at, l.lease_token;
 
 -- name: view_job_log_part
 -- %(chars)s characters from character %(start)s (1-based) of one attempt's head or tail

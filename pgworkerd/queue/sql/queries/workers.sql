@@ -8,76 +8,40 @@
 -- placeholders (so a literal percent sign is written %%).
 
 -- name: worker_register
--- Record a daemon in the registry, or record it again after it was marked gone.
+-- Record a daemon in the registry, or record it again after it was marked gone, under the
+-- secret it drew at start (%(secret)s; schema 24: only the row's own daemon writes it).
 -- drain_requested is kept then: a drained daemon marked gone during an outage comes back
 -- drained. A restarted daemon has a new id, so it starts undrained. Its peers hear of it
 -- on the wake channel ({"peer": "up", ...}; just the id when its lists are too long for
 -- a payload, and they read the registry then).
-WITH registered AS (
-    INSERT INTO @schema@.workers AS w (id, host, pid, version, queues, handlers, slots, state,
-                                       handler_settings, heartbeat_interval)
-    VALUES (%(id)s, %(host)s, %(pid)s, %(version)s, %(queues)s, %(handlers)s, %(slots)s,
-            %(state)s, %(settings)s::jsonb,
-            make_interval(secs => %(heartbeat_interval)s::float8))
-    ON CONFLICT (id) DO UPDATE
-       SET state = excluded.state, queues = excluded.queues, handlers = excluded.handlers,
-           slots = excluded.slots, handler_settings = excluded.handler_settings,
-           heartbeat_interval = excluded.heartbeat_interval,
-           heartbeat_at = now(), stopped_at = NULL
-    RETURNING w.id, w.queues, w.handlers, w.slots
-)
-SELECT r.id FROM registered r, LATERAL (
-    SELECT pg_notify(@schema_literal@ || '.wake', CASE
-        WHEN octet_length(array_to_string(r.queues, ',') || array_to_string(r.handlers, ','))
-             < 6000
-        THEN json_build_object('peer', 'up', 'id', r.id, 'queues', r.queues,
-                               'handlers', r.handlers, 'slots', r.slots)
-        ELSE json_build_object('peer', 'up', 'id', r.id) END::text)) AS sent;
+SELECT @schema@.worker_register_v2(
+    %(id)s::text, %(secret)s::text, %(host)s::text, %(pid)s::integer, %(version)s::text,
+    %(queues)s::text[], %(handlers)s::text[], %(slots)s::integer, %(state)s::text,
+    %(settings)s::jsonb, %(heartbeat_interval)s::float8);
 
 -- name: worker_heartbeat
 -- Record this daemon's state and in-flight jobs, and the most it lets pass before its
 -- next heartbeat (%(heartbeat_interval)s seconds; migration 0021); returns the drain
 -- requested of it: the plain drain flag and the hand-back request (0017; grace in
 -- seconds, NULL: each handler's stop_grace). The hand-back request is marked seen:
--- `drain --wait` waits for it.
-UPDATE @schema@.workers
-   SET state = %(state)s, in_flight = %(in_flight)s, queues = %(queues)s,
-       handlers = %(handlers)s, slots = %(slots)s, handler_settings = %(settings)s::jsonb,
-       heartbeat_interval = make_interval(secs => %(heartbeat_interval)s::float8),
-       heartbeat_at = now(), hand_back_seen_at = hand_back_requested_at
- WHERE id = %(id)s AND state <> 'gone'
-RETURNING drain_requested, hand_back_requested_at,
-          extract(epoch FROM hand_back_grace)::float8 AS hand_back_grace,
-          hand_back_queues, hand_back_handlers;
+-- `drain --wait` waits for it. heartbeat_at is the server's now() (schema 24).
+SELECT drain_requested, hand_back_requested_at, hand_back_grace, hand_back_queues,
+       hand_back_handlers
+  FROM @schema@.worker_heartbeat_v2(
+           %(id)s::text, %(secret)s::text, %(state)s::text, %(in_flight)s::bigint[],
+           %(queues)s::text[], %(handlers)s::text[], %(slots)s::integer,
+           %(settings)s::jsonb, %(heartbeat_interval)s::float8);
 
 -- name: worker_deregister
 -- A daemon that exits cleanly marks itself gone (and its peers hear so: {"peer": "down"}).
-WITH gone AS (
-    UPDATE @schema@.workers
-       SET state = 'gone', in_flight = '{}', stopped_at = now(), heartbeat_at = now()
-     WHERE id = %(id)s
-    RETURNING id
-)
-SELECT g.id FROM gone g, LATERAL (
-    SELECT pg_notify(@schema_literal@ || '.wake',
-                     json_build_object('peer', 'down', 'id', g.id)::text)) AS sent;
+SELECT g FROM @schema@.worker_deregister_v2(%(id)s::text, %(secret)s::text) g;
 
 -- name: worker_mark_stale
--- Daemons silent for longer than %(stale_after)s seconds are marked gone, by one caller at
--- a time: under a transaction-level advisory lock keyed by the schema, so that a caller
--- that finds it taken marks nothing (no row) instead of waiting. Served by
+-- Daemons silent for longer than %(stale_after)s seconds (60 at least) are marked gone, by
+-- one caller at a time: under a transaction-level advisory lock keyed by the schema, so
+-- that a caller that finds it taken marks nothing (no row) instead of waiting. Served by
 -- workers_live_idx (0007). Peers hear of each on the wake channel ({"peer": "down"}).
-WITH gone AS (
-    UPDATE @schema@.workers
-       SET state = 'gone', stopped_at = now()
-     WHERE (SELECT pg_try_advisory_xact_lock(
-                hashtextextended('pgworkerd.registry.mark_stale:' || @schema_literal@, 0)))
-       AND state <> 'gone' AND heartbeat_at < now() - make_interval(secs => %(stale_after)s)
-    RETURNING id, host, pid
-)
-SELECT g.id, g.host, g.pid FROM gone g, LATERAL (
-    SELECT pg_notify(@schema_literal@ || '.wake',
-                     json_build_object('peer', 'down', 'id', g.id)::text)) AS sent;
+SELECT id, host, pid FROM @schema@.worker_mark_stale_v2(%(stale_after)s::float8);
 
 -- name: worker_request_drain
 -- A drain (plain, or with hand_back a hand-back) of live daemons: one id, one host, or all
@@ -135,4 +99,5 @@ SELECT w.id, w.host, w.pid, w.version, w.queues, w.handlers, w.slots, w.in_fligh
 
 -- name: worker_schedules_set
 -- Record which schedules this daemon declares (shown by `pgworkerd schedules`).
-UPDATE @schema@.workers SET schedules = %(schedules)s WHERE id = %(id)s;
+SELECT @schema@.worker_schedules_set_v2(%(id)s::text, %(secret)s::text,
+                                        %(schedules)s::text[]);

@@ -298,7 +298,8 @@ def _gset_ids(batch: int) -> str:
         for k in range(1, batch + 1)
     )
     return (
-        f"SELECT {picks}coalesce(ids, '{{}}') AS ids, coalesce(tokens, '{{}}') AS tokens\n"
+        f"SELECT {picks}coalesce(ids, '{{}}') AS ids, coalesce(tokens, '{{}}') AS tokens,\n"
+        "       coalesce(cardinality(ids), 0) AS claimed_count\n"
         "  FROM (SELECT array_agg(id ORDER BY id) AS ids,\n"
         "               array_agg(lease_token ORDER BY id) AS tokens FROM claimed) c\n"
         "\\gset\n"
@@ -402,14 +403,20 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
     claim = own_statement(
         "job_claim", schema, {**{k: f":{k}" for k in variables}, "worker": PGBENCH_WORKER}
     )
-    if not claim.startswith("SELECT * FROM "):
+    if not claim.startswith("SELECT ") or ".claim_jobs(" not in claim:
         raise StatementChanged("job_claim no longer selects from the claim function")
-    script = f"WITH claimed AS (\n{claim}\n)\n" + _gset_ids(batch)
+    script = (
+        f"WITH claimed AS (\nSELECT c.id, c.token AS lease_token FROM (\n{claim}\n) c\n)\n"
+        + _gset_ids(batch)
+    )
 
-    def complete(ids: str, tokens: str, count: int) -> str:
-        nulls = "'{" + ",".join(["NULL"] * count) + "}'"  # results and progress: all None
+    def complete(ids: str, tokens: str) -> str:
+        # results and progress: all None, one per job claimed (the batch functions refuse
+        # arrays of unequal lengths, and an empty batch: no statement when none was claimed)
+        nulls = f"array_fill(NULL::jsonb, ARRAY[cardinality({ids}::bigint[])])"
         return (
-            own_statement(
+            "\\if :claimed_count > 0\n"
+            + own_statement(
                 "job_complete",
                 schema,
                 {
@@ -420,11 +427,11 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
                     "progress": nulls,
                 },
             )
-            + ";\n"
+            + ";\n\\endif\n"
         )
 
     if many:
-        script += complete(":ids", ":tokens", batch)
+        script += complete(":ids", ":tokens")
     else:
         for k in range(1, batch + 1):  # leasing.complete(): result and progress None
             script += (

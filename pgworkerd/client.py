@@ -27,6 +27,7 @@ from psycopg.rows import tuple_row
 from pgworkerd import bounds
 from pgworkerd.bounds import MAX_ATTEMPTS_MAX, MAX_ATTEMPTS_MIN, PRIORITY_MAX, PRIORITY_MIN
 from pgworkerd.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+from pgworkerd.queue import records
 from pgworkerd.queue.queries import DEFAULT_SCHEMA, finished_channel, query
 
 __all__ = [
@@ -330,6 +331,7 @@ WAIT_REREAD_FLOOR = 0.020
 FINAL_STATUSES = frozenset({"completed", "dead", "cancelled"})
 
 
+@records.built_from("job_info")
 @dataclass(frozen=True)
 class JobInfo:
     """A job as pgworkerd.get read it. status: pending, running, completed, dead or
@@ -397,7 +399,8 @@ def get(
         return None  # no bigint: no such job
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(query("job_info", schema), {"id": job_id}).fetchone()
-    return None if row is None else JobInfo(*row)
+        columns = tuple(c.name for c in cur.description or ())
+    return None if row is None else records.build(JobInfo, columns, row)
 
 
 def wait(

@@ -285,14 +285,9 @@ class Daemon:
         self.leases.tick(now)
         self.claimer.set_accepting(self._accepting())
         # Claim and hand out before the registry heartbeat: a woken idle daemon starts
-        # the job first (latency) and does its bookkeeping after. The claim carries the
-        # completions waiting (one commit for both); the writer writes what is left.
-        # Failures, releases and snoozes before the claim, completions with it: an outcome
-        # written after a claim that took its job again (under a lease token the database
-        # lost and gave out again) would end the new attempt's lease.
-        self.writer.tick(now, completions_too=False)
-        self.claimer.tick(now)
-        self.writer.tick(now)
+        # the job first (latency) and does its bookkeeping after. The writer owns the
+        # order of outcomes and claim (OutcomeWriter.write_then_claim states the rule).
+        self.writer.write_then_claim(now, self.claimer.tick)
         self.usage.tick(now)
         self.joblogs.tick(now)
         self.presence.tick(now)

@@ -1,26 +1,27 @@
 """A job attempt from claim to outcome: what the daemon holds while it runs (InFlight),
-what it left (decide), and recording that (write): one fenced statement per kind of
-outcome and one log line per job event. Every write names the lease token, so an outcome
-whose lease was lost and re-claimed changes nothing and is logged as fenced off (unless
-the row shows that an earlier write of the same outcome landed)."""
+what it left (decide), and what became of its record (report: one log line per job
+event, and the metrics). Recording itself is queue.outcomes (the fenced write protocol:
+which statement, a snooze past max_snoozes, a write that had landed earlier); the
+daemon's Statements runs it and hands the result here. Every write names the lease token,
+so an outcome whose lease was lost and re-claimed changes nothing and is logged as fenced
+off (unless the row shows that an earlier write of the same outcome landed)."""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import psycopg
 
 from pgworkerd.config import HandlerConfig, WorkerConfig
 from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.durations import format_duration
 from pgworkerd.jsontext import storable_text
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue import attempts, lease
+from pgworkerd.queue import attempts
+from pgworkerd.queue import outcomes as queue_outcomes
 from pgworkerd.queue.lease import ClaimedJob, EncodedJson, RefusedJob
 from pgworkerd.worker import protocol
 from pgworkerd.worker.outcomes import snooze_problem
@@ -59,6 +60,24 @@ class Outcome:
 
     def __post_init__(self) -> None:
         self.kind = OutcomeKind(self.kind)  # a plain string names the same kind
+
+    def write(self) -> queue_outcomes.OutcomeWrite:
+        """What queue.outcomes records for it."""
+        j, h = self.job, self.handler
+        return queue_outcomes.OutcomeWrite(
+            kind=str(self.kind),
+            id=j.id,
+            token=j.token,
+            handler=j.handler,
+            result=self.result,
+            error=self.error,
+            progress=self.progress,
+            checkpoint=self.checkpoint,
+            backoff_base=self.backoff[0],
+            backoff_max=self.backoff[1],
+            delay=self.snooze or 0.0,
+            max_snoozes=h.max_snoozes if h is not None else 0,
+        )
 
     @property
     def name(self) -> str:
@@ -201,166 +220,48 @@ def chosen_outcome(report: Failed, h: HandlerConfig) -> tuple[OutcomeKind, str, 
     return OutcomeKind.FAIL, report.error + detail, None
 
 
-def write(
-    conn: psycopg.Connection,
-    worker: str,
-    schema: str,
-    batch: list[Outcome],
-    metrics: NullMetrics | None = None,
-) -> bool:
-    """Write a batch: completions (any number, one statement) or one other outcome."""
-    if all(o.kind is OutcomeKind.COMPLETE for o in batch):
-        done = lease.complete_many(conn, worker, completions(batch), schema=schema)
-        report_completions(conn, schema, batch, done, metrics)
-        return True
-    [o] = batch
-    j, took = o.job, f"{o.duration:.2f}s"
-    if o.kind is OutcomeKind.RELEASE:
-        released = lease.release(
-            conn,
-            worker,
-            j.id,
-            j.token,
-            progress=o.progress,
-            checkpoint=o.checkpoint,
-            schema=schema,
-        )
-        ok = released is not None
-        message = f"{o.name}: released after {took} (attempt not counted)"
-    elif o.kind is OutcomeKind.CANCEL:
-        ok = lease.cancel_running(
-            conn, worker, j.id, j.token, o.error, progress=o.progress, schema=schema
-        )
-        message = f"{o.name}: cancelled after {took}"
-    elif o.kind in (OutcomeKind.BURY, OutcomeKind.GIVE_UP):
-        ok = lease.bury(conn, worker, j.id, j.token, o.error, schema=schema)
-        first = o.error.splitlines()[0] if o.error else ""
-        who = "the handler gave up" if o.kind is OutcomeKind.GIVE_UP else "cannot run"
-        message = f"{o.name}: dead at once ({who}): {first}"
-    elif o.kind is OutcomeKind.SNOOZE and (snoozed := _snooze(conn, worker, schema, o)):
-        ok = snoozed.ok
-        message = snoozed.message
-    else:
-        failed = lease.fail(
-            conn,
-            worker,
-            j.id,
-            j.token,
-            o.error,
-            backoff_base=o.backoff[0],
-            backoff_max=o.backoff[1],
-            progress=o.progress,
-            checkpoint=o.checkpoint,
-            schema=schema,
-        )
-        ok = failed is not None
-        o.retry_in = None if failed is None else failed.retry_in
-        first = o.error.splitlines()[0] if o.error else "failed"
-        message = f"{o.name}: failed after {took}: {first}; " + (
-            ""
-            if failed is None
-            else f"retry at {failed.run_at:%H:%M:%S}"
-            if failed.status == "pending"
-            else f"now {failed.status}"
-        )
-    _report(metrics, o, *_checked(conn, schema, o, ok, message))
-    return True
-
-
-def completions(batch: list[Outcome]) -> list[lease.Completion]:
-    return [lease.Completion(o.job.id, o.job.token, o.result, o.progress) for o in batch]
-
-
-def report_completions(
-    conn: psycopg.Connection,
-    schema: str,
-    batch: list[Outcome],
-    done: set[int],
+def report(
+    batch: Sequence[Outcome],
+    recorded: Sequence[queue_outcomes.Recorded],
     metrics: NullMetrics | None = None,
 ) -> None:
-    """Log (and count) a batch of written completions; `done`: the ids the database took."""
-    for o in batch:
-        message = f"{o.name}: completed in {o.duration:.2f}s"
-        _report(metrics, o, *_checked(conn, schema, o, o.job.id in done, message))
-
-
-@dataclass(frozen=True)
-class _Snoozed:
-    ok: bool
-    message: str
-
-
-def _snooze(conn: psycopg.Connection, worker: str, schema: str, o: Outcome) -> _Snoozed | None:
-    """Write a snooze; None when the job has used up its max_snoozes and still is ours:
-    the outcome is then turned into a failed attempt (kind and error, once: a write
-    repeated after a lost reply is that failure's), which the caller records."""
-    j, h = o.job, o.handler
-    max_snoozes = h.max_snoozes if h is not None else 0
-    delay = o.snooze or 0.0
-    snoozed = lease.snooze(
-        conn,
-        worker,
-        j.id,
-        j.token,
-        delay,
-        max_snoozes=max_snoozes,
-        progress=o.progress,
-        checkpoint=o.checkpoint,
-        schema=schema,
-    )
-    if snoozed is not None:
-        o.retry_in = snoozed.retry_in
-        due = (
-            f"runs again at {snoozed.run_at:%H:%M:%S}"
-            if snoozed.status == "pending"
-            else f"now {snoozed.status}"
+    """Log (and count) what became of a batch the database was given (queue.outcomes.
+    record or complete_and_claim, in `batch`'s order). A snooze written as a failed attempt
+    becomes one here too (kind and error), so a write repeated later is that failure's."""
+    for o, r in zip(batch, recorded, strict=True):
+        o.kind, o.error = OutcomeKind(r.kind), r.error
+        if r.retry_in is not None:
+            o.retry_in = r.retry_in
+        message = (
+            f"{o.name}: {o.kind} already recorded by an earlier write"
+            if r.earlier
+            else _message(o, r)
         )
-        return _Snoozed(True, f"{o.name}: snoozed for {delay:g}s (snooze {snoozed.snoozes}); {due}")
-    row = lease.lease_state(conn, j.id, j.token, schema=schema)
-    if row is None or row.token != j.token or row.locked_by != worker or row.status != "running":
-        return _Snoozed(False, "")  # fenced off (or written earlier: _checked tells)
-    o.kind = OutcomeKind.FAIL
-    o.error = storable_text(
-        f"snoozed {max_snoozes} times already (max_snoozes of handler {j.handler}): this "
-        f"snooze counts as a failed attempt ({o.error})"
+        _report(metrics, o, r.landed, message)
+
+
+def _message(o: Outcome, r: queue_outcomes.Recorded) -> str:
+    took = f"{o.duration:.2f}s"
+    first = o.error.splitlines()[0] if o.error else ""
+    if o.kind is OutcomeKind.COMPLETE:
+        return f"{o.name}: completed in {took}"
+    if o.kind is OutcomeKind.RELEASE:
+        return f"{o.name}: released after {took} (attempt not counted)"
+    if o.kind is OutcomeKind.CANCEL:
+        return f"{o.name}: cancelled after {took}"
+    if o.kind in (OutcomeKind.BURY, OutcomeKind.GIVE_UP):
+        who = "the handler gave up" if o.kind is OutcomeKind.GIVE_UP else "cannot run"
+        return f"{o.name}: dead at once ({who}): {first}"
+    due = (
+        f"at {r.run_at:%H:%M:%S}"
+        if r.status == "pending" and r.run_at is not None
+        else f"now {r.status}"
     )
-    return None
-
-
-def _checked(
-    conn: psycopg.Connection, schema: str, o: Outcome, ok: bool, message: str
-) -> tuple[bool, str]:
-    """(ok, message) of a write, a rejection that had in fact landed earlier counted ok."""
-    if not ok and _recorded_earlier(conn, schema, o):
-        return True, f"{o.name}: {o.kind} already recorded by an earlier write"
-    return ok, message
-
-
-# What each outcome leaves in the row, under the token it was written with.
-_STATUS_AFTER = {
-    OutcomeKind.COMPLETE: {"completed"},
-    OutcomeKind.RELEASE: {"pending", "cancelled"},
-    OutcomeKind.CANCEL: {"cancelled"},
-    OutcomeKind.FAIL: {"pending", "dead", "cancelled"},
-    OutcomeKind.BURY: {"dead"},
-    OutcomeKind.GIVE_UP: {"dead"},
-    # a snooze beyond max_snoozes is written as a failed attempt
-    OutcomeKind.SNOOZE: {"pending", "dead", "cancelled"},
-}
-
-
-def _recorded_earlier(conn: psycopg.Connection, schema: str, o: Outcome) -> bool:
-    """Whether a rejected outcome is in the row already: an earlier write committed but
-    its reply was lost (the connection died), so the daemon wrote it again. The token is
-    still ours (every claim, and every burial of an expired job, bumps it), nobody holds
-    the job, and the row is in a state this outcome leaves."""
-    row = lease.lease_state(conn, o.job.id, o.job.token, schema=schema)
-    return (
-        row is not None
-        and row.token == o.job.token
-        and row.locked_by is None
-        and row.status in _STATUS_AFTER[o.kind]
-    )
+    if o.kind is OutcomeKind.SNOOZE:
+        again = f"runs again {due}" if due.startswith("at ") else due
+        return f"{o.name}: snoozed for {o.snooze or 0.0:g}s (snooze {r.snoozes}); {again}"
+    retry = f"retry {due}" if due.startswith("at ") else due
+    return f"{o.name}: failed after {took}: {first or 'failed'}; " + (retry if r.landed else "")
 
 
 def _report(metrics: NullMetrics | None, o: Outcome, ok: bool, message: str) -> None:
@@ -431,6 +332,22 @@ class OutcomeWriter:
         for o in batch:
             self.pending.remove(o)
         self.on_written(batch)
+
+    def write_then_claim(self, now: float, claim: Callable[[float], None]) -> None:
+        """One loop turn's writes and claim, in the order correctness needs.
+
+        The rule: every outcome but a completion is written before the claim; completions
+        go with the claim (it takes them with completions() and gives back what it wrote
+        with carried(): one commit for a finish and the next jobs), and whatever the claim
+        did not carry (no claim was due, it failed, or a failed write made the writer go
+        one at a time) is written right after it. Why before: an outcome written after a
+        claim that took its job again (the database lost an acknowledged write and gave
+        the same lease token out again) would end the new attempt's lease. A completion
+        is safe with the claim: it is written first in the same transaction, and the
+        claim skips a job whose outcome still waits here (holds())."""
+        self.tick(now, completions_too=False)
+        claim(now)
+        self.tick(now)
 
     def tick(self, now: float, *, completions_too: bool = True) -> None:
         """Write what waits. completions_too=False writes the other outcomes only (the

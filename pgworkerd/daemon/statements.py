@@ -18,6 +18,7 @@ from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue import lease, registry, retention, schedules
+from pgworkerd.queue import outcomes as queue_outcomes
 from pgworkerd.queue.attempts import Usage
 from pgworkerd.queue.joblogs import LogWrite
 
@@ -50,21 +51,24 @@ class Statements:
         first: all or nothing (None: neither happened)."""
         if completions:
             batch = list(completions)
-
-            def call(c: Any) -> tuple[list[lease.ClaimedJob], list[lease.RefusedJob]]:
-                done, claimed, refused = lease.complete_and_claim(
+            writes = [o.write() for o in batch]
+            result = self.link.run(
+                "recording outcomes and claiming jobs",
+                lambda c: queue_outcomes.complete_and_claim(
                     c,
                     self.worker_id,
-                    outcomes.completions(batch),
+                    writes,
                     queues=queues,
                     handlers=capacity,
                     limit=limit,
                     schema=self.schema,
-                )
-                outcomes.report_completions(c, self.schema, batch, done, self.metrics)
-                return claimed, refused
-
-            return self.link.run("recording outcomes and claiming jobs", call)
+                ),
+            )
+            if result is None:
+                return None
+            recorded, claimed, refused = result
+            outcomes.report(batch, recorded, self.metrics)
+            return claimed, refused
         return self.link.run(
             "claiming jobs",
             lambda c: lease.claim_checked(
@@ -106,10 +110,17 @@ class Statements:
         )
 
     def write_outcomes(self, batch: list[Outcome]) -> bool | None:
-        return self.link.run(
+        """Record a batch (completions, or one other outcome; queue.outcomes.record), then
+        log and count what became of it (None: the write failed, nothing is reported)."""
+        writes = [o.write() for o in batch]
+        recorded = self.link.run(
             "recording outcomes",
-            lambda c: outcomes.write(c, self.worker_id, self.schema, batch, self.metrics),
+            lambda c: queue_outcomes.record(c, self.worker_id, writes, schema=self.schema),
         )
+        if recorded is None:
+            return None
+        outcomes.report(batch, recorded, self.metrics)
+        return True
 
     def write_usage(self, usages: list[Usage]) -> bool | None:
         """What finished attempts cost, to their history rows (written already)."""

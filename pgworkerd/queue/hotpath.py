@@ -55,7 +55,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -208,13 +208,22 @@ def _direct_ok(conn: psycopg.Connection[Any]) -> bool:
     return status == pq.TransactionStatus.IDLE and conn.autocommit
 
 
+class Rows(list[T]):
+    """A statement's rows (tuples) and the names of its result columns, from which
+    queue.records builds records by name."""
+
+    def __init__(self, rows: Iterable[T], columns: tuple[str, ...]) -> None:
+        super().__init__(rows)
+        self.columns = columns
+
+
 def run(
     conn: psycopg.Connection[Any],
     name: str,
     params: Mapping[str, Any],
     *,
     schema: str = DEFAULT_SCHEMA,
-) -> list[tuple[Any, ...]]:
+) -> Rows[tuple[Any, ...]]:
     """Execute statement `name` (sql/queries/); returns its rows as tuples."""
     if DIRECT:
         rows = _execute(conn, name, params, schema, _load_all)
@@ -224,7 +233,12 @@ def run(
         _report_fallback(UNAVAILABLE or "disabled")
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(query(name, schema), params)
-        return cur.fetchall()
+        fetched = cur.fetchall()  # first: in pipeline mode the description comes with it
+        return Rows(fetched, _described(cur))
+
+
+def _described(cur: psycopg.Cursor[Any]) -> tuple[str, ...]:
+    return tuple(c.name for c in cur.description or ())
 
 
 @dataclass(frozen=True)
@@ -243,7 +257,7 @@ def run_guarded(
     params: Mapping[str, Any],
     *,
     schema: str = DEFAULT_SCHEMA,
-) -> list[tuple[Any, ...] | UnloadableRow]:
+) -> Rows[tuple[Any, ...] | UnloadableRow]:
     """Like run, but a row that cannot be loaded comes back as an UnloadableRow instead
     of failing the whole result: the claim has committed by then, and one job's bad data
     must not cost the others of the same claim their start."""
@@ -267,7 +281,7 @@ class Step:
 
 def run_together(
     conn: psycopg.Connection[Any], steps: Sequence[Step], *, schema: str = DEFAULT_SCHEMA
-) -> list[list[Any]]:
+) -> list[Rows[Any]]:
     """Run statements in order in one transaction (all or none); returns each one's rows.
 
     On an idle autocommit connection they go out in one pipeline with one Sync: one round
@@ -282,7 +296,7 @@ def run_together(
     elif not DIRECT:
         _report_fallback(UNAVAILABLE or "disabled")
 
-    def one(step: Step) -> list[Any]:
+    def one(step: Step) -> Rows[Any]:
         if step.guarded:
             return run_guarded(conn, step.name, step.params, schema=schema)
         return run(conn, step.name, step.params, schema=schema)
@@ -296,15 +310,20 @@ def run_together(
 # -- the direct path ----------------------------------------------------------------------
 
 
-def _load_all(tx: TransformerT, result: pq.abc.PGresult) -> list[tuple[Any, ...]]:
-    return tx.load_rows(0, result.ntuples, tuple)
+def _columns(result: pq.abc.PGresult) -> tuple[str, ...]:
+    return tuple(_column_name(result, col) for col in range(result.nfields))
 
 
-def _load_each(tx: TransformerT, result: pq.abc.PGresult) -> list[tuple[Any, ...] | UnloadableRow]:
+def _load_all(tx: TransformerT, result: pq.abc.PGresult) -> Rows[tuple[Any, ...]]:
+    return Rows(tx.load_rows(0, result.ntuples, tuple), _columns(result))
+
+
+def _load_each(tx: TransformerT, result: pq.abc.PGresult) -> Rows[tuple[Any, ...] | UnloadableRow]:
     try:
-        return list(tx.load_rows(0, result.ntuples, tuple))
+        rows: list[tuple[Any, ...] | UnloadableRow] = list(tx.load_rows(0, result.ntuples, tuple))
     except Exception:  # any loader's error: find the rows at fault, load the others
-        return [_load_row(tx, result, row) for row in range(result.ntuples)]
+        rows = [_load_row(tx, result, row) for row in range(result.ntuples)]
+    return Rows(rows, _columns(result))
 
 
 def _load_row(
@@ -336,8 +355,8 @@ def _execute(
     name: str,
     params: Mapping[str, Any],
     schema: str,
-    load: Callable[[TransformerT, pq.abc.PGresult], list[T]],
-) -> list[T] | None:
+    load: Callable[[TransformerT, pq.abc.PGresult], Rows[T]],
+) -> Rows[T] | None:
     """The statement below the cursor; None when the connection's state asks for a
     cursor instead (the caller runs it through one)."""
     state = _state(conn)
@@ -405,7 +424,7 @@ def _send(conn: psycopg.Connection[Any], send: Callable[[], object]) -> pq.abc.P
 
 def _execute_together(
     conn: psycopg.Connection[Any], steps: Sequence[Step], schema: str
-) -> list[list[Any]] | None:
+) -> list[Rows[Any]] | None:
     """run_together in one pipeline; None when the connection's state asks for the
     statements one by one (not idle outside a transaction in autocommit)."""
     state = _state(conn)
@@ -421,7 +440,7 @@ def _execute_together(
             # transaction aborted); prepare again and send it once more.
             state.prepared.clear()
             results = _pipeline(conn, _sends(conn, state, steps, schema))
-        rows: list[list[Any]] = []
+        rows: list[Rows[Any]] = []
         for step, result in zip(steps, results, strict=True):
             tx.set_pgresult(result)
             rows.append(_load_each(tx, result) if step.guarded else _load_all(tx, result))
@@ -486,13 +505,14 @@ def _pipeline(
 
 def _guarded_via_cursor(
     conn: psycopg.Connection[Any], name: str, params: Mapping[str, Any], schema: str
-) -> list[tuple[Any, ...] | UnloadableRow]:
+) -> Rows[tuple[Any, ...] | UnloadableRow]:
     """run_guarded through a cursor (which begins the caller's transaction, raises
     psycopg's errors for a closed or broken connection, and works in pipeline mode)."""
     with conn.cursor(row_factory=tuple_row) as cur:
         cur.execute(query(name, schema), params)
         try:
-            return list(cur.fetchall())
+            every = cur.fetchall()  # first: in pipeline mode the description comes with it
+            return Rows(every, _described(cur))
         except Exception:
             # A loader's error (psycopg's DataError for a timestamp out of range, json's
             # ValueError, ...) leaves the rows in the cursor's result; a server error,
@@ -500,6 +520,7 @@ def _guarded_via_cursor(
             result = cur.pgresult
             if result is None or result.status != pq.ExecStatus.TUPLES_OK:
                 raise
+        columns = _described(cur)
         rows: list[tuple[Any, ...] | UnloadableRow] = []
         for row in range(result.ntuples):
             cur.scroll(row, mode="absolute")
@@ -510,7 +531,7 @@ def _guarded_via_cursor(
             else:
                 assert loaded is not None  # row < ntuples
                 rows.append(loaded)
-        return rows
+        return Rows(rows, columns)
 
 
 def _unloadable(conn: psycopg.Connection[Any], result: pq.abc.PGresult, row: int) -> UnloadableRow:

@@ -22,13 +22,14 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from pgworkerd.jsontext import storable_json
-from pgworkerd.queue import hotpath
+from pgworkerd.queue import hotpath, records
 from pgworkerd.queue.queries import DEFAULT_SCHEMA
 
 
+@records.built_from("job_claim")
 @dataclass(frozen=True)
 class ClaimedJob:
-    """What a child needs to run a job, as the claim returned it."""
+    """What a child needs to run a job, as the claim returned it (job_claim's columns)."""
 
     id: int
     queue: str
@@ -119,7 +120,7 @@ def complete_and_claim(
         ],
         schema=schema,
     )
-    return {r[0] for r in finished}, *_claimed(conn, claim_rows)
+    return {r[0] for r in finished}, *_claimed(conn, claim_rows)  # job_complete: ids only
 
 
 def _claim_params(
@@ -144,16 +145,15 @@ def _claim_params(
 
 
 def _claimed(
-    conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...] | hotpath.UnloadableRow]
+    conn: psycopg.Connection[Any], rows: hotpath.Rows[tuple[Any, ...] | hotpath.UnloadableRow]
 ) -> tuple[list[ClaimedJob], list[RefusedJob]]:
     claimed: list[ClaimedJob] = []
     refused: list[RefusedJob] = []
     for row in rows:
         if isinstance(row, hotpath.UnloadableRow):
-            refused.append(_refused(row.raw, row.reason, conn.info.encoding))
+            refused.append(_refused(rows.columns, row.raw, row.reason, conn.info.encoding))
         else:
-            # job_claim returns the columns in ClaimedJob's field order
-            claimed.append(ClaimedJob(*row))
+            claimed.append(records.build(ClaimedJob, rows.columns, row))
     claimed.sort(key=lambda j: (j.priority, j.run_at, j.id))
     return claimed, refused
 
@@ -162,16 +162,21 @@ def _list_or_none(queues: Sequence[str] | None) -> list[str] | None:
     return None if queues is None else list(queues)
 
 
-def _refused(raw: tuple[bytes | None, ...], reason: str, encoding: str) -> RefusedJob:
-    # The columns of job_claim as the server sent them (text format): id, queue, handler,
-    # payload, priority, attempts, max_attempts, lease_token, ... Integers and text
-    # always load; the bad value is elsewhere in the row.
-    def text(i: int) -> str:
-        value = raw[i]
+def _refused(
+    columns: Sequence[str], raw: tuple[bytes | None, ...], reason: str, encoding: str
+) -> RefusedJob:
+    # The columns of job_claim as the server sent them (text format), by name. Integers
+    # and text always load; the bad value is elsewhere in the row.
+    def text(name: str) -> str:
+        value = records.column(columns, raw, name)
         return "" if value is None else value.decode(encoding, errors="replace")
 
     return RefusedJob(
-        id=int(text(0)), token=int(text(7)), handler=text(2), attempt=int(text(5)), reason=reason
+        id=int(text("id")),
+        token=int(text("token")),
+        handler=text("handler"),
+        attempt=int(text("attempt")),
+        reason=reason,
     )
 
 
@@ -186,6 +191,7 @@ class Lease:
     checkpoint: Any = None
 
 
+@records.built_from("job_renew")
 @dataclass(frozen=True)
 class RenewOutcome:
     id: int
@@ -235,7 +241,7 @@ def renew(
         "checkpoints": [jsonb_or_none(lease.checkpoint) for lease in leases],
     }
     rows = hotpath.run(conn, "job_renew", params, schema=schema)
-    return [RenewOutcome(id=r[0], renewed=r[1], cancel_requested=r[2]) for r in rows]
+    return [records.build(RenewOutcome, rows.columns, r) for r in rows]
 
 
 @dataclass(frozen=True)
@@ -270,11 +276,14 @@ def _complete_params(worker: str, done: Sequence[Completion]) -> dict[str, Any]:
     }
 
 
+@records.built_from("job_fail")
 @dataclass(frozen=True)
 class FailOutcome:
     status: str  # pending (will retry), dead or cancelled
     run_at: datetime
-    retry_in: float | None = None  # seconds until the retry is due (pending only)
+    # seconds until the retry is due, by the server's clock (pending only): fail_job's
+    # own figure, the same for every language's worker
+    retry_in: float | None = None
 
 
 def fail(
@@ -307,8 +316,7 @@ def fail(
         },
         schema=schema,
     )
-    row = rows[0] if rows else None
-    return None if row is None else FailOutcome(status=row[1], run_at=row[2], retry_in=row[3])
+    return records.build(FailOutcome, rows.columns, rows[0]) if rows else None
 
 
 def release(
@@ -335,8 +343,7 @@ def release(
         },
         schema=schema,
     )
-    row = rows[0] if rows else None
-    return None if row is None else str(row[1])
+    return str(records.column(rows.columns, rows[0], "status")) if rows else None
 
 
 def cancel_running(
@@ -385,6 +392,7 @@ def bury(
     return bool(rows)
 
 
+@records.built_from("job_snooze")
 @dataclass(frozen=True)
 class SnoozeOutcome:
     status: str  # pending (runs again at run_at), or cancelled (a cancel was requested)
@@ -422,10 +430,10 @@ def snooze(
         },
         schema=schema,
     )
-    row = rows[0] if rows else None
-    return None if row is None else SnoozeOutcome(*row[1:])
+    return records.build(SnoozeOutcome, rows.columns, rows[0]) if rows else None
 
 
+@records.built_from("job_lease_state")
 @dataclass(frozen=True)
 class LeaseState:
     status: str
@@ -439,7 +447,7 @@ def lease_state(
     """Who holds a job, and whether under `token` (None: no such job); loads nothing else,
     and never learns another token (schema 24: the daemon role reads none)."""
     rows = hotpath.run(conn, "job_lease_state", {"id": job_id, "token": token}, schema=schema)
-    return LeaseState(*rows[0]) if rows else None
+    return records.build(LeaseState, rows.columns, rows[0]) if rows else None
 
 
 @dataclass(frozen=True)
@@ -451,6 +459,20 @@ class Expiring:
     handler: str
     holder: str
     expires_in: float  # seconds, by the server's clock (negative: expired already)
+
+
+@records.built_from("job_next_run_at")
+@dataclass(frozen=True)
+class WakeupFacts:
+    """job_next_run_at's row: the earliest scheduled job, and the running job whose lease
+    ends first (all NULL when there is none)."""
+
+    wait_seconds: float | None
+    id: int | None
+    queue: str | None
+    handler: str | None
+    locked_by: str | None
+    expires_in: float | None
 
 
 @dataclass(frozen=True)
@@ -477,8 +499,10 @@ def next_wakeups(
     )
     if not rows:
         return NextWakeups(None, None)
-    wait, job_id, queue, handler, holder, expires_in = rows[0]
+    f = records.build(WakeupFacts, rows.columns, rows[0])
     expiring = None
-    if job_id is not None and expires_in is not None:
-        expiring = Expiring(int(job_id), str(queue), str(handler), str(holder), float(expires_in))
-    return NextWakeups(None if wait is None else float(wait), expiring)
+    if f.id is not None and f.expires_in is not None:
+        expiring = Expiring(
+            int(f.id), str(f.queue), str(f.handler), str(f.locked_by), float(f.expires_in)
+        )
+    return NextWakeups(None if f.wait_seconds is None else float(f.wait_seconds), expiring)

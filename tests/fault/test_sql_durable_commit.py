@@ -143,6 +143,26 @@ FINISHES: dict[str, tuple[str, dict[str, Any]]] = {
         "SELECT @schema@.give_up_job(%(job)s, 'sql-worker', %(token)s, 'file deleted')",
         {"status": "dead", "last_error": "file deleted"},
     ),
+    # the one texts the daemon's statements call (migration 0025), where the functions
+    # above are their one-job wrappers
+    "renew_leases": (
+        "SELECT * FROM @schema@.renew_leases('sql-worker', ARRAY[%(job)s::bigint],"
+        " ARRAY[%(token)s::bigint], '{600}', '{\"{\\\"step\\\": 4}\"}', '{NULL}')",
+        {"status": "running", "progress": {"step": 4}},
+    ),
+    "complete_jobs": (
+        "SELECT * FROM @schema@.complete_jobs('sql-worker', ARRAY[%(job)s::bigint],"
+        " ARRAY[%(token)s::bigint], '{\"{\\\"ok\\\": 2}\"}', '{NULL}')",
+        {"status": "completed", "result": {"ok": 2}, "locked_by": None},
+    ),
+    "snooze_held_job": (
+        "SELECT * FROM @schema@.snooze_held_job(%(job)s, 'sql-worker', %(token)s, 60, 5)",
+        {"status": "pending", "attempts": 0, "snoozes": 1},
+    ),
+    "cancel_held_job": (
+        "SELECT @schema@.cancel_held_job(%(job)s, 'sql-worker', %(token)s, 'stopped')",
+        {"status": "cancelled", "last_error": "stopped", "locked_by": None},
+    ),
 }
 
 

@@ -443,8 +443,8 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
         assert done == [(b"t",)]
         assert row(a["id"]) == ("completed", 1, {"ok": True}, None, None, {"step": 1})
 
-        [(status, _)] = run_sql(fail, b["id"], "worker-1", b["lease_token"], "boom")
-        assert status == b"pending"
+        [(status, _, retry_in)] = run_sql(fail, b["id"], "worker-1", b["lease_token"], "boom")
+        assert status == b"pending" and 7.0 <= float(retry_in or b"0") <= 12.5  # 10 s +-25 %
         assert row(b["id"])[:5] == ("pending", 1, None, "boom", None)
 
         c.execute("UPDATE pgworkerd.jobs SET run_at = now() WHERE id = %s", [b["id"]])

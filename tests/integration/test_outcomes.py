@@ -1,4 +1,5 @@
-"""Recording outcomes (pgworkerd.daemon.outcomes.write) against real PostgreSQL: a write repeated
+"""Recording outcomes (pgworkerd.queue.outcomes.record, reported by daemon.outcomes.report,
+as the daemon's Statements runs them) against real PostgreSQL: a write repeated
 because the reply to the first was lost is reported as recorded, not as fenced off; an
 outcome of a lease that was really lost is fenced off, burial included."""
 
@@ -15,6 +16,7 @@ from pgworkerd.config import HandlerConfig
 from pgworkerd.daemon import outcomes
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.queue import admin, lease
+from pgworkerd.queue import outcomes as queue_outcomes
 from pgworkerd.queue.lease import HandlerCapacity
 
 HANDLER = HandlerConfig(name="h", target="jobhandlers:work")
@@ -35,7 +37,8 @@ def claim(
 
 
 def write(conn: psycopg.Connection, schema: str, worker: str, outcome: Outcome) -> None:
-    assert outcomes.write(conn, worker, schema, [outcome])
+    recorded = queue_outcomes.record(conn, worker, [outcome.write()], schema=schema)
+    outcomes.report([outcome], recorded)
 
 
 def expire_lease(conn: psycopg.Connection, schema: str, job_id: int) -> None:
@@ -156,3 +159,21 @@ def test_a_snooze_hands_the_attempt_back_and_the_one_past_max_snoozes_fails(
     row = admin.get(conn, job_id, schema=schema)
     assert (row["status"], row["attempts"], row["snoozes"]) == ("pending", 1, 1)
     assert row["last_error"].startswith("snoozed 1 times already (max_snoozes of handler h)")
+
+
+def test_a_snooze_past_max_snoozes_is_reported_as_the_failure_it_was_written_as(
+    conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kind and error written come back with the record: the daemon's outcome becomes
+    that failure, so a write repeated after a lost reply is the failure's, not a snooze's."""
+    handler = HandlerConfig(name="h", target="jobhandlers:work", max_snoozes=0)
+    client.enqueue(conn, "h", max_attempts=2, schema=schema)
+    job = claim(conn, schema, "w1")
+    outcome = Outcome(job, handler, "snooze", 0.5, snooze=5.0, error="S")
+    caplog.set_level(logging.INFO, logger="pgworkerd")
+    write(conn, schema, "w1", outcome)
+    assert outcome.kind == "fail" and outcome.error.startswith("snoozed 0 times already")
+    assert outcome.retry_in is not None and 5 <= outcome.retry_in <= 15  # 10 s +- 25 %
+    assert "failed after 0.50s: snoozed 0 times already" in caplog.records[-1].getMessage()
+    write(conn, schema, "w1", outcome)  # the reply was lost: written again
+    assert caplog.records[-1].getMessage().endswith("fail already recorded by an earlier write")

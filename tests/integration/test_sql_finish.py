@@ -1,11 +1,14 @@
-"""Finishing a claimed job from SQL (migrations 0005, 0011 and 0019: renew_lease,
-complete_job, fail_job, release_job, snooze_job, give_up_job), as a worker in another
-language would: each does to a job what the daemon's own statement does, returns what it
-returns (the daemon's retry_in aside: README "Finishing a claimed job from SQL"), and
-changes nothing once the lease is lost."""
+"""Finishing a claimed job from SQL (renew_lease, complete_job, fail_job, release_job,
+snooze_job, give_up_job; one text per transition since migration 0025), as a worker in
+another language would: each does to a job what the daemon's own statement does, returns
+what it returns (by column name: fail and snooze give run_at and retry_in to both; README
+"Finishing a claimed job from SQL"), refuses hostile arguments with a clear error and no
+change, and changes nothing once the lease is lost."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +45,14 @@ class Twins:
     def sql(self, text: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         cur = self.conn.execute(render(text, self.schema), params)  # type: ignore[arg-type]
         return cur.fetchall() if cur.description else []
+
+    def sql_record(self, text: str, params: tuple[Any, ...]) -> dict[str, Any] | None:
+        """The one row of a function's result, by column name (None: no row)."""
+        with self.conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(render(text, self.schema), params)  # type: ignore[arg-type]
+            rows = cur.fetchall()
+        assert len(rows) <= 1
+        return rows[0] if rows else None
 
     def state(self, job: lease.ClaimedJob) -> dict[str, Any]:
         with self.conn.cursor(row_factory=dict_row) as cur:
@@ -103,10 +114,11 @@ def test_fail_job(twins: Twins, attempts_left: bool) -> None:
     f, s = twins.by_function, twins.by_statement
     if not attempts_left:
         twins.sql("UPDATE @schema@.jobs SET max_attempts = 1 WHERE id IN (%s, %s)", (f.id, s.id))
-    [(status, run_at)] = twins.sql(
+    by_function = twins.sql_record(
         "SELECT * FROM @schema@.fail_job(%s, 'w1', %s, 'boom', 100, 3600, NULL, %s::jsonb)",
         (f.id, f.token, '{"at": 5}'),
     )
+    assert by_function is not None
     failed = lease.fail(
         twins.conn,
         "w1",
@@ -118,16 +130,18 @@ def test_fail_job(twins: Twins, attempts_left: bool) -> None:
         checkpoint={"at": 5},
         schema=twins.schema,
     )
-    assert failed is not None and failed.status == status
-    assert status == ("pending" if attempts_left else "dead")
+    assert failed is not None
+    # The results agree: the same columns by name (the daemon's record is fail_job's row),
+    # each the run_at it wrote and the retry_in that run_at is from the call's now().
+    assert set(by_function) == set(dataclasses.asdict(failed))
+    assert by_function["status"] == failed.status == ("pending" if attempts_left else "dead")
     twins.assert_same(ignore=("run_at_offset",))  # the backoff has random jitter
-    # The results agree too: each returns the run_at it wrote; the daemon's retry_in is
-    # that run_at as seconds from the statement's now(), which a SQL worker computes.
-    assert (run_at, failed.run_at) == (twins.run_at(f), twins.run_at(s))
-    if attempts_left:
-        assert failed.retry_in is not None and 70 <= failed.retry_in <= 130
-    else:
-        assert failed.retry_in is None
+    assert (by_function["run_at"], failed.run_at) == (twins.run_at(f), twins.run_at(s))
+    for retry_in in (by_function["retry_in"], failed.retry_in):
+        if attempts_left:
+            assert retry_in is not None and 70 <= retry_in <= 130
+        else:
+            assert retry_in is None
     offsets = [twins.state(j)["run_at_offset"] for j in (f, s)]
     if attempts_left:  # 100 s ± 25 % after the failure
         assert all(70 <= float(o) <= 130 for o in offsets), offsets
@@ -171,10 +185,11 @@ def test_a_lost_lease_changes_nothing_and_says_so(twins: Twins, function: str, w
 
 def test_snooze_job(twins: Twins) -> None:
     f, s = twins.by_function, twins.by_statement
-    [(status, run_at)] = twins.sql(
+    by_function = twins.sql_record(
         "SELECT * FROM @schema@.snooze_job(%s, 'w1', %s, 600, 5, NULL, %s::jsonb)",
         (f.id, f.token, '{"at": 3}'),
     )
+    assert by_function is not None
     snoozed = lease.snooze(
         twins.conn,
         "w1",
@@ -185,9 +200,14 @@ def test_snooze_job(twins: Twins) -> None:
         checkpoint={"at": 3},
         schema=twins.schema,
     )
-    assert snoozed is not None and (snoozed.status, status) == ("pending", "pending")
-    assert (run_at, snoozed.run_at) == (twins.run_at(f), twins.run_at(s))
-    assert snoozed.retry_in is not None and 590 < snoozed.retry_in <= 600
+    assert snoozed is not None
+    # the same columns by name (snooze_job leaves out the snooze count, which the daemon
+    # logs), the same status, each its own run_at and the retry_in it is from now()
+    assert set(by_function) == set(dataclasses.asdict(snoozed)) - {"snoozes"}
+    assert (snoozed.status, by_function["status"]) == ("pending", "pending")
+    assert (by_function["run_at"], snoozed.run_at) == (twins.run_at(f), twins.run_at(s))
+    for retry_in in (by_function["retry_in"], snoozed.retry_in):
+        assert retry_in is not None and 590 < retry_in <= 600
     twins.assert_same(ignore=("run_at_offset",))  # now() differs by the statements' gap
     for job in (f, s):
         state = twins.state(job)
@@ -196,9 +216,10 @@ def test_snooze_job(twins: Twins) -> None:
 
 def test_snooze_job_past_max_snoozes_is_a_failed_attempt(twins: Twins) -> None:
     f = twins.by_function
-    [(status, _)] = twins.sql(
+    [(status, _, retry_in)] = twins.sql(
         "SELECT * FROM @schema@.snooze_job(%s, 'w1', %s, 0, 0)", (f.id, f.token)
     )
+    assert retry_in is not None and retry_in > 0  # fail_job's backoff (10 s ± 25 %)
     state = twins.state(f)
     assert (status, state["attempts"]) == ("pending", 1)
     assert state["last_error"].startswith("snoozed 0 times already (max_snoozes)")
@@ -235,4 +256,128 @@ def test_a_lost_lease_snoozes_and_gives_up_nothing(twins: Twins, call: str) -> N
     before = twins.state(f)
     rows = twins.sql(call, (f.id, "w1", f.token + 1))
     assert rows in ([], [(False,)])
+    assert twins.state(f) == before
+
+
+def test_release_job_wakes_the_peers_that_serve_the_job(twins: Twins, test_db_dsn: str) -> None:
+    """The wake-up of a released job is release_job's own: a worker in another language
+    that hands a job back wakes the daemons as the daemon's own release does."""
+    f = twins.by_function
+    with psycopg.connect(test_db_dsn, autocommit=True) as listener:
+        listener.execute(f'LISTEN "{twins.schema}.wake"')
+        twins.sql("SELECT @schema@.release_job(%s, 'w1', %s)", (f.id, f.token))
+        got = [n.payload for n in listener.notifies(timeout=30, stop_after=1)]
+    assert [json.loads(p) for p in got] == [{"q": "default", "h": "h", "id": f.id, "n": 1}]
+
+
+# Hostile arguments: each call is refused with 22023 naming what is wrong, and changes
+# nothing. (%s: the job's id, then its token.)
+HOSTILE: dict[str, tuple[str, str]] = {
+    "renew: NULL token": (
+        "SELECT * FROM @schema@.renew_lease(%s, 'w1', NULL::bigint + 0 * %s, 60)",
+        "tokens must give each job",
+    ),
+    "renew: negative lease": (
+        "SELECT * FROM @schema@.renew_lease(%s, 'w1', %s, -5)",
+        "lease_seconds must give each job its lease",
+    ),
+    "renew: zero lease": ("SELECT * FROM @schema@.renew_lease(%s, 'w1', %s, 0)", "lease_seconds"),
+    "renew: absurd lease": (
+        "SELECT * FROM @schema@.renew_lease(%s, 'w1', %s, 1e12)",
+        "at most 100 years",
+    ),
+    "renew: infinite lease": (
+        "SELECT * FROM @schema@.renew_lease(%s, 'w1', %s, 'infinity')",
+        "lease_seconds",
+    ),
+    "renew: NaN lease": (
+        "SELECT * FROM @schema@.renew_lease(%s, 'w1', %s, 'NaN')",
+        "lease_seconds",
+    ),
+    "renew: NULL lease": (
+        "SELECT * FROM @schema@.renew_lease(%s, 'w1', %s, NULL)",
+        "lease_seconds",
+    ),
+    "renew: empty worker": ("SELECT * FROM @schema@.renew_lease(%s, '', %s, 60)", "worker must"),
+    "renew many: empty arrays": (
+        "SELECT * FROM @schema@.renew_leases('w1', '{}', '{}', '{}', '{}', '{}')"
+        " WHERE %s::bigint IS NOT NULL AND %s::bigint IS NOT NULL",
+        "ids must be a one-dimensional array of at least one job id",
+    ),
+    "renew many: unequal arrays": (
+        "SELECT * FROM @schema@.renew_leases('w1', ARRAY[%s], ARRAY[%s, 1], '{60}', '{NULL}',"
+        " '{NULL}')",
+        "tokens must give each job",
+    ),
+    "renew many: NULL id": (
+        "SELECT * FROM @schema@.renew_leases('w1', ARRAY[%s, NULL], ARRAY[%s, 1], '{60,60}',"
+        " '{NULL,NULL}', '{NULL,NULL}')",
+        "ids must not hold NULL",
+    ),
+    "renew many: huge arrays": (
+        "SELECT * FROM @schema@.renew_leases('w1', array_fill(%s::bigint, '{100001}'),"
+        " array_fill(%s::bigint, '{100001}'), array_fill(60::float8, '{100001}'),"
+        " array_fill(NULL::jsonb, '{100001}'), array_fill(NULL::jsonb, '{100001}'))",
+        "at most 100000 jobs at once",
+    ),
+    "renew many: 2-D arrays": (
+        "SELECT * FROM @schema@.renew_leases('w1', ARRAY[[%s]], ARRAY[[%s]], '{{60}}',"
+        " '{{NULL}}', '{{NULL}}')",
+        "one-dimensional",
+    ),
+    "complete: NULL token": (
+        "SELECT @schema@.complete_job(%s, 'w1', NULL::bigint + 0 * %s)",
+        "tokens must give each job",
+    ),
+    "complete many: fewer results": (
+        "SELECT * FROM @schema@.complete_jobs('w1', ARRAY[%s], ARRAY[%s], '{}', '{NULL}')",
+        "every per-job array must have one element per job",
+    ),
+    "fail: NULL token": (
+        "SELECT * FROM @schema@.fail_job(%s, 'w1', NULL::bigint + 0 * %s, 'x')",
+        "token must be the lease_token",
+    ),
+    "fail: NULL worker": (
+        "SELECT * FROM @schema@.fail_job(%s, NULL, %s, 'x')",
+        "worker must name the worker",
+    ),
+    "fail: negative backoff": (
+        "SELECT * FROM @schema@.fail_job(%s, 'w1', %s, 'x', -1)",
+        "backoff_base and backoff_max must be seconds",
+    ),
+    "fail: infinite backoff": (
+        "SELECT * FROM @schema@.fail_job(%s, 'w1', %s, 'x', 10, '-infinity')",
+        "backoff_base and backoff_max",
+    ),
+    "release: NULL job": (
+        "SELECT @schema@.release_job(NULL::bigint + 0 * %s, 'w1', %s)",
+        "job_id must be the id",
+    ),
+    "snooze: NULL token": (
+        "SELECT * FROM @schema@.snooze_job(%s, 'w1', NULL::bigint + 0 * %s, 5)",
+        "token must be",
+    ),
+    "snooze: negative max_snoozes": (
+        "SELECT * FROM @schema@.snooze_job(%s, 'w1', %s, 5, -1)",
+        "max_snoozes must be 0 or more",
+    ),
+    "give up: NULL token": (
+        "SELECT @schema@.give_up_job(%s, 'w1', NULL::bigint + 0 * %s, 'x')",
+        "token must be",
+    ),
+    "cancel: NULL token": (
+        "SELECT @schema@.cancel_held_job(%s, 'w1', NULL::bigint + 0 * %s, 'x')",
+        "token must be",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_a_hostile_argument_is_refused_and_changes_nothing(twins: Twins, case: str) -> None:
+    f = twins.by_function
+    before = twins.state(f)
+    text, message = HOSTILE[case]
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=message) as refused:
+        twins.sql(text, (f.id, f.token))
+    assert str(refused.value).startswith("pgworkerd: ")
     assert twins.state(f) == before

@@ -189,6 +189,39 @@ def test_a_failed_jobs_retry_wakes_the_claimer_when_due() -> None:
     assert retries == [clock() + 12.5]  # once: a completion schedules nothing
 
 
+def test_write_then_claim_writes_other_outcomes_before_the_claim_and_carries_completions() -> None:
+    statements, clock = FakeStatements(), FakeClock()
+    retries: list[float] = []
+    w = writer(statements, clock, retries)
+    done, failed = outcome(OutcomeKind.COMPLETE), outcome(OutcomeKind.FAIL)
+    released = outcome(OutcomeKind.RELEASE)
+    for o in (done, failed, released):
+        w.add(o)
+    seen: list[object] = []
+
+    def claim(now: float) -> None:
+        # by the time the claim runs, every outcome but the completion is written
+        seen.append([list(batch) for batch in statements.written])
+        carried = w.completions()
+        seen.append(carried)
+        w.carried(carried)  # the claim wrote it in its own transaction
+
+    w.write_then_claim(clock(), claim)
+    assert seen == [[[failed], [released]], [done]]
+    assert not w.pending and statements.written == [[failed], [released]]
+
+
+def test_write_then_claim_writes_the_completions_a_claim_did_not_carry_after_it() -> None:
+    statements, clock = FakeStatements(), FakeClock()
+    retries: list[float] = []
+    w = writer(statements, clock, retries)
+    done = outcome(OutcomeKind.COMPLETE)
+    w.add(done)
+    claims: list[float] = []
+    w.write_then_claim(clock(), claims.append)  # no claim was due: it carried nothing
+    assert claims == [clock()] and statements.written == [[done]] and not w.pending
+
+
 def test_no_renewal_deadline_while_the_database_is_away() -> None:
     # A past deadline that cannot be served would make the loop spin through an outage.
     s = Setup()

@@ -101,9 +101,10 @@ NAMED_BEFORE_THE_RULE: dict[str, tuple[str, ...]] = {
     "entity_verb, but started at _v1": ("job_get_v1", "job_log_write_v1", "attempt_account_v1"),
     # A predicate on a registry row, inlined by PostgreSQL: the registry says daemon.
     "a predicate on a workers row, named for what a row is": ("daemon_silent",),
-    # Schema 24 (issue 22) was written beside the rule, not after it: functions that take
-    # over a statement of the same name carry _v2 (_v1 for one whose statement had no
-    # number), and helpers are named for their area. Rename them at their next version.
+    # Schemas 24 and 25 (issues 22, 23) were written beside the rule, not after it:
+    # functions that take over a statement of the same name carry _v2 (_v1 for one whose
+    # statement had no number), and helpers are named for their area. Rename them at
+    # their next version.
     "schema 24, written beside the rule: successors of statements": (
         "worker_register_v2",
         "worker_heartbeat_v2",
@@ -112,11 +113,14 @@ NAMED_BEFORE_THE_RULE: dict[str, tuple[str, ...]] = {
         "worker_mark_stale_v2",
         "job_lease_state_v1",
     ),
-    "schema 24, written beside the rule: helpers named for their area": (
+    "schemas 24-25, written beside the rule: helpers named for their area": (
         "cron_field_matches",
         "cron_wall_matches",
         "cron_matches",
         "lease_token_draw",
+        "fenced_refuse",
+        "fenced_job_problem",
+        "fenced_batch_problem",
     ),
 }
 EXCEPTIONS = {name for names in NAMED_BEFORE_THE_RULE.values() for name in names}

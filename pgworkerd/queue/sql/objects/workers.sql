@@ -266,7 +266,7 @@ BEGIN
 END;
 $$;
 
--- Record a daemon (worker_register of queries.sql before schema 24), or record it again
+-- Record a daemon (the statement worker_register before schema 24), or record it again
 -- after it was marked gone, under the secret it registered with. Returns the id.
 CREATE FUNCTION @schema@.worker_register_v2(
     id text, secret text, host text, pid integer, version text, queues text[],

@@ -4,7 +4,7 @@
 --
 -- Durable whatever the server's default: the claim (claim_jobs, which every language
 -- uses) and the daemon's other fenced writes (renew and every finish, the functions of
--- migrations 0019 and 0022 since the daemon role lost UPDATE on jobs) each run
+-- migrations 0019, 0022 and 0025 since the daemon role lost UPDATE on jobs) each run
 -- `set_config('synchronous_commit', 'on', true)`, the per-transaction form of SET LOCAL
 -- (no extra round trip, and safe behind PgBouncer in transaction mode). Its setting holds
 -- until the commit of the (implicit) transaction, also when set inside a function (whose
@@ -50,13 +50,17 @@ SELECT @schema@.enqueue_many_v2(%(jobs)s::jsonb) AS ids;
 -- (JIT off, its plan kept per session, fleet-wide limits and pauses) behind checked
 -- arguments and a durable commit of its own. Each handler claims from its own queues
 -- (%(handler_queues)s: JSON, null for all), within its max_running and max_running_per_key
--- (NULL: none). Returns the columns in ClaimedJob's field order.
-SELECT * FROM @schema@.claim_jobs(
+-- (NULL: none). The columns are named as ClaimedJob's fields (queue/records.py; a test
+-- holds every record to its statement's columns by name).
+SELECT c.id, c.queue, c.handler, c.payload, c.priority, c.attempts AS attempt,
+       c.max_attempts, c.lease_token AS token, c.checkpoint, c.run_at, c.created_at,
+       c.locked_until, c.rescued
+  FROM @schema@.claim_jobs(
     worker => %(worker)s::text, queues => %(queues)s::text[], handlers => %(handlers)s::text[],
     lease_seconds => %(lease_seconds)s::float8[], free_slots => %(handler_free)s::integer[],
     max_jobs => %(limit)s::integer, handler_max_attempts => %(max_attempts)s::integer[],
     handler_queues => %(handler_queues)s::jsonb, max_running => %(max_running)s::integer[],
-    max_running_per_key => %(max_running_per_key)s::integer[]);
+    max_running_per_key => %(max_running_per_key)s::integer[]) AS c;
 
 -- name: job_renew
 -- Renew many leases of one worker at once, saving progress and checkpoints sent along
@@ -64,7 +68,7 @@ SELECT * FROM @schema@.claim_jobs(
 -- Through renew_leases (migration 0022: fenced by the lease, SECURITY DEFINER, the
 -- daemon role has no UPDATE on jobs). Like every function that ends or changes a held
 -- job, it forces a durable commit (synchronous_commit on for the transaction).
-SELECT r.id, r.renewed, r.cancel_requested, r.locked_until
+SELECT r.id, r.renewed, r.cancel_requested
   FROM @schema@.renew_leases(%(worker)s::text, %(ids)s::bigint[], %(tokens)s::bigint[],
                              %(lease_seconds)s::float8[], %(progress)s::jsonb[],
                              %(checkpoints)s::jsonb[]) AS r;
@@ -78,44 +82,35 @@ SELECT c.id
                               %(results)s::jsonb[], %(progress)s::jsonb[]) AS c(id);
 
 -- name: job_complete_one
--- job_complete for one job, through complete_job (migrations 0019, 0022: one primary-key
--- look-up, no arrays to unpack; durable). Returns the id if the lease held.
-SELECT %(id)s::bigint AS id
-  FROM @schema@.complete_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
-                             %(result)s::jsonb, %(progress)s::jsonb) AS done
- WHERE done;
+-- job_complete for one job (tests and benchmarks; the daemon batches): complete_jobs
+-- (migration 0025, the one text of a completion; durable) with one-element arrays, called
+-- directly: through complete_job, its wrapper for other languages, it would pay a second
+-- SECURITY DEFINER call (~8 us, migration 0025). Returns the id if the lease held.
+SELECT c.id
+  FROM @schema@.complete_jobs(%(worker)s::text, ARRAY[%(id)s::bigint], ARRAY[%(token)s::bigint],
+                              ARRAY[%(result)s::jsonb], ARRAY[%(progress)s::jsonb]) AS c(id);
 
 -- name: job_fail
--- A failed attempt, through fail_job (migrations 0019, 0022): back to pending after
--- exponential backoff with +-25 %% jitter, or dead once max_attempts are used, or
--- cancelled if a cancel was requested meanwhile. The attempt's latest progress and
--- checkpoint are saved with it (NULL keeps the old value), so the next attempt resumes
--- from there. retry_in: seconds until the retry. Durable.
-SELECT %(id)s::bigint AS id, f.status, f.run_at,
-       CASE WHEN f.status = 'pending' THEN extract(epoch FROM f.run_at - now())::float8
-       END AS retry_in
+-- A failed attempt, through fail_job (migration 0025, the text every language uses): back
+-- to pending after exponential backoff with +-25 %% jitter, or dead once max_attempts are
+-- used, or cancelled if a cancel was requested meanwhile. The attempt's latest progress
+-- and checkpoint are saved with it (NULL keeps the old value), so the next attempt resumes
+-- from there. retry_in: seconds until the retry (pending only). Durable.
+SELECT f.status, f.run_at, f.retry_in
   FROM @schema@.fail_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
                          %(error)s::text, %(backoff_base)s::float8, %(backoff_max)s::float8,
                          %(progress)s::jsonb, %(checkpoint)s::jsonb) AS f;
 
 -- name: job_release
--- Hand a job back (drain, hand-back, shutdown), through release_job (migrations 0019,
--- 0022): pending at once, the attempt not counted, and in its old place in the queue
--- (run_at kept), so the next daemon takes it before newer jobs. Its latest progress and
--- checkpoint are saved (NULL keeps the old value). The peers that serve it are woken on
--- commit as for a new job (the wake channel's {"q", "h", "id", "n"}, see
--- daemon/peers.py), so another daemon starts it at once. Durable.
-WITH released AS (
-    SELECT %(id)s::bigint AS id, r.status
-      FROM @schema@.release_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
-                                %(progress)s::jsonb, %(checkpoint)s::jsonb) AS r(status)
-)
-SELECT r.id, r.status FROM released r
-  JOIN @schema@.jobs j ON j.id = r.id, LATERAL (
-    SELECT CASE WHEN r.status = 'pending' THEN pg_notify(@schema_literal@ || '.wake',
-        CASE WHEN octet_length(j.queue) + octet_length(j.handler) <= 2048
-             THEN json_build_object('q', j.queue, 'h', j.handler, 'id', j.id, 'n', 1)
-             ELSE json_build_object('id', j.id, 'n', 1) END::text) END) AS sent
+-- Hand a job back (drain, hand-back, shutdown), through release_job (migration 0025, the
+-- text every language uses): pending at once, the attempt not counted, and in its old
+-- place in the queue (run_at kept), so the next daemon takes it before newer jobs. Its
+-- latest progress and checkpoint are saved (NULL keeps the old value). The function
+-- wakes the peers that serve it on commit, as for a new job. Durable. No row: the lease
+-- was lost.
+SELECT r.status
+  FROM @schema@.release_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+                            %(progress)s::jsonb, %(checkpoint)s::jsonb) AS r(status)
  WHERE r.status IS NOT NULL;
 
 -- name: job_cancel_running
@@ -202,11 +197,11 @@ SELECT deleted, schedule_runs_deleted, daemons_deleted, live_daemons
 SELECT * FROM @schema@.jobs WHERE id = %(id)s;
 
 -- name: job_lease_state
--- Who holds a job, and whether under token %(token)s (lease_token: that token, else NULL):
+-- Who holds a job, and whether under token %(token)s (token: that token, else NULL):
 -- what a rejected outcome is checked against (never the payload or other values that a
 -- poison row may hold). Through job_lease_state_v1 (schema 24): the daemon role reads no
 -- lease token.
-SELECT status, CASE WHEN token_holds THEN %(token)s::bigint END AS lease_token, locked_by
+SELECT status, CASE WHEN token_holds THEN %(token)s::bigint END AS token, locked_by
   FROM @schema@.job_lease_state_v1(%(id)s::bigint, %(token)s::bigint);
 
 -- name: job_list
@@ -379,16 +374,14 @@ SELECT CASE WHEN p.queue = ANY (%(served)s::text[]) OR t.queue IS NOT NULL THEN 
 
 -- name: job_snooze
 -- The handler asked to run again in %(delay)s seconds (pgworkerd.Snooze), which is not a
--- failure, through snooze_held_job (migration 0022; durable): pending again
--- at now() + delay with the attempt not counted and one more snooze counted (cancelled
--- instead if a cancel was requested meanwhile), its latest progress and checkpoint saved
--- (NULL keeps the old value), last_error kept. Only while the job has snoozed fewer than
--- %(max_snoozes)s times: no row back then, and the daemon records the attempt as failed
--- instead (a lost lease also gives no row: job_fail, under the same fence, changes
--- nothing either). retry_in: seconds until it is due.
-SELECT %(id)s::bigint AS id, s.status, s.run_at, s.snoozes,
-       CASE WHEN s.status = 'pending' THEN extract(epoch FROM s.run_at - now())::float8
-       END AS retry_in
+-- failure, through snooze_held_job (migration 0025, the text snooze_job uses too;
+-- durable): pending again at now() + delay with the attempt not counted and one more
+-- snooze counted (cancelled instead if a cancel was requested meanwhile), its latest
+-- progress and checkpoint saved (NULL keeps the old value), last_error kept. Only while
+-- the job has snoozed fewer than %(max_snoozes)s times: no row back then, and the attempt
+-- is recorded as failed instead (queue.outcomes; a lost lease also gives no row: job_fail,
+-- under the same fence, changes nothing either). retry_in: seconds until it is due.
+SELECT s.status, s.run_at, s.snoozes, s.retry_in
   FROM @schema@.snooze_held_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
                                 %(delay)s::float8, %(max_snoozes)s::integer,
                                 %(progress)s::jsonb, %(checkpoint)s::jsonb) AS s;

@@ -25,7 +25,7 @@ def stored(db: Db, job_id: int, count: int = 1) -> list[dict[str, Any]]:
         lambda: (
             len(
                 rows := db.rows(
-                    "SELECT * FROM {schema}.job_logs WHERE job_id = %s ORDER BY lease_token",
+                    "SELECT * FROM {schema}.job_logs WHERE job_id = %s ORDER BY attempt",
                     (job_id,),
                 )
             )

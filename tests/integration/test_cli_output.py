@@ -343,14 +343,14 @@ def test_show_of_a_role_granted_before_the_attempt_history_still_shows_the_job(
     cli: Cli,
 ) -> None:
     job_id = cli.enqueue("h")
-    daemon = f"{schema}_daemon"
-    as_daemon = Cli(roles[daemon], schema, cli.conn)
-    assert "attempts: 0 recorded" in as_daemon("show", str(job_id)).stdout
+    reader = f"{schema}_reader"
+    as_reader = Cli(roles[reader], schema, cli.conn)
+    assert "attempts: 0 recorded" in as_reader("show", str(job_id)).stdout
     cli.conn.execute(
         sql.SQL("REVOKE SELECT ON {}.attempts FROM {}").format(
-            sql.Identifier(schema), sql.Identifier(daemon)
+            sql.Identifier(schema), sql.Identifier(reader)
         )
     )
-    shown = as_daemon("show", str(job_id)).stdout
+    shown = as_reader("show", str(job_id)).stdout
     assert f"id: {job_id}" in shown and "attempts: (this role may not read them" in shown
-    assert json.loads(as_daemon("show", str(job_id), "--json").stdout)["attempt_history"] is None
+    assert json.loads(as_reader("show", str(job_id), "--json").stdout)["attempt_history"] is None

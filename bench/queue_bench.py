@@ -6,7 +6,7 @@
 Every row times the same work three ways, on the same server, table and kind of connection:
 
   python    pgworkerd's API: queue.lease (claim/complete), client (enqueue, enqueue_many)
-  same SQL  pgworkerd's own statements from sql/queries.sql, run by pgbench with the same
+  same SQL  pgworkerd's own statements from sql/queries/, run by pgbench with the same
             parameters: what the API would reach with a free client (shows the Python share)
   raw SQL   hand-written minimal SQL doing the same work, run by pgbench: the ceiling
 

@@ -211,7 +211,7 @@ GRANT EXECUTE ON FUNCTION pgworkerd.claim_jobs(text, text[], text[], float8[], i
                                                jsonb),
                           pgworkerd.give_up_job(bigint, text, bigint, text)
       TO pgworkerd_daemon;
--- The daemon's own statements (queries.sql): batched renew and complete, cancel and
+-- The daemon's own statements (sql/queries/jobs.sql): batched renew and complete, cancel and
 -- snooze of held jobs (schema 22), all fenced by the lease.
 GRANT EXECUTE ON FUNCTION pgworkerd.renew_leases(text, bigint[], bigint[], float8[], jsonb[],
                                                  jsonb[]),
@@ -293,7 +293,7 @@ GRANT SELECT ON pgworkerd.enqueue_bounds, pgworkerd.registry_cap TO pgworkerd_re
 -- release's new grants to either reach the operator too), and the actions below.
 GRANT USAGE ON SCHEMA pgworkerd TO pgworkerd_operator;
 GRANT pgworkerd_reader, pgworkerd_enqueuer TO pgworkerd_operator;
--- cancel and retry (job_cancel, job_retry in queries.sql; retry resets snoozes since
+-- cancel and retry (job_cancel, job_retry in sql/queries/jobs.sql; retry resets snoozes since
 -- schema 20): only the columns they write, never payload, handler, queue, priority,
 -- checkpoint or dedupe_key.
 GRANT UPDATE (status, attempts, snoozes, run_at, finished_at, cancel_requested, updated_at)

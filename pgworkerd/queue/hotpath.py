@@ -224,7 +224,7 @@ def run(
     *,
     schema: str = DEFAULT_SCHEMA,
 ) -> Rows[tuple[Any, ...]]:
-    """Execute statement `name` of sql/queries.sql; returns its rows as tuples."""
+    """Execute statement `name` (sql/queries/); returns its rows as tuples."""
     if DIRECT:
         rows = _execute(conn, name, params, schema, _load_all)
         if rows is not None:

@@ -1,4 +1,10 @@
-"""Schema migrations: numbered SQL files applied in order under an advisory lock.
+"""Schema migrations: numbered SQL files applied in order under an advisory lock, and the
+declared schema (sql/objects/, one file per table or area) a fresh install applies instead.
+
+A schema that does not exist yet is created from the declaration and recorded as having
+every migration applied; a schema that exists is brought up to date by the migrations it
+lacks. tests/integration/test_migrate.py holds the two paths dump-equal
+(docs/development/sql.md).
 
 Rolling upgrades (README "Upgrading"): a migration file may declare in its header
 `-- compatible-with-code-of-schema: K`, meaning code that knows only schema K still runs
@@ -22,6 +28,25 @@ _MIGRATION_RE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 _COMPATIBLE_RE = re.compile(r"^-- compatible-with-code-of-schema: *(\d+) *$", re.MULTILINE)
 
 log = logging.getLogger("pgworkerd")
+
+# The declared schema, in the order a fresh install applies it: each file after those
+# whose tables and types it names where PostgreSQL checks names at creation (SQL-language
+# function bodies, CHECK constraints, column types, triggers). compat.sql holds what only
+# older code calls.
+DECLARATION = (
+    "jobs",
+    "enqueue",
+    "enqueue_bounds",
+    "workers",
+    "paused",
+    "claim",
+    "finish",
+    "schedules",
+    "attempts",
+    "job_logs",
+    "retention",
+    "compat",
+)
 
 
 class SchemaError(RuntimeError):
@@ -65,6 +90,19 @@ def _parsed(version: int, name: str, text: str) -> Migration:
     return Migration(version, name, text, compatible_with)
 
 
+def declaration() -> list[tuple[str, str]]:
+    """The declared schema's files as (name, text), in DECLARATION's order."""
+    folder = resources.files("pgworkerd.queue").joinpath("sql/objects")
+    present = sorted(e.name for e in folder.iterdir() if e.name.endswith(".sql"))
+    declared = sorted(f"{name}.sql" for name in DECLARATION)
+    if present != declared:
+        raise SchemaError(
+            f"sql/objects/ holds {present}, but DECLARATION lists {declared}: list every "
+            "file once, in the order a fresh install applies them"
+        )
+    return [(name, folder.joinpath(f"{name}.sql").read_text()) for name in DECLARATION]
+
+
 def latest_version() -> int:
     return migrations()[-1].version
 
@@ -83,8 +121,10 @@ def _applied(conn: psycopg.Connection, schema: str) -> int | None:
 
 
 def migrate_conn(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list[int]:
-    """Apply the missing migrations in one transaction; returns the versions applied.
+    """Bring `schema` up to date in one transaction; returns the versions applied.
 
+    A schema without a version table is installed from the declaration (sql/objects/) and
+    every migration recorded; an existing one gets the migrations it lacks, in order.
     Several hosts may run this at once: the advisory lock makes them queue, and each
     re-reads the version under the lock, so every migration runs exactly once.
     """
@@ -95,9 +135,7 @@ def migrate_conn(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list
         conn.execute(query("schema_migrate_lock", schema), {"key": _lock_key(schema)})
         current = _applied(conn, schema)
         if current is None:
-            conn.execute(query("schema_create", schema))
-            conn.execute(query("schema_version_create", schema))
-            current = 0
+            return _install_declared(conn, schema)
         if current > known:
             if _oldest_compatible_code(conn, schema) <= known:
                 return applied_now  # newer, and this code still runs against it: nothing to do
@@ -115,6 +153,28 @@ def migrate_conn(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list
             _record_compatibility(conn, schema, migration)
             applied_now.append(migration.version)
     return applied_now
+
+
+def _install_declared(conn: psycopg.Connection, schema: str) -> list[int]:
+    """Create `schema` from the declaration and record every migration as applied (the
+    caller holds the migration lock, in a transaction)."""
+    conn.execute(query("schema_create", schema))
+    conn.execute(query("schema_version_create", schema))
+    _add_compatibility_column(conn, schema)
+    # Names the declaration binds at creation resolve in pg_catalog, never in a schema of
+    # the migrating role's search_path that someone else could create in.
+    conn.execute(query("schema_search_path_pin_local", schema))
+    for _name, text in declaration():
+        conn.execute(render(text, schema))
+    recorded = []
+    for migration in migrations():
+        conn.execute(
+            query("schema_version_insert", schema),
+            {"version": migration.version, "name": migration.name},
+        )
+        _record_compatibility(conn, schema, migration)
+        recorded.append(migration.version)
+    return recorded
 
 
 def migrate(dsn: str, schema: str = DEFAULT_SCHEMA) -> list[int]:

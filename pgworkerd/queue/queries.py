@@ -1,4 +1,5 @@
-"""All SQL in one place: `sql/queries.sql` split by its `-- name:` headers.
+"""All SQL statements in one registry: the files of `sql/queries/` (one per entity: jobs,
+workers, schedules, ...) split by their `-- name:` headers, each name defined once.
 
 Statements are rendered once per schema name (the schema is configurable, so it cannot be
 a bind parameter) and cached; callers pass the rendered text to psycopg. Free of psycopg
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterable
 from importlib import resources
 
 from pgworkerd.names import DEFAULT_SCHEMA, check_schema_name  # re-exported here too
@@ -41,8 +43,28 @@ def _split(text: str) -> dict[str, str]:
 
 @functools.cache
 def _raw() -> dict[str, str]:
-    text = resources.files("pgworkerd.queue").joinpath("sql/queries.sql").read_text()
-    return _split(text)
+    return _registry(
+        (entry.name, entry.read_text())
+        for entry in resources.files("pgworkerd.queue").joinpath("sql/queries").iterdir()
+        if entry.name.endswith(".sql")
+    )
+
+
+def _registry(files: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Every statement of `files` (file name, text) by name; a name defined twice, in one
+    file or in two, is an error that names both places."""
+    statements: dict[str, str] = {}
+    where: dict[str, str] = {}
+    for file_name, text in sorted(files):
+        for name in _NAME_RE.findall(text):
+            if name in where:
+                raise ValueError(
+                    f"statement {name!r} is defined in {where[name]} and again in "
+                    f"{file_name}: a name is defined once"
+                )
+            where[name] = file_name
+        statements.update(_split(text))
+    return statements
 
 
 @functools.cache

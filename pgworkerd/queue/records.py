@@ -1,7 +1,7 @@
 """Records built from a statement's result columns by name, never by position.
 
 A record is a dataclass whose fields are named as the result columns of the statement it
-is built from (queries.sql aliases a column where the record's name differs, e.g.
+is built from (sql/queries/ aliases a column where the record's name differs, e.g.
 `lease_token AS token`). `@built_from("job_claim")` registers the pair: the column
 contract test (tests/integration/test_column_contract.py) describes every registered
 statement on a real server and holds its columns, by name and in order, to the record's
@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 R = TypeVar("R")
 
-# statement name (queries.sql) -> the record built from its rows
+# statement name (sql/queries/) -> the record built from its rows
 REGISTRY: dict[str, type[Any]] = {}
 
 

@@ -1,6 +1,6 @@
 """Fault tier: the daemon's claims and finishes are durable whatever the server's
 synchronous_commit (each runs `set_config('synchronous_commit', 'on', true)`: claim_jobs
-and, since schema 22, the fenced functions queries.sql calls), seen from outside: a
+and, since schema 22, the fenced functions sql/queries/ calls), seen from outside: a
 crash (`pg_ctl stop -m immediate`) of a server running with synchronous_commit = off,
 right after a claim and a finish were acknowledged, loses neither, so a second daemon
 never runs the job while the first still runs it.

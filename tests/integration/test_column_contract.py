@@ -33,7 +33,7 @@ EXPECTED = {
 
 def test_the_registry_names_every_record_built_from_a_statement() -> None:
     assert records.REGISTRY == EXPECTED
-    assert set(records.REGISTRY) <= set(_raw())  # each a statement of queries.sql
+    assert set(records.REGISTRY) <= set(_raw())  # each a statement of sql/queries/
 
 
 def _result_columns(conn: psycopg.Connection, statement: str, schema: str) -> tuple[str, ...]:

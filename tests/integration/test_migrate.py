@@ -1,4 +1,5 @@
-"""Migration tier: the migrations equal the declared schema, run once, and guard the code."""
+"""Migration tier: the migrations equal the declared schema (sql/objects/, what a fresh
+install applies), run once, and guard the code."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 
 import psycopg
@@ -26,7 +26,7 @@ from pgworkerd.queue.migrate import (
     migrate_conn,
     migrations,
 )
-from pgworkerd.queue.queries import render
+from pgworkerd.queue.queries import query
 
 PGWORKERD = Path(sys.executable).with_name("pgworkerd")
 
@@ -83,8 +83,13 @@ def versions(dsn: str, schema: str) -> list[tuple[int, str]]:
     return [(r[0], r[1]) for r in rows]
 
 
-def declared_schema_sql() -> str:
-    return resources.files("pgworkerd.queue").joinpath("sql/schema.sql").read_text()
+def migrate_through_every_migration(dsn: str, schema: str) -> list[int]:
+    """The upgrade path from nothing: a schema whose version table is empty is at version 0,
+    so `migrate` applies every migration (a missing schema would get the declaration)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(query("schema_create", schema))
+        c.execute(query("schema_version_create", schema))
+    return migrate.migrate(dsn, schema)
 
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -94,7 +99,7 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]
     )
 
 
-# -- migrations == schema.sql --------------------------------------------------------------
+# -- migrations == the declared schema (sql/objects/) --------------------------------------
 
 
 def test_migrations_yield_exactly_the_declared_schema(
@@ -102,9 +107,9 @@ def test_migrations_yield_exactly_the_declared_schema(
 ) -> None:
     migrated_db, declared_db = fresh_dbs
     schema = "mig_vs_decl"
-    migrate.migrate(migrated_db, schema)
-    with psycopg.connect(declared_db, autocommit=True) as c:
-        c.execute(render(declared_schema_sql(), schema))
+    every = [m.version for m in migrations()]
+    assert migrate_through_every_migration(migrated_db, schema) == every
+    assert migrate.migrate(declared_db, schema) == every  # a fresh install: the declaration
 
     migrated = schema_dump(pg, migrated_db, schema)
     declared = schema_dump(pg, declared_db, schema)
@@ -124,23 +129,61 @@ def test_migrations_yield_exactly_the_declared_schema(
     ):
         assert needle in text
     assert migrated == declared, (
-        "sql/schema.sql does not match the migrations: update it with the new migration"
+        "sql/objects/ does not match the migrations: update the objects' files with the new "
+        "migration (docs/development/sql.md)"
     )
 
 
 def test_declared_schema_records_every_migration(fresh_dbs: tuple[str, str]) -> None:
-    """A database created from schema.sql is current: check_current accepts it, migrate is a
-    no-op, and its version rows are the migrations'."""
+    """A database created from the declaration is current: check_current accepts it, migrate
+    is a no-op, and its version rows (with their compatibility) are the migrations'."""
     migrated_db, declared_db = fresh_dbs
     schema = "decl"
-    migrate.migrate(migrated_db, schema)
+    migrate_through_every_migration(migrated_db, schema)
+    migrate.migrate(declared_db, schema)
     with psycopg.connect(declared_db, autocommit=True) as c:
-        c.execute(render(declared_schema_sql(), schema))
         assert check_current(c, schema) == latest_version()
         assert migrate_conn(c, schema) == []
     expected = [(m.version, m.name) for m in migrations()]
     assert versions(declared_db, schema) == expected
     assert versions(migrated_db, schema) == expected
+    compatibility = [(m.version, m.compatible_with) for m in migrations()]
+    for dsn in (declared_db, migrated_db):
+        with psycopg.connect(dsn) as c:
+            rows = c.execute(
+                sql.SQL("SELECT version, compatible_with FROM {}.schema_version ORDER BY 1").format(
+                    sql.Identifier(schema)
+                )
+            ).fetchall()
+        assert rows == compatibility
+
+
+def test_a_fresh_install_fills_the_declared_rows(
+    fresh_dbs: tuple[str, str], pg: LocalPostgres
+) -> None:
+    """The dump compares no data: the rows a migration inserts (the retention floor) are
+    there after a fresh install as after the migrations."""
+    migrated_db, declared_db = fresh_dbs
+    schema = "rows"
+    migrate_through_every_migration(migrated_db, schema)
+    migrate.migrate(declared_db, schema)
+    floors = []
+    for dsn in (migrated_db, declared_db):
+        with psycopg.connect(dsn) as c:
+            floors.append(
+                c.execute(
+                    sql.SQL("SELECT min_seconds, set_by FROM {}.retention_floor").format(
+                        sql.Identifier(schema)
+                    )
+                ).fetchall()
+            )
+    assert floors[0] == floors[1] == [(86400.0, "pgworkerd migrate")]
+
+
+def test_every_declared_file_is_applied_in_the_declared_order() -> None:
+    names = [name for name, _ in migrate.declaration()]
+    assert names == list(migrate.DECLARATION)
+    assert len(set(names)) == len(names)
 
 
 # -- idempotence and concurrency ------------------------------------------------------------

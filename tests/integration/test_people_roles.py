@@ -159,7 +159,7 @@ def test_jobs_enqueued_before_the_migration_are_read_by_no_enqueuer(
 
 # -- each role: what roles.sql promises, and no more -------------------------------------------
 
-# name -> (SQL, or a query of queries.sql, and its parameters). Each runs in a transaction
+# name -> (SQL, or a statement of sql/queries/, and its parameters). Each runs in a transaction
 # rolled back: only whether the role may run it matters.
 Statement = tuple[str, dict[str, Any]]
 IDS = {"ids": [1]}
@@ -180,7 +180,7 @@ STATEMENTS: dict[str, Statement] = {
     "enqueue_many": ('SELECT @schema@.enqueue_many(\'[{"handler": "h"}]\')', {}),
     "enqueue_v2": ("SELECT @schema@.enqueue_v2('h', concurrency_key => 'k')", {}),
     "enqueue_many_v2": ('SELECT @schema@.enqueue_many_v2(\'[{"handler": "h"}]\')', {}),
-    # the operator's actions, as the CLI runs them (queries.sql)
+    # the operator's actions, as the CLI runs them (sql/queries/)
     "cancel": ("query:job_cancel", IDS),
     "retry": ("query:job_retry", {"ids": [1], "queue": None, "handler": None}),
     "pause": ("query:paused_set", {"pause": True, "kind": "queue", "name": "q", "comment": None}),

@@ -1480,8 +1480,11 @@ TEST_AND_BENCH_STATEMENTS = {"job_complete_one", "session_listen"}
 
 
 def test_every_named_statement_is_run_somewhere() -> None:
-    text = (PACKAGE / "queue" / "sql" / "queries.sql").read_text()
-    named = re.findall(r"^-- name: (\w+)", text, flags=re.MULTILINE)
+    named = [
+        name
+        for path in sorted((PACKAGE / "queue" / "sql" / "queries").glob("*.sql"))
+        for name in re.findall(r"^-- name: (\w+)", path.read_text(), flags=re.MULTILINE)
+    ]
     used = package_strings()
     assert len(named) == len(set(named))
     assert sorted(name for name in named if name not in used) == sorted(TEST_AND_BENCH_STATEMENTS)

@@ -1,0 +1,399 @@
+-- Claiming jobs: claim_jobs, the stable claim of the daemon (queries job_claim) and of
+-- workers in any language, over claim_v3, its one implementation. The older claims
+-- (claim, claim_v2) are in compat.sql.
+
+-- claim_v3: claim_v2 plus fleet-wide limits and pauses. Since 0019 the implementation
+-- behind claim_jobs, which new code calls (its COMMENT says who still calls it directly).
+--   SELECT * FROM pgworkerd.claim_v3('worker-1', '{default,mail}', '{send_mail,export}',
+--                                    '{300,60}', '{4,4}', 8, NULL, NULL,
+--                                    '{NULL,10}', '{NULL,2}');
+-- max_running: per handler, at most this many current leases across the fleet (NULL: no
+-- limit). max_running_per_key: per handler, at most this many current leases per
+-- concurrency key (NULL: no limit; jobs without a key are not limited by it).
+--
+-- Why counting alone is not enough: two daemons claiming at once each count the same
+-- committed leases, each see room for one more, and both take it (SKIP LOCKED makes them
+-- skip each other's rows, not each other's counts). So a claim that applies a limit first
+-- takes a transaction-level advisory lock per limited handler, keyed on (schema,
+-- handler), in one fixed order (sorted by name in the "C" collation, so two claims never
+-- wait for each other crosswise: no deadlock), in a statement of its own BEFORE the
+-- statement that counts: in this VOLATILE function every statement takes a new snapshot
+-- (READ COMMITTED), so the count sees every claim committed before the lock was granted,
+-- and the claim that held the lock has committed (locks are released after the commit is
+-- visible). A lock taken inside the counting statement would be granted after that
+-- statement's snapshot was taken, and the count could miss the claim it waited for.
+-- Handlers without limits take no lock: their claims pay one empty CTE and nothing else.
+--
+-- Each claim applies its own caller's limits: two daemons configured with different
+-- limits for one handler each hold the fleet to their own number when they claim (a
+-- daemon with no limit for it takes no lock and counts nothing). Release 0.2 daemons
+-- (claim()) and daemons of schema 8 (claim_v2) know no limits and no pauses.
+CREATE FUNCTION @schema@.claim_v3(
+    worker text,
+    queues text[],
+    handlers text[],
+    lease_seconds float8[],         -- per handler: the lease a claimed job gets
+    free integer[],                 -- per handler: how many more jobs it may take here
+    max_jobs integer,               -- in all
+    handler_max_attempts integer[] DEFAULT NULL,  -- per handler: overrides the job's own
+    -- per handler: a JSON array of the queues (among `queues`) it claims from, or null
+    -- for all of them; the whole argument NULL: every handler claims from all of them
+    handler_queues jsonb DEFAULT NULL,
+    max_running integer[] DEFAULT NULL,          -- per handler: fleet-wide, or NULL
+    max_running_per_key integer[] DEFAULT NULL   -- per handler: per key, or NULL
+)
+RETURNS TABLE (
+    id bigint, queue text, handler text, payload jsonb, priority integer, attempts integer,
+    max_attempts integer, lease_token bigint, checkpoint jsonb, run_at timestamptz,
+    created_at timestamptz, locked_until timestamptz, rescued boolean
+)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+-- SECURITY INVOKER: a caller needs UPDATE on the jobs table and SELECT on paused, so
+-- EXECUTE can stay granted to everyone. claim_jobs (SECURITY DEFINER) has both; the
+-- daemon role has no UPDATE on jobs since roles.sql of schema 22, so it claims through
+-- claim_jobs.
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    limited text;
+    -- handlers with a per-key limit in this call: they may need a second pass
+    keyed text[] := ARRAY(SELECT s.h FROM unnest(claim_v3.handlers, claim_v3.max_running_per_key)
+                                            AS s(h, k) WHERE s.k IS NOT NULL);
+    taken text[] := '{}';  -- the handler of each job claimed by the passes so far
+    jobs_left integer := claim_v3.max_jobs;
+    got bigint;
+    pass integer := 0;
+BEGIN
+    -- The locks: one statement, before the one that counts (see above). FOR ... LOOP
+    -- takes them one by one in the order of the sorted query.
+    FOR limited IN
+        SELECT DISTINCT s.h COLLATE "C"
+          FROM unnest(claim_v3.handlers, claim_v3.max_running, claim_v3.max_running_per_key)
+               AS s(h, m, k)
+         WHERE (s.m IS NOT NULL OR s.k IS NOT NULL)
+         ORDER BY 1
+    LOOP
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            -- one snapshot for the whole transaction: the count could not see the claims
+            -- committed while this one waited for the lock
+            RAISE EXCEPTION 'pgworkerd: claim_v3 with limits needs READ COMMITTED, not %',
+                current_setting('transaction_isolation')
+                USING ERRCODE = 'invalid_transaction_state';
+        END IF;
+        PERFORM pg_advisory_xact_lock(hashtext(@schema_literal@ || '.max_running'),
+                                      hashtext(limited));
+    END LOOP;
+
+    -- claim_v2's statement (see 0006 for its plan), plus: `room` per handler (its free
+    -- slots here, capped by what its fleet-wide limit leaves), the keys that are full
+    -- (filtered out of the candidates, so a full key's backlog never takes the place of
+    -- other keys' jobs in a batch), the per-key ranking that keeps one batch within what
+    -- each key has left, and the paused queues and handlers left out altogether.
+    --
+    -- Why more than one pass: the candidates of a handler are its best `room` pending
+    -- jobs that are not of a full key, and the per-key ranking then keeps at most what
+    -- each key has left. When the best jobs are mostly of one key that has room for
+    -- only some of them, the batch comes out short although jobs of other keys wait.
+    -- The keys it filled are full for the next pass (this transaction sees its own
+    -- claims), which then takes the others. Only handlers with a per-key limit ever
+    -- need it, and only while a pass still claims something.
+    LOOP
+    pass := pass + 1;
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT s.handler, s.lease_seconds,
+               -- what earlier passes took of this daemon's free slots
+               s.free - coalesce(cardinality(array_positions(taken, s.handler)), 0) AS free,
+               s.max_attempts,
+               s.max_running, s.per_key,
+               CASE WHEN jsonb_typeof((SELECT claim_v3.handler_queues) -> (s.n::integer - 1))
+                         = 'array'
+                    THEN ARRAY(SELECT jsonb_array_elements_text(
+                                   (SELECT claim_v3.handler_queues) -> (s.n::integer - 1)))
+               END AS queues
+        FROM unnest((SELECT claim_v3.handlers), (SELECT claim_v3.lease_seconds),
+                    (SELECT claim_v3.free), (SELECT claim_v3.handler_max_attempts),
+                    (SELECT claim_v3.max_running), (SELECT claim_v3.max_running_per_key))
+             WITH ORDINALITY AS s(handler, lease_seconds, free, max_attempts, max_running,
+                                  per_key, n)
+        WHERE NOT EXISTS (SELECT 1 FROM @schema@.paused p
+                           WHERE p.kind = 'handler' AND p.name = s.handler)
+    ), open_queues AS (
+        SELECT ARRAY(SELECT q FROM unnest((SELECT claim_v3.queues)::text[]) AS q
+                      WHERE NOT EXISTS (SELECT 1 FROM @schema@.paused p
+                                         WHERE p.kind = 'queue' AND p.name = q)) AS queues
+    ), key_used AS (
+        -- current leases per key of the handlers with a per-key limit
+        SELECT s.handler, k.concurrency_key, k.n
+        FROM wanted s CROSS JOIN LATERAL (
+            SELECT r.concurrency_key, count(*) AS n FROM @schema@.jobs r
+            WHERE r.status = 'running' AND r.handler = s.handler
+              AND r.concurrency_key IS NOT NULL AND r.locked_until > now()
+            GROUP BY r.concurrency_key) k
+        WHERE s.per_key IS NOT NULL
+    ), served AS (
+        SELECT s.handler, s.lease_seconds, s.max_attempts, s.queues, s.per_key,
+               CASE WHEN s.max_running IS NULL THEN s.free
+                    ELSE least(s.free, s.max_running - (
+                        SELECT count(*) FROM @schema@.jobs r
+                        WHERE r.status = 'running' AND r.handler = s.handler
+                          AND r.locked_until > now())::integer) END AS room,
+               CASE WHEN s.per_key IS NOT NULL
+                    THEN ARRAY(SELECT k.concurrency_key FROM key_used k
+                                WHERE k.handler = s.handler AND k.n >= s.per_key) END
+                   AS full_keys
+        FROM wanted s
+        -- a drain takes effect at once, even before the daemon's next heartbeat reads it
+        WHERE NOT EXISTS (SELECT 1 FROM @schema@.workers w
+                           WHERE w.id = (SELECT claim_v3.worker) AND w.drain_requested)
+    ), due AS (
+        -- per handler, so a capped handler's backlog cannot hide another handler's jobs;
+        -- a handler at its limit has no room and is not looked at
+        SELECT d.id, d.priority, d.run_at, d.concurrency_key, s.handler
+        FROM served s CROSS JOIN LATERAL (
+            SELECT j.id, j.priority, j.run_at, j.concurrency_key FROM @schema@.jobs j
+            WHERE j.status = 'pending' AND j.run_at <= now() AND j.handler = s.handler
+              AND j.queue = ANY((SELECT o.queues FROM open_queues o)::text[])
+              AND (s.queues IS NULL OR j.queue = ANY(s.queues))
+              AND (s.full_keys IS NULL OR j.concurrency_key IS NULL
+                   OR j.concurrency_key <> ALL(s.full_keys))
+            ORDER BY j.priority, j.run_at, j.id
+            LIMIT greatest(0, least(s.room, (SELECT jobs_left)))
+            FOR UPDATE SKIP LOCKED) d
+        WHERE s.room > 0
+    ), expired AS (
+        -- Paused queues and handlers are left out here too: their expired jobs are neither
+        -- run again nor buried while paused (they stop counting against limits, their
+        -- leases being over), and the first claim after the resume rescues them.
+        SELECT j.id, j.priority, j.run_at, j.handler, j.concurrency_key,
+               (j.attempts >= j.max_attempts OR j.cancel_requested) AS finished
+        FROM @schema@.jobs j
+        WHERE j.status = 'running' AND j.locked_until < now()
+          AND j.queue = ANY((SELECT o.queues FROM open_queues o)::text[])
+          AND EXISTS (SELECT 1 FROM served s
+                       WHERE s.handler = j.handler AND s.room > 0
+                         AND (s.queues IS NULL OR j.queue = ANY(s.queues))
+                         AND (s.full_keys IS NULL OR j.concurrency_key IS NULL
+                              OR j.concurrency_key <> ALL(s.full_keys)))
+        ORDER BY j.locked_until
+        LIMIT (SELECT jobs_left)
+        FOR UPDATE SKIP LOCKED
+    ), buried AS (
+        UPDATE @schema@.jobs j
+           SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                             ELSE 'dead' END::@schema@.job_status,
+               last_error = 'lease of ' || j.locked_by || ' expired during attempt '
+                            || j.attempts || ' of ' || j.max_attempts || ': the worker was lost',
+               locked_by = NULL, locked_until = NULL, finished_at = now(), updated_at = now(),
+               -- a fencing event like a claim: the lost holder's token no longer matches
+               lease_token = j.lease_token + 1
+          FROM expired e
+         WHERE j.id = e.id AND e.finished
+        RETURNING j.id
+    ), candidates AS (
+        SELECT id, priority, run_at, handler, concurrency_key, false AS rescued FROM due
+        UNION ALL
+        SELECT id, priority, run_at, handler, concurrency_key, true FROM expired
+        WHERE NOT finished
+    ), within_keys AS (
+        -- at most what each key has left (per_key minus its current leases), the best
+        -- first; jobs without a key and handlers without a per-key limit all pass
+        SELECT c.id, c.priority, c.run_at, c.handler, c.rescued FROM (
+            SELECT c.*, s.per_key,
+                   row_number() OVER (PARTITION BY c.handler, c.concurrency_key
+                                      ORDER BY c.priority, c.run_at, c.id) AS nk
+            FROM candidates c JOIN served s USING (handler)) c
+        WHERE c.per_key IS NULL OR c.concurrency_key IS NULL
+           OR c.nk <= c.per_key - coalesce((SELECT k.n FROM key_used k
+                                             WHERE k.handler = c.handler
+                                               AND k.concurrency_key = c.concurrency_key), 0)
+    ), chosen AS (
+        -- at most `room` per handler, the best first; due and expired jobs carry what the
+        -- ranking needs, so the table is not read again here
+        SELECT id, rescued, lease_seconds, max_attempts FROM (
+            SELECT c.id, c.priority, c.run_at, c.rescued, s.room, s.lease_seconds,
+                   s.max_attempts,
+                   row_number() OVER (PARTITION BY c.handler
+                                      ORDER BY c.priority, c.run_at, c.id) AS n
+            FROM within_keys c JOIN served s USING (handler)) ranked
+        WHERE n <= room
+        ORDER BY priority, run_at, id
+        LIMIT (SELECT jobs_left)
+    )
+    UPDATE @schema@.jobs j
+       SET status = 'running',
+           locked_by = claim_v3.worker,
+           locked_until = now() + make_interval(secs => c.lease_seconds),
+           attempts = j.attempts + 1,
+           -- a handler's configured max_attempts overrides the job's own
+           max_attempts = greatest(j.attempts + 1, coalesce(c.max_attempts, j.max_attempts)),
+           lease_token = j.lease_token + 1,
+           last_error = CASE WHEN j.status = 'running'
+                             THEN 'lease of ' || j.locked_by || ' expired during attempt '
+                                  || j.attempts || ': the worker was lost'
+                             ELSE j.last_error END,
+           started_at = now(),
+           updated_at = now()
+      FROM chosen c
+     -- by primary key, however many rows a generic plan expects
+     WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.id = c.id
+    RETURNING j.id, j.queue, j.handler, j.payload, j.priority, j.attempts, j.max_attempts,
+              j.lease_token, j.checkpoint, j.run_at, j.created_at, j.locked_until,
+              c.rescued AS rescued;
+    GET DIAGNOSTICS got = ROW_COUNT;
+    jobs_left := jobs_left - got::integer;
+    EXIT WHEN got = 0 OR jobs_left <= 0 OR cardinality(keyed) = 0 OR pass >= 4;
+    -- Which handlers this transaction's passes claimed for: its own claims (this
+    -- worker's, started at this transaction's now()).
+    taken := ARRAY(SELECT j.handler FROM @schema@.jobs j
+                    WHERE j.status = 'running' AND j.handler = ANY(claim_v3.handlers)
+                      AND j.locked_by = claim_v3.worker AND j.started_at = now());
+    END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION @schema@.claim_v3(text, text[], text[], float8[], integer[], integer,
+                                      integer[], jsonb, integer[], integer[]) IS
+    'The implementation behind claim_jobs. Called directly only by daemons built from '
+    'schemas 9 to 18 (unreleased code before schema 19), during a rolling upgrade. New '
+    'code calls claim_jobs (checked arguments, a durable commit).';
+
+-- claim_jobs: the stable claim, for the daemon (queries/jobs.sql job_claim) and for workers in
+-- any language (README "Jobs"). Named, documented arguments, each checked (a bad one
+-- raises 22023 naming it, and claims nothing); then claim_v3's one implementation:
+-- queues and handlers paused by `pgworkerd pause` are left out, fleet-wide limits and
+-- per-key limits hold (as given by the caller: each claim applies its own caller's
+-- limits, see claim_v3), expired leases are rescued, a drained worker claims nothing.
+-- Its commit is durable whatever the server's synchronous_commit (see the 0019 header).
+--   SELECT * FROM pgworkerd.claim_jobs(
+--       worker => 'worker-1', queues => '{default,mail}', handlers => '{send_mail,export}',
+--       lease_seconds => '{300,60}', free_slots => '{4,2}', max_jobs => 6,
+--       max_running => '{NULL,10}', max_running_per_key => '{NULL,2}');
+-- The per-handler arguments are arrays in the order of `handlers`, one element each.
+CREATE FUNCTION @schema@.claim_jobs(
+    worker text,                -- this worker's name; the finishing functions take it back
+    queues text[],              -- the queues to claim from
+    handlers text[],            -- the handlers this worker runs, each named once
+    lease_seconds float8[],     -- per handler: the lease a claimed job gets (0 < s <= 100 y)
+    free_slots integer[],       -- per handler: how many more jobs it may take now (>= 0)
+    max_jobs integer,           -- at most this many jobs in all (>= 0)
+    handler_max_attempts integer[] DEFAULT NULL,  -- per handler: overrides the job's own
+    -- per handler: a JSON array of the queues (among `queues`) it claims from, or null for
+    -- all of them; the whole argument NULL: every handler claims from all of them
+    handler_queues jsonb DEFAULT NULL,
+    max_running integer[] DEFAULT NULL,           -- per handler: fleet-wide, or NULL
+    max_running_per_key integer[] DEFAULT NULL    -- per handler: per concurrency key, or NULL
+)
+RETURNS TABLE (
+    id bigint, queue text, handler text, payload jsonb, priority integer, attempts integer,
+    max_attempts integer, lease_token bigint, checkpoint jsonb, run_at timestamptz,
+    created_at timestamptz, locked_until timestamptz, rescued boolean
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+-- SECURITY DEFINER (since 0022, when the daemon role lost UPDATE on jobs): EXECUTE is
+-- revoked from PUBLIC below and granted to pgworkerd_daemon by roles.sql.
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    n integer := coalesce(cardinality(claim_jobs.handlers), 0);
+    duplicated boolean := false;
+    problem text;
+BEGIN
+    -- The checks are plain expressions (no subquery, so PL/pgSQL evaluates them without
+    -- the executor: they cost the daemon's claims next to nothing), bar this one, which
+    -- only a claim for several handlers needs.
+    IF n > 1 THEN
+        duplicated := (SELECT count(DISTINCT h) FROM unnest(claim_jobs.handlers) h) <> n;
+    END IF;
+    problem := CASE
+        WHEN claim_jobs.worker IS NULL OR claim_jobs.worker = '' THEN
+            'worker must name this worker (the finishing functions take the name back), not '
+            || coalesce(quote_literal(claim_jobs.worker), 'NULL')
+        WHEN claim_jobs.queues IS NULL OR array_ndims(claim_jobs.queues) > 1
+             OR array_position(claim_jobs.queues, NULL) IS NOT NULL THEN
+            'queues must be an array of queue names without NULL, not '
+            || coalesce(left(claim_jobs.queues::text, 200), 'NULL')
+        WHEN claim_jobs.handlers IS NULL OR array_ndims(claim_jobs.handlers) > 1
+             OR array_position(claim_jobs.handlers, NULL) IS NOT NULL
+             OR array_position(claim_jobs.handlers, '') IS NOT NULL OR duplicated THEN
+            'handlers must be an array of handler names, each named once, without NULL or '
+            || 'empty names, not '
+            || coalesce(left(claim_jobs.handlers::text, 200), 'NULL')
+        WHEN claim_jobs.lease_seconds IS NULL OR array_ndims(claim_jobs.lease_seconds) > 1
+             OR cardinality(claim_jobs.lease_seconds) <> n
+             -- NaN is above every number: refused by the second test
+             OR (0 < ALL(claim_jobs.lease_seconds)
+                 AND 3153600000 >= ALL(claim_jobs.lease_seconds)) IS NOT TRUE THEN
+            'lease_seconds must give each handler its lease in seconds (above 0, at most '
+            || '100 years), one per handler in the order of handlers, not '
+            || coalesce(left(claim_jobs.lease_seconds::text, 200), 'NULL')
+        WHEN claim_jobs.free_slots IS NULL OR array_ndims(claim_jobs.free_slots) > 1
+             OR cardinality(claim_jobs.free_slots) <> n
+             OR (0 <= ALL(claim_jobs.free_slots)) IS NOT TRUE THEN
+            'free_slots must give each handler how many more jobs it may take (0 or more), '
+            || 'one per handler in the order of handlers, not '
+            || coalesce(left(claim_jobs.free_slots::text, 200), 'NULL')
+        WHEN claim_jobs.max_jobs IS NULL OR claim_jobs.max_jobs < 0 THEN
+            'max_jobs must be 0 or more, not ' || coalesce(claim_jobs.max_jobs::text, 'NULL')
+        WHEN claim_jobs.handler_max_attempts IS NOT NULL
+             AND (array_ndims(claim_jobs.handler_max_attempts) > 1
+                  OR cardinality(claim_jobs.handler_max_attempts) <> n
+                  OR (1 > ANY(claim_jobs.handler_max_attempts)) IS TRUE) THEN
+            'handler_max_attempts must be NULL, or one per handler in the order of handlers, '
+            || 'each NULL (the job''s own) or at least 1, not '
+            || left(claim_jobs.handler_max_attempts::text, 200)
+        WHEN claim_jobs.handler_queues IS NOT NULL
+             AND (jsonb_typeof(claim_jobs.handler_queues) <> 'array'
+                  OR jsonb_array_length(claim_jobs.handler_queues) <> n
+                  -- strict: lax mode would look into the inner arrays as well
+                  OR jsonb_path_exists(claim_jobs.handler_queues,
+                                       'strict $[*] ? (@.type() != "null" && @.type() != "array")')
+                  OR jsonb_path_exists(claim_jobs.handler_queues,
+                                       'strict $[*] ? (@.type() == "array")[*] ? (@.type() != "string")'))
+             THEN
+            'handler_queues must be NULL, or a JSON array with one element per handler in the '
+            || 'order of handlers, each null (all of queues) or an array of queue names, not '
+            || left(claim_jobs.handler_queues::text, 200)
+        WHEN claim_jobs.max_running IS NOT NULL
+             AND (array_ndims(claim_jobs.max_running) > 1
+                  OR cardinality(claim_jobs.max_running) <> n
+                  OR (1 > ANY(claim_jobs.max_running)) IS TRUE) THEN
+            'max_running must be NULL, or one per handler in the order of handlers, each '
+            || 'NULL (no limit) or at least 1, not ' || left(claim_jobs.max_running::text, 200)
+        WHEN claim_jobs.max_running_per_key IS NOT NULL
+             AND (array_ndims(claim_jobs.max_running_per_key) > 1
+                  OR cardinality(claim_jobs.max_running_per_key) <> n
+                  OR (1 > ANY(claim_jobs.max_running_per_key)) IS TRUE) THEN
+            'max_running_per_key must be NULL, or one per handler in the order of handlers, '
+            || 'each NULL (no limit) or at least 1, not '
+            || left(claim_jobs.max_running_per_key::text, 200)
+    END;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgworkerd: claim_jobs: %', problem
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A durable commit (see the 0019 header: SET LOCAL here, never a SET clause).
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    RETURN QUERY
+    SELECT * FROM @schema@.claim_v3(
+        claim_jobs.worker, claim_jobs.queues, claim_jobs.handlers, claim_jobs.lease_seconds,
+        claim_jobs.free_slots, claim_jobs.max_jobs, claim_jobs.handler_max_attempts,
+        claim_jobs.handler_queues, claim_jobs.max_running, claim_jobs.max_running_per_key);
+END;
+$$;
+
+-- Who still calls each claim (a contract migration drops the old ones once no supported
+-- release calls them).
+COMMENT ON FUNCTION @schema@.claim_jobs(text, text[], text[], float8[], integer[], integer,
+                                        integer[], jsonb, integer[], integer[]) IS
+    'The stable claim (schema 19) for the daemon and for workers in any language: pauses, '
+    'fleet-wide and per-key limits, rescues, a durable commit. README "Jobs".';
+
+REVOKE EXECUTE ON FUNCTION
+    @schema@.claim_jobs(text, text[], text[], float8[], integer[], integer, integer[], jsonb,
+                        integer[], integer[])
+    FROM PUBLIC;

@@ -1,0 +1,198 @@
+-- The fleet's own retention: the floor an operator sets, and prune_finished_v2, which
+-- deletes old finished jobs, schedule runs and gone daemons in batches (prune_finished_v1
+-- is in compat.sql).
+
+-- The shortest retention an operator allows the fleet's own pruning (one row). A caller
+-- of prune_finished_v2 that may not DELETE jobs itself (the daemon role) is refused a
+-- retention below it; one that may (the owner, pgworkerd_operator) is not held to it,
+-- as it could delete the rows directly. 1 day until an operator changes it with
+-- retention_floor_set (or an UPDATE of this row by a role allowed to).
+CREATE TABLE @schema@.retention_floor (
+    single boolean PRIMARY KEY DEFAULT true CHECK (single),
+    min_seconds float8 NOT NULL
+        CHECK (min_seconds >= 0 AND min_seconds <= 100 * 365.25 * 86400),
+    set_by text NOT NULL DEFAULT session_user,
+    set_at timestamptz NOT NULL DEFAULT now()
+);
+
+INSERT INTO @schema@.retention_floor (min_seconds, set_by) VALUES (86400, 'pgworkerd migrate');
+
+-- Set the floor (seconds), recording who set it; returns the new floor.
+CREATE FUNCTION @schema@.retention_floor_set(min_seconds float8)
+RETURNS float8
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF min_seconds IS NULL OR NOT (min_seconds BETWEEN 0 AND 100 * 365.25 * 86400) THEN
+        RAISE EXCEPTION 'pgworkerd: a retention floor must be from 0 to 100 years in '
+                        'seconds, not %', coalesce(min_seconds::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    UPDATE @schema@.retention_floor f
+       SET min_seconds = retention_floor_set.min_seconds, set_by = session_user,
+           set_at = now();
+    RETURN min_seconds;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.retention_floor_set(float8) FROM PUBLIC;
+
+-- The fleet's retention, version 2: prune_finished_v1 (0014) plus old schedule runs and
+-- the registry rows of daemons gone long ago, each bounded by p_batch rows per call
+-- (1..10000 per table, so a call deletes at most 3 * p_batch rows, each table's rows
+-- oldest first, FOR UPDATE SKIP LOCKED, in the caller's one short transaction).
+-- Retentions in seconds; NULL keeps that kind forever.
+--
+-- Schedule runs (p_schedule_runs, by tick) keep, of each schedule, its latest run (the
+-- point catch-up counts from: schedule_declare) and every run from the oldest of its
+-- latest 100 runs that created a job still pending or running (schedule_fire's overlap
+-- check finds the job in the way through that run; the same rule as `pgworkerd prune`).
+-- Each schedule's runs through the primary key (schedule, tick): one probe for a
+-- schedule with nothing old, no scan of the table.
+-- Daemons (p_gone_daemons): rows of state 'gone' whose stop (or last heartbeat, when it
+-- was marked gone by a peer) is older than the retention; a live daemon's row is never
+-- touched, and a daemon that comes back after a long outage registers anew.
+--
+-- Returns deleted (finished jobs), schedule_runs_deleted, daemons_deleted (all NULL when
+-- another caller holds the retention lock: it is pruning) and live_daemons.
+CREATE FUNCTION @schema@.prune_finished_v2(
+    p_completed float8, p_cancelled float8, p_dead float8,
+    p_schedule_runs float8, p_gone_daemons float8, p_batch integer,
+    OUT deleted integer, OUT schedule_runs_deleted integer, OUT daemons_deleted integer,
+    OUT live_daemons integer)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    floor_seconds float8;
+    n integer;
+    schedule_name text;
+    runs_cutoff timestamptz;
+    oldest timestamptz;
+    keep_from timestamptz;
+BEGIN
+    IF p_batch IS NULL OR p_batch < 1 OR p_batch > 10000 THEN
+        RAISE EXCEPTION 'prune_finished_v2: batch must be 1..10000, not %', p_batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- (NaN sorts above every number in PostgreSQL: the upper bound refuses it too)
+    IF EXISTS (SELECT 1
+                 FROM unnest(ARRAY[p_completed, p_cancelled, p_dead, p_schedule_runs,
+                                   p_gone_daemons]) r
+                WHERE r < 0 OR r > 100 * 365.25 * 86400) THEN
+        RAISE EXCEPTION 'prune_finished_v2: a retention must be from 0 to 100 years in seconds'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The floor (0022): for a caller that may not delete jobs itself (the daemon role).
+    IF NOT has_table_privilege(session_user, '@schema@.jobs', 'DELETE') THEN
+        SELECT f.min_seconds INTO floor_seconds FROM @schema@.retention_floor f;
+        IF EXISTS (SELECT 1 FROM unnest(ARRAY[p_completed, p_cancelled, p_dead]) r
+                    WHERE r < floor_seconds) THEN
+            RAISE EXCEPTION 'prune_finished_v2: a retention of finished jobs below % seconds '
+                            '(the floor an operator set) is refused', floor_seconds
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Raise [retention] in the config, or have an operator lower the '
+                             'floor: SELECT ' || @schema_literal@
+                             || '.retention_floor_set(seconds).';
+        END IF;
+    END IF;
+    SELECT count(*) INTO live_daemons FROM @schema@.workers WHERE state <> 'gone';
+    IF NOT pg_try_advisory_xact_lock(
+            hashtextextended('pgworkerd.retention:' || @schema_literal@, 0)) THEN
+        RETURN;  -- the counts stay NULL: another daemon is pruning
+    END IF;
+
+    -- One statement per status, its status written out: only a literal lets the planner
+    -- use that status's partial index (a parameter could be any status). The ids first
+    -- (ARRAY), then the delete by primary key: never a join that reads the whole table.
+    deleted := 0;
+    IF p_completed IS NOT NULL THEN
+        DELETE FROM @schema@.jobs
+         WHERE id = ANY (ARRAY(
+                   SELECT id FROM @schema@.jobs
+                    WHERE status = 'completed'
+                      AND finished_at < now() - make_interval(secs => p_completed)
+                    ORDER BY finished_at
+                    LIMIT p_batch - deleted
+                    FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+    END IF;
+    IF p_cancelled IS NOT NULL AND deleted < p_batch THEN
+        DELETE FROM @schema@.jobs
+         WHERE id = ANY (ARRAY(
+                   SELECT id FROM @schema@.jobs
+                    WHERE status = 'cancelled'
+                      AND finished_at < now() - make_interval(secs => p_cancelled)
+                    ORDER BY finished_at
+                    LIMIT p_batch - deleted
+                    FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+    END IF;
+    IF p_dead IS NOT NULL AND deleted < p_batch THEN
+        DELETE FROM @schema@.jobs
+         WHERE id = ANY (ARRAY(
+                   SELECT id FROM @schema@.jobs
+                    WHERE status = 'dead'
+                      AND finished_at < now() - make_interval(secs => p_dead)
+                    ORDER BY finished_at
+                    LIMIT p_batch - deleted
+                    FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+    END IF;
+
+    schedule_runs_deleted := 0;
+    IF p_schedule_runs IS NOT NULL THEN
+        runs_cutoff := now() - make_interval(secs => p_schedule_runs);
+        FOR schedule_name IN SELECT s.name FROM @schema@.schedules s ORDER BY s.name LOOP
+            EXIT WHEN schedule_runs_deleted >= p_batch;
+            SELECT min(r.tick) INTO oldest
+              FROM @schema@.schedule_runs r WHERE r.schedule = schedule_name;
+            CONTINUE WHEN oldest IS NULL OR oldest >= runs_cutoff;
+            SELECT least(
+                       runs_cutoff,
+                       (SELECT max(r.tick) FROM @schema@.schedule_runs r
+                         WHERE r.schedule = schedule_name),
+                       (SELECT min(recent.tick)
+                          FROM (SELECT r.job_id, r.tick FROM @schema@.schedule_runs r
+                                 WHERE r.schedule = schedule_name AND r.job_id IS NOT NULL
+                                 ORDER BY r.tick DESC LIMIT 100) recent
+                          JOIN @schema@.jobs j ON j.id = recent.job_id
+                         WHERE j.status IN ('pending', 'running')))
+              INTO keep_from;
+            DELETE FROM @schema@.schedule_runs r
+             WHERE r.schedule = schedule_name
+               AND r.tick = ANY (ARRAY(
+                       SELECT o.tick FROM @schema@.schedule_runs o
+                        WHERE o.schedule = schedule_name AND o.tick < keep_from
+                        ORDER BY o.tick
+                        LIMIT p_batch - schedule_runs_deleted
+                        FOR UPDATE SKIP LOCKED));
+            GET DIAGNOSTICS n = ROW_COUNT;
+            schedule_runs_deleted := schedule_runs_deleted + n;
+        END LOOP;
+    END IF;
+
+    daemons_deleted := 0;
+    IF p_gone_daemons IS NOT NULL THEN
+        DELETE FROM @schema@.workers
+         WHERE id = ANY (ARRAY(
+                   SELECT w.id FROM @schema@.workers w
+                    WHERE w.state = 'gone'
+                      AND coalesce(w.stopped_at, w.heartbeat_at)
+                          < now() - make_interval(secs => p_gone_daemons)
+                    ORDER BY coalesce(w.stopped_at, w.heartbeat_at)
+                    LIMIT p_batch
+                    FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS daemons_deleted = ROW_COUNT;
+    END IF;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.prune_finished_v2(float8, float8, float8, float8, float8,
+                                                      integer) FROM PUBLIC;

@@ -1,0 +1,27 @@
+-- Statements on the attempt history (sql/objects/attempts.sql).
+--
+-- Each statement under a "-- name:" header with a one-line description; queue/queries.py
+-- loads every file of this folder into one registry (a name is defined once, in the file
+-- of its entity: docs/development/sql.md). @schema@ is replaced by the quoted schema
+-- name, @schema_literal@ by it as a string literal and @notify_channel@ (and the other
+-- @..._channel@) by the quoted name of a channel; parameters are psycopg's %(name)s
+-- placeholders (so a literal percent sign is written %%).
+
+-- name: attempt_account
+-- Add what the daemon measured to attempts its trigger recorded (migration 0012), through
+-- attempt_account_v1 (0022): each names the job and the lease token it ran under, and
+-- this worker, so a figure lands on its own attempt only, also one another daemon's
+-- claim ended (lease expired). Returns the rows changed.
+SELECT a.job_id
+  FROM @schema@.attempt_account_v1(%(worker)s::text, %(ids)s::bigint[], %(tokens)s::bigint[],
+                                   %(wall)s::float8[], %(cpu_user)s::float8[],
+                                   %(cpu_system)s::float8[], %(peak_memory)s::bigint[])
+       AS a(job_id);
+
+-- name: attempt_list
+-- A job's attempts, oldest first (pgworkerd show).
+SELECT attempt, outcome, worker, host, started_at, finished_at, wall_seconds,
+       cpu_user_seconds, cpu_system_seconds, peak_memory, error
+  FROM @schema@.attempts
+ WHERE job_id = %(id)s
+ ORDER BY finished_at, lease_token;

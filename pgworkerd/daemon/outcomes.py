@@ -1,6 +1,6 @@
 """A job attempt from claim to outcome: what the daemon holds while it runs (InFlight),
 what it left (decide), and what became of its record (report: one log line per job
-event, and the metrics). Recording itself is queue.outcomes (the fenced write protocol:
+event, and the metrics). Recording itself is queue.finish (the fenced write protocol:
 which statement, a snooze past max_snoozes, a write that had landed earlier); the
 daemon's Statements runs it and hands the result here. Every write names the lease token,
 so an outcome whose lease was lost and re-claimed changes nothing and is logged as fenced
@@ -20,8 +20,7 @@ from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.durations import format_duration
 from pgworkerd.jsontext import storable_text
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue import attempts
-from pgworkerd.queue import outcomes as queue_outcomes
+from pgworkerd.queue import attempts, finish
 from pgworkerd.queue.lease import ClaimedJob, EncodedJson, RefusedJob
 from pgworkerd.worker import protocol
 from pgworkerd.worker.outcomes import snooze_problem
@@ -61,10 +60,10 @@ class Outcome:
     def __post_init__(self) -> None:
         self.kind = OutcomeKind(self.kind)  # a plain string names the same kind
 
-    def write(self) -> queue_outcomes.OutcomeWrite:
-        """What queue.outcomes records for it."""
+    def write(self) -> finish.OutcomeWrite:
+        """What queue.finish records for it."""
         j, h = self.job, self.handler
-        return queue_outcomes.OutcomeWrite(
+        return finish.OutcomeWrite(
             kind=str(self.kind),
             id=j.id,
             token=j.token,
@@ -222,10 +221,10 @@ def chosen_outcome(report: Failed, h: HandlerConfig) -> tuple[OutcomeKind, str, 
 
 def report(
     batch: Sequence[Outcome],
-    recorded: Sequence[queue_outcomes.Recorded],
+    recorded: Sequence[finish.Recorded],
     metrics: NullMetrics | None = None,
 ) -> None:
-    """Log (and count) what became of a batch the database was given (queue.outcomes.
+    """Log (and count) what became of a batch the database was given (queue.finish.
     record or complete_and_claim, in `batch`'s order). A snooze written as a failed attempt
     becomes one here too (kind and error), so a write repeated later is that failure's."""
     for o, r in zip(batch, recorded, strict=True):
@@ -240,7 +239,7 @@ def report(
         _report(metrics, o, r.landed, message)
 
 
-def _message(o: Outcome, r: queue_outcomes.Recorded) -> str:
+def _message(o: Outcome, r: finish.Recorded) -> str:
     took = f"{o.duration:.2f}s"
     first = o.error.splitlines()[0] if o.error else ""
     if o.kind is OutcomeKind.COMPLETE:

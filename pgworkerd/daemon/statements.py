@@ -17,8 +17,7 @@ from pgworkerd.daemon import accounting, joblogs, outcomes
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue import lease, registry, retention, schedules
-from pgworkerd.queue import outcomes as queue_outcomes
+from pgworkerd.queue import finish, lease, registry, retention, schedules
 from pgworkerd.queue.attempts import Usage
 from pgworkerd.queue.joblogs import LogWrite
 
@@ -54,7 +53,7 @@ class Statements:
             writes = [o.write() for o in batch]
             result = self.link.run(
                 "recording outcomes and claiming jobs",
-                lambda c: queue_outcomes.complete_and_claim(
+                lambda c: finish.complete_and_claim(
                     c,
                     self.worker_id,
                     writes,
@@ -110,12 +109,12 @@ class Statements:
         )
 
     def write_outcomes(self, batch: list[Outcome]) -> bool | None:
-        """Record a batch (completions, or one other outcome; queue.outcomes.record), then
+        """Record a batch (completions, or one other outcome; queue.finish.record), then
         log and count what became of it (None: the write failed, nothing is reported)."""
         writes = [o.write() for o in batch]
         recorded = self.link.run(
             "recording outcomes",
-            lambda c: queue_outcomes.record(c, self.worker_id, writes, schema=self.schema),
+            lambda c: finish.record(c, self.worker_id, writes, schema=self.schema),
         )
         if recorded is None:
             return None

@@ -1,4 +1,4 @@
-"""Recording outcomes (pgworkerd.queue.outcomes.record, reported by daemon.outcomes.report,
+"""Recording outcomes (pgworkerd.queue.finish.record, reported by daemon.outcomes.report,
 as the daemon's Statements runs them) against real PostgreSQL: a write repeated
 because the reply to the first was lost is reported as recorded, not as fenced off; an
 outcome of a lease that was really lost is fenced off, burial included."""
@@ -15,8 +15,7 @@ from pgworkerd import client
 from pgworkerd.config import HandlerConfig
 from pgworkerd.daemon import outcomes
 from pgworkerd.daemon.outcomes import Outcome
-from pgworkerd.queue import admin, lease
-from pgworkerd.queue import outcomes as queue_outcomes
+from pgworkerd.queue import admin, finish, lease
 from pgworkerd.queue.lease import HandlerCapacity
 
 HANDLER = HandlerConfig(name="h", target="jobhandlers:work")
@@ -37,7 +36,7 @@ def claim(
 
 
 def write(conn: psycopg.Connection, schema: str, worker: str, outcome: Outcome) -> None:
-    recorded = queue_outcomes.record(conn, worker, [outcome.write()], schema=schema)
+    recorded = finish.record(conn, worker, [outcome.write()], schema=schema)
     outcomes.report([outcome], recorded)
 
 

@@ -379,7 +379,7 @@ SELECT CASE WHEN p.queue = ANY (%(served)s::text[]) OR t.queue IS NOT NULL THEN 
 -- snooze counted (cancelled instead if a cancel was requested meanwhile), its latest
 -- progress and checkpoint saved (NULL keeps the old value), last_error kept. Only while
 -- the job has snoozed fewer than %(max_snoozes)s times: no row back then, and the attempt
--- is recorded as failed instead (queue.outcomes; a lost lease also gives no row: job_fail,
+-- is recorded as failed instead (queue.finish; a lost lease also gives no row: job_fail,
 -- under the same fence, changes nothing either). retry_in: seconds until it is due.
 SELECT s.status, s.run_at, s.snoozes, s.retry_in
   FROM @schema@.snooze_held_job(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,

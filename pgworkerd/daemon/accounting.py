@@ -1,7 +1,8 @@
 """What an attempt cost, put together in the parent: the child's own measurements of the
 job's process tree (protocol.Usage, sent before each report and whenever the peak grew)
 and, for a child that died with its job, the kernel's rusage from wait4 when it was
-reaped. Written to the attempt's history row after its outcome (queue.attempts)."""
+reaped. Written to the attempt's history row after its outcome (queue.attempts.record_usage,
+through the daemon's Statements)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import psycopg
-
 from pgworkerd.daemon.children import ChildProcess
-from pgworkerd.queue import attempts
 from pgworkerd.queue.attempts import Usage
 from pgworkerd.sizes import format_size
 from pgworkerd.worker import protocol
@@ -65,19 +63,6 @@ def settled(child: ChildProcess, usage: protocol.Usage | None) -> None:
     if usage is not None:
         user, system = child.cpu_reported
         child.cpu_reported = (user + usage.cpu_user, system + usage.cpu_system)
-
-
-def write(conn: psycopg.Connection[Any], worker: str, schema: str, usages: list[Usage]) -> bool:
-    """Add the figures to their attempts' rows. Accounting never costs an outcome: a
-    statement the database refuses (e.g. a role without the grant) is logged and dropped;
-    a lost connection is raised like any other."""
-    try:
-        attempts.account(conn, worker, usages, schema=schema)
-    except psycopg.Error as exc:
-        if conn.broken or conn.closed:
-            raise
-        log.warning("attempt figures not recorded: %s", str(exc).strip().splitlines()[0])
-    return True
 
 
 # Figures are written at most this often, all that arrived meanwhile in one statement:

@@ -41,10 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-
 from pgworkerd.config import LogsConfig
-from pgworkerd.queue import joblogs
 from pgworkerd.queue.joblogs import LogWrite, storable
 from pgworkerd.sizes import format_size
 from pgworkerd.worker.capture import path_for
@@ -399,16 +396,3 @@ class JobLogs:
             )
         attempt.copied = attempt.dropped_lines = attempt.unread = 0
 
-
-def write(
-    conn: psycopg.Connection[Any], worker: str, schema: str, entries: list[LogWrite]
-) -> set[int]:
-    """Store the logs. Logs never cost more: a statement the database refuses (a role
-    without the grant) is logged and dropped; a lost connection is raised like any other."""
-    try:
-        return joblogs.write(conn, worker, entries, schema=schema)
-    except psycopg.Error as exc:
-        if conn.broken or conn.closed:
-            raise
-        log.warning("job output not stored: %s", str(exc).strip().splitlines()[0])
-    return set()

@@ -13,11 +13,11 @@ from datetime import datetime
 from typing import Any
 
 from pgworkerd.config import RetentionConfig
-from pgworkerd.daemon import accounting, joblogs, outcomes
+from pgworkerd.daemon import outcomes
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue import finish, lease, registry, retention, schedules
+from pgworkerd.queue import attempts, finish, joblogs, lease, registry, retention, schedules
 from pgworkerd.queue.attempts import Usage
 from pgworkerd.queue.joblogs import LogWrite
 
@@ -125,14 +125,14 @@ class Statements:
         """What finished attempts cost, to their history rows (written already)."""
         return self.link.run(
             "recording attempt figures",
-            lambda c: accounting.write(c, self.worker_id, self.schema, usages),
+            lambda c: attempts.record_usage(c, self.worker_id, usages, schema=self.schema),
         )
 
     def write_logs(self, entries: list[LogWrite]) -> set[int] | None:
         """What running and ended attempts printed, to job_logs."""
         return self.link.run(
             "storing job output",
-            lambda c: joblogs.write(c, self.worker_id, self.schema, entries),
+            lambda c: joblogs.store(c, self.worker_id, entries, schema=self.schema),
         )
 
     def register(self, info: registry.WorkerInfo, state: str, heartbeat_interval: float) -> None:

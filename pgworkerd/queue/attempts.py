@@ -7,6 +7,7 @@ migration); the daemon only adds its figures, keyed by job and lease token.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,8 @@ from psycopg.rows import dict_row
 
 from pgworkerd.queue import hotpath
 from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
+
+log = logging.getLogger("pgworkerd")
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,21 @@ def account(
         schema=schema,
     )
     return {r[0] for r in rows}
+
+
+def record_usage(
+    conn: psycopg.Connection[Any], worker: str, usages: Sequence[Usage], *, schema: str
+) -> bool:
+    """The daemon's write of its figures (`account`). Accounting never costs an outcome: a
+    statement the database refuses (e.g. a role without the grant) is logged and dropped;
+    a lost connection is raised like any other."""
+    try:
+        account(conn, worker, usages, schema=schema)
+    except psycopg.Error as exc:
+        if conn.broken or conn.closed:
+            raise
+        log.warning("attempt figures not recorded: %s", str(exc).strip().splitlines()[0])
+    return True
 
 
 def history(

@@ -7,6 +7,7 @@ write. The text is stored as PostgreSQL can hold it (`storable`); readers show i
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,8 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgworkerd.queue.queries import query
+
+log = logging.getLogger("pgworkerd")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,21 @@ def write(
         },
     ).fetchall()
     return {r[0] for r in rows}
+
+
+def store(
+    conn: psycopg.Connection[Any], worker: str, entries: Sequence[LogWrite], *, schema: str
+) -> set[int]:
+    """The daemon's write of the logs (`write`). Logs never cost more: a statement the
+    database refuses (a role without the grant) is logged and dropped; a lost connection is
+    raised like any other."""
+    try:
+        return write(conn, worker, entries, schema=schema)
+    except psycopg.Error as exc:
+        if conn.broken or conn.closed:
+            raise
+        log.warning("job output not stored: %s", str(exc).strip().splitlines()[0])
+    return set()
 
 
 def read_logs(

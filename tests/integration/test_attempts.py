@@ -5,6 +5,7 @@ history with its job."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import leasing
@@ -178,3 +179,19 @@ def test_truncating_the_jobs_truncates_the_history(conn: psycopg.Connection, sch
     assert sql(conn, schema, "SELECT count(*) FROM @schema@.attempts") == [(1,)]
     sql(conn, schema, "TRUNCATE @schema@.jobs")
     assert sql(conn, schema, "SELECT count(*) FROM @schema@.attempts") == [(0,)]
+
+
+def test_the_daemons_write_of_figures_drops_a_refused_statement_raises_a_lost_connection(
+    conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Accounting never costs an outcome: the database refusing the statement (here: no
+    such function in that schema, as for a role without the grant) is logged and dropped,
+    the connection stays usable; a lost connection is the caller's to handle."""
+    usage = attempts.Usage(1, 1, 1.0, None, None, None)
+    with caplog.at_level(logging.WARNING, logger="pgworkerd"):
+        assert attempts.record_usage(conn, "w1", [usage], schema=f"{schema}_gone") is True
+    assert "attempt figures not recorded" in caplog.text
+    assert conn.execute("SELECT 1").fetchone() == (1,)
+    conn.close()
+    with pytest.raises(psycopg.OperationalError):
+        attempts.record_usage(conn, "w1", [usage], schema=schema)

@@ -4,10 +4,12 @@ head without rewriting it, skips jobs deleted meanwhile, and the logs go with th
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import leasing
 import psycopg
+import pytest
 from pruning import prune
 
 from pgworkerd import client
@@ -124,3 +126,21 @@ def test_prune_and_retention_remove_the_logs_with_their_jobs(
     assert logged_jobs(conn, schema) == [kept]
     sql(conn, schema, "TRUNCATE @schema@.jobs")
     assert logged_jobs(conn, schema) == []
+
+
+def test_the_daemons_store_drops_a_refused_statement_raises_a_lost_connection(
+    conn: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Logs never cost more: the database refusing the statement (here: no such function
+    in that schema, as for a role without the grant) is logged and nothing counts as
+    stored; a lost connection is the caller's to handle."""
+    job_id = client.enqueue(conn, "h", schema=schema)
+    job = claim(conn, schema)
+    assert job.id == job_id
+    with caplog.at_level(logging.WARNING, logger="pgworkerd"):
+        assert joblogs.store(conn, "w1", [entry(job, "out\n")], schema=f"{schema}_gone") == set()
+    assert "job output not stored" in caplog.text
+    assert joblogs.store(conn, "w1", [entry(job, "out\n")], schema=schema) == {job_id}
+    conn.close()
+    with pytest.raises(psycopg.OperationalError):
+        joblogs.store(conn, "w1", [entry(job, "out\n")], schema=schema)

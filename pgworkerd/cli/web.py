@@ -38,9 +38,14 @@ def web(
     """
     if click_ctx.invoked_subcommand is not None:
         return
-    if importlib.util.find_spec("flask") is None or importlib.util.find_spec("waitress") is None:
+    # the [web] extra: the daemon's own install has none of them
+    needed = ("flask", "waitress", "psycopg_pool")
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:
         fail(
-            "the dashboard needs Flask and waitress: pip install 'pgworkerd[web]'", ExitCode.CONFIG
+            f"the dashboard needs Flask, waitress and psycopg-pool ({', '.join(missing)} not"
+            " installed): pip install 'pgworkerd[web]'",
+            ExitCode.CONFIG,
         )
     from pgworkerd.config import file_warnings
     from pgworkerd.ops import logs

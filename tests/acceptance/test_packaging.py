@@ -79,6 +79,10 @@ def test_wheel_ships_the_deploy_files_and_the_license(dist: dict[str, Path]) -> 
     assert meta["License"] is None  # the deprecated free-text field is gone
     assert [Path(n).name for n in licenses] == ["LICENSE"]
     assert not [n for n in names if n.startswith("tests/")]
+    # the connection pool is the dashboard's alone: the daemon's install goes without it
+    pool = [r for r in meta.get_all("Requires-Dist") or [] if r.startswith("psycopg-pool")]
+    assert pool and all("extra ==" in r for r in pool), pool
+    assert any('extra == "web"' in r for r in pool), pool
     # the dashboard's templates and static files (`pgworkerd web` renders nothing without)
     web = Path(__file__).resolve().parents[2] / "pgworkerd" / "web"
     for kind in ("templates", "static"):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from pgworkerd.version import __version__
+
 if TYPE_CHECKING:
     from pgworkerd.child import GiveUp, Snooze
     from pgworkerd.client import (
@@ -19,7 +21,6 @@ if TYPE_CHECKING:
         wait,
     )
 
-__version__ = "0.3.0.dev0"
 __all__ = [
     "GiveUp",
     "InvalidJob",

@@ -34,7 +34,6 @@ from typing import Any
 import psycopg
 from setproctitle import setproctitle
 
-from pgworkerd import __version__
 from pgworkerd.backoff import Backoff
 from pgworkerd.config import Config, ConfigError, file_warnings, load_config
 from pgworkerd.daemon.accounting import UsageWriter
@@ -60,6 +59,7 @@ from pgworkerd.ops.systemd import Notifier
 from pgworkerd.queue.db import DatabaseError, InvalidDsn, scrub
 from pgworkerd.queue.migrate import SchemaError, check_current
 from pgworkerd.queue.registry import HandBack
+from pgworkerd.version import __version__
 from pgworkerd.worker import identity
 from pgworkerd.worker.forkserver import set_child_subreaper
 from pgworkerd.worker.protocol import ChildMessage

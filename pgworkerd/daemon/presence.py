@@ -21,7 +21,6 @@ from typing import Protocol
 import psycopg
 from setproctitle import setproctitle
 
-from pgworkerd import __version__
 from pgworkerd.config import Config
 from pgworkerd.daemon.dblink import ESCALATE_AFTER, DatabaseLink
 from pgworkerd.daemon.jobtable import JobTable
@@ -32,6 +31,7 @@ from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.ops.systemd import Notifier
 from pgworkerd.queue import admin, registry, session, views
 from pgworkerd.queue.db import scrub
+from pgworkerd.version import __version__
 
 log = logging.getLogger("pgworkerd")
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from pgworkerd.version import __version__
+
 REPO = Path(__file__).resolve().parents[2]
 # What a pip-only user needs besides the code, and where the checkout keeps it.
 SHIPPED = {
@@ -74,6 +76,7 @@ def test_wheel_ships_the_deploy_files_and_the_license(dist: dict[str, Path]) -> 
         meta = email.message_from_bytes(whl.read(metadata))
         licenses = [n for n in names if "/licenses/" in n]
     # PEP 639: an SPDX expression and the license file itself
+    assert meta["Version"] == __version__  # pyproject.toml and pgworkerd/version.py agree
     assert meta["License-Expression"] == "MIT"
     assert meta.get_all("License-File") == ["LICENSE"]
     assert meta["License"] is None  # the deprecated free-text field is gone

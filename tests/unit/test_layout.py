@@ -215,6 +215,25 @@ def test_importing_leaves_psycopg_and_the_queue_unloaded(module: str) -> None:
     assert not loaded, f"import {module} loads {', '.join(loaded[:10])}"
 
 
+def test_no_part_takes_a_name_from_the_package_face() -> None:
+    """The face re-exports for applications; inside the package every name comes from the
+    module that defines it (`__version__` from pgworkerd.version), so no part depends on
+    what the face loads. `from pgworkerd import <module>` imports that module, not a name."""
+    modules = package_modules()
+    taken = []
+    for name, path in modules.items():
+        if name == "pgworkerd":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == "pgworkerd":
+                taken += [
+                    f"{name}:{node.lineno} takes {alias.name} from the face"
+                    for alias in node.names
+                    if f"pgworkerd.{alias.name}" not in modules
+                ]
+    assert not taken
+
+
 def test_the_package_face_names_the_application_api() -> None:
     """What the README's Python examples import from `pgworkerd` itself."""
     import pgworkerd

@@ -46,7 +46,8 @@ from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.leases import LeaseKeeper
 from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.peers import Peers
-from pgworkerd.daemon.presence import Lifecycle, Presence, QueueDepthCounter
+from pgworkerd.daemon.presence import Lifecycle, Presence
+from pgworkerd.daemon.queuedepth import QueueDepthCounter
 from pgworkerd.daemon.retention import Retention
 from pgworkerd.daemon.scheduler import Scheduler
 from pgworkerd.daemon.statements import Statements

@@ -127,7 +127,7 @@ class NullMetrics:
 
     enabled = False
     port: int | None = None
-    # What the queue-depth count asks for (see presence.QueueDepthCounter).
+    # What the queue-depth count asks for (see daemon.queuedepth.QueueDepthCounter).
     served_queues: tuple[str, ...] = ()
     top_queues = 0
 

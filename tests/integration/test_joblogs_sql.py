@@ -14,7 +14,7 @@ from pruning import prune
 
 from pgworkerd import client
 from pgworkerd.config import RetentionConfig
-from pgworkerd.queue import joblogs, lease, retention
+from pgworkerd.queue import joblogs, lease, retention, views
 from pgworkerd.queue.joblogs import LogWrite
 from pgworkerd.queue.queries import render
 
@@ -76,6 +76,45 @@ def test_upserts_keep_the_head_once_full_and_attempts_apart(
     only = joblogs.read_logs(conn, schema, job_id, attempt=2)
     assert only is not None and [e["attempt"] for e in only["logs"]] == [2]
     assert joblogs.read_logs(conn, schema, job_id + 1000) is None
+
+
+def test_attempts_written_in_one_statement_list_in_attempt_order(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """The daemon flushes every attempt's output in one statement, so two attempts of a job
+    can share updated_at; tokens are random, so they cannot break the tie. The list (what
+    `logs` prints last, the dashboard) is by attempt number, whatever the tokens are."""
+    job_id = client.enqueue(conn, "h", max_attempts=3, schema=schema)
+    first = claim(conn, schema)
+    lease.fail(conn, "w1", job_id, first.token, "boom", backoff_base=0, schema=schema)
+    second = claim(conn, schema)
+    both = [entry(first, "one\n", finished=True), entry(second, "two\n")]
+    assert joblogs.write(conn, "w1", both, schema=schema) == {job_id}
+    # the later attempt's token below the earlier one's, the same updated_at for both
+    sql(
+        conn,
+        schema,
+        "UPDATE @schema@.job_logs SET lease_token = -lease_token WHERE job_id = %s AND attempt = 2",
+        job_id,
+    )
+    sql(
+        conn,
+        schema,
+        "UPDATE @schema@.job_logs SET lease_token = abs(lease_token) + 1, "
+        "updated_at = '2026-01-01' WHERE job_id = %s AND attempt = 1",
+        job_id,
+    )
+    sql(
+        conn,
+        schema,
+        "UPDATE @schema@.job_logs SET updated_at = '2026-01-01' WHERE job_id = %s",
+        job_id,
+    )
+    logs = joblogs.read_logs(conn, schema, job_id)
+    assert logs is not None
+    assert [(e["attempt"], e["head"]) for e in logs["logs"]] == [(1, "one\n"), (2, "two\n")]
+    shown = views.logs_shown(conn, schema, job_id, shown=100, limit=10)
+    assert shown is not None and [e["attempt"] for e in shown] == [1, 2]
 
 
 def test_a_job_deleted_meanwhile_gets_no_log(conn: psycopg.Connection, schema: str) -> None:

@@ -24,4 +24,4 @@ SELECT attempt, outcome, worker, host, started_at, finished_at, wall_seconds,
        cpu_user_seconds, cpu_system_seconds, peak_memory, error
   FROM @schema@.attempts
  WHERE job_id = %(id)s
- ORDER BY finished_at, lease_token;
+ ORDER BY finished_at, attempt, lease_token;

@@ -27,7 +27,9 @@ SELECT attempt, lease_token, worker, head, tail, total_bytes, omitted_bytes, fin
        updated_at
   FROM @schema@.job_logs
  WHERE job_id = %(id)s AND (%(attempt)s::integer IS NULL OR attempt = %(attempt)s)
- ORDER BY updated_at, lease_token;  -- tokens are random (schema 24): by time
+ -- by attempt number (it never goes down; it recurs after a release, then by time): one
+ -- write stores every attempt's output with the same updated_at, and tokens are random
+ ORDER BY attempt, updated_at, lease_token;
 
 -- name: job_log_state
 -- Whether a job exists, and the attempt it runs now (for `logs --follow`).

@@ -459,7 +459,7 @@ SELECT j.row_json AS job,
                                   'worker', a.worker, 'host', a.host,
                                   'finished_at', a.finished_at, 'error', a.error)
           FROM @schema@.attempts a WHERE a.job_id = j.id
-         ORDER BY a.finished_at DESC, a.lease_token DESC LIMIT 1) AS last_attempt,
+         ORDER BY a.finished_at DESC, a.attempt DESC, a.lease_token DESC LIMIT 1) AS last_attempt,
        (SELECT count(*) FROM @schema@.attempts a WHERE a.job_id = j.id) AS attempts_recorded,
        (SELECT jsonb_build_object('id', w.id, 'host', w.host, 'pid', w.pid, 'state', w.state,
                                   'heartbeat_age_seconds',

@@ -278,9 +278,9 @@ SELECT * FROM (
            count(*) OVER () AS total, lease_token
       FROM @schema@.attempts
      WHERE job_id = %(id)s
-     ORDER BY finished_at DESC, lease_token DESC
+     ORDER BY finished_at DESC, attempt DESC, lease_token DESC
      LIMIT %(limit)s) a
- ORDER BY a.finished_at, a.lease_token;
+ ORDER BY a.finished_at, a.attempt, a.lease_token;
 
 -- name: view_job_logs_shown
 -- The newest %(limit)s attempts' captured output of a job (oldest of them first): the
@@ -293,9 +293,9 @@ SELECT * FROM (
            count(*) OVER () AS total
       FROM @schema@.job_logs
      WHERE job_id = %(id)s
-     ORDER BY updated_at DESC, lease_token DESC  -- tokens are random (schema 24): by time
+     ORDER BY attempt DESC, updated_at DESC, lease_token DESC  -- as job_log_list
      LIMIT %(limit)s) l
- ORDER BY l.updated_at, l.lease_token;
+ ORDER BY l.attempt, l.updated_at, l.lease_token;
 
 -- name: view_job_log_part
 -- %(chars)s characters from character %(start)s (1-based) of one attempt's head or tail

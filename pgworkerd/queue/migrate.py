@@ -10,6 +10,11 @@ Rolling upgrades (README "Upgrading"): a migration file may declare in its heade
 `-- compatible-with-code-of-schema: K`, meaning code that knows only schema K still runs
 against the schema after it (an expand migration). `migrate` records it per version, and
 `check_current` lets such older code run against the newer schema.
+
+A migration that declares `-- own-transaction: yes` is committed before the next one
+starts: PostgreSQL refuses to use an enum value in the transaction that added it
+(ALTER TYPE ... ADD VALUE), so the migration adding one must commit before a later one
+writes a CHECK, an index or a function that names it.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pgworkerd.queue.queries import DEFAULT_SCHEMA, check_schema_name, query, re
 
 _MIGRATION_RE = re.compile(r"^(\d{4})_(\w+)\.sql$")
 _COMPATIBLE_RE = re.compile(r"^-- compatible-with-code-of-schema: *(\d+) *$", re.MULTILINE)
+_OWN_TRANSACTION_RE = re.compile(r"^-- own-transaction: *yes *$", re.MULTILINE)
 
 log = logging.getLogger("pgworkerd")
 
@@ -61,6 +67,8 @@ class Migration:
     # The oldest code (by the latest schema version it knows) that still runs against the
     # schema once this migration is applied: `version` itself unless the file declares less.
     compatible_with: int
+    # Committed before the next migration starts (see the module's docstring).
+    own_transaction: bool = False
 
 
 def migrations() -> list[Migration]:
@@ -87,7 +95,8 @@ def _parsed(version: int, name: str, text: str) -> Migration:
             f"migration {version:04d}_{name}: compatible-with-code-of-schema must be from 1 "
             f"to {version}, not {compatible_with}"
         )
-    return Migration(version, name, text, compatible_with)
+    own_transaction = bool(_OWN_TRANSACTION_RE.search(text))
+    return Migration(version, name, text, compatible_with, own_transaction)
 
 
 def declaration() -> list[tuple[str, str]]:
@@ -121,24 +130,42 @@ def _applied(conn: psycopg.Connection, schema: str) -> int | None:
 
 
 def migrate_conn(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list[int]:
-    """Bring `schema` up to date in one transaction; returns the versions applied.
+    """Bring `schema` up to date; returns the versions applied.
 
     A schema without a version table is installed from the declaration (sql/objects/) and
-    every migration recorded; an existing one gets the migrations it lacks, in order.
-    Several hosts may run this at once: the advisory lock makes them queue, and each
-    re-reads the version under the lock, so every migration runs exactly once.
+    every migration recorded, in one transaction; an existing one gets the migrations it
+    lacks, in order, in one transaction, or in more than one when a migration must commit
+    alone (`-- own-transaction: yes`). Several hosts may run this at once: the advisory
+    lock makes them queue, and each re-reads the version under the lock in every
+    transaction, so every migration runs exactly once.
     """
     check_schema_name(schema)
+    # Inside the caller's transaction `conn.transaction()` only makes a savepoint: nothing
+    # commits, and a migration could not use what an own-transaction one before it added.
+    can_commit = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    applied_now: list[int] = []
+    while True:
+        applied, more = _migrate_step(conn, schema, can_commit)
+        applied_now += applied
+        if not more:
+            return applied_now
+
+
+def _migrate_step(
+    conn: psycopg.Connection, schema: str, can_commit: bool
+) -> tuple[list[int], bool]:
+    """One transaction of migrate_conn: (the versions it applied, whether more remain
+    because it stopped after an own-transaction migration)."""
     known = latest_version()
     applied_now: list[int] = []
     with conn.transaction():
         conn.execute(query("schema_migrate_lock", schema), {"key": _lock_key(schema)})
         current = _applied(conn, schema)
         if current is None:
-            return _install_declared(conn, schema)
+            return _install_declared(conn, schema), False
         if current > known:
             if _oldest_compatible_code(conn, schema) <= known:
-                return applied_now  # newer, and this code still runs against it: nothing to do
+                return applied_now, False  # newer, and this code still runs against it
             raise SchemaError(_newer_message(schema, current, known))
         if current < known:
             _add_compatibility_column(conn, schema)
@@ -152,7 +179,14 @@ def migrate_conn(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list
             )
             _record_compatibility(conn, schema, migration)
             applied_now.append(migration.version)
-    return applied_now
+            if migration.own_transaction and migration.version < known:
+                if not can_commit:
+                    raise SchemaError(
+                        f"migration {migration.version:04d}_{migration.name} must commit "
+                        "before the next one: migrate outside a transaction (autocommit)"
+                    )
+                return applied_now, True
+    return applied_now, False
 
 
 def _install_declared(conn: psycopg.Connection, schema: str) -> list[int]:

@@ -26,7 +26,7 @@ from pgworkerd.queue.migrate import (
     migrate_conn,
     migrations,
 )
-from pgworkerd.queue.queries import query
+from pgworkerd.queue.queries import query, render
 
 PGWORKERD = Path(sys.executable).with_name("pgworkerd")
 
@@ -487,3 +487,63 @@ def test_the_inlined_helpers_bind_built_ins_whatever_the_migrators_search_path(
             assert row is not None and len(row[0]) == 1
         finally:
             c.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(planted)))
+
+
+# -- a migration that must commit before the next (enum values) ----------------------------
+
+
+def schema_at(dsn: str, schema: str, version: int) -> None:
+    """`schema` as the migrations up to `version` leave it."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        c.execute(query("schema_create", schema))
+        c.execute(query("schema_version_create", schema))
+        with c.transaction():
+            for m in migrations()[:version]:
+                c.execute(render(m.sql, schema))
+                c.execute(
+                    query("schema_version_insert", schema), {"version": m.version, "name": m.name}
+                )
+
+
+def test_the_migration_adding_job_states_commits_before_the_next_uses_them(
+    test_db_dsn: str, schema_name: str
+) -> None:
+    """0026 adds enum values; PostgreSQL refuses them in the transaction that added them
+    (55P04), so migrate commits it alone, and a later statement can name the states."""
+    [adding] = [m for m in migrations() if m.name == "job_states"]
+    assert adding.own_transaction
+    assert [m.version for m in migrations() if m.own_transaction] == [adding.version]
+    schema_at(test_db_dsn, schema_name, adding.version - 1)
+    with psycopg.connect(test_db_dsn) as c:  # not autocommit: the caller's transaction
+        c.execute("SELECT 1")
+        with pytest.raises(SchemaError, match=rf"{adding.version:04d}_job_states must commit"):
+            migrate_conn(c, schema_name)
+        c.rollback()
+    assert versions(test_db_dsn, schema_name)[-1][0] == adding.version - 1
+    with psycopg.connect(test_db_dsn, autocommit=True) as c:
+        assert migrate_conn(c, schema_name) == list(range(adding.version, latest_version() + 1))
+        # What a later migration may now write: a CHECK naming the new states.
+        c.execute(
+            sql.SQL(
+                "ALTER TABLE {}.jobs ADD CONSTRAINT probe CHECK (status <> 'waiting' "
+                "OR status <> 'suspended')"
+            ).format(sql.Identifier(schema_name))
+        )
+    with psycopg.connect(test_db_dsn) as c, pytest.raises(psycopg.errors.UnsafeNewEnumValueUsage):
+        # why: what the own transaction avoids (the value used where it was added)
+        c.execute(
+            sql.SQL("ALTER TYPE {}.job_status ADD VALUE 'probe_state'").format(
+                sql.Identifier(schema_name)
+            )
+        )
+        c.execute(
+            sql.SQL(
+                "ALTER TABLE {}.jobs ADD CONSTRAINT probe2 CHECK (status <> 'probe_state')"
+            ).format(sql.Identifier(schema_name))
+        )
+
+
+def test_a_migration_header_may_ask_for_its_own_transaction() -> None:
+    assert migrate._parsed(9, "x", "-- own-transaction: yes\nSELECT 1;").own_transaction
+    assert not migrate._parsed(9, "x", "-- own-transaction: no\nSELECT 1;").own_transaction
+    assert not migrate._parsed(9, "x", "SELECT 1;").own_transaction

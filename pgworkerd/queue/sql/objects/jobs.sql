@@ -2,7 +2,9 @@
 -- job_get_v1, the read of one job for its enqueuer. What enqueues, claims and finishes
 -- jobs lives in enqueue.sql, claim.sql and finish.sql.
 
-CREATE TYPE @schema@.job_status AS ENUM ('pending', 'running', 'completed', 'dead', 'cancelled');
+CREATE TYPE @schema@.job_status AS ENUM (
+    'pending', 'waiting', 'suspended', 'running', 'completed', 'dead', 'cancelled'
+);
 
 CREATE SEQUENCE @schema@.jobs_id_seq AS bigint;
 

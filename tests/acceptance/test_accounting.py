@@ -65,17 +65,31 @@ def test_a_handler_holding_the_gil_is_stopped_near_its_memory_limit(
 ) -> None:
     """The tree grows inside one json.loads call (the GIL held, no thread of the child
     runs): it is stopped near its limit, while parsing, not after it (about 1.6 GB)."""
-    daemons.start({"parse": {"target": "accounthandlers:parse_huge", "memory_limit": "200MiB"}})
+    daemon = daemons.start(
+        {"parse": {"target": "accounthandlers:parse_huge", "memory_limit": "200MiB"}}
+    )
     job_id = db.enqueue("parse", {"items": 20_000_000}, max_attempts=1)
     row = db.wait_status(job_id, "dead")
     first = row["last_error"].splitlines()[0]
-    match = re.fullmatch(r"memory limit 200 MiB exceeded \(peak ([\d.]+) MiB\)", first)
-    assert match, row["last_error"]
-    assert 200 < float(match[1]) < 1000, first
-    [attempt] = measured(db, job_id)
+    stopped = r"memory limit 200 MiB exceeded \(peak ([\d.]+) MiB\)"
+    match = re.fullmatch(stopped, first)
+    if match is None:
+        # On a loaded machine the watcher may not get the child's send lock within its wait
+        # (the child's heartbeat thread holds it, waiting for the GIL json.loads holds): it
+        # then stops the tree without a report, says why on stderr, and the daemon reads the
+        # reason from the child's fatal signal (supervisor.describe_exit). No figures then.
+        assert first == "child process stopped: its process tree went past its memory limit"
+        match = re.search(stopped, daemon.wait_log(stopped + "; stopping"))
+        assert match
+        assert 200 < float(match[1]) < 1000, first
+        [attempt] = attempts_of(db, job_id)
+    else:
+        assert 200 < float(match[1]) < 1000, first
+        [attempt] = measured(db, job_id)
+        assert 200 * MIB < attempt["peak_memory"] < 1000 * MIB
     assert attempt["outcome"] == "dead" and attempt["error"] == row["last_error"]
-    assert 200 * MIB < attempt["peak_memory"] < 1000 * MIB
-    assert attempt["wall_seconds"] < 30  # not after the handler's 300 s in C
+    # not after the handler's 300 s in C
+    assert (attempt["finished_at"] - attempt["started_at"]).total_seconds() < 30
 
 
 def test_a_job_under_its_memory_limit_runs_to_the_end(db: Db, daemons: Daemons) -> None:

@@ -120,6 +120,8 @@ def _hand_back_what(d: dict[str, Any]) -> str:
         if grace is None
         else f" (grace {format_duration(grace)})"
     )
+
+
 def _warn_silent(stuck: list[dict[str, Any]]) -> None:
     """One warning per silent daemon holding running jobs: which, since when, and when
     their leases free them (nothing frees them earlier: see `pgworkerd explain`)."""

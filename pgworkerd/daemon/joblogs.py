@@ -395,4 +395,3 @@ class JobLogs:
                 extra={"fields": {"job_id": attempt.job_id, "event": "output_dropped"}},
             )
         attempt.copied = attempt.dropped_lines = attempt.unread = 0
-

@@ -79,9 +79,7 @@ def startup_problem(config_path: str | None, uids: tuple[int, int]) -> str | Non
         except OSError:
             return None
         first, last = uids
-        if st.st_mode & stat.S_IROTH or (
-            st.st_mode & stat.S_IRGRP and first <= st.st_gid <= last
-        ):
+        if st.st_mode & stat.S_IROTH or (st.st_mode & stat.S_IRGRP and first <= st.st_gid <= last):
             return (
                 f"{config_path} is readable by other users, so by every job: "
                 f"chmod o-r {config_path} (jobs run as uids {first}-{last})"

@@ -10,7 +10,8 @@ The parent is a set of components, each given what it needs when it is built:
 - OutcomeWriter: outcomes kept until the database takes them;
 - Presence: the registry row, STATUS=, the title, the watchdog, the gauges;
 - Scheduler: the ticks of the config's periodic jobs (schedules);
-- Retention: finished jobs past their retention deleted, one daemon of the fleet at a time.
+- Retention: finished jobs past their retention deleted, one daemon of the fleet at a time;
+- StaleMarking: daemons silent past stale_after marked gone, one daemon at a time.
 
 Each has `tick(now)` and `next_deadline()`. One loop turn is the list of verbs in _tick,
 then one wait on a selector until the earliest deadline or a wake-up (a child's message,
@@ -48,7 +49,7 @@ from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.peers import Peers
 from pgworkerd.daemon.presence import Lifecycle, Presence
 from pgworkerd.daemon.queuedepth import QueueDepthCounter
-from pgworkerd.daemon.retention import Retention
+from pgworkerd.daemon.retention import Retention, StaleMarking
 from pgworkerd.daemon.scheduler import Scheduler
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState, StopReason
@@ -164,6 +165,9 @@ class Daemon:
                 self.link, self.schema, self.metrics, config.metrics.queue_depth_interval
             ),
             peers=self.peers,
+        )
+        self.stale_marking = StaleMarking(
+            self.statements.mark_stale, self.presence.stale_after, lambda: len(self.peers)
         )
         # what the wake channel's notifications may cause (any role may NOTIFY)
         self.hints = WakeHints(
@@ -295,6 +299,7 @@ class Daemon:
         self._follow_hand_back()
         self.scheduler.tick(now)
         self.retention.tick(now)
+        self.stale_marking.tick(now)  # after presence.tick: the live peers just read
         self.claimer.set_accepting(self._accepting())  # a drain requested just now
 
     def _follow_hand_back(self) -> None:
@@ -378,6 +383,7 @@ class Daemon:
             self.presence.next_deadline(),
             self.scheduler.next_deadline(),
             self.retention.next_deadline(),
+            self.stale_marking.next_deadline(),
             self.supervisor.next_deadline(),
             self.link.next_deadline(),
             self.drain_deadline,

@@ -1,5 +1,5 @@
 """How a daemon shows itself: its registry row (heartbeat, in-flight jobs, drain
-requests read back, stale peers marked gone), its STATUS= line and process title, the
+requests read back), the live peers read from the registry, its STATUS= line and process title, the
 systemd watchdog, and the metrics gauges (the queue-depth count on a thread of its own,
 daemon.queuedepth).
 
@@ -85,8 +85,6 @@ class PresenceStatements(Protocol):
         heartbeat_interval: float,
     ) -> registry.DrainRequest | None: ...
 
-    def mark_stale(self, stale_after: float) -> list[tuple[str, str, int]] | None: ...
-
     def peers(self, stale_after: float) -> list[tuple[str, list[str], list[str], int]] | None: ...
 
 
@@ -122,7 +120,6 @@ class Presence:
         # loop acts on it (Daemon._follow_hand_back)
         self.hand_back: registry.HandBack | None = None
         self.heartbeat_at = 0.0
-        self.stale_check_at = 0.0
         self.watchdog_at = 0.0
         self._shown_status = ""  # the title and STATUS= last set
         self.peers = peers
@@ -155,6 +152,7 @@ class Presence:
         self._sent = None
 
     def stale_after(self) -> float:
+        """Silent this long, a daemon is no peer (and is marked gone: StaleMarking)."""
         return max(registry.STALE_AFTER_SECONDS, 6 * self.config.worker.renew_interval)
 
     def _worker_info(self) -> registry.WorkerInfo:
@@ -235,7 +233,6 @@ class Presence:
             self.link.listen(self.config.worker.poll_interval)
         if self.metrics.queue_depth_due():
             self.depth_counter.start()
-        self._mark_stale_if_due(now)
 
     def _drain_requested(self, request: registry.DrainRequest) -> None:
         # An unfiltered hand-back stops every claim, whatever drain_requested says.
@@ -255,23 +252,6 @@ class Presence:
                     "all" if hb.handlers is None else ", ".join(sorted(hb.handlers)),
                 )
             self.hand_back = hb
-
-    def _mark_stale_if_due(self, now: float) -> None:
-        """Peers silent past stale_after are marked gone. Every daemon may do it, one at a
-        time (the statement takes an advisory lock), and the fleet as a whole about every
-        quarter of stale_after: each daemon every quarter times the number of its live
-        peers, jittered (a lone daemon every quarter), so a peer is noticed about that
-        much later however large the fleet, and the checks do not grow with it."""
-        if now < self.stale_check_at:
-            return
-        stale_after = self.stale_after()
-        fleet = max(1, len(self.peers)) if self.peers is not None else 1
-        self.stale_check_at = now + stale_after / 4 * fleet * self.rng.uniform(0.5, 1.5)
-        stale = self.statements.mark_stale(stale_after)
-        for worker_id, host, pid in stale or []:
-            log.warning(
-                "daemon %s (host %s pid %d) stopped heartbeating: marked gone", worker_id, host, pid
-            )
 
     def _refresh_peers(self, now: float) -> None:
         # The fleet reads the registry about FLEET_POLLERS times per PEERS_REFRESH in all

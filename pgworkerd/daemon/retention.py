@@ -1,16 +1,21 @@
-"""The one maintenance component that deletes old rows: finished jobs (completed,
-cancelled, dead) older than the configured retention ([retention]), with their history
-(attempts and logs go with them), old schedule runs and the registry rows of daemons gone
-long ago (each kind bounded by `batch` rows per call). The daemons run it on their own
-cadence (`tick`) — no cron job to forget; `pgworkerd prune` runs the same component to
-the end at once (`run_to_end`), so both delete through the one statement
-(prune_finished_v2) under the one lock.
+"""The daemon's maintenance: one component per kind of work, each on its own cadence, one
+daemon of the fleet at a time.
 
-Maintenance has one shape here: the config dataclass (config.RetentionConfig),
+- `Retention` deletes old rows: finished jobs (completed, cancelled, dead) older than the
+  configured retention ([retention]), with their history (attempts and logs go with
+  them), old schedule runs and the registry rows of daemons gone long ago (each kind
+  bounded by `batch` rows per call). The daemons run it on their own cadence (`tick`) —
+  no cron job to forget; `pgworkerd prune` runs the same component to the end at once
+  (`run_to_end`), so both delete through the one statement (prune_finished_v2) under the
+  one lock.
+- `StaleMarking` marks gone the daemons silent past stale_after (worker_mark_stale_v2):
+  `status` shows them gone and their peers drop them (the statement notifies).
+
+Maintenance has one shape here: its settings (config.RetentionConfig; stale_after),
 `run_once()` (one batch, one statement; returns what it did) and thin loops around it
 (`tick`/`next_deadline`, like every component of the parent; `run_to_end` for the CLI).
 
-- One daemon at a time: the statement takes a transaction-level advisory lock and
+- One daemon at a time: each statement takes a transaction-level advisory lock and
   returns at once without deleting when another daemon holds it.
 - Small batches (`batch` rows, each its own short transaction: row locks never held
   long, rows locked by anyone else skipped), one after another with a short pause while
@@ -18,6 +23,8 @@ Maintenance has one shape here: the config dataclass (config.RetentionConfig),
 - No idle load to speak of: with nothing to delete, each daemon looks again after
   `interval` times the number of live daemons (from the same statement), jittered, so
   the fleet as a whole sends about one statement per `interval`, whatever its size.
+  Stale-marking is spaced the same way: each daemon every quarter of stale_after times
+  the number of live daemons it knows, so the fleet looks about every quarter.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
@@ -148,6 +155,63 @@ class Retention:
         """Until this daemon looks again: the fleet's interval times its live daemons."""
         spread = self.rng.uniform(1.0 - JITTER, 1.0 + JITTER)
         return self.config.interval * self.live_daemons * spread
+
+
+# A silent peer is looked for about this often (a fraction of stale_after) by the fleet
+# as a whole; a peer is thus marked gone at most about stale_after x (1 + this) after its
+# last heartbeat, whatever the fleet's size.
+STALE_LOOK = 0.25
+# The spaced interval of stale-marking is jittered by this much either way.
+STALE_JITTER = 0.5
+
+
+class StaleMarking:
+    """Peers silent past stale_after are marked gone. Every daemon may do it, one at a
+    time (the statement takes an advisory lock), and the fleet as a whole about every
+    quarter of stale_after: each daemon every quarter times the number of live daemons it
+    knows (`fleet`, this one included), jittered (a lone daemon every quarter), so a peer
+    is noticed about that much later however large the fleet, and the looks do not grow
+    with it. The first look comes at the first tick (a daemon that starts notices the
+    peers that died while it was away)."""
+
+    def __init__(
+        self,
+        mark_stale: Callable[[float], Sequence[tuple[str, str, int]] | None],
+        stale_after: Callable[[], float],
+        fleet: Callable[[], int],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.mark_stale = mark_stale
+        self.stale_after = stale_after  # read at each look: a reload may change it
+        self.fleet = fleet
+        self.rng = rng if rng is not None else random.Random()
+        self.due_at = clock()
+
+    def run_once(self) -> Sequence[tuple[str, str, int]] | None:
+        """Mark the silent peers gone, one statement; returns them (id, host, pid),
+        None when the statement failed. Each is logged."""
+        gone = self.mark_stale(self.stale_after())
+        for worker_id, host, pid in gone or []:
+            log.warning(
+                "daemon %s (host %s pid %d) stopped heartbeating: marked gone", worker_id, host, pid
+            )
+        return gone
+
+    def next_deadline(self) -> float:
+        return self.due_at
+
+    def tick(self, now: float) -> None:
+        if now < self.due_at:
+            return
+        self.due_at = now + self.spaced_interval()
+        self.run_once()
+
+    def spaced_interval(self) -> float:
+        """Until this daemon looks again: a quarter of stale_after times the live daemons."""
+        spread = self.rng.uniform(1.0 - STALE_JITTER, 1.0 + STALE_JITTER)
+        return self.stale_after() * STALE_LOOK * max(1, self.fleet()) * spread
 
 
 def prune_to_end(

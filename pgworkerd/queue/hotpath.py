@@ -1,10 +1,10 @@
 """Running the daemon's queue statements with as little client work as psycopg allows.
 
-Where it runs: only the daemon's own fenced statements (queue.lease: claim, renew,
-complete, fail, release, ...) come through here; they run on the daemon's own connection.
-The application's enqueue (pgworkerd.client) and the operators' statements (queue.admin)
-use psycopg's public API only. That is the whole opt-in: no connection is marked, the
-statement decides.
+Where it runs: only the daemon's statements of every loop turn come through here
+(queue.lease: the claim, the completions written with it, the renewals; queue.attempts:
+the usage figures); they run on the daemon's own connection. The application's enqueue
+(pgworkerd.client) and the operators' statements (queue.admin) use psycopg's public API
+only. That is the whole opt-in: no connection is marked, the statement decides.
 
 Why: a worker spends its life in a handful of statements, each a round trip of ~0.1 ms on
 a local server. psycopg's cursor adds ~20 µs of Python bookkeeping to each (query

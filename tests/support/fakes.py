@@ -174,9 +174,6 @@ class FakeStatements:
         self.registry_calls.append(("heartbeat", state))
         return self.drain_request
 
-    def mark_stale(self, stale_after: float) -> list[tuple[str, str, int]] | None:
-        return []
-
     def wake_send(self, payload: str) -> bool | None:
         self.sent_wakes.append(payload)
         return True

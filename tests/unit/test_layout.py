@@ -196,6 +196,7 @@ def test_the_walk_sees_lazy_relative_and_type_checking_imports() -> None:
         "pgworkerd.worker",
         "pgworkerd.worker.forkserver",
         "pgworkerd.child",  # the handler import path of JobContext
+        "pgworkerd.examples",  # the example handlers, as config files name them
         "pgworkerd.config",
         "pgworkerd.earlytitle",
         "pgworkerd.model",
@@ -272,3 +273,26 @@ def test_a_handler_raising_through_the_package_face_loads_no_psycopg() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert not result.stdout.split(), result.stdout
+
+
+def test_the_older_paths_are_one_line_re_exports_of_the_child_side() -> None:
+    """pgworkerd.child (JobContext's older import path) and pgworkerd.examples (what config
+    files name the example handlers by, e.g. `pgworkerd.examples:echo`) define nothing:
+    one statement each, giving the very objects of pgworkerd.worker."""
+    import pgworkerd.child
+    import pgworkerd.examples
+    import pgworkerd.worker
+    import pgworkerd.worker.examples
+
+    for shim, home in (
+        (pgworkerd.child, pgworkerd.worker),
+        (pgworkerd.examples, pgworkerd.worker.examples),
+    ):
+        body = ast.parse(Path(str(shim.__file__)).read_text(encoding="utf-8")).body
+        statements = [
+            s for s in body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+        ]
+        assert len(statements) == 1 and isinstance(statements[0], ast.ImportFrom), shim.__name__
+        assert home.__all__
+        for name in home.__all__:
+            assert getattr(shim, name) is getattr(home, name), f"{shim.__name__}.{name}"

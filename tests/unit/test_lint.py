@@ -1,4 +1,4 @@
-"""The code stays ruff-clean and mypy-clean (both configured in pyproject.toml)."""
+"""The code stays ruff-clean, ruff-formatted and mypy-clean (configured in pyproject.toml)."""
 
 import subprocess
 import sys
@@ -12,6 +12,19 @@ def test_ruff_clean() -> None:
     ruff = Path(sys.executable).with_name("ruff")
     proc = subprocess.run(
         [str(ruff), "check", "pgworkerd", "tests", "bench"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_ruff_formatted() -> None:
+    """`ruff format` leaves every file as it is (after a merge: run it, then commit)."""
+    ruff = Path(sys.executable).with_name("ruff")
+    proc = subprocess.run(
+        [str(ruff), "format", "--check", "pgworkerd", "tests", "bench"],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -1,9 +1,11 @@
-"""Unit tier: when the retention component looks (pgworkerd.daemon.retention), with a
-fake clock and a fake statement: no idle load that grows with the fleet."""
+"""Unit tier: when the maintenance components look (pgworkerd.daemon.retention: Retention
+and StaleMarking), with a fake clock and a fake statement: no idle load that grows with
+the fleet."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import random
 
 import pytest
@@ -17,6 +19,7 @@ from pgworkerd.daemon.retention import (
     Pruned,
     Retention,
     RetentionBusy,
+    StaleMarking,
 )
 from pgworkerd.queue.retention import PruneResult
 
@@ -111,3 +114,89 @@ def test_run_to_end_waits_while_a_daemon_holds_the_lock_then_gives_up() -> None:
     with pytest.raises(RetentionBusy, match="retention lock"):
         Retention(POLICY, held, clock=FakeClock()).run_to_end(sleep=slept.append)
     assert LOCK_WAIT <= sum(slept) <= LOCK_WAIT + BATCH_PAUSE
+
+
+# -- stale-marking: the fleet looks for silent peers about every quarter of stale_after ----
+
+
+class Marks:
+    """The stale-marking statement: what it was asked, what it answers in turn."""
+
+    def __init__(self, *answers: list[tuple[str, str, int]] | None) -> None:
+        self.answers = list(answers)
+        self.asked: list[float] = []
+
+    def __call__(self, stale_after: float) -> list[tuple[str, str, int]] | None:
+        self.asked.append(stale_after)
+        return self.answers.pop(0) if self.answers else []
+
+
+def looks(marking: StaleMarking, clock: FakeClock, n: int) -> list[float]:
+    """The gaps between this daemon's next n looks."""
+    gaps = []
+    for _ in range(n):
+        before = clock()
+        clock.advance(max(0.0, marking.next_deadline() - clock()))
+        marking.tick(clock())
+        gaps.append(clock() - before)
+    return gaps
+
+
+def test_a_starting_daemon_looks_at_once_then_alone_every_quarter_of_stale_after() -> None:
+    clock = FakeClock()
+    marks = Marks()
+    m = StaleMarking(marks, lambda: 60.0, lambda: 1, clock=clock, rng=random.Random(6))
+    assert m.next_deadline() == clock()
+    m.tick(clock())
+    assert marks.asked == [60.0]
+    gaps = looks(m, clock, 200)
+    assert all(15.0 * 0.5 <= g <= 15.0 * 1.5 for g in gaps)
+    assert 14.0 <= sum(gaps) / len(gaps) <= 16.0
+    assert len(marks.asked) == 201  # one statement per look, none in between
+    m.tick(clock.advance(1.0))
+    assert len(marks.asked) == 201
+
+
+def test_in_a_fleet_each_daemon_looks_that_much_less_often_the_fleet_as_often() -> None:
+    """The fleet-wide spacing: each of 40 daemons every quarter x 40, so the fleet as a
+    whole still looks about every quarter of stale_after (15 s), whatever its size; an
+    empty peer list (not read yet) counts as the daemon alone."""
+    fleet = 40
+    clock = FakeClock()
+    marks = Marks()
+    m = StaleMarking(marks, lambda: 60.0, lambda: fleet, clock=clock, rng=random.Random(7))
+    gaps = looks(m, clock, 300)[1:]  # after the first look, at once
+    assert all(15.0 * 40 * 0.5 <= g <= 15.0 * 40 * 1.5 for g in gaps)
+    assert 15.0 * 0.9 <= sum(gaps) / len(gaps) / fleet <= 15.0 * 1.1
+    fleet = 0
+    assert all(15.0 * 0.5 <= g <= 15.0 * 1.5 for g in looks(m, clock, 50)[1:])
+
+
+def test_stale_after_is_read_at_each_look_a_reload_changes_it() -> None:
+    stale_after = 60.0
+    clock = FakeClock()
+    marks = Marks()
+    m = StaleMarking(marks, lambda: stale_after, lambda: 1, clock=clock, rng=random.Random(8))
+    looks(m, clock, 2)
+    stale_after = 600.0  # renew_interval 100 s: 6 x 100
+    gaps = looks(m, clock, 20)
+    assert marks.asked[:3] == [60.0, 60.0, 600.0] and set(marks.asked[3:]) == {600.0}
+    assert all(150.0 * 0.5 <= g <= 150.0 * 1.5 for g in gaps[1:])
+
+
+def test_each_daemon_marked_gone_is_logged_and_a_failed_look_waits_its_turn(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = FakeClock()
+    marks = Marks([("w-1", "host-a", 41), ("w-2", "host-b", 42)], None)
+    m = StaleMarking(marks, lambda: 60.0, lambda: 3, clock=clock, rng=random.Random(9))
+    with caplog.at_level(logging.WARNING, logger="pgworkerd"):
+        m.tick(clock())
+        assert [r.getMessage() for r in caplog.records] == [
+            "daemon w-1 (host host-a pid 41) stopped heartbeating: marked gone",
+            "daemon w-2 (host host-b pid 42) stopped heartbeating: marked gone",
+        ]
+        caplog.clear()
+        looks(m, clock, 1)  # the statement failed: nothing logged, next look spaced
+        assert caplog.records == []
+    assert m.next_deadline() - clock() >= 15.0 * 3 * 0.5

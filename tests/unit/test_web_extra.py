@@ -22,9 +22,7 @@ def test_the_dashboard_without_its_extra_says_what_to_install(module: str) -> No
         "sys.argv = ['pgworkerd', 'web']\n"
         "main()\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == ExitCode.CONFIG, done.stderr
     assert f"({module} not installed)" in done.stderr
     assert "pip install 'pgworkerd[web]'" in done.stderr

@@ -338,6 +338,24 @@ GRANT UPDATE (max_live_per_login) ON pgworkerd.registry_cap TO pgworkerd_operato
 -- MERGE (issue 21): grants of people's roles for objects that later work adds go here,
 -- with their statements in tests/integration/test_people_roles.py (STATEMENTS, PROMISED).
 
+-- Dependencies and deadlines (schema 27, issue 24; docs/guide/dependencies.md).
+-- enqueuer: enqueue with "after" (parents it may read: its own login's jobs), deadlines
+-- and a per-job timeout, through the SECURITY DEFINER successors of enqueue.
+GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v3(text, jsonb, text, integer, timestamptz,
+                                               interval, integer, text, text, bigint[], text,
+                                               timestamptz, interval, interval),
+                          pgworkerd.enqueue_many_v3(jsonb)
+      TO pgworkerd_enqueuer;
+-- daemon: the claim that ends expired jobs and returns a job's own timeout, and the
+-- parents' results it hands a child (it reads jobs' columns but the token, as above).
+GRANT EXECUTE ON FUNCTION pgworkerd.claim_jobs_v2(text, text[], text[], float8[], integer[],
+                                                  integer, integer[], jsonb, integer[],
+                                                  integer[])
+      TO pgworkerd_daemon;
+GRANT SELECT ON pgworkerd.job_parents TO pgworkerd_daemon, pgworkerd_reader;
+-- operator: release a job held for an operator after a parent failed.
+GRANT EXECUTE ON FUNCTION pgworkerd.job_held_release(bigint) TO pgworkerd_operator;
+
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).
 ALTER ROLE pgworkerd_daemon SET statement_timeout = '10s';

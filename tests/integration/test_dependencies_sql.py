@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from pruning import prune
 from psycopg.rows import dict_row
 
 from pgworkerd import client
@@ -501,3 +502,33 @@ def test_claim_jobs_v2_refuses_absurd_arrays(conn: psycopg.Connection, schema: s
     ):
         claim(conn, schema, ["a"], queues=[f"q{n}" for n in range(5000)])
     assert status(conn, schema, 1) == "pending"
+
+
+def age_finished(conn: psycopg.Connection, schema: str) -> None:
+    """Every finished job finished two days ago."""
+    sql(
+        conn,
+        schema,
+        "UPDATE @schema@.jobs SET finished_at = now() - interval '2 days' "
+        "WHERE finished_at IS NOT NULL",
+    )
+
+
+def test_retention_keeps_a_parent_until_its_children_have_finished(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """A completed parent whose child has not finished (its result is read at each claim
+    of the child) is not pruned; once the child has finished, it is."""
+    parent = client.enqueue(conn, "a", schema=schema)
+    child = client.enqueue(conn, "b", after=[parent], schema=schema)
+    lone = client.enqueue(conn, "a", schema=schema)
+    finish(conn, schema, parent)
+    finish(conn, schema, lone)
+    age_finished(conn, schema)
+    assert prune(conn, jobs_older_than=86400, schema=schema).jobs == 1  # the lone job only
+    assert status(conn, schema, parent) == "completed"
+    finish(conn, schema, child)
+    age_finished(conn, schema)
+    assert prune(conn, jobs_older_than=86400, schema=schema).jobs == 2
+    assert count_jobs(conn, schema) == 0
+    assert sql(conn, schema, "SELECT count(*) FROM @schema@.job_parents") == [(0,)]

@@ -154,6 +154,20 @@ REVOKE EXECUTE ON FUNCTION @schema@.job_children_resolve() FROM PUBLIC;
 
 REVOKE EXECUTE ON FUNCTION @schema@.job_parents_forget() FROM PUBLIC;
 
+-- Whether some child of `parent_id` has not finished (retention keeps such a parent:
+-- prune_finished_v2). Only asked for jobs with has_children.
+CREATE FUNCTION @schema@.job_children_unfinished(parent_id bigint)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM @schema@.job_parents p
+                     JOIN @schema@.jobs c ON c.id = p.child_id
+                    WHERE p.parent_id = job_children_unfinished.parent_id
+                      AND c.status NOT IN ('completed', 'dead', 'cancelled'));
+$$;
+
 -- An operator releases a held job (on_parent_failure 'hold', a parent ended dead or
 -- cancelled): from now on it runs whatever its parents did ('run'), so it becomes pending
 -- at once if no parent is unfinished, else when the last one finishes. Anything else
@@ -742,3 +756,146 @@ REVOKE EXECUTE ON FUNCTION
     @schema@.claim_jobs_v2(text, text[], text[], float8[], integer[], integer, integer[],
                            jsonb, integer[], integer[])
     FROM PUBLIC;
+
+-- Retention keeps a parent while one of its children has not finished.
+CREATE OR REPLACE FUNCTION @schema@.prune_finished_v2(
+    p_completed float8, p_cancelled float8, p_dead float8,
+    p_schedule_runs float8, p_gone_daemons float8, p_batch integer,
+    OUT deleted integer, OUT schedule_runs_deleted integer, OUT daemons_deleted integer,
+    OUT live_daemons integer)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    floor_seconds float8;
+    n integer;
+    schedule_name text;
+    runs_cutoff timestamptz;
+    oldest timestamptz;
+    keep_from timestamptz;
+BEGIN
+    IF p_batch IS NULL OR p_batch < 1 OR p_batch > 10000 THEN
+        RAISE EXCEPTION 'prune_finished_v2: batch must be 1..10000, not %', p_batch
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- (NaN sorts above every number in PostgreSQL: the upper bound refuses it too)
+    IF EXISTS (SELECT 1
+                 FROM unnest(ARRAY[p_completed, p_cancelled, p_dead, p_schedule_runs,
+                                   p_gone_daemons]) r
+                WHERE r < 0 OR r > 100 * 365.25 * 86400) THEN
+        RAISE EXCEPTION 'prune_finished_v2: a retention must be from 0 to 100 years in seconds'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- The floor (0022): for a caller that may not delete jobs itself (the daemon role).
+    IF NOT has_table_privilege(session_user, '@schema@.jobs', 'DELETE') THEN
+        SELECT f.min_seconds INTO floor_seconds FROM @schema@.retention_floor f;
+        IF EXISTS (SELECT 1 FROM unnest(ARRAY[p_completed, p_cancelled, p_dead]) r
+                    WHERE r < floor_seconds) THEN
+            RAISE EXCEPTION 'prune_finished_v2: a retention of finished jobs below % seconds '
+                            '(the floor an operator set) is refused', floor_seconds
+                USING ERRCODE = 'insufficient_privilege',
+                      HINT = 'Raise [retention] in the config, or have an operator lower the '
+                             'floor: SELECT ' || @schema_literal@
+                             || '.retention_floor_set(seconds).';
+        END IF;
+    END IF;
+    SELECT count(*) INTO live_daemons FROM @schema@.workers WHERE state <> 'gone';
+    IF NOT pg_try_advisory_xact_lock(
+            hashtextextended('pgworkerd.retention:' || @schema_literal@, 0)) THEN
+        RETURN;  -- the counts stay NULL: another daemon is pruning
+    END IF;
+
+    -- A parent stays while one of its children has not finished (schema 27): the child
+    -- reads its parents' results at each claim, and show and explain name them.
+    -- One statement per status, its status written out: only a literal lets the planner
+    -- use that status's partial index (a parameter could be any status). The ids first
+    -- (ARRAY), then the delete by primary key: never a join that reads the whole table.
+    deleted := 0;
+    IF p_completed IS NOT NULL THEN
+        DELETE FROM @schema@.jobs
+         WHERE id = ANY (ARRAY(
+                   SELECT id FROM @schema@.jobs
+                    WHERE status = 'completed'
+                      AND finished_at < now() - make_interval(secs => p_completed)
+                      AND NOT (has_children AND @schema@.job_children_unfinished(id))
+                    ORDER BY finished_at
+                    LIMIT p_batch - deleted
+                    FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+    END IF;
+    IF p_cancelled IS NOT NULL AND deleted < p_batch THEN
+        DELETE FROM @schema@.jobs
+         WHERE id = ANY (ARRAY(
+                   SELECT id FROM @schema@.jobs
+                    WHERE status = 'cancelled'
+                      AND finished_at < now() - make_interval(secs => p_cancelled)
+                      AND NOT (has_children AND @schema@.job_children_unfinished(id))
+                    ORDER BY finished_at
+                    LIMIT p_batch - deleted
+                    FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+    END IF;
+    IF p_dead IS NOT NULL AND deleted < p_batch THEN
+        DELETE FROM @schema@.jobs
+         WHERE id = ANY (ARRAY(
+                   SELECT id FROM @schema@.jobs
+                    WHERE status = 'dead'
+                      AND finished_at < now() - make_interval(secs => p_dead)
+                      AND NOT (has_children AND @schema@.job_children_unfinished(id))
+                    ORDER BY finished_at
+                    LIMIT p_batch - deleted
+                    FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS n = ROW_COUNT;
+        deleted := deleted + n;
+    END IF;
+
+    schedule_runs_deleted := 0;
+    IF p_schedule_runs IS NOT NULL THEN
+        runs_cutoff := now() - make_interval(secs => p_schedule_runs);
+        FOR schedule_name IN SELECT s.name FROM @schema@.schedules s ORDER BY s.name LOOP
+            EXIT WHEN schedule_runs_deleted >= p_batch;
+            SELECT min(r.tick) INTO oldest
+              FROM @schema@.schedule_runs r WHERE r.schedule = schedule_name;
+            CONTINUE WHEN oldest IS NULL OR oldest >= runs_cutoff;
+            SELECT least(
+                       runs_cutoff,
+                       (SELECT max(r.tick) FROM @schema@.schedule_runs r
+                         WHERE r.schedule = schedule_name),
+                       (SELECT min(recent.tick)
+                          FROM (SELECT r.job_id, r.tick FROM @schema@.schedule_runs r
+                                 WHERE r.schedule = schedule_name AND r.job_id IS NOT NULL
+                                 ORDER BY r.tick DESC LIMIT 100) recent
+                          JOIN @schema@.jobs j ON j.id = recent.job_id
+                         WHERE j.status IN ('pending', 'running')))
+              INTO keep_from;
+            DELETE FROM @schema@.schedule_runs r
+             WHERE r.schedule = schedule_name
+               AND r.tick = ANY (ARRAY(
+                       SELECT o.tick FROM @schema@.schedule_runs o
+                        WHERE o.schedule = schedule_name AND o.tick < keep_from
+                        ORDER BY o.tick
+                        LIMIT p_batch - schedule_runs_deleted
+                        FOR UPDATE SKIP LOCKED));
+            GET DIAGNOSTICS n = ROW_COUNT;
+            schedule_runs_deleted := schedule_runs_deleted + n;
+        END LOOP;
+    END IF;
+
+    daemons_deleted := 0;
+    IF p_gone_daemons IS NOT NULL THEN
+        DELETE FROM @schema@.workers
+         WHERE id = ANY (ARRAY(
+                   SELECT w.id FROM @schema@.workers w
+                    WHERE w.state = 'gone'
+                      AND coalesce(w.stopped_at, w.heartbeat_at)
+                          < now() - make_interval(secs => p_gone_daemons)
+                    ORDER BY coalesce(w.stopped_at, w.heartbeat_at)
+                    LIMIT p_batch
+                    FOR UPDATE SKIP LOCKED));
+        GET DIAGNOSTICS daemons_deleted = ROW_COUNT;
+    END IF;
+END;
+$$;

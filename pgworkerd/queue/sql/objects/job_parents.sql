@@ -129,6 +129,20 @@ REVOKE EXECUTE ON FUNCTION @schema@.job_children_resolve() FROM PUBLIC;
 
 REVOKE EXECUTE ON FUNCTION @schema@.job_parents_forget() FROM PUBLIC;
 
+-- Whether some child of `parent_id` has not finished (retention keeps such a parent:
+-- prune_finished_v2). Only asked for jobs with has_children.
+CREATE FUNCTION @schema@.job_children_unfinished(parent_id bigint)
+RETURNS boolean
+LANGUAGE sql
+STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT 1 FROM @schema@.job_parents p
+                     JOIN @schema@.jobs c ON c.id = p.child_id
+                    WHERE p.parent_id = job_children_unfinished.parent_id
+                      AND c.status NOT IN ('completed', 'dead', 'cancelled'));
+$$;
+
 -- An operator releases a held job (on_parent_failure 'hold', a parent ended dead or
 -- cancelled): from now on it runs whatever its parents did ('run'), so it becomes pending
 -- at once if no parent is unfinished, else when the last one finishes. Anything else

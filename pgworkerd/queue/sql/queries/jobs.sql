@@ -145,18 +145,20 @@ SELECT %(id)s::bigint AS id, 'dead' AS status
  WHERE buried;
 
 -- name: job_cancel
--- Cancel jobs by id: pending ones at once, running ones by request to their daemon.
+-- Cancel jobs by id: pending ones (and waiting ones: schema 27) at once, running ones by
+-- request to their daemon.
 WITH target AS (
     SELECT id FROM @schema@.jobs WHERE id = ANY(%(ids)s::bigint[]) FOR UPDATE
 ), cancelled AS (
     UPDATE @schema@.jobs j
-       SET status = CASE WHEN j.status = 'pending' THEN 'cancelled'
+       SET status = CASE WHEN j.status IN ('pending', 'waiting') THEN 'cancelled'
                          ELSE j.status END,
-           finished_at = CASE WHEN j.status = 'pending' THEN now() ELSE j.finished_at END,
+           finished_at = CASE WHEN j.status IN ('pending', 'waiting') THEN now()
+                              ELSE j.finished_at END,
            cancel_requested = (j.status = 'running'),
            updated_at = now()
       FROM target t
-     WHERE j.id = t.id AND j.status IN ('pending', 'running')
+     WHERE j.id = t.id AND j.status IN ('pending', 'waiting', 'running')
     RETURNING j.id, j.status
 )
 SELECT i.id,
@@ -171,9 +173,12 @@ SELECT i.id,
 -- name: job_retry
 -- Put dead or cancelled jobs back to pending with fresh attempts and fresh snoozes
 -- (a job dead from too many snoozes comes back able to snooze), selected by ids,
--- queue or handler (NULL filters match everything, but at least one is given).
+-- queue or handler (NULL filters match everything, but at least one is given). A job
+-- with parents not finished yet goes back to waiting for them (schema 27).
 UPDATE @schema@.jobs j
-   SET status = 'pending', attempts = 0, snoozes = 0, run_at = now(), finished_at = NULL,
+   SET status = CASE WHEN j.parents_unfinished > 0 THEN 'waiting'
+                     ELSE 'pending' END::@schema@.job_status,
+       attempts = 0, snoozes = 0, run_at = now(), finished_at = NULL,
        cancel_requested = false, updated_at = now()
  WHERE j.status IN ('dead', 'cancelled')
    AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))

@@ -171,7 +171,7 @@ def decide(
     elif reason is StopReason.LEASE_LOST:
         error = "stopped: the lease could not be renewed in time"
     elif reason is StopReason.TIMEOUT:
-        error = f"timed out after {format_duration(h.timeout or 0)}"
+        error = f"timed out after {format_duration(job.timeout or 0)}"
     elif reason is StopReason.STUCK:
         error = f"no heartbeat for {format_duration(h.heartbeat_timeout or 0)}: stuck"
     elif isinstance(report, Failed):

@@ -532,3 +532,31 @@ def test_retention_keeps_a_parent_until_its_children_have_finished(
     assert prune(conn, jobs_older_than=86400, schema=schema).jobs == 2
     assert count_jobs(conn, schema) == 0
     assert sql(conn, schema, "SELECT count(*) FROM @schema@.job_parents") == [(0,)]
+
+
+def test_only_the_operator_releases_a_held_job(
+    conn: psycopg.Connection, schema: str, roles: dict[str, str]
+) -> None:
+    """It releases a job held after a parent failed (`pgworkerd release`), and only such a
+    job: any other id is refused with 22023 and nothing changes; the enqueuer and the
+    daemon cannot release at all."""
+    parent = client.enqueue(conn, "a", schema=schema)
+    held = client.enqueue(conn, "b", after=[parent], on_parent_failure="hold", schema=schema)
+    waiting = client.enqueue(conn, "b", after=[parent], on_parent_failure="run", schema=schema)
+    other = client.enqueue(conn, "c", after=[held], schema=schema)
+    finish(conn, schema, parent, "dead")
+    release = "SELECT @schema@.job_held_release(%s)"
+    for kind in ("enqueuer", "daemon"):
+        with (
+            psycopg.connect(roles[f"{schema}_{kind}"], autocommit=True) as c,
+            pytest.raises(psycopg.errors.InsufficientPrivilege),
+        ):
+            sql(c, schema, release, held)
+    with psycopg.connect(roles[f"{schema}_operator"], autocommit=True) as operator:
+        for job_id in (waiting, other, parent):
+            before = job(conn, schema, job_id)
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match="is not held"):
+                sql(operator, schema, release, job_id)
+            assert job(conn, schema, job_id) == before
+        assert status(conn, schema, held) == "waiting"
+        assert sql(operator, schema, release, held) == [("pending",)]

@@ -114,3 +114,47 @@ def test_an_expired_job_is_never_started(daemons: Daemons, db: Db) -> None:
     assert row["last_error"].startswith("expired: not started by its expires_at")
     assert db.executions(job_id) == []
     assert "expired" in daemons.cli("explain", str(job_id)).stdout
+
+
+def test_the_cli_enqueues_children_and_shows_them(daemons: Daemons, db: Db) -> None:
+    first = daemons.cli("enqueue", "work", "--delay", "1h")
+    second = daemons.cli("enqueue", "work", "--delay", "1h")
+    parents = [int(first.stdout), int(second.stdout)]
+    made = daemons.cli(
+        "enqueue",
+        "work",
+        "--after",
+        str(parents[0]),
+        "--after",
+        str(parents[1]),
+        "--on-parent-failure",
+        "hold",
+        "--expire-in",
+        "1d",
+        "--timeout",
+        "90s",
+    )
+    assert made.returncode == 0, made.stderr
+    child = int(made.stdout)
+    row = db.job(child)
+    assert (row["status"], row["on_parent_failure"], row["timeout_seconds"]) == (
+        "waiting",
+        "hold",
+        90,
+    )
+    listed = daemons.cli("jobs", "--status", "waiting")
+    assert listed.returncode == 0, listed.stderr
+    assert str(child) in listed.stdout and str(parents[0]) not in listed.stdout
+    shown = daemons.cli("show", str(child)).stdout
+    assert f"parents: {parents[0]} pending work, {parents[1]} pending work" in shown
+    assert f"children: {child} waiting work" in daemons.cli("show", str(parents[0])).stdout
+    explained = daemons.cli("explain", str(child)).stdout
+    assert f"waiting for 2 of its parents to finish: {parents[0]} (pending)" in explained
+    bad = daemons.cli("enqueue", "work", "--after", "999999")
+    assert bad.returncode != 0
+    assert "after names job 999999, which does not exist" in bad.stderr
+    not_held = daemons.cli("release", str(child))
+    assert not_held.returncode == 1
+    assert f"{child}: job {child} is not held for an operator" in not_held.stdout
+    cancelled = daemons.cli("cancel", str(child))
+    assert cancelled.stdout.strip() == f"{child}: cancelled"

@@ -112,6 +112,9 @@ UNION ALL (SELECT * FROM page WHERE status = 'dead'
 UNION ALL (SELECT * FROM page WHERE status = 'cancelled'
                   AND 'cancelled' = ANY(%(statuses)s::text[])
                 ORDER BY id DESC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'waiting'  -- schema 27: parents
+                  AND 'waiting' = ANY(%(statuses)s::text[])
+                ORDER BY id DESC LIMIT %(limit)s)
 ) p
  ORDER BY p.id DESC
  LIMIT %(limit)s;
@@ -146,6 +149,9 @@ UNION ALL (SELECT * FROM page WHERE status = 'dead'
                 ORDER BY id ASC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'cancelled'
                   AND 'cancelled' = ANY(%(statuses)s::text[])
+                ORDER BY id ASC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'waiting'  -- schema 27: parents
+                  AND 'waiting' = ANY(%(statuses)s::text[])
                 ORDER BY id ASC LIMIT %(limit)s)
 ) p
  ORDER BY p.id ASC

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 
 from pgworkerd import client
 from pgworkerd.client import InvalidJob, JobSpec
+from pgworkerd.queue import admin
 from pgworkerd.queue.queries import render
 
 
@@ -560,3 +561,49 @@ def test_only_the_operator_releases_a_held_job(
             assert job(conn, schema, job_id) == before
         assert status(conn, schema, held) == "waiting"
         assert sql(operator, schema, release, held) == [("pending",)]
+
+
+def test_a_parent_dying_while_another_completes_never_runs_the_child_early(
+    conn: psycopg.Connection, schema: str, test_db_dsn: str
+) -> None:
+    """One parent completes while the other dies, in concurrent transactions, in either
+    order: the child (cancel policy) ends cancelled and is never pending; with the run
+    policy it is pending only once both have committed; a parent with many children
+    releases every one of them while one child is cancelled by an operator meanwhile."""
+    for first, second in (("completed", "dead"), ("dead", "completed")):
+        p1, p2 = (client.enqueue(conn, "a", schema=schema) for _ in range(2))
+        cancel = client.enqueue(conn, "b", after=[p1, p2], schema=schema)
+        run = client.enqueue(conn, "b", after=[p1, p2], on_parent_failure="run", schema=schema)
+        with psycopg.connect(test_db_dsn) as c1, psycopg.connect(test_db_dsn) as c2:
+            finish(c1, schema, p1, first)
+            thread = threading.Thread(target=finish, args=(c2, schema, p2, second))
+            thread.start()
+            time.sleep(0.2)
+            c1.commit()
+            thread.join(timeout=30)
+            assert not thread.is_alive()
+            assert status(conn, schema, run) == "waiting"
+            c2.commit()
+        assert status(conn, schema, cancel) == "cancelled"
+        assert status(conn, schema, run) == "pending"
+
+    parent = client.enqueue(conn, "a", schema=schema)
+    children = client.enqueue_many(
+        conn, [JobSpec("b", {"n": n}, after=[parent]) for n in range(300)], schema=schema
+    )
+    with psycopg.connect(test_db_dsn) as operator:
+        cancelled = client_cancel(operator, schema, children[150])
+        thread = threading.Thread(target=finish, args=(conn, schema, parent))
+        thread.start()
+        time.sleep(0.2)
+        operator.commit()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+    assert cancelled == "cancelled"
+    statuses = [status(conn, schema, c) for c in children]
+    assert statuses.count("pending") == 299 and statuses[150] == "cancelled"
+
+
+def client_cancel(c: psycopg.Connection, schema: str, job_id: int) -> str:
+    """`pgworkerd cancel`'s statement, in `c`'s open transaction."""
+    return admin.cancel(c, [job_id], schema=schema)[job_id]

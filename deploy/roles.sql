@@ -11,9 +11,10 @@
 --                       own login enqueued (job_get_v1: `pgworkerd.get`/`wait`); it
 --                       cannot read or change any other job, nor anything else.
 --   pgworkerd_operator: a person at the CLI or the dashboard: read everything
---                       pgworkerd_reader reads, enqueue, cancel, retry, pause/resume,
---                       drain/resume, prune, declare schedules, set the retention floor,
---                       and set what enqueuers may ask (enqueue_bounds).
+--                       pgworkerd_reader reads, enqueue, cancel, retry, release held
+--                       jobs, pause/resume, drain/resume, prune, declare schedules, set
+--                       the retention floor, and set what enqueuers may ask
+--                       (enqueue_bounds).
 --   pgworkerd_reader:   read-only, for dashboards (`pgworkerd web --read-only`) and
 --                       `jobs`, `show`, `logs`, `explain`, `status`, `schedules`: reads the
 --                       jobs, their attempts and logs, the registry, pauses, schedules and

@@ -347,13 +347,14 @@ GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v3(text, jsonb, text, integer, times
                                                timestamptz, interval, interval),
                           pgworkerd.enqueue_many_v3(jsonb)
       TO pgworkerd_enqueuer;
--- daemon: the claim that ends expired jobs and returns a job's own timeout, and the
--- parents' results it hands a child (it reads jobs' columns but the token, as above).
+-- daemon: the claim that ends expired jobs and returns a job's own timeout and its
+-- parents' results (SECURITY DEFINER: no right on job_parents needed).
 GRANT EXECUTE ON FUNCTION pgworkerd.claim_jobs_v2(text, text[], text[], float8[], integer[],
                                                   integer, integer[], jsonb, integer[],
                                                   integer[])
       TO pgworkerd_daemon;
-GRANT SELECT ON pgworkerd.job_parents TO pgworkerd_daemon, pgworkerd_reader;
+-- reader (and so operator): a job's parents and children (show, explain, the dashboard).
+GRANT SELECT ON pgworkerd.job_parents TO pgworkerd_reader;
 -- operator: release a job held for an operator after a parent failed.
 GRANT EXECUTE ON FUNCTION pgworkerd.job_held_release(bigint) TO pgworkerd_operator;
 

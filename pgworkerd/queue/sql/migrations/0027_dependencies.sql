@@ -687,6 +687,9 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- as claim_v3: a backlog's estimated cost would cross jit_above_cost (~60 ms of compiling
+-- for a statement of a fraction of a millisecond)
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -751,6 +754,11 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+COMMENT ON FUNCTION @schema@.claim_jobs_v2(text, text[], text[], float8[], integer[],
+                                           integer, integer[], jsonb, integer[], integer[]) IS
+    'claim_jobs, ending jobs past their expires_at first, with each job''s own timeout and '
+    'its parents'' results (schema 27): what the daemon calls. docs/reference/sql-api.md.';
 
 REVOKE EXECUTE ON FUNCTION
     @schema@.claim_jobs_v2(text, text[], text[], float8[], integer[], integer, integer[],
@@ -898,4 +906,38 @@ BEGIN
         GET DIAGNOSTICS daemons_deleted = ROW_COUNT;
     END IF;
 END;
+$$;
+
+-- A rolling upgrade (as 0022's last block): who may call a function the new release
+-- calls in its stead gets its successor now, so that new daemons and applications run
+-- before roles.sql is applied again: claim_jobs -> claim_jobs_v2 (the daemon role),
+-- enqueue_v2 / enqueue_many_v2 -> enqueue_v3 / enqueue_many_v3 (the enqueuer role).
+DO $$
+DECLARE
+    pair text[];
+    grantee text;
+BEGIN
+    FOREACH pair SLICE 1 IN ARRAY ARRAY[
+        ['@schema@.claim_jobs(text, text[], text[], float8[], integer[], integer, integer[], '
+         'jsonb, integer[], integer[])',
+         '@schema@.claim_jobs_v2(text, text[], text[], float8[], integer[], integer, '
+         'integer[], jsonb, integer[], integer[])'],
+        ['@schema@.enqueue_v2(text, jsonb, text, integer, timestamptz, interval, integer, '
+         'text, text)',
+         '@schema@.enqueue_v3(text, jsonb, text, integer, timestamptz, interval, integer, '
+         'text, text, bigint[], text, timestamptz, interval, interval)'],
+        ['@schema@.enqueue_many_v2(jsonb)', '@schema@.enqueue_many_v3(jsonb)']]
+    LOOP
+        FOR grantee IN
+            SELECT DISTINCT r.rolname
+              FROM pg_catalog.pg_proc p
+             CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+              JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+             WHERE p.oid = pair[1]::regprocedure AND a.privilege_type = 'EXECUTE'
+               AND a.grantee <> p.proowner
+        LOOP
+            EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %I', pair[2], grantee);
+        END LOOP;
+    END LOOP;
+END
 $$;

@@ -433,6 +433,9 @@ RETURNS TABLE (
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+-- as claim_v3: a backlog's estimated cost would cross jit_above_cost (~60 ms of compiling
+-- for a statement of a fraction of a millisecond)
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -497,6 +500,11 @@ BEGIN
     END LOOP;
 END;
 $$;
+
+COMMENT ON FUNCTION @schema@.claim_jobs_v2(text, text[], text[], float8[], integer[],
+                                           integer, integer[], jsonb, integer[], integer[]) IS
+    'claim_jobs, ending jobs past their expires_at first, with each job''s own timeout and '
+    'its parents'' results (schema 27): what the daemon calls. docs/reference/sql-api.md.';
 
 REVOKE EXECUTE ON FUNCTION
     @schema@.claim_jobs_v2(text, text[], text[], float8[], integer[], integer, integer[],

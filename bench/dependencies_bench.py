@@ -14,6 +14,10 @@ and what waiting jobs cost the claim.
    run: the same K pending jobs each time, claimed 10 at a time and completed one by one
    through pgworkerd's statements (tests/support/leasing.py), jobs/s over S seconds; runs
    interleaved (none, waiting, none, waiting, ...), medians (goal: within 5 %).
+3. completing a job without children with the resolving trigger (jobs_children_resolved)
+   against the same with it disabled, interleaved: microseconds per complete statement
+   (pgworkerd's job_complete, one job each), N jobs claimed beforehand each round. The
+   before/after of whole claim+complete rows is bench/queue_bench.py on main and here.
 
 A private LocalPostgres with the settings below. A benchmark, not a test: goals are
 reported, never asserted. The machine may be shared: quote the load with the figures.
@@ -179,6 +183,38 @@ def claim_speed(
     }
 
 
+def completion_cost(dsn: str, jobs: int, rounds: int) -> dict[str, Any]:
+    """us per completion of a job without children, trigger on vs off (interleaved)."""
+    handlers = {HANDLER: lease.HandlerCapacity(lease_seconds=600, free=jobs)}
+    per_job: dict[str, list[float]] = {"on": [], "off": []}
+    with connect(dsn) as conn:
+        for _ in range(rounds):
+            for case in ("on", "off"):
+                conn.execute("TRUNCATE pgworkerd.jobs")
+                conn.execute(
+                    f"ALTER TABLE pgworkerd.jobs {'ENABLE' if case == 'on' else 'DISABLE'}"
+                    " TRIGGER jobs_children_resolved"
+                )
+                refill(conn, jobs)
+                held = leasing.claim(
+                    conn, "bench", queues=["default"], handlers=handlers, limit=jobs
+                )
+                start = time.perf_counter()
+                for job in held:
+                    leasing.complete(conn, "bench", job.id, job.token)
+                per_job[case].append((time.perf_counter() - start) / len(held) * 1e6)
+        conn.execute("ALTER TABLE pgworkerd.jobs ENABLE TRIGGER jobs_children_resolved")
+    on, off = (statistics.median(per_job[c]) for c in ("on", "off"))
+    return {
+        "jobs_per_round": jobs,
+        "rounds": rounds,
+        "us_per_complete_trigger_on": round(on, 1),
+        "us_per_complete_trigger_off": round(off, 1),
+        "change_percent": round((on - off) / off * 100, 1),
+        "samples": {c: [round(v, 1) for v in s] for c, s in per_job.items()},
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--short", action="store_true", help="a quick run (CI)")
@@ -222,6 +258,15 @@ def main() -> None:
             f"claim+complete, batch {BATCH}: {c['jobs_per_s_empty']} jobs/s with no waiting job,"
             f" {c['jobs_per_s_with_waiting']} with {waiting:,} waiting ({c['change_percent']:+}"
             f" %; medians of {rounds} interleaved {seconds:.0f} s runs each)",
+            flush=True,
+        )
+        k = completion_cost(dsn, 500 if args.short else 2000, 3 if args.short else 7)
+        results["completion_cost"] = k
+        print(
+            f"complete, job without children: {k['us_per_complete_trigger_on']} us with the"
+            f" resolving trigger, {k['us_per_complete_trigger_off']} us without"
+            f" ({k['change_percent']:+} %; medians of {k['rounds']} interleaved rounds of"
+            f" {k['jobs_per_round']} jobs)",
             flush=True,
         )
     if args.json:

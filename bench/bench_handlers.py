@@ -17,3 +17,10 @@ def record_start(job: JobContext) -> None:
 
 def noop(job: JobContext) -> None:
     """Does nothing (bench/retention_soak.py: the load is the job rows, not the work)."""
+
+
+def record_end(job: JobContext) -> None:
+    """Notes when the handler returns (bench/dependencies_bench.py: a parent's end, which
+    its child's start is measured from)."""
+    with open(os.environ["BENCH_STARTS"], "a") as log:
+        log.write(f"end:{job.id} {time.time()}\n")

@@ -11,9 +11,10 @@
 --                       own login enqueued (job_get_v1: `pgworkerd.get`/`wait`); it
 --                       cannot read or change any other job, nor anything else.
 --   pgworkerd_operator: a person at the CLI or the dashboard: read everything
---                       pgworkerd_reader reads, enqueue, cancel, retry, pause/resume,
---                       drain/resume, prune, declare schedules, set the retention floor,
---                       and set what enqueuers may ask (enqueue_bounds).
+--                       pgworkerd_reader reads, enqueue, cancel, retry, release held
+--                       jobs, pause/resume, drain/resume, prune, declare schedules, set
+--                       the retention floor, and set what enqueuers may ask
+--                       (enqueue_bounds).
 --   pgworkerd_reader:   read-only, for dashboards (`pgworkerd web --read-only`) and
 --                       `jobs`, `show`, `logs`, `explain`, `status`, `schedules`: reads the
 --                       jobs, their attempts and logs, the registry, pauses, schedules and
@@ -337,6 +338,25 @@ GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
 GRANT UPDATE (max_live_per_login) ON pgworkerd.registry_cap TO pgworkerd_operator;
 -- MERGE (issue 21): grants of people's roles for objects that later work adds go here,
 -- with their statements in tests/integration/test_people_roles.py (STATEMENTS, PROMISED).
+
+-- Dependencies and deadlines (schema 27, issue 24; docs/guide/dependencies.md).
+-- enqueuer: enqueue with "after" (parents it may read: its own login's jobs), deadlines
+-- and a per-job timeout, through the SECURITY DEFINER successors of enqueue.
+GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v3(text, jsonb, text, integer, timestamptz,
+                                               interval, integer, text, text, bigint[], text,
+                                               timestamptz, interval, interval),
+                          pgworkerd.enqueue_many_v3(jsonb)
+      TO pgworkerd_enqueuer;
+-- daemon: the claim that ends expired jobs and returns a job's own timeout and its
+-- parents' results (SECURITY DEFINER: no right on job_parents needed).
+GRANT EXECUTE ON FUNCTION pgworkerd.claim_jobs_v2(text, text[], text[], float8[], integer[],
+                                                  integer, integer[], jsonb, integer[],
+                                                  integer[])
+      TO pgworkerd_daemon;
+-- reader (and so operator): a job's parents and children (show, explain, the dashboard).
+GRANT SELECT ON pgworkerd.job_parents TO pgworkerd_reader;
+-- operator: release a job held for an operator after a parent failed.
+GRANT EXECUTE ON FUNCTION pgworkerd.job_held_release(bigint) TO pgworkerd_operator;
 
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).

@@ -26,6 +26,13 @@ MAX_ATTEMPTS_MIN, MAX_ATTEMPTS_MAX = 1, 1000
 
 NAME_MAX_CHARS = 128
 DEDUPE_KEY_MAX_CHARS = 512
+# Dependencies and deadlines (schema 27, enqueue_many_v3's job_extras_problem): at most
+# this many parents per job; the choices of on_parent_failure; a job's own timeout above 0
+# and at most 365 days; expire_in above 0 and at most 100 years.
+PARENTS_MAX = 1000
+ON_PARENT_FAILURE = ("cancel", "run", "hold")
+TIMEOUT_MAX_SECONDS = 365 * 86400
+EXPIRE_IN_MAX_SECONDS = 36525 * 86400
 # A payload's values may lie at most this many levels below it (the payload is level 0):
 # enqueue_valid (migration 0008) refuses `$.**{256 to last}`, a child's frame no deeper.
 PAYLOAD_DEPTH_MAX = 255

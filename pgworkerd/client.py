@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -83,6 +83,17 @@ class JobSpec:
     # Jobs of one key share the key's slots of a handler's max_running_per_key (README
     # "Fleet-wide limits"); None: the job has no key.
     concurrency_key: str | None = None
+    # Dependencies (docs/guide/dependencies.md): the job waits ('waiting') until these
+    # jobs have finished: ids, or JobSpecs earlier in the same enqueue_many call. What a
+    # parent ending dead or cancelled does: "cancel" this job (the default), "run" it
+    # anyway, or "hold" it for an operator.
+    after: Sequence[int | JobSpec] = ()
+    on_parent_failure: str | None = None
+    # Deadlines (docs/guide/enqueue.md): not started after expires_at (or now + expire_in,
+    # seconds or a timedelta); a timeout (seconds or a timedelta) overriding the handler's.
+    expires_at: datetime | None = None
+    expire_in: float | timedelta | None = None
+    timeout: float | timedelta | None = None
 
     def as_json(self) -> dict[str, Any]:
         """Validated JSON form, every field spelt out; raises InvalidJob on bad input.
@@ -174,6 +185,71 @@ class JobSpec:
             job["dedupe_key"] = self.dedupe_key
         if self.concurrency_key is not None:
             job["concurrency_key"] = self.concurrency_key
+        job.update(self._extras())
+        return job
+
+    def has_extras(self) -> bool:
+        """Whether the job needs enqueue_many_v3 (schema 27): parents or deadlines."""
+        return bool(self.after) or any(
+            v is not None
+            for v in (self.on_parent_failure, self.expires_at, self.expire_in, self.timeout)
+        )
+
+    def _extras(self) -> dict[str, Any]:
+        """The keys of enqueue_many_v3 (parents by id, deadlines), checked with its bounds
+        and messages; JobSpec parents are turned into positions by jobs_json."""
+        job: dict[str, Any] = {}
+        after = self.after
+        if isinstance(after, str | bytes) or not isinstance(after, Sequence):
+            raise InvalidJob(
+                f"after must be a list of job ids or JobSpecs, not {type(after).__name__}"
+            )
+        if len(after) > bounds.PARENTS_MAX:
+            raise InvalidJob(
+                f"a job may have at most {bounds.PARENTS_MAX} parents, not {len(after)}"
+            )
+        ids = []
+        for parent in after:
+            if isinstance(parent, JobSpec):
+                continue
+            if (
+                isinstance(parent, bool)
+                or not isinstance(parent, int)
+                or not (1 <= parent <= 2**63 - 1)
+            ):
+                raise InvalidJob(f"after must hold job ids (integers from 1), not {parent!r}")
+            ids.append(parent)
+        if ids:
+            job["after"] = ids
+        if self.on_parent_failure is not None:
+            if self.on_parent_failure not in bounds.ON_PARENT_FAILURE:
+                raise InvalidJob(
+                    'on_parent_failure must be "cancel", "run" or "hold", not '
+                    f"{self.on_parent_failure!r}"
+                )
+            if not after:
+                raise InvalidJob("on_parent_failure needs parents (after)")
+            job["on_parent_failure"] = self.on_parent_failure
+        if after and self.dedupe_key is not None:
+            raise InvalidJob("a job with parents cannot have a dedupe_key")
+        if self.expires_at is not None and self.expire_in is not None:
+            raise InvalidJob("give expires_at or expire_in, not both")
+        if self.expires_at is not None:
+            expires = self.expires_at
+            if not isinstance(expires, datetime) or expires.tzinfo is None:
+                raise InvalidJob("expires_at must be a timezone-aware datetime")
+            if expires >= bounds.RUN_AT_MAX:
+                raise InvalidJob(f"expires_at must be before 9000-01-01 UTC, not {expires}")
+            if expires <= datetime.now(UTC):
+                raise InvalidJob(
+                    f"expires_at is in the past ({expires.isoformat()}): the job could never start"
+                )
+            job["expires_at"] = expires.isoformat()
+        if self.expire_in is not None:
+            seconds = _seconds("expire_in", self.expire_in, bounds.EXPIRE_IN_MAX_SECONDS)
+            job["expire_in"] = f"{seconds:.6f} seconds"
+        if self.timeout is not None:
+            job["timeout"] = _seconds("timeout", self.timeout, bounds.TIMEOUT_MAX_SECONDS)
         return job
 
 
@@ -187,7 +263,29 @@ _JSON_ORDER = (
     "delay",
     "dedupe_key",
     "concurrency_key",
+    "after",
+    "after_index",
+    "on_parent_failure",
+    "expires_at",
+    "expire_in",
+    "timeout",
 )
+
+
+def _seconds(name: str, value: Any, most: float) -> float:
+    """A positive duration in seconds (a number or a timedelta) up to `most`."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, int | float)
+        or not math.isfinite(seconds)
+        or not 0 < seconds <= most
+    ):
+        raise InvalidJob(
+            f"{name} must be above 0 and at most {most:.0f} seconds (a number or a "
+            f"timedelta), not {value!r}"
+        )
+    return float(seconds)
 
 
 def _delay_seconds(delay: Any) -> float:
@@ -219,11 +317,17 @@ def enqueue(
     dedupe_key: str | None = None,
     concurrency_key: str | None = None,
     schema: str = DEFAULT_SCHEMA,
+    after: Sequence[int] = (),
+    on_parent_failure: str | None = None,
+    expires_at: datetime | None = None,
+    expire_in: float | timedelta | None = None,
+    timeout: float | timedelta | None = None,
 ) -> int:
     """Enqueue one job inside the caller's current transaction; returns its id.
 
     With a dedupe key equal to a pending or running job's, that job's id comes back and
-    nothing is inserted.
+    nothing is inserted. With `after` (job ids) it waits until those jobs have finished
+    (docs/guide/dependencies.md); expires_at/expire_in and timeout: docs/guide/enqueue.md.
     """
     spec = JobSpec(
         handler,
@@ -235,7 +339,16 @@ def enqueue(
         max_attempts,
         dedupe_key,
         concurrency_key,
+        tuple(after) if isinstance(after, list | tuple) else after,
+        on_parent_failure,
+        expires_at,
+        expire_in,
+        timeout,
     )
+    if spec.has_extras():
+        # one job of enqueue_many_v3: its checks and messages ("job 1: ...")
+        [job_id] = enqueue_many(conn, [spec], schema=schema)
+        return job_id
     try:
         job = spec._checked()
         payload_json = _dumps(job.get("payload", {}))
@@ -280,13 +393,26 @@ def jobs_json(specs: Iterable[JobSpec]) -> str:
     Raises InvalidJob naming the job's position (1-based) on bad input.
     """
     jobs = []
+    # JobSpecs seen so far, by identity -> 0-based position: a JobSpec in `after` must be
+    # one of them (an earlier job of this call), sent as its position (after_index)
+    positions: dict[int, int] = {}
     for n, spec in enumerate(specs, 1):
         if not isinstance(spec, JobSpec):
             raise InvalidJob(f"job {n}: expected a JobSpec, not {type(spec).__name__}")
         try:
-            jobs.append(spec._checked())
+            job = spec._checked()
+            earlier = [p for p in spec.after if isinstance(p, JobSpec)]
+            if earlier:
+                if any(id(p) not in positions for p in earlier):
+                    raise InvalidJob(
+                        "after names a JobSpec that is not earlier in this call (a job "
+                        "cannot wait for itself or a later job)"
+                    )
+                job["after_index"] = sorted({positions[id(p)] for p in earlier})
         except InvalidJob as exc:
             raise InvalidJob(f"job {n}: {exc}") from None
+        positions.setdefault(id(spec), n - 1)
+        jobs.append(job)
     try:
         return json.dumps(jobs, allow_nan=False)
     except (TypeError, ValueError):
@@ -314,6 +440,9 @@ def enqueue_many(
     # the key) keeps its faster plain path for the rest.
     keyed = any(isinstance(s, JobSpec) and s.concurrency_key is not None for s in specs)
     name = "job_enqueue_many_v2" if keyed else "job_enqueue_many"
+    # enqueue_many_v3 (schema 27) only when a job has parents or deadlines
+    if any(s.has_extras() for s in specs):
+        name = "job_enqueue_many_v3"
     # Sent as text, parsed once by the server as jsonb (no second serialisation).
     with conn.cursor(row_factory=tuple_row) as cur:
         [(ids,)] = cur.execute(query(name, schema), {"jobs": text}).fetchall()

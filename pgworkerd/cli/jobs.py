@@ -60,6 +60,31 @@ def _parse_payload(text: str) -> dict[str, Any]:
     "--concurrency-key",
     help="jobs with one key share its slots of the handler's max_running_per_key",
 )
+@click.option(
+    "--after",
+    "after",
+    type=int,
+    multiple=True,
+    metavar="ID",
+    help="wait until job ID has finished (repeat for several parents)",
+)
+@click.option(
+    "--on-parent-failure",
+    type=click.Choice(["cancel", "run", "hold"]),
+    help="when a parent ends dead or cancelled: cancel this job (default), run it anyway, "
+    "or hold it for `pgworkerd release`",
+)
+@click.option(
+    "--expires-at",
+    type=click.DateTime(
+        ["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%d %H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M:%S"]
+    ),
+    help="do not start the job after this time (ISO 8601; local time if no offset)",
+)
+@click.option("--expire-in", type=DURATION, help="do not start the job after this long, e.g. 1h")
+@click.option(
+    "--timeout", type=DURATION, help="this job's timeout, overriding the handler's, e.g. 2h"
+)
 @click.pass_obj
 def enqueue(
     ctx: Context,
@@ -72,12 +97,21 @@ def enqueue(
     max_attempts: int,
     dedupe_key: str | None,
     concurrency_key: str | None,
+    after: tuple[int, ...],
+    on_parent_failure: str | None,
+    expires_at: datetime | None,
+    expire_in: float | None,
+    timeout: float | None,
 ) -> None:
     """Enqueue a job for HANDLER and print its id."""
     if run_at is not None and delay is not None:
         raise click.UsageError("give --run-at or --delay, not both")
+    if expires_at is not None and expire_in is not None:
+        raise click.UsageError("give --expires-at or --expire-in, not both")
     if run_at is not None and run_at.tzinfo is None:
         run_at = run_at.astimezone()
+    if expires_at is not None and expires_at.tzinfo is None:
+        expires_at = expires_at.astimezone()
     spec = client.JobSpec(
         handler,
         _parse_payload(payload),
@@ -88,6 +122,11 @@ def enqueue(
         max_attempts,
         dedupe_key,
         concurrency_key,
+        after,
+        on_parent_failure,
+        expires_at,
+        expire_in,
+        timeout,
     )
     try:
         spec.as_json()
@@ -111,6 +150,26 @@ def cancel(ctx: Context, ids: tuple[int, ...]) -> None:
     # that completed or died before the cancel, was not cancelled.
     done = ("cancelled", "cancel requested", "already cancelled")
     if any(outcomes[i] not in done for i in ids):
+        sys.exit(int(ExitCode.FAILURE))
+
+
+@main.command()
+@click.argument("ids", nargs=-1, type=int, required=True)
+@click.pass_obj
+def release(ctx: Context, ids: tuple[int, ...]) -> None:
+    """Release jobs held after a parent failed (on_parent_failure hold): each runs once
+    its parents have all finished."""
+    failed = False
+    with database(ctx, needs="change jobs") as conn:
+        for job_id in ids:
+            try:
+                status = admin.release_held(conn, job_id, schema=ctx.schema)
+            except admin.NotHeld as exc:
+                click.echo(f"{job_id}: {printable(str(exc))}")
+                failed = True
+            else:
+                click.echo(f"{job_id}: released ({status})")
+    if failed:
         sys.exit(int(ExitCode.FAILURE))
 
 
@@ -316,6 +375,7 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         return
     history = row.pop("attempt_history")
     daemon = row.pop("daemon")
+    family = {k: row.pop(k) for k in ("parents", "children", "parents_total", "children_total")}
     for key, value in row.items():
         if key == "last_error" and value:
             # a traceback reads best on its own lines; each is escaped and indented, so
@@ -330,6 +390,9 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
             click.echo(f"{key}: {printable(value)}")
     if daemon is not None:
         click.echo(daemon_line(daemon, job_id))
+    for side in ("parents", "children"):
+        if family[side]:
+            click.echo(f"{side}: {relatives_line(family[side], family[side + '_total'])}")
     if history is None:
         click.echo(
             "attempts: (this role may not read them: roles.sql's pgworkerd_reader and "
@@ -342,6 +405,16 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         error = str(a["error"] or "").rstrip("\n")
         if error:
             click.echo("\n".join(f"      {printable(ln)}" for ln in error.split("\n")))
+
+
+def relatives_line(jobs: list[dict[str, Any]], total: int) -> str:
+    """`show`'s line of a job's parents or children (schema 27): id, status and handler of
+    each, "pruned" for a parent deleted since."""
+    shown = ", ".join(
+        f"{j['id']} {printable(j['status'] or 'pruned')} {printable(j['handler'] or '')}".rstrip()
+        for j in jobs
+    )
+    return shown + (f" (and {total - len(jobs)} more)" if total > len(jobs) else "")
 
 
 def daemon_line(d: dict[str, Any], job_id: int) -> str:

@@ -154,6 +154,7 @@ class JobTable(Generic[ChildT]):
                         checkpoint=job.job.checkpoint,
                         deadline=job.deadline,
                         memory_limit=job.handler.memory_limit or self.worker.memory_limit,
+                        parents=job.job.parents,
                     )
                 )
             except Exception as exc:  # this job's data: too big, too deep, not JSON
@@ -367,7 +368,7 @@ class JobTable(Generic[ChildT]):
                 log.info("%s: its hand-back grace is over; stopping it", job.name)
                 self.stop(job, StopReason.HAND_BACK)
             elif job.started_at is not None and job.stop_reason is None:
-                if h.timeout is not None and now - job.started_at >= h.timeout:
+                if job.timeout is not None and now - job.started_at >= job.timeout:
                     self.stop(job, StopReason.TIMEOUT)
                 elif h.heartbeat_timeout is not None and (
                     now - job.last_beat >= h.heartbeat_timeout

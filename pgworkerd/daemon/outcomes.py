@@ -123,6 +123,13 @@ class InFlight:
     def name(self) -> str:
         return f"job {self.job.id} {self.job.handler} attempt {self.job.attempt}"
 
+    @property
+    def timeout(self) -> float | None:
+        """The job's own timeout (enqueued with one, schema 27), else its handler's."""
+        if self.job.timeout_seconds is not None:
+            return self.job.timeout_seconds
+        return self.handler.timeout
+
     def limits(self) -> Iterator[float]:
         """The times at which this job's limits next need a look."""
         if not self.fenced:  # once acted on, the passed deadline is no deadline
@@ -132,8 +139,8 @@ class InFlight:
         if self.hand_back_at is not None and self.stop_reason is None:
             yield self.hand_back_at
         if self.started_at is not None and self.stop_reason is None:
-            if self.handler.timeout is not None:
-                yield self.started_at + self.handler.timeout
+            if self.timeout is not None:
+                yield self.started_at + self.timeout
             if self.handler.heartbeat_timeout is not None:
                 yield self.last_beat + self.handler.heartbeat_timeout
 
@@ -164,7 +171,7 @@ def decide(
     elif reason is StopReason.LEASE_LOST:
         error = "stopped: the lease could not be renewed in time"
     elif reason is StopReason.TIMEOUT:
-        error = f"timed out after {format_duration(h.timeout or 0)}"
+        error = f"timed out after {format_duration(job.timeout or 0)}"
     elif reason is StopReason.STUCK:
         error = f"no heartbeat for {format_duration(h.heartbeat_timeout or 0)}: stuck"
     elif isinstance(report, Failed):

@@ -21,6 +21,23 @@ def cancel(
     return {r[0]: r[1] for r in rows}
 
 
+class NotHeld(ValueError):
+    """release_held: the job is not held for an operator (the message says why)."""
+
+
+def release_held(
+    conn: psycopg.Connection[Any], job_id: int, *, schema: str = DEFAULT_SCHEMA
+) -> str:
+    """Release a job held after a parent failed (on_parent_failure hold); returns its
+    status after ('pending', or 'waiting' for parents not finished yet)."""
+    try:
+        with conn.transaction():
+            [(status,)] = conn.execute(query("job_held_release", schema), {"id": job_id}).fetchall()
+    except psycopg.errors.InvalidParameterValue as exc:
+        raise NotHeld(str(exc).removeprefix("pgworkerd: ")) from None
+    return str(status)
+
+
 def retry(
     conn: psycopg.Connection[Any],
     *,

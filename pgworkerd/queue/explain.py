@@ -13,6 +13,12 @@ Codes are stable (scripts and the dashboard match on them; messages may be rewor
             off; the job stays its until the lease ends), lease_expired, cancel_requested
   finished: completed, dead, cancelled, dedupe_held (a retry would leave it pending
             elsewhere: another live job holds its dedupe key)
+  waiting (schema 27, docs/guide/dependencies.md): waiting_on_parents (facts: each
+            parent's id and status, how many are unfinished), held (a parent ended dead or
+            cancelled and on_parent_failure is hold: `pgworkerd release ID` runs it)
+  cancelled by a deadline or a parent (instead of "cancelled"): expired (not started by
+            its expires_at), parent_failed (a parent ended dead or cancelled and
+            on_parent_failure is cancel)
 
 Dedupe never holds a pending job back in this schema: the unique index admits one live
 job per handler and key, and a second enqueue returns the first one's id.
@@ -35,6 +41,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgworkerd.durations import format_duration
+from pgworkerd.queue import views
 from pgworkerd.queue.queries import query
 
 NOT_TAKING = ("draining", "drained", "stopping")
@@ -71,6 +78,8 @@ def explain(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str
     status = job["status"]
     if status == "pending":
         reasons = _pending(job, f)
+    elif status == "waiting":
+        reasons = _waiting(job, views.relatives(conn, schema, job_id)["parents"])
     elif status == "running":
         reasons = _running(job, f)
     else:
@@ -397,6 +406,26 @@ def _finished(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
                 **common,
             )
         ]
+    elif str(job.get("last_error") or "").startswith("expired: "):
+        reasons = [
+            _reason(
+                "expired",
+                f"cancelled at {job['finished_at']}, never started: "
+                f"{_last_line(job['last_error']).removeprefix('expired: ')}",
+                expires_at=job.get("expires_at"),
+                **common,
+            )
+        ]
+    elif str(job.get("last_error") or "").startswith("cancelled: parent job "):
+        reasons = [
+            _reason(
+                "parent_failed",
+                f"cancelled at {job['finished_at']}: "
+                f"{_last_line(job['last_error']).removeprefix('cancelled: ')}"
+                " (on_parent_failure cancel)",
+                **common,
+            )
+        ]
     else:
         was_running = last.get("outcome") == "cancelled"
         reasons = [
@@ -419,3 +448,38 @@ def _finished(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     return reasons
+
+
+def _waiting(job: dict[str, Any], parents: Any) -> list[dict[str, Any]]:
+    """A job with parents (schema 27): what it waits for, or that an operator must act."""
+    listed = [{"id": p["id"], "status": p["status"] or "pruned"} for p in parents]
+    unfinished = job.get("parents_unfinished") or 0
+    failed = job.get("parents_failed") or 0
+    if failed and job.get("on_parent_failure") == "hold":
+        bad = [p for p in listed if p["status"] in ("dead", "cancelled")]
+        named = ", ".join(f"job {p['id']} ended {p['status']}" for p in bad) or "a parent failed"
+        return [
+            _reason(
+                "held",
+                f"held for an operator: {named} (on_parent_failure hold);"
+                f" pgworkerd release {job['id']} runs it"
+                + (f" once its {unfinished} unfinished parent(s) finish" if unfinished else "")
+                + f", pgworkerd cancel {job['id']} drops it",
+                parents=listed,
+                unfinished=unfinished,
+                failed=failed,
+            )
+        ]
+    waiting_on = [p for p in listed if p["status"] not in ("completed", "dead", "cancelled")]
+    shown = ", ".join(f"{p['id']} ({p['status']})" for p in waiting_on[:10])
+    more = f" and {unfinished - len(waiting_on[:10])} more" if unfinished > 10 else ""
+    return [
+        _reason(
+            "waiting_on_parents",
+            f"waiting for {unfinished} of its parents to finish: {shown}{more}",
+            parents=listed,
+            unfinished=unfinished,
+            failed=failed,
+            on_parent_failure=job.get("on_parent_failure"),
+        )
+    ]

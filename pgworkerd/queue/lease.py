@@ -44,6 +44,10 @@ class ClaimedJob:
     created_at: datetime
     locked_until: datetime
     rescued: bool
+    # schema 27 (claim_jobs_v2): the job's own timeout, overriding its handler's (None:
+    # the handler's), and its parents' results by parent id (None: it has no parents)
+    timeout_seconds: float | None = None
+    parents: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

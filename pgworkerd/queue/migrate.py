@@ -41,6 +41,7 @@ log = logging.getLogger("pgworkerd")
 # older code calls.
 DECLARATION = (
     "jobs",
+    "job_parents",
     "enqueue",
     "enqueue_bounds",
     "workers",

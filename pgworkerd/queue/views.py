@@ -360,7 +360,44 @@ def job(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, An
         history = None
     daemon = _rows(conn, "job_daemon", schema, {"id": job_id})
     # Not under "attempts": that is the jobs column (how many attempts were counted).
-    return {**row, "attempt_history": history, "daemon": daemon[0] if daemon else None}
+    return {
+        **row,
+        "attempt_history": history,
+        "daemon": daemon[0] if daemon else None,
+        **relatives(
+            conn,
+            schema,
+            job_id,
+            some=row.get("parents_unfinished") is not None or bool(row.get("has_children")),
+        ),
+    }
+
+
+# How many parents and children show, explain and the job page list (each side).
+RELATIVES_SHOWN = 100
+
+
+def relatives(
+    conn: psycopg.Connection[Any], schema: str, job_id: int, *, some: bool = True
+) -> dict[str, list[dict[str, Any]] | int]:
+    """A job's parents and children (schema 27), each {id, status, handler} (status None:
+    pruned), at most RELATIVES_SHOWN of each, with their whole counts. some=False (the
+    jobs row says it has neither) skips the look-up."""
+    found: dict[str, list[dict[str, Any]] | int] = {
+        "parents": [],
+        "children": [],
+        "parents_total": 0,
+        "children_total": 0,
+    }
+    if not some:
+        return found
+    for r in _rows(conn, "view_job_relatives", schema, {"id": job_id, "limit": RELATIVES_SHOWN}):
+        side = "parents" if r["side"] == "parent" else "children"
+        listed = found[side]
+        assert isinstance(listed, list)
+        listed.append({"id": r["id"], "status": r["status"], "handler": r["handler"]})
+        found[f"{side}_total"] = r["total"]
+    return found
 
 
 def schedules(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
@@ -385,7 +422,7 @@ def job_shown(
     if not rows:
         return None
     daemon = _rows(conn, "job_daemon", schema, {"id": job_id})
-    return {**rows[0], "daemon": daemon[0] if daemon else None}
+    return {**rows[0], "daemon": daemon[0] if daemon else None, **relatives(conn, schema, job_id)}
 
 
 def attempts_shown(

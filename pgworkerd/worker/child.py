@@ -95,6 +95,10 @@ class JobContext:
         self.max_attempts: int = job.max_attempts
         #: The checkpoint saved by an earlier attempt (None on a fresh start).
         self.checkpoint: Any = job.checkpoint
+        #: Its parents' results by parent id (docs/guide/dependencies.md): each result, or
+        #: None for a parent that did not complete (on_parent_failure "run") or was pruned.
+        #: Empty for a job without parents.
+        self.parents: dict[int, Any] = {int(k): v for k, v in (job.parents or {}).items()}
         self._last_beat = 0.0
         self._pending_progress: Any = None
 

@@ -133,6 +133,8 @@ class Job:
     checkpoint: Any
     deadline: float  # time.monotonic() when the lease runs out (as last renewed)
     memory_limit: int | None = None  # bytes, the job's whole process tree
+    # its parents' results by parent id as text (schema 27); None: it has no parents
+    parents: Any = None
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,7 @@ _CLASSES: dict[str, type[Any]] = {
     )
 }
 # Fields that hold any JSON value; every other field's type is checked.
-_ANY = {"progress", "checkpoint", "result", "payload"}
+_ANY = {"progress", "checkpoint", "result", "payload", "parents"}
 _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,),
     "int | None": (int, type(None)),

@@ -266,6 +266,23 @@ STATEMENTS: dict[str, Statement] = {
         {},
     ),
     "read whether a lease holds": ("SELECT * FROM @schema@.job_lease_state_v1(1, 1)", {}),
+    # dependencies and deadlines (schema 27)
+    "select job_parents": ("SELECT * FROM @schema@.job_parents", {}),
+    "enqueue_v3": ("SELECT @schema@.enqueue_v3('h', timeout => '1 minute')", {}),
+    "enqueue_many_v3": (
+        'SELECT @schema@.enqueue_many_v3(\'[{"handler": "h", "expire_in": 60}]\')',
+        {},
+    ),
+    # (job 1 is not held: the call is refused with 22023, which counts as allowed)
+    "release a held job": (
+        "DO $$ BEGIN PERFORM @schema@.job_held_release(1);"
+        " EXCEPTION WHEN invalid_parameter_value THEN NULL; END $$",
+        {},
+    ),
+    "claim and end expired jobs": (
+        "SELECT * FROM @schema@.claim_jobs_v2('w', '{default}', '{h}', '{30}', '{1}', 1)",
+        {},
+    ),
 }
 
 READS = {
@@ -281,8 +298,16 @@ READS = {
     "job_get_v1",
     "select enqueue_bounds",
     "select registry_cap",
+    "select job_parents",
 }
-ENQUEUES = {"enqueue", "enqueue_many", "enqueue_v2", "enqueue_many_v2"}
+ENQUEUES = {
+    "enqueue",
+    "enqueue_many",
+    "enqueue_v2",
+    "enqueue_many_v2",
+    "enqueue_v3",
+    "enqueue_many_v3",
+}
 ACTIONS = {
     "cancel",
     "retry",
@@ -298,6 +323,7 @@ ACTIONS = {
     "declare a schedule",  # schema 22: the operator's, daemons fire what it declared
     "set the retention floor",
     "set the registry cap",
+    "release a held job",
 }
 # What roles.sql's header promises each role of people, and nothing else.
 PROMISED = {

@@ -38,6 +38,17 @@ PAGE = ROOT / "docs" / "operations" / "trust-boundaries.md"
 
 # Items held by tests in other files: item -> ["path::test", ...].
 ELSEWHERE: dict[str, list[str]] = {
+    "It makes a job wait for parents (`after`) only among the jobs its own login enqueued:"
+    " another login's job is refused as unknown, so no child of its own is handed another"
+    " application's result.": [
+        "tests/integration/test_dependencies_sql.py"
+        "::test_an_enqueuer_cannot_name_another_logins_job_as_a_parent",
+    ],
+    "It releases a job held after a parent failed (`pgworkerd release`), and only such a"
+    " job: any other id is refused with 22023 and nothing changes; the enqueuer and the"
+    " daemon cannot release at all.": [
+        "tests/integration/test_dependencies_sql.py::test_only_the_operator_releases_a_held_job",
+    ],
     "It cannot connect to a throwaway cluster (the demo's or the tests') nor read its files.": [
         "tests/integration/test_localpg.py::test_another_local_user_cannot_connect",
         "tests/integration/test_localpg.py::test_cluster_files_are_private",

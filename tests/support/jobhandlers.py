@@ -151,3 +151,10 @@ def envdump(job: JobContext) -> dict[str, str]:
 def raise_msg(job: JobContext) -> None:
     """Raises an error whose text is payload["msg"] (e.g. with control characters)."""
     raise ValueError(job.payload["msg"])
+
+
+def parents(job: JobContext) -> dict[str, Any]:
+    """Records its execution and returns its parents' results as it saw them
+    (job.parents, docs/guide/dependencies.md), keyed by parent id as text."""
+    Recorder(job).end()
+    return {"parents": {str(k): v for k, v in job.parents.items()}}

@@ -113,6 +113,13 @@ NAMED_BEFORE_THE_RULE: dict[str, tuple[str, ...]] = {
         "worker_mark_stale_v2",
         "job_lease_state_v1",
     ),
+    # Successors (issue 24) of functions named before the rule: the unversioned name is
+    # the callers' contract, so its successors keep it.
+    "successors of names from before the rule": (
+        "claim_jobs_v2",
+        "enqueue_many_v3",
+        "enqueue_v3",
+    ),
     "schemas 24-25, written beside the rule: helpers named for their area": (
         "cron_field_matches",
         "cron_wall_matches",

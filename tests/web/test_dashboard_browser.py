@@ -133,3 +133,24 @@ def test_a_paused_queue_keeps_a_new_job_pending_until_resumed(
     by_id(browser, "confirm").click()
     wait_browser(browser, lambda d: "nothing is paused" in text_of(d, "paused"), "resumed")
     db.wait_status(held, "completed")
+
+
+def test_a_job_page_links_its_parents_and_children(
+    browser: Any, dashboard: RunningDashboard, db: Db
+) -> None:
+    """Dependencies (schema 27): a child's page lists its parents, each a link to its page
+    with its status; the parent's page lists the child; explain says what it waits for."""
+    parent = db.enqueue("work", {}, delay=3600)
+    child = db.enqueue("work", {}, after=[parent])
+    log_in(browser, dashboard)
+    browser.get(f"{dashboard.url}/jobs/{child}")
+    wait_browser(browser, lambda d: text_of(d, "job-parents"), "the parents row")
+    assert text_of(browser, "job-parents") == f"{parent} pending"
+    assert f"waiting for 1 of its parents to finish: {parent} (pending)" in text_of(
+        browser, "explain"
+    )
+    screenshot(browser, "job-waiting")
+    by_id(browser, "job-parents").find_element("tag name", "a").click()
+    wait_browser(browser, lambda d: text_of(d, "job-children"), "the parent's page")
+    assert browser.current_url.endswith(f"/jobs/{parent}")
+    assert text_of(browser, "job-children") == f"{child} waiting"

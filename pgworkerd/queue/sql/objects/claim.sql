@@ -397,3 +397,116 @@ REVOKE EXECUTE ON FUNCTION
     @schema@.claim_jobs(text, text[], text[], float8[], integer[], integer, integer[], jsonb,
                         integer[], integer[])
     FROM PUBLIC;
+
+-- claim_jobs_v2 (0027, issue 24): claim_jobs, plus deadlines and dependencies.
+--   * Absurd arrays are refused (22023) before anything: more than 1,000 handlers or
+--     queues (a daemon serves a few dozen; architecture review 8.3).
+--   * No job starts after its expires_at: jobs past it are ended first, as 'cancelled'
+--     with the reason in last_error ("expired: ..."): pending ones, and running ones whose
+--     lease ran out (a rescue would start a new attempt). Any claimer ends any expired
+--     job (rows another claim holds are skipped, never waited for); the partial index
+--     jobs_pending_expires_idx holds only pending jobs with a deadline, so a queue
+--     without deadlines pays one probe of an empty index.
+--   * Two more columns per claimed job: timeout_seconds (the job's own, overriding the
+--     handler's; NULL: the handler's) and parents: for a job with parents only, a JSON
+--     object of each parent's id (as text) and result (null unless it completed), read
+--     here so that the handler sees them (job.parents) without a database connection;
+--     NULL for every other job, which costs one test more.
+CREATE FUNCTION @schema@.claim_jobs_v2(
+    worker text,
+    queues text[],
+    handlers text[],
+    lease_seconds float8[],
+    free_slots integer[],
+    max_jobs integer,
+    handler_max_attempts integer[] DEFAULT NULL,
+    handler_queues jsonb DEFAULT NULL,
+    max_running integer[] DEFAULT NULL,
+    max_running_per_key integer[] DEFAULT NULL
+)
+RETURNS TABLE (
+    id bigint, queue text, handler text, payload jsonb, priority integer, attempts integer,
+    max_attempts integer, lease_token bigint, checkpoint jsonb, run_at timestamptz,
+    created_at timestamptz, locked_until timestamptz, rescued boolean,
+    timeout_seconds float8, parents jsonb
+)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+-- as claim_v3: a backlog's estimated cost would cross jit_above_cost (~60 ms of compiling
+-- for a statement of a fraction of a millisecond)
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    claimed record;
+    has_parents boolean;
+BEGIN
+    IF cardinality(claim_jobs_v2.handlers) > 1000 OR cardinality(claim_jobs_v2.queues) > 1000
+    THEN
+        RAISE EXCEPTION 'pgworkerd: claim_jobs_v2: at most 1000 handlers and 1000 queues, '
+                        'not % and %', cardinality(claim_jobs_v2.handlers),
+                        cardinality(claim_jobs_v2.queues)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- Expired jobs end before the claim can see them (its now() is this one).
+    UPDATE @schema@.jobs j
+       SET status = 'cancelled', finished_at = now(), updated_at = now(),
+           last_error = 'expired: not started by its expires_at ' || j.expires_at
+      FROM (SELECT e.id FROM @schema@.jobs e
+             WHERE e.status = 'pending' AND e.expires_at <= now()
+             ORDER BY e.expires_at
+             LIMIT 1000
+               FOR UPDATE SKIP LOCKED) AS expired
+     WHERE j.id = expired.id;
+    UPDATE @schema@.jobs j
+       SET status = 'cancelled', finished_at = now(), updated_at = now(),
+           locked_by = NULL, locked_until = NULL,
+           last_error = 'expired: its lease ran out after its expires_at ' || j.expires_at
+                        || '; not started again'
+      FROM (SELECT e.id FROM @schema@.jobs e
+             WHERE e.status = 'running' AND e.locked_until < now()
+               AND e.expires_at <= now()
+               FOR UPDATE SKIP LOCKED) AS expired
+     WHERE j.id = expired.id;
+    -- One row at a time: the look-up of each claimed job's row is a statement of its own,
+    -- whose snapshot sees the claim (a join in the claim's statement would read rows as
+    -- they were before it, and miss a job enqueued meanwhile that the claim took).
+    FOR claimed IN
+        SELECT * FROM @schema@.claim_jobs(
+            claim_jobs_v2.worker, claim_jobs_v2.queues, claim_jobs_v2.handlers,
+            claim_jobs_v2.lease_seconds, claim_jobs_v2.free_slots, claim_jobs_v2.max_jobs,
+            claim_jobs_v2.handler_max_attempts, claim_jobs_v2.handler_queues,
+            claim_jobs_v2.max_running, claim_jobs_v2.max_running_per_key)
+    LOOP
+        id := claimed.id; queue := claimed.queue; handler := claimed.handler;
+        payload := claimed.payload; priority := claimed.priority;
+        attempts := claimed.attempts; max_attempts := claimed.max_attempts;
+        lease_token := claimed.lease_token; checkpoint := claimed.checkpoint;
+        run_at := claimed.run_at; created_at := claimed.created_at;
+        locked_until := claimed.locked_until; rescued := claimed.rescued;
+        SELECT j.timeout_seconds, j.parents_unfinished IS NOT NULL
+          INTO timeout_seconds, has_parents
+          FROM @schema@.jobs j WHERE j.id = claimed.id;
+        parents := NULL;
+        IF has_parents THEN
+            -- {"<parent id>": its result (null unless it completed, or if pruned)}
+            SELECT jsonb_object_agg(p.parent_id::text, pj.result) INTO parents
+              FROM @schema@.job_parents p
+              LEFT JOIN @schema@.jobs pj ON pj.id = p.parent_id
+             WHERE p.child_id = claimed.id;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+COMMENT ON FUNCTION @schema@.claim_jobs_v2(text, text[], text[], float8[], integer[],
+                                           integer, integer[], jsonb, integer[], integer[]) IS
+    'claim_jobs, ending jobs past their expires_at first, with each job''s own timeout and '
+    'its parents'' results (schema 27): what the daemon calls. docs/reference/sql-api.md.';
+
+REVOKE EXECUTE ON FUNCTION
+    @schema@.claim_jobs_v2(text, text[], text[], float8[], integer[], integer, integer[],
+                           jsonb, integer[], integer[])
+    FROM PUBLIC;

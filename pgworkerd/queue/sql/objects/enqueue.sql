@@ -656,3 +656,442 @@ REVOKE EXECUTE ON FUNCTION @schema@.enqueue_many_v2(jsonb) FROM PUBLIC;
 
 REVOKE EXECUTE ON FUNCTION @schema@.enqueue_v2(text, jsonb, text, integer, timestamptz, interval,
                                                integer, text, text) FROM PUBLIC;
+
+-- Dependencies and deadlines (0027, issue 24): enqueue_many_v3 and enqueue_v3.
+
+-- What is wrong with the keys enqueue_many_v3 adds to a job object (job `n` of `jobs`,
+-- 1-based), or NULL when nothing is: an unknown key (listing every key v3 knows), then
+--   after: an array of job ids (integers from 1), the parents named by id;
+--   after_index: an array of 0-based positions of jobs EARLIER in the same call (a job
+--     cannot wait for itself or a later one, so no call can make a cycle), none of them
+--     a job with a dedupe_key (a dedupe hit would make the parent another, older job);
+--   at most 1,000 parents in all (after and after_index together);
+--   on_parent_failure: "cancel" (the default), "run" or "hold", only with parents;
+--   no dedupe_key with parents (a waiting job is not in the dedupe index);
+--   expires_at (a timestamp, in the future, before 9000-01-01) or expire_in (an interval
+--     or a number of seconds, above 0, at most 100 years), not both, and not before the
+--     job's run_at (it could never start);
+--   timeout: a number of seconds or an interval, above 0, at most 365 days.
+-- Called only for the jobs that carry one of those keys (or an unknown one).
+CREATE FUNCTION @schema@.job_extras_problem(e jsonb, n bigint, jobs jsonb)
+RETURNS text
+LANGUAGE plpgsql
+STABLE
+SET search_path = pg_catalog, pg_temp
+SET intervalstyle = 'postgres'
+AS $$
+DECLARE
+    known_keys constant text[] :=
+        '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key,concurrency_key,'
+        'after,after_index,on_parent_failure,expires_at,expire_in,timeout}';
+    max_parents constant integer := 1000;
+    parents integer := 0;
+    item jsonb;
+    expires timestamptz;
+    starts timestamptz;
+    seconds float8;
+BEGIN
+    IF e - known_keys <> '{}' THEN
+        RETURN 'unknown key "' || (SELECT k FROM jsonb_object_keys(e - known_keys) k LIMIT 1)
+               || '" (known: ' || array_to_string(known_keys, ', ') || ')';
+    END IF;
+    IF e ? 'after' AND jsonb_typeof(e->'after') <> 'null' THEN
+        IF jsonb_typeof(e->'after') <> 'array' THEN
+            RETURN 'after must be an array of job ids, not ' || jsonb_typeof(e->'after');
+        END IF;
+        parents := jsonb_array_length(e->'after');
+        IF parents > max_parents THEN
+            RETURN 'a job may have at most ' || max_parents || ' parents, not ' || parents;
+        END IF;
+        FOR item IN SELECT x FROM jsonb_array_elements(e->'after') x LOOP
+            IF (CASE WHEN jsonb_typeof(item) <> 'number' THEN true
+                     ELSE item::text::numeric % 1 <> 0
+                          OR item::text::numeric NOT BETWEEN 1 AND 9223372036854775807 END)
+            THEN
+                RETURN 'after must hold job ids (integers from 1), not '
+                       || left(item::text, 100);
+            END IF;
+        END LOOP;
+    END IF;
+    IF e ? 'after_index' AND jsonb_typeof(e->'after_index') <> 'null' THEN
+        IF jsonb_typeof(e->'after_index') <> 'array' THEN
+            RETURN 'after_index must be an array of positions of earlier jobs, not '
+                   || jsonb_typeof(e->'after_index');
+        END IF;
+        parents := parents + jsonb_array_length(e->'after_index');
+        IF parents > max_parents THEN
+            RETURN 'a job may have at most ' || max_parents || ' parents, not ' || parents;
+        END IF;
+        FOR item IN SELECT x FROM jsonb_array_elements(e->'after_index') x LOOP
+            IF (CASE WHEN jsonb_typeof(item) <> 'number' THEN true
+                     ELSE item::text::numeric % 1 <> 0 END) THEN
+                RETURN 'after_index must hold 0-based positions of jobs in this call, not '
+                       || left(item::text, 100);
+            END IF;
+            IF item::text::numeric NOT BETWEEN 0 AND n - 2 THEN
+                RETURN 'after_index may name only jobs earlier in the call (positions 0 to '
+                       || (n - 2) || ' for job ' || n || '), not ' || item::text
+                       || ': a job cannot wait for itself or a later job';
+            END IF;
+            IF jobs->(item::text::integer) ? 'dedupe_key'
+               AND jsonb_typeof(jobs->(item::text::integer)->'dedupe_key') <> 'null' THEN
+                RETURN 'after_index names job ' || (item::text::integer + 1)
+                       || ', which has a dedupe_key: a parent in the same call cannot have one';
+            END IF;
+        END LOOP;
+    END IF;
+    IF e ? 'on_parent_failure' AND jsonb_typeof(e->'on_parent_failure') <> 'null' THEN
+        IF NOT (jsonb_typeof(e->'on_parent_failure') = 'string'
+                AND e->>'on_parent_failure' IN ('cancel', 'run', 'hold')) THEN
+            RETURN 'on_parent_failure must be "cancel", "run" or "hold", not '
+                   || left((e->'on_parent_failure')::text, 100);
+        END IF;
+        IF parents = 0 THEN
+            RETURN 'on_parent_failure needs parents (after or after_index)';
+        END IF;
+    END IF;
+    IF parents > 0 AND jsonb_typeof(e->'dedupe_key') = 'string' THEN
+        RETURN 'a job with parents cannot have a dedupe_key';
+    END IF;
+    IF jsonb_typeof(e->'expires_at') IS NOT NULL AND jsonb_typeof(e->'expires_at') <> 'null' THEN
+        IF jsonb_typeof(e->'expire_in') IS NOT NULL AND jsonb_typeof(e->'expire_in') <> 'null' THEN
+            RETURN 'give expires_at or expire_in, not both';
+        END IF;
+        IF jsonb_typeof(e->'expires_at') <> 'string'
+           OR NOT @schema@.readable(e->>'expires_at', 'timestamptz') THEN
+            RETURN 'expires_at must be a timestamp with a time zone (such as '
+                   || '2030-01-01T09:00:00Z), not ' || left((e->'expires_at')::text, 100);
+        END IF;
+        expires := (e->>'expires_at')::timestamptz;
+        IF NOT isfinite(expires) OR expires >= '9000-01-01 00:00+00'::timestamptz THEN
+            RETURN 'expires_at must be before 9000-01-01 UTC, not ' || (e->>'expires_at');
+        END IF;
+        IF expires <= now() THEN
+            RETURN 'expires_at is in the past (' || (e->>'expires_at')
+                   || '): the job could never start';
+        END IF;
+    ELSIF jsonb_typeof(e->'expire_in') IS NOT NULL AND jsonb_typeof(e->'expire_in') <> 'null' THEN
+        IF jsonb_typeof(e->'expire_in') NOT IN ('string', 'number')
+           OR NOT @schema@.readable(e->>'expire_in', 'interval') THEN
+            RETURN 'expire_in must be an interval (such as "1 hour") or seconds, not '
+                   || left((e->'expire_in')::text, 100);
+        END IF;
+        IF NOT ((e->>'expire_in')::interval > interval '0'
+                AND (e->>'expire_in')::interval <= interval '100 years'
+                AND extract(year FROM (e->>'expire_in')::interval) BETWEEN 0 AND 100
+                AND extract(day FROM (e->>'expire_in')::interval) BETWEEN 0 AND 36525) THEN
+            RETURN 'expire_in must be above 0 and at most 100 years, not ' || (e->>'expire_in');
+        END IF;
+        expires := now() + (e->>'expire_in')::interval;
+    END IF;
+    IF expires IS NOT NULL THEN
+        -- run_at and delay are checked by enqueue_valid; here only when they are readable
+        starts := CASE
+            WHEN jsonb_typeof(e->'run_at') = 'string'
+                 AND @schema@.readable(e->>'run_at', 'timestamptz')
+                THEN (e->>'run_at')::timestamptz
+            WHEN jsonb_typeof(e->'delay') IN ('string', 'number')
+                 AND @schema@.readable(e->>'delay', 'interval')
+                 AND (e->>'delay')::interval BETWEEN '-4000 years' AND '8000 years'
+                THEN now() + (e->>'delay')::interval END;
+        IF starts >= expires THEN
+            RETURN 'expires at ' || expires || ', not after its run_at ' || starts
+                   || ': the job could never start';
+        END IF;
+    END IF;
+    IF jsonb_typeof(e->'timeout') IS NOT NULL AND jsonb_typeof(e->'timeout') <> 'null' THEN
+        IF jsonb_typeof(e->'timeout') = 'number' THEN
+            seconds := (e->>'timeout')::float8;
+        ELSIF jsonb_typeof(e->'timeout') = 'string'
+              AND @schema@.readable(e->>'timeout', 'interval')
+              AND (e->>'timeout')::interval BETWEEN '-1000 years' AND '1000 years' THEN
+            seconds := extract(epoch FROM (e->>'timeout')::interval);
+        ELSE
+            RETURN 'timeout must be seconds or an interval (such as "2 hours"), not '
+                   || left((e->'timeout')::text, 100);
+        END IF;
+        IF NOT (seconds > 0 AND seconds <= 31536000) THEN
+            RETURN 'timeout must be above 0 and at most 365 days, not ' || (e->>'timeout');
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+-- The timeout of a job object, in seconds (checked by job_extras_problem), NULL: none.
+CREATE FUNCTION @schema@.job_timeout_seconds(e jsonb)
+RETURNS float8
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT CASE jsonb_typeof(e->'timeout')
+               WHEN 'number' THEN (e->>'timeout')::float8
+               WHEN 'string' THEN extract(epoch FROM (e->>'timeout')::interval)::float8 END;
+END;
+
+-- enqueue_many_v2 with dependencies and deadlines: the same bounds, messages, dedupe and
+-- notifications, and each job object may also carry
+--   "after": [job ids]          parents named by id (jobs the caller may read: its own
+--                               login's, or any with SELECT on jobs), at most 1,000;
+--   "after_index": [positions]  parents earlier in the same call, 0-based;
+--   "on_parent_failure": "cancel" | "run" | "hold"  (job_parents.sql says what each does);
+--   "expires_at": timestamptz | "expire_in": interval or seconds  (not started after it);
+--   "timeout": seconds or interval  (overrides the handler's timeout for this job).
+-- A job with a parent that has not finished is inserted 'waiting'; one whose parents all
+-- completed already is pending at once; one with a parent already dead or cancelled
+-- follows its policy at once (cancelled, pending, or held). Every refusal (unknown or
+-- unreadable parent id, a pruned one, a later or own position, over 1,000 parents, a bad
+-- deadline) is SQLSTATE 22023 naming the job, and nothing is written.
+-- The parents' rows stay locked (FOR NO KEY UPDATE) until the caller's transaction ends,
+-- so a parent cannot finish unseen between this check and the child's commit: keep a
+-- transaction that enqueues children short.
+CREATE FUNCTION @schema@.enqueue_many_v3(jobs jsonb)
+RETURNS bigint[]
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET intervalstyle = 'postgres'
+AS $$
+DECLARE
+    extras constant text[] :=
+        '{after,after_index,on_parent_failure,expires_at,expire_in,timeout}';
+    v2_keys constant text[] :=
+        '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key,concurrency_key}';
+    total integer;
+    ids bigint[];
+    queues text[];
+    parent_ids bigint[];
+    readable_ids bigint[];
+    missing bigint;
+    bad record;
+    problem text;
+BEGIN
+    IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
+        RAISE EXCEPTION 'pgworkerd: enqueue_many expects a JSON array of job objects'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    total := jsonb_array_length(jobs);
+    IF total = 0 THEN
+        RETURN '{}';
+    END IF;
+    IF EXISTS (SELECT FROM @schema@.enqueue_bounds) THEN
+        PERFORM @schema@.enqueue_bounds_check(jobs);
+    END IF;
+    -- the keys v3 adds, checked for the jobs that carry one (or an unknown key)
+    FOR bad IN SELECT t.e, t.n FROM jsonb_array_elements(jobs) WITH ORDINALITY AS t(e, n)
+                WHERE jsonb_typeof(t.e) = 'object'
+                  AND (t.e ?| extras OR t.e - v2_keys - extras <> '{}')
+                ORDER BY t.n LOOP
+        problem := @schema@.job_extras_problem(bad.e, bad.n, jobs);
+        IF problem IS NOT NULL THEN
+            RAISE EXCEPTION 'pgworkerd: job % of %: %', bad.n, total, problem
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END LOOP;
+
+    -- Parents named by id: each must be a job the caller may read (as job_get_v1), else
+    -- it is unknown (never enqueued, pruned, or another login's: which of these is not
+    -- said). Their rows are locked in id order (two enqueues naming the same parents
+    -- never deadlock) and marked has_children; the mark is written even when it is
+    -- already set, so that a finisher in REPEATABLE READ that did not see this child
+    -- fails to serialise instead of missing it (a lock alone would not stop it).
+    SELECT array_agg(DISTINCT p.id::numeric::bigint) INTO parent_ids
+      FROM jsonb_array_elements(jobs) AS t(e),
+           jsonb_array_elements_text(CASE WHEN jsonb_typeof(t.e) = 'object'
+                                               AND jsonb_typeof(t.e->'after') = 'array'
+                                          THEN t.e->'after' END) AS p(id);
+    IF parent_ids IS NOT NULL THEN
+        SELECT array_agg(l.id) INTO readable_ids
+          FROM (SELECT j.id FROM @schema@.jobs j
+                 WHERE j.id = ANY (parent_ids)
+                   AND (j.enqueued_by = session_user
+                        OR has_any_column_privilege(session_user, '@schema@.jobs', 'SELECT'))
+                 ORDER BY j.id
+                   FOR NO KEY UPDATE) AS l;
+        SELECT p INTO missing FROM unnest(parent_ids) p
+         WHERE p <> ALL (coalesce(readable_ids, '{}')) ORDER BY p LIMIT 1;
+        IF missing IS NOT NULL THEN
+            SELECT t.n INTO bad FROM jsonb_array_elements(jobs) WITH ORDINALITY AS t(e, n)
+             WHERE jsonb_typeof(t.e->'after') = 'array' AND t.e->'after' @> to_jsonb(missing)
+             ORDER BY t.n LIMIT 1;
+            RAISE EXCEPTION 'pgworkerd: job % of %: after names job %, which does not exist '
+                            '(never enqueued, or pruned) or is not readable by this login',
+                            bad.n, total, missing
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+        UPDATE @schema@.jobs j SET has_children = true WHERE j.id = ANY (parent_ids);
+    END IF;
+
+    WITH raw AS MATERIALIZED (
+        SELECT n, e, CASE WHEN jsonb_typeof(e) = 'object' THEN e - 'concurrency_key' - extras
+                          ELSE e END AS rest,
+               CASE WHEN jsonb_typeof(e->'after') = 'array' THEN e->'after' END AS after,
+               CASE WHEN jsonb_typeof(e->'after_index') = 'array'
+                    THEN e->'after_index' END AS after_index
+        FROM jsonb_array_elements(jobs) WITH ORDINALITY AS t(e, n)
+    ), referenced AS (
+        -- the positions some later job of the call waits for (0-based)
+        SELECT DISTINCT x::integer AS position
+          FROM raw, jsonb_array_elements_text(raw.after_index) AS x
+    ), counted AS MATERIALIZED (
+        SELECT raw.*,
+               coalesce(jsonb_array_length(after), 0)
+                 + coalesce(jsonb_array_length(after_index), 0) > 0 AS has_parents,
+               CASE WHEN after IS NULL THEN 0 ELSE
+                   (SELECT count(*) FROM @schema@.jobs pj
+                     WHERE pj.id IN (SELECT x::numeric::bigint
+                                       FROM jsonb_array_elements_text(after) x)
+                       AND pj.status NOT IN ('completed', 'dead', 'cancelled')) END
+               + CASE WHEN after_index IS NULL THEN 0 ELSE
+                   (SELECT count(DISTINCT x) FROM jsonb_array_elements_text(after_index) x)
+                 END AS unfinished,
+               CASE WHEN after IS NULL THEN 0 ELSE
+                   (SELECT count(*) FROM @schema@.jobs pj
+                     WHERE pj.id IN (SELECT x::numeric::bigint
+                                       FROM jsonb_array_elements_text(after) x)
+                       AND pj.status IN ('dead', 'cancelled')) END AS failed
+          FROM raw
+    ), input AS MATERIALIZED (
+        SELECT n, after, after_index, nextval('@schema@.jobs_id_seq') AS new_id,
+               coalesce(e->>'queue', 'default') AS queue,
+               CASE WHEN @schema@.enqueue_valid(rest)
+                         AND coalesce(jsonb_typeof(e->'concurrency_key'), 'null')
+                             IN ('string', 'null')
+                         AND @schema@.concurrency_key_problem(e->>'concurrency_key') IS NULL
+               THEN e->>'handler'
+               ELSE @schema@.enqueue_reject_v2(
+                   CASE WHEN jsonb_typeof(e) = 'object' THEN e - extras ELSE e END, n, total)
+               END AS handler,
+               coalesce(e->'payload', '{}') AS payload,
+               coalesce((e->>'priority')::numeric::integer, 0) AS priority,
+               coalesce((e->>'run_at')::timestamptz,
+                        now() + coalesce((e->>'delay')::interval, interval '0')) AS run_at,
+               coalesce((e->>'max_attempts')::numeric::integer, 5) AS max_attempts,
+               e->>'dedupe_key' AS dedupe_key,
+               e->>'concurrency_key' AS concurrency_key,
+               CASE WHEN NOT has_parents THEN 'pending'
+                    WHEN unfinished = 0
+                         AND (failed = 0 OR e->>'on_parent_failure' = 'run') THEN 'pending'
+                    ELSE 'waiting' END::@schema@.job_status AS status,
+               CASE WHEN has_parents THEN unfinished END AS parents_unfinished,
+               CASE WHEN has_parents THEN failed END AS parents_failed,
+               CASE WHEN has_parents THEN coalesce(e->>'on_parent_failure', 'cancel')
+                    END AS on_parent_failure,
+               (n - 1) IN (SELECT position FROM referenced) AS has_children,
+               coalesce((e->>'expires_at')::timestamptz,
+                        now() + (e->>'expire_in')::interval) AS expires_at,
+               @schema@.job_timeout_seconds(e) AS timeout_seconds
+        FROM counted
+    ), inserted AS (
+        INSERT INTO @schema@.jobs AS j
+            (id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key,
+             concurrency_key, status, parents_unfinished, parents_failed, on_parent_failure,
+             has_children, expires_at, timeout_seconds)
+        SELECT new_id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key,
+               concurrency_key, status, parents_unfinished, parents_failed,
+               on_parent_failure, has_children, expires_at, timeout_seconds
+        FROM input
+        ORDER BY n
+        ON CONFLICT (dedupe_key, handler)
+            WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
+            DO NOTHING
+        RETURNING j.id, j.handler, j.dedupe_key
+    ), edges AS (
+        INSERT INTO @schema@.job_parents (child_id, parent_id)
+        SELECT c.new_id, x::numeric::bigint
+          FROM input c, jsonb_array_elements_text(c.after) AS x
+        UNION
+        SELECT c.new_id, p.new_id
+          FROM input c, jsonb_array_elements_text(c.after_index) AS x
+          JOIN input p ON p.n = x::integer + 1
+    )
+    SELECT array_agg(coalesce(
+               ins.id,
+               (SELECT min(i2.id) FROM inserted i2
+                 WHERE i2.handler = input.handler AND i2.dedupe_key = input.dedupe_key),
+               (SELECT ex.id FROM @schema@.jobs ex
+                 WHERE ex.handler = input.handler AND ex.dedupe_key = input.dedupe_key
+                   AND ex.status IN ('pending', 'running')))
+           ORDER BY input.n),
+           array_agg(DISTINCT input.queue)
+      INTO ids, queues
+      FROM input LEFT JOIN inserted ins ON ins.id = input.new_id;
+
+    IF array_position(ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION 'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
+            USING ERRCODE = 'serialization_failure';
+    END IF;
+
+    -- A parent that had already ended dead or cancelled cancels a child whose policy says
+    -- so, now: through an UPDATE, so that the child's own children in this call see it
+    -- (jobs_children_resolved) and its waiters hear it (jobs_notify_finished).
+    IF parent_ids IS NOT NULL THEN
+        UPDATE @schema@.jobs c
+           SET status = 'cancelled', finished_at = now(),
+               last_error = 'cancelled: parent job '
+                   || (SELECT min(pj.id) FROM @schema@.job_parents p
+                         JOIN @schema@.jobs pj ON pj.id = p.parent_id
+                        WHERE p.child_id = c.id AND pj.status IN ('dead', 'cancelled'))
+                   || ' had ended dead or cancelled before it was enqueued'
+         WHERE c.id = ANY (ids) AND c.status = 'waiting' AND c.parents_failed > 0
+           AND c.on_parent_failure = 'cancel';
+    END IF;
+
+    PERFORM pg_notify(@schema_literal@ || '.jobs', q) FROM unnest(queues) AS q;
+    RETURN ids;
+END;
+$$;
+
+-- Enqueue one job with dependencies or deadlines: enqueue_v2's arguments, then after (job
+-- ids), on_parent_failure, expires_at or expire_in, and timeout; one job of
+-- enqueue_many_v3 (the same checks and messages, "job 1 of 1: ...").
+CREATE FUNCTION @schema@.enqueue_v3(
+    handler text,
+    payload jsonb DEFAULT '{}',
+    queue text DEFAULT 'default',
+    priority integer DEFAULT 0,
+    run_at timestamptz DEFAULT NULL,
+    delay interval DEFAULT NULL,
+    max_attempts integer DEFAULT 5,
+    dedupe_key text DEFAULT NULL,
+    concurrency_key text DEFAULT NULL,
+    after bigint[] DEFAULT NULL,
+    on_parent_failure text DEFAULT NULL,
+    expires_at timestamptz DEFAULT NULL,
+    expire_in interval DEFAULT NULL,
+    timeout interval DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET intervalstyle = 'postgres'
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF cardinality(enqueue_v3.after) > 1000 THEN
+        -- refused before a JSON array of that size is built
+        RAISE EXCEPTION 'pgworkerd: job 1 of 1: a job may have at most 1000 parents, not %',
+            cardinality(enqueue_v3.after)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN (@schema@.enqueue_many_v3(jsonb_build_array(
+        jsonb_build_object('payload', enqueue_v3.payload)
+        || jsonb_strip_nulls(jsonb_build_object(
+            'handler', enqueue_v3.handler, 'queue', enqueue_v3.queue,
+            'priority', enqueue_v3.priority, 'run_at', enqueue_v3.run_at,
+            'delay', enqueue_v3.delay::text, 'max_attempts', enqueue_v3.max_attempts,
+            'dedupe_key', enqueue_v3.dedupe_key,
+            'concurrency_key', enqueue_v3.concurrency_key,
+            'after', to_jsonb(enqueue_v3.after),
+            'on_parent_failure', enqueue_v3.on_parent_failure,
+            'expires_at', enqueue_v3.expires_at,
+            'expire_in', enqueue_v3.expire_in::text,
+            'timeout', enqueue_v3.timeout::text)))))[1];
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.enqueue_many_v3(jsonb) FROM PUBLIC;
+
+REVOKE EXECUTE ON FUNCTION @schema@.enqueue_v3(text, jsonb, text, integer, timestamptz, interval,
+                                               integer, text, text, bigint[], text,
+                                               timestamptz, interval, interval) FROM PUBLIC;

@@ -45,6 +45,26 @@ CREATE TABLE @schema@.jobs (
     -- reads and waits for its own jobs (job_get_v1) and no one else's. NULL for jobs
     -- enqueued before schema 18 (migration 0018 leaves them so: no enqueuer reads them).
     enqueued_by      text DEFAULT session_user,
+    -- Dependencies (0027, job_parents.sql). A job that names parents (enqueue's "after")
+    -- counts those not finished yet and those that ended dead or cancelled; NULL for a
+    -- job without parents. Its status is 'waiting' until the count reaches 0.
+    parents_unfinished integer,
+    parents_failed   integer,
+    -- What a parent ending dead or cancelled does to this job: 'cancel' it (the default),
+    -- 'run' it anyway, or 'hold' it (waiting) for an operator; NULL without parents.
+    on_parent_failure text
+                     CONSTRAINT jobs_on_parent_failure_known
+                     CHECK (on_parent_failure IN ('cancel', 'run', 'hold')),
+    -- Some job names this one as a parent: its status changes resolve those children
+    -- (trigger jobs_children_resolved). False for every other job, so that finishing a
+    -- job without children costs what it did.
+    has_children     boolean NOT NULL DEFAULT false,
+    -- Deadlines chosen at enqueue (0027): not started after expires_at (NULL: whenever),
+    -- and a per-job timeout in seconds that overrides the handler's (NULL: the handler's).
+    expires_at       timestamptz,
+    timeout_seconds  double precision
+                     CONSTRAINT jobs_timeout_seconds_positive
+                     CHECK (timeout_seconds > 0 AND timeout_seconds <= 31536000),
     CONSTRAINT jobs_queue_not_empty CHECK (queue <> ''),
     CONSTRAINT jobs_handler_not_empty CHECK (handler <> ''),
     CONSTRAINT jobs_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),
@@ -119,6 +139,11 @@ CREATE INDEX jobs_cancelled_finished_at_idx ON @schema@.jobs (finished_at)
 
 CREATE INDEX jobs_dead_finished_at_idx ON @schema@.jobs (finished_at)
     WHERE status = 'dead';
+
+-- Pending jobs with a deadline (0027), for claim_jobs_v2's end of expired jobs: only jobs
+-- that have one are in it.
+CREATE INDEX jobs_pending_expires_idx ON @schema@.jobs (expires_at)
+    WHERE status = 'pending' AND expires_at IS NOT NULL;
 
 -- Triggers, each after its function.
 

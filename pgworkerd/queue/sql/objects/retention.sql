@@ -105,6 +105,8 @@ BEGIN
         RETURN;  -- the counts stay NULL: another daemon is pruning
     END IF;
 
+    -- A parent stays while one of its children has not finished (schema 27): the child
+    -- reads its parents' results at each claim, and show and explain name them.
     -- One statement per status, its status written out: only a literal lets the planner
     -- use that status's partial index (a parameter could be any status). The ids first
     -- (ARRAY), then the delete by primary key: never a join that reads the whole table.
@@ -115,6 +117,7 @@ BEGIN
                    SELECT id FROM @schema@.jobs
                     WHERE status = 'completed'
                       AND finished_at < now() - make_interval(secs => p_completed)
+                      AND NOT (has_children AND @schema@.job_children_unfinished(id))
                     ORDER BY finished_at
                     LIMIT p_batch - deleted
                     FOR UPDATE SKIP LOCKED));
@@ -127,6 +130,7 @@ BEGIN
                    SELECT id FROM @schema@.jobs
                     WHERE status = 'cancelled'
                       AND finished_at < now() - make_interval(secs => p_cancelled)
+                      AND NOT (has_children AND @schema@.job_children_unfinished(id))
                     ORDER BY finished_at
                     LIMIT p_batch - deleted
                     FOR UPDATE SKIP LOCKED));
@@ -139,6 +143,7 @@ BEGIN
                    SELECT id FROM @schema@.jobs
                     WHERE status = 'dead'
                       AND finished_at < now() - make_interval(secs => p_dead)
+                      AND NOT (has_children AND @schema@.job_children_unfinished(id))
                     ORDER BY finished_at
                     LIMIT p_batch - deleted
                     FOR UPDATE SKIP LOCKED));

@@ -44,6 +44,17 @@ SELECT @schema@.enqueue_v2(
 -- only when one of the jobs has a key).
 SELECT @schema@.enqueue_many_v2(%(jobs)s::jsonb) AS ids;
 
+-- name: job_enqueue_many_v3
+-- job_enqueue_many whose job objects may carry dependencies and deadlines ("after",
+-- "after_index", "on_parent_failure", "expires_at"/"expire_in", "timeout": schema 27;
+-- used only when one of the jobs has one).
+SELECT @schema@.enqueue_many_v3(%(jobs)s::jsonb) AS ids;
+
+-- name: job_held_release
+-- An operator releases a job held after a parent failed (on_parent_failure hold): it
+-- runs once its parents have all finished. Returns its status after.
+SELECT @schema@.job_held_release(%(id)s::bigint) AS status;
+
 -- name: job_claim
 -- Claim up to %(limit)s due jobs for one worker, rescuing expired leases on the way, with
 -- claim_jobs (migration 0019), the claim every language uses: claim_v3's one statement
@@ -52,10 +63,12 @@ SELECT @schema@.enqueue_many_v2(%(jobs)s::jsonb) AS ids;
 -- (%(handler_queues)s: JSON, null for all), within its max_running and max_running_per_key
 -- (NULL: none). The columns are named as ClaimedJob's fields (queue/records.py; a test
 -- holds every record to its statement's columns by name).
+-- Through claim_jobs_v2 (schema 27): expired jobs end instead of starting, and each job's
+-- own timeout and its parents' results come along.
 SELECT c.id, c.queue, c.handler, c.payload, c.priority, c.attempts AS attempt,
        c.max_attempts, c.lease_token AS token, c.checkpoint, c.run_at, c.created_at,
-       c.locked_until, c.rescued
-  FROM @schema@.claim_jobs(
+       c.locked_until, c.rescued, c.timeout_seconds, c.parents
+  FROM @schema@.claim_jobs_v2(
     worker => %(worker)s::text, queues => %(queues)s::text[], handlers => %(handlers)s::text[],
     lease_seconds => %(lease_seconds)s::float8[], free_slots => %(handler_free)s::integer[],
     max_jobs => %(limit)s::integer, handler_max_attempts => %(max_attempts)s::integer[],
@@ -132,18 +145,20 @@ SELECT %(id)s::bigint AS id, 'dead' AS status
  WHERE buried;
 
 -- name: job_cancel
--- Cancel jobs by id: pending ones at once, running ones by request to their daemon.
+-- Cancel jobs by id: pending ones (and waiting ones: schema 27) at once, running ones by
+-- request to their daemon.
 WITH target AS (
     SELECT id FROM @schema@.jobs WHERE id = ANY(%(ids)s::bigint[]) FOR UPDATE
 ), cancelled AS (
     UPDATE @schema@.jobs j
-       SET status = CASE WHEN j.status = 'pending' THEN 'cancelled'
+       SET status = CASE WHEN j.status IN ('pending', 'waiting') THEN 'cancelled'
                          ELSE j.status END,
-           finished_at = CASE WHEN j.status = 'pending' THEN now() ELSE j.finished_at END,
+           finished_at = CASE WHEN j.status IN ('pending', 'waiting') THEN now()
+                              ELSE j.finished_at END,
            cancel_requested = (j.status = 'running'),
            updated_at = now()
       FROM target t
-     WHERE j.id = t.id AND j.status IN ('pending', 'running')
+     WHERE j.id = t.id AND j.status IN ('pending', 'waiting', 'running')
     RETURNING j.id, j.status
 )
 SELECT i.id,
@@ -158,9 +173,12 @@ SELECT i.id,
 -- name: job_retry
 -- Put dead or cancelled jobs back to pending with fresh attempts and fresh snoozes
 -- (a job dead from too many snoozes comes back able to snooze), selected by ids,
--- queue or handler (NULL filters match everything, but at least one is given).
+-- queue or handler (NULL filters match everything, but at least one is given). A job
+-- with parents not finished yet goes back to waiting for them (schema 27).
 UPDATE @schema@.jobs j
-   SET status = 'pending', attempts = 0, snoozes = 0, run_at = now(), finished_at = NULL,
+   SET status = CASE WHEN j.parents_unfinished > 0 THEN 'waiting'
+                     ELSE 'pending' END::@schema@.job_status,
+       attempts = 0, snoozes = 0, run_at = now(), finished_at = NULL,
        cancel_requested = false, updated_at = now()
  WHERE j.status IN ('dead', 'cancelled')
    AND (%(ids)s::bigint[] IS NULL OR j.id = ANY(%(ids)s::bigint[]))

@@ -112,6 +112,9 @@ UNION ALL (SELECT * FROM page WHERE status = 'dead'
 UNION ALL (SELECT * FROM page WHERE status = 'cancelled'
                   AND 'cancelled' = ANY(%(statuses)s::text[])
                 ORDER BY id DESC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'waiting'  -- schema 27: parents
+                  AND 'waiting' = ANY(%(statuses)s::text[])
+                ORDER BY id DESC LIMIT %(limit)s)
 ) p
  ORDER BY p.id DESC
  LIMIT %(limit)s;
@@ -146,6 +149,9 @@ UNION ALL (SELECT * FROM page WHERE status = 'dead'
                 ORDER BY id ASC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'cancelled'
                   AND 'cancelled' = ANY(%(statuses)s::text[])
+                ORDER BY id ASC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'waiting'  -- schema 27: parents
+                  AND 'waiting' = ANY(%(statuses)s::text[])
                 ORDER BY id ASC LIMIT %(limit)s)
 ) p
  ORDER BY p.id ASC
@@ -306,3 +312,22 @@ SELECT substr(CASE %(part)s::text WHEN 'head' THEN head WHEN 'tail' THEN tail EN
        omitted_bytes
   FROM @schema@.job_logs
  WHERE job_id = %(id)s AND lease_token = %(token)s;
+
+-- name: view_job_relatives
+-- A job's parents and children (schema 27) for show, explain and the dashboard: each
+-- with its status and handler (NULL status: a parent pruned since), parents first, each
+-- side in id order and at most %(limit)s long; `total` counts its side whole.
+(SELECT 'parent' AS side, p.parent_id AS id, j.status::text AS status, j.handler,
+        count(*) OVER () AS total
+   FROM @schema@.job_parents p
+   LEFT JOIN @schema@.jobs j ON j.id = p.parent_id
+  WHERE p.child_id = %(id)s
+  ORDER BY p.parent_id
+  LIMIT %(limit)s)
+UNION ALL
+(SELECT 'child', c.child_id, j.status::text, j.handler, count(*) OVER ()
+   FROM @schema@.job_parents c
+   LEFT JOIN @schema@.jobs j ON j.id = c.child_id
+  WHERE c.parent_id = %(id)s
+  ORDER BY c.child_id
+  LIMIT %(limit)s);

@@ -1,0 +1,160 @@
+"""Dependencies and deadlines with real daemons (docs/guide/dependencies.md): chains and
+fan-ins run in order, a parent's failure applies each policy, the resolution survives a
+kill -9 of the daemon right after the parent's completion, a job's own timeout and
+expiry hold. The SQL side (concurrent finishes, hostile input): tests/integration/
+test_dependencies_sql.py."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from daemon_harness import Daemons, Db
+
+from pgworkerd import client
+from pgworkerd.client import JobSpec
+
+WORK = {"target": "jobhandlers:work"}
+PARENTS = {"target": "jobhandlers:parents"}
+
+
+def execution(db: Db, job_id: int) -> dict:
+    [row] = db.executions(job_id)
+    return row
+
+
+def test_a_chain_runs_in_order(daemons: Daemons, db: Db) -> None:
+    daemons.start({"work": WORK}, {"slots": 3})
+    a = JobSpec("work", {"seconds": 0.5})
+    b = JobSpec("work", {"seconds": 0.3}, after=[a])
+    c = JobSpec("work", {"seconds": 0.1}, after=[b])
+    ids = client.enqueue_many(db.conn, [a, b, c], schema=db.schema)
+    for job_id in ids:
+        assert db.wait_status(job_id, "completed", "dead", "cancelled")["status"] == "completed"
+    ea, eb, ec = (execution(db, j) for j in ids)
+    assert ea["ended_at"] <= eb["started_at"]
+    assert eb["ended_at"] <= ec["started_at"]
+
+
+def test_a_fan_in_child_starts_after_its_last_parent_and_reads_their_results(
+    daemons: Daemons, db: Db
+) -> None:
+    daemons.start({"work": WORK, "parents": PARENTS}, {"slots": 4})
+    parents = [
+        db.enqueue("work", {"seconds": s, "result": {"n": n}})
+        for n, s in enumerate((0.2, 0.6, 1.2))
+    ]
+    child = db.enqueue("parents", after=parents)
+    row = db.wait_status(child, "completed", "dead", "cancelled")
+    assert row["status"] == "completed"
+    assert row["result"] == {"parents": {str(p): {"n": n} for n, p in enumerate(parents)}}
+    last_end = max(execution(db, p)["ended_at"] for p in parents)
+    assert execution(db, child)["started_at"] >= last_end
+
+
+def test_a_dead_parent_applies_each_childs_policy(daemons: Daemons, db: Db) -> None:
+    daemons.start(
+        {"fail": {"target": "jobhandlers:fail", "max_attempts": 1}, "parents": PARENTS},
+        {"slots": 3},
+    )
+    parent = db.enqueue("fail")
+    cancel = db.enqueue("parents", after=[parent])
+    run = db.enqueue("parents", after=[parent], on_parent_failure="run")
+    hold = db.enqueue("parents", after=[parent], on_parent_failure="hold")
+    assert db.wait_status(parent, "dead", "completed")["status"] == "dead"
+    row = db.wait_status(cancel, "cancelled", "completed")
+    assert row["last_error"] == f"cancelled: parent job {parent} ended dead"
+    assert db.wait_status(run, "completed", "dead")["result"] == {"parents": {str(parent): None}}
+    assert db.job(hold)["status"] == "waiting"
+    explained = daemons.cli("explain", str(hold))
+    assert f"held for an operator: job {parent} ended dead" in explained.stdout
+    released = daemons.cli("release", str(hold))
+    assert released.returncode == 0, released.stderr
+    assert released.stdout.strip() == f"{hold}: released (pending)"
+    assert db.wait_status(hold, "completed", "dead")["status"] == "completed"
+    assert db.executions(cancel) == []
+
+
+def test_a_daemon_killed_right_after_a_parents_completion_still_releases_the_child(
+    daemons: Daemons, db: Db
+) -> None:
+    """The child is released in the transaction that completes its parent (a trigger),
+    not by a daemon afterwards: kill -9 of the daemon the moment the parent's completion
+    is committed leaves the child pending, and another daemon runs it."""
+    first = daemons.start({"work": WORK}, tag="A")
+    parent = db.enqueue("work", {"seconds": 0.3})
+    child = db.enqueue("work", {"seconds": 0}, after=[parent])
+    db.wait_status(parent, "completed")
+    first.send(signal.SIGKILL)
+    first.wait_exit()
+    row = db.job(child)
+    # pending (or already claimed by the killed daemon in the same breath: then its lease
+    # runs out and the next daemon rescues it)
+    assert row["status"] in ("pending", "running")
+    daemons.start({"work": WORK}, tag="B")
+    assert db.wait_status(child, "completed", "dead")["status"] == "completed"
+
+
+def test_a_jobs_own_timeout_overrides_its_handlers(daemons: Daemons, db: Db) -> None:
+    daemons.start({"work": {**WORK, "max_attempts": 1}})
+    job_id = db.enqueue("work", {"seconds": 60}, timeout=1)
+    row = db.wait_status(job_id, "dead", "completed")
+    assert row["status"] == "dead"
+    assert row["last_error"].startswith("timed out after 1s")
+
+
+def test_an_expired_job_is_never_started(daemons: Daemons, db: Db) -> None:
+    job_id = db.enqueue("work", expire_in=0.5)
+    fresh = db.enqueue("work", expire_in=3600)
+    db.wait_status(fresh, "pending")
+    time.sleep(1.0)
+    daemons.start({"work": WORK})
+    assert db.wait_status(fresh, "completed", "dead")["status"] == "completed"
+    row = db.wait_status(job_id, "cancelled")
+    assert row["last_error"].startswith("expired: not started by its expires_at")
+    assert db.executions(job_id) == []
+    assert "expired" in daemons.cli("explain", str(job_id)).stdout
+
+
+def test_the_cli_enqueues_children_and_shows_them(daemons: Daemons, db: Db) -> None:
+    first = daemons.cli("enqueue", "work", "--delay", "1h")
+    second = daemons.cli("enqueue", "work", "--delay", "1h")
+    parents = [int(first.stdout), int(second.stdout)]
+    made = daemons.cli(
+        "enqueue",
+        "work",
+        "--after",
+        str(parents[0]),
+        "--after",
+        str(parents[1]),
+        "--on-parent-failure",
+        "hold",
+        "--expire-in",
+        "1d",
+        "--timeout",
+        "90s",
+    )
+    assert made.returncode == 0, made.stderr
+    child = int(made.stdout)
+    row = db.job(child)
+    assert (row["status"], row["on_parent_failure"], row["timeout_seconds"]) == (
+        "waiting",
+        "hold",
+        90,
+    )
+    listed = daemons.cli("jobs", "--status", "waiting")
+    assert listed.returncode == 0, listed.stderr
+    assert str(child) in listed.stdout and str(parents[0]) not in listed.stdout
+    shown = daemons.cli("show", str(child)).stdout
+    assert f"parents: {parents[0]} pending work, {parents[1]} pending work" in shown
+    assert f"children: {child} waiting work" in daemons.cli("show", str(parents[0])).stdout
+    explained = daemons.cli("explain", str(child)).stdout
+    assert f"waiting for 2 of its parents to finish: {parents[0]} (pending)" in explained
+    bad = daemons.cli("enqueue", "work", "--after", "999999")
+    assert bad.returncode != 0
+    assert "after names job 999999, which does not exist" in bad.stderr
+    not_held = daemons.cli("release", str(child))
+    assert not_held.returncode == 1
+    assert f"{child}: job {child} is not held for an operator" in not_held.stdout
+    cancelled = daemons.cli("cancel", str(child))
+    assert cancelled.stdout.strip() == f"{child}: cancelled"

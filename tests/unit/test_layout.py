@@ -272,3 +272,27 @@ def test_a_handler_raising_through_the_package_face_loads_no_psycopg() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert not result.stdout.split(), result.stdout
+
+
+def test_the_version_is_declared_once() -> None:
+    """pgworkerd/version.py is the one place: pyproject.toml takes it at build time
+    (tests/acceptance/test_packaging.py checks the wheel's metadata), and the installed
+    command prints it, from a checkout's editable install too."""
+    import tomllib
+
+    from pgworkerd.version import __version__
+
+    with (PACKAGE_DIR.parent / "pyproject.toml").open("rb") as f:
+        pyproject = tomllib.load(f)
+    assert "version" not in pyproject["project"]
+    assert "version" in pyproject["project"]["dynamic"]
+    dynamic = pyproject["tool"]["setuptools"]["dynamic"]["version"]
+    assert dynamic == {"attr": "pgworkerd.version.__version__"}
+    shown = subprocess.run(
+        [str(Path(sys.executable).with_name("pgworkerd")), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (shown.returncode, shown.stdout) == (0, f"pgworkerd, version {__version__}\n")

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from daemon_harness import PGWORKERD
 from psycopg import sql
+from refusals import may_run, refused
 from roles_harness import ROLE_KINDS, ROLES_SQL, drop_roles, render_roles_sql
 
 import pgworkerd
@@ -26,7 +27,7 @@ from pgworkerd import client
 from pgworkerd.cli import ROLES_WITH_RIGHT
 from pgworkerd.devcluster.localpg import LocalPostgres, find_server_bindir
 from pgworkerd.queue import lease
-from pgworkerd.queue.queries import query, render
+from pgworkerd.queue.queries import render
 
 CLI_DIR = Path(__file__).resolve().parents[2] / "pgworkerd" / "cli"
 
@@ -118,7 +119,7 @@ def test_the_enqueuer_waits_for_and_reads_its_own_jobs_and_no_one_elses(
         assert pgworkerd.get(theirs, own, schema=schema) is None
         assert pgworkerd.get(theirs, other, schema=schema) is not None
         # and still no right on the table itself
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with refused(conn, schema):
             mine.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(schema, "jobs")))
 
         # wait() as the enqueuer: woken by the finish, returns the result
@@ -307,17 +308,6 @@ PROMISED = {
 }
 
 
-def may_run(c: psycopg.Connection, schema: str, statement: Statement) -> bool:
-    text, params = statement
-    rendered = query(text[6:], schema) if text.startswith("query:") else render(text, schema)
-    try:
-        with c.transaction(force_rollback=True), c.cursor() as cur:
-            cur.execute(rendered, params or None)
-    except psycopg.errors.InsufficientPrivilege:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("kind", list(PROMISED))
 def test_each_role_can_do_what_roles_sql_promises_and_no_more(
     roles: dict[str, str],
@@ -327,10 +317,12 @@ def test_each_role_can_do_what_roles_sql_promises_and_no_more(
 ) -> None:
     client.enqueue(conn, "h", schema=schema)  # job 1, so that the statements touch a row
     with as_role(roles, schema, kind) as c:
-        allowed = {name for name, st in STATEMENTS.items() if may_run(c, schema, st)}
+        allowed = {name for name, st in STATEMENTS.items() if may_run(c, schema, *st)}
     assert allowed == PROMISED[kind]
     # the owner can run every statement: a refusal above is about rights, not a typo
-    assert {name for name, st in STATEMENTS.items() if may_run(conn, schema, st)} == set(STATEMENTS)
+    assert {name for name, st in STATEMENTS.items() if may_run(conn, schema, *st)} == set(
+        STATEMENTS
+    )
 
 
 # -- roles.sql: no password, ever; runs again ----------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 import leasing
 import psycopg
 import pytest
+from clirun import invoke
 from daemon_harness import PGWORKERD
 from psycopg import sql
 from refusals import may_run, refused
@@ -523,13 +524,7 @@ def test_every_role_a_permission_error_names_can_run_the_command(
     for name in named:
         job = client.enqueue(conn, "h", schema=schema)
         dsn = roles[name.replace("pgworkerd_", f"{schema}_")]
-        proc = subprocess.run(
-            [str(PGWORKERD), "--dsn", dsn, "--schema", schema, *NEEDS_COMMANDS[needs](job)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        proc = invoke("--dsn", dsn, "--schema", schema, *NEEDS_COMMANDS[needs](job))
         assert proc.returncode == 0, (name, proc.stdout, proc.stderr)
     # (every role named for reading the schema version reads it: see the statements above)
     assert set(NEEDS_COMMANDS) == set(ROLES_WITH_RIGHT) - {

@@ -9,6 +9,7 @@ from pathlib import Path
 import leasing
 import psycopg
 import pytest
+from clirun import invoke
 from daemon_harness import PGWORKERD, Daemons, Db, wait_for
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
@@ -209,20 +210,7 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
         for command in (["cancel", str(later)], ["retry", str(crashed)]):
             proc = daemons.cli(*command)
             assert proc.returncode != 0 and "permission denied" in proc.stderr, command
-            proc = subprocess.run(
-                [
-                    str(PGWORKERD),
-                    "--dsn",
-                    roles[f"{schema}_operator"],
-                    "--schema",
-                    schema,
-                    *command,
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+            proc = invoke("--dsn", roles[f"{schema}_operator"], "--schema", schema, *command)
             assert proc.returncode == 0, (command, proc.stderr)
         assert db.job(later)["status"] == "cancelled"
         assert db.job(crashed)["status"] in ("pending", "running", "dead")

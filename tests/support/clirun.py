@@ -6,7 +6,9 @@ What the two ways share: the same click group (the console script calls it and n
 else), argv, exit codes (`sys.exit` in `fail`, click's usage errors), stdout and stderr
 apart, no stdin, no terminal, and the environment without the caller's PGWORKERD_*,
 libpq PG* and NOTIFY_SOCKET. An exception the command lets out becomes what Python prints
-for it, a traceback on stderr and exit 1, so that "no traceback" checks keep their meaning.
+for it, a traceback on stderr and exit 1, so that "no traceback" checks keep their meaning;
+a warning logged with no handler set up goes to stderr as Python's last resort sends it
+(pytest's log capture would otherwise take it).
 
 What needs the real process stays a subprocess (daemon_harness.PGWORKERD): the process
 title and argv (password masking), signals, a command that runs until stopped (`run`,
@@ -14,10 +16,13 @@ title and argv (password masking), signals, a command that runs until stopped (`
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
+import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 from click.testing import CliRunner
 
@@ -34,6 +39,29 @@ def _runner() -> CliRunner:
         return CliRunner()
 
 
+class _LastResort(logging.Handler):
+    """logging.lastResort's behaviour: the bare message on the stderr of the moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        sys.stderr.write(self.format(record) + "\n")
+
+
+@contextmanager
+def _warnings_to_stderr() -> Iterator[None]:
+    logger = logging.getLogger("pgworkerd")
+    if logger.handlers:  # set up by the test itself: leave it
+        yield
+        return
+    handler = _LastResort(logging.WARNING)
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = True
+
+
 def invoke(
     *args: str, env: Mapping[str, str] | None = None, clean: bool = True
 ) -> subprocess.CompletedProcess[str]:
@@ -44,9 +72,14 @@ def invoke(
         for k in os.environ
         if clean and (k.startswith(UNSET_PREFIXES) or k == "NOTIFY_SOCKET")
     }
-    result = _runner().invoke(
-        main, list(args), env={**cleared, **(env or {})}, catch_exceptions=True
-    )
+    with _warnings_to_stderr():
+        result = _runner().invoke(
+            main,
+            list(args),
+            env={**cleared, **(env or {})},
+            catch_exceptions=True,
+            prog_name="pgworkerd",  # as the console script names it in usage lines
+        )
     stderr = result.stderr
     code = result.exit_code
     if result.exception is not None and not isinstance(result.exception, SystemExit):

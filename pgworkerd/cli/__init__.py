@@ -24,6 +24,7 @@ from pgworkerd.exitcodes import ExitCode
 from pgworkerd.names import DEFAULT_SCHEMA, check_schema_name
 from pgworkerd.queue.db import DatabaseError, InvalidDsn, connect, scrub
 from pgworkerd.queue.migrate import SchemaError, check_current
+from pgworkerd.version import __version__
 
 
 class Context:
@@ -164,7 +165,7 @@ def database(
     type=click.Path(dir_okay=False),
     help="TOML config file [env PGWORKERD_CONFIG]",
 )
-@click.version_option(package_name="pgworkerd")
+@click.version_option(version=__version__, prog_name="pgworkerd")
 @click.pass_context
 def main(click_ctx: click.Context, dsn: str | None, schema: str, config_path: str | None) -> None:
     """pgworkerd: runs long background jobs stored in PostgreSQL."""

@@ -8,7 +8,7 @@ import socket
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import psycopg
 from psycopg.rows import dict_row
@@ -168,19 +168,12 @@ def wait_drained(
     Either way the leases bring the jobs back to the queue.
     """
     wanted = set(ids)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        gone = [
-            row
-            for row in registry.mark_stale(conn, registry.STALE_AFTER_SECONDS, schema)
-            if row[0] in wanted
-        ]
+
+    def look(gone: list[tuple[str, str, int]]) -> DrainProgress:
         busy = daemons_still_busy(conn, schema, wanted)
-        progress = DrainProgress(busy, sorted(j for d in busy for j in d["in_flight"]), gone)
-        on_progress(progress)
-        if progress.drained or (deadline is not None and time.monotonic() >= deadline):
-            return progress
-        time.sleep(interval)
+        return DrainProgress(busy, sorted(j for d in busy for j in d["in_flight"]), gone)
+
+    return _wait_for_daemons(conn, schema, wanted, look, timeout, on_progress, interval)
 
 
 @dataclass(frozen=True)
@@ -215,6 +208,34 @@ def wait_handed_back(
     no limit); silent daemons are marked gone and waited for no longer, as in
     wait_drained. Returns the last look (`drained` False: timed out)."""
     wanted = set(ids)
+
+    def look(gone: list[tuple[str, str, int]]) -> HandBackProgress:
+        rows = _rows(conn, "worker_hand_back_progress", schema, {"ids": sorted(wanted)})
+        return HandBackProgress([r for r in rows if not r["seen"] or r["running_jobs"]], gone)
+
+    return _wait_for_daemons(conn, schema, wanted, look, timeout, on_progress, interval)
+
+
+class _Progress(Protocol):
+    @property
+    def drained(self) -> bool: ...
+
+
+ProgressT = TypeVar("ProgressT", bound=_Progress)
+
+
+def _wait_for_daemons(
+    conn: psycopg.Connection,
+    schema: str,
+    wanted: set[str],
+    look: Callable[[list[tuple[str, str, int]]], ProgressT],
+    timeout: float | None,
+    on_progress: Callable[[ProgressT], None],
+    interval: float,
+) -> ProgressT:
+    """The loop of wait_drained and wait_handed_back: mark silent daemons gone (those of
+    `wanted` it marked go to `look`), look, report, and again every `interval` seconds
+    until the look says drained or `timeout` seconds passed (None: no limit)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         gone = [
@@ -222,8 +243,7 @@ def wait_handed_back(
             for row in registry.mark_stale(conn, registry.STALE_AFTER_SECONDS, schema)
             if row[0] in wanted
         ]
-        rows = _rows(conn, "worker_hand_back_progress", schema, {"ids": sorted(wanted)})
-        progress = HandBackProgress([r for r in rows if not r["seen"] or r["running_jobs"]], gone)
+        progress = look(gone)
         on_progress(progress)
         if progress.drained or (deadline is not None and time.monotonic() >= deadline):
             return progress

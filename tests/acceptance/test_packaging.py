@@ -76,7 +76,8 @@ def test_wheel_ships_the_deploy_files_and_the_license(dist: dict[str, Path]) -> 
         meta = email.message_from_bytes(whl.read(metadata))
         licenses = [n for n in names if "/licenses/" in n]
     # PEP 639: an SPDX expression and the license file itself
-    assert meta["Version"] == __version__  # pyproject.toml and pgworkerd/version.py agree
+    # pyproject.toml's version is dynamic: the build reads pgworkerd/version.py
+    assert meta["Version"] == __version__
     assert meta["License-Expression"] == "MIT"
     assert meta.get_all("License-File") == ["LICENSE"]
     assert meta["License"] is None  # the deprecated free-text field is gone
@@ -136,6 +137,8 @@ def test_pip_only_user_gets_the_files_from_the_command(
         capture_output=True, text=True, timeout=60, cwd=tmp_path, check=True,
     )  # fmt: skip
     assert where.stdout.startswith(str(target_site)), where.stdout
+    version = run("--version")
+    assert (version.returncode, version.stdout) == (0, f"pgworkerd, version {__version__}\n")
 
     listing = run("files")
     assert listing.returncode == 0, listing.stderr

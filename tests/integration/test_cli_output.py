@@ -1,6 +1,6 @@
 """Acceptance tier: what the operator's commands print when rows are hostile, when the
-role may not read, and the small things an operator trips over (the real `pgworkerd`
-command as a subprocess against the suite's PostgreSQL)."""
+role may not read, and the small things an operator trips over (the `pgworkerd` commands
+run in the test's process, tests/support/clirun.py, against the suite's PostgreSQL)."""
 
 from __future__ import annotations
 

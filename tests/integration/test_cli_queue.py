@@ -1,4 +1,5 @@
-"""Acceptance tier: the real `pgworkerd` command as a subprocess, with assertions on rows."""
+"""The `pgworkerd` commands, with assertions on rows: in the test's process (`Cli`,
+tests/support/clirun.py), and as the real command (`run`) where the process matters."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import leasing
 import psycopg
 import psycopg.rows
 import pytest
+from clirun import invoke
 from doctext import block_after
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
@@ -48,7 +50,8 @@ class Cli:
     conn: psycopg.Connection
 
     def __call__(self, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
-        proc = run("--dsn", self.dsn, "--schema", self.schema, *args)
+        # In process (tests/support/clirun.py): `run` for what needs the real process.
+        proc = invoke("--dsn", self.dsn, "--schema", self.schema, *args)
         assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
         assert "Traceback" not in proc.stderr
         return proc

@@ -17,8 +17,10 @@ from typing import Any
 import leasing
 import psycopg
 import pytest
+from clirun import invoke
 from daemon_harness import PGWORKERD
 from psycopg import sql
+from refusals import may_run, refused
 from roles_harness import ROLE_KINDS, ROLES_SQL, drop_roles, render_roles_sql
 
 import pgworkerd
@@ -26,7 +28,7 @@ from pgworkerd import client
 from pgworkerd.cli import ROLES_WITH_RIGHT
 from pgworkerd.devcluster.localpg import LocalPostgres, find_server_bindir
 from pgworkerd.queue import lease
-from pgworkerd.queue.queries import query, render
+from pgworkerd.queue.queries import render
 
 CLI_DIR = Path(__file__).resolve().parents[2] / "pgworkerd" / "cli"
 
@@ -118,7 +120,7 @@ def test_the_enqueuer_waits_for_and_reads_its_own_jobs_and_no_one_elses(
         assert pgworkerd.get(theirs, own, schema=schema) is None
         assert pgworkerd.get(theirs, other, schema=schema) is not None
         # and still no right on the table itself
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with refused(conn, schema):
             mine.execute(sql.SQL("SELECT * FROM {}").format(sql.Identifier(schema, "jobs")))
 
         # wait() as the enqueuer: woken by the finish, returns the result
@@ -333,17 +335,6 @@ PROMISED = {
 }
 
 
-def may_run(c: psycopg.Connection, schema: str, statement: Statement) -> bool:
-    text, params = statement
-    rendered = query(text[6:], schema) if text.startswith("query:") else render(text, schema)
-    try:
-        with c.transaction(force_rollback=True), c.cursor() as cur:
-            cur.execute(rendered, params or None)
-    except psycopg.errors.InsufficientPrivilege:
-        return False
-    return True
-
-
 @pytest.mark.parametrize("kind", list(PROMISED))
 def test_each_role_can_do_what_roles_sql_promises_and_no_more(
     roles: dict[str, str],
@@ -353,10 +344,12 @@ def test_each_role_can_do_what_roles_sql_promises_and_no_more(
 ) -> None:
     client.enqueue(conn, "h", schema=schema)  # job 1, so that the statements touch a row
     with as_role(roles, schema, kind) as c:
-        allowed = {name for name, st in STATEMENTS.items() if may_run(c, schema, st)}
+        allowed = {name for name, st in STATEMENTS.items() if may_run(c, schema, *st)}
     assert allowed == PROMISED[kind]
     # the owner can run every statement: a refusal above is about rights, not a typo
-    assert {name for name, st in STATEMENTS.items() if may_run(conn, schema, st)} == set(STATEMENTS)
+    assert {name for name, st in STATEMENTS.items() if may_run(conn, schema, *st)} == set(
+        STATEMENTS
+    )
 
 
 # -- roles.sql: no password, ever; runs again ----------------------------------------------
@@ -557,13 +550,7 @@ def test_every_role_a_permission_error_names_can_run_the_command(
     for name in named:
         job = client.enqueue(conn, "h", schema=schema)
         dsn = roles[name.replace("pgworkerd_", f"{schema}_")]
-        proc = subprocess.run(
-            [str(PGWORKERD), "--dsn", dsn, "--schema", schema, *NEEDS_COMMANDS[needs](job)],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        proc = invoke("--dsn", dsn, "--schema", schema, *NEEDS_COMMANDS[needs](job))
         assert proc.returncode == 0, (name, proc.stdout, proc.stderr)
     # (every role named for reading the schema version reads it: see the statements above)
     assert set(NEEDS_COMMANDS) == set(ROLES_WITH_RIGHT) - {

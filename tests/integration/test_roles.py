@@ -9,9 +9,11 @@ from pathlib import Path
 import leasing
 import psycopg
 import pytest
+from clirun import invoke
 from daemon_harness import PGWORKERD, Daemons, Db, wait_for
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from refusals import queue_state, refused
 from roles_harness import drop_roles
 
 import pgworkerd
@@ -36,11 +38,11 @@ def test_enqueuer_can_only_enqueue(
         job_id = client.enqueue(c, "h", {"x": 1}, schema=schema)
         [bulk] = client.enqueue_many(c, [client.JobSpec("h")], schema=schema)
         assert bulk == job_id + 1
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with refused(conn, schema):
             c.execute(sql.SQL("SELECT payload FROM {}.jobs").format(sql.Identifier(schema)))
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with refused(conn, schema):
             c.execute(sql.SQL("UPDATE {}.jobs SET priority = 1").format(sql.Identifier(schema)))
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # no EXECUTE on claim_jobs
+        with refused(conn, schema):  # no EXECUTE on claim_jobs
             leasing.claim(
                 c,
                 "w",
@@ -82,7 +84,7 @@ def test_daemon_role_claims_renews_and_finishes(
         assert lease.fail(c, "w", held[1].id, held[1].token, "boom", schema=schema)
         assert lease.release(c, "w", held[2].id, held[2].token, schema=schema) == "pending"
         # it cannot delete history (prune is for operators who are granted DELETE)
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with refused(conn, schema):
             c.execute(sql.SQL("DELETE FROM {}.jobs").format(sql.Identifier(schema)))
 
 
@@ -99,7 +101,7 @@ def test_public_cannot_enqueue(pg: LocalPostgres, conn: psycopg.Connection, sche
         dsn = pg.dsn("pgworkerd_test").replace("user=postgres", f"user={role}")
         with (
             psycopg.connect(dsn, autocommit=True) as c,
-            pytest.raises(psycopg.errors.InsufficientPrivilege),
+            refused(conn, schema),
         ):
             c.execute(sql.SQL("SELECT {}.enqueue('h')").format(sql.Identifier(schema)))
     finally:
@@ -127,7 +129,7 @@ def test_daemon_role_cannot_update_what_a_job_runs(
     before = admin.get(conn, job_id, schema=schema)
     with (
         psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c,
-        pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied"),
+        refused(conn, schema, match="permission denied"),
     ):
         c.execute(
             sql.SQL("UPDATE {}.jobs SET {} = %s WHERE id = %s").format(
@@ -208,20 +210,7 @@ def test_daemon_runs_jobs_end_to_end_with_its_role(
         for command in (["cancel", str(later)], ["retry", str(crashed)]):
             proc = daemons.cli(*command)
             assert proc.returncode != 0 and "permission denied" in proc.stderr, command
-            proc = subprocess.run(
-                [
-                    str(PGWORKERD),
-                    "--dsn",
-                    roles[f"{schema}_operator"],
-                    "--schema",
-                    schema,
-                    *command,
-                ],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
+            proc = invoke("--dsn", roles[f"{schema}_operator"], "--schema", schema, *command)
             assert proc.returncode == 0, (command, proc.stderr)
         assert db.job(later)["status"] == "cancelled"
         assert db.job(crashed)["status"] in ("pending", "running", "dead")
@@ -395,9 +384,9 @@ def test_roles_for_concurrency_keys_limits_and_pauses(
         keyed = client.enqueue(c, "h", concurrency_key="k", schema=schema)
         [many] = client.enqueue_many(c, [client.JobSpec("h", concurrency_key="k")], schema=schema)
         for kind in ("queue", "handler"):  # only operators (and the daemon role) pause
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            with refused(conn, schema):
                 fleet.set_paused(c, schema, kind, "x", pause=True)
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with refused(conn, schema):
             views.paused(c, schema)
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
         assert fleet.set_paused(c, schema, "handler", "other", pause=True, comment="c")
@@ -408,7 +397,7 @@ def test_roles_for_concurrency_keys_limits_and_pauses(
         )
         assert [j.id for j in claimed] == [keyed]  # one per key
         assert fleet.set_paused(c, schema, "handler", "other", pause=False)
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # only through the functions
+        with refused(conn, schema):  # only through the functions
             c.execute(sql.SQL("DELETE FROM {}.paused").format(sql.Identifier(schema)))
     assert many == keyed + 1
 
@@ -435,25 +424,25 @@ def test_daemon_role_fires_schedules_and_enqueuer_cannot(
     # the daemon role may not declare (schema 22): an operator does
     with (
         psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c,
-        pytest.raises(psycopg.errors.InsufficientPrivilege, match="not declared"),
+        refused(conn, schema, match="not declared"),
     ):
         schedules.declare(c, "s", definition, "w", schema)
     with psycopg.connect(roles[f"{schema}_operator"], autocommit=True) as c:
         schedules.declare(c, "s", definition, "alice", schema)
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
         schedules.declare(c, "s", definition, "w", schema)  # the same: accepted, read only
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="another definition"):
+        with refused(conn, schema, match="another definition"):
             schedules.declare(c, "s", {**definition, "handler": "other"}, "w", schema)
         fired = schedules.fire(c, "s", tick, "w", schema)
         assert fired.outcome == "fired"
         job = admin.get(conn, fired.job_id, schema=schema)
         assert (job["handler"], job["payload"]) == ("h", {"from": "the operator"})
         assert schedules.list_all(c, schema)[0]["last_job_id"] == fired.job_id
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # only through the functions
+        with refused(conn, schema):  # only through the functions
             c.execute(sql.SQL("DELETE FROM {}.schedule_runs").format(sql.Identifier(schema)))
     with (
         psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c,
-        pytest.raises(psycopg.errors.InsufficientPrivilege),
+        refused(conn, schema),
     ):
         schedules.fire(c, "s", tick + timedelta(seconds=1), "w", schema)
 
@@ -519,11 +508,11 @@ def test_daemon_role_prunes_finished_jobs_through_the_function_only(
     )
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
         # below the operator's floor (1 day until changed, schema 22): refused, nothing gone
-        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="floor"):
+        with refused(conn, schema, match="floor"):
             retention.prune_finished(
                 c, completed=0.0, cancelled=0.0, dead=86400.0, batch=10, schema=schema
             )
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # the floor is not its own
+        with refused(conn, schema):  # the floor is not its own
             c.execute(render("SELECT @schema@.retention_floor_set(0)", schema))
         result = retention.prune_finished(
             c, completed=86400.0, cancelled=86400.0, dead=86400.0, batch=10, schema=schema
@@ -538,7 +527,7 @@ def test_daemon_role_prunes_finished_jobs_through_the_function_only(
             ).deleted
             == 0
         )
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # still no DELETE
+        with refused(conn, schema):  # still no DELETE
             c.execute(sql.SQL("DELETE FROM {}.jobs").format(sql.Identifier(schema)))
     ids = {
         r[0] for r in conn.execute(sql.SQL("SELECT id FROM {}.jobs").format(sql.Identifier(schema)))
@@ -554,9 +543,9 @@ def test_daemon_role_drains_and_hands_back_through_the_functions_and_enqueuer_ca
     info = registry.WorkerInfo("w:1:a", "hostx", 1, "t", ["default"], ["h"], 2)
     registry.register(conn, info, "running", schema, secret=SECRET)
     with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as c:
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with refused(conn, schema):
             fleet.request_hand_back(c, schema, grace=1.0, worker_id=info.id)
-        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        with refused(conn, schema):
             fleet.request_drain(c, schema, drain=False, worker_id=info.id)
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
         assert fleet.request_drain(c, schema, drain=True, worker_id=info.id)
@@ -608,7 +597,7 @@ def test_the_daemon_role_prunes_runs_and_daemons_only_through_the_function(
         )
         assert (result.schedule_runs_deleted, result.daemons_deleted) == (32, 1)
         for table in ("schedule_runs", "workers"):
-            with pytest.raises(psycopg.errors.InsufficientPrivilege):  # still no DELETE
+            with refused(conn, schema):  # still no DELETE
                 c.execute(
                     sql.SQL("DELETE FROM {}.{}").format(
                         sql.Identifier(schema), sql.Identifier(table)
@@ -709,16 +698,7 @@ def test_the_audits_daemon_role_probe_is_refused_statement_by_statement(
         assert sorted(j.id for j in held) == [done, running]
         token = {j.id: j.token for j in held}
         assert leasing.complete(c, "w", done, token[done], {"ok": 1}, schema=schema)
-    before = conn.execute(
-        render(
-            "SELECT (SELECT jsonb_agg(j ORDER BY id) FROM @schema@.jobs j),"
-            " (SELECT jsonb_agg(a ORDER BY job_id) FROM @schema@.attempts a),"
-            " (SELECT count(*) FROM @schema@.job_logs),"
-            " (SELECT jsonb_agg(s) FROM @schema@.schedules s),"
-            " (SELECT min_seconds FROM @schema@.retention_floor)",
-            schema,
-        )
-    ).fetchone()
+    before = queue_state(conn, schema)
     allowed = []
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
         for name, statement in DAEMON_PROBE.items():
@@ -732,16 +712,7 @@ def test_the_audits_daemon_role_probe_is_refused_statement_by_statement(
             except psycopg.errors.InsufficientPrivilege:
                 pass
     assert allowed == []
-    after = conn.execute(
-        render(
-            "SELECT (SELECT jsonb_agg(j ORDER BY id) FROM @schema@.jobs j),"
-            " (SELECT jsonb_agg(a ORDER BY job_id) FROM @schema@.attempts a),"
-            " (SELECT count(*) FROM @schema@.job_logs),"
-            " (SELECT jsonb_agg(s) FROM @schema@.schedules s),"
-            " (SELECT min_seconds FROM @schema@.retention_floor)",
-            schema,
-        )
-    ).fetchone()
+    after = queue_state(conn, schema)
     assert after == before
     # and what a daemon does still works: its own attempt, fenced
     with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as c:
@@ -851,7 +822,7 @@ def test_the_migration_lets_the_old_daemon_role_run_both_releases_until_roles_sq
         dsn = pg.dsn("pgworkerd_test").replace("user=postgres", f"user={operator_like}")
         with (
             psycopg.connect(dsn, autocommit=True) as c,
-            pytest.raises(psycopg.errors.InsufficientPrivilege),
+            refused(conn, schema),
         ):
             leasing.claim(
                 c,

@@ -344,7 +344,15 @@ class Daemons:
             print(f"--- daemon {daemon.tag} log ---\n{daemon.log()}")
 
     def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
-        """Run a pgworkerd command against this database and schema."""
+        """Run a pgworkerd command against this database and schema, in the test's own
+        process (tests/support/clirun.py says what that keeps of a subprocess, and what
+        must stay one: `cli_process`)."""
+        import clirun  # imports the click commands: only the tests that run them pay
+
+        return clirun.invoke("--dsn", self.dsn, "--schema", self.schema, *args, clean=False)
+
+    def cli_process(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """`cli` as a real `pgworkerd` subprocess."""
         return subprocess.run(
             [str(PGWORKERD), "--dsn", self.dsn, "--schema", self.schema, *args],
             capture_output=True,

@@ -296,3 +296,27 @@ def test_the_older_paths_are_one_line_re_exports_of_the_child_side() -> None:
         assert home.__all__
         for name in home.__all__:
             assert getattr(shim, name) is getattr(home, name), f"{shim.__name__}.{name}"
+
+
+def test_the_version_is_declared_once() -> None:
+    """pgworkerd/version.py is the one place: pyproject.toml takes it at build time
+    (tests/acceptance/test_packaging.py checks the wheel's metadata), and the installed
+    command prints it, from a checkout's editable install too."""
+    import tomllib
+
+    from pgworkerd.version import __version__
+
+    with (PACKAGE_DIR.parent / "pyproject.toml").open("rb") as f:
+        pyproject = tomllib.load(f)
+    assert "version" not in pyproject["project"]
+    assert "version" in pyproject["project"]["dynamic"]
+    dynamic = pyproject["tool"]["setuptools"]["dynamic"]["version"]
+    assert dynamic == {"attr": "pgworkerd.version.__version__"}
+    shown = subprocess.run(
+        [str(Path(sys.executable).with_name("pgworkerd")), "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (shown.returncode, shown.stdout) == (0, f"pgworkerd, version {__version__}\n")

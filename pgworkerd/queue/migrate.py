@@ -50,6 +50,7 @@ DECLARATION = (
     "schedules",
     "attempts",
     "job_logs",
+    "signals",
     "retention",
     "compat",
 )

@@ -99,6 +99,7 @@ def signal(
             columns = tuple(c.name for c in cur.description or ())
     except psycopg.errors.InvalidParameterValue as exc:
         message = (exc.diag.message_primary or str(exc)).removeprefix("pgworkerd: ")
+        message = message.removeprefix("signal refused: ")
         raise SignalRefused(message) from None
     assert row is not None
     return records.build(SignalSent, columns, row)

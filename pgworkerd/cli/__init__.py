@@ -183,3 +183,6 @@ from pgworkerd.cli import logs, schedules  # noqa: E402, F401  (job output, peri
 
 # isort: split
 from pgworkerd.cli import web  # noqa: E402, F401  (the dashboard)
+
+# isort: split
+from pgworkerd.cli import signals  # noqa: E402, F401  (durable waits)

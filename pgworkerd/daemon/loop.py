@@ -10,7 +10,8 @@ The parent is a set of components, each given what it needs when it is built:
 - OutcomeWriter: outcomes kept until the database takes them;
 - Presence: the registry row, STATUS=, the title, the watchdog, the gauges;
 - Scheduler: the ticks of the config's periodic jobs (schedules);
-- Retention: finished jobs past their retention deleted, one daemon of the fleet at a time.
+- Retention: finished jobs past their retention deleted, one daemon of the fleet at a time;
+- WaitTimeouts: suspended jobs past their wait's timeout made pending again (durable waits).
 
 Each has `tick(now)` and `next_deadline()`. One loop turn is the list of verbs in _tick,
 then one wait on a selector until the earliest deadline or a wake-up (a child's message,
@@ -53,6 +54,7 @@ from pgworkerd.daemon.scheduler import Scheduler
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState, StopReason
 from pgworkerd.daemon.supervisor import Child, Supervisor
+from pgworkerd.daemon.waits import WaitTimeouts
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.ops import logs, metrics
@@ -151,6 +153,7 @@ class Daemon:
         )
         self.scheduler = Scheduler(config, self.statements)  # periodic jobs
         self.retention = Retention(config.retention, self.statements.prune_finished)
+        self.wait_timeouts = WaitTimeouts(self.statements.waits_expire)  # durable waits
         self.presence = Presence(
             config,
             self.worker_id,
@@ -295,6 +298,7 @@ class Daemon:
         self._follow_hand_back()
         self.scheduler.tick(now)
         self.retention.tick(now)
+        self.wait_timeouts.tick(now)
         self.claimer.set_accepting(self._accepting())  # a drain requested just now
 
     def _follow_hand_back(self) -> None:
@@ -378,6 +382,7 @@ class Daemon:
             self.presence.next_deadline(),
             self.scheduler.next_deadline(),
             self.retention.next_deadline(),
+            self.wait_timeouts.next_deadline(),
             self.supervisor.next_deadline(),
             self.link.next_deadline(),
             self.drain_deadline,

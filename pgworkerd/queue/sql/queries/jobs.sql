@@ -132,18 +132,20 @@ SELECT %(id)s::bigint AS id, 'dead' AS status
  WHERE buried;
 
 -- name: job_cancel
--- Cancel jobs by id: pending ones at once, running ones by request to their daemon.
+-- Cancel jobs by id: pending ones at once, running ones by request to their daemon
+-- (suspended ones, waiting for a signal, at once too: 0028).
 WITH target AS (
     SELECT id FROM @schema@.jobs WHERE id = ANY(%(ids)s::bigint[]) FOR UPDATE
 ), cancelled AS (
     UPDATE @schema@.jobs j
-       SET status = CASE WHEN j.status = 'pending' THEN 'cancelled'
+       SET status = CASE WHEN j.status IN ('pending', 'suspended') THEN 'cancelled'
                          ELSE j.status END,
-           finished_at = CASE WHEN j.status = 'pending' THEN now() ELSE j.finished_at END,
+           finished_at = CASE WHEN j.status IN ('pending', 'suspended') THEN now()
+                              ELSE j.finished_at END,
            cancel_requested = (j.status = 'running'),
            updated_at = now()
       FROM target t
-     WHERE j.id = t.id AND j.status IN ('pending', 'running')
+     WHERE j.id = t.id AND j.status IN ('pending', 'suspended', 'running')
     RETURNING j.id, j.status
 )
 SELECT i.id,

@@ -316,6 +316,7 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         return
     history = row.pop("attempt_history")
     daemon = row.pop("daemon")
+    received = row.pop("signals", None)
     for key, value in row.items():
         if key == "last_error" and value:
             # a traceback reads best on its own lines; each is escaped and indented, so
@@ -330,6 +331,8 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
             click.echo(f"{key}: {printable(value)}")
     if daemon is not None:
         click.echo(daemon_line(daemon, job_id))
+    if received:
+        click.echo(signal_lines(received))
     if history is None:
         click.echo(
             "attempts: (this role may not read them: roles.sql's pgworkerd_reader and "
@@ -342,6 +345,24 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         error = str(a["error"] or "").rstrip("\n")
         if error:
             click.echo("\n".join(f"      {printable(ln)}" for ln in error.split("\n")))
+
+
+def signal_lines(received: list[dict[str, Any]]) -> str:
+    """`show`'s lines on the signals a job received (durable waits)."""
+    total = received[0]["total"] if received else 0
+    lines = [
+        f"signals: {total} received"
+        + (f" ({len(received)} newest shown)" if total > len(received) else "")
+        + ":"
+    ]
+    for s in received:
+        payload = "-" if s["payload"] is None else printable(s["payload"])
+        cut = s["payload_chars"] is not None and s["payload_chars"] > len(s["payload"] or "")
+        lines.append(
+            f"  {printable(s['name'])}  {printable(s['sent_at'])}  by {printable(s['sent_by'])}"
+            f"  payload {payload}" + (f" ... ({s['payload_chars']} characters)" if cut else "")
+        )
+    return "\n".join(lines)
 
 
 def daemon_line(d: dict[str, Any], job_id: int) -> str:

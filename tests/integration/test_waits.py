@@ -260,3 +260,45 @@ def test_signals_raced_against_waits_are_never_lost(daemons: Daemons, db: Db, ro
         assert row["status"] == "completed", row["last_error"]
         assert row["result"]["signal"]["payload"] == job_id
     assert set(outcomes.values()) <= {"kept", "resumed"}
+
+
+def test_explain_show_and_jobs_tell_what_a_job_waits_for_and_what_it_received(
+    daemons: Daemons, db: Db
+) -> None:
+    daemons.start({"approver": {"target": f"{H}:wait_once"}})
+    job_id = db.enqueue("approver", {"name": "approval", "timeout": "2d", "key": "order-7"})
+    db.wait_status(job_id, "suspended")
+    other = db.enqueue("approver", {"name": "other"}, max_attempts=1)
+    db.wait_status(other, "suspended")
+
+    explained = daemons.cli("explain", str(job_id), "--json")
+    assert explained.returncode == 0, explained
+    [reason] = json.loads(explained.stdout)["reasons"]
+    assert reason["code"] == "suspended"
+    assert reason["facts"]["signal"] == "approval" and reason["facts"]["key"] == "order-7"
+    text = daemons.cli("explain", str(job_id)).stdout
+    assert "suspended: waiting for signal 'approval' since" in text and "timeout at" in text
+    assert f"pgworkerd signal {job_id} approval resumes it" in text
+
+    listed = daemons.cli("jobs", "--status", "suspended", "--json")
+    assert listed.returncode == 0, listed
+    assert {r["id"] for r in json.loads(listed.stdout)} == {job_id, other}
+
+    sent = daemons.cli("signal", str(other), "early-bird", "--payload", '{"x": 1}')
+    assert "kept" in sent.stdout
+    shown = daemons.cli("show", str(other))
+    assert shown.returncode == 0, shown
+    assert "\nwait_for: other\n" in shown.stdout and "\nstatus: suspended\n" in shown.stdout
+    assert "signals: 1 received:" in shown.stdout
+    assert "early-bird" in shown.stdout and '{"x": 1}' in shown.stdout
+    assert "#1 waited" in shown.stdout  # the attempt that waited, in the history
+
+    assert daemons.cli("signal", str(job_id), "approval").returncode == 0
+    row = db.wait_status(job_id, "completed")
+    explained = json.loads(daemons.cli("explain", str(job_id), "--json").stdout)
+    assert explained["reasons"][0]["code"] == "completed"
+    assert row["wait_ended"] == "signal"
+    # cancel reaches a suspended job at once
+    cancelled = daemons.cli("cancel", str(other))
+    assert cancelled.returncode == 0 and f"{other}: cancelled" in cancelled.stdout
+    assert db.job(other)["status"] == "cancelled"

@@ -12,8 +12,13 @@ SELECT s.job_id, s.outcome, s.status, s.sent_at
   FROM @schema@.signal_send_by_key(%(key)s::text, %(name)s::text, %(payload)s::jsonb) AS s;
 
 -- name: signal_list
--- The signals job %(id)s received, oldest first (`show`, the dashboard's job page).
-SELECT s.name, s.payload, s.sent_at, s.sent_by
+-- The signals job %(id)s received, oldest first, at most %(limit)s (the newest; total: how
+-- many in all), each payload as JSON text of at most %(shown)s characters (payload_chars:
+-- its whole length; NULL: none): `show` and the dashboard's job page, bounded whatever a
+-- sender wrote.
+SELECT s.name, left(s.payload::text, %(shown)s) AS payload, length(s.payload::text) AS payload_chars,
+       s.sent_at, s.sent_by, count(*) OVER () AS total
   FROM @schema@.signals s
  WHERE s.job_id = %(id)s::bigint
- ORDER BY s.sent_at, s.name;
+ ORDER BY s.sent_at DESC, s.name
+ LIMIT %(limit)s;

@@ -577,15 +577,15 @@ def with_wakeups(
     rows = hotpath.run(conn, "job_wakeups", {"ids": [j.id for j in claimed]}, schema=schema)
     if not rows:
         return claimed
-    woken = {
-        row[0]: {
-            "name": row[1],
-            "ended": row[2],
-            "payload": row[3],
-            "sent_at": row[4].isoformat() if row[4] is not None else None,
+    woken = {}
+    for row in rows:
+        sent_at = records.column(rows.columns, row, "sent_at")
+        woken[records.column(rows.columns, row, "id")] = {
+            "name": records.column(rows.columns, row, "wait_for"),
+            "ended": records.column(rows.columns, row, "wait_ended"),
+            "payload": records.column(rows.columns, row, "payload"),
+            "sent_at": sent_at.isoformat() if sent_at is not None else None,
         }
-        for row in rows
-    }
     fields = [f.name for f in dataclasses.fields(ClaimedJob)]
     return [
         ResumedJob(**{f: getattr(j, f) for f in fields}, woken=woken[j.id]) if j.id in woken else j

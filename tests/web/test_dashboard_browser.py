@@ -133,3 +133,31 @@ def test_a_paused_queue_keeps_a_new_job_pending_until_resumed(
     by_id(browser, "confirm").click()
     wait_browser(browser, lambda d: "nothing is paused" in text_of(d, "paused"), "resumed")
     db.wait_status(held, "completed")
+
+
+def test_a_suspended_jobs_page_shows_its_wait_and_the_signals_it_receives(
+    browser: Any, dashboard: RunningDashboard, db: Db, daemons: Daemons
+) -> None:
+    """Durable waits: the job page says what the job waits for (since, timeout), lists the
+    signals it received with their payloads, and follows the job live as a signal
+    resumes it."""
+    from pgworkerd import signals
+
+    daemons.start({"stepper": {"target": "waithandlers:wait_twice"}})
+    job = db.enqueue("stepper", {})
+    wait_for(lambda: db.job(job)["wait_for"] == "first", what="the first wait")
+    db.wait_status(job, "suspended")
+    signals.signal(db.conn, job, "second", {"note": "early <b>bird</b>"}, schema=db.schema)
+    log_in(browser, dashboard)
+    browser.get(f"{dashboard.url}/jobs/{job}")
+    assert "waiting for signal first since" in text_of(browser, "job-wait")
+    assert "timeout at" in text_of(browser, "job-wait")
+    received = text_of(browser, "job-signals")
+    assert "second" in received and "early <b>bird</b>" in received  # shown as text
+    assert "suspended: waiting for signal 'first'" in text_of(browser, "explain")
+    screenshot(browser, "job-suspended")
+    signals.signal(db.conn, job, "first", 1, schema=db.schema)
+    db.wait_status(job, "completed")
+    wait_browser(browser, lambda d: "completed" in text_of(d, "job-status"), "completed shown")
+    wait_browser(browser, lambda d: "first" in text_of(d, "job-signals"), "both signals")
+    assert "ended by signal" in text_of(browser, "job-wait")

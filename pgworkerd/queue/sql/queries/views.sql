@@ -20,6 +20,10 @@ WITH per_queue AS (
     SELECT queue, 'running', count(*)
       FROM @schema@.jobs WHERE status = 'running' GROUP BY queue
     UNION ALL
+    -- (through jobs_suspended_until_idx, which holds suspended jobs only: 0028)
+    SELECT queue, 'suspended', count(*)
+      FROM @schema@.jobs WHERE status = 'suspended' GROUP BY queue
+    UNION ALL
     SELECT queue, status::text, count(*)
       FROM @schema@.jobs
      WHERE finished_at > now() - make_interval(secs => %(window)s)

@@ -3,6 +3,8 @@
     .venv/bin/python bench/waits_bench.py [--short] [--json out.json]
 
 Prints:
+  - enqueue -> handler start on the same idle daemon set-up, for comparison
+    (bench/daemon_bench.py's measurement);
   - signal -> handler start latency p50/p99 on an idle daemon: a job suspended by its
     handler (raise pgworkerd.WaitFor), then `pgworkerd.signal` (the clock starts after its
     COMMIT) until the resumed handler's first line; one job at a time;
@@ -28,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from daemon_bench import SERVER_SETTINGS, Daemon, _start_of, wait_for
+from daemon_bench import SERVER_SETTINGS, Daemon, _start_of, latency, wait_for
 
 from pgworkerd import client, signals
 from pgworkerd.devcluster.localpg import LocalPostgres
@@ -170,6 +172,13 @@ def main() -> None:
         print(
             f"signal -> handler start, idle daemon: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms,"
             f" max {r['max_ms']} ms ({r['samples']} samples)",
+            flush=True,
+        )
+        r = latency(dsn, Path(tmp), samples)  # the same path without a wait, same run
+        results["enqueue_latency"] = r
+        print(
+            f"enqueue -> handler start, idle daemon (for comparison): p50 {r['p50_ms']} ms,"
+            f" p99 {r['p99_ms']} ms ({r['samples']} samples)",
             flush=True,
         )
         r = wakeup_read(dsn, reps)

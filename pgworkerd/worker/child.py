@@ -454,11 +454,11 @@ def _waiting(channel: _Channel, ctx: JobContext, exc: WaitFor) -> Failed:
     if problem is None and exc.checkpoint is not None:
         try:
             _check_storable(exc.checkpoint)
-        except (TypeError, ValueError) as bad:
-            problem = f"WaitFor checkpoint cannot be stored as JSON: {bad}"
+            channel.send(Beat(ctx.id, None, exc.checkpoint))
+        except (TypeError, ValueError, RecursionError) as bad:  # FrameTooLarge: a ValueError
+            problem = f"WaitFor checkpoint cannot be stored: {bad}"
         else:
             ctx.checkpoint = exc.checkpoint
-            channel.send(Beat(ctx.id, None, exc.checkpoint))
     if problem is not None:
         return Failed(ctx.id, storable_text(problem), tb)
     wait = {"name": exc.name, "timeout": seconds, "key": exc.key}

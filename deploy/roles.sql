@@ -254,6 +254,16 @@ GRANT EXECUTE ON FUNCTION pgworkerd.drain_request(text, text, boolean, interval,
 GRANT SELECT ON pgworkerd.schedules, pgworkerd.schedule_runs TO pgworkerd_daemon;
 GRANT EXECUTE ON FUNCTION pgworkerd.schedule_fire_v2(text, timestamptz, text)
       TO pgworkerd_daemon;
+-- Durable waits (schema 28): a handler's WaitFor is the fenced job_suspend; the fleet
+-- moves suspended jobs past their timeout back to pending (job_waits_expire, SECURITY
+-- DEFINER: it changes nothing else); the daemon reads the signals its claimed jobs
+-- received, and cannot write one (no INSERT on signals, no EXECUTE on signal_send): a
+-- worker host cannot forge an approval.
+GRANT SELECT ON pgworkerd.signals TO pgworkerd_daemon;
+GRANT EXECUTE ON FUNCTION pgworkerd.job_suspend(bigint, text, bigint, text, float8, text, jsonb,
+                                                jsonb),
+                          pgworkerd.job_waits_expire(integer)
+      TO pgworkerd_daemon;
 -- Retention (schemas 14, 20, 22): the fleet deletes finished jobs past their retention
 -- through this SECURITY DEFINER function, which refuses the daemon role a retention
 -- below the floor an operator set (retention_floor, 1 day until changed); the daemon has
@@ -274,6 +284,11 @@ GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v2(text, jsonb, text, integer, times
                                                interval, integer, text, text),
                           pgworkerd.enqueue_many_v2(jsonb)
       TO pgworkerd_enqueuer;
+-- signals (schema 28): to the jobs its login enqueued (signal_send checks job_get_v1's
+-- rule), by id or correlation key; first write wins, a finished job takes none.
+GRANT EXECUTE ON FUNCTION pgworkerd.signal_send(bigint, text, jsonb),
+                          pgworkerd.signal_send_by_key(text, text, jsonb)
+      TO pgworkerd_enqueuer;
 -- (the enqueuer also needs to read the schema version for `pgworkerd enqueue`'s check)
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_enqueuer;
 
@@ -289,6 +304,8 @@ GRANT SELECT ON pgworkerd.schema_version, pgworkerd.jobs, pgworkerd.attempts,
       TO pgworkerd_reader;
 -- what enqueuers may ask (schema 23); how many daemons a login may register (schema 24)
 GRANT SELECT ON pgworkerd.enqueue_bounds, pgworkerd.registry_cap TO pgworkerd_reader;
+-- the signals jobs received (schema 28)
+GRANT SELECT ON pgworkerd.signals TO pgworkerd_reader;
 
 -- pgworkerd_operator: what the reader reads and the enqueuer runs (memberships, so a
 -- release's new grants to either reach the operator too), and the actions below.

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from pgworkerd.version import __version__
 
 if TYPE_CHECKING:
-    from pgworkerd.child import GiveUp, Snooze
+    from pgworkerd.child import GiveUp, Snooze, WaitFor
     from pgworkerd.client import (
         InvalidJob,
         JobFailed,
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
         get,
         wait,
     )
+    from pgworkerd.signals import SignalRefused, SignalSent, signal
 
 __all__ = [
     "GiveUp",
@@ -28,17 +29,23 @@ __all__ = [
     "JobInfo",
     "JobNotFound",
     "JobSpec",
+    "SignalRefused",
+    "SignalSent",
     "Snooze",
+    "WaitFor",
     "WaitTimeout",
     "__version__",
     "enqueue",
     "enqueue_many",
     "get",
+    "signal",
     "wait",
 ]
 # Waiting for a job (client.get, client.wait) and a handler's outcomes (Snooze, GiveUp).
 _WAITING = ("JobFailed", "JobInfo", "JobNotFound", "WaitTimeout", "get", "wait")
-_OUTCOMES = ("GiveUp", "Snooze")
+_OUTCOMES = ("GiveUp", "Snooze", "WaitFor")
+# Durable waits: signalling a job (pgworkerd.signals).
+_SIGNALS = ("SignalRefused", "SignalSent", "signal")
 
 
 def __getattr__(name: str) -> Any:
@@ -52,6 +59,10 @@ def __getattr__(name: str) -> Any:
         from pgworkerd import client
 
         return getattr(client, name)
+    if name in _SIGNALS:
+        from pgworkerd import signals
+
+        return getattr(signals, name)
     if name in _OUTCOMES:  # the child side's, through its shim: loads no psycopg
         from pgworkerd import child
 

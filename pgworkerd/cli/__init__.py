@@ -87,6 +87,8 @@ ROLES_WITH_RIGHT: dict[str, tuple[str, ...]] = {
     "delete jobs": ("pgworkerd_operator",),
     "change the daemons' registry": ("pgworkerd_operator",),
     "pause queues and handlers": ("pgworkerd_operator",),
+    # durable waits: an enqueuer signals the jobs its login enqueued, the operator any
+    "signal jobs": ("pgworkerd_enqueuer", "pgworkerd_operator"),
     "create or upgrade the schema": (),  # the schema's owner only
 }
 
@@ -184,3 +186,6 @@ from pgworkerd.cli import logs, schedules  # noqa: E402, F401  (job output, peri
 
 # isort: split
 from pgworkerd.cli import web  # noqa: E402, F401  (the dashboard)
+
+# isort: split
+from pgworkerd.cli import signals  # noqa: E402, F401  (durable waits)

@@ -376,6 +376,7 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
     history = row.pop("attempt_history")
     daemon = row.pop("daemon")
     family = {k: row.pop(k) for k in ("parents", "children", "parents_total", "children_total")}
+    received = row.pop("signals", None)
     for key, value in row.items():
         if key == "last_error" and value:
             # a traceback reads best on its own lines; each is escaped and indented, so
@@ -393,6 +394,8 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
     for side in ("parents", "children"):
         if family[side]:
             click.echo(f"{side}: {relatives_line(family[side], family[side + '_total'])}")
+    if received:
+        click.echo(signal_lines(received))
     if history is None:
         click.echo(
             "attempts: (this role may not read them: roles.sql's pgworkerd_reader and "
@@ -415,6 +418,24 @@ def relatives_line(jobs: list[dict[str, Any]], total: int) -> str:
         for j in jobs
     )
     return shown + (f" (and {total - len(jobs)} more)" if total > len(jobs) else "")
+
+
+def signal_lines(received: list[dict[str, Any]]) -> str:
+    """`show`'s lines on the signals a job received (durable waits)."""
+    total = received[0]["total"] if received else 0
+    lines = [
+        f"signals: {total} received"
+        + (f" ({len(received)} newest shown)" if total > len(received) else "")
+        + ":"
+    ]
+    for s in received:
+        payload = "-" if s["payload"] is None else printable(s["payload"])
+        cut = s["payload_chars"] is not None and s["payload_chars"] > len(s["payload"] or "")
+        lines.append(
+            f"  {printable(s['name'])}  {printable(s['sent_at'])}  by {printable(s['sent_by'])}"
+            f"  payload {payload}" + (f" ... ({s['payload_chars']} characters)" if cut else "")
+        )
+    return "\n".join(lines)
 
 
 def daemon_line(d: dict[str, Any], job_id: int) -> str:

@@ -155,6 +155,7 @@ class JobTable(Generic[ChildT]):
                         deadline=job.deadline,
                         memory_limit=job.handler.memory_limit or self.worker.memory_limit,
                         parents=job.job.parents,
+                        woken=getattr(job.job, "woken", None),  # lease.ResumedJob
                     )
                 )
             except Exception as exc:  # this job's data: too big, too deep, not JSON

@@ -12,6 +12,7 @@ The parent is a set of components, each given what it needs when it is built:
 - Scheduler: the ticks of the config's periodic jobs (schedules);
 - Retention: finished jobs past their retention deleted, one daemon of the fleet at a time;
 - StaleMarking: daemons silent past stale_after marked gone, one daemon at a time.
+- WaitTimeouts: suspended jobs past their wait's timeout made pending again (durable waits).
 
 Each has `tick(now)` and `next_deadline()`. One loop turn is the list of verbs in _tick,
 then one wait on a selector until the earliest deadline or a wake-up (a child's message,
@@ -54,6 +55,7 @@ from pgworkerd.daemon.scheduler import Scheduler
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState, StopReason
 from pgworkerd.daemon.supervisor import Child, Supervisor
+from pgworkerd.daemon.waits import WaitTimeouts
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.ops import logs, metrics
@@ -152,6 +154,7 @@ class Daemon:
         )
         self.scheduler = Scheduler(config, self.statements)  # periodic jobs
         self.retention = Retention(config.retention, self.statements.prune_finished)
+        self.wait_timeouts = WaitTimeouts(self.statements.waits_expire)  # durable waits
         self.presence = Presence(
             config,
             self.worker_id,
@@ -300,6 +303,7 @@ class Daemon:
         self.scheduler.tick(now)
         self.retention.tick(now)
         self.stale_marking.tick(now)  # after presence.tick: the live peers just read
+        self.wait_timeouts.tick(now)
         self.claimer.set_accepting(self._accepting())  # a drain requested just now
 
     def _follow_hand_back(self) -> None:
@@ -384,6 +388,7 @@ class Daemon:
             self.scheduler.next_deadline(),
             self.retention.next_deadline(),
             self.stale_marking.next_deadline(),
+            self.wait_timeouts.next_deadline(),
             self.supervisor.next_deadline(),
             self.link.next_deadline(),
             self.drain_deadline,

@@ -23,7 +23,7 @@ from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue import attempts, finish
 from pgworkerd.queue.lease import ClaimedJob, EncodedJson, RefusedJob
 from pgworkerd.worker import protocol
-from pgworkerd.worker.outcomes import snooze_problem
+from pgworkerd.worker.outcomes import snooze_problem, wait_problem
 from pgworkerd.worker.protocol import Done, Failed, Interrupted, Report
 
 log = logging.getLogger("pgworkerd")
@@ -56,6 +56,8 @@ class Outcome:
     retry_in: float | None = None  # set once written: seconds until the retry is due
     snooze: float | None = None  # SNOOZE: seconds until the job runs again (checked)
     usage: attempts.Usage | None = None  # what the attempt cost (daemon.accounting)
+    # WAIT: (signal name, timeout seconds, correlation key or None), checked
+    wait: tuple[str, float, str | None] | None = None
 
     def __post_init__(self) -> None:
         self.kind = OutcomeKind(self.kind)  # a plain string names the same kind
@@ -76,6 +78,9 @@ class Outcome:
             backoff_max=self.backoff[1],
             delay=self.snooze or 0.0,
             max_snoozes=h.max_snoozes if h is not None else 0,
+            wait_name=self.wait[0] if self.wait else "",
+            wait_timeout=self.wait[1] if self.wait else 0.0,
+            wait_key=self.wait[2] if self.wait else None,
         )
 
     @property
@@ -158,6 +163,7 @@ def decide(
     h, reason = job.handler, job.stop_reason
     kind, error, result = OutcomeKind.FAIL, "", None
     snooze: float | None = None
+    wait: tuple[str, float, str | None] | None = None
     # the handler stopped itself (JobInterrupted) after a drain, hand-back or cancel request
     interrupted = isinstance(report, Interrupted)
     if isinstance(report, Done):
@@ -174,6 +180,8 @@ def decide(
         error = f"timed out after {format_duration(job.timeout or 0)}"
     elif reason is StopReason.STUCK:
         error = f"no heartbeat for {format_duration(h.heartbeat_timeout or 0)}: stuck"
+    elif isinstance(report, Failed) and report.wait is not None:
+        kind, error, wait = chosen_wait(report)
     elif isinstance(report, Failed):
         kind, error, snooze = chosen_outcome(report, h)
     elif isinstance(report, Interrupted):
@@ -201,7 +209,20 @@ def decide(
         job.checkpoint if job.unsaved else None,
         backoff,
         snooze=snooze,
+        wait=wait,
     )
+
+
+def chosen_wait(report: Failed) -> tuple[OutcomeKind, str, tuple[str, float, str | None] | None]:
+    """(kind, error, (name, timeout seconds, key)) of a WaitFor report, checked again here
+    (a child runs arbitrary code): a bad one is a failed attempt that says why."""
+    w = report.wait
+    if not isinstance(w, dict):
+        return OutcomeKind.FAIL, "WaitFor: the child sent a wait that is not an object", None
+    problem, seconds = wait_problem(w.get("name"), w.get("timeout"), w.get("key"))
+    if problem is not None:
+        return OutcomeKind.FAIL, problem, None
+    return OutcomeKind.WAIT, report.error, (w["name"], seconds, w.get("key"))
 
 
 def chosen_outcome(report: Failed, h: HandlerConfig) -> tuple[OutcomeKind, str, float | None]:
@@ -263,6 +284,13 @@ def _message(o: Outcome, r: finish.Recorded) -> str:
         if r.status == "pending" and r.run_at is not None
         else f"now {r.status}"
     )
+    if o.kind is OutcomeKind.WAIT and o.wait is not None:
+        if r.status == "suspended":
+            until = f"{r.wait_until:%Y-%m-%d %H:%M:%S}" if r.wait_until else "?"
+            return f"{o.name}: suspended, waiting for signal {o.wait[0]!r} until {until}"
+        if r.status == "pending":
+            return f"{o.name}: signal {o.wait[0]!r} had come already: pending again at once"
+        return f"{o.name}: waited for signal {o.wait[0]!r}; now {r.status}"
     if o.kind is OutcomeKind.SNOOZE:
         again = f"runs again {due}" if due.startswith("at ") else due
         return f"{o.name}: snoozed for {o.snooze or 0.0:g}s (snooze {r.snoozes}); {again}"

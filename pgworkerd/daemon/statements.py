@@ -8,6 +8,7 @@ with the same methods (tests/unit).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -20,6 +21,8 @@ from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue import attempts, finish, joblogs, lease, registry, retention, schedules
 from pgworkerd.queue.attempts import Usage
 from pgworkerd.queue.joblogs import LogWrite
+
+log = logging.getLogger("pgworkerd")
 
 
 class Statements:
@@ -67,8 +70,8 @@ class Statements:
                 return None
             recorded, claimed, refused = result
             outcomes.report(batch, recorded, self.metrics)
-            return claimed, refused
-        return self.link.run(
+            return self._woken(claimed), refused
+        claimed_now = self.link.run(
             "claiming jobs",
             lambda c: lease.claim_checked(
                 c,
@@ -78,6 +81,35 @@ class Statements:
                 limit=limit,
                 schema=self.schema,
             ),
+        )
+        if claimed_now is None:
+            return None
+        return self._woken(claimed_now[0]), claimed_now[1]
+
+    def _woken(self, claimed: list[lease.ClaimedJob]) -> list[lease.ClaimedJob]:
+        """The claimed jobs with what woke those that waited (durable waits, 0028: one read
+        for the claimed ids, kept apart from the claim). If the read fails, they start
+        without it and log so: a handler that waits again for the same signal returns at
+        once (job_suspend finds it), and reads it on its next start."""
+        if not claimed:
+            return claimed
+        woken = self.link.run(
+            "reading what woke the claimed jobs",
+            lambda c: lease.with_wakeups(c, claimed, schema=self.schema),
+        )
+        if woken is None:
+            log.warning(
+                "could not read what woke job(s) %s; they start without their signals",
+                ", ".join(str(j.id) for j in claimed),
+            )
+            return claimed
+        return woken
+
+    def waits_expire(self) -> int | None:
+        """Suspended jobs past their timeout become pending (None: the call failed)."""
+        return self.link.run(
+            "moving timed-out waits back to pending",
+            lambda c: lease.waits_expire(c, schema=self.schema),
         )
 
     def next_wakeups(

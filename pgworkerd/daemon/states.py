@@ -61,3 +61,4 @@ class OutcomeKind(StrEnum):
     # chosen by the handler (pgworkerd.worker.outcomes; no_retry)
     SNOOZE = "snooze"  # pending again after a delay, attempt not counted
     GIVE_UP = "give up"  # dead at once, with the handler's reason
+    WAIT = "wait"  # suspended until a signal or its timeout, attempt not counted (WaitFor)

@@ -274,6 +274,11 @@ class Metrics(NullMetrics):
             "Jobs ended as dead at once by their handler (GiveUp, or a no_retry exception).",
             ("handler",),
         )
+        self.waits = counter(
+            "jobs_suspended",
+            "Jobs a handler suspended until a signal or a timeout (WaitFor; attempt not counted).",
+            ("handler",),
+        )
         self.fenced_off = counter(
             "outcomes_fenced",
             "Outcomes rejected because the lease was lost and the job re-claimed.",
@@ -448,6 +453,8 @@ class Metrics(NullMetrics):
             self.snoozes.labels(handler).inc()
         elif kind == "give up":
             self.give_ups.labels(handler).inc()
+        elif kind == "wait":
+            self.waits.labels(handler).inc()
 
     @_safe
     def lease_renewed(self, count: int = 1) -> None:

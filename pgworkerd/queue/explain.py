@@ -19,6 +19,9 @@ Codes are stable (scripts and the dashboard match on them; messages may be rewor
   cancelled by a deadline or a parent (instead of "cancelled"): expired (not started by
             its expires_at), parent_failed (a parent ended dead or cancelled and
             on_parent_failure is cancel)
+  suspended: suspended (waiting for a signal since T, timeout at T; its correlation key),
+            wait_timed_out (past its timeout: a daemon's sweep makes it pending soon)
+  pending, after a wait: resumed (informational: what ended its last wait)
 
 Dedupe never holds a pending job back in this schema: the unique index admits one live
 job per handler and key, and a second enqueue returns the first one's id.
@@ -35,6 +38,7 @@ daemon that could take it has reached its own.
 from __future__ import annotations
 
 import shlex
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -82,6 +86,8 @@ def explain(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str
         reasons = _waiting(job, views.relatives(conn, schema, job_id)["parents"])
     elif status == "running":
         reasons = _running(job, f)
+    elif status == "suspended":
+        reasons = _suspended(job)
     else:
         reasons = _finished(job, f)
     return {
@@ -153,8 +159,9 @@ def _pending(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     reasons += _capacity(job, f)
+    reasons += _resumed(job)
     # Informational reasons do not hold a job back; the others do.
-    if not [r for r in reasons if r["code"] != "retried"]:
+    if not [r for r in reasons if r["code"] not in ("retried", "resumed")]:
         ahead = f["due_ahead"]
         reasons.append(
             _reason(
@@ -171,6 +178,62 @@ def _pending(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     return reasons
+
+
+def _suspended(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """A job its handler suspended (raise pgworkerd.WaitFor, migration 0028): what it
+    waits for, since when and until when."""
+    name, until = job.get("wait_for"), job.get("wait_until")
+    key = job.get("wait_key")
+    facts = {
+        "signal": name,
+        "since": job.get("wait_since"),
+        "timeout_at": until,
+        "key": key,
+    }
+    try:
+        left = (datetime.fromisoformat(str(until)) - datetime.now(UTC)).total_seconds()
+    except ValueError:
+        left = None
+    send = f"pgworkerd signal {job['id']} {shlex.quote(str(name))}"
+    if left is not None and left <= 0:
+        return [
+            _reason(
+                "wait_timed_out",
+                f"waited for signal '{name}' since {job.get('wait_since')}; its timeout passed"
+                f" at {until}: a daemon's sweep makes it pending within about 8 s (none runs?"
+                " pgworkerd status)",
+                **facts,
+            )
+        ]
+    return [
+        _reason(
+            "suspended",
+            f"suspended: waiting for signal '{name}' since {job.get('wait_since')}, timeout"
+            f" at {until}"
+            + (f" (in {_ago(left)})" if left is not None else "")
+            + (f"; correlation key '{key}'" if key else "")
+            + f" ({send} resumes it)",
+            **facts,
+        )
+    ]
+
+
+def _resumed(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """Informational, for a pending job that waited: what ended its last wait."""
+    ended = job.get("wait_ended")
+    if ended not in ("signal", "timeout"):
+        return []
+    how = "signal" if ended == "signal" else "timeout (no signal)"
+    return [
+        _reason(
+            "resumed",
+            f"its wait for signal '{job.get('wait_for')}' ended by {how}: its next attempt"
+            " resumes from its checkpoint",
+            signal=job.get("wait_for"),
+            ended=ended,
+        )
+    ]
 
 
 def _serves(d: dict[str, Any], queue: str) -> bool:

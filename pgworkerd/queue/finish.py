@@ -41,6 +41,9 @@ STATUS_AFTER: Mapping[str, frozenset[str]] = {
     "give up": frozenset({"dead"}),
     # a snooze past max_snoozes is written as a failed attempt
     "snooze": frozenset({"pending", "dead", "cancelled"}),
+    # a WaitFor (0028): suspended, or pending at once when its signal had come; a wait
+    # refused (its correlation key held by another live job) is written as a failed attempt
+    "wait": frozenset({"suspended", "pending", "dead", "cancelled"}),
 }
 
 
@@ -60,6 +63,10 @@ class OutcomeWrite:
     backoff_max: float = 3600.0
     delay: float = 0.0  # snooze: seconds until the job runs again
     max_snoozes: int = 0  # snooze: how many the handler allows
+    # wait: the signal name, the timeout in seconds and the correlation key (or None)
+    wait_name: str = ""
+    wait_timeout: float = 0.0
+    wait_key: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in STATUS_AFTER:
@@ -78,6 +85,7 @@ class Recorded:
     run_at: datetime | None = None  # fail, snooze: when it runs again
     retry_in: float | None = None  # fail, snooze: seconds until then (pending only)
     snoozes: int | None = None  # snooze: the job's snoozes, this one included
+    wait_until: datetime | None = None  # wait: when it times out
 
 
 def record(
@@ -193,6 +201,26 @@ def _record_one(
             f"snoozed {w.max_snoozes} times already (max_snoozes of handler {w.handler}): "
             f"this snooze counts as a failed attempt ({w.error})"
         )
+    elif kind == "wait":
+        waited = lease.suspend(
+            conn,
+            worker,
+            w.id,
+            w.token,
+            w.wait_name,
+            w.wait_timeout,
+            key=w.wait_key,
+            progress=w.progress,
+            checkpoint=w.checkpoint,
+            schema=schema,
+        )
+        if waited is not None and waited.status != "refused":
+            return Recorded(True, kind, error, status=waited.status, wait_until=waited.wait_until)
+        if waited is None:
+            return _rejected(conn, w, kind, error, schema)  # fenced off, or written earlier
+        # Still ours, but the wait was refused (its key is another live job's): a failed
+        # attempt that says why.
+        kind, error = "fail", storable_text(waited.problem or "WaitFor refused")
     if kind == "fail":
         failed = lease.fail(
             conn,

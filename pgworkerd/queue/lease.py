@@ -12,6 +12,7 @@ connection (or joins the caller's transaction).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -510,3 +511,96 @@ def next_wakeups(
             int(f.id), str(f.queue), str(f.handler), str(f.locked_by), float(f.expires_in)
         )
     return NextWakeups(None if f.wait_seconds is None else float(f.wait_seconds), expiring)
+
+
+# -- durable waits (migration 0028) ------------------------------------------------------
+
+
+@records.built_from("job_suspend")
+@dataclass(frozen=True)
+class SuspendOutcome:
+    # suspended (until a signal or wait_until), pending (the signal had come already),
+    # cancelled (a cancel was requested), or refused (`problem`: nothing changed)
+    status: str
+    wait_until: datetime | None
+    problem: str | None
+
+
+def suspend(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    job_id: int,
+    token: int,
+    name: str,
+    timeout: float,
+    *,
+    key: str | None = None,
+    progress: Any = None,
+    checkpoint: Any = None,
+    schema: str = DEFAULT_SCHEMA,
+) -> SuspendOutcome | None:
+    """The handler raised WaitFor for a held job: suspended until signal `name` or
+    `timeout` seconds, the attempt not counted. None: the lease was lost, nothing changed."""
+    rows = hotpath.run(
+        conn,
+        "job_suspend",
+        {
+            "id": job_id,
+            "worker": worker,
+            "token": token,
+            "name": name,
+            "timeout": timeout,
+            "key": key,
+            "progress": jsonb_or_none(progress),
+            "checkpoint": jsonb_or_none(checkpoint),
+        },
+        schema=schema,
+    )
+    return records.build(SuspendOutcome, rows.columns, rows[0]) if rows else None
+
+
+@dataclass(frozen=True)
+class ResumedJob(ClaimedJob):
+    """A claimed job that waited before (WaitFor): `woken` says what ended its last wait,
+    as the child's Job message carries it (protocol.Job.woken)."""
+
+    woken: Any = None
+
+
+def with_wakeups(
+    conn: psycopg.Connection[Any],
+    claimed: list[ClaimedJob],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[ClaimedJob]:
+    """`claimed`, each job that waited before as a ResumedJob with what woke it (one read,
+    job_wakeups, for the claimed ids; none when nothing was claimed). Jobs that never
+    waited come back as they were."""
+    if not claimed:
+        return claimed
+    rows = hotpath.run(conn, "job_wakeups", {"ids": [j.id for j in claimed]}, schema=schema)
+    if not rows:
+        return claimed
+    woken = {}
+    for row in rows:
+        sent_at = records.column(rows.columns, row, "sent_at")
+        woken[records.column(rows.columns, row, "id")] = {
+            "name": records.column(rows.columns, row, "wait_for"),
+            "ended": records.column(rows.columns, row, "wait_ended"),
+            "payload": records.column(rows.columns, row, "payload"),
+            "sent_at": sent_at.isoformat() if sent_at is not None else None,
+        }
+    fields = [f.name for f in dataclasses.fields(ClaimedJob)]
+    return [
+        ResumedJob(**{f: getattr(j, f) for f in fields}, woken=woken[j.id]) if j.id in woken else j
+        for j in claimed
+    ]
+
+
+def waits_expire(
+    conn: psycopg.Connection[Any], max_jobs: int = 1000, *, schema: str = DEFAULT_SCHEMA
+) -> int:
+    """The timeout sweep: suspended jobs past their timeout become pending (at most
+    `max_jobs`); returns how many."""
+    rows = hotpath.run(conn, "job_waits_expire", {"max_jobs": max_jobs}, schema=schema)
+    return int(rows[0][0]) if rows else 0

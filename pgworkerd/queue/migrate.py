@@ -51,6 +51,7 @@ DECLARATION = (
     "schedules",
     "attempts",
     "job_logs",
+    "signals",
     "retention",
     "compat",
 )

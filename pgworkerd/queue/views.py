@@ -349,6 +349,10 @@ def jobs_page(
     return {"jobs": rows, "limit": limit, "older": older, "newer": newer}
 
 
+# `show` prints each signal's payload up to this many characters (durable waits).
+SIGNAL_SHOWN_CHARS = 2000
+
+
 def job(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, Any] | None:
     row = admin.get(conn, job_id, schema=schema)
     if row is None:
@@ -370,6 +374,7 @@ def job(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, An
             job_id,
             some=row.get("parents_unfinished") is not None or bool(row.get("has_children")),
         ),
+        "signals": signals_shown(conn, schema, job_id, shown=SIGNAL_SHOWN_CHARS),
     }
 
 
@@ -423,6 +428,21 @@ def job_shown(
         return None
     daemon = _rows(conn, "job_daemon", schema, {"id": job_id})
     return {**rows[0], "daemon": daemon[0] if daemon else None, **relatives(conn, schema, job_id)}
+
+
+def signals_shown(
+    conn: psycopg.Connection[Any], schema: str, job_id: int, *, shown: int, limit: int = 100
+) -> list[dict[str, Any]] | None:
+    """The signals a job received (durable waits, 0028), oldest first, at most `limit` (the
+    newest; total: how many in all), payloads as JSON text cut to `shown` characters
+    (payload_chars: the whole length). None: the role may not read signals."""
+    params = {"id": job_id, "shown": shown, "limit": limit}
+    try:
+        with conn.transaction():
+            rows = _rows(conn, "signal_list", schema, params)
+    except InsufficientPrivilege:
+        return None
+    return rows[::-1]
 
 
 def attempts_shown(

@@ -63,8 +63,16 @@ def _job_data(job_id: int) -> dict[str, Any]:
             conn, schema, job_id, shown=SHOWN_CHARS, limit=ATTEMPTS_SHOWN
         )
         why = explain.explain(conn, schema, job_id)
+        # the signals it received (durable waits); None: the role may not read them
+        received = views.signals_shown(conn, schema, job_id, shown=SHOWN_CHARS)
     total = history[0]["total"] if history else 0
-    return {"job": job, "attempts": history or [], "attempts_total": total, "explain": why}
+    return {
+        "job": job,
+        "attempts": history or [],
+        "attempts_total": total,
+        "explain": why,
+        "signals": received,
+    }
 
 
 @pages.get("/jobs/<int:job_id>")

@@ -2,7 +2,7 @@
 that runs one job at a time and the fork server that starts children. Nothing here
 imports database code (a test holds it to that): children never touch the database."""
 
-from pgworkerd.worker.child import JobContext, JobInterrupted
-from pgworkerd.worker.outcomes import GiveUp, Snooze
+from pgworkerd.worker.child import JobContext, JobInterrupted, Signal
+from pgworkerd.worker.outcomes import GiveUp, Snooze, WaitFor
 
-__all__ = ["GiveUp", "JobContext", "JobInterrupted", "Snooze"]
+__all__ = ["GiveUp", "JobContext", "JobInterrupted", "Signal", "Snooze", "WaitFor"]

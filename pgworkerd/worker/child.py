@@ -34,7 +34,14 @@ from setproctitle import setproctitle
 from pgworkerd.jsontext import storable_json, storable_text
 from pgworkerd.worker import identity, protocol, reaper, tmpdirs, watcher
 from pgworkerd.worker.capture import Capture
-from pgworkerd.worker.outcomes import GiveUp, Snooze, exception_types, snooze_problem
+from pgworkerd.worker.outcomes import (
+    GiveUp,
+    Snooze,
+    WaitFor,
+    exception_types,
+    snooze_problem,
+    wait_problem,
+)
 from pgworkerd.worker.protocol import (
     Beat,
     Cancel,
@@ -79,6 +86,21 @@ class JobInterrupted(BaseException):
     cancelled, and otherwise it is a failed attempt."""
 
 
+class Signal:
+    """The signal that woke a job from its wait (JobContext.signal): its name, its payload
+    (any JSON value, None if it had none) and when it was sent (ISO 8601 text)."""
+
+    __slots__ = ("name", "payload", "sent_at")
+
+    def __init__(self, name: Any, payload: Any, sent_at: Any) -> None:
+        self.name: str = str(name)
+        self.payload: Any = payload
+        self.sent_at: str | None = None if sent_at is None else str(sent_at)
+
+    def __repr__(self) -> str:
+        return f"Signal(name={self.name!r}, payload={self.payload!r}, sent_at={self.sent_at!r})"
+
+
 class JobContext:
     """What a handler receives: the job, and a way to report progress.
 
@@ -101,6 +123,17 @@ class JobContext:
         self.parents: dict[int, Any] = {int(k): v for k, v in (job.parents or {}).items()}
         self._last_beat = 0.0
         self._pending_progress: Any = None
+        woken = job.woken if isinstance(job.woken, dict) else None
+        #: The signal name of the job's last wait (raise pgworkerd.WaitFor), None if it
+        #: never waited. With `signal` None it ended by its timeout.
+        self.waited_for: str | None = woken.get("name") if woken else None
+        #: The signal that ended the last wait (name, payload, sent_at), None if it never
+        #: waited or its wait timed out.
+        self.signal: Signal | None = (
+            Signal(woken.get("name"), woken.get("payload"), woken.get("sent_at"))
+            if woken and woken.get("ended") == "signal"
+            else None
+        )
 
     @property
     def cancel_requested(self) -> bool:
@@ -349,6 +382,8 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
         )
     except Snooze as exc:
         outcome = _snoozed(job.id, exc)
+    except WaitFor as exc:
+        outcome = _waiting(channel, ctx, exc)
     except GiveUp as exc:
         outcome = Failed(
             job.id,
@@ -412,6 +447,26 @@ def _snoozed(job_id: int, exc: Snooze) -> Failed:
     if problem is not None:
         return Failed(job_id, storable_text(problem), tb)
     return Failed(job_id, storable_text(f"Snooze: {exc}"), tb, snooze=float(exc.seconds))
+
+
+def _waiting(channel: _Channel, ctx: JobContext, exc: WaitFor) -> Failed:
+    """The report of a WaitFor: a failure to a daemon that does not know waits, a wait to
+    this release's (its checkpoint sent first as a heartbeat, so the daemon saves it with
+    the suspension); a bad WaitFor is a plain failed attempt that says why."""
+    tb = storable_text(traceback.format_exc())
+    problem, seconds = wait_problem(exc.name, exc.timeout, exc.key)
+    if problem is None and exc.checkpoint is not None:
+        try:
+            _check_storable(exc.checkpoint)
+            channel.send(Beat(ctx.id, None, exc.checkpoint))
+        except (TypeError, ValueError, RecursionError) as bad:  # FrameTooLarge: a ValueError
+            problem = f"WaitFor checkpoint cannot be stored: {bad}"
+        else:
+            ctx.checkpoint = exc.checkpoint
+    if problem is not None:
+        return Failed(ctx.id, storable_text(problem), tb)
+    wait = {"name": exc.name, "timeout": seconds, "key": exc.key}
+    return Failed(ctx.id, storable_text(f"WaitFor: {exc}"), tb, wait=wait)
 
 
 def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:

@@ -13,6 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pgworkerd.bounds import name_problem
+from pgworkerd.durations import parse_duration
+
 # The longest snooze a handler may ask for: 30 days. Longer is a handler error (the
 # attempt fails, saying why): a job that must wait longer is better enqueued with run_at.
 MAX_SNOOZE_SECONDS = 30 * 86400.0
@@ -70,3 +73,62 @@ def exception_types(exc: BaseException) -> list[str]:
         qualname = getattr(cls, "__qualname__", cls.__name__)
         names.append(qualname if module == "builtins" else f"{module}.{qualname}")
     return names
+
+
+# The longest wait a handler may ask for (WaitFor's timeout): 366 days, as job_suspend
+# (finish.sql, migration 0028) checks again.
+MAX_WAIT_SECONDS = 366 * 86400.0
+
+
+class WaitFor(Exception):
+    """Raise in a handler to suspend its job until signal `name` comes (`pgworkerd signal
+    ID NAME`, pgworkerd.signal, signal_send in SQL) or `timeout` passes ("2d", "30m",
+    seconds; above 0, at most 366 days): the checkpoint (`checkpoint` if given, else the
+    handler's last heartbeat checkpoint) is saved, the attempt is not counted, the lease
+    and the slot are let go and no process is kept. The next attempt starts from the
+    checkpoint and sees what woke it: `job.signal` (its name and payload), None after the
+    timeout. A signal of that name sent earlier makes the wait return at once (the job is
+    pending again without waiting). `key`, a correlation key (like a handler name), lets a
+    sender that does not know the job's id reach it (`pgworkerd signal --key KEY NAME`);
+    one live job per key. A bad name, timeout or key is a failed attempt that says why."""
+
+    def __init__(
+        self,
+        name: str,
+        timeout: str | float | int = "1d",
+        key: str | None = None,
+        checkpoint: Any = None,
+    ) -> None:
+        super().__init__(name, timeout, key)
+        self.name = name
+        self.timeout = timeout
+        self.key = key
+        self.checkpoint = checkpoint
+
+    def __str__(self) -> str:
+        key = f" (key {self.key!r})" if self.key is not None else ""
+        return f"wait for signal {self.name!r}{key}, at most {self.timeout!r}"
+
+
+def wait_problem(name: Any, timeout: Any, key: Any) -> tuple[str | None, float]:
+    """(why a WaitFor is not one a job may take or None, its timeout in seconds). Asked in
+    the child and again in the daemon (a child runs arbitrary code)."""
+    problem = name_problem("WaitFor name", name)
+    if problem is not None:
+        return problem, 0.0
+    if key is not None:
+        problem = name_problem("WaitFor key", key)
+        if problem is not None:
+            return problem, 0.0
+    try:
+        seconds = parse_duration(timeout) if isinstance(timeout, str | int | float) else None
+    except ValueError as exc:
+        return f"WaitFor timeout: {exc}", 0.0
+    if seconds is None:
+        return f"WaitFor timeout must be a duration, not {type(timeout).__name__}", 0.0
+    if not math.isfinite(seconds) or not 0 < seconds <= MAX_WAIT_SECONDS:
+        return (
+            f"WaitFor timeout must be above 0 and at most {MAX_WAIT_SECONDS:.0f}s (366 days), "
+            f"not {timeout!r}"
+        ), 0.0
+    return None, seconds

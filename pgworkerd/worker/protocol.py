@@ -89,6 +89,8 @@ class Failed:
     give_up: str | None = None  # GiveUp: the reason
     # the raised exception's qualified type names along its MRO, for a handler's no_retry
     exception_types: list[str] | None = None
+    # WaitFor: {"name": ..., "timeout": seconds, "key": ... or null}, checked by the daemon
+    wait: Any = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,10 @@ class Job:
     memory_limit: int | None = None  # bytes, the job's whole process tree
     # its parents' results by parent id as text (schema 27); None: it has no parents
     parents: Any = None
+    # What woke a job that waited (WaitFor): {"name": the wait's signal name, "ended":
+    # "signal" or "timeout", "payload": the signal's, "sent_at": ISO time}; None: never
+    # waited
+    woken: Any = None
 
 
 @dataclass(frozen=True)
@@ -185,7 +191,7 @@ _CLASSES: dict[str, type[Any]] = {
     )
 }
 # Fields that hold any JSON value; every other field's type is checked.
-_ANY = {"progress", "checkpoint", "result", "payload", "parents"}
+_ANY = {"progress", "checkpoint", "result", "payload", "parents", "wait", "woken"}
 _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,),
     "int | None": (int, type(None)),

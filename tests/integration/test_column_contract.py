@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import pgworkerd
-from pgworkerd import client
+from pgworkerd import client, signals
 from pgworkerd.queue import hotpath, lease, records
 from pgworkerd.queue.queries import _raw
 
@@ -28,6 +28,9 @@ EXPECTED = {
     "job_lease_state": lease.LeaseState,
     "job_next_run_at": lease.WakeupFacts,
     "job_info": client.JobInfo,
+    "job_suspend": lease.SuspendOutcome,
+    "signal_send": signals.SignalSent,
+    "signal_send_by_key": signals.SignalSent,
 }
 
 

@@ -527,6 +527,7 @@ NEEDS_COMMANDS: dict[str, Callable[[int], list[str]]] = {
     "delete jobs": lambda job: ["prune", "--older-than", "1d"],
     "change the daemons' registry": lambda job: ["resume", "--all"],
     "pause queues and handlers": lambda job: ["pause", "--queue", "q"],
+    "signal jobs": lambda job: ["signal", str(job), "go"],
 }
 
 
@@ -550,6 +551,9 @@ def test_every_role_a_permission_error_names_can_run_the_command(
     for name in named:
         job = client.enqueue(conn, "h", schema=schema)
         dsn = roles[name.replace("pgworkerd_", f"{schema}_")]
+        if needs == "signal jobs":  # an enqueuer signals the jobs its own login enqueued
+            with psycopg.connect(dsn, autocommit=True) as own:
+                job = client.enqueue(own, "h", schema=schema)
         proc = invoke("--dsn", dsn, "--schema", schema, *NEEDS_COMMANDS[needs](job))
         assert proc.returncode == 0, (name, proc.stdout, proc.stderr)
     # (every role named for reading the schema version reads it: see the statements above)

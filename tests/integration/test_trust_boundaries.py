@@ -1027,3 +1027,94 @@ def test_a_job_runs_as_the_daemons_user_and_reaches_it(
     assert seen["signal_daemon"] is True  # kill(pid, 0): it may send any signal
     assert seen["config"] == config.read_text()
     assert seen["daemon_environ"] is True
+
+
+# -- durable waits (schema 28) --------------------------------------------------------------
+
+
+def test_the_enqueuer_signals_its_own_jobs_only(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It signals the jobs its own login enqueued, by id or by the correlation key their wait
+    holds, and gets the answer of an unknown job for any other job; a finished job takes no
+    signal, and the first signal of a name wins."""
+    other = client.enqueue(conn, "h", schema=schema)
+    [held] = claim_all(conn, schema)
+    lease.suspend(conn, "w", held.id, held.token, "go", 60.0, key="theirs", schema=schema)
+    with as_role(roles, schema, "enqueuer") as c:
+        own = client.enqueue(c, "h", schema=schema)
+        sent = pgworkerd.signal(c, own, "go", {"n": 1}, schema=schema)
+        assert sent.outcome == "kept"
+        assert pgworkerd.signal(c, own, "go", {"n": 2}, schema=schema).outcome == "ignored"
+        for target, key in ((other, None), (other + 1000, None), (None, "theirs")):
+            with pytest.raises(pgworkerd.SignalRefused, match="this login may read"):
+                pgworkerd.signal(c, target, "go", key=key, schema=schema)
+    assert db_status(conn, schema, other) == "suspended"
+    conn.execute(
+        render(
+            "UPDATE @schema@.jobs SET status = 'cancelled', finished_at = now() WHERE id = %s",
+            schema,
+        ),
+        (own,),
+    )
+    with (
+        as_role(roles, schema, "enqueuer") as c,
+        pytest.raises(pgworkerd.SignalRefused, match="a finished job takes no signal"),
+    ):
+        pgworkerd.signal(c, own, "later", schema=schema)
+
+
+def db_status(conn: psycopg.Connection, schema: str, job_id: int) -> str:
+    [(status,)] = conn.execute(
+        render("SELECT status::text FROM @schema@.jobs WHERE id = %s", schema), (job_id,)
+    ).fetchall()
+    return str(status)
+
+
+def test_the_daemon_suspends_held_jobs_only_and_cannot_forge_a_signal(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It suspends a job only while it holds its lease (the fenced `job_suspend`) and makes
+    only suspended jobs past their timeout pending (`job_waits_expire`); it reads the
+    signals its jobs received but cannot send or forge one: no EXECUTE on `signal_send`,
+    no write on `signals`."""
+    job_id = client.enqueue(conn, "h", schema=schema)
+    with as_role(roles, schema, "daemon") as c:
+        [held] = claim_all(c, schema)
+        # another worker's name or a wrong token: nothing
+        assert lease.suspend(c, "other", held.id, held.token, "go", 60.0, schema=schema) is None
+        assert lease.suspend(c, "w", held.id, held.token + 1, "go", 60.0, schema=schema) is None
+        done = lease.suspend(c, "w", held.id, held.token, "go", 60.0, schema=schema)
+        assert done is not None and done.status == "suspended"
+        assert lease.waits_expire(c, schema=schema) == 0  # not past its timeout
+        assert may_run(c, schema, "SELECT * FROM @schema@.signals")
+        assert (
+            runnable(
+                c,
+                schema,
+                [
+                    f"SELECT * FROM @schema@.signal_send({job_id}, 'go', '1')",
+                    "SELECT * FROM @schema@.signal_send_by_key('k', 'go', '1')",
+                    f"INSERT INTO @schema@.signals (job_id, name) VALUES ({job_id}, 'go')",
+                    "UPDATE @schema@.signals SET payload = '2'",
+                    "DELETE FROM @schema@.signals",
+                    f"UPDATE @schema@.jobs SET status = 'pending' WHERE id = {job_id}",
+                    f"UPDATE @schema@.jobs SET wait_until = now() WHERE id = {job_id}",
+                ],
+            )
+            == []
+        )
+    assert db_status(conn, schema, job_id) == "suspended"
+
+
+def test_the_operator_signals_any_job(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It signals any job (it reads them all), as the enqueuer signals its own."""
+    job_id = client.enqueue(conn, "h", schema=schema)
+    [held] = claim_all(conn, schema)
+    lease.suspend(conn, "w", held.id, held.token, "go", 60.0, key="k-1", schema=schema)
+    with as_role(roles, schema, "operator") as c:
+        sent = pgworkerd.signal(c, None, "go", "approved", key="k-1", schema=schema)
+        assert (sent.job_id, sent.outcome) == (job_id, "resumed")
+    assert db_status(conn, schema, job_id) == "pending"

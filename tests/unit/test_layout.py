@@ -4,6 +4,7 @@ Static: every `import` in pgworkerd/ (module level, inside functions, under TYPE
 is read with `ast` and sorted into the part of the package it belongs to:
 
   client      pgworkerd/client.py   the application API: JobSpec, enqueue, enqueue_many
+              pgworkerd/signals.py  and signal (durable waits)
   worker      pgworkerd/worker/     the child side: JobContext, the child, the fork server
   queue       pgworkerd/queue/      the SQL core
   daemon      pgworkerd/daemon/     the parent's components
@@ -104,7 +105,7 @@ def part_of(module: str) -> str | None:
         return None
     if len(parts) == 1:
         return "face"
-    if parts[1] == "client":
+    if parts[1] in ("client", "signals"):
         return "client"
     return parts[1] if parts[1] in SUBPACKAGES else "shared"
 
@@ -238,13 +239,14 @@ def test_no_part_takes_a_name_from_the_package_face() -> None:
 def test_the_package_face_names_the_application_api() -> None:
     """What the README's Python examples import from `pgworkerd` itself."""
     import pgworkerd
-    from pgworkerd import client
+    from pgworkerd import client, signals
     from pgworkerd.worker import outcomes
 
-    child_side = {"GiveUp", "Snooze"}  # what handlers raise (issue 11)
+    child_side = {"GiveUp", "Snooze", "WaitFor"}  # what handlers raise (issues 11, 24)
+    signalling = {"SignalRefused", "SignalSent", "signal"}  # durable waits (issue 24)
     for name in pgworkerd.__all__:
         if name != "__version__":
-            home = outcomes if name in child_side else client
+            home = outcomes if name in child_side else signals if name in signalling else client
             assert getattr(pgworkerd, name) is getattr(home, name), name
     assert set(pgworkerd.__all__) == {
         "InvalidJob",
@@ -260,6 +262,7 @@ def test_the_package_face_names_the_application_api() -> None:
         "get",
         "wait",
         *child_side,
+        *signalling,
     }
 
 

@@ -143,6 +143,7 @@ STATEMENT_FILES = {
     "worker": "workers",
     "schedule": "schedules",
     "attempt": "attempts",
+    "signal": "signals",
     "paused": "paused",
     "view": "views",
     "schema": "schema",

@@ -154,3 +154,31 @@ def test_a_job_page_links_its_parents_and_children(
     wait_browser(browser, lambda d: text_of(d, "job-children"), "the parent's page")
     assert browser.current_url.endswith(f"/jobs/{parent}")
     assert text_of(browser, "job-children") == f"{child} waiting"
+
+
+def test_a_suspended_jobs_page_shows_its_wait_and_the_signals_it_receives(
+    browser: Any, dashboard: RunningDashboard, db: Db, daemons: Daemons
+) -> None:
+    """Durable waits: the job page says what the job waits for (since, timeout), lists the
+    signals it received with their payloads, and follows the job live as a signal
+    resumes it."""
+    from pgworkerd import signals
+
+    daemons.start({"stepper": {"target": "waithandlers:wait_twice"}})
+    job = db.enqueue("stepper", {})
+    wait_for(lambda: db.job(job)["wait_for"] == "first", what="the first wait")
+    db.wait_status(job, "suspended")
+    signals.signal(db.conn, job, "second", {"note": "early <b>bird</b>"}, schema=db.schema)
+    log_in(browser, dashboard)
+    browser.get(f"{dashboard.url}/jobs/{job}")
+    assert "waiting for signal first since" in text_of(browser, "job-wait")
+    assert "timeout at" in text_of(browser, "job-wait")
+    received = text_of(browser, "job-signals")
+    assert "second" in received and "early <b>bird</b>" in received  # shown as text
+    assert "suspended: waiting for signal 'first'" in text_of(browser, "explain")
+    screenshot(browser, "job-suspended")
+    signals.signal(db.conn, job, "first", 1, schema=db.schema)
+    db.wait_status(job, "completed")
+    wait_browser(browser, lambda d: "completed" in text_of(d, "job-status"), "completed shown")
+    wait_browser(browser, lambda d: "first" in text_of(d, "job-signals"), "both signals")
+    assert "ended by signal" in text_of(browser, "job-wait")

@@ -20,7 +20,7 @@ CREATE TABLE @schema@.attempts (
     outcome            text NOT NULL
                        CONSTRAINT attempts_outcome_known CHECK (outcome IN (
                            'completed', 'failed', 'dead', 'cancelled', 'released',
-                           'snoozed', 'lease expired')),
+                           'snoozed', 'lease expired', 'waited')),
     error              text,
     -- measured by the daemon that ran it (NULL: not measured, e.g. a worker in another
     -- language, a daemon of an older release, or one that died with the attempt)

@@ -484,3 +484,119 @@ REVOKE EXECUTE ON FUNCTION
     @schema@.cancel_held_job(bigint, text, bigint, text, jsonb),
     @schema@.snooze_held_job(bigint, text, bigint, float8, integer, jsonb, jsonb)
     FROM PUBLIC;
+
+-- suspend (0028; raise pgworkerd.WaitFor): the holder's handler waits for signal
+-- `signal_name` (a name like a handler's) for at most `timeout_seconds` (above 0, at most
+-- 366 days), optionally under correlation key `wait_key` (signals.sql): the attempt is not
+-- counted, the lease let go, progress and checkpoint saved (NULL keeps the old ones), and
+-- the job is 'suspended' until signal_send or job_waits_expire makes it pending. A signal
+-- of that name the job already has (sent before the wait) makes it pending at once
+-- instead, its peers woken; a cancel requested meanwhile cancels it. The job's row is
+-- locked before the signal is looked for, so a signal_send of the same job comes wholly
+-- before or after (never lost in between). Returns the new status and the wait's end;
+-- status 'refused' with `problem` when the key is held by another live job (nothing
+-- changed: the caller records a failed attempt saying so); no row when the lease was lost.
+-- For workers of other languages too (pgworkerd_daemon).
+CREATE FUNCTION @schema@.job_suspend(
+    job_id bigint, worker text, token bigint, signal_name text, timeout_seconds float8,
+    wait_key text DEFAULT NULL, progress jsonb DEFAULT NULL, checkpoint jsonb DEFAULT NULL)
+RETURNS TABLE (status text, wait_until timestamptz, problem text)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    problem text := @schema@.fenced_job_problem(job_suspend.worker, job_suspend.job_id,
+                                                job_suspend.token);
+    held record;
+    holder bigint;
+    signalled boolean;
+    suspended record;
+BEGIN
+    IF problem IS NULL AND (job_suspend.signal_name IS NULL
+                            OR NOT @schema@.enqueue_name_ok(job_suspend.signal_name)) THEN
+        problem := 'signal_name must be 1 to 128 characters without control characters, '
+                   || 'not beginning or ending with a space (like a handler''s name), not '
+                   || coalesce(pg_catalog.quote_literal(left(job_suspend.signal_name, 200)),
+                               'NULL');
+    END IF;
+    -- (NaN is above every number in PostgreSQL: refused too)
+    IF problem IS NULL
+       AND (job_suspend.timeout_seconds > 0
+            AND job_suspend.timeout_seconds <= 31622400) IS NOT TRUE THEN
+        problem := 'timeout_seconds must be above 0 and at most 31622400 (366 days), not '
+                   || coalesce(job_suspend.timeout_seconds::text, 'NULL');
+    END IF;
+    IF problem IS NULL AND job_suspend.wait_key IS NOT NULL
+       AND NOT @schema@.enqueue_name_ok(job_suspend.wait_key) THEN
+        problem := 'wait_key must be NULL or 1 to 128 characters without control '
+                   || 'characters, not ' || pg_catalog.quote_literal(left(job_suspend.wait_key, 200));
+    END IF;
+    IF problem IS NOT NULL THEN
+        PERFORM @schema@.fenced_refuse('suspending a job', problem);
+    END IF;
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    SELECT j.id INTO held FROM @schema@.jobs j
+     WHERE j.id = job_suspend.job_id AND j.locked_by = job_suspend.worker
+       AND j.lease_token = job_suspend.token AND j.status::text = 'running'
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;  -- the lease was lost: nothing changed
+    END IF;
+    IF job_suspend.wait_key IS NOT NULL THEN
+        SELECT j.id INTO holder FROM @schema@.jobs j
+         WHERE j.wait_key = job_suspend.wait_key AND j.id <> job_suspend.job_id
+           AND j.status IN ('pending', 'waiting', 'suspended', 'running');
+        IF holder IS NOT NULL THEN
+            RETURN QUERY SELECT 'refused'::text, NULL::timestamptz,
+                'WaitFor: correlation key ' || pg_catalog.quote_literal(job_suspend.wait_key)
+                || ' is held by live job ' || holder || ' (a key names one live job)';
+            RETURN;
+        END IF;
+    END IF;
+    -- (a statement after the lock: it sees every signal committed before the lock came)
+    signalled := EXISTS (SELECT FROM @schema@.signals s
+                          WHERE s.job_id = job_suspend.job_id
+                            AND s.name = job_suspend.signal_name);
+    BEGIN
+        UPDATE @schema@.jobs j
+           SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                             WHEN signalled THEN 'pending'
+                             ELSE 'suspended' END::@schema@.job_status,
+               finished_at = CASE WHEN j.cancel_requested THEN now() END,
+               run_at = CASE WHEN signalled AND NOT j.cancel_requested THEN now()
+                             ELSE j.run_at END,
+               attempts = j.attempts - 1,
+               wait_for = job_suspend.signal_name,
+               wait_since = now(),
+               wait_until = now() + make_interval(secs => job_suspend.timeout_seconds),
+               wait_key = job_suspend.wait_key,
+               wait_ended = CASE WHEN signalled THEN 'signal' END,
+               progress = coalesce(job_suspend.progress, j.progress),
+               checkpoint = coalesce(job_suspend.checkpoint, j.checkpoint),
+               locked_by = NULL, locked_until = NULL, cancel_requested = false,
+               updated_at = now()
+         WHERE j.id = job_suspend.job_id
+        RETURNING j.status::text AS status, j.wait_until, j.queue, j.handler INTO suspended;
+    EXCEPTION WHEN unique_violation THEN
+        -- another job took the key since the look above (jobs_wait_key_live_idx)
+        RETURN QUERY SELECT 'refused'::text, NULL::timestamptz,
+            'WaitFor: correlation key ' || pg_catalog.quote_literal(job_suspend.wait_key)
+            || ' is held by another live job (a key names one live job)';
+        RETURN;
+    END;
+    IF suspended.status = 'pending' THEN
+        PERFORM pg_notify(@schema_literal@ || '.wake',
+            CASE WHEN octet_length(suspended.queue) + octet_length(suspended.handler) <= 2048
+                 THEN json_build_object('q', suspended.queue, 'h', suspended.handler,
+                                        'id', job_suspend.job_id, 'n', 1)
+                 ELSE json_build_object('id', job_suspend.job_id, 'n', 1) END::text);
+    END IF;
+    RETURN QUERY SELECT suspended.status, suspended.wait_until, NULL::text;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION
+    @schema@.job_suspend(bigint, text, bigint, text, float8, text, jsonb, jsonb)
+    FROM PUBLIC;

@@ -65,6 +65,17 @@ CREATE TABLE @schema@.jobs (
     timeout_seconds  double precision
                      CONSTRAINT jobs_timeout_seconds_positive
                      CHECK (timeout_seconds > 0 AND timeout_seconds <= 31536000),
+    -- Durable waits (0028; signals.sql): the signal name the job waits for while
+    -- 'suspended' (raise pgworkerd.WaitFor), and the last one it waited for after that, so
+    -- that its next attempts see what woke it; NULL: it never waited.
+    wait_for         text,
+    wait_since       timestamptz,  -- when the wait began
+    wait_until       timestamptz,  -- its timeout: pending again then, without the signal
+    -- The correlation key of the wait: `pgworkerd signal --key` finds the job by it (one
+    -- live job per key: jobs_wait_key_live_idx).
+    wait_key         text,
+    -- How the last wait ended: 'signal' or 'timeout'; NULL while it lasts.
+    wait_ended       text,
     CONSTRAINT jobs_queue_not_empty CHECK (queue <> ''),
     CONSTRAINT jobs_handler_not_empty CHECK (handler <> ''),
     CONSTRAINT jobs_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),
@@ -78,7 +89,12 @@ CREATE TABLE @schema@.jobs (
     -- Finished exactly when the status is final.
     CONSTRAINT jobs_finished_when_final CHECK (
         (status IN ('completed', 'dead', 'cancelled')) = (finished_at IS NOT NULL)),
-    CONSTRAINT jobs_result_only_when_completed CHECK (result IS NULL OR status = 'completed')
+    CONSTRAINT jobs_result_only_when_completed CHECK (result IS NULL OR status = 'completed'),
+    -- A suspended job names what it waits for and until when, and the wait has not ended.
+    CONSTRAINT jobs_suspended_has_wait CHECK (
+        status <> 'suspended'
+        OR (wait_for IS NOT NULL AND wait_until IS NOT NULL AND wait_ended IS NULL)),
+    CONSTRAINT jobs_wait_ended_known CHECK (wait_ended IN ('signal', 'timeout'))
 );
 
 ALTER SEQUENCE @schema@.jobs_id_seq OWNED BY @schema@.jobs.id;
@@ -98,6 +114,17 @@ CREATE INDEX jobs_running_lease_idx ON @schema@.jobs (locked_until)
 -- so one client could squat another application's key).
 CREATE UNIQUE INDEX jobs_dedupe_live_idx ON @schema@.jobs (dedupe_key, handler)
     WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running');
+
+-- Durable waits (0028): the daemons' timeout sweep (job_waits_expire) reads the
+-- suspended jobs by timeout, and only them: a job that never waits costs nothing here.
+CREATE INDEX jobs_suspended_until_idx ON @schema@.jobs (wait_until)
+    WHERE status = 'suspended';
+
+-- A correlation key names one live job (the one `pgworkerd signal --key` reaches): a
+-- second live job waiting with the same key is refused (job_suspend).
+CREATE UNIQUE INDEX jobs_wait_key_live_idx ON @schema@.jobs (wait_key)
+    WHERE wait_key IS NOT NULL
+      AND status IN ('pending', 'waiting', 'suspended', 'running');
 
 -- Retention pruning and operators' look-ups of finished jobs.
 CREATE INDEX jobs_finished_at_idx ON @schema@.jobs (finished_at)
@@ -247,6 +274,8 @@ BEGIN
         WHEN NEW.status = 'cancelled' THEN 'cancelled'
         WHEN NEW.status = 'dead' THEN 'dead'
         WHEN NEW.attempts < OLD.attempts AND NEW.snoozes > OLD.snoozes THEN 'snoozed'
+        -- a WaitFor (job_suspend, 0028): a new wait began
+        WHEN NEW.wait_since IS DISTINCT FROM OLD.wait_since THEN 'waited'
         WHEN NEW.attempts < OLD.attempts THEN 'released'
         ELSE 'failed' END;
     INSERT INTO @schema@.attempts AS a

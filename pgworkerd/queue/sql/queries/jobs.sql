@@ -146,19 +146,19 @@ SELECT %(id)s::bigint AS id, 'dead' AS status
 
 -- name: job_cancel
 -- Cancel jobs by id: pending ones (and waiting ones: schema 27) at once, running ones by
--- request to their daemon.
+-- request to their daemon (suspended ones, waiting for a signal, at once too: 0028).
 WITH target AS (
     SELECT id FROM @schema@.jobs WHERE id = ANY(%(ids)s::bigint[]) FOR UPDATE
 ), cancelled AS (
     UPDATE @schema@.jobs j
-       SET status = CASE WHEN j.status IN ('pending', 'waiting') THEN 'cancelled'
+       SET status = CASE WHEN j.status IN ('pending', 'waiting', 'suspended') THEN 'cancelled'
                          ELSE j.status END,
-           finished_at = CASE WHEN j.status IN ('pending', 'waiting') THEN now()
+           finished_at = CASE WHEN j.status IN ('pending', 'waiting', 'suspended') THEN now()
                               ELSE j.finished_at END,
            cancel_requested = (j.status = 'running'),
            updated_at = now()
       FROM target t
-     WHERE j.id = t.id AND j.status IN ('pending', 'waiting', 'running')
+     WHERE j.id = t.id AND j.status IN ('pending', 'waiting', 'suspended', 'running')
     RETURNING j.id, j.status
 )
 SELECT i.id,
@@ -491,3 +491,30 @@ SELECT j.row_json AS job,
        extract(epoch FROM j.locked_until - now())::float8 AS lease_left_seconds,
        now() AS now
   FROM (SELECT 1) AS one LEFT JOIN job j ON true;
+
+-- name: job_suspend
+-- The handler raised pgworkerd.WaitFor: suspended until signal %(name)s or
+-- %(timeout)s seconds, the attempt not counted (job_suspend in finish.sql, migration
+-- 0028; durable); pending at once when the job already has that signal. status
+-- 'refused' with problem: the correlation key is another live job's (nothing changed).
+-- No row: the lease was lost.
+SELECT s.status, s.wait_until, s.problem
+  FROM @schema@.job_suspend(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
+                            %(name)s::text, %(timeout)s::float8, %(key)s::text,
+                            %(progress)s::jsonb, %(checkpoint)s::jsonb) AS s;
+
+-- name: job_wakeups
+-- What woke the claimed jobs among %(ids)s that waited (0028): the name of their last
+-- wait, how it ended ('signal' or 'timeout') and that signal's payload and time. Jobs
+-- that never waited (wait_for NULL) give no row. Read after a claim, for its ids only;
+-- kept out of the claim so the claim's text stays the claim's (the lead may fold it in).
+SELECT j.id, j.wait_for, j.wait_ended, s.payload, s.sent_at
+  FROM @schema@.jobs j
+  LEFT JOIN @schema@.signals s ON s.job_id = j.id AND s.name = j.wait_for
+                               AND j.wait_ended = 'signal'
+ WHERE j.id = ANY(%(ids)s::bigint[]) AND j.wait_for IS NOT NULL;
+
+-- name: job_waits_expire
+-- Suspended jobs past their timeout become pending (at most %(max_jobs)s; job_waits_expire
+-- in signals.sql): the daemons' timeout sweep. Returns how many.
+SELECT @schema@.job_waits_expire(%(max_jobs)s::integer) AS moved;

@@ -20,6 +20,10 @@ WITH per_queue AS (
     SELECT queue, 'running', count(*)
       FROM @schema@.jobs WHERE status = 'running' GROUP BY queue
     UNION ALL
+    -- (through jobs_suspended_until_idx, which holds suspended jobs only: 0028)
+    SELECT queue, 'suspended', count(*)
+      FROM @schema@.jobs WHERE status = 'suspended' GROUP BY queue
+    UNION ALL
     SELECT queue, status::text, count(*)
       FROM @schema@.jobs
      WHERE finished_at > now() - make_interval(secs => %(window)s)
@@ -103,6 +107,9 @@ SELECT * FROM (
 UNION ALL (SELECT * FROM page WHERE status = 'running'
                   AND 'running' = ANY(%(statuses)s::text[])
                 ORDER BY id DESC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'suspended'
+                  AND 'suspended' = ANY(%(statuses)s::text[])
+                ORDER BY id DESC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'completed'
                   AND 'completed' = ANY(%(statuses)s::text[])
                 ORDER BY id DESC LIMIT %(limit)s)
@@ -140,6 +147,9 @@ SELECT * FROM (
                 ORDER BY id ASC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'running'
                   AND 'running' = ANY(%(statuses)s::text[])
+                ORDER BY id ASC LIMIT %(limit)s)
+UNION ALL (SELECT * FROM page WHERE status = 'suspended'
+                  AND 'suspended' = ANY(%(statuses)s::text[])
                 ORDER BY id ASC LIMIT %(limit)s)
 UNION ALL (SELECT * FROM page WHERE status = 'completed'
                   AND 'completed' = ANY(%(statuses)s::text[])
@@ -250,7 +260,9 @@ SELECT j.id, j.queue, j.handler, j.status::text AS status, j.priority, j.run_at,
        CASE WHEN length(t.result) <= %(shown)s THEN jsonb_pretty(j.result)
             ELSE left(t.result, %(shown)s) END AS result,
        length(t.result) AS result_chars,
-       left(j.last_error, %(shown)s) AS last_error, length(j.last_error) AS last_error_chars
+       left(j.last_error, %(shown)s) AS last_error, length(j.last_error) AS last_error_chars,
+       -- its wait (durable waits, 0028): names are bounded at 128 characters
+       j.wait_for, j.wait_since, j.wait_until, j.wait_key, j.wait_ended
   FROM @schema@.jobs j
  CROSS JOIN LATERAL (SELECT j.payload::text AS payload, j.progress::text AS progress,
                             j.checkpoint::text AS checkpoint, j.result::text AS result

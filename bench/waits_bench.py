@@ -1,0 +1,204 @@
+"""Durable waits benchmark: a real `pgworkerd run` on a private PostgreSQL.
+
+    .venv/bin/python bench/waits_bench.py [--short] [--json out.json]
+
+Prints:
+  - enqueue -> handler start on the same idle daemon set-up, for comparison
+    (bench/daemon_bench.py's measurement);
+  - signal -> handler start latency p50/p99 on an idle daemon: a job suspended by its
+    handler (raise pgworkerd.WaitFor), then `pgworkerd.signal` (the clock starts after its
+    COMMIT) until the resumed handler's first line; one job at a time;
+  - the claim's extra read for jobs that never waited (job_wakeups, after each claim that
+    returned jobs): microseconds per call for 1 and 10 claimed jobs, against the claim
+    statement itself;
+  - the timeout sweep (job_waits_expire) with nothing due, beside 0 and 100,000
+    suspended jobs: microseconds per statement (its index holds suspended jobs only).
+A benchmark, not a test: figures are printed, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from daemon_bench import SERVER_SETTINGS, Daemon, _start_of, latency, wait_for
+
+from pgworkerd import client, signals
+from pgworkerd.devcluster.localpg import LocalPostgres
+from pgworkerd.queue import lease
+from pgworkerd.queue.db import connect
+from pgworkerd.queue.migrate import migrate
+
+BENCH_DIR = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
+import leasing  # noqa: E402  (tests/support/leasing.py: claim)
+
+
+def pct(values: list[float], p: int) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))], 2)
+
+
+def signal_latency(dsn: str, workdir: Path, samples: int) -> dict[str, Any]:
+    starts = workdir / "starts.log"
+    starts.write_text("")
+    os.environ["BENCH_STARTS"] = str(starts)
+    with connect(dsn) as conn:
+        conn.execute("TRUNCATE pgworkerd.jobs")
+        daemon = Daemon(
+            dsn,
+            workdir,
+            {"slots": 4, "warm_children": 2, "lease": "60s", "poll_interval": "5s"},
+            {"approver": "wait_handlers:wait_then_record"},
+        )
+        try:
+            gaps = []
+            for n in range(samples):
+                job_id = client.enqueue(conn, "approver")
+                wait_for(
+                    lambda j=job_id: _status(conn, j) == "suspended", 10, f"job {n} waits", 0.001
+                )
+                time.sleep(0.05)  # idle again: the child back in the pool, the daemon asleep
+                signals.signal(conn, job_id, "go")
+                sent = time.time()
+                line = wait_for(
+                    functools.partial(_start_of, starts, job_id), 10, f"job {n} resumes", 0.0005
+                )
+                gaps.append((line - sent) * 1000)
+        finally:
+            daemon.stop()
+    return {
+        "samples": samples,
+        "p50_ms": round(statistics.median(gaps), 2),
+        "p99_ms": pct(gaps, 99),
+        "max_ms": round(max(gaps), 2),
+    }
+
+
+def _status(conn: Any, job_id: int) -> str:
+    [(status,)] = conn.execute(
+        "SELECT status::text FROM pgworkerd.jobs WHERE id = %s", (job_id,)
+    ).fetchall()
+    return str(status)
+
+
+def _micros(call: Any, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return round(statistics.median(times), 1)
+
+
+def wakeup_read(dsn: str, reps: int) -> dict[str, Any]:
+    """The read after a claim, for claimed jobs that never waited, against the claim that
+    returned them: each round claims `n` fresh jobs, then reads what woke them."""
+    out: dict[str, Any] = {}
+    with connect(dsn) as conn:
+        for n in (1, 10):
+            conn.execute("TRUNCATE pgworkerd.jobs")
+            client.enqueue_many(conn, [client.JobSpec("h") for _ in range(n * reps)])
+            conn.execute("ANALYZE pgworkerd.jobs")
+            served = {"h": lease.HandlerCapacity(60, n)}
+            claims, reads = [], []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                held = leasing.claim(conn, "bench", queues=["default"], handlers=served, limit=n)
+                t1 = time.perf_counter()
+                lease.with_wakeups(conn, held)
+                t2 = time.perf_counter()
+                claims.append((t1 - t0) * 1e6)
+                reads.append((t2 - t1) * 1e6)
+            out[f"claim_{n}_us"] = round(statistics.median(claims), 1)
+            out[f"wakeups_{n}_us"] = round(statistics.median(reads), 1)
+        conn.execute("TRUNCATE pgworkerd.jobs")
+    return out
+
+
+def sweep(dsn: str, reps: int, suspended: int) -> dict[str, Any]:
+    """job_waits_expire with nothing due, with 0 and `suspended` suspended jobs."""
+    out: dict[str, Any] = {}
+    with connect(dsn) as conn:
+        conn.execute("TRUNCATE pgworkerd.jobs")
+        out["sweep_empty_us"] = _micros(lambda: lease.waits_expire(conn), reps)
+        conn.execute(
+            "INSERT INTO pgworkerd.jobs (handler, status, wait_for, wait_since, wait_until)"
+            " SELECT 'h', 'suspended', 'go', now(), now() + interval '1 day'"
+            " FROM generate_series(1, %s)",
+            (suspended,),
+        )
+        conn.execute("ANALYZE pgworkerd.jobs")
+        out[f"sweep_{suspended}_suspended_us"] = _micros(lambda: lease.waits_expire(conn), reps)
+        conn.execute("TRUNCATE pgworkerd.jobs")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--short", action="store_true", help="a quick run (CI)")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    samples = 30 if args.short else 300
+    reps = 200 if args.short else 2000
+    suspended = 10_000 if args.short else 100_000
+    results: dict[str, Any] = {
+        "machine": f"{platform.node()} {os.cpu_count()} cpus "
+        f"{platform.machine()} Python {platform.python_version()}",
+        "load": os.getloadavg(),
+    }
+    with (
+        tempfile.TemporaryDirectory(prefix="pgworkerd-bench-") as tmp,
+        LocalPostgres(settings={**SERVER_SETTINGS, "shared_preload_libraries": ""}) as pg,
+    ):
+        dsn = pg.dsn()
+        migrate(dsn)
+        print(
+            f"# pgworkerd waits benchmark ({'short' if args.short else 'full'}) on "
+            f"{results['machine']}, load {results['load'][0]:.1f}",
+            flush=True,
+        )
+        r = signal_latency(dsn, Path(tmp), samples)
+        results["signal_latency"] = r
+        print(
+            f"signal -> handler start, idle daemon: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms,"
+            f" max {r['max_ms']} ms ({r['samples']} samples)",
+            flush=True,
+        )
+        r = latency(dsn, Path(tmp), samples)  # the same path without a wait, same run
+        results["enqueue_latency"] = r
+        print(
+            f"enqueue -> handler start, idle daemon (for comparison): p50 {r['p50_ms']} ms,"
+            f" p99 {r['p99_ms']} ms ({r['samples']} samples)",
+            flush=True,
+        )
+        r = wakeup_read(dsn, reps)
+        results["wakeup_read"] = r
+        print(
+            f"read after a claim (jobs that never waited): {r['wakeups_1_us']} us for 1 job,"
+            f" {r['wakeups_10_us']} us for 10; the claim itself {r['claim_1_us']} us for 1,"
+            f" {r['claim_10_us']} us for 10",
+            flush=True,
+        )
+        r = sweep(dsn, reps, suspended)
+        results["sweep"] = r
+        print(
+            f"timeout sweep, nothing due: {r['sweep_empty_us']} us with no suspended job,"
+            f" {r[f'sweep_{suspended}_suspended_us']} us with {suspended}",
+            flush=True,
+        )
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -154,6 +154,7 @@ class JobTable(Generic[ChildT]):
                         checkpoint=job.job.checkpoint,
                         deadline=job.deadline,
                         memory_limit=job.handler.memory_limit or self.worker.memory_limit,
+                        lease_token=job.job.token,
                     )
                 )
             except Exception as exc:  # this job's data: too big, too deep, not JSON

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from pgworkerd.version import __version__
 
 if TYPE_CHECKING:
-    from pgworkerd.child import GiveUp, Snooze
+    from pgworkerd.child import Done, GiveUp, Snooze
     from pgworkerd.client import (
         InvalidJob,
         JobFailed,
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "Done",
     "GiveUp",
     "InvalidJob",
     "JobFailed",
@@ -36,9 +37,10 @@ __all__ = [
     "get",
     "wait",
 ]
-# Waiting for a job (client.get, client.wait) and a handler's outcomes (Snooze, GiveUp).
+# Waiting for a job (client.get, client.wait) and a handler's outcomes (Snooze, GiveUp,
+# Done with follow-ups).
 _WAITING = ("JobFailed", "JobInfo", "JobNotFound", "WaitTimeout", "get", "wait")
-_OUTCOMES = ("GiveUp", "Snooze")
+_OUTCOMES = ("Done", "GiveUp", "Snooze")
 
 
 def __getattr__(name: str) -> Any:

@@ -252,7 +252,7 @@ class Completion:
     progress: Any = None
     # follow-up jobs to enqueue with the completion (enqueue_many_v2's job objects);
     # None: none (complete_with_follow_ups)
-    follow_ups: Sequence[Any] | None = None
+    follow_ups: Any = None
 
 
 def complete_many(
@@ -305,8 +305,7 @@ def complete_with_follow_ups(
         return {}
     params = {
         **_complete_params(worker, done),
-        "follow_ups": [jsonb_or_none(None if d.follow_ups is None else list(d.follow_ups))
-                       for d in done],
+        "follow_ups": [jsonb_or_none(d.follow_ups) for d in done],
     }
     rows = hotpath.run(conn, "job_complete_with_follow_ups", params, schema=schema)
     outcomes = (records.build(FollowUpsOutcome, rows.columns, r) for r in rows)

@@ -3,6 +3,6 @@ that runs one job at a time and the fork server that starts children. Nothing he
 imports database code (a test holds it to that): children never touch the database."""
 
 from pgworkerd.worker.child import JobContext, JobInterrupted
-from pgworkerd.worker.outcomes import GiveUp, Snooze
+from pgworkerd.worker.outcomes import Done, GiveUp, Snooze
 
-__all__ = ["GiveUp", "JobContext", "JobInterrupted", "Snooze"]
+__all__ = ["Done", "GiveUp", "JobContext", "JobInterrupted", "Snooze"]

@@ -32,9 +32,8 @@ from typing import Any
 from setproctitle import setproctitle
 
 from pgworkerd.jsontext import storable_json, storable_text
-from pgworkerd.worker import identity, protocol, reaper, tmpdirs, watcher
+from pgworkerd.worker import identity, outcomes, protocol, reaper, tmpdirs, watcher
 from pgworkerd.worker.capture import Capture
-from pgworkerd.worker import outcomes
 from pgworkerd.worker.outcomes import GiveUp, Snooze, exception_types, snooze_problem
 from pgworkerd.worker.protocol import (
     Beat,

@@ -13,6 +13,7 @@ child runs arbitrary code and its messages are not trusted.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 # The longest snooze a handler may ask for: 30 days. Longer is a handler error (the
@@ -82,18 +83,19 @@ def follow_ups_json(then: Any, limit: int) -> list[dict[str, Any]]:
         raise ValueError(f"Done(then=...) holds {len(then)} follow-ups; at most {limit}")
     if not then:
         return []
-    from pgworkerd.client import InvalidJob, JobSpec  # loaded by whoever built the specs
-
+    # A JobSpec exists only once its module is loaded (by the handler that built it):
+    # looked up, not imported, so the child side loads no database code.
+    client = sys.modules.get("pgworkerd.client")
     specs = []
     for n, spec in enumerate(then, 1):
-        if not isinstance(spec, JobSpec):
+        if client is None or not isinstance(spec, client.JobSpec):
             raise ValueError(
                 f"follow-up {n} of {len(then)} must be a pgworkerd.JobSpec, "
                 f"not {type(spec).__name__}"
             )
         try:
             specs.append(spec.as_json())
-        except InvalidJob as exc:
+        except client.InvalidJob as exc:
             raise ValueError(f"follow-up {n} of {len(then)}: {exc}") from None
     return specs
 

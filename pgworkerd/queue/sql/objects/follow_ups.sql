@@ -181,7 +181,14 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 #variable_conflict use_column
+DECLARE
+    problem text := @schema@.fenced_job_problem(job_complete_with_follow_ups.worker,
+                                                job_complete_with_follow_ups.job_id,
+                                                job_complete_with_follow_ups.token);
 BEGIN
+    IF problem IS NOT NULL THEN
+        PERFORM @schema@.fenced_refuse('completing a job with follow-ups', problem);
+    END IF;
     RETURN QUERY
     SELECT c.follow_up_ids, c.refused
       FROM @schema@.jobs_complete_with_follow_ups(

@@ -56,9 +56,10 @@ class Outcome:
     retry_in: float | None = None  # set once written: seconds until the retry is due
     snooze: float | None = None  # SNOOZE: seconds until the job runs again (checked)
     usage: attempts.Usage | None = None  # what the attempt cost (daemon.accounting)
-    # COMPLETE: the follow-up jobs the handler returned (checked by protocol.decode as a
-    # list of objects; the database checks each job); None: none
-    follow_ups: list[Any] | None = None
+    # COMPLETE: the follow-up jobs the handler returned, as JSON text (checked by
+    # protocol.decode as a list of objects, encoded by the job table; the database checks
+    # each job); None: none
+    follow_ups: Any = None
     follow_up_ids: list[int] | None = None  # set once written: the follow-ups inserted
 
     def __post_init__(self) -> None:

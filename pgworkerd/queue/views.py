@@ -360,7 +360,31 @@ def job(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, An
         history = None
     daemon = _rows(conn, "job_daemon", schema, {"id": job_id})
     # Not under "attempts": that is the jobs column (how many attempts were counted).
-    return {**row, "attempt_history": history, "daemon": daemon[0] if daemon else None}
+    # The lease token is a capability (job_lease_assert): `show` never prints it.
+    row = {k: v for k, v in row.items() if k != "lease_token"}
+    return {
+        **row,
+        "attempt_history": history,
+        "daemon": daemon[0] if daemon else None,
+        **(follow_ups(conn, schema, job_id) or {}),
+    }
+
+
+def follow_ups(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, Any] | None:
+    """The follow-ups a job's completion inserted (follow_ups: their ids, in order) and
+    the jobs whose completion inserted it (follow_up_of), with the status of each under
+    follow_up_statuses (None: pruned since). None: the role may not read them (a role
+    granted before schema 29)."""
+    try:
+        with conn.transaction():
+            rows = _rows(conn, "view_job_follow_ups", schema, {"id": job_id})
+    except InsufficientPrivilege:
+        return None
+    return {
+        "follow_ups": [r["id"] for r in rows if r["relation"] == "then"],
+        "follow_up_of": [r["id"] for r in rows if r["relation"] == "of"],
+        "follow_up_statuses": {str(r["id"]): r["status"] for r in rows},
+    }
 
 
 def schedules(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:

@@ -22,7 +22,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from daemon_harness import DaemonProcess, Daemons, Db, is_gone, wait_for
+from daemon_harness import (
+    DaemonProcess,
+    Daemons,
+    Db,
+    is_gone,
+    process_title,
+    wait_for,
+)
+from proctree import descendants
 from psycopg import sql
 
 HANDLERS = {
@@ -168,6 +176,9 @@ def test_a_token_handed_out_is_fenced_after_a_rescue_and_never_logged(
         ready_pid(tmp_path, 2)  # attempt 2 runs on B, held at its gate
         second = json.loads((tmp_path / "token-2").read_text())
         assert db.job(job_id)["locked_by"] == b.worker_id
+        titles = [process_title(pid) for pid in descendants(b.pid)]
+        assert any(f"job {job_id} " in t for t in titles), titles
+        assert not any(str(second["token"]) in t for t in titles), titles
         assert_sql = sql.SQL("SELECT {}.job_lease_assert(%s, %s)").format(sql.Identifier(db.schema))
         insert = sql.SQL("INSERT INTO {} VALUES (%s, %s)").format(table)
         with psycopg.connect(test_db_dsn) as old:

@@ -391,3 +391,93 @@ def test_the_assert_refuses_a_finished_job_an_unknown_one_and_a_guessed_token(
     assert leasing.complete(conn, WORKER, job.id, job.token, schema=schema)
     with lease_lost():
         rows(conn, schema, "SELECT @schema@.job_lease_assert(%s, %s)", (job.id, job.token))
+
+
+# -- who may do it (docs/operations/trust-boundaries.md) ----------------------------------
+
+
+def test_the_daemon_enqueues_follow_ups_only_for_a_job_it_holds(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It enqueues follow-up jobs only with the fenced completion of a job it holds (its
+    worker, lease token and `running`), in that completion's transaction, each list
+    through the enqueue checks and the bounds of its own login: without the job's lease it
+    inserts nothing and learns nothing, and a completed job's follow-ups are never
+    inserted again."""
+    client.enqueue(conn, "h", schema=schema)
+    # one job held by another host (the owner claims it as that host's daemon)
+    [other] = claim(conn, schema, RESCUER)
+    client.enqueue(conn, "h", schema=schema)
+    with psycopg.connect(roles[f"{schema}_daemon"], autocommit=True) as daemon:
+        [held] = claim(daemon, schema)
+        before = job_count(conn, schema)
+        tries = [
+            (WORKER, other.id, held.token),  # another host's job, a guessed token
+            (RESCUER, other.id, held.token),  # in that host's name, still no token
+            (WORKER, held.id, held.token + 1),  # its own job, a wrong token
+            ("someone-else", held.id, held.token),  # its own token in another name
+        ]
+        for worker, job_id, token in tries:
+            done = lease.Completion(job_id, token, None, None, specs("next"))
+            assert lease.complete_with_follow_ups(daemon, worker, [done], schema=schema) == {}
+        # and a refused list tells no one but the holder why
+        bad = lease.Completion(other.id, held.token, None, None, [{"handler": ""}])
+        assert lease.complete_with_follow_ups(daemon, WORKER, [bad], schema=schema) == {}
+        assert job_count(conn, schema) == before
+        for statement in (
+            "INSERT INTO @schema@.jobs (handler) VALUES ('h')",
+            "INSERT INTO @schema@.job_follow_ups VALUES (1, 1, 1)",
+            'SELECT @schema@.enqueue_many_v2(\'[{"handler": "h"}]\')',
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                rows(daemon, schema, statement)
+        # the holder's completion inserts them, once
+        out = complete_one(daemon, schema, held, specs("next"))
+        assert len(out[held.id].follow_up_ids or []) == 1
+        assert complete_one(daemon, schema, held, specs("next")) == {}
+        assert job_count(conn, schema) == before + 1
+    assert status(conn, schema, other.id) == "running"
+    # an application (enqueuer) cannot complete anything, with or without follow-ups
+    with (
+        psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as app,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        complete_one(app, schema, other, specs("next"), worker=RESCUER)
+
+
+def test_the_enqueuer_asserts_a_lease_only_with_its_token(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It can make its own transaction's writes conditional on a job's lease
+    (`job_lease_assert`) only with the lease token that job's running attempt was given:
+    any other token, a finished job or an unknown id is refused (SQLSTATE `PGWL1`, naming
+    no token), and with the token it holds the job's row until that transaction ends (no
+    rescue takes the lease meanwhile; keep the transaction short)."""
+    client.enqueue(conn, "h", schema=schema)
+    client.enqueue(conn, "h", schema=schema)
+    held, done = claim(conn, schema, lease_seconds=1)
+    assert leasing.complete(conn, WORKER, done.id, done.token, schema=schema)
+    assert_sql = "SELECT @schema@.job_lease_assert(%s, %s)"
+    with psycopg.connect(roles[f"{schema}_enqueuer"]) as app:
+        for job_id, token in (
+            (held.id, held.token ^ 1),
+            (done.id, done.token),
+            (held.id + done.id + 1000, held.token),
+        ):
+            with pytest.raises(psycopg.Error) as raised:
+                rows(app, schema, assert_sql, (job_id, token))
+            assert raised.value.sqlstate == "PGWL1"
+            assert str(token) not in str(raised.value) and str(held.token) not in str(raised.value)
+            app.rollback()
+        rows(app, schema, assert_sql, (held.id, held.token))  # holds the row from here
+        wait_expired(conn, schema, held.id)
+        assert claim(conn, schema, RESCUER) == []  # no rescue while the app's transaction runs
+        app.rollback()
+    [rescued] = claim(conn, schema, RESCUER)
+    assert rescued.id == held.id
+    # the reader (a dashboard) may not call it
+    with (
+        psycopg.connect(roles[f"{schema}_reader"], autocommit=True) as reader,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        rows(reader, schema, assert_sql, (rescued.id, rescued.token))

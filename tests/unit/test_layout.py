@@ -240,7 +240,8 @@ def test_the_package_face_names_the_application_api() -> None:
     from pgworkerd import client
     from pgworkerd.worker import outcomes
 
-    child_side = {"GiveUp", "Snooze"}  # what handlers raise (issue 11)
+    # what handlers raise (issue 11) or return (Done with follow-ups, issue 24)
+    child_side = {"Done", "GiveUp", "Snooze"}
     for name in pgworkerd.__all__:
         if name != "__version__":
             home = outcomes if name in child_side else client
@@ -265,7 +266,7 @@ def test_the_package_face_names_the_application_api() -> None:
 def test_a_handler_raising_through_the_package_face_loads_no_psycopg() -> None:
     code = (
         "import sys, pgworkerd\n"
-        "pgworkerd.Snooze(1), pgworkerd.GiveUp('x')\n"
+        "pgworkerd.Snooze(1), pgworkerd.GiveUp('x'), pgworkerd.Done(1)\n"
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg')))\n"
     )
     result = subprocess.run(

@@ -63,8 +63,17 @@ def _job_data(job_id: int) -> dict[str, Any]:
             conn, schema, job_id, shown=SHOWN_CHARS, limit=ATTEMPTS_SHOWN
         )
         why = explain.explain(conn, schema, job_id)
+        # the follow-ups its completion enqueued, and the job whose completion enqueued
+        # it (None: a role granted before schema 29)
+        follow = views.follow_ups(conn, schema, job_id)
     total = history[0]["total"] if history else 0
-    return {"job": job, "attempts": history or [], "attempts_total": total, "explain": why}
+    return {
+        "job": job,
+        "attempts": history or [],
+        "attempts_total": total,
+        "explain": why,
+        "follow": follow,
+    }
 
 
 @pages.get("/jobs/<int:job_id>")

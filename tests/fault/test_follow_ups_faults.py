@@ -30,6 +30,7 @@ from daemon_harness import (
     process_title,
     wait_for,
 )
+from doctext import block_after
 from proctree import descendants
 from psycopg import sql
 
@@ -200,3 +201,54 @@ def test_a_token_handed_out_is_fenced_after_a_rescue_and_never_logged(
         assert daemon is not None
         log = daemon.log()
         assert str(first["token"]) not in log and str(second["token"]) not in log
+
+
+def test_the_exactly_once_recipe_charges_once_across_a_retry(
+    db: Db,
+    daemons: Daemons,
+    tmp_path: Path,
+    roles: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/guide/exactly-once.md's handler, as printed, run by a real daemon as the
+    application's enqueuer login: its first attempt charges and then fails (the receipt
+    service is down); the retry asserts the new lease, finds the charge recorded, and does
+    not charge again."""
+    schema = db.schema
+    app = sql.Identifier(f"{schema}_app")
+    enqueuer = sql.Identifier(f"{schema}_enqueuer")
+    for statement in (
+        "CREATE SCHEMA {app}",
+        "CREATE TABLE {app}.accounts (id int PRIMARY KEY, balance int NOT NULL)",
+        "CREATE TABLE {app}.charges (job_id bigint PRIMARY KEY, account int, cents int)",
+        "INSERT INTO {app}.accounts VALUES (1, 1000)",
+        "GRANT USAGE ON SCHEMA {app} TO {enqueuer}",
+        "GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA {app} TO {enqueuer}",
+    ):
+        db.conn.execute(sql.SQL(statement).format(app=app, enqueuer=enqueuer))
+    code = block_after("guide/exactly-once.md", "python", "## The recipe")
+    code = code.replace("pgworkerd.job_lease_assert", f"{schema}.job_lease_assert")
+    code = code.replace("myapp.", f"{schema}_app.")
+    # the receipt service is down once
+    code += (
+        "\n\ndef send_receipt(account: int, cents: int) -> None:\n"
+        "    from pathlib import Path\n"
+        "    down = Path(os.environ['RECEIPT_DIR']) / 'down-once'\n"
+        "    if not down.exists():\n"
+        "        down.write_text('')\n"
+        "        raise RuntimeError('the receipt service is down')\n"
+    )
+    (tmp_path / "myapp_recipe.py").write_text(code)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("MYAPP_DSN", roles[f"{schema}_enqueuer"])
+    monkeypatch.setenv("RECEIPT_DIR", str(tmp_path))
+    daemons.start({"charge": {"target": "myapp_recipe:charge"}}, LEASE)
+    job_id = db.enqueue("charge", {"account": 1, "cents": 250}, max_attempts=3)
+    row = db.wait_status(job_id, "completed", "dead")
+    assert row["status"] == "completed", row["last_error"]
+    assert row["attempts"] == 2 and "the receipt service is down" in row["last_error"]
+    assert row["result"] == {"charged": 250, "first_time": False}
+    balance = db.conn.execute(sql.SQL("SELECT balance FROM {}.accounts").format(app)).fetchall()
+    assert balance == [(750,)]
+    charges = db.conn.execute(sql.SQL("SELECT job_id, cents FROM {}.charges").format(app))
+    assert charges.fetchall() == [(job_id, 250)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import leasing
 import psycopg
 import pytest
+from doctext import block_after
 from psycopg import sql
 
 from pgworkerd import client
@@ -267,24 +269,24 @@ def test_hostile_arguments_are_refused_with_22023_and_change_nothing(
 
 
 def test_one_job_function_for_other_languages(conn: psycopg.Connection, schema: str) -> None:
-    client.enqueue(conn, "h", schema=schema)
-    [job] = claim(conn, schema)
+    """The SQL docs/guide/follow-ups.md prints for other languages, as printed: completed
+    with its follow-ups; a refused list says why and leaves the job held; a second call
+    (or a lost lease) returns no row."""
+    text = block_after("guide/follow-ups.md", "sql", "## From other languages")
+    code = "\n".join(line for line in text.splitlines() if not line.startswith("--"))
+    text = re.sub(r"\$\d", "%s", code.replace("pgworkerd.", "@schema@."))
+    for _ in range(2):
+        client.enqueue(conn, "h", schema=schema)
+    job, bad = claim(conn, schema)
     [(ids, refused)] = rows(
-        conn,
-        schema,
-        "SELECT * FROM @schema@.job_complete_with_follow_ups(%s, %s, %s, '{\"r\": 1}', %s)",
-        (job.id, WORKER, job.token, json.dumps(specs("next"))),
+        conn, schema, text, (job.id, WORKER, job.token, '{"r": 1}', json.dumps(specs("next")))
     )
-    assert refused is None and len(ids) == 1
-    assert (
-        rows(
-            conn,
-            schema,
-            "SELECT * FROM @schema@.job_complete_with_follow_ups(%s, %s, %s, NULL, %s)",
-            (job.id, WORKER, job.token, json.dumps(specs("next"))),
-        )
-        == []
-    )
+    assert refused is None and len(ids) == 1 and status(conn, schema, job.id) == "completed"
+    again = (job.id, WORKER, job.token, None, json.dumps(specs("next")))
+    assert rows(conn, schema, text, again) == []
+    [(ids, refused)] = rows(conn, schema, text, (bad.id, WORKER, bad.token, None, '"no"'))
+    assert ids is None and "must be a JSON array" in refused
+    assert status(conn, schema, bad.id) == "running"
 
 
 # -- the lease in the handler's hands ------------------------------------------------------

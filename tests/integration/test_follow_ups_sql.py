@@ -120,6 +120,48 @@ def test_a_completion_inserts_its_follow_ups_in_its_own_transaction(
     assert status(conn, schema, job2.id) == "running" and job_count(conn, schema) == before
 
 
+@pytest.mark.parametrize("with_a_bad_list", [False, True])
+def test_a_batch_of_lists_maps_each_follow_up_to_its_job_in_order(
+    conn: psycopg.Connection, schema: str, with_a_bad_list: bool
+) -> None:
+    """All lists of a batch go in one enqueue (or, when one is refused, job by job): each
+    job gets its own follow-ups, in its handler's order."""
+    for _ in range(4):
+        client.enqueue(conn, "h", schema=schema)
+    a, b, lost, c = claim(conn, schema)
+    bad: Any = [{"handler": ""}] if with_a_bad_list else None
+    done = [
+        lease.Completion(a.id, a.token, None, None, specs("a0", "a1")),
+        lease.Completion(b.id, b.token, None, None, bad),
+        lease.Completion(lost.id, lost.token + 1, None, None, specs("lost")),
+        lease.Completion(c.id, c.token, None, None, specs("c0", "c1", "c2")),
+    ]
+    out = lease.complete_with_follow_ups(conn, WORKER, done, schema=schema)
+    assert lost.id not in out
+    assert (out[b.id].refused is not None) == with_a_bad_list
+    for job, handlers in ((a, ["a0", "a1"]), (c, ["c0", "c1", "c2"])):
+        ids = out[job.id].follow_up_ids or []
+        got = rows(
+            conn,
+            schema,
+            "SELECT f.position, j.handler FROM @schema@.job_follow_ups f"
+            " JOIN @schema@.jobs j ON j.id = f.follow_up_id"
+            " WHERE f.job_id = %s ORDER BY f.position",
+            (job.id,),
+        )
+        assert got == list(enumerate(handlers, 1))
+        assert [
+            h
+            for (h,) in rows(
+                conn,
+                schema,
+                "SELECT handler FROM @schema@.jobs WHERE id = ANY(%s) ORDER BY id",
+                (ids,),
+            )
+        ] == handlers
+    assert rows(conn, schema, "SELECT count(*) FROM @schema@.jobs WHERE handler = 'lost'") == [(0,)]
+
+
 def test_a_lost_lease_inserts_nothing_and_a_repeated_completion_inserts_once(
     conn: psycopg.Connection, schema: str
 ) -> None:

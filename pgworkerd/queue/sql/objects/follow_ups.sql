@@ -70,7 +70,9 @@ REVOKE EXECUTE ON FUNCTION @schema@.job_follow_ups_forget() FROM PUBLIC;
 -- Returns one row per job completed (follow_up_ids: the ids enqueue_many_v2 returned, in
 -- order; NULL: none) and one per job whose follow-ups were refused (refused: why; that job
 -- is left running, its lease held, nothing of it changed). A job missing from the result
--- lost its lease: nothing of it changed and nothing was inserted.
+-- lost its lease: nothing of it changed and nothing was inserted. All the lists go in one
+-- enqueue_many_v2 call (one subtransaction); only when that refuses one is each job tried
+-- alone, in a subtransaction of its own.
 CREATE FUNCTION @schema@.jobs_complete_with_follow_ups(
     worker text, ids bigint[], tokens bigint[], results jsonb[], progress jsonb[],
     follow_ups jsonb[])
@@ -94,12 +96,19 @@ DECLARE
                                       jobs_complete_with_follow_ups.ids,
                                       jobs_complete_with_follow_ups.tokens,
                                       jobs_complete_with_follow_ups.follow_ups));
+    -- the jobs without follow-ups, and those with a list to insert
     plain_ids bigint[] := '{}';
     plain_tokens bigint[] := '{}';
     plain_results jsonb[] := '{}';
     plain_progress jsonb[] := '{}';
-    job record;
+    listed_ids bigint[] := '{}';
+    listed_tokens bigint[] := '{}';
+    listed_results jsonb[] := '{}';
+    listed_progress jsonb[] := '{}';
+    listed_follow_ups jsonb[] := '{}';
+    done_ids bigint[];
     inserted bigint[];
+    job record;
     why text;
 BEGIN
     IF problem IS NOT NULL THEN
@@ -115,50 +124,107 @@ BEGIN
                  AS d(id, token, result, progress, follow_ups)
     LOOP
         IF job.follow_ups IS NULL OR job.follow_ups = '[]'::jsonb THEN
-            -- completed below, all in one statement
             plain_ids := plain_ids || job.id;
             plain_tokens := plain_tokens || job.token;
             plain_results := plain_results || job.result;
             plain_progress := plain_progress || job.progress;
-            CONTINUE;
-        END IF;
-        why := CASE
-            WHEN jsonb_typeof(job.follow_ups) <> 'array' THEN
-                'follow-ups must be a JSON array of job objects, not a JSON '
-                || jsonb_typeof(job.follow_ups)
-            WHEN jsonb_array_length(job.follow_ups) > 1000 THEN
-                'at most 1000 follow-ups per job, not ' || jsonb_array_length(job.follow_ups)
-        END;
-        IF why IS NULL THEN
-            -- The completion and its follow-ups in a subtransaction: a list refused by
-            -- enqueue (or by a bound) takes back this job's completion only.
-            BEGIN
-                IF EXISTS (SELECT FROM @schema@.complete_jobs(
-                               jobs_complete_with_follow_ups.worker, ARRAY[job.id],
-                               ARRAY[job.token], ARRAY[job.result], ARRAY[job.progress])) THEN
-                    inserted := @schema@.enqueue_many_v2(job.follow_ups);
-                    INSERT INTO @schema@.job_follow_ups (job_id, position, follow_up_id)
-                    SELECT job.id, f.n, f.follow_up_id
-                      FROM unnest(inserted) WITH ORDINALITY AS f(follow_up_id, n);
-                    RETURN QUERY SELECT job.id, inserted, NULL::text;
-                END IF;  -- (else the lease was lost: nothing changed, no row)
-            EXCEPTION
-                WHEN data_exception OR integrity_constraint_violation
-                     OR insufficient_privilege OR serialization_failure THEN
-                    why := SQLERRM;
-            END;
-        END IF;
-        IF why IS NOT NULL THEN
-            -- only the holder learns why (and a non-holder nothing): still ours?
-            IF EXISTS (SELECT FROM @schema@.jobs j
-                        WHERE j.id = job.id AND j.lease_token = job.token
-                          AND j.locked_by = jobs_complete_with_follow_ups.worker
-                          AND j.status::text = 'running') THEN
-                RETURN QUERY SELECT job.id, NULL::bigint[],
-                                    left('follow-ups refused: ' || why, 2000);
-            END IF;
+        ELSIF jsonb_typeof(job.follow_ups) <> 'array'
+              OR jsonb_array_length(job.follow_ups) > 1000 THEN
+            -- refused as it is; only the holder learns why (a non-holder: no row)
+            RETURN QUERY
+            SELECT j.id, NULL::bigint[],
+                   'follow-ups refused: ' || CASE
+                       WHEN jsonb_typeof(job.follow_ups) <> 'array' THEN
+                           'follow-ups must be a JSON array of job objects, not a JSON '
+                           || jsonb_typeof(job.follow_ups)
+                       ELSE 'at most 1000 follow-ups per job, not '
+                            || jsonb_array_length(job.follow_ups) END
+              FROM @schema@.jobs j
+             WHERE j.id = job.id AND j.lease_token = job.token
+               AND j.locked_by = jobs_complete_with_follow_ups.worker
+               AND j.status::text = 'running';
+        ELSE
+            listed_ids := listed_ids || job.id;
+            listed_tokens := listed_tokens || job.token;
+            listed_results := listed_results || job.result;
+            listed_progress := listed_progress || job.progress;
+            listed_follow_ups := listed_follow_ups || job.follow_ups;
         END IF;
     END LOOP;
+
+    IF cardinality(listed_ids) > 0 THEN
+        -- All lists at once: one completion, one enqueue_many_v2, one insert. In a
+        -- subtransaction: if enqueue (or a bound) refuses a job of any list, none of this
+        -- stays, and each job is tried alone below, so only the bad list's job is refused.
+        BEGIN
+            done_ids := ARRAY(
+                SELECT c.id FROM @schema@.complete_jobs(
+                    jobs_complete_with_follow_ups.worker, listed_ids, listed_tokens,
+                    listed_results, listed_progress) AS c(id));
+            IF cardinality(done_ids) > 0 THEN  -- (the others lost their lease: nothing)
+                inserted := @schema@.enqueue_many_v2((
+                    SELECT jsonb_agg(e.spec ORDER BY l.n, e.k)
+                      FROM unnest(listed_ids, listed_follow_ups) WITH ORDINALITY
+                           AS l(id, follow_ups, n)
+                     CROSS JOIN LATERAL jsonb_array_elements(l.follow_ups) WITH ORDINALITY
+                           AS e(spec, k)
+                     WHERE l.id = ANY(done_ids)));
+                INSERT INTO @schema@.job_follow_ups (job_id, position, follow_up_id)
+                SELECT s.id, s.k, inserted[s.r]
+                  FROM (SELECT l.id, e.k, row_number() OVER (ORDER BY l.n, e.k) AS r
+                          FROM unnest(listed_ids, listed_follow_ups) WITH ORDINALITY
+                               AS l(id, follow_ups, n)
+                         CROSS JOIN LATERAL jsonb_array_elements(l.follow_ups)
+                               WITH ORDINALITY AS e(spec, k)
+                         WHERE l.id = ANY(done_ids)) s;
+            END IF;
+        EXCEPTION
+            WHEN data_exception OR integrity_constraint_violation
+                 OR insufficient_privilege OR serialization_failure THEN
+                done_ids := NULL;
+        END;
+        IF done_ids IS NOT NULL THEN
+            RETURN QUERY
+            SELECT f.job_id, array_agg(f.follow_up_id ORDER BY f.position), NULL::text
+              FROM @schema@.job_follow_ups f
+             WHERE f.job_id = ANY(done_ids)
+             GROUP BY f.job_id;
+        ELSE
+            FOR job IN
+                SELECT * FROM unnest(listed_ids, listed_tokens, listed_results,
+                                     listed_progress, listed_follow_ups)
+                         AS d(id, token, result, progress, follow_ups)
+            LOOP
+                why := NULL;
+                BEGIN
+                    IF EXISTS (SELECT FROM @schema@.complete_jobs(
+                                   jobs_complete_with_follow_ups.worker, ARRAY[job.id],
+                                   ARRAY[job.token], ARRAY[job.result],
+                                   ARRAY[job.progress])) THEN
+                        inserted := @schema@.enqueue_many_v2(job.follow_ups);
+                        INSERT INTO @schema@.job_follow_ups (job_id, position, follow_up_id)
+                        SELECT job.id, f.n, f.follow_up_id
+                          FROM unnest(inserted) WITH ORDINALITY AS f(follow_up_id, n);
+                        RETURN QUERY SELECT job.id, inserted, NULL::text;
+                    END IF;  -- (else the lease was lost: nothing changed, no row)
+                EXCEPTION
+                    WHEN data_exception OR integrity_constraint_violation
+                         OR insufficient_privilege OR serialization_failure THEN
+                        why := SQLERRM;
+                END;
+                IF why IS NOT NULL THEN
+                    -- still ours (only the holder learns why)
+                    RETURN QUERY
+                    SELECT j.id, NULL::bigint[], left('follow-ups refused: ' || why, 2000)
+                      FROM @schema@.jobs j
+                     WHERE j.id = job.id AND j.lease_token = job.token
+                       AND j.locked_by = jobs_complete_with_follow_ups.worker
+                       AND j.status::text = 'running';
+                END IF;
+            END LOOP;
+        END IF;
+    END IF;
+
     IF cardinality(plain_ids) > 0 THEN
         RETURN QUERY
         SELECT c.id, NULL::bigint[], NULL::text

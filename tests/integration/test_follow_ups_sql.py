@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 import leasing
 import psycopg
 import pytest
+from daemon_harness import PGWORKERD
 from doctext import block_after
 from psycopg import sql
 
@@ -525,3 +527,21 @@ def test_the_enqueuer_asserts_a_lease_only_with_its_token(
         pytest.raises(psycopg.errors.InsufficientPrivilege),
     ):
         rows(reader, schema, assert_sql, (rescued.id, rescued.token))
+
+
+def test_show_never_prints_a_lease_token(
+    conn: psycopg.Connection, schema: str, test_db_dsn: str
+) -> None:
+    """`pgworkerd show` of a running job (text and --json) names no lease token."""
+    client.enqueue(conn, "h", schema=schema)
+    [job] = claim(conn, schema)
+    for extra in ([], ["--json"]):
+        out = subprocess.run(
+            [str(PGWORKERD), "--dsn", test_db_dsn, "--schema", schema, "show", str(job.id), *extra],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        assert f"id: {job.id}" in out or f'"id": {job.id}' in out
+        assert "lease_token" not in out and str(job.token) not in out

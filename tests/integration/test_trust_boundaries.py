@@ -127,9 +127,14 @@ ELSEWHERE: dict[str, list[str]] = {
     ],
     "It is given its attempt's lease token (`job.lease_token`), a capability for"
     " `job_lease_assert`: pgworkerd passes it to the child only, never in its log, a process"
-    " title or an error; once the attempt has lost the job, the token opens nothing.": [
+    " title, an error, `pgworkerd show` or a dashboard page or link; once the attempt has"
+    " lost the job, the token opens nothing.": [
         "tests/fault/test_follow_ups_faults.py"
         "::test_a_token_handed_out_is_fenced_after_a_rescue_and_never_logged",
+        "tests/integration/test_follow_ups_sql.py::test_show_never_prints_a_lease_token",
+        "tests/web/test_dashboard_bounds.py::test_big_logs_are_cut_with_a_download",
+        "tests/web/test_dashboard_follow_ups.py"
+        "::test_a_job_page_links_its_follow_ups_and_a_follow_up_its_job",
     ],
     "Nothing it starts outlives its attempt, and its temp directory goes with the attempt.": [
         "tests/fault/test_containment.py::test_nothing_a_job_started_outlives_its_attempt",

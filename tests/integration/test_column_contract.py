@@ -28,6 +28,7 @@ EXPECTED = {
     "job_lease_state": lease.LeaseState,
     "job_next_run_at": lease.WakeupFacts,
     "job_info": client.JobInfo,
+    "job_complete_with_follow_ups": lease.FollowUpsOutcome,
 }
 
 

@@ -375,6 +375,27 @@ GRANT SELECT ON pgworkerd.job_parents TO pgworkerd_reader;
 -- operator: release a job held for an operator after a parent failed.
 GRANT EXECUTE ON FUNCTION pgworkerd.job_held_release(bigint) TO pgworkerd_operator;
 
+-- Follow-ups and the lease in the handler's hands (schema 29, docs/guide/follow-ups.md,
+-- docs/guide/exactly-once.md). The daemon completes a job it holds with the follow-up
+-- jobs its handler returned, in one transaction, through these fenced SECURITY DEFINER
+-- functions: a holder whose lease was lost inserts nothing, and a role that holds no job
+-- can enqueue no follow-up (they are no enqueue right: each list goes through
+-- enqueue_many_v2's checks and the bounds of the daemon's login).
+GRANT EXECUTE ON FUNCTION pgworkerd.jobs_complete_with_follow_ups(text, bigint[], bigint[],
+                                                                  jsonb[], jsonb[], jsonb[]),
+                          pgworkerd.job_complete_with_follow_ups(bigint, text, bigint, jsonb,
+                                                                 jsonb, jsonb)
+      TO pgworkerd_daemon;
+-- An application's own connection (the enqueuer's login, or its own login member of it)
+-- makes its writes conditional on a job's lease: job_lease_assert takes the job's id and
+-- the token its handler was given (a capability: without it the call refuses, and it
+-- reveals no token). It holds the job's row FOR KEY SHARE to the end of the caller's
+-- transaction: a rescue waits that long.
+GRANT EXECUTE ON FUNCTION pgworkerd.job_lease_assert(bigint, bigint) TO pgworkerd_enqueuer;
+-- which jobs a completion inserted (`show`, the dashboard)
+GRANT SELECT ON pgworkerd.job_follow_ups TO pgworkerd_reader;
+
+
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).
 ALTER ROLE pgworkerd_daemon SET statement_timeout = '10s';

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from pgworkerd.version import __version__
 
 if TYPE_CHECKING:
-    from pgworkerd.child import GiveUp, Snooze, WaitFor
+    from pgworkerd.child import Done, GiveUp, Snooze, WaitFor
     from pgworkerd.client import (
         InvalidJob,
         JobFailed,
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from pgworkerd.signals import SignalRefused, SignalSent, signal
 
 __all__ = [
+    "Done",
     "GiveUp",
     "InvalidJob",
     "JobFailed",
@@ -41,9 +42,10 @@ __all__ = [
     "signal",
     "wait",
 ]
-# Waiting for a job (client.get, client.wait) and a handler's outcomes (Snooze, GiveUp).
+# Waiting for a job (client.get, client.wait) and a handler's outcomes (Snooze, GiveUp,
+# Done with follow-ups).
 _WAITING = ("JobFailed", "JobInfo", "JobNotFound", "WaitTimeout", "get", "wait")
-_OUTCOMES = ("GiveUp", "Snooze", "WaitFor")
+_OUTCOMES = ("Done", "GiveUp", "Snooze", "WaitFor")
 # Durable waits: signalling a job (pgworkerd.signals).
 _SIGNALS = ("SignalRefused", "SignalSent", "signal")
 

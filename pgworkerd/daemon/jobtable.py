@@ -156,6 +156,7 @@ class JobTable(Generic[ChildT]):
                         memory_limit=job.handler.memory_limit or self.worker.memory_limit,
                         parents=job.job.parents,
                         woken=getattr(job.job, "woken", None),  # lease.ResumedJob
+                        lease_token=job.job.token,
                     )
                 )
             except Exception as exc:  # this job's data: too big, too deep, not JSON
@@ -226,9 +227,19 @@ class JobTable(Generic[ChildT]):
             report: Report = message
             if isinstance(message, Done) and message.result is not None:
                 try:
-                    report = Done(message.id, encode_json(message.result))
+                    report = Done(message.id, encode_json(message.result), message.then)
                 except Exception as exc:
                     report = Failed(message.id, f"the result cannot be stored: {short_error(exc)}")
+            if isinstance(report, Done) and report.then is not None:
+                # the follow-ups' JSON checked here, as the result's: a value jsonb
+                # refuses must fail this attempt, not the batch's completion statement
+                try:
+                    then = encode_json(report.then)  # the list, as JSON text
+                    report = Done(report.id, report.result, then)  # type: ignore[arg-type]
+                except Exception as exc:
+                    report = Failed(
+                        message.id, f"the follow-ups cannot be stored: {short_error(exc)}"
+                    )
             self._settle(job, report)
 
     def on_exit(self, child: ChildT, status: int) -> None:

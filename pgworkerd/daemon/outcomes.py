@@ -58,6 +58,11 @@ class Outcome:
     usage: attempts.Usage | None = None  # what the attempt cost (daemon.accounting)
     # WAIT: (signal name, timeout seconds, correlation key or None), checked
     wait: tuple[str, float, str | None] | None = None
+    # COMPLETE: the follow-up jobs the handler returned, as JSON text (checked by
+    # protocol.decode as a list of objects, encoded by the job table; the database checks
+    # each job); None: none
+    follow_ups: Any = None
+    follow_up_ids: list[int] | None = None  # set once written: the follow-ups inserted
 
     def __post_init__(self) -> None:
         self.kind = OutcomeKind(self.kind)  # a plain string names the same kind
@@ -81,6 +86,7 @@ class Outcome:
             wait_name=self.wait[0] if self.wait else "",
             wait_timeout=self.wait[1] if self.wait else 0.0,
             wait_key=self.wait[2] if self.wait else None,
+            follow_ups=self.follow_ups,
         )
 
     @property
@@ -164,10 +170,11 @@ def decide(
     kind, error, result = OutcomeKind.FAIL, "", None
     snooze: float | None = None
     wait: tuple[str, float, str | None] | None = None
+    follow_ups: list[Any] | None = None
     # the handler stopped itself (JobInterrupted) after a drain, hand-back or cancel request
     interrupted = isinstance(report, Interrupted)
     if isinstance(report, Done):
-        kind, result = OutcomeKind.COMPLETE, report.result
+        kind, result, follow_ups = OutcomeKind.COMPLETE, report.result, report.then
     elif (reason is not None and reason.hands_back) or (
         interrupted and (draining or job.stop_asked)
     ):
@@ -210,6 +217,7 @@ def decide(
         backoff,
         snooze=snooze,
         wait=wait,
+        follow_ups=follow_ups or None,
     )
 
 
@@ -259,6 +267,8 @@ def report(
         o.kind, o.error = OutcomeKind(r.kind), r.error
         if r.retry_in is not None:
             o.retry_in = r.retry_in
+        if r.follow_up_ids is not None:
+            o.follow_up_ids = r.follow_up_ids
         message = (
             f"{o.name}: {o.kind} already recorded by an earlier write"
             if r.earlier
@@ -271,6 +281,10 @@ def _message(o: Outcome, r: finish.Recorded) -> str:
     took = f"{o.duration:.2f}s"
     first = o.error.splitlines()[0] if o.error else ""
     if o.kind is OutcomeKind.COMPLETE:
+        if r.follow_up_ids:
+            ids = ", ".join(str(i) for i in r.follow_up_ids[:10])
+            more = f" and {len(r.follow_up_ids) - 10} more" if len(r.follow_up_ids) > 10 else ""
+            return f"{o.name}: completed in {took}; follow-ups {ids}{more}"
         return f"{o.name}: completed in {took}"
     if o.kind is OutcomeKind.RELEASE:
         return f"{o.name}: released after {took} (attempt not counted)"
@@ -359,7 +373,9 @@ class OutcomeWriter:
         after a failed write, which the writer retries one outcome at a time."""
         if any(o.failed_writes for o in self.pending):
             return []
-        return [o for o in self.pending if o.kind is OutcomeKind.COMPLETE]
+        # (a completion with follow-ups is written right after the claim, by its own
+        # statement: the claim's transaction keeps the cost it has without them)
+        return [o for o in self.pending if o.kind is OutcomeKind.COMPLETE and not o.follow_ups]
 
     def carried(self, batch: list[Outcome]) -> None:
         """`batch` (from completions()) was written along with a claim."""

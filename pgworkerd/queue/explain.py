@@ -12,7 +12,9 @@ Codes are stable (scripts and the dashboard match on them; messages may be rewor
   running:  running, daemon_silent (its daemon stopped heartbeating: dead, frozen or cut
             off; the job stays its until the lease ends), lease_expired, cancel_requested
   finished: completed, dead, cancelled, dedupe_held (a retry would leave it pending
-            elsewhere: another live job holds its dedupe key)
+            elsewhere: another live job holds its dedupe key), follow_ups (its completion
+            enqueued these jobs, schema 29), follow_up_of (the completion of that job
+            enqueued it)
   waiting (schema 27, docs/guide/dependencies.md): waiting_on_parents (facts: each
             parent's id and status, how many are unfinished), held (a parent ended dead or
             cancelled and on_parent_failure is hold: `pgworkerd release ID` runs it)
@@ -90,6 +92,7 @@ def explain(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str
         reasons = _suspended(job)
     else:
         reasons = _finished(job, f)
+        reasons += _follow_up_reasons(conn, schema, job)
     return {
         "id": job["id"],
         "status": status,
@@ -546,3 +549,34 @@ def _waiting(job: dict[str, Any], parents: Any) -> list[dict[str, Any]]:
             on_parent_failure=job.get("on_parent_failure"),
         )
     ]
+
+
+def _follow_up_reasons(
+    conn: psycopg.Connection[Any], schema: str, job: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """follow_ups and follow_up_of for a finished job (none for a role that may not read
+    them; views.follow_ups)."""
+    found = views.follow_ups(conn, schema, job["id"])
+    if found is None:
+        return []
+    reasons = []
+    then, of = found["follow_ups"], found["follow_up_of"]
+    if then:
+        shown = ", ".join(str(i) for i in then[:20]) + (" ..." if len(then) > 20 else "")
+        reasons.append(
+            _reason(
+                "follow_ups",
+                f"its completion enqueued {len(then)} follow-up(s) in the same transaction:"
+                f" {shown}",
+                ids=then,
+            )
+        )
+    if of:
+        reasons.append(
+            _reason(
+                "follow_up_of",
+                "enqueued by the completion of job " + ", ".join(str(i) for i in of),
+                ids=of,
+            )
+        )
+    return reasons

@@ -5,8 +5,12 @@ One call goes down to the database once and comes back with what happened (`Reco
 the caller (the daemon's Statements) logs and counts it afterwards. The protocol:
 
 - which statement: completions in one statement (job_complete, or with the next claim in
-  one transaction: complete_and_claim); every other kind one job at a time (job_fail,
+  one transaction: complete_and_claim; job_complete_with_follow_ups when a job of the
+  batch returned follow-ups); every other kind one job at a time (job_fail,
   job_release, job_cancel_running, job_bury for a burial and a give-up, job_snooze);
+- a completion whose follow-ups the database refused (an invalid job, a bound) is left
+  running by that statement and written as a failed attempt instead (kind "fail", the
+  error saying why);
 - a snooze past the handler's max_snoozes, while the job is still ours, is written as a
   failed attempt instead (kind "fail", the error saying why);
 - a rejected write (no row: the lease token no longer matches) is read back: when the row
@@ -67,6 +71,7 @@ class OutcomeWrite:
     wait_name: str = ""
     wait_timeout: float = 0.0
     wait_key: str | None = None
+    follow_ups: Any = None  # complete: the follow-up jobs' objects (None: none)
 
     def __post_init__(self) -> None:
         if self.kind not in STATUS_AFTER:
@@ -86,6 +91,7 @@ class Recorded:
     retry_in: float | None = None  # fail, snooze: seconds until then (pending only)
     snoozes: int | None = None  # snooze: the job's snoozes, this one included
     wait_until: datetime | None = None  # wait: when it times out
+    follow_up_ids: list[int] | None = None  # complete: the follow-ups it inserted
 
 
 def record(
@@ -97,6 +103,8 @@ def record(
 ) -> list[Recorded]:
     """Record a batch: completions (any number, one statement) or one other outcome."""
     if all(w.kind == "complete" for w in writes):
+        if any(w.follow_ups for w in writes):
+            return _complete_with_follow_ups(conn, worker, writes, schema)
         done = lease.complete_many(conn, worker, completions(writes), schema=schema)
         return completed(conn, writes, done, schema=schema)
     [w] = writes
@@ -128,7 +136,38 @@ def complete_and_claim(
 
 
 def completions(writes: Sequence[OutcomeWrite]) -> list[lease.Completion]:
-    return [lease.Completion(w.id, w.token, w.result, w.progress) for w in writes]
+    return [lease.Completion(w.id, w.token, w.result, w.progress, w.follow_ups) for w in writes]
+
+
+def _complete_with_follow_ups(
+    conn: psycopg.Connection[Any], worker: str, writes: Sequence[OutcomeWrite], schema: str
+) -> list[Recorded]:
+    """Completions of which some carry follow-ups: each completion and its follow-ups in
+    one transaction; one whose follow-ups were refused (still ours, nothing changed) is
+    written as a failed attempt saying why."""
+    outcome = lease.complete_with_follow_ups(conn, worker, completions(writes), schema=schema)
+    recorded = []
+    for w in writes:
+        o = outcome.get(w.id)
+        if o is None:
+            recorded.append(_rejected(conn, w, w.kind, w.error, schema))
+        elif o.refused is None:
+            recorded.append(
+                Recorded(True, "complete", "", status="completed", follow_up_ids=o.follow_up_ids)
+            )
+        else:
+            failure = OutcomeWrite(
+                "fail",
+                w.id,
+                w.token,
+                w.handler,
+                error=storable_text(o.refused),
+                progress=w.progress,
+                backoff_base=w.backoff_base,
+                backoff_max=w.backoff_max,
+            )
+            recorded.append(_record_one(conn, worker, failure, schema))
+    return recorded
 
 
 def completed(

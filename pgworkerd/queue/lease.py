@@ -255,6 +255,9 @@ class Completion:
     token: int
     result: Any = None
     progress: Any = None
+    # follow-up jobs to enqueue with the completion (enqueue_many_v2's job objects);
+    # None: none (complete_with_follow_ups)
+    follow_ups: Any = None
 
 
 def complete_many(
@@ -279,6 +282,39 @@ def _complete_params(worker: str, done: Sequence[Completion]) -> dict[str, Any]:
         "results": [jsonb_or_none(d.result) for d in done],
         "progress": [jsonb_or_none(d.progress) for d in done],
     }
+
+
+@records.built_from("job_complete_with_follow_ups")
+@dataclass(frozen=True)
+class FollowUpsOutcome:
+    """One job of complete_with_follow_ups: completed with the follow-ups inserted
+    (follow_up_ids, None: it had none), or left running because its follow-ups were
+    refused (refused: why)."""
+
+    id: int
+    follow_up_ids: list[int] | None
+    refused: str | None
+
+
+def complete_with_follow_ups(
+    conn: psycopg.Connection[Any],
+    worker: str,
+    done: Sequence[Completion],
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> dict[int, FollowUpsOutcome]:
+    """Complete many held jobs and insert their follow-ups in one transaction
+    (jobs_complete_with_follow_ups, schema 29): by id, what became of each job whose lease
+    held; a missing id lost its lease (nothing of it changed, nothing inserted)."""
+    if not done:
+        return {}
+    params = {
+        **_complete_params(worker, done),
+        "follow_ups": [jsonb_or_none(d.follow_ups) for d in done],
+    }
+    rows = hotpath.run(conn, "job_complete_with_follow_ups", params, schema=schema)
+    outcomes = (records.build(FollowUpsOutcome, rows.columns, r) for r in rows)
+    return {o.id: o for o in outcomes}
 
 
 @records.built_from("job_fail")

@@ -48,6 +48,7 @@ DECLARATION = (
     "paused",
     "claim",
     "finish",
+    "follow_ups",
     "schedules",
     "attempts",
     "job_logs",

@@ -364,6 +364,8 @@ def job(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, An
         history = None
     daemon = _rows(conn, "job_daemon", schema, {"id": job_id})
     # Not under "attempts": that is the jobs column (how many attempts were counted).
+    # The lease token is a capability (job_lease_assert): `show` never prints it.
+    row = {k: v for k, v in row.items() if k != "lease_token"}
     return {
         **row,
         "attempt_history": history,
@@ -375,6 +377,7 @@ def job(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, An
             some=row.get("parents_unfinished") is not None or bool(row.get("has_children")),
         ),
         "signals": signals_shown(conn, schema, job_id, shown=SIGNAL_SHOWN_CHARS),
+        **(follow_ups(conn, schema, job_id) or {}),
     }
 
 
@@ -403,6 +406,23 @@ def relatives(
         listed.append({"id": r["id"], "status": r["status"], "handler": r["handler"]})
         found[f"{side}_total"] = r["total"]
     return found
+
+
+def follow_ups(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, Any] | None:
+    """The follow-ups a job's completion inserted (follow_ups: their ids, in order) and
+    the jobs whose completion inserted it (follow_up_of), with the status of each under
+    follow_up_statuses (None: pruned since). None: the role may not read them (a role
+    granted before schema 29)."""
+    try:
+        with conn.transaction():
+            rows = _rows(conn, "view_job_follow_ups", schema, {"id": job_id})
+    except InsufficientPrivilege:
+        return None
+    return {
+        "follow_ups": [r["id"] for r in rows if r["relation"] == "then"],
+        "follow_up_of": [r["id"] for r in rows if r["relation"] == "of"],
+        "follow_up_statuses": {str(r["id"]): r["status"] for r in rows},
+    }
 
 
 def schedules(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:

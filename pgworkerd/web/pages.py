@@ -3,6 +3,7 @@ schedules, pauses and limits. They only read, through the pages' pool."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -65,6 +66,9 @@ def _job_data(job_id: int) -> dict[str, Any]:
         why = explain.explain(conn, schema, job_id)
         # the signals it received (durable waits); None: the role may not read them
         received = views.signals_shown(conn, schema, job_id, shown=SHOWN_CHARS)
+        # the follow-ups its completion enqueued, and the job whose completion enqueued
+        # it (None: a role granted before schema 29)
+        follow = views.follow_ups(conn, schema, job_id)
     total = history[0]["total"] if history else 0
     return {
         "job": job,
@@ -72,6 +76,7 @@ def _job_data(job_id: int) -> dict[str, Any]:
         "attempts_total": total,
         "explain": why,
         "signals": received,
+        "follow": follow,
     }
 
 
@@ -89,6 +94,7 @@ def job(job_id: int) -> str:
         for row in rows:
             row["truncated"] = row["omitted_bytes"] > 0
             row["cut"] = max(row["head_chars"], row["tail_chars"]) > SHOWN_CHARS
+            row["ref"] = log_ref(job_id, row["lease_token"])
         logs = {"logs": rows, "total": rows[0]["total"] if rows else 0}
     return render_template("job.html", logs=logs, **data)
 
@@ -133,10 +139,22 @@ def job_raw(job_id: int, field: str) -> Response:
     return _raw_response(_streamed(read), f"job-{job_id}-{field}.txt")
 
 
-@pages.get("/jobs/<int:job_id>/logs/<int:token>")
-def job_log_raw(job_id: int, token: int) -> Response:
+def log_ref(job_id: int, token: int) -> str:
+    """How a page names one attempt's log: not its lease token, which is a capability
+    (job_lease_assert) and must not reach URLs, browser histories or access logs."""
+    return hashlib.sha256(f"{job_id}:{token}".encode()).hexdigest()[:20]
+
+
+@pages.get("/jobs/<int:job_id>/logs/<ref>")
+def job_log_raw(job_id: int, ref: str) -> Response:
     ctx = context()  # the generator runs after the request: it keeps its own reference
     schema = ctx.settings.schema
+    with ctx.database() as conn:
+        entries = views.logs_shown(conn, schema, job_id, shown=0, limit=LOGS_SHOWN) or []
+    found = [e for e in entries if log_ref(job_id, e["lease_token"]) == ref]
+    if not found:
+        abort(404, f"job {job_id} has no output of that attempt")
+    token, attempt = found[0]["lease_token"], found[0]["attempt"]
 
     def reader(part: str) -> Callable[[int], tuple[str, int] | None]:
         def read(start: int) -> tuple[str, int] | None:
@@ -163,7 +181,7 @@ def job_log_raw(job_id: int, token: int) -> Response:
             yield f"{newline}{joblogs.omitted_marker(omitted)}\n"
         yield from _streamed(reader("tail"))
 
-    return _raw_response(both(), f"job-{job_id}-attempt-{token}.log")
+    return _raw_response(both(), f"job-{job_id}-attempt-{attempt}.log")
 
 
 @pages.get("/live/jobs/<int:job_id>")

@@ -32,7 +32,7 @@ from typing import Any
 from setproctitle import setproctitle
 
 from pgworkerd.jsontext import storable_json, storable_text
-from pgworkerd.worker import identity, protocol, reaper, tmpdirs, watcher
+from pgworkerd.worker import identity, outcomes, protocol, reaper, tmpdirs, watcher
 from pgworkerd.worker.capture import Capture
 from pgworkerd.worker.outcomes import (
     GiveUp,
@@ -121,6 +121,11 @@ class JobContext:
         #: None for a parent that did not complete (on_parent_failure "run") or was pruned.
         #: Empty for a job without parents.
         self.parents: dict[int, Any] = {int(k): v for k, v in (job.parents or {}).items()}
+        #: This attempt's lease token: pass it with the job's id to job_lease_assert in
+        #: the application's own transaction, so that its writes commit only while this
+        #: attempt still holds the job (docs/guide/exactly-once.md). A capability: never
+        #: log or show it. None only under a daemon older than schema 29.
+        self.lease_token: int | None = job.lease_token
         self._last_beat = 0.0
         self._pending_progress: Any = None
         woken = job.woken if isinstance(job.woken, dict) else None
@@ -367,9 +372,12 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
         func = getattr(importlib.import_module(module_name), function)
         channel.send(Started(job.id))
         result = func(ctx)
+        then: list[Any] | None = None
+        if isinstance(result, outcomes.Done):  # a result with follow-up jobs
+            result, then = result.result, _follow_ups(result.then)
         try:
             _check_storable(result)
-            outcome = Done(job.id, result)
+            outcome = Done(job.id, result, then or None)
         except (TypeError, ValueError) as exc:
             outcome = Failed(
                 job.id,
@@ -437,6 +445,15 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
     signal.signal(signal.SIGTERM, _raise_interrupted)
     channel.title = "pgworkerd: idle child"
     setproctitle(channel.title)
+
+
+def _follow_ups(then: Any) -> list[Any]:
+    """The follow-ups of a returned Done as job objects; raises ValueError saying what is
+    wrong (the attempt fails with it)."""
+    specs = outcomes.follow_ups_json(then, protocol.MAX_FOLLOW_UPS)
+    for spec in specs:
+        _check_storable(spec)  # a payload jsonb refuses: here, not in the daemon
+    return specs
 
 
 def _snoozed(job_id: int, exc: Snooze) -> Failed:

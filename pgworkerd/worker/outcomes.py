@@ -1,6 +1,8 @@
 """Outcomes a handler chooses by raising: Snooze ("run me again in N seconds; this was not
-a failure") and GiveUp ("dead now, with this reason"). Child side and dependency-free:
-handlers import them as pgworkerd.Snooze / pgworkerd.GiveUp (or from pgworkerd.child).
+a failure") and GiveUp ("dead now, with this reason"), or by returning: Done ("completed
+with this result, and enqueue these follow-up jobs in the same transaction"). Child side
+and dependency-free: handlers import them as pgworkerd.Snooze / pgworkerd.GiveUp /
+pgworkerd.Done (or from pgworkerd.child).
 
 The child reports them as a failure with optional fields (protocol.Failed.snooze,
 .give_up), so a daemon of release 0.2 records them as an ordinary failed attempt; the
@@ -11,6 +13,7 @@ child runs arbitrary code and its messages are not trusted.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from pgworkerd.bounds import name_problem
@@ -45,6 +48,59 @@ class GiveUp(Exception):
 
     def __str__(self) -> str:
         return self.reason
+
+
+class Done:
+    """Return it from a handler to complete the job with `result` and enqueue the jobs of
+    `then` (pgworkerd.JobSpec, at most 1000) in the same transaction as the completion:
+    a holder whose lease was lost inserts none of them, and a job's follow-ups are
+    inserted exactly once (docs/guide/follow-ups.md). A list that is not a list of JobSpec,
+    an invalid job, or more than 1000 make the attempt fail, saying why (retried like any
+    failure); so does a list the database refuses (its checks and the enqueue bounds)."""
+
+    __slots__ = ("result", "then")
+
+    def __init__(self, result: Any = None, then: Any = ()) -> None:
+        self.result = result
+        self.then = then
+
+    def __repr__(self) -> str:
+        return f"Done(result={self.result!r}, then=<{_count(self.then)} follow-ups>)"
+
+
+def _count(then: Any) -> str:
+    try:
+        return str(len(then))
+    except TypeError:
+        return "?"
+
+
+def follow_ups_json(then: Any, limit: int) -> list[dict[str, Any]]:
+    """The follow-ups of a Done as enqueue_many_v2's job objects; raises ValueError saying
+    what is wrong (not a list or tuple of JobSpec, more than `limit`, an invalid job)."""
+    if isinstance(then, str | bytes | dict) or not isinstance(then, list | tuple):
+        raise ValueError(
+            f"Done(then=...) must be a list of pgworkerd.JobSpec, not {type(then).__name__}"
+        )
+    if len(then) > limit:
+        raise ValueError(f"Done(then=...) holds {len(then)} follow-ups; at most {limit}")
+    if not then:
+        return []
+    # A JobSpec exists only once its module is loaded (by the handler that built it):
+    # looked up, not imported, so the child side loads no database code.
+    client = sys.modules.get("pgworkerd.client")
+    specs = []
+    for n, spec in enumerate(then, 1):
+        if client is None or not isinstance(spec, client.JobSpec):
+            raise ValueError(
+                f"follow-up {n} of {len(then)} must be a pgworkerd.JobSpec, "
+                f"not {type(spec).__name__}"
+            )
+        try:
+            specs.append(spec.as_json())
+        except client.InvalidJob as exc:
+            raise ValueError(f"follow-up {n} of {len(then)}: {exc}") from None
+    return specs
 
 
 def snooze_problem(seconds: Any) -> str | None:

@@ -73,6 +73,11 @@ class Done:
     kind: ClassVar[Kind] = Kind.DONE
     id: int
     result: Any = None
+    # Follow-up jobs the handler returned (pgworkerd.Done(result, then=[...])): each the
+    # JSON object enqueue_many_v2 takes; None: none. A parent of release 0.2 ignores it.
+    # Checked here as a list of at most MAX_FOLLOW_UPS objects; the daemon and the
+    # database check the jobs themselves.
+    then: list[Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,9 @@ class Job:
     # "signal" or "timeout", "payload": the signal's, "sent_at": ISO time}; None: never
     # waited
     woken: Any = None
+    # The attempt's lease token (job.lease_token: a capability for job_lease_assert in
+    # the application's own transaction); never logged or shown.
+    lease_token: int | None = None
 
 
 @dataclass(frozen=True)
@@ -212,7 +220,9 @@ _DECODED: dict[type[Any], tuple[tuple[str, bool, tuple[type, ...] | None, str], 
         (
             f.name,
             f.default is dataclasses.MISSING,
-            None if f.name in _ANY or f.name == "exception_types" else _TYPES[str(f.type)],
+            None
+            if f.name in _ANY or f.name in ("exception_types", "then")
+            else _TYPES[str(f.type)],
             str(f.type),
         )
         for f in dataclasses.fields(cls)
@@ -252,12 +262,33 @@ def decode(obj: Any) -> Message:
         value = obj[name]
         if name == "exception_types":
             _check_type_names(value)
+        elif name == "then":
+            _check_follow_ups(value)
         elif wanted is not None and (isinstance(value, bool) or not isinstance(value, wanted)):
             raise ProtocolError(
                 f"{cls.kind.value} message: {name!r} is {type(value).__name__}, not {declared}"
             )
         values[name] = value
     return cls(**values)
+
+
+# At most this many follow-up jobs per completion (the database refuses more too:
+# jobs_complete_with_follow_ups).
+MAX_FOLLOW_UPS = 1000
+
+
+def _check_follow_ups(value: Any) -> None:
+    """then: null, or a list of at most MAX_FOLLOW_UPS JSON objects."""
+    if value is None:
+        return
+    if (
+        not isinstance(value, list)
+        or len(value) > MAX_FOLLOW_UPS
+        or not all(isinstance(v, dict) for v in value)
+    ):
+        raise ProtocolError(
+            f"done message: 'then' must be a list of at most {MAX_FOLLOW_UPS} job objects"
+        )
 
 
 def _check_type_names(value: Any) -> None:

@@ -31,6 +31,7 @@ EXPECTED = {
     "job_suspend": lease.SuspendOutcome,
     "signal_send": signals.SignalSent,
     "signal_send_by_key": signals.SignalSent,
+    "job_complete_with_follow_ups": lease.FollowUpsOutcome,
 }
 
 

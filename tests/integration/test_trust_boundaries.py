@@ -121,6 +121,33 @@ ELSEWHERE: dict[str, list[str]] = {
     "It sees no `PG*` variable and none of the daemon's credentials in its environment.": [
         "tests/acceptance/test_daemon.py::test_job_children_never_see_the_daemons_credentials",
     ],
+    "It can make its own transaction's writes conditional on a job's lease"
+    " (`job_lease_assert`) only with the lease token that job's running attempt was given:"
+    " any other token, a finished job or an unknown id is refused (SQLSTATE `PGWL1`, naming"
+    " no token), and with the token it holds the job's row until that transaction ends (no"
+    " rescue takes the lease meanwhile; keep the transaction short).": [
+        "tests/integration/test_follow_ups_sql.py"
+        "::test_the_enqueuer_asserts_a_lease_only_with_its_token",
+    ],
+    "It enqueues follow-up jobs only with the fenced completion of a job it holds (its"
+    " worker, lease token and `running`), in that completion's transaction, each list"
+    " through the enqueue checks and the bounds of its own login: without the job's lease it"
+    " inserts nothing and learns nothing, and a completed job's follow-ups are never"
+    " inserted again.": [
+        "tests/integration/test_follow_ups_sql.py"
+        "::test_the_daemon_enqueues_follow_ups_only_for_a_job_it_holds",
+    ],
+    "It is given its attempt's lease token (`job.lease_token`), a capability for"
+    " `job_lease_assert`: pgworkerd passes it to the child only, never in its log, a process"
+    " title, an error, `pgworkerd show` or a dashboard page or link; once the attempt has"
+    " lost the job, the token opens nothing.": [
+        "tests/fault/test_follow_ups_faults.py"
+        "::test_a_token_handed_out_is_fenced_after_a_rescue_and_never_logged",
+        "tests/integration/test_follow_ups_sql.py::test_show_never_prints_a_lease_token",
+        "tests/web/test_dashboard_bounds.py::test_big_logs_are_cut_with_a_download",
+        "tests/web/test_dashboard_follow_ups.py"
+        "::test_a_job_page_links_its_follow_ups_and_a_follow_up_its_job",
+    ],
     "Nothing it starts outlives its attempt, and its temp directory goes with the attempt.": [
         "tests/fault/test_containment.py::test_nothing_a_job_started_outlives_its_attempt",
     ],
@@ -436,7 +463,8 @@ def test_the_daemon_cannot_change_what_a_job_runs(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
 ) -> None:
     """It cannot change a job's payload, handler, queue, priority, dedupe key or who
-    enqueued it, nor insert a job or delete one."""
+    enqueued it, nor insert a job (other than the follow-ups of a job it holds, below) or
+    delete one."""
     client.enqueue(conn, "h", schema=schema)
     with as_role(roles, schema, "daemon") as c:
         assert (

@@ -242,7 +242,8 @@ def test_the_package_face_names_the_application_api() -> None:
     from pgworkerd import client, signals
     from pgworkerd.worker import outcomes
 
-    child_side = {"GiveUp", "Snooze", "WaitFor"}  # what handlers raise (issues 11, 24)
+    # what handlers raise (issues 11, 24) or return (Done with follow-ups, issue 24)
+    child_side = {"Done", "GiveUp", "Snooze", "WaitFor"}
     signalling = {"SignalRefused", "SignalSent", "signal"}  # durable waits (issue 24)
     for name in pgworkerd.__all__:
         if name != "__version__":
@@ -269,7 +270,7 @@ def test_the_package_face_names_the_application_api() -> None:
 def test_a_handler_raising_through_the_package_face_loads_no_psycopg() -> None:
     code = (
         "import sys, pgworkerd\n"
-        "pgworkerd.Snooze(1), pgworkerd.GiveUp('x')\n"
+        "pgworkerd.Snooze(1), pgworkerd.GiveUp('x'), pgworkerd.Done(1)\n"
         "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] == 'psycopg')))\n"
     )
     result = subprocess.run(

@@ -83,12 +83,15 @@ def test_big_logs_are_cut_with_a_download(dashboard: RunningDashboard, db: Db) -
     client.log_in()
     page = client.get(f"/jobs/{job}")
     assert page.status == 200 and len(page.body.encode()) < 400_000
-    assert f"/jobs/{job}/logs/7" in page.body
-    status, raw = _download(dashboard, client, f"/jobs/{job}/logs/7")
+    # the link names the attempt's log without its lease token (a capability)
+    ref = pages.log_ref(job, 7)
+    assert f"/jobs/{job}/logs/{ref}" in page.body and "/logs/7" not in page.body
+    status, raw = _download(dashboard, client, f"/jobs/{job}/logs/{ref}")
     assert status == 200
     entry = {"head": head, "tail": tail, "omitted_bytes": 100000}
     assert raw == joblogs.text_of(entry).encode()  # what `pgworkerd logs` prints
-    assert client.get(f"/jobs/{job}/logs/8").status == 404
+    assert client.get(f"/jobs/{job}/logs/{pages.log_ref(job, 8)}").status == 404
+    assert client.get(f"/jobs/{job}/logs/7").status == 404  # a token opens nothing
 
 
 def test_the_text_search_looks_at_a_bounded_start_of_each_row(

@@ -103,6 +103,17 @@ SELECT c.id
   FROM @schema@.complete_jobs(%(worker)s::text, ARRAY[%(id)s::bigint], ARRAY[%(token)s::bigint],
                               ARRAY[%(result)s::jsonb], ARRAY[%(progress)s::jsonb]) AS c(id);
 
+-- name: job_complete_with_follow_ups
+-- job_complete for a batch of which some jobs return follow-up jobs (schema 29): each
+-- completion and its follow-ups (%(follow_ups)s: one JSON array or NULL per job) in one
+-- transaction, through jobs_complete_with_follow_ups (durable). A row per job completed
+-- (follow_up_ids) or left running because its follow-ups were refused (refused: why); a
+-- missing id lost its lease. Batches without follow-ups keep to job_complete.
+SELECT c.id, c.follow_up_ids, c.refused
+  FROM @schema@.jobs_complete_with_follow_ups(
+           %(worker)s::text, %(ids)s::bigint[], %(tokens)s::bigint[], %(results)s::jsonb[],
+           %(progress)s::jsonb[], %(follow_ups)s::jsonb[]) AS c;
+
 -- name: job_fail
 -- A failed attempt, through fail_job (migration 0025, the text every language uses): back
 -- to pending after exponential backoff with +-25 %% jitter, or dead once max_attempts are

@@ -343,3 +343,20 @@ UNION ALL
   WHERE c.parent_id = %(id)s
   ORDER BY c.child_id
   LIMIT %(limit)s);
+
+-- name: view_job_follow_ups
+-- The follow-ups job %(id)s's completion inserted (relation 'then', in the handler's
+-- order) and the jobs whose completion inserted it ('of'; more than one only through a
+-- dedupe key), each with its status (NULL: pruned since). Schema 29: `show`, `explain`
+-- and the dashboard's job page. At most 1000 of each (a completion inserts at most 1000).
+(SELECT 'then' AS relation, f.position, f.follow_up_id AS id, j.status::text AS status
+   FROM @schema@.job_follow_ups f LEFT JOIN @schema@.jobs j ON j.id = f.follow_up_id
+  WHERE f.job_id = %(id)s
+  ORDER BY f.position
+  LIMIT 1000)
+UNION ALL
+(SELECT 'of', f.position, f.job_id, j.status::text
+   FROM @schema@.job_follow_ups f LEFT JOIN @schema@.jobs j ON j.id = f.job_id
+  WHERE f.follow_up_id = %(id)s
+  ORDER BY f.job_id
+  LIMIT 1000);

@@ -195,8 +195,10 @@ def test_walking_the_ring_is_capped_per_second_too() -> None:
     print(f"{cpu:.3f}s of CPU for 4,000 wake-ups for 100,000 jobs")
     assert cpu < 1.0, f"{cpu:.2f}s of CPU for 4,000 wake-ups"  # uncapped: 4-16 s
     assert peers.group(jobs(not_mine)) == (True, None)  # over budget: taken here
-    clock.advance(1.0 / RING_BUDGET_SHARE)
-    assert peers.group(jobs(not_mine))[0] is False  # the budget is back: targeted again
+    # the budget is back (a walk the machine preempted may have left a debt of seconds:
+    # a hundred bursts refilled): targeted again
+    clock.advance(100 * RING_BUDGET_BURST / RING_BUDGET_SHARE)
+    assert peers.group(jobs(not_mine))[0] is False
 
 
 def test_a_registry_read_that_changes_nothing_keeps_the_rings() -> None:

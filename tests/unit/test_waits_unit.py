@@ -113,7 +113,7 @@ class _Channel:
 
 
 def _context(woken: Any) -> JobContext:
-    job = Job(7, "h", "m:f", "default", {}, 1, 5, {"c": 1}, 1.0, None, woken)
+    job = Job(7, "h", "m:f", "default", {}, 1, 5, {"c": 1}, 1.0, None, woken=woken)
     return JobContext(_Channel(), job)  # type: ignore[arg-type]
 
 

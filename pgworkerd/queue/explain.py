@@ -454,4 +454,3 @@ def _follow_up_reasons(
             )
         )
     return reasons
-

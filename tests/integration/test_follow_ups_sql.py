@@ -29,7 +29,7 @@ from doctext import block_after
 from psycopg import sql
 
 from pgworkerd import client
-from pgworkerd.queue import finish, lease
+from pgworkerd.queue import explain, finish, lease, views
 from pgworkerd.queue.queries import render
 
 WORKER = "host-a:1:aaaa"
@@ -545,3 +545,32 @@ def test_show_never_prints_a_lease_token(
         ).stdout
         assert f"id: {job.id}" in out or f'"id": {job.id}' in out
         assert "lease_token" not in out and str(job.token) not in out
+
+
+def test_show_and_explain_name_a_jobs_follow_ups_and_their_job(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    parent = client.enqueue(conn, "h", schema=schema)
+    [job] = claim(conn, schema)
+    ids = complete_one(conn, schema, job, specs("next", "other"))[parent].follow_up_ids or []
+    shown = views.job(conn, schema, parent)
+    assert shown is not None and shown["follow_ups"] == ids and shown["follow_up_of"] == []
+    assert shown["follow_up_statuses"] == {str(i): "pending" for i in ids}
+    child = views.job(conn, schema, ids[0])
+    assert child is not None and child["follow_up_of"] == [parent] and child["follow_ups"] == []
+    why = explain.explain(conn, schema, parent)
+    assert why is not None
+    [done, then] = why["reasons"]
+    assert done["code"] == "completed" and then["code"] == "follow_ups"
+    assert then["facts"]["ids"] == ids and f"{ids[0]}, {ids[1]}" in then["message"]
+    # a follow-up, once finished, says which completion enqueued it
+    rows(
+        conn,
+        schema,
+        "UPDATE @schema@.jobs SET status = 'cancelled', finished_at = now() WHERE id = %s",
+        (ids[0],),
+    )
+    why = explain.explain(conn, schema, ids[0])
+    assert why is not None
+    assert [r["code"] for r in why["reasons"]] == ["cancelled", "follow_up_of"]
+    assert why["reasons"][1]["message"] == f"enqueued by the completion of job {parent}"

@@ -403,7 +403,9 @@ def same_claim_complete_script(schema: str, batch: int, many: bool) -> Script:
     claim = own_statement(
         "job_claim", schema, {**{k: f":{k}" for k in variables}, "worker": PGBENCH_WORKER}
     )
-    if not claim.startswith("SELECT ") or ".claim_jobs(" not in claim:
+    if not claim.startswith("SELECT ") or not (
+        ".claim_jobs(" in claim or ".claim_jobs_v2(" in claim
+    ):
         raise StatementChanged("job_claim no longer selects from the claim function")
     script = (
         f"WITH claimed AS (\nSELECT c.id, c.token AS lease_token FROM (\n{claim}\n) c\n)\n"

@@ -53,7 +53,7 @@ from pgworkerd.daemon.queuedepth import QueueDepthCounter
 from pgworkerd.daemon.retention import Retention, StaleMarking
 from pgworkerd.daemon.scheduler import Scheduler
 from pgworkerd.daemon.statements import Statements
-from pgworkerd.daemon.states import DaemonState, StopReason
+from pgworkerd.daemon.states import DaemonState, OutcomeKind, StopReason
 from pgworkerd.daemon.supervisor import Child, Supervisor
 from pgworkerd.daemon.waits import WaitTimeouts
 from pgworkerd.durations import format_duration
@@ -347,6 +347,10 @@ class Daemon:
         """A job left the table: its outcome goes to the writer, its slot to the claimer."""
         self.writer.add(outcome)
         self.claimer.slot_freed()
+        if outcome.kind is OutcomeKind.COMPLETE and getattr(outcome.job, "has_children", False):
+            # (schema 27) the claim carries the completion: the trigger that releases the
+            # children runs in its transaction, and the claim that follows takes them
+            self.claimer.request()
 
     def _drain_timeout(self, now: float) -> None:
         if self.drain_deadline is not None and now >= self.drain_deadline:

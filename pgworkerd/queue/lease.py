@@ -49,6 +49,8 @@ class ClaimedJob:
     # the handler's), and its parents' results by parent id (None: it has no parents)
     timeout_seconds: float | None = None
     parents: dict[str, Any] | None = None
+    # some job waits for this one (as claimed): the daemon claims with its completion
+    has_children: bool = False
 
 
 @dataclass(frozen=True)

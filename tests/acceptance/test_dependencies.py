@@ -158,3 +158,19 @@ def test_the_cli_enqueues_children_and_shows_them(daemons: Daemons, db: Db) -> N
     assert f"{child}: job {child} is not held for an operator" in not_held.stdout
     cancelled = daemons.cli("cancel", str(child))
     assert cancelled.stdout.strip() == f"{child}: cancelled"
+
+
+def test_a_child_is_claimed_in_the_transaction_that_completes_its_parent(
+    daemons: Daemons, db: Db
+) -> None:
+    """The daemon knows from the claim that a job has children: its completion goes with a
+    claim, so the trigger releases the child and the claim takes it in one transaction
+    (the child's started_at is the parent's finished_at: one transaction's now())."""
+    daemons.start({"work": WORK}, {"slots": 2})
+    first = JobSpec("work", {"seconds": 0.5})
+    # one call: the parent has its child before any claim can see it
+    parent, child = client.enqueue_many(
+        db.conn, [first, JobSpec("work", {"seconds": 0}, after=[first])], schema=db.schema
+    )
+    assert db.wait_status(child, "completed", "dead")["status"] == "completed"
+    assert db.job(child)["started_at"] == db.job(parent)["finished_at"]

@@ -411,7 +411,9 @@ REVOKE EXECUTE ON FUNCTION
 --     handler's; NULL: the handler's) and parents: for a job with parents only, a JSON
 --     object of each parent's id (as text) and result (null unless it completed), read
 --     here so that the handler sees them (job.parents) without a database connection;
---     NULL for every other job, which costs one test more.
+--     NULL for every other job, which costs one test more. And has_children: some job
+--     waits for this one (as claimed), so the daemon claims again with its completion,
+--     in the transaction whose trigger releases those children.
 CREATE FUNCTION @schema@.claim_jobs_v2(
     worker text,
     queues text[],
@@ -428,7 +430,7 @@ RETURNS TABLE (
     id bigint, queue text, handler text, payload jsonb, priority integer, attempts integer,
     max_attempts integer, lease_token bigint, checkpoint jsonb, run_at timestamptz,
     created_at timestamptz, locked_until timestamptz, rescued boolean,
-    timeout_seconds float8, parents jsonb
+    timeout_seconds float8, parents jsonb, has_children boolean
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -485,8 +487,8 @@ BEGIN
         lease_token := claimed.lease_token; checkpoint := claimed.checkpoint;
         run_at := claimed.run_at; created_at := claimed.created_at;
         locked_until := claimed.locked_until; rescued := claimed.rescued;
-        SELECT j.timeout_seconds, j.parents_unfinished IS NOT NULL
-          INTO timeout_seconds, has_parents
+        SELECT j.timeout_seconds, j.parents_unfinished IS NOT NULL, j.has_children
+          INTO timeout_seconds, has_parents, has_children
           FROM @schema@.jobs j WHERE j.id = claimed.id;
         parents := NULL;
         IF has_parents THEN

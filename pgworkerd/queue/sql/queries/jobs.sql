@@ -67,7 +67,7 @@ SELECT @schema@.job_held_release(%(id)s::bigint) AS status;
 -- own timeout and its parents' results come along.
 SELECT c.id, c.queue, c.handler, c.payload, c.priority, c.attempts AS attempt,
        c.max_attempts, c.lease_token AS token, c.checkpoint, c.run_at, c.created_at,
-       c.locked_until, c.rescued, c.timeout_seconds, c.parents
+       c.locked_until, c.rescued, c.timeout_seconds, c.parents, c.has_children
   FROM @schema@.claim_jobs_v2(
     worker => %(worker)s::text, queues => %(queues)s::text[], handlers => %(handlers)s::text[],
     lease_seconds => %(lease_seconds)s::float8[], free_slots => %(handler_free)s::integer[],

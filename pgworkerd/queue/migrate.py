@@ -19,6 +19,7 @@ writes a CHECK, an index or a function that names it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -73,6 +74,13 @@ class Migration:
 
 def migrations() -> list[Migration]:
     """Every migration shipped with this version, in order."""
+    return list(_shipped_migrations())
+
+
+@functools.cache
+def _shipped_migrations() -> tuple[Migration, ...]:
+    # Read once per process: the package's files do not change under it, and every
+    # migrate and every check_current (each command, each daemon start) asks.
     found = []
     for entry in resources.files("pgworkerd.queue").joinpath("sql/migrations").iterdir():
         match = _MIGRATION_RE.match(entry.name)
@@ -82,7 +90,7 @@ def migrations() -> list[Migration]:
     versions = [m.version for m in found]
     if versions != list(range(1, len(found) + 1)):
         raise SchemaError(f"migrations are not numbered 1..n without gaps: {versions}")
-    return found
+    return tuple(found)
 
 
 def _parsed(version: int, name: str, text: str) -> Migration:

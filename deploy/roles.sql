@@ -380,7 +380,7 @@ GRANT EXECUTE ON FUNCTION pgworkerd.job_held_release(bigint) TO pgworkerd_operat
 -- jobs its handler returned, in one transaction, through these fenced SECURITY DEFINER
 -- functions: a holder whose lease was lost inserts nothing, and a role that holds no job
 -- can enqueue no follow-up (they are no enqueue right: each list goes through
--- enqueue_many_v2's checks and the bounds of the daemon's login).
+-- enqueue_many_v3's checks and the bounds of the daemon's login).
 GRANT EXECUTE ON FUNCTION pgworkerd.jobs_complete_with_follow_ups(text, bigint[], bigint[],
                                                                   jsonb[], jsonb[], jsonb[]),
                           pgworkerd.job_complete_with_follow_ups(bigint, text, bigint, jsonb,

@@ -257,7 +257,7 @@ class Completion:
     token: int
     result: Any = None
     progress: Any = None
-    # follow-up jobs to enqueue with the completion (enqueue_many_v2's job objects);
+    # follow-up jobs to enqueue with the completion (enqueue_many_v3's job objects);
     # None: none (complete_with_follow_ups)
     follow_ups: Any = None
 

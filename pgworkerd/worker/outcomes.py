@@ -12,6 +12,7 @@ child runs arbitrary code and its messages are not trusted.
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 from typing import Any
@@ -76,8 +77,10 @@ def _count(then: Any) -> str:
 
 
 def follow_ups_json(then: Any, limit: int) -> list[dict[str, Any]]:
-    """The follow-ups of a Done as enqueue_many_v2's job objects; raises ValueError saying
-    what is wrong (not a list or tuple of JobSpec, more than `limit`, an invalid job)."""
+    """The follow-ups of a Done as enqueue_many_v3's job objects (a JobSpec in another's
+    `after` is an earlier follow-up of the same list, sent as its position, after_index);
+    raises ValueError saying what is wrong (not a list or tuple of JobSpec, more than
+    `limit`, an invalid job)."""
     if isinstance(then, str | bytes | dict) or not isinstance(then, list | tuple):
         raise ValueError(
             f"Done(then=...) must be a list of pgworkerd.JobSpec, not {type(then).__name__}"
@@ -89,18 +92,18 @@ def follow_ups_json(then: Any, limit: int) -> list[dict[str, Any]]:
     # A JobSpec exists only once its module is loaded (by the handler that built it):
     # looked up, not imported, so the child side loads no database code.
     client = sys.modules.get("pgworkerd.client")
-    specs = []
     for n, spec in enumerate(then, 1):
         if client is None or not isinstance(spec, client.JobSpec):
             raise ValueError(
                 f"follow-up {n} of {len(then)} must be a pgworkerd.JobSpec, "
                 f"not {type(spec).__name__}"
             )
-        try:
-            specs.append(spec.as_json())
-        except client.InvalidJob as exc:
-            raise ValueError(f"follow-up {n} of {len(then)}: {exc}") from None
-    return specs
+    try:
+        jobs: list[dict[str, Any]] = json.loads(client.jobs_json(then))
+    except client.InvalidJob as exc:  # "job N: why", N counted from 1 as here
+        n, _, why = str(exc).removeprefix("job ").partition(": ")
+        raise ValueError(f"follow-up {n} of {len(then)}: {why}") from None
+    return jobs
 
 
 def snooze_problem(seconds: Any) -> str | None:

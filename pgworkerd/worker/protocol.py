@@ -74,7 +74,7 @@ class Done:
     id: int
     result: Any = None
     # Follow-up jobs the handler returned (pgworkerd.Done(result, then=[...])): each the
-    # JSON object enqueue_many_v2 takes; None: none. A parent of release 0.2 ignores it.
+    # JSON object enqueue_many_v3 takes; None: none. A parent of release 0.2 ignores it.
     # Checked here as a list of at most MAX_FOLLOW_UPS objects; the daemon and the
     # database check the jobs themselves.
     then: list[Any] | None = None

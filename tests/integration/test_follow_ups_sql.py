@@ -164,6 +164,60 @@ def test_a_batch_of_lists_maps_each_follow_up_to_its_job_in_order(
     assert rows(conn, schema, "SELECT count(*) FROM @schema@.jobs WHERE handler = 'lost'") == [(0,)]
 
 
+def test_follow_ups_that_wait_for_each_other_link_within_their_own_list(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """A fan-out/fan-in as follow-ups (enqueue_many_v3's after_index: positions in the
+    job's own list), two jobs of one batch each with such a list: each stitch waits for
+    its own list's segments, not the other list's, and is released when they complete."""
+    for _ in range(2):
+        client.enqueue(conn, "h", schema=schema)
+    a, b = claim(conn, schema)
+
+    def fan(tag: str) -> list[dict[str, Any]]:
+        segs = [client.JobSpec("seg", {"of": tag, "n": n}) for n in range(2)]
+        stitch = client.JobSpec("stitch", {"of": tag}, after=segs)
+        return [dict(j) for j in json.loads(client.jobs_json([*segs, stitch]))]
+
+    done = [
+        lease.Completion(a.id, a.token, None, None, fan("a")),
+        lease.Completion(b.id, b.token, None, None, fan("b")),
+    ]
+    out = lease.complete_with_follow_ups(conn, WORKER, done, schema=schema)
+    for job in (a, b):
+        outcome = out[job.id]
+        assert outcome.refused is None and outcome.follow_up_ids is not None
+        seg1, seg2, stitch = outcome.follow_up_ids
+        assert status(conn, schema, stitch) == "waiting"
+        parents = rows(
+            conn,
+            schema,
+            "SELECT parent_id FROM @schema@.job_parents WHERE child_id = %s ORDER BY 1",
+            (stitch,),
+        )
+        assert parents == [(seg1,), (seg2,)]
+        assert {status(conn, schema, s) for s in (seg1, seg2)} == {"pending"}
+    # a's segments complete: a's stitch is released, b's still waits
+    a_seg1, a_seg2, a_stitch = out[a.id].follow_up_ids or []
+    segs = rows(conn, schema, "SELECT id FROM @schema@.jobs WHERE handler = 'seg' ORDER BY id")
+    held = {
+        j.id: j
+        for j in leasing.claim(
+            conn,
+            WORKER,
+            queues=["default"],
+            handlers={"seg": lease.HandlerCapacity(60, 10)},
+            limit=10,
+            schema=schema,
+        )
+    }
+    assert set(held) == {i for (i,) in segs}
+    for seg in (a_seg1, a_seg2):
+        leasing.complete(conn, WORKER, seg, held[seg].token, schema=schema)
+    assert status(conn, schema, a_stitch) == "pending"
+    assert status(conn, schema, (out[b.id].follow_up_ids or [])[2]) == "waiting"
+
+
 def test_a_lost_lease_inserts_nothing_and_a_repeated_completion_inserts_once(
     conn: psycopg.Connection, schema: str
 ) -> None:

@@ -121,3 +121,21 @@ def test_a_completion_with_follow_ups_is_not_carried_by_the_claim() -> None:
     w.carried([plain])
     w.tick(0.0)  # written right after the claim, by the writer
     assert statements.written == [[with_follow_ups]] and not w.pending
+
+
+def test_a_follow_up_may_wait_for_an_earlier_one_of_its_list() -> None:
+    """Done(then=[probe, stitch(after=[probe])]): the link is sent as the earlier one's
+    position in the list (enqueue_many_v3's after_index), never dropped; a JobSpec that is
+    not earlier in the list is refused."""
+    from pgworkerd.worker.outcomes import follow_ups_json
+
+    first = pgworkerd.JobSpec("seg")
+    second = pgworkerd.JobSpec("seg")
+    stitch = pgworkerd.JobSpec("stitch", after=[first, second], on_parent_failure="run")
+    jobs = follow_ups_json([first, second, stitch], 1000)
+    assert [j["handler"] for j in jobs] == ["seg", "seg", "stitch"]
+    assert jobs[2]["after_index"] == [0, 1] and jobs[2]["on_parent_failure"] == "run"
+    assert "after_index" not in jobs[0] and "after" not in jobs[2]
+    outside = pgworkerd.JobSpec("x", after=[pgworkerd.JobSpec("elsewhere")])
+    with pytest.raises(ValueError, match=r"^follow-up 1 of 1: after names a JobSpec"):
+        follow_ups_json([outside], 1000)

@@ -6,7 +6,7 @@
 -- job_complete_with_follow_ups (one job, other languages). A holder whose lease was lost
 -- completes nothing and so inserts nothing; a completed job cannot be completed again, so
 -- its follow-ups are inserted exactly once, whatever crashes where (the completion and
--- the inserts commit together or not at all). Each list goes through enqueue_many_v2
+-- the inserts commit together or not at all). Each list goes through enqueue_many_v3
 -- (its checks, messages and the enqueue bounds of the calling login). A list that is
 -- refused (not an array of job objects, too long, an invalid job, a bound) changes nothing
 -- of its job nor of any other: the job stays running under its lease and the function
@@ -18,7 +18,7 @@
 -- job still running under the token the handler was given (job.lease_token).
 
 -- Which jobs a completion inserted: one row per follow-up, in the handler's order. A
--- follow-up with a dedupe key that matched a live job names that job (enqueue_many_v2
+-- follow-up with a dedupe key that matched a live job names that job (enqueue_many_v3
 -- returns its id), so follow_up_id is not unique. Rows go with the completed job
 -- (job_follow_ups_forget); a pruned follow-up leaves its row (show says "gone").
 CREATE TABLE @schema@.job_follow_ups (
@@ -66,12 +66,12 @@ REVOKE EXECUTE ON FUNCTION @schema@.job_follow_ups_forget() FROM PUBLIC;
 -- complete with follow-ups: the daemon's job_complete_with_follow_ups, for a batch of
 -- which at least one job has follow-ups (a batch without any goes through complete_jobs,
 -- whose cost this leaves unchanged). follow_ups: one element per job, NULL or '[]' for
--- none, else a JSON array of at most 1000 job objects as enqueue_many_v2 takes them.
--- Returns one row per job completed (follow_up_ids: the ids enqueue_many_v2 returned, in
+-- none, else a JSON array of at most 1000 job objects as enqueue_many_v3 takes them.
+-- Returns one row per job completed (follow_up_ids: the ids enqueue_many_v3 returned, in
 -- order; NULL: none) and one per job whose follow-ups were refused (refused: why; that job
 -- is left running, its lease held, nothing of it changed). A job missing from the result
 -- lost its lease: nothing of it changed and nothing was inserted. All the lists go in one
--- enqueue_many_v2 call (one subtransaction); only when that refuses one is each job tried
+-- enqueue_many_v3 call (one subtransaction); only when that refuses one is each job tried
 -- alone, in a subtransaction of its own.
 CREATE FUNCTION @schema@.jobs_complete_with_follow_ups(
     worker text, ids bigint[], tokens bigint[], results jsonb[], progress jsonb[],
@@ -153,16 +153,23 @@ BEGIN
     END LOOP;
 
     IF cardinality(listed_ids) > 0 THEN
-        -- All lists at once: one completion, one enqueue_many_v2, one insert. In a
+        -- All lists at once: one completion, one enqueue_many_v3, one insert. In a
         -- subtransaction: if enqueue (or a bound) refuses a job of any list, none of this
         -- stays, and each job is tried alone below, so only the bad list's job is refused.
+        -- A list whose jobs wait for each other (after_index: positions in its own list)
+        -- is never joined to another: each job is tried alone below.
+        IF EXISTS (SELECT FROM unnest(listed_follow_ups) AS l(follow_ups)
+                    CROSS JOIN LATERAL jsonb_array_elements(l.follow_ups) AS e(spec)
+                    WHERE jsonb_typeof(e.spec) = 'object' AND e.spec ? 'after_index') THEN
+            done_ids := NULL;
+        ELSE
         BEGIN
             done_ids := ARRAY(
                 SELECT c.id FROM @schema@.complete_jobs(
                     jobs_complete_with_follow_ups.worker, listed_ids, listed_tokens,
                     listed_results, listed_progress) AS c(id));
             IF cardinality(done_ids) > 0 THEN  -- (the others lost their lease: nothing)
-                inserted := @schema@.enqueue_many_v2((
+                inserted := @schema@.enqueue_many_v3((
                     SELECT jsonb_agg(e.spec ORDER BY l.n, e.k)
                       FROM unnest(listed_ids, listed_follow_ups) WITH ORDINALITY
                            AS l(id, follow_ups, n)
@@ -183,6 +190,7 @@ BEGIN
                  OR insufficient_privilege OR serialization_failure THEN
                 done_ids := NULL;
         END;
+        END IF;
         IF done_ids IS NOT NULL THEN
             RETURN QUERY
             SELECT f.job_id, array_agg(f.follow_up_id ORDER BY f.position), NULL::text
@@ -201,7 +209,7 @@ BEGIN
                                    jobs_complete_with_follow_ups.worker, ARRAY[job.id],
                                    ARRAY[job.token], ARRAY[job.result],
                                    ARRAY[job.progress])) THEN
-                        inserted := @schema@.enqueue_many_v2(job.follow_ups);
+                        inserted := @schema@.enqueue_many_v3(job.follow_ups);
                         INSERT INTO @schema@.job_follow_ups (job_id, position, follow_up_id)
                         SELECT job.id, f.n, f.follow_up_id
                           FROM unnest(inserted) WITH ORDINALITY AS f(follow_up_id, n);

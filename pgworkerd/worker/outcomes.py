@@ -100,6 +100,14 @@ def follow_ups_json(then: Any, limit: int) -> list[dict[str, Any]]:
             specs.append(spec.as_json())
         except client.InvalidJob as exc:
             raise ValueError(f"follow-up {n} of {len(then)}: {exc}") from None
+        # enqueue_many_v2 has no parents or deadlines: refused here, since a JobSpec
+        # parent would otherwise be left out silently (the job would run at once)
+        if spec.has_extras():
+            raise ValueError(
+                f"follow-up {n} of {len(then)}: a follow-up cannot have parents (after,"
+                " on_parent_failure) or deadlines (expires_at, expire_in, timeout) yet:"
+                " follow-ups are enqueued with enqueue_many_v2 (docs/guide/pipeline.md)"
+            )
     return specs
 
 

@@ -66,6 +66,30 @@ def test_a_bad_follow_up_list_is_a_clear_error(then: Any, message: str) -> None:
         outcomes.follow_ups_json(then, 2)
 
 
+_SEGMENT = pgworkerd.JobSpec("segment")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pgworkerd.JobSpec("stitch", after=[_SEGMENT]),  # was sent without its parents
+        pgworkerd.JobSpec("stitch", after=[12]),
+        pgworkerd.JobSpec("stitch", after=[12], on_parent_failure="run"),
+        pgworkerd.JobSpec("stitch", expire_in=60),
+        pgworkerd.JobSpec("stitch", timeout=60),
+    ],
+)
+def test_a_follow_up_with_parents_or_deadlines_is_refused_not_sent_without_them(
+    spec: Any,
+) -> None:
+    """Follow-ups go through enqueue_many_v2, which has no parents or deadlines: a follow-up
+    naming an earlier JobSpec of the list as its parent used to be sent without it (it
+    would run at once, before its parent), and one with ids or deadlines was refused only
+    at the completion as an unknown key. Both are a clear error in the child."""
+    with pytest.raises(ValueError, match="follow-up 2 of 2: a follow-up cannot have parents"):
+        outcomes.follow_ups_json([_SEGMENT, spec], 1000)
+
+
 class Table:
     def __init__(self) -> None:
         self.outcomes: list[Outcome] = []

@@ -2,7 +2,8 @@
 
 Every execution is recorded to the file $CHAOS_EXECS, one JSON line per event with
 time.time(): `start`, `alive` every step, then how it ended (`done`, `raise`, `crash`,
-`interrupted`); a killed execution just stops writing. File, not table: PostgreSQL is
+`interrupted`, `wait`: it raised pgworkerd.WaitFor); a killed execution just stops
+writing. File, not table: PostgreSQL is
 restarted during the soak, and a record must never depend on it. Each line is one
 O_APPEND write, so children of all daemons share the file.
 
@@ -21,6 +22,7 @@ import subprocess
 import time
 from typing import Any
 
+import pgworkerd
 from pgworkerd.worker import JobContext, JobInterrupted
 
 STEP = 0.2
@@ -76,4 +78,24 @@ def run(job: JobContext) -> Any:
         _record(job, "raise")
         raise RuntimeError(f"chaos: attempt {job.attempt} fails")
     _record(job, "done")
-    return {"attempt": job.attempt, "pid": os.getpid(), "tag": os.environ.get("CHAOS_TAG", "")}
+    result = {"attempt": job.attempt, "pid": os.getpid(), "tag": os.environ.get("CHAOS_TAG", "")}
+    if "then" in p:  # a fan-out: its follow-ups, inserted with its completion
+        return pgworkerd.Done(result, then=follow_ups(job, int(p["then"])))
+    return result
+
+
+def follow_ups(job: JobContext, count: int) -> list[pgworkerd.JobSpec]:
+    """Short chaos jobs naming the job that returned them and their position."""
+    payload = {"d": 0.05, "raise": 0.05, "crash": 0.01, "follow_up_of": job.id}
+    return [pgworkerd.JobSpec("chaos", {**payload, "n": n}, max_attempts=10) for n in range(count)]
+
+
+def wait(job: JobContext) -> Any:
+    """Waits for signal payload["signal"] (its first start), then works as `run` does and
+    returns what woke it: the soak checks that every signal it sent woke its job."""
+    if job.waited_for is None:
+        _record(job, "start")
+        _record(job, "wait")
+        raise pgworkerd.WaitFor(job.payload["signal"], timeout=job.payload["timeout"])
+    result = run(job)
+    return {**result, "signal": None if job.signal is None else job.signal.payload}

@@ -29,6 +29,15 @@ settled none of them is alive, found by walking /proc (containment).
 Every daemon declares a one-second schedule (removed by a SIGHUP reload
 before the run settles): every scheduled job belongs to exactly one tick, and no two
 consecutive ticks were caught up late (no catch-up burst).
+Issue 24's features are in the workload, with their invariants: dependent jobs (a child
+of 1-3 earlier jobs, of the same enqueue_many call or by id): no child started before all
+its parents completed, and none ran whose parent did not; fan-outs returning follow-ups
+(pgworkerd.Done(then=...)): each completed one's follow-ups exist exactly once (none for
+one that did not complete); waits (pgworkerd.WaitFor) answered by a signal sent at a
+random moment, before or after the wait: every signalled wait resumed and saw its
+signal's payload, and no job is left suspended with its signal there; jobs with
+`expire_in` of a few seconds: none started (claimed) at or after its expires_at, and one
+not completed ended cancelled as expired.
 Also printed: jobs per status, faults per kind, executions per job, and the time from a
 fault to the affected job running again (p50/p99).
 """
@@ -61,6 +70,8 @@ from daemon_bench import children_of
 from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue.migrate import migrate
+from pgworkerd.signals import SignalRefused
+from pgworkerd.signals import signal as client_signal
 
 BENCH_DIR = Path(__file__).resolve().parent
 PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
@@ -121,6 +132,19 @@ LIMITED_SHARE = 0.1
 LIMITED_RUNNING = 3
 LIMITED_PER_KEY = 1
 LIMITED_KEYS = ("k0", "k1", "k2", "k3")
+# Issue 24's features (shares of the plain jobs made into each kind).
+CHILD_SHARE = 0.08  # a child of 1-3 earlier plain jobs (the same call's, or by id)
+FAN_OUT_SHARE = 0.04  # returns 1-4 follow-ups
+WAITER_SHARE = 0.05  # waits for SIGNAL, sent at a random moment (before or after the wait)
+EXPIRING_SHARE = 0.05  # expire_in EXPIRE_IN seconds
+SIGNAL = "go"
+# A wait's timeout: never reached in a run, so a wait ended by it is a lost signal.
+WAIT_TIMEOUT = "1h"
+# When a waiter is signalled: a third at once (before its wait, mostly), a third after a
+# random delay (either side), a third once it is seen suspended (after the wait).
+SIGNAL_DELAY = (0.0, 8.0)
+SUSPENDED_POLL = 0.3  # seconds between looks for the last third (given up after a minute)
+EXPIRE_IN = (0.5, 20.0)
 
 
 def log(message: str) -> None:
@@ -248,6 +272,8 @@ class Soak:
         # Every kind once first (in random order), so even a short run covers them all.
         self.unseen = self.rng.sample(list(FAULTS), len(FAULTS))
         self.ids: list[int] = []
+        self.plain_ids: list[int] = []  # ids of plain chaos jobs: parents by id
+        self.signals: dict[int, tuple[str, str]] = {}  # waiter -> (token, outcome)
         self.poison: dict[int, str] = {}  # job id -> kind
         self.poison_kinds = self.rng.sample(list(POISON), len(POISON))  # each once first
         self.notes: list[str] = []
@@ -265,6 +291,7 @@ class Soak:
         lines += ["", "[handlers.chaos]", 'target = "chaos_handlers:run"']
         lines += ["", "[handlers.limited]", 'target = "chaos_handlers:run"']
         lines += [f"max_running = {LIMITED_RUNNING}", f"max_running_per_key = {LIMITED_PER_KEY}"]
+        lines += ["", "[handlers.waiter]", 'target = "chaos_handlers:wait"']
         config = self.workdir / "chaos.toml"
         config.write_text("\n".join(lines) + "\n" + SCHEDULE)
         for n in range(3):
@@ -286,13 +313,96 @@ class Soak:
                     client.JobSpec("limited", payload, max_attempts=10, concurrency_key=key)
                 )
             else:
-                payload = {"d": round(d, 3), "raise": 0.08, "crash": 0.02}
-                specs.append(client.JobSpec("chaos", payload, max_attempts=10))
+                specs.append(self.issue24_spec(round(d, 3), specs))
         return specs
+
+    def issue24_spec(self, d: float, earlier: list[client.JobSpec]) -> client.JobSpec:
+        """A plain chaos job, or one of issue 24's kinds: a child of earlier plain jobs, a
+        fan-out, a waiter, an expiring job."""
+        payload: dict[str, Any] = {"d": d, "raise": 0.08, "crash": 0.02}
+        plain = [s for s in earlier if s.payload.keys() == {"d", "raise", "crash"}]
+        r = self.rng.random()
+        if r < CHILD_SHARE and (plain or self.plain_ids):
+            parents: list[int | client.JobSpec] = []
+            for _ in range(self.rng.randint(1, 3)):
+                if plain and (not self.plain_ids or self.rng.random() < 0.7):
+                    parents.append(self.rng.choice(plain))
+                else:
+                    parents.append(self.rng.choice(self.plain_ids))
+            unique = list({p if isinstance(p, int) else id(p): p for p in parents}.values())
+            return client.JobSpec(
+                "chaos", {**payload, "child": True}, max_attempts=10, after=unique
+            )
+        r -= CHILD_SHARE
+        if r < FAN_OUT_SHARE:
+            return client.JobSpec(
+                "chaos", {**payload, "then": self.rng.randint(1, 4)}, max_attempts=10
+            )
+        r -= FAN_OUT_SHARE
+        if r < WAITER_SHARE:
+            waiter = {**payload, "signal": SIGNAL, "timeout": WAIT_TIMEOUT}
+            return client.JobSpec("waiter", waiter, max_attempts=10)
+        r -= WAITER_SHARE
+        if r < EXPIRING_SHARE:
+            expire_in = round(self.rng.uniform(*EXPIRE_IN), 3)
+            return client.JobSpec(
+                "chaos", {**payload, "expiring": True}, max_attempts=10, expire_in=expire_in
+            )
+        return client.JobSpec("chaos", payload, max_attempts=10)
 
     def enqueue(self, conn: psycopg.Connection, count: int) -> None:
         if count > 0:
-            self.ids += client.enqueue_many(conn, self.job_specs(count), schema=SCHEMA)
+            specs = self.job_specs(count)
+            ids = client.enqueue_many(conn, specs, schema=SCHEMA)
+            self.ids += ids
+            for spec, job_id in zip(specs, ids, strict=True):
+                if spec.handler == "waiter":
+                    when = self.rng.choice(("at once", "later", "once suspended"))
+                    if when == "once suspended":
+                        give_up = time.monotonic() + 60
+                        self.later(
+                            SUSPENDED_POLL,
+                            lambda j=job_id, g=give_up: self.signal_if_suspended(j, g),
+                        )
+                    else:
+                        delay = 0.0 if when == "at once" else self.rng.uniform(*SIGNAL_DELAY)
+                        self.later(delay, lambda j=job_id: self.send_signal(j))
+                elif spec.handler == "chaos" and spec.payload.keys() == {"d", "raise", "crash"}:
+                    self.plain_ids.append(job_id)
+
+    def signal_if_suspended(self, job_id: int, give_up: float) -> None:
+        """Signal the waiter once it is seen suspended (or when giving up), else look again
+        later (the settle keeps looking)."""
+        try:
+            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=3) as conn:
+                [(status,)] = conn.execute(
+                    f"SELECT status::text FROM {SCHEMA}.jobs WHERE id = %s", (job_id,)
+                ).fetchall()
+        except psycopg.OperationalError:
+            status = "unknown"  # PostgreSQL restarting
+        if status == "suspended" or time.monotonic() > give_up:
+            self.send_signal(job_id)
+        else:
+            self.later(SUSPENDED_POLL, lambda: self.signal_if_suspended(job_id, give_up))
+
+    def send_signal(self, job_id: int) -> None:
+        """Signal a waiter (a token it must see), retrying while PostgreSQL restarts."""
+        token = f"signal-{job_id}-{self.rng.randrange(1 << 30)}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with psycopg.connect(self.dsn, autocommit=True, connect_timeout=3) as conn:
+                    sent = client_signal(conn, job_id, SIGNAL, {"token": token}, schema=SCHEMA)
+                self.signals[job_id] = (token, sent.outcome)
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    self.notes.append(f"signal to job {job_id} not sent: PostgreSQL down")
+                    return
+                time.sleep(0.2)
+            except SignalRefused as exc:
+                self.signals[job_id] = (token, f"refused: {exc}")
+                return
 
     def enqueue_poison(self, conn: psycopg.Connection) -> None:
         kind = self.poison_kinds[0] if self.poison_kinds else self.rng.choice(list(POISON))
@@ -485,11 +595,15 @@ class Soak:
 
     def settle(self) -> None:
         deadline = time.monotonic() + self.args.settle
-        query = f"SELECT count(*) FROM {SCHEMA}.jobs WHERE status IN ('pending', 'running')"
+        query = (
+            f"SELECT count(*) FROM {SCHEMA}.jobs"
+            " WHERE status IN ('pending', 'running', 'waiting', 'suspended')"
+        )
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while True:
                 [(left,)] = conn.execute(query).fetchall()
                 self.check_daemons()
+                self.run_due()  # signals still to send
                 if left == 0 or time.monotonic() > deadline:
                     break
                 time.sleep(0.25)
@@ -522,6 +636,7 @@ class Soak:
                 f"SELECT tick, job_id, extract(epoch FROM fired_at - tick)::float8"
                 f" FROM {SCHEMA}.schedule_runs ORDER BY tick"
             ).fetchall()
+            issue24 = self.issue24_rows(conn)
         rows = [r[:5] for r in everything if r[0] not in self.poison]
         doomed = {r[0] for r in everything if r[5]}
         poison_rows = {r[0]: r for r in everything if r[0] in self.poison}
@@ -550,7 +665,7 @@ class Soak:
         for d in self.daemons:
             text = d.log_path.read_text(errors="replace")
             accepted.update(
-                int(m) for m in re.findall(r"job (\d+) chaos attempt \d+: completed in", text)
+                int(m) for m in re.findall(r"job (\d+) \S+ attempt \d+: completed in", text)
             )
             fenced += len(re.findall(r"\(fenced off\)", text))
             crashed += len(re.findall(r"daemon crashed|Traceback \(most recent", text))
@@ -600,6 +715,10 @@ class Soak:
         poison_ran = [j for j in self.poison if j in per_job]
         unexpected = [f"{d.tag}: {x}" for d in self.daemons for x in d.unexpected_exits]
         missing = [j for j in self.ids if j not in jobs_by_id]
+        i24 = self.issue24_checks(issue24, {r[0]: r for r in everything}, per_job)
+        # a child whose parent did not complete is cancelled; an expiring job that did
+        # not run in time is cancelled as expired: neither is lost
+        lost = [j for j in lost if j not in i24.cancelled_rightly]
 
         # time from a fault to each affected job's next start; a job is affected when its
         # execution in flight at the fault was killed or released, or finished but its
@@ -661,6 +780,7 @@ class Soak:
             f"schedule (1 s, fired by all daemons): {len(runs_of_ticks)} ticks, "
             f"{len(scheduled)} jobs, {len(late)} caught up late, {gaps} ticks missed "
             "(caught up by the catch-up rule)",
+            i24.summary,
             "time from a fault to the affected job running again (queueing included):",
         ]
         everything = [v for vs in recovery.values() for v in vs]
@@ -700,6 +820,7 @@ class Soak:
             ("poison jobs that reached a handler", len(poison_ran), poison_ran[:10]),
             ("scheduled jobs without exactly one tick", len(not_one_tick), not_one_tick[:10]),
             ("late schedule runs back to back (catch-up bursts)", len(bursts), bursts[:5]),
+            *i24.checks,
             ("daemon crashes or tracebacks in logs", crashed, []),
             ("daemons that exited on their own", len(unexpected), unexpected[:5]),
             ("handler subprocesses left behind", len(self.left_behind), self.left_behind[:5]),
@@ -718,6 +839,123 @@ class Soak:
         print("\n".join(out), flush=True)
         return not failures
 
+    def issue24_rows(self, conn: psycopg.Connection) -> dict[str, list[tuple[Any, ...]]]:
+        """What the invariants of issue 24's features read (the poison rows left out)."""
+        s = SCHEMA
+        queries = {
+            # child, parent, the parent's status and finish
+            "parents": f"SELECT p.child_id, p.parent_id, pj.status::text, pj.finished_at"
+            f" FROM {s}.job_parents p JOIN {s}.jobs pj ON pj.id = p.parent_id",
+            "fan_outs": f"SELECT id, (payload->>'then')::int FROM {s}.jobs WHERE payload ? 'then'",
+            "follow_ups": f"SELECT id, (payload->>'follow_up_of')::bigint, (payload->>'n')::int"
+            f" FROM {s}.jobs WHERE payload ? 'follow_up_of'",
+            "follow_up_rows": f"SELECT job_id, follow_up_id FROM {s}.job_follow_ups",
+            "waiters": f"SELECT id FROM {s}.jobs WHERE handler = 'waiter'",
+            "signals": f"SELECT job_id, payload FROM {s}.signals",
+            "suspended_with_signal": f"SELECT j.id FROM {s}.jobs j JOIN {s}.signals g"
+            " ON g.job_id = j.id AND g.name = j.wait_for WHERE j.status = 'suspended'",
+            "expiring": f"SELECT id, expires_at FROM {s}.jobs WHERE expires_at IS NOT NULL",
+            # every claim of an expiring job at or after its deadline: the attempts'
+            # history, and the job's own last start (an attempt still to be recorded)
+            "started_expired": f"SELECT a.job_id, a.attempt, a.started_at FROM {s}.attempts a"
+            f" JOIN {s}.jobs j ON j.id = a.job_id WHERE a.started_at >= j.expires_at"
+            f" UNION ALL SELECT id, attempts, started_at FROM {s}.jobs"
+            " WHERE started_at >= expires_at",
+        }
+        return {name: conn.execute(q).fetchall() for name, q in queries.items()}
+
+    def issue24_checks(
+        self,
+        found: dict[str, list[tuple[Any, ...]]],
+        jobs: dict[int, tuple[Any, ...]],
+        per_job: dict[int, list[dict[str, Any]]],
+    ) -> Issue24:
+        """Dependencies, follow-ups, signals and deadlines under the faults."""
+        out = Issue24()
+        status = {j: r[1] for j, r in jobs.items()}
+        error = {j: r[6] or "" for j, r in jobs.items()}
+        # no child started before all its parents completed; none ran whose parent did not
+        parents: dict[int, list[tuple[int, str, Any]]] = defaultdict(list)
+        for child, parent, parent_status, finished_at in found["parents"]:
+            parents[child].append((parent, parent_status, finished_at))
+        early = []
+        for child, of_child in parents.items():
+            runs = per_job.get(child, [])
+            failed = [p for p, st, _ in of_child if st != "completed"]
+            if failed and status[child] == "cancelled" and "parent" in error[child]:
+                out.cancelled_rightly.add(child)
+            if not runs:
+                continue
+            first = runs[0]["start"]
+            if failed or any(at.timestamp() > first for _, _, at in of_child):
+                early.append((child, [p for p, _, _ in of_child]))
+        # each follow-up exactly once: a completed fan-out's n of them, 0..n-1 once each
+        # and listed in job_follow_ups; none for a fan-out that did not complete
+        of_fan_out: dict[int, list[int]] = defaultdict(list)
+        ids_of: dict[int, set[int]] = defaultdict(set)
+        for job_id, fan_out, n in found["follow_ups"]:
+            of_fan_out[fan_out].append(n)
+            ids_of[fan_out].add(job_id)
+        listed: dict[int, set[int]] = defaultdict(set)
+        for fan_out, follow_up in found["follow_up_rows"]:
+            listed[fan_out].add(follow_up)
+        not_once = []
+        for fan_out, n in found["fan_outs"]:
+            want = list(range(n)) if status.get(fan_out) == "completed" else []
+            if sorted(of_fan_out[fan_out]) != want or listed[fan_out] != ids_of[fan_out]:
+                not_once.append((fan_out, n, sorted(of_fan_out[fan_out])))
+        # no signal lost: every waiter signalled once, resumed, and saw its signal
+        stored = {job_id: payload for job_id, payload in found["signals"]}
+        lost_signals = []
+        for (waiter,) in found["waiters"]:
+            token, outcome = self.signals.get(waiter, (None, "never sent"))
+            result = jobs[waiter][4]
+            seen = result.get("signal") if isinstance(result, dict) else None
+            if (
+                outcome not in ("kept", "resumed")
+                or status[waiter] != "completed"
+                or seen != {"token": token}
+                or stored.get(waiter) != {"token": token}
+            ):
+                lost_signals.append((waiter, outcome, status[waiter], seen))
+        left_suspended = [r[0] for r in found["suspended_with_signal"]]
+        # no expired job started; an expiring job not completed ended cancelled as expired
+        started_expired = [(r[0], r[1], str(r[2])) for r in found["started_expired"]]
+        expired = 0
+        for job_id, _ in found["expiring"]:
+            if status[job_id] == "cancelled" and error[job_id].startswith("expired:"):
+                out.cancelled_rightly.add(job_id)
+                expired += 1
+        outcomes = Counter(o for _, o in self.signals.values())
+        out.summary = (
+            f"issue 24 workload: {len(parents)} children of "
+            f"{sum(len(v) for v in parents.values())} parents; {len(found['fan_outs'])} fan-outs"
+            f" with {len(found['follow_ups'])} follow-ups; {len(found['waiters'])} waits, "
+            f"signals "
+            + ", ".join(f"{k} {n}" for k, n in sorted(outcomes.items()))
+            + f"; {len(found['expiring'])} expiring jobs, {expired} of them expired"
+        )
+        out.checks = [
+            ("children started before all their parents completed", len(early), early[:5]),
+            ("fan-outs whose follow-ups are not there exactly once", len(not_once), not_once[:5]),
+            (
+                "signals lost (a signalled wait not resumed by it)",
+                len(lost_signals),
+                lost_signals[:5],
+            ),
+            (
+                "jobs left suspended with their signal there",
+                len(left_suspended),
+                left_suspended[:5],
+            ),
+            (
+                "expired jobs started (claimed at or after expires_at)",
+                len(started_expired),
+                started_expired[:5],
+            ),
+        ]
+        return out
+
     def cleanup(self) -> None:
         for d in self.daemons:
             if d.proc is not None and d.proc.poll() is None:
@@ -728,6 +966,16 @@ class Soak:
                 os.kill(pid, signal.SIGKILL)
         if not self.args.keep:
             self.pg.cleanup()
+
+
+@dataclass
+class Issue24:
+    """The invariants of issue 24's features: (what, how many, examples) each."""
+
+    checks: list[tuple[str, int, list[Any]]] = field(default_factory=list)
+    summary: str = ""
+    # cancelled as they should be (a parent failed; expired): not lost
+    cancelled_rightly: set[int] = field(default_factory=set)
 
 
 # argv[0] of the processes the handlers start (chaos_handlers.py): unique to this run.

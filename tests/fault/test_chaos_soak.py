@@ -2,8 +2,9 @@
 800 jobs, every kind of fault at random intervals, poison rows of every kind; the soak
 checks its own invariants (no overlapping executions, no lost or stuck jobs, no outcome
 recorded twice, attempts accounted for, poison rows dead alone, the fleet-wide limits of
-its "limited" handler held, no handler subprocess left behind) and exits 1 when one
-fails. Its summary is printed (shown with -rP or on failure)."""
+its "limited" handler held, no handler subprocess left behind; issue 24's: no child started
+before all its parents completed, each follow-up exactly once, no signal lost, no expired
+job started) and exits 1 when one fails. Its summary is printed (shown with -rP or on failure)."""
 
 from __future__ import annotations
 
@@ -59,3 +60,18 @@ def test_chaos_soak_short(tmp_path: Path) -> None:
     assert "scheduled jobs without exactly one tick: 0" in summary
     assert "late schedule runs back to back (catch-up bursts): 0" in summary
     assert re.search(r"schedule \(1 s, fired by all daemons\): [1-9]\d* ticks", summary)
+    # issue 24's features were in the workload, and their invariants held
+    counts = re.search(
+        r"issue 24 workload: ([1-9]\d*) children of \d+ parents; ([1-9]\d*) fan-outs with"
+        r" ([1-9]\d*) follow-ups; ([1-9]\d*) waits, signals (.*); ([1-9]\d*) expiring jobs",
+        summary,
+    )
+    assert counts, summary
+    assert "kept" in counts[5], counts[5]  # signals came before the wait, and after it
+    assert "resumed" in counts[5], counts[5]
+    assert "refused" not in counts[5] and "never sent" not in counts[5], counts[5]
+    assert "children started before all their parents completed: 0" in summary
+    assert "fan-outs whose follow-ups are not there exactly once: 0" in summary
+    assert "signals lost (a signalled wait not resumed by it): 0" in summary
+    assert "jobs left suspended with their signal there: 0" in summary
+    assert "expired jobs started (claimed at or after expires_at): 0" in summary

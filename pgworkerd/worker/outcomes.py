@@ -98,11 +98,12 @@ def follow_ups_json(then: Any, limit: int) -> list[dict[str, Any]]:
                 f"follow-up {n} of {len(then)} must be a pgworkerd.JobSpec, "
                 f"not {type(spec).__name__}"
             )
+    assert client is not None  # (a JobSpec was found above)
     try:
         jobs: list[dict[str, Any]] = json.loads(client.jobs_json(then))
     except client.InvalidJob as exc:  # "job N: why", N counted from 1 as here
-        n, _, why = str(exc).removeprefix("job ").partition(": ")
-        raise ValueError(f"follow-up {n} of {len(then)}: {why}") from None
+        at, _, why = str(exc).removeprefix("job ").partition(": ")
+        raise ValueError(f"follow-up {at} of {len(then)}: {why}") from None
     return jobs
 
 

@@ -172,9 +172,14 @@ def tables() -> list[str]:
 
 
 def entities() -> set[str]:
-    """What a name may start with: each table's name, and its singular."""
+    """What a name may start with: each table's name, and its singular ("batches":
+    "batch")."""
     names = set(tables())
-    return names | {name.removesuffix("s") for name in names}
+    return (
+        names
+        | {name.removesuffix("s") for name in names}
+        | {name.removesuffix("es") for name in names if name.endswith(("ches", "shes", "xes"))}
+    )
 
 
 def migrations_text() -> str:

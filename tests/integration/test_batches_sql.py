@@ -116,7 +116,7 @@ def test_members_finishing_concurrently_release_the_callback_once(
             with psycopg.connect(test_db_dsn, autocommit=True) as c:
                 for job_id in share:
                     finish(c, schema, job_id, "dead" if job_id % 7 == 0 else "completed")
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(ids[k::8],)) for k in range(8)]

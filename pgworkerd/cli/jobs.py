@@ -16,7 +16,7 @@ from pgworkerd.cli.params import DURATION
 from pgworkerd.config import RetentionConfig
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
-from pgworkerd.queue import admin, views
+from pgworkerd.queue import admin, batchread, views
 from pgworkerd.sizes import format_size
 
 
@@ -368,10 +368,11 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
     """Show one job with every column, its last error and traceback, and its attempts."""
     with database(ctx) as conn:
         row = views.job(conn, ctx.schema, job_id)
+        batch = batchread.batch_of(conn, ctx.schema, job_id) if row is not None else None
     if row is None:
         fail(f"job {job_id} not found", ExitCode.FAILURE)
     if as_json:
-        echo_json(row)
+        echo_json(row | ({"batch": batch} if batch is not None else {}))
         return
     history = row.pop("attempt_history")
     daemon = row.pop("daemon")
@@ -396,6 +397,8 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
             click.echo(f"{side}: {relatives_line(family[side], family[side + '_total'])}")
     if received:
         click.echo(signal_lines(received))
+    if batch is not None:
+        click.echo(f"batch: {batchread.batch_line(batch, job_id)}")
     if history is None:
         click.echo(
             "attempts: (this role may not read them: roles.sql's pgworkerd_reader and "

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from pgworkerd import bounds
 from pgworkerd.queue import hotpath, records
 from pgworkerd.queue.lease import ClaimedJob, ResumedJob
-from pgworkerd.queue.queries import DEFAULT_SCHEMA
+from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
 
 
 @dataclass(frozen=True)
@@ -50,3 +51,28 @@ def with_batches(
 def _callback(job: ClaimedJob, batch: Any) -> CallbackJob:
     fields = {f.name: getattr(job, f.name) for f in dataclasses.fields(job)}
     return CallbackJob(**fields, batch=batch)
+
+
+def batch_of(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str, Any] | None:
+    """The batch job `job_id` belongs to, as a member or as its callback (id, callback_id,
+    members, completed, dead, cancelled, created_at, released_at), or None: for show,
+    explain and the dashboard."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(query("batch_of_job", schema), {"job_id": job_id}).fetchone()
+    return row
+
+
+def batch_line(batch: dict[str, Any], job_id: int) -> str:
+    """One line naming a job's batch and its progress (show, the dashboard)."""
+    finished = batch["completed"] + batch["dead"] + batch["cancelled"]
+    role = "the callback" if batch["callback_id"] == job_id else "a member"
+    state = (
+        f"callback released at {batch['released_at']}"
+        if batch["released_at"] is not None
+        else f"callback {batch['callback_id']} waits"
+    )
+    return (
+        f"{role} of batch {batch['id']}: {finished} of {batch['members']} members finished "
+        f"({batch['completed']} completed, {batch['dead']} dead, {batch['cancelled']} "
+        f"cancelled); {state}"
+    )

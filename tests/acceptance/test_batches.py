@@ -6,6 +6,7 @@ input, retention): tests/integration/test_batches_sql.py."""
 
 from __future__ import annotations
 
+import json
 import signal
 
 from daemon_harness import Daemons, Db
@@ -93,3 +94,27 @@ def test_a_daemon_killed_right_after_the_last_members_completion_leaves_the_call
     row = db.wait_status(ids.callback_id, "completed", "dead")
     assert row["status"] == "completed"
     assert row["result"]["batch"]["completed"] == 2
+
+
+def test_show_and_explain_name_the_batch_and_its_progress(daemons: Daemons, db: Db) -> None:
+    daemons.start({"work": WORK}, tag="A")
+    ids = pgworkerd.batch(
+        db.conn,
+        [JobSpec("work"), JobSpec("work", delay=3600)],
+        then=JobSpec("seen"),
+        schema=db.schema,
+    )
+    db.wait_status(ids.member_ids[0], "completed")
+    shown = daemons.cli("show", str(ids.callback_id))
+    assert shown.returncode == 0, shown.stderr
+    assert (
+        f"batch: the callback of batch {ids.batch_id}: 1 of 2 members finished "
+        "(1 completed, 0 dead, 0 cancelled)" in shown.stdout
+    )
+    member = daemons.cli("show", str(ids.member_ids[1]))
+    assert f"batch: a member of batch {ids.batch_id}: 1 of 2" in member.stdout
+    explained = daemons.cli("explain", "--json", str(ids.callback_id))
+    assert explained.returncode == 0, explained.stderr
+    [reason] = json.loads(explained.stdout)["reasons"]
+    assert reason["code"] == "waiting_on_batch"
+    assert (reason["facts"]["finished"], reason["facts"]["members"]) == (1, 2)

@@ -144,6 +144,7 @@ STATEMENT_FILES = {
     "schedule": "schedules",
     "attempt": "attempts",
     "signal": "signals",
+    "batch": "batches",
     "paused": "paused",
     "view": "views",
     "schema": "schema",

@@ -255,3 +255,26 @@ def test_members_page_for_the_enqueuing_login(conn: psycopg.Connection, schema: 
         sql(conn, schema, "SELECT * FROM @schema@.batch_members_page(%s, 0, 0)", bid)
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="does not exist"):
         sql(conn, schema, "SELECT * FROM @schema@.batch_members_page(%s, 0, 10)", bid + 99)
+
+
+def test_an_enqueuer_enqueues_batches_and_pages_only_its_own(
+    conn: psycopg.Connection, schema: str, roles: dict[str, str]
+) -> None:
+    """It enqueues a batch (`batch_enqueue`: members and callback in one transaction) and
+    pages the members' outcomes of a batch whose callback its own login enqueued; another
+    login's batch is refused as unknown, and it reads nothing else of batches."""
+    import pgworkerd
+    from pgworkerd.client import JobSpec
+
+    theirs, _, _ = batch(conn, schema, [{"handler": "secret"}])
+    enqueuer = roles[f"{schema}_enqueuer"]
+    with psycopg.connect(enqueuer, autocommit=True) as mine:
+        ids = pgworkerd.batch(mine, [JobSpec("a"), JobSpec("b")], then=JobSpec("c"), schema=schema)
+        page = pgworkerd.batch_members(mine, ids.batch_id, schema=schema)
+        assert [m.id for m in page] == ids.member_ids
+        assert page[0].status == "pending"
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="not readable"):
+            pgworkerd.batch_members(mine, theirs, schema=schema)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            sql(mine, schema, "SELECT * FROM @schema@.batches")
+    assert status(conn, schema, ids.callback_id) == "waiting"

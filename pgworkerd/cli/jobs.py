@@ -504,3 +504,42 @@ def explain_job(ctx: Context, job_id: int, as_json: bool) -> None:
     )
     for r in found["reasons"]:
         click.echo(f"  [{r['code']}] {printable(r['message'])}")
+
+
+@main.command("batch")
+@click.argument("batch_id", type=int)
+@click.option(
+    "--members",
+    type=click.IntRange(1, 1000),
+    default=20,
+    show_default=True,
+    help="list this many members (the first by id)",
+)
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.pass_obj
+def show_batch(ctx: Context, batch_id: int, members: int, as_json: bool) -> None:
+    """Show batch BATCH_ID (docs/guide/batches.md): how many of its members finished
+    (completed, dead, cancelled), its callback, and its first members. `pgworkerd show`
+    of a member or the callback names its batch."""
+    with database(ctx) as conn:
+        found = batchread.batch_view(conn, ctx.schema, batch_id, members)
+    if found is None:
+        fail(f"batch {batch_id} not found (never enqueued, or pruned)", ExitCode.FAILURE)
+    if as_json:
+        echo_json(found)
+        return
+    finished = found["completed"] + found["dead"] + found["cancelled"]
+    click.echo(
+        f"batch {found['id']}: {finished} of {found['members']} members finished "
+        f"({found['completed']} completed, {found['dead']} dead, {found['cancelled']} cancelled)"
+    )
+    click.echo(
+        f"callback: job {found['callback_id']} {printable(found['callback_handler'] or '')} "
+        f"{printable(found['callback_status'] or 'pruned')}"
+        + (f", released at {found['released_at']}" if found["released_at"] else "")
+    )
+    listed = found["first_members"]
+    click.echo(f"members ({len(listed)} of {found['members']} shown):")
+    for m in listed:
+        error = printable(str(m["last_error"] or "").strip().split("\n")[-1])[:80]
+        click.echo(f"  {m['id']:>8} {m['status']:<9} {error}".rstrip())

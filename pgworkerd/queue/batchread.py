@@ -76,3 +76,20 @@ def batch_line(batch: dict[str, Any], job_id: int) -> str:
         f"({batch['completed']} completed, {batch['dead']} dead, {batch['cancelled']} "
         f"cancelled); {state}"
     )
+
+
+def batch_view(
+    conn: psycopg.Connection[Any], schema: str, batch_id: int, members: int
+) -> dict[str, Any] | None:
+    """Batch `batch_id` (its counts, its callback's status and handler) and its first
+    `members` members (id, status, result, last_error) in id order, or None: for
+    `pgworkerd batch ID`."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(query("batch_get", schema), {"batch_id": batch_id}).fetchone()
+        if row is None:
+            return None
+        row["first_members"] = cur.execute(
+            query("batch_members_page", schema),
+            {"batch_id": batch_id, "after_id": 0, "max_members": members},
+        ).fetchall()
+    return row

@@ -118,3 +118,16 @@ def test_show_and_explain_name_the_batch_and_its_progress(daemons: Daemons, db: 
     [reason] = json.loads(explained.stdout)["reasons"]
     assert reason["code"] == "waiting_on_batch"
     assert (reason["facts"]["finished"], reason["facts"]["members"]) == (1, 2)
+    viewed = daemons.cli("batch", str(ids.batch_id))
+    assert viewed.returncode == 0, viewed.stderr
+    lines = viewed.stdout.splitlines()
+    assert lines[0] == (
+        f"batch {ids.batch_id}: 1 of 2 members finished (1 completed, 0 dead, 0 cancelled)"
+    )
+    assert lines[1] == f"callback: job {ids.callback_id} seen waiting"
+    assert [ln.split()[:2] for ln in lines[3:]] == [
+        [str(ids.member_ids[0]), "completed"],
+        [str(ids.member_ids[1]), "pending"],
+    ]
+    missing = daemons.cli("batch", str(ids.batch_id + 100))
+    assert missing.returncode != 0 and "not found" in missing.stderr

@@ -43,3 +43,11 @@ SELECT b.id, b.callback_id, b.members, b.completed, b.dead, b.cancelled, b.creat
   FROM @schema@.batches b
  WHERE b.callback_id = %(job_id)s
     OR b.id = (SELECT j.batch_id FROM @schema@.jobs j WHERE j.id = %(job_id)s);
+
+-- name: batch_get
+-- Batch %(batch_id)s with its counts (`pgworkerd batch ID`); no row: no such batch.
+SELECT b.id, b.callback_id, b.members, b.completed, b.dead, b.cancelled, b.created_at,
+       b.released_at, c.status::text AS callback_status, c.handler AS callback_handler
+  FROM @schema@.batches b
+  LEFT JOIN @schema@.jobs c ON c.id = b.callback_id
+ WHERE b.id = %(batch_id)s;

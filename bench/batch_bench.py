@@ -5,8 +5,9 @@ members that finish at once.
     .venv/bin/python bench/batch_bench.py [--short] [--json out.json]
 
 1. enqueue: pgworkerd.batch() of M members (10,000) and its callback, one transaction,
-   against pgworkerd.enqueue_many() of the same M jobs, interleaved rounds, medians (the
-   difference is the callback, the batch row and marking the members).
+   against pgworkerd.enqueue_many() of the same M jobs and against enqueue_many_v3 (what
+   batch_enqueue inserts the members with), interleaved rounds, medians (the difference
+   from v3 is the callback, the batch row and marking the members).
 2. last member -> callback start: two daemons (4 slots each) run a batch of B members
    (--short 2,000; else 10,000; handler record_end, which notes when it returns) and its
    callback (record_start, which notes when it starts); the gap is the callback's start
@@ -40,6 +41,7 @@ from pgworkerd import client
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue.db import connect
 from pgworkerd.queue.migrate import migrate
+from pgworkerd.queue.queries import query
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
@@ -60,16 +62,19 @@ def enqueue_time(dsn: str, members: int, rounds: int) -> dict[str, Any]:
     """Milliseconds to enqueue a batch of `members` vs enqueue_many of as many jobs."""
     batch_ms: list[float] = []
     plain_ms: list[float] = []
+    v3_ms: list[float] = []
     with connect(dsn) as conn:
         for _ in range(rounds):
-            for kind, out in (("batch", batch_ms), ("plain", plain_ms)):
+            for kind, out in (("batch", batch_ms), ("plain", plain_ms), ("v3", v3_ms)):
                 conn.execute("TRUNCATE pgworkerd.jobs")
                 specs = [client.JobSpec("noop", {"n": n}) for n in range(members)]
                 start = time.perf_counter()
                 if kind == "batch":
                     pgworkerd.batch(conn, specs, then=client.JobSpec("noop"))
-                else:
+                elif kind == "plain":
                     client.enqueue_many(conn, specs)
+                else:  # the statement batch_enqueue inserts its members with
+                    conn.execute(query("job_enqueue_many_v3"), {"jobs": client.jobs_json(specs)})
                 out.append((time.perf_counter() - start) * 1000)
         conn.execute("TRUNCATE pgworkerd.jobs")
     return {
@@ -77,6 +82,7 @@ def enqueue_time(dsn: str, members: int, rounds: int) -> dict[str, Any]:
         "rounds": rounds,
         "batch_ms": round(statistics.median(batch_ms), 1),
         "enqueue_many_ms": round(statistics.median(plain_ms), 1),
+        "enqueue_many_v3_ms": round(statistics.median(v3_ms), 1),
     }
 
 
@@ -197,7 +203,8 @@ def main() -> None:
         results["enqueue"] = e
         print(
             f"enqueue {e['members']:,} jobs: batch() {e['batch_ms']} ms, enqueue_many()"
-            f" {e['enqueue_many_ms']} ms (medians of {e['rounds']} interleaved rounds)",
+            f" {e['enqueue_many_ms']} ms, enqueue_many_v3 {e['enqueue_many_v3_ms']} ms (medians"
+            f" of {e['rounds']} interleaved rounds)",
             flush=True,
         )
         c = callback_start(dsn, Path(tmp), 2_000 if args.short else 10_000)

@@ -395,6 +395,26 @@ GRANT EXECUTE ON FUNCTION pgworkerd.job_lease_assert(bigint, bigint) TO pgworker
 -- which jobs a completion inserted (`show`, the dashboard)
 GRANT SELECT ON pgworkerd.job_follow_ups TO pgworkerd_reader;
 
+-- Batches (schema 30, docs/guide/batches.md). enqueuer: enqueue a batch (its members and
+-- its callback, in one transaction, through enqueue_many_v3's checks and the login's
+-- bounds), and page the members' outcomes of a batch whose callback it enqueued.
+GRANT EXECUTE ON FUNCTION pgworkerd.batch_enqueue(jsonb, jsonb),
+                          pgworkerd.batch_members_page(bigint, bigint, integer)
+      TO pgworkerd_enqueuer;
+-- daemon: a callback's batch and its members' outcomes, read before the callback starts;
+-- reader (and so operator): a batch's progress (show, explain, the dashboard).
+GRANT SELECT ON pgworkerd.batches TO pgworkerd_daemon, pgworkerd_reader;
+
+-- Batches (schema 30, docs/guide/batches.md). enqueuer: enqueue a batch (its members and
+-- its callback, in one transaction, through enqueue_many_v3's checks and the login's
+-- bounds), and page the members' outcomes of a batch whose callback it enqueued.
+GRANT EXECUTE ON FUNCTION pgworkerd.batch_enqueue(jsonb, jsonb),
+                          pgworkerd.batch_members_page(bigint, bigint, integer)
+      TO pgworkerd_enqueuer;
+-- daemon: a callback's batch and its members' outcomes, read before the callback starts;
+-- reader (and so operator): a batch's progress (show, explain, the dashboard).
+GRANT SELECT ON pgworkerd.batches TO pgworkerd_daemon, pgworkerd_reader;
+
 
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).

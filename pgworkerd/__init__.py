@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from pgworkerd.version import __version__
 
 if TYPE_CHECKING:
+    from pgworkerd.batches import BatchIds, batch, batch_members
     from pgworkerd.child import Done, GiveUp, Snooze, WaitFor
     from pgworkerd.client import (
         InvalidJob,
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from pgworkerd.signals import SignalRefused, SignalSent, signal
 
 __all__ = [
+    "BatchIds",
     "Done",
     "GiveUp",
     "InvalidJob",
@@ -36,6 +38,8 @@ __all__ = [
     "WaitFor",
     "WaitTimeout",
     "__version__",
+    "batch",
+    "batch_members",
     "enqueue",
     "enqueue_many",
     "get",
@@ -48,6 +52,8 @@ _WAITING = ("JobFailed", "JobInfo", "JobNotFound", "WaitTimeout", "get", "wait")
 _OUTCOMES = ("Done", "GiveUp", "Snooze", "WaitFor")
 # Durable waits: signalling a job (pgworkerd.signals).
 _SIGNALS = ("SignalRefused", "SignalSent", "signal")
+# Batches: fan out, fan in to one callback (pgworkerd.batches).
+_BATCHES = ("BatchIds", "batch", "batch_members")
 
 
 def __getattr__(name: str) -> Any:
@@ -61,6 +67,10 @@ def __getattr__(name: str) -> Any:
         from pgworkerd import client
 
         return getattr(client, name)
+    if name in _BATCHES:
+        from pgworkerd import batches
+
+        return getattr(batches, name)
     if name in _SIGNALS:
         from pgworkerd import signals
 

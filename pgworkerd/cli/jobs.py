@@ -16,7 +16,7 @@ from pgworkerd.cli.params import DURATION
 from pgworkerd.config import RetentionConfig
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
-from pgworkerd.queue import admin, views
+from pgworkerd.queue import admin, batchread, views
 from pgworkerd.sizes import format_size
 
 
@@ -368,10 +368,11 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
     """Show one job with every column, its last error and traceback, and its attempts."""
     with database(ctx) as conn:
         row = views.job(conn, ctx.schema, job_id)
+        batch = batchread.batch_of(conn, ctx.schema, job_id) if row is not None else None
     if row is None:
         fail(f"job {job_id} not found", ExitCode.FAILURE)
     if as_json:
-        echo_json(row)
+        echo_json(row | ({"batch": batch} if batch is not None else {}))
         return
     history = row.pop("attempt_history")
     daemon = row.pop("daemon")
@@ -396,6 +397,8 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
             click.echo(f"{side}: {relatives_line(family[side], family[side + '_total'])}")
     if received:
         click.echo(signal_lines(received))
+    if batch is not None:
+        click.echo(f"batch: {batchread.batch_line(batch, job_id)}")
     if history is None:
         click.echo(
             "attempts: (this role may not read them: roles.sql's pgworkerd_reader and "
@@ -501,3 +504,42 @@ def explain_job(ctx: Context, job_id: int, as_json: bool) -> None:
     )
     for r in found["reasons"]:
         click.echo(f"  [{r['code']}] {printable(r['message'])}")
+
+
+@main.command("batch")
+@click.argument("batch_id", type=int)
+@click.option(
+    "--members",
+    type=click.IntRange(1, 1000),
+    default=20,
+    show_default=True,
+    help="list this many members (the first by id)",
+)
+@click.option("--json", "as_json", is_flag=True, help="JSON output")
+@click.pass_obj
+def show_batch(ctx: Context, batch_id: int, members: int, as_json: bool) -> None:
+    """Show batch BATCH_ID (docs/guide/batches.md): how many of its members finished
+    (completed, dead, cancelled), its callback, and its first members. `pgworkerd show`
+    of a member or the callback names its batch."""
+    with database(ctx) as conn:
+        found = batchread.batch_view(conn, ctx.schema, batch_id, members)
+    if found is None:
+        fail(f"batch {batch_id} not found (never enqueued, or pruned)", ExitCode.FAILURE)
+    if as_json:
+        echo_json(found)
+        return
+    finished = found["completed"] + found["dead"] + found["cancelled"]
+    click.echo(
+        f"batch {found['id']}: {finished} of {found['members']} members finished "
+        f"({found['completed']} completed, {found['dead']} dead, {found['cancelled']} cancelled)"
+    )
+    click.echo(
+        f"callback: job {found['callback_id']} {printable(found['callback_handler'] or '')} "
+        f"{printable(found['callback_status'] or 'pruned')}"
+        + (f", released at {found['released_at']}" if found["released_at"] else "")
+    )
+    listed = found["first_members"]
+    click.echo(f"members ({len(listed)} of {found['members']} shown):")
+    for m in listed:
+        error = printable(str(m["last_error"] or "").strip().split("\n")[-1])[:80]
+        click.echo(f"  {m['id']:>8} {m['status']:<9} {error}".rstrip())

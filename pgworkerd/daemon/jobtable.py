@@ -157,6 +157,7 @@ class JobTable(Generic[ChildT]):
                         parents=job.job.parents,
                         woken=getattr(job.job, "woken", None),  # lease.ResumedJob
                         lease_token=job.job.token,
+                        batch=getattr(job.job, "batch", None),  # batchread.CallbackJob
                     )
                 )
             except Exception as exc:  # this job's data: too big, too deep, not JSON

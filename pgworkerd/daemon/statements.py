@@ -18,7 +18,16 @@ from pgworkerd.daemon import outcomes
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.ops.metrics import NullMetrics
-from pgworkerd.queue import attempts, finish, joblogs, lease, registry, retention, schedules
+from pgworkerd.queue import (
+    attempts,
+    batchread,
+    finish,
+    joblogs,
+    lease,
+    registry,
+    retention,
+    schedules,
+)
 from pgworkerd.queue.attempts import Usage
 from pgworkerd.queue.joblogs import LogWrite
 
@@ -70,7 +79,7 @@ class Statements:
                 return None
             recorded, claimed, refused = result
             outcomes.report(batch, recorded, self.metrics)
-            return self._woken(claimed), refused
+            return self._batches(self._woken(claimed)), refused
         claimed_now = self.link.run(
             "claiming jobs",
             lambda c: lease.claim_checked(
@@ -84,7 +93,7 @@ class Statements:
         )
         if claimed_now is None:
             return None
-        return self._woken(claimed_now[0]), claimed_now[1]
+        return self._batches(self._woken(claimed_now[0])), claimed_now[1]
 
     def _woken(self, claimed: list[lease.ClaimedJob]) -> list[lease.ClaimedJob]:
         """The claimed jobs with what woke those that waited (durable waits, 0028: one read
@@ -104,6 +113,27 @@ class Statements:
             )
             return claimed
         return woken
+
+    def _batches(self, claimed: list[lease.ClaimedJob]) -> list[lease.ClaimedJob]:
+        """The claimed jobs with the batch of each batch callback among them (schema 30:
+        one read for the claimed ids, kept apart from the claim). If the read fails (the
+        database went away between the claim and this read), a callback among them starts
+        with job.batch None and it is logged: its handler can page the outcomes itself
+        (pgworkerd.batch_members) or raise to retry."""
+        if not claimed:
+            return claimed
+        read = self.link.run(
+            "reading the batches of the claimed jobs",
+            lambda c: batchread.with_batches(c, claimed, schema=self.schema),
+        )
+        if read is None:
+            log.warning(
+                "could not read the batches of job(s) %s; a callback among them starts "
+                "without its batch (job.batch is None)",
+                ", ".join(str(j.id) for j in claimed),
+            )
+            return claimed
+        return read
 
     def waits_expire(self) -> int | None:
         """Suspended jobs past their timeout become pending (None: the call failed)."""

@@ -18,6 +18,8 @@ Codes are stable (scripts and the dashboard match on them; messages may be rewor
   waiting (schema 27, docs/guide/dependencies.md): waiting_on_parents (facts: each
             parent's id and status, how many are unfinished), held (a parent ended dead or
             cancelled and on_parent_failure is hold: `pgworkerd release ID` runs it)
+  waiting, a batch's callback (schema 30, docs/guide/batches.md): waiting_on_batch (facts:
+            the batch, its members, how many finished: completed, dead, cancelled)
   cancelled by a deadline or a parent (instead of "cancelled"): expired (not started by
             its expires_at), parent_failed (a parent ended dead or cancelled and
             on_parent_failure is cancel)
@@ -47,7 +49,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from pgworkerd.durations import format_duration
-from pgworkerd.queue import views
+from pgworkerd.queue import batchread, views
 from pgworkerd.queue.queries import query
 
 NOT_TAKING = ("draining", "drained", "stopping")
@@ -84,6 +86,8 @@ def explain(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str
     status = job["status"]
     if status == "pending":
         reasons = _pending(job, f)
+    elif status == "waiting" and (batch := _callback_batch(conn, schema, job_id)):
+        reasons = [_waiting_on_batch(batch)]
     elif status == "waiting":
         reasons = _waiting(job, views.relatives(conn, schema, job_id)["parents"])
     elif status == "running":
@@ -549,6 +553,31 @@ def _waiting(job: dict[str, Any], parents: Any) -> list[dict[str, Any]]:
             on_parent_failure=job.get("on_parent_failure"),
         )
     ]
+
+
+def _callback_batch(
+    conn: psycopg.Connection[Any], schema: str, job_id: int
+) -> dict[str, Any] | None:
+    """The batch whose callback job `job_id` is (schema 30), else None."""
+    batch = batchread.batch_of(conn, schema, job_id)
+    return batch if batch is not None and batch["callback_id"] == job_id else None
+
+
+def _waiting_on_batch(batch: dict[str, Any]) -> dict[str, Any]:
+    """A batch's callback (schema 30): how many of its members have finished."""
+    finished = batch["completed"] + batch["dead"] + batch["cancelled"]
+    return _reason(
+        "waiting_on_batch",
+        f"the callback of batch {batch['id']}: waiting for its members, {finished} of "
+        f"{batch['members']} finished ({batch['completed']} completed, {batch['dead']} dead, "
+        f"{batch['cancelled']} cancelled); it runs once all have",
+        batch=batch["id"],
+        members=batch["members"],
+        finished=finished,
+        completed=batch["completed"],
+        dead=batch["dead"],
+        cancelled=batch["cancelled"],
+    )
 
 
 def _follow_up_reasons(

@@ -45,6 +45,7 @@ DECLARATION = (
     "job_parents",
     "enqueue",
     "enqueue_bounds",
+    "batches",
     "workers",
     "paused",
     "claim",

@@ -11,7 +11,7 @@ from flask import Blueprint, abort, render_template, request
 from werkzeug.wrappers import Response
 
 from pgworkerd.model import STATUSES
-from pgworkerd.queue import explain, joblogs, views
+from pgworkerd.queue import batchread, explain, joblogs, views
 from pgworkerd.web.context import context
 from pgworkerd.web.filters import SHOWN_CHARS
 
@@ -69,6 +69,8 @@ def _job_data(job_id: int) -> dict[str, Any]:
         # the follow-ups its completion enqueued, and the job whose completion enqueued
         # it (None: a role granted before schema 29)
         follow = views.follow_ups(conn, schema, job_id)
+        # the batch it is a member or the callback of, with its progress (schema 30)
+        batch = batchread.batch_of(conn, schema, job_id)
     total = history[0]["total"] if history else 0
     return {
         "job": job,
@@ -77,6 +79,7 @@ def _job_data(job_id: int) -> dict[str, Any]:
         "explain": why,
         "signals": received,
         "follow": follow,
+        "batch": batch,
     }
 
 

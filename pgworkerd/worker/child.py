@@ -126,6 +126,11 @@ class JobContext:
         #: attempt still holds the job (docs/guide/exactly-once.md). A capability: never
         #: log or show it. None only under a daemon older than schema 29.
         self.lease_token: int | None = job.lease_token
+        #: A batch callback's batch (docs/guide/batches.md): {"id", "members",
+        #: "completed", "dead", "cancelled", "outcomes": [{"id", "status", "result",
+        #: "error"}, ...] for its first 100 members by id, "outcomes_complete"}; page the
+        #: rest with pgworkerd.batch_members. None for any other job.
+        self.batch: dict[str, Any] | None = job.batch if isinstance(job.batch, dict) else None
         self._last_beat = 0.0
         self._pending_progress: Any = None
         woken = job.woken if isinstance(job.woken, dict) else None

@@ -149,6 +149,10 @@ class Job:
     # The attempt's lease token (job.lease_token: a capability for job_lease_assert in
     # the application's own transaction); never logged or shown.
     lease_token: int | None = None
+    # A batch callback's batch (schema 30): {"id", "members", "completed", "dead",
+    # "cancelled", "outcomes": [{"id", "status", "result", "error"}, ...] (the first 100
+    # members by id), "outcomes_complete": bool}; None: not a batch's callback
+    batch: Any = None
 
 
 @dataclass(frozen=True)
@@ -199,7 +203,7 @@ _CLASSES: dict[str, type[Any]] = {
     )
 }
 # Fields that hold any JSON value; every other field's type is checked.
-_ANY = {"progress", "checkpoint", "result", "payload", "parents", "wait", "woken"}
+_ANY = {"progress", "checkpoint", "result", "payload", "parents", "wait", "woken", "batch"}
 _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,),
     "int | None": (int, type(None)),

@@ -39,6 +39,13 @@ PAGE = ROOT / "docs" / "operations" / "trust-boundaries.md"
 
 # Items held by tests in other files: item -> ["path::test", ...].
 ELSEWHERE: dict[str, list[str]] = {
+    "It enqueues batches ([Batches](../guide/batches.md): at most 100,000 members and one"
+    " callback, in one transaction) and pages the members' outcomes only of a batch whose"
+    " callback its own login enqueued: another login's batch is refused as unknown, and it"
+    " cannot read the batches table.": [
+        "tests/integration/test_batches_sql.py"
+        "::test_an_enqueuer_enqueues_batches_and_pages_only_its_own",
+    ],
     "It makes a job wait for parents (`after`) only among the jobs its own login enqueued:"
     " another login's job is refused as unknown, so no child of its own is handed another"
     " application's result.": [

@@ -158,3 +158,10 @@ def parents(job: JobContext) -> dict[str, Any]:
     (job.parents, docs/guide/dependencies.md), keyed by parent id as text."""
     Recorder(job).end()
     return {"parents": {str(k): v for k, v in job.parents.items()}}
+
+
+def batch_seen(job: JobContext) -> dict[str, Any]:
+    """Records its execution and returns its batch as it saw it (job.batch,
+    docs/guide/batches.md): the counts and the members' outcomes."""
+    Recorder(job).end()
+    return {"batch": job.batch}

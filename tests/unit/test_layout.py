@@ -5,6 +5,7 @@ is read with `ast` and sorted into the part of the package it belongs to:
 
   client      pgworkerd/client.py   the application API: JobSpec, enqueue, enqueue_many
               pgworkerd/signals.py  and signal (durable waits)
+              pgworkerd/batches.py  and batch, batch_members (batches)
   worker      pgworkerd/worker/     the child side: JobContext, the child, the fork server
   queue       pgworkerd/queue/      the SQL core
   daemon      pgworkerd/daemon/     the parent's components
@@ -105,7 +106,7 @@ def part_of(module: str) -> str | None:
         return None
     if len(parts) == 1:
         return "face"
-    if parts[1] in ("client", "signals"):
+    if parts[1] in ("client", "signals", "batches"):
         return "client"
     return parts[1] if parts[1] in SUBPACKAGES else "shared"
 
@@ -239,15 +240,17 @@ def test_no_part_takes_a_name_from_the_package_face() -> None:
 def test_the_package_face_names_the_application_api() -> None:
     """What the README's Python examples import from `pgworkerd` itself."""
     import pgworkerd
-    from pgworkerd import client, signals
+    from pgworkerd import batches, client, signals
     from pgworkerd.worker import outcomes
 
     # what handlers raise (issues 11, 24) or return (Done with follow-ups, issue 24)
     child_side = {"Done", "GiveUp", "Snooze", "WaitFor"}
     signalling = {"SignalRefused", "SignalSent", "signal"}  # durable waits (issue 24)
+    batching = {"BatchIds", "batch", "batch_members"}  # batches (issue 24)
     for name in pgworkerd.__all__:
         if name != "__version__":
             home = outcomes if name in child_side else signals if name in signalling else client
+            home = batches if name in batching else home
             assert getattr(pgworkerd, name) is getattr(home, name), name
     assert set(pgworkerd.__all__) == {
         "InvalidJob",
@@ -264,6 +267,7 @@ def test_the_package_face_names_the_application_api() -> None:
         "wait",
         *child_side,
         *signalling,
+        *batching,
     }
 
 

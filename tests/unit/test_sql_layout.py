@@ -144,6 +144,7 @@ STATEMENT_FILES = {
     "schedule": "schedules",
     "attempt": "attempts",
     "signal": "signals",
+    "batch": "batches",
     "paused": "paused",
     "view": "views",
     "schema": "schema",
@@ -172,9 +173,14 @@ def tables() -> list[str]:
 
 
 def entities() -> set[str]:
-    """What a name may start with: each table's name, and its singular."""
+    """What a name may start with: each table's name, and its singular ("batches":
+    "batch")."""
     names = set(tables())
-    return names | {name.removesuffix("s") for name in names}
+    return (
+        names
+        | {name.removesuffix("s") for name in names}
+        | {name.removesuffix("es") for name in names if name.endswith(("ches", "shes", "xes"))}
+    )
 
 
 def migrations_text() -> str:

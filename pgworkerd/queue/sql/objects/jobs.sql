@@ -76,6 +76,9 @@ CREATE TABLE @schema@.jobs (
     wait_key         text,
     -- How the last wait ended: 'signal' or 'timeout'; NULL while it lasts.
     wait_ended       text,
+    -- The batch this job is a member of (0030, batches.sql): its final status counts
+    -- towards the batch's callback. NULL for every other job (the callback included).
+    batch_id         bigint,
     CONSTRAINT jobs_queue_not_empty CHECK (queue <> ''),
     CONSTRAINT jobs_handler_not_empty CHECK (handler <> ''),
     CONSTRAINT jobs_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),

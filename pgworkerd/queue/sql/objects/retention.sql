@@ -107,6 +107,8 @@ BEGIN
 
     -- A parent stays while one of its children has not finished (schema 27): the child
     -- reads its parents' results at each claim, and show and explain name them.
+    -- A batch's member stays while its batch's callback has not finished (schema 30):
+    -- the callback reads the members' outcomes when it starts (batches.sql).
     -- One statement per status, its status written out: only a literal lets the planner
     -- use that status's partial index (a parameter could be any status). The ids first
     -- (ARRAY), then the delete by primary key: never a join that reads the whole table.
@@ -118,6 +120,8 @@ BEGIN
                     WHERE status = 'completed'
                       AND finished_at < now() - make_interval(secs => p_completed)
                       AND NOT (has_children AND @schema@.job_children_unfinished(id))
+                      AND NOT (batch_id IS NOT NULL
+                               AND @schema@.batch_callback_unfinished(batch_id))
                     ORDER BY finished_at
                     LIMIT p_batch - deleted
                     FOR UPDATE SKIP LOCKED));
@@ -131,6 +135,8 @@ BEGIN
                     WHERE status = 'cancelled'
                       AND finished_at < now() - make_interval(secs => p_cancelled)
                       AND NOT (has_children AND @schema@.job_children_unfinished(id))
+                      AND NOT (batch_id IS NOT NULL
+                               AND @schema@.batch_callback_unfinished(batch_id))
                     ORDER BY finished_at
                     LIMIT p_batch - deleted
                     FOR UPDATE SKIP LOCKED));
@@ -144,6 +150,8 @@ BEGIN
                     WHERE status = 'dead'
                       AND finished_at < now() - make_interval(secs => p_dead)
                       AND NOT (has_children AND @schema@.job_children_unfinished(id))
+                      AND NOT (batch_id IS NOT NULL
+                               AND @schema@.batch_callback_unfinished(batch_id))
                     ORDER BY finished_at
                     LIMIT p_batch - deleted
                     FOR UPDATE SKIP LOCKED));

@@ -22,6 +22,7 @@ from psycopg.rows import tuple_row
 from pgworkerd import bounds
 from pgworkerd.client import InvalidJob, JobSpec, jobs_json
 from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
+from pgworkerd.queue.records import build, built_from
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class BatchIds:
     member_ids: list[int]
 
 
+@built_from("batch_members_page")
 @dataclass(frozen=True)
 class MemberOutcome:
     """One member of a batch as batch_members reads it: result only when completed,
@@ -111,4 +113,5 @@ def batch_members(
             query("batch_members_page", schema),
             {"batch_id": batch_id, "after_id": after_id, "max_members": limit},
         ).fetchall()
-    return [MemberOutcome(*row) for row in rows]
+        columns = [c.name for c in cur.description or []]
+    return [build(MemberOutcome, columns, row) for row in rows]

@@ -541,5 +541,5 @@ def show_batch(ctx: Context, batch_id: int, members: int, as_json: bool) -> None
     listed = found["first_members"]
     click.echo(f"members ({len(listed)} of {found['members']} shown):")
     for m in listed:
-        error = printable(str(m["last_error"] or "").strip().split("\n")[-1])[:80]
+        error = printable(str(m["error"] or "").strip().split("\n")[-1])[:80]
         click.echo(f"  {m['id']:>8} {m['status']:<9} {error}".rstrip())

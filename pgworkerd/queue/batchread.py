@@ -82,7 +82,7 @@ def batch_view(
     conn: psycopg.Connection[Any], schema: str, batch_id: int, members: int
 ) -> dict[str, Any] | None:
     """Batch `batch_id` (its counts, its callback's status and handler) and its first
-    `members` members (id, status, result, last_error) in id order, or None: for
+    `members` members (id, status, result, error) in id order, or None: for
     `pgworkerd batch ID`."""
     with conn.cursor(row_factory=dict_row) as cur:
         row = cur.execute(query("batch_get", schema), {"batch_id": batch_id}).fetchone()

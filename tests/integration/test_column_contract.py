@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import pgworkerd
-from pgworkerd import client, signals
+from pgworkerd import batches, client, signals
 from pgworkerd.queue import hotpath, lease, records
 from pgworkerd.queue.queries import _raw
 
@@ -32,6 +32,7 @@ EXPECTED = {
     "signal_send": signals.SignalSent,
     "signal_send_by_key": signals.SignalSent,
     "job_complete_with_follow_ups": lease.FollowUpsOutcome,
+    "batch_members_page": batches.MemberOutcome,
 }
 
 

@@ -9,8 +9,9 @@ SELECT batch_id, callback_id, member_ids
 
 -- name: batch_members_page
 -- Up to %(max_members)s members of batch %(batch_id)s after member id %(after_id)s (0: from
--- the first), in id order: for the login that enqueued its callback.
-SELECT id, status, result, last_error
+-- the first), in id order: for the login that enqueued its callback. The columns are named
+-- as MemberOutcome's fields (pgworkerd/batches.py; test_column_contract.py).
+SELECT id, status, result, last_error AS error
   FROM @schema@.batch_members_page(%(batch_id)s, %(after_id)s, %(max_members)s);
 
 -- name: batch_outcomes

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 
 from pgworkerd.worker import cgroup
@@ -25,8 +26,11 @@ log = logging.getLogger("pgworkerd")
 _DELEGATE_XATTRS = ("trusted.delegate", "user.delegate")
 # How long the daemon's loop waits for a dead child's attempt cgroup to empty after
 # cgroup.kill (a few milliseconds as a rule); what is not empty by then (a process in
-# uninterruptible sleep) is killed and removed again at the next reaping.
+# uninterruptible sleep, or a process a loaded machine has not let die yet) is killed and
+# removed again at the next reaping, and every RETRY_LEFT seconds until it is gone (a
+# daemon whose last job died may reap no other child for hours).
 _LOOP_WAIT = 0.1
+RETRY_LEFT = 1.0
 
 
 class NoDelegation(RuntimeError):
@@ -100,6 +104,7 @@ class JobCgroups:
     memory: bool  # the memory controller is enabled for the attempts (memory.max)
     cgroup_kill: bool  # the kernel has cgroup.kill (5.14+)
     _left: set[str] = field(default_factory=set)  # attempt cgroups not removable yet
+    _retry_at: float | None = None  # time.monotonic() of the next try at _left
 
     def child_settings(self) -> dict[str, str]:
         return {"cgroup": self.base}
@@ -115,10 +120,23 @@ class JobCgroups:
                 if cgroup.oom_kills(path):
                     outcome = "killed: memory (the kernel's OOM killer, in the attempt's cgroup)"
                 self._left.add(path)
+        self._remove_left(time.monotonic())
+        return outcome
+
+    def retry_left(self, now: float) -> None:
+        """The daemon's tick: try the cgroups left at a reaping again, once they are due."""
+        if self._retry_at is not None and now >= self._retry_at:
+            self._remove_left(now)
+
+    def next_retry(self) -> float | None:
+        """When retry_left has something to do (None: nothing is left)."""
+        return self._retry_at
+
+    def _remove_left(self, now: float) -> None:
         for path in list(self._left):
             if cgroup.remove(path, _LOOP_WAIT):
                 self._left.discard(path)
-        return outcome
+        self._retry_at = now + RETRY_LEFT if self._left else None
 
     def close(self) -> None:
         """At the daemon's exit: no attempt cgroup outlives it."""

@@ -143,6 +143,14 @@ class Containment:
             return self.cgroups.child_exited(pid)
         return None
 
+    def tick(self, now: float) -> None:
+        """Attempt cgroups that could not be removed when their child was reaped, again."""
+        if self.cgroups is not None:
+            self.cgroups.retry_left(now)
+
+    def next_deadline(self) -> float | None:
+        return self.cgroups.next_retry() if self.cgroups is not None else None
+
     def process_reaped(self) -> None:
         """Some process of ours was reaped: what it left may have come to us."""
         self.sweep_due = self.early_sweep_due = True

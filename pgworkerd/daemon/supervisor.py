@@ -184,10 +184,15 @@ class Supervisor:
             self.ensure_forkserver()
         self.prune_stuck_starts(STUCK_START_TIMEOUT)
         self._sweep()  # one that had to wait for a child's hello
+        self.containment.tick(now)
 
     def next_deadline(self) -> float | None:
-        """When tick() has something to do: the fork server's restart, if it is down."""
-        return self._forkserver_retry_at if self.forkserver is None else None
+        """When tick() has something to do: the fork server's restart, if it is down, and
+        containment's retry of attempt cgroups left behind."""
+        due = [self.containment.next_deadline()]
+        if self.forkserver is None:
+            due.append(self._forkserver_retry_at)
+        return min((d for d in due if d is not None), default=None)
 
     def _forkserver_died(self) -> None:
         now = time.monotonic()

@@ -611,7 +611,12 @@ class Soak:
         codes = {d.tag: d.stop() for d in self.daemons}
         # Every attempt has ended: nothing a handler started may be alive (the daemons
         # are gone too, so a job child's leftovers would be orphans of init by now).
-        self.left_behind = marked_processes()
+        # (a process killed in the daemons' last moments may still be dying: left behind
+        # means alive a few seconds later, not mid-exit)
+        give_up = time.monotonic() + 5.0
+        while (left_behind := marked_processes()) and time.monotonic() < give_up:
+            time.sleep(0.1)
+        self.left_behind = left_behind
         for tag, code in codes.items():
             if code not in (0, None):
                 self.daemons[int(tag[1:])].unexpected_exits.append(f"final SIGTERM exit {code}")

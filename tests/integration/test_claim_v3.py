@@ -181,58 +181,55 @@ def test_each_handler_key_is_applied(conn: psycopg.Connection, schema: str) -> N
 def test_one_claim_gives_each_job_its_own_parents_wakeup_and_batch(
     conn: psycopg.Connection, schema: str
 ) -> None:
-    served = {"h": lease.HandlerCapacity(lease_seconds=60, free=100)}
-
-    def hold(n: int) -> list[lease.ClaimedJob]:
+    def hold(handler: str) -> list[lease.ClaimedJob]:
+        served = {handler: lease.HandlerCapacity(lease_seconds=60, free=1000)}
         return leasing.claim(
-            conn, "w0", queues=["default"], handlers=served, limit=n, schema=schema
+            conn, "w0", queues=["default"], handlers=served, limit=1000, schema=schema
         )
 
-    # a job that waits for a signal, and one whose wait times out
+    # a job whose wait a signal ends, and one whose wait times out
     woken, timed_out = (client.enqueue(conn, "h", schema=schema) for _ in range(2))
-    for job in hold(2):
-        lease.suspend(conn, "w0", job.id, job.token, "go", 3600 if job.id == woken else 0.1,
-                      schema=schema)  # fmt: skip
+    for job in hold("h"):
+        timeout = 3600 if job.id == woken else 0.1
+        lease.suspend(conn, "w0", job.id, job.token, "go", timeout, schema=schema)
     time.sleep(0.2)
     assert lease.waits_expire(conn, schema=schema) == 1
-    assert signals.signal(conn, woken, "go", {"ok": 1}, schema=schema).outcome == "resumed"
-    # a parent and its child, and a batch of 101 members and its callback
-    parent = client.enqueue(conn, "h", schema=schema)
+    assert signals.signal(conn, woken, "go", [1, 2], schema=schema).outcome == "resumed"
+    # a parent and its child, a batch of 101 members and its callback: the parent and the
+    # members run (handler p) and complete, which releases the child and the callback
+    parent = client.enqueue(conn, "p", schema=schema)
     [child] = client.enqueue_many(conn, [JobSpec("h", after=[parent])], schema=schema)
     batch = pgworkerd.batch(
-        conn, [JobSpec("h", {"n": n}) for n in range(101)], then=JobSpec("h"), schema=schema
+        conn, [JobSpec("p", {"n": n}) for n in range(101)], then=JobSpec("h"), schema=schema
     )
-    held = {j.id: j for j in hold(1000)}
-    assert child not in held and batch.callback_id not in held
-    for job in held.values():
-        if job.id not in (woken, timed_out):
-            leasing.complete(conn, "w0", job.id, job.token, {"done": job.id}, schema=schema)
-        else:
-            leasing.complete(conn, "w0", job.id, job.token, schema=schema)
+    for job in hold("p"):
+        leasing.complete(conn, "w0", job.id, job.token, {"done": job.id}, schema=schema)
     plain = client.enqueue(conn, "h", schema=schema)
-    woken2 = client.enqueue(conn, "h", schema=schema)  # resumed again below: a second claim
-    [w2] = [j for j in hold(1) if j.id == woken2]
-    lease.suspend(conn, "w0", w2.id, w2.token, "again", 3600, schema=schema)
-    signals.signal(conn, woken2, "again", [1, 2], schema=schema)
 
-    rows = {r["id"]: r for r in claim_v3(conn, schema, [{**ONE, "free": 100}], max_jobs=100)}
-    assert set(rows) == {child, batch.callback_id, plain, woken2}
-    extras = ("parents", "wait_for", "wait_ended", "signal_payload", "batch")
-    assert [rows[plain][k] for k in extras] == [None] * 5
+    rows = {r["id"]: r for r in claim_v3(conn, schema, [ONE], max_jobs=100)}
+    assert set(rows) == {woken, timed_out, child, batch.callback_id, plain}
+    extras = ("parents", "wait_for", "wait_ended", "signal_payload", "signal_sent_at", "batch")
+    assert [rows[plain][k] for k in extras] == [None] * 6
     assert rows[child]["parents"] == {str(parent): {"done": parent}}
-    assert [rows[child][k] for k in extras[1:]] == [None] * 4
-    w = rows[woken2]
-    assert (w["wait_for"], w["wait_ended"], w["signal_payload"]) == ("again", "signal", [1, 2])
+    assert [rows[child][k] for k in extras[1:]] == [None] * 5
+    w = rows[woken]
+    assert (w["wait_for"], w["wait_ended"], w["signal_payload"]) == ("go", "signal", [1, 2])
     assert w["signal_sent_at"] is not None and w["parents"] is None and w["batch"] is None
+    t = rows[timed_out]
+    assert [t[k] for k in extras] == [None, "go", "timeout", None, None, None]
     seen = rows[batch.callback_id]["batch"]
     assert (seen["id"], seen["members"], seen["completed"]) == (batch.batch_id, 101, 101)
-    assert seen["outcomes_complete"] is False
+    assert (seen["dead"], seen["cancelled"], seen["outcomes_complete"]) == (0, 0, False)
     assert len(seen["outcomes"]) == bounds.BATCH_OUTCOMES
     assert [o["id"] for o in seen["outcomes"]] == sorted(batch.member_ids)[:100]
     first = seen["outcomes"][0]
-    assert first == {"id": first["id"], "status": "completed", "result": {"done": first["id"]},
-                     "error": None}  # fmt: skip
-    assert rows[batch.callback_id]["wait_for"] is None
+    assert first == {
+        "id": first["id"],
+        "status": "completed",
+        "result": {"done": first["id"]},
+        "error": None,
+    }
+    assert [rows[batch.callback_id][k] for k in extras[:5]] == [None] * 5
 
 
 def test_the_claim_commits_durably(conn: psycopg.Connection, schema: str) -> None:

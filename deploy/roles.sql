@@ -289,6 +289,10 @@ GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v2(text, jsonb, text, integer, times
 GRANT EXECUTE ON FUNCTION pgworkerd.signal_send(bigint, text, jsonb),
                           pgworkerd.signal_send_by_key(text, text, jsonb)
       TO pgworkerd_enqueuer;
+-- by key before any job waits with it (schema 32): parked under the key for the next
+-- job of a login the sender may read that waits with it (bounded; 7 days)
+GRANT EXECUTE ON FUNCTION pgworkerd.signal_send_by_key_v2(text, text, jsonb)
+      TO pgworkerd_enqueuer;
 -- (the enqueuer also needs to read the schema version for `pgworkerd enqueue`'s check)
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_enqueuer;
 

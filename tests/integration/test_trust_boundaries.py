@@ -1072,19 +1072,29 @@ def test_the_enqueuer_signals_its_own_jobs_only(
 ) -> None:
     """It signals the jobs its own login enqueued, by id or by the correlation key their wait
     holds, and gets the answer of an unknown job for any other job; a finished job takes no
-    signal, and the first signal of a name wins."""
+    signal, and the first signal of a name wins. A signal by a key no job of its own login
+    holds is parked under that key (bounded, 7 days) and reaches only a job of its own
+    login that later waits with the key, never another login's job holding or taking it."""
     other = client.enqueue(conn, "h", schema=schema)
-    [held] = claim_all(conn, schema)
+    later = client.enqueue(conn, "h", schema=schema)
+    held, taking = sorted(claim_all(conn, schema), key=lambda j: j.id)
     lease.suspend(conn, "w", held.id, held.token, "go", 60.0, key="theirs", schema=schema)
     with as_role(roles, schema, "enqueuer") as c:
         own = client.enqueue(c, "h", schema=schema)
         sent = pgworkerd.signal(c, own, "go", {"n": 1}, schema=schema)
         assert sent.outcome == "kept"
         assert pgworkerd.signal(c, own, "go", {"n": 2}, schema=schema).outcome == "ignored"
-        for target, key in ((other, None), (other + 1000, None), (None, "theirs")):
+        for target in (other, other + 1000):
             with pytest.raises(pgworkerd.SignalRefused, match="this login may read"):
-                pgworkerd.signal(c, target, "go", key=key, schema=schema)
+                pgworkerd.signal(c, target, "go", schema=schema)
+        # by key: parked (the same answer whether another login's job holds the key or none)
+        for key in ("theirs", "taken-later"):
+            sent = pgworkerd.signal(c, None, "go", {"forged": True}, key=key, schema=schema)
+            assert (sent.job_id, sent.outcome) == (None, "parked")
     assert db_status(conn, schema, other) == "suspended"
+    # another login's job that takes the key afterwards does not receive it either
+    lease.suspend(conn, "w", taking.id, taking.token, "go", 60.0, key="taken-later", schema=schema)
+    assert db_status(conn, schema, later) == "suspended"
     conn.execute(
         render(
             "UPDATE @schema@.jobs SET status = 'cancelled', finished_at = now() WHERE id = %s",

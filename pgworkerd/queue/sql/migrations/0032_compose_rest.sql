@@ -312,3 +312,178 @@ BEGIN
     RETURN moved;
 END;
 $$;
+
+-- Lock order of the counting triggers (batches.sql, job_parents.sql).
+CREATE TABLE @schema@.statement_locks (
+    xact_id xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    -- 'batch': lock batch `target`; 'children': lock parent `target`'s waiting children
+    kind    text NOT NULL CONSTRAINT statement_locks_kind_known
+                 CHECK (kind IN ('batch', 'children')),
+    target  bigint NOT NULL
+);
+
+CREATE INDEX statement_locks_xact_idx ON @schema@.statement_locks (xact_id);
+
+CREATE FUNCTION @schema@.statement_locks_note()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NEW.batch_id IS NOT NULL THEN
+        INSERT INTO @schema@.statement_locks (kind, target) VALUES ('batch', NEW.batch_id);
+    END IF;
+    IF NEW.has_children THEN
+        INSERT INTO @schema@.statement_locks (kind, target) VALUES ('children', NEW.id);
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+-- The WHEN of the AFTER triggers below, narrowed to what they count: a final status
+-- entered or left.
+CREATE TRIGGER jobs_statement_locks_noted
+    BEFORE UPDATE OF status ON @schema@.jobs
+    FOR EACH ROW
+    WHEN ((NEW.batch_id IS NOT NULL OR NEW.has_children)
+          AND OLD.status IS DISTINCT FROM NEW.status
+          AND (OLD.status IN ('completed', 'dead', 'cancelled')
+               OR NEW.status IN ('completed', 'dead', 'cancelled')))
+    EXECUTE FUNCTION @schema@.statement_locks_note();
+
+CREATE FUNCTION @schema@.statement_locks_take()
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    batch_ids bigint[];
+    parent_ids bigint[];
+BEGIN
+    WITH noted AS (
+        DELETE FROM @schema@.statement_locks l WHERE l.xact_id = pg_current_xact_id()
+        RETURNING l.kind, l.target
+    )
+    SELECT array_agg(DISTINCT n.target) FILTER (WHERE n.kind = 'batch'),
+           array_agg(DISTINCT n.target) FILTER (WHERE n.kind = 'children')
+      INTO batch_ids, parent_ids
+      FROM noted n;
+    IF batch_ids IS NOT NULL THEN
+        PERFORM FROM @schema@.batches b WHERE b.id = ANY (batch_ids) ORDER BY b.id FOR UPDATE;
+    END IF;
+    IF parent_ids IS NOT NULL THEN
+        PERFORM FROM @schema@.jobs c
+         WHERE c.id IN (SELECT p.child_id FROM @schema@.job_parents p
+                         WHERE p.parent_id = ANY (parent_ids))
+           AND c.status = 'waiting'
+         ORDER BY c.id
+           FOR UPDATE;
+    END IF;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.statement_locks_note(), @schema@.statement_locks_take()
+    FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION @schema@.batch_member_count()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    completed_change integer := (NEW.status = 'completed')::integer
+                                - (OLD.status = 'completed')::integer;
+    dead_change integer := (NEW.status = 'dead')::integer - (OLD.status = 'dead')::integer;
+    cancelled_change integer := (NEW.status = 'cancelled')::integer
+                                - (OLD.status = 'cancelled')::integer;
+    counted record;
+    released record;
+BEGIN
+    IF completed_change = 0 AND dead_change = 0 AND cancelled_change = 0 THEN
+        RETURN NULL;
+    END IF;
+    PERFORM @schema@.statement_locks_take();  -- the statement's rows, in id order (0032)
+    UPDATE @schema@.batches b
+       SET completed = b.completed + completed_change,
+           dead = b.dead + dead_change,
+           cancelled = b.cancelled + cancelled_change,
+           released_at = CASE WHEN b.completed + completed_change + b.dead + dead_change
+                                   + b.cancelled + cancelled_change = b.members
+                              THEN coalesce(b.released_at, now())
+                              ELSE b.released_at END
+     WHERE b.id = NEW.batch_id
+    RETURNING b.callback_id, b.completed + b.dead + b.cancelled = b.members AS all_finished
+      INTO counted;
+    IF FOUND AND counted.all_finished THEN
+        UPDATE @schema@.jobs c
+           SET status = 'pending', updated_at = now()
+         WHERE c.id = counted.callback_id AND c.status = 'waiting'
+        RETURNING c.id, c.queue, c.handler INTO released;
+        IF FOUND THEN
+            PERFORM pg_notify(@schema_literal@ || '.wake',
+                              json_build_object('q', released.queue, 'h', released.handler,
+                                                'id', released.id, 'n', 1)::text);
+        END IF;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION @schema@.job_children_resolve()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    unfinished_change integer :=
+        CASE WHEN NEW.status IN ('completed', 'dead', 'cancelled')
+                  AND OLD.status NOT IN ('completed', 'dead', 'cancelled') THEN -1
+             WHEN OLD.status IN ('completed', 'dead', 'cancelled')
+                  AND NEW.status NOT IN ('completed', 'dead', 'cancelled') THEN 1
+             ELSE 0 END;
+    failed_change integer := (NEW.status IN ('dead', 'cancelled'))::integer
+                             - (OLD.status IN ('dead', 'cancelled'))::integer;
+    woken integer;
+BEGIN
+    IF unfinished_change = 0 AND failed_change = 0 THEN
+        RETURN NULL;
+    END IF;
+    -- the statement's batches' and children's rows, in id order (batches.sql, 0032)
+    PERFORM @schema@.statement_locks_take();
+    WITH changed AS (
+        UPDATE @schema@.jobs c
+           SET parents_unfinished = c.parents_unfinished + unfinished_change,
+               parents_failed = c.parents_failed + failed_change,
+               status = CASE
+                   WHEN failed_change > 0 AND c.on_parent_failure = 'cancel'
+                       THEN 'cancelled'
+                   WHEN c.parents_unfinished + unfinished_change = 0
+                        AND (c.parents_failed + failed_change = 0
+                             OR c.on_parent_failure = 'run')
+                       THEN 'pending'
+                   ELSE 'waiting' END::@schema@.job_status,
+               finished_at = CASE WHEN failed_change > 0 AND c.on_parent_failure = 'cancel'
+                                  THEN now() END,
+               last_error = CASE WHEN failed_change > 0 AND c.on_parent_failure = 'cancel'
+                                 THEN 'cancelled: parent job ' || NEW.id || ' ended '
+                                      || NEW.status
+                                 ELSE c.last_error END,
+               updated_at = now()
+          FROM @schema@.job_parents p
+         WHERE p.parent_id = NEW.id AND c.id = p.child_id AND c.status = 'waiting'
+        RETURNING c.id, c.queue, c.handler, c.status
+    )
+    SELECT count(*) INTO woken
+      FROM (SELECT pg_notify(@schema_literal@ || '.wake',
+                             json_build_object('q', ch.queue, 'h', ch.handler,
+                                               'id', min(ch.id), 'n', count(*))::text)
+              FROM changed ch
+             WHERE ch.status = 'pending'
+             GROUP BY ch.queue, ch.handler) AS sent;
+    RETURN NULL;
+END;
+$$;

@@ -269,6 +269,9 @@ GRANT EXECUTE ON FUNCTION pgworkerd.job_suspend(bigint, text, bigint, text, floa
 -- below the floor an operator set (retention_floor, 1 day until changed); the daemon has
 -- no DELETE on jobs.
 GRANT SELECT ON pgworkerd.retention_floor TO pgworkerd_daemon;
+-- Deadlines (schema 32): the fleet ends jobs past their expires_at (job_expired_cancel,
+-- SECURITY DEFINER: those jobs only, as cancelled "expired: ..."), served or not.
+GRANT EXECUTE ON FUNCTION pgworkerd.job_expired_cancel(integer) TO pgworkerd_daemon;
 GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v2(float8, float8, float8, float8, float8,
                                                       integer)
       TO pgworkerd_daemon;

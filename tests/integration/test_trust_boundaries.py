@@ -1140,6 +1140,9 @@ def test_the_daemon_suspends_held_jobs_only_and_cannot_forge_a_signal(
                 [
                     f"SELECT * FROM @schema@.signal_send({job_id}, 'go', '1')",
                     "SELECT * FROM @schema@.signal_send_by_key('k', 'go', '1')",
+                    "SELECT * FROM @schema@.signal_send_by_key_v2('k', 'go', '1')",
+                    "SELECT * FROM @schema@.parked_signals",
+                    "DELETE FROM @schema@.parked_signals",
                     f"INSERT INTO @schema@.signals (job_id, name) VALUES ({job_id}, 'go')",
                     "UPDATE @schema@.signals SET payload = '2'",
                     "DELETE FROM @schema@.signals",
@@ -1150,6 +1153,33 @@ def test_the_daemon_suspends_held_jobs_only_and_cannot_forge_a_signal(
             == []
         )
     assert db_status(conn, schema, job_id) == "suspended"
+
+
+def test_the_daemon_ends_only_jobs_past_their_deadline(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It ends only jobs past their `expires_at` (`job_expired_cancel`): pending ones, and
+    running ones whose lease ran out, as cancelled with "expired: ..." in `last_error`,
+    whatever their handler; a job before its deadline, or without one, is left as it is."""
+    later = client.enqueue(conn, "nobody", expire_in=3600, schema=schema)
+    never = client.enqueue(conn, "nobody", schema=schema)
+    due = client.enqueue(conn, "nobody", expire_in=3600, schema=schema)
+    conn.execute(
+        render("UPDATE @schema@.jobs SET expires_at = now() - interval '1s' WHERE id = %s", schema),
+        (due,),
+    )
+    with as_role(roles, schema, "daemon") as c:
+        [(ended,)] = c.execute(render("SELECT @schema@.job_expired_cancel(100)", schema)).fetchall()
+        assert ended == 1
+        assert (
+            runnable(c, schema, [f"UPDATE @schema@.jobs SET expires_at = now() WHERE id = {later}"])
+            == []
+        )
+    assert [db_status(conn, schema, j) for j in (later, never, due)] == [
+        "pending",
+        "pending",
+        "cancelled",
+    ]
 
 
 def test_the_operator_signals_any_job(

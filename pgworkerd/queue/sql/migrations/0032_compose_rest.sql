@@ -1,15 +1,21 @@
 -- Issue 24, the rest (docs/guide/waits.md, batches.md, dependencies.md): a signal sent by
 -- correlation key before any job waits with that key is parked (parked_signals,
 -- signal_send_by_key_v2) and handed over by the WaitFor (job_suspend); the daemons' sweep
--- deletes parked signals past their 7 days (job_waits_expire).
+-- deletes parked signals past their 7 days (job_waits_expire). A statement that finishes
+-- members of several batches or parents of several children takes their rows in id order
+-- first (statement_locks; no deadlock between two daemons' completions). The daemons end
+-- jobs past their expires_at without a claim (job_expired_cancel).
 -- compatible-with-code-of-schema: 5
 --
--- An expand migration: it adds a table, an index pair and functions, and replaces
--- job_suspend and job_waits_expire with bodies of the same signatures and results that
--- only also hand over or delete parked signals (none exist before new code parks one).
+-- An expand migration: it adds two tables, their indexes, functions and a BEFORE trigger
+-- whose WHEN is false for every job that is neither a batch member nor a parent, and
+-- replaces job_suspend, job_waits_expire, batch_member_count and job_children_resolve
+-- with bodies of the same signatures and results that also hand over or delete parked
+-- signals (none exist before new code parks one) or take their locks in id order first.
 -- signal_send_by_key keeps its text (compat.sql) for older code, which keeps refusing a
 -- signal by key no live job holds. The declaration is objects/signals.sql (and
--- finish.sql, compat.sql); this is the same text.
+-- finish.sql, compat.sql, batches.sql, job_parents.sql, retention.sql); this is the same
+-- text.
 
 -- Signals parked under a correlation key (signals.sql).
 CREATE TABLE @schema@.parked_signals (
@@ -487,3 +493,48 @@ BEGIN
     RETURN NULL;
 END;
 $$;
+
+-- The fleet's expiry sweep (retention.sql).
+CREATE FUNCTION @schema@.job_expired_cancel(max_jobs integer)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    pending_ended integer;
+    running_ended integer;
+BEGIN
+    IF (job_expired_cancel.max_jobs BETWEEN 1 AND 100000) IS NOT TRUE THEN
+        PERFORM @schema@.fenced_refuse('ending expired jobs',
+            'max_jobs must be from 1 to 100000, not '
+            || coalesce(job_expired_cancel.max_jobs::text, 'NULL'));
+    END IF;
+    UPDATE @schema@.jobs j
+       SET status = 'cancelled', finished_at = now(), updated_at = now(),
+           last_error = 'expired: not started by its expires_at ' || j.expires_at
+      FROM (SELECT e.id FROM @schema@.jobs e
+             WHERE e.status = 'pending' AND e.expires_at <= now()
+             ORDER BY e.expires_at
+             LIMIT job_expired_cancel.max_jobs
+               FOR UPDATE SKIP LOCKED) AS expired
+     WHERE j.id = expired.id;
+    GET DIAGNOSTICS pending_ended = ROW_COUNT;
+    UPDATE @schema@.jobs j
+       SET status = 'cancelled', finished_at = now(), updated_at = now(),
+           locked_by = NULL, locked_until = NULL,
+           last_error = 'expired: its lease ran out after its expires_at ' || j.expires_at
+                        || '; not started again'
+      FROM (SELECT e.id FROM @schema@.jobs e
+             WHERE e.status = 'running' AND e.locked_until < now()
+               AND e.expires_at <= now()
+             ORDER BY e.locked_until
+             LIMIT job_expired_cancel.max_jobs
+               FOR UPDATE SKIP LOCKED) AS expired
+     WHERE j.id = expired.id;
+    GET DIAGNOSTICS running_ended = ROW_COUNT;
+    RETURN pending_ended + running_ended;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.job_expired_cancel(integer) FROM PUBLIC;

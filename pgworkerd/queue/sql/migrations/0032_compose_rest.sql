@@ -343,6 +343,9 @@ BEGIN
     IF NEW.has_children THEN
         INSERT INTO @schema@.statement_locks (kind, target) VALUES ('children', NEW.id);
     END IF;
+    -- (statement_locks_take looks in the table only while this says so)
+    PERFORM pg_catalog.set_config('pgworkerd.statement_locks_' || md5(@schema_literal@),
+                                  'noted', true);
     RETURN NEW;
 END;
 $$;
@@ -365,9 +368,14 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    flag text := 'pgworkerd.statement_locks_' || md5(@schema_literal@);
     batch_ids bigint[];
     parent_ids bigint[];
 BEGIN
+    IF current_setting(flag, true) IS DISTINCT FROM 'noted' THEN
+        RETURN;
+    END IF;
+    PERFORM pg_catalog.set_config(flag, '', true);
     WITH noted AS (
         DELETE FROM @schema@.statement_locks l WHERE l.xact_id = pg_current_xact_id()
         RETURNING l.kind, l.target

@@ -67,6 +67,9 @@ BEGIN
     IF NEW.has_children THEN
         INSERT INTO @schema@.statement_locks (kind, target) VALUES ('children', NEW.id);
     END IF;
+    -- (statement_locks_take looks in the table only while this says so)
+    PERFORM pg_catalog.set_config('pgworkerd.statement_locks_' || md5(@schema_literal@),
+                                  'noted', true);
     RETURN NEW;
 END;
 $$;
@@ -84,7 +87,9 @@ CREATE TRIGGER jobs_statement_locks_noted
 
 -- Take the rows noted so far in this transaction (and forget the notes): the batches in
 -- id order, then the parents' waiting children in id order. Called first by the AFTER
--- triggers that count; a call with nothing noted is one index probe.
+-- triggers that count; a call with nothing noted since the last one reads a setting of
+-- the transaction and nothing else (the notes' deleted index entries stay until the
+-- transaction ends: probing them at each row would cost the statement its rows squared).
 CREATE FUNCTION @schema@.statement_locks_take()
 RETURNS void
 LANGUAGE plpgsql
@@ -92,9 +97,14 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    flag text := 'pgworkerd.statement_locks_' || md5(@schema_literal@);
     batch_ids bigint[];
     parent_ids bigint[];
 BEGIN
+    IF current_setting(flag, true) IS DISTINCT FROM 'noted' THEN
+        RETURN;
+    END IF;
+    PERFORM pg_catalog.set_config(flag, '', true);
     WITH noted AS (
         DELETE FROM @schema@.statement_locks l WHERE l.xact_id = pg_current_xact_id()
         RETURNING l.kind, l.target

@@ -269,6 +269,9 @@ GRANT EXECUTE ON FUNCTION pgworkerd.job_suspend(bigint, text, bigint, text, floa
 -- below the floor an operator set (retention_floor, 1 day until changed); the daemon has
 -- no DELETE on jobs.
 GRANT SELECT ON pgworkerd.retention_floor TO pgworkerd_daemon;
+-- Deadlines (schema 32): the fleet ends jobs past their expires_at (job_expired_cancel,
+-- SECURITY DEFINER: those jobs only, as cancelled "expired: ..."), served or not.
+GRANT EXECUTE ON FUNCTION pgworkerd.job_expired_cancel(integer) TO pgworkerd_daemon;
 GRANT EXECUTE ON FUNCTION pgworkerd.prune_finished_v2(float8, float8, float8, float8, float8,
                                                       integer)
       TO pgworkerd_daemon;
@@ -288,6 +291,10 @@ GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v2(text, jsonb, text, integer, times
 -- rule), by id or correlation key; first write wins, a finished job takes none.
 GRANT EXECUTE ON FUNCTION pgworkerd.signal_send(bigint, text, jsonb),
                           pgworkerd.signal_send_by_key(text, text, jsonb)
+      TO pgworkerd_enqueuer;
+-- by key before any job waits with it (schema 32): parked under the key for the next
+-- job of a login the sender may read that waits with it (bounded; 7 days)
+GRANT EXECUTE ON FUNCTION pgworkerd.signal_send_by_key_v2(text, text, jsonb)
       TO pgworkerd_enqueuer;
 -- (the enqueuer also needs to read the schema version for `pgworkerd enqueue`'s check)
 GRANT SELECT ON pgworkerd.schema_version TO pgworkerd_enqueuer;

@@ -1,7 +1,7 @@
 """Signalling a job that waits (pgworkerd.signal, `pgworkerd signal`): the application side
 of durable waits (a handler's `raise pgworkerd.WaitFor(name, timeout, key=...)`).
 
-Through the SQL functions signal_send and signal_send_by_key (sql/objects/signals.sql,
+Through the SQL functions signal_send and signal_send_by_key_v2 (sql/objects/signals.sql,
 granted to pgworkerd_enqueuer), which decide everything (first write wins, a signal sent
 before the wait is kept, a finished job takes none); the checks here refuse a bad name,
 key or payload early, without a round trip, with the same words.
@@ -28,7 +28,7 @@ PAYLOAD_MAX_BYTES = 64 * 1024 * 1024
 
 class SignalRefused(ValueError):
     """A signal that was not delivered, and why (nothing changed): a bad name, key or
-    payload, an unknown or finished job, a key no live job holds."""
+    payload, an unknown or finished job, a parked signal over its bounds."""
 
 
 @records.built_from("signal_send", "signal_send_by_key")
@@ -36,12 +36,14 @@ class SignalRefused(ValueError):
 class SignalSent:
     """What became of a signal: `outcome` is "resumed" (the job waited for it: pending
     now), "kept" (the job does not wait for it yet: its next WaitFor for this name returns
-    at once) or "ignored" (the job had a signal of that name already: first write wins,
-    nothing changed; `sent_at` is the first one's time)."""
+    at once), "ignored" (the job, or the key, had a signal of that name already: first
+    write wins, nothing changed; `sent_at` is the first one's time) or, by key only,
+    "parked" (no live job of yours holds the key yet: the next one that waits with it
+    receives the signal; `job_id` and `status` are None)."""
 
-    job_id: int
+    job_id: int | None  # None: parked under the key (or ignored there)
     outcome: str
-    status: str  # the job's status after it
+    status: str | None  # the job's status after it; None when no job was reached
     sent_at: datetime
 
 
@@ -77,9 +79,11 @@ def signal(
     """Send signal `name` with `payload` (any JSON value) to job `job_id`, or to the live
     job whose WaitFor holds correlation key `key` (job_id None). A job waiting for it
     becomes pending at once and its next attempt sees it (`job.signal`); a job not
-    waiting for it yet keeps it. Raises SignalRefused (nothing changed) for a bad name,
-    key or payload, an unknown or finished job, or a key no live job holds. Runs in the
-    caller's transaction, like enqueue: commit to deliver."""
+    waiting for it yet keeps it; by key, with no live job of yours holding the key yet,
+    it is parked under the key for the next job that waits with it (outcome "parked").
+    Raises SignalRefused (nothing changed) for a bad name, key or payload, an unknown or
+    finished job, or a parked signal over its bounds. Runs in the caller's transaction,
+    like enqueue: commit to deliver."""
     if (job_id is None) == (key is None):
         raise SignalRefused("give either a job id or a correlation key, not both or neither")
     if job_id is not None and (isinstance(job_id, bool) or not isinstance(job_id, int)):

@@ -67,6 +67,15 @@ def _follow(conn: psycopg.Connection, ctx: Context, job_id: int, attempt: int | 
         time.sleep(FOLLOW_INTERVAL)
 
 
+def _without_tokens(found: dict[str, Any]) -> dict[str, Any]:
+    """`found` without its lease tokens: a token is what fences a holder's writes
+    (job_lease_assert), so it is never printed (a reader may run `logs --json`); the
+    attempt number tells the attempts apart."""
+    shown = {k: v for k, v in found.items() if k != "lease_token"}
+    shown["logs"] = [{k: v for k, v in e.items() if k != "lease_token"} for e in found["logs"]]
+    return shown
+
+
 @main.command("logs")
 @click.argument("job_id", type=int)
 @click.option(
@@ -91,7 +100,7 @@ def logs(ctx: Context, job_id: int, attempt: int | None, follow: bool, as_json: 
         if found is None:
             fail(f"job {job_id} not found", ExitCode.FAILURE)
         if as_json:
-            echo_json(found)
+            echo_json(_without_tokens(found))
             return
         if attempt is not None and attempt > found["attempts"] and not follow:
             fail(

@@ -33,8 +33,10 @@ def signal_job(
     A job suspended waiting for NAME (raise pgworkerd.WaitFor) becomes pending at once and
     its next attempt sees the signal (job.signal); a job not waiting for it yet keeps it,
     and its WaitFor for NAME returns at once. The first signal of a name wins: a second
-    one is reported as ignored and changes nothing (exit 0). An unknown or finished job,
-    a bad name or payload, a key no live job holds: refused, nothing changed (exit 1).
+    one is reported as ignored and changes nothing (exit 0). By key, when no live job
+    holds KEY yet, the signal is parked under it (7 days) for the next job that waits
+    with it. An unknown or finished job, a bad name or payload, a parked signal over its
+    bounds: refused, nothing changed (exit 1).
     """
     value: Any = None
     if payload is not None:
@@ -72,6 +74,19 @@ def signal_job(
                 "sent_at": sent.sent_at.isoformat(),
             }
         )
+        return
+    if sent.job_id is None:  # by key, and no live job of this login holds it yet
+        what = f"key {printable(target)!r}: signal {printable(name)!r}"
+        if sent.outcome == "parked":
+            click.echo(
+                f"{what} parked: no live job waits with this key yet; the next one that "
+                "waits with it receives the signal (kept 7 days)"
+            )
+        else:
+            click.echo(
+                f"{what} ignored: one of that name is parked under the key already (sent "
+                f"at {sent.sent_at:%Y-%m-%d %H:%M:%S %Z}); the first signal wins, nothing changed"
+            )
         return
     what = f"job {sent.job_id}: signal {printable(name)!r}"
     if sent.outcome == "resumed":

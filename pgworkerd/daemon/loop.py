@@ -12,6 +12,7 @@ The parent is a set of components, each given what it needs when it is built:
 - Scheduler: the ticks of the config's periodic jobs (schedules);
 - Retention: finished jobs past their retention deleted, one daemon of the fleet at a time;
 - StaleMarking: daemons silent past stale_after marked gone, one daemon at a time.
+- ExpirySweep: jobs past their expires_at ended as cancelled, served or not.
 - WaitTimeouts: suspended jobs past their wait's timeout made pending again (durable waits).
 
 Each has `tick(now)` and `next_deadline()`. One loop turn is the list of verbs in _tick,
@@ -50,7 +51,7 @@ from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.peers import Peers
 from pgworkerd.daemon.presence import Lifecycle, Presence
 from pgworkerd.daemon.queuedepth import QueueDepthCounter
-from pgworkerd.daemon.retention import Retention, StaleMarking
+from pgworkerd.daemon.retention import ExpirySweep, Retention, StaleMarking
 from pgworkerd.daemon.scheduler import Scheduler
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState, OutcomeKind, StopReason
@@ -172,6 +173,7 @@ class Daemon:
         self.stale_marking = StaleMarking(
             self.statements.mark_stale, self.presence.stale_after, lambda: len(self.peers)
         )
+        self.expiry = ExpirySweep(self.statements.expired_cancel, lambda: len(self.peers))
         # what the wake channel's notifications may cause (any role may NOTIFY)
         self.hints = WakeHints(
             self.claimer, self.presence.peers_changed, self.presence.drain_hinted
@@ -303,6 +305,7 @@ class Daemon:
         self.scheduler.tick(now)
         self.retention.tick(now)
         self.stale_marking.tick(now)  # after presence.tick: the live peers just read
+        self.expiry.tick(now)
         self.wait_timeouts.tick(now)
         self.claimer.set_accepting(self._accepting())  # a drain requested just now
 
@@ -392,6 +395,7 @@ class Daemon:
             self.scheduler.next_deadline(),
             self.retention.next_deadline(),
             self.stale_marking.next_deadline(),
+            self.expiry.next_deadline(),
             self.wait_timeouts.next_deadline(),
             self.supervisor.next_deadline(),
             self.link.next_deadline(),

@@ -199,6 +199,13 @@ class Statements:
             lambda c: registry.mark_stale(c, stale_after, self.schema),
         )
 
+    def expired_cancel(self, max_jobs: int) -> int | None:
+        """One batch of the fleet's expiry sweep (None: the call failed)."""
+        return self.link.run(
+            "ending jobs past their expires_at",
+            lambda c: retention.expired_cancel(c, max_jobs, self.schema),
+        )
+
     def prune_finished(self, config: RetentionConfig) -> retention.PruneResult | None:
         """One batch of the fleet's retention (None: the call failed)."""
         return self.link.run(

@@ -1,4 +1,5 @@
-"""Typed wrapper for the fleet's own retention (migration 0020: prune_finished_v2)."""
+"""Typed wrappers for the fleet's own maintenance: retention (migration 0020:
+prune_finished_v2) and the expiry sweep (0032: job_expired_cancel)."""
 
 from __future__ import annotations
 
@@ -65,3 +66,10 @@ def prune_batch(conn: psycopg.Connection, config: RetentionConfig, schema: str) 
         batch=config.batch,
         schema=schema,
     )
+
+
+def expired_cancel(conn: psycopg.Connection, max_jobs: int, schema: str) -> int:
+    """End jobs past their expires_at as cancelled (at most `max_jobs` pending and as many
+    running with a lease run out); returns how many ended."""
+    row = conn.execute(query("job_expired_cancel", schema), {"max_jobs": max_jobs}).fetchone()
+    return int(row[0]) if row else 0

@@ -1,4 +1,4 @@
-"""The dashboard's actions: cancel, retry, drain, resume, pause.
+"""The dashboard's actions: cancel, retry, release, drain, resume, pause.
 
 They reuse the CLI's functions; each is a GET that shows a confirmation page and a POST
 (with the session's CSRF token, checked by login.guard) that does it, through the action
@@ -42,6 +42,18 @@ def _retry(conn: psycopg.Connection[Any], schema: str, target: str, who: str) ->
     return "back to pending" if ids else "not retried (not dead or cancelled, or a duplicate)"
 
 
+def _release(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
+    """A job held after a parent failed (on_parent_failure hold) runs after all:
+    `pgworkerd release`, through job_held_release (the operator's)."""
+    try:
+        status = admin.release_held(conn, int(target), schema=schema)
+    except admin.NotHeld as exc:
+        return f"not released: {exc}"
+    if status == "pending":
+        return "released: pending"
+    return "released: it runs when its unfinished parents have finished"
+
+
 def _drain(drain: bool) -> Callable[[psycopg.Connection[Any], str, str, str], str]:
     def run(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
         affected = fleet.request_drain(conn, schema, drain=drain, worker_id=target)
@@ -68,6 +80,13 @@ ACTIONS: dict[str, Action] = {
         "Cancel job", "job", _cancel, "A running job is asked to stop; a pending one never runs."
     ),
     "retry": Action("Retry job", "job", _retry, "The job runs again with fresh attempts."),
+    "release": Action(
+        "Release held job",
+        "job",
+        _release,
+        "It runs although a parent ended dead or cancelled: at once, or when its last "
+        "unfinished parent finishes.",
+    ),
     "drain": Action(
         "Drain daemon", "daemon", _drain(True), "It finishes its jobs and claims no new ones."
     ),

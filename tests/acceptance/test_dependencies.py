@@ -117,6 +117,23 @@ def test_an_expired_job_is_never_started(daemons: Daemons, db: Db) -> None:
     assert "expired" in daemons.cli("explain", str(job_id)).stdout
 
 
+def test_an_expired_job_no_daemon_serves_ends_by_the_sweep(daemons: Daemons, db: Db) -> None:
+    """A daemon whose slots are all busy claims nothing, so no claim ends a job of a
+    handler no daemon serves: the fleet's expiry sweep (job_expired_cancel, about every
+    5 s with one daemon) ends it at its deadline, long before the busy slot frees."""
+    daemons.start({"work": WORK}, {"slots": 1})
+    busy = db.enqueue("work", {"seconds": 120})
+    db.wait_status(busy, "running")
+    job_id = db.enqueue("nobody-serves-this", expire_in=1)
+    waiting = db.enqueue("nobody-serves-this", expire_in=3600)
+    row = db.wait_status(job_id, "cancelled", timeout=60)
+    assert row["last_error"].startswith("expired: not started by its expires_at")
+    assert db.executions(job_id) == []
+    assert db.job(waiting)["status"] == "pending"
+    said = daemons.cli("explain", str(job_id))
+    assert said.returncode == 0 and "expired" in said.stdout, said
+
+
 def test_the_cli_enqueues_children_and_shows_them(daemons: Daemons, db: Db) -> None:
     first = daemons.cli("enqueue", "work", "--delay", "1h")
     second = daemons.cli("enqueue", "work", "--delay", "1h")

@@ -64,9 +64,14 @@ def test_every_way_out_is_captured_per_attempt_and_tagged_in_the_daemons_log(
     assert latest.stdout == two["head"]
     first = logs_cli(daemons, str(job_id), "--attempt", "1")
     assert first.returncode == 0 and first.stdout == one["head"], first.stderr
-    as_json = json.loads(logs_cli(daemons, str(job_id), "--json").stdout)
+    printed = logs_cli(daemons, str(job_id), "--json").stdout
+    as_json = json.loads(printed)
     assert [e["attempt"] for e in as_json["logs"]] == [1, 2]
     assert as_json["logs"][0]["head"] == one["head"]
+    # no lease token is printed (a token fences a holder's writes; a reader runs this)
+    assert "lease_token" not in printed
+    for row in (one, two):
+        assert str(row["lease_token"]) not in printed
 
     unknown = logs_cli(daemons, str(job_id + 1000))
     assert unknown.returncode == 1 and f"job {job_id + 1000} not found" in unknown.stderr

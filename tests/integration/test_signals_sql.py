@@ -1,5 +1,5 @@
 """Durable waits in SQL (migration 0028), as the daemon and workers in other languages call
-them: job_suspend (fenced), signal_send and signal_send_by_key, job_waits_expire.
+them: job_suspend (fenced), signal_send and signal_send_by_key(_v2), job_waits_expire.
 Hostile input gets a clear error and changes nothing; a signal raced against a wait is
 never lost, in either order; signals go with their job."""
 
@@ -185,7 +185,6 @@ def test_hostile_signals_are_refused_with_a_clear_error_and_change_nothing(
         ({"job_id": job_id, "name": "go", "payload": {"a": "x\x00y"}}, "NUL character"),
         ({"job_id": job_id, "name": "go", "payload": deep}, "nested at most 255 levels"),
         ({"job_id": job_id, "name": "go", "payload": float("nan")}, "cannot be stored as JSON"),
-        ({"job_id": None, "name": "go", "key": "nobody"}, "no live job waits with correlation"),
         ({"job_id": None, "name": "go", "key": "k\n"}, "correlation key must not contain"),
         ({"job_id": job_id, "name": "go", "key": "both"}, "either a job id or a correlation"),
     ]
@@ -318,3 +317,156 @@ def test_signals_go_with_their_job(conn: psycopg.Connection, schema: str) -> Non
     assert [r[0] for r in signal_rows(conn, schema)] == [kept, kept]
     conn.execute(render("TRUNCATE @schema@.jobs", schema))
     assert signal_rows(conn, schema) == []
+
+
+# -- signals by key before the wait (0032: parked_signals) ----------------------------------
+
+
+def parked(conn: psycopg.Connection, schema: str) -> list[tuple[Any, ...]]:
+    return conn.execute(
+        render(
+            "SELECT wait_key, name, payload, sent_by FROM @schema@.parked_signals ORDER BY 1, 2",
+            schema,
+        )
+    ).fetchall()
+
+
+def test_a_signal_by_key_before_the_wait_is_parked_and_handed_to_the_wait(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    job_id = client.enqueue(conn, "h", {}, schema=schema)
+    [job] = claim(conn, schema)
+    sent = signals.signal(conn, None, "go", {"by": "ana"}, key="order-7", schema=schema)
+    assert (sent.job_id, sent.outcome, sent.status) == (None, "parked", None)
+    # first write wins under the key too: a second one of the name is ignored
+    again = signals.signal(conn, None, "go", {"by": "bob"}, key="order-7", schema=schema)
+    assert (again.job_id, again.outcome, again.sent_at) == (None, "ignored", sent.sent_at)
+    other = signals.signal(conn, None, "later", 5, key="order-7", schema=schema)
+    assert other.outcome == "parked"
+    assert row(conn, schema, job_id)["status"] == "running"  # no job was touched
+    done = suspend(conn, schema, job, key="order-7")
+    # the wait returns at once: the job is pending with the parked signal, which is its own
+    assert done is not None and (done.status, done.problem) == ("pending", None)
+    r = row(conn, schema, job_id)
+    assert (r["status"], r["wait_ended"], r["wait_key"]) == ("pending", "signal", "order-7")
+    assert signal_rows(conn, schema) == [(job_id, "go", {"by": "ana"}), (job_id, "later", 5)]
+    assert parked(conn, schema) == []
+    [again] = claim(conn, schema)
+    [resumed] = lease.with_wakeups(conn, [again], schema=schema)
+    assert isinstance(resumed, lease.ResumedJob) and resumed.id == job_id
+    assert (resumed.woken["name"], resumed.woken["payload"]) == ("go", {"by": "ana"})
+    # the job holds the key now: a signal by key reaches it, as by id
+    kept = signals.signal(conn, None, "more", key="order-7", schema=schema)
+    assert (kept.job_id, kept.outcome) == (job_id, "kept")
+
+
+def test_the_jobs_own_signal_wins_over_a_parked_one_and_old_ones_are_not_handed_over(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    job_id = client.enqueue(conn, "h", {}, schema=schema)
+    [job] = claim(conn, schema)
+    assert signals.signal(conn, None, "go", "parked", key="k1", schema=schema).outcome == "parked"
+    assert signals.signal(conn, job_id, "go", "by id", schema=schema).outcome == "kept"
+    # a parked signal past its 7 days is neither handed over nor kept by the sweep
+    signals.signal(conn, None, "stale", "old", key="k1", schema=schema)
+    conn.execute(
+        render(
+            "UPDATE @schema@.parked_signals SET sent_at = now() - interval '7 days 1 second' "
+            "WHERE name = 'stale'",
+            schema,
+        )
+    )
+    done = suspend(conn, schema, job, "stale", key="k1")
+    assert done is not None and done.status == "suspended"
+    assert signal_rows(conn, schema) == [(job_id, "go", "by id")]
+    assert [p[1] for p in parked(conn, schema)] == ["stale"]
+    assert lease.waits_expire(conn, schema=schema) == 0
+    assert parked(conn, schema) == []
+    # (the sender may park the name again: the old one is gone)
+
+
+def test_parked_signals_are_bounded_per_key_and_a_refusal_changes_nothing(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    for n in range(16):
+        assert signals.signal(conn, None, f"s{n}", n, key="full", schema=schema).outcome == "parked"
+    before = parked(conn, schema)
+    with pytest.raises(signals.SignalRefused, match="at most 16 names per key"):
+        signals.signal(conn, None, "s16", key="full", schema=schema)
+    big = "x" * (600 * 1024)
+    assert signals.signal(conn, None, "a", big, key="big", schema=schema).outcome == "parked"
+    with pytest.raises(signals.SignalRefused, match=r"at most 1 MiB per key"):
+        signals.signal(conn, None, "b", big, key="big", schema=schema)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="nested at most 255 levels"):
+        conn.execute(
+            render("SELECT * FROM @schema@.signal_send_by_key_v2('k', 'n', %s::jsonb)", schema),
+            ("[" * 300 + "]" * 300,),
+        )
+    conn.rollback()
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="a signal name must"):
+        conn.execute(render("SELECT * FROM @schema@.signal_send_by_key_v2('k', 'a\tb')", schema))
+    conn.rollback()
+    assert [p for p in parked(conn, schema) if p[0] == "full"] == before
+
+
+def test_the_old_signal_by_key_still_refuses_a_key_no_live_job_holds(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """signal_send_by_key (compat.sql) keeps its meaning for older code."""
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="no live job waits with"):
+        conn.execute(render("SELECT * FROM @schema@.signal_send_by_key('nobody', 'go')", schema))
+    conn.rollback()
+    assert parked(conn, schema) == []
+
+
+@pytest.mark.parametrize("signal_first", [True, False])
+def test_a_signal_by_key_raced_against_the_wait_with_that_key_is_never_lost(
+    conn: psycopg.Connection, schema: str, test_db_dsn: str, signal_first: bool
+) -> None:
+    """Rounds of job_suspend(key=K) and a signal by K at once, one side given a head start
+    each round: whichever commits first, the job ends pending with the signal, and nothing
+    stays parked (never suspended with its signal parked, never lost)."""
+    rounds = 60
+    ids = [client.enqueue(conn, "h", {}, schema=schema) for _ in range(rounds)]
+    jobs = claim(conn, schema, rounds)
+    assert sorted(j.id for j in jobs) == sorted(ids)
+    rng = random.Random(11)
+    outcomes: set[str] = set()
+    with (
+        psycopg.connect(test_db_dsn, autocommit=True) as a,
+        psycopg.connect(test_db_dsn, autocommit=True) as b,
+    ):
+        for job in jobs:
+            go = threading.Barrier(2)
+            lead = rng.uniform(0, 0.003)
+            errors: list[BaseException] = []
+
+            def waiter(
+                job: lease.ClaimedJob = job,
+                go: threading.Barrier = go,
+                lead: float = lead,
+                errors: list[BaseException] = errors,
+            ) -> None:
+                try:
+                    go.wait()
+                    if signal_first:
+                        time.sleep(lead)
+                    suspend(a, schema, job, key=f"key-{job.id}")
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+
+            t = threading.Thread(target=waiter)
+            t.start()
+            go.wait()
+            if not signal_first:
+                time.sleep(lead)
+            sent = signals.signal(b, None, "go", job.id, key=f"key-{job.id}", schema=schema)
+            t.join()
+            assert not errors, errors
+            outcomes.add(sent.outcome)
+            assert sent.outcome in ("parked", "resumed"), sent
+            r = row(conn, schema, job.id)
+            assert (r["status"], r["wait_ended"]) == ("pending", "signal"), (job.id, sent)
+            assert parked(conn, schema) == [], (job.id, sent)
+    assert (job.id, "go", job.id) in signal_rows(conn, schema)
+    assert len(signal_rows(conn, schema)) == rounds

@@ -1072,19 +1072,29 @@ def test_the_enqueuer_signals_its_own_jobs_only(
 ) -> None:
     """It signals the jobs its own login enqueued, by id or by the correlation key their wait
     holds, and gets the answer of an unknown job for any other job; a finished job takes no
-    signal, and the first signal of a name wins."""
+    signal, and the first signal of a name wins. A signal by a key no job of its own login
+    holds is parked under that key (bounded, 7 days) and reaches only a job of its own
+    login that later waits with the key, never another login's job holding or taking it."""
     other = client.enqueue(conn, "h", schema=schema)
-    [held] = claim_all(conn, schema)
+    later = client.enqueue(conn, "h", schema=schema)
+    held, taking = sorted(claim_all(conn, schema), key=lambda j: j.id)
     lease.suspend(conn, "w", held.id, held.token, "go", 60.0, key="theirs", schema=schema)
     with as_role(roles, schema, "enqueuer") as c:
         own = client.enqueue(c, "h", schema=schema)
         sent = pgworkerd.signal(c, own, "go", {"n": 1}, schema=schema)
         assert sent.outcome == "kept"
         assert pgworkerd.signal(c, own, "go", {"n": 2}, schema=schema).outcome == "ignored"
-        for target, key in ((other, None), (other + 1000, None), (None, "theirs")):
+        for target in (other, other + 1000):
             with pytest.raises(pgworkerd.SignalRefused, match="this login may read"):
-                pgworkerd.signal(c, target, "go", key=key, schema=schema)
+                pgworkerd.signal(c, target, "go", schema=schema)
+        # by key: parked (the same answer whether another login's job holds the key or none)
+        for key in ("theirs", "taken-later"):
+            sent = pgworkerd.signal(c, None, "go", {"forged": True}, key=key, schema=schema)
+            assert (sent.job_id, sent.outcome) == (None, "parked")
     assert db_status(conn, schema, other) == "suspended"
+    # another login's job that takes the key afterwards does not receive it either
+    lease.suspend(conn, "w", taking.id, taking.token, "go", 60.0, key="taken-later", schema=schema)
+    assert db_status(conn, schema, later) == "suspended"
     conn.execute(
         render(
             "UPDATE @schema@.jobs SET status = 'cancelled', finished_at = now() WHERE id = %s",
@@ -1130,6 +1140,9 @@ def test_the_daemon_suspends_held_jobs_only_and_cannot_forge_a_signal(
                 [
                     f"SELECT * FROM @schema@.signal_send({job_id}, 'go', '1')",
                     "SELECT * FROM @schema@.signal_send_by_key('k', 'go', '1')",
+                    "SELECT * FROM @schema@.signal_send_by_key_v2('k', 'go', '1')",
+                    "SELECT * FROM @schema@.parked_signals",
+                    "DELETE FROM @schema@.parked_signals",
                     f"INSERT INTO @schema@.signals (job_id, name) VALUES ({job_id}, 'go')",
                     "UPDATE @schema@.signals SET payload = '2'",
                     "DELETE FROM @schema@.signals",
@@ -1140,6 +1153,33 @@ def test_the_daemon_suspends_held_jobs_only_and_cannot_forge_a_signal(
             == []
         )
     assert db_status(conn, schema, job_id) == "suspended"
+
+
+def test_the_daemon_ends_only_jobs_past_their_deadline(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It ends only jobs past their `expires_at` (`job_expired_cancel`): pending ones, and
+    running ones whose lease ran out, as cancelled with "expired: ..." in `last_error`,
+    whatever their handler; a job before its deadline, or without one, is left as it is."""
+    later = client.enqueue(conn, "nobody", expire_in=3600, schema=schema)
+    never = client.enqueue(conn, "nobody", schema=schema)
+    due = client.enqueue(conn, "nobody", expire_in=3600, schema=schema)
+    conn.execute(
+        render("UPDATE @schema@.jobs SET expires_at = now() - interval '1s' WHERE id = %s", schema),
+        (due,),
+    )
+    with as_role(roles, schema, "daemon") as c:
+        [(ended,)] = c.execute(render("SELECT @schema@.job_expired_cancel(100)", schema)).fetchall()
+        assert ended == 1
+        assert (
+            runnable(c, schema, [f"UPDATE @schema@.jobs SET expires_at = now() WHERE id = {later}"])
+            == []
+        )
+    assert [db_status(conn, schema, j) for j in (later, never, due)] == [
+        "pending",
+        "pending",
+        "cancelled",
+    ]
 
 
 def test_the_operator_signals_any_job(

@@ -34,11 +34,108 @@ CREATE UNIQUE INDEX batches_callback_idx ON @schema@.batches (callback_id);
 -- in it.
 CREATE INDEX jobs_batch_idx ON @schema@.jobs (batch_id, id) WHERE batch_id IS NOT NULL;
 
+-- Lock order (0032). A statement that finishes jobs of several batches, or parents of
+-- several waiting children, has its AFTER triggers (below, and jobs_children_resolved in
+-- job_parents.sql) take those batches' and children's rows one by one, in the order of
+-- its own rows: two statements on two connections (two daemons' completion flushes)
+-- could take them in opposite orders and deadlock. So a BEFORE trigger notes, per row,
+-- the batch or the parent whose end it will count (statement_locks), and the first AFTER
+-- trigger of the statement takes every noted batch's row, then every waiting child's, in
+-- id order, before it counts anything (statement_locks_take): the rest follow without
+-- waiting. Only members and parents pay, and only when their status enters or leaves a
+-- final one; a note lives for the one statement that wrote it.
+CREATE TABLE @schema@.statement_locks (
+    xact_id xid8 NOT NULL DEFAULT pg_current_xact_id(),
+    -- 'batch': lock batch `target`; 'children': lock parent `target`'s waiting children
+    kind    text NOT NULL CONSTRAINT statement_locks_kind_known
+                 CHECK (kind IN ('batch', 'children')),
+    target  bigint NOT NULL
+);
+
+CREATE INDEX statement_locks_xact_idx ON @schema@.statement_locks (xact_id);
+
+CREATE FUNCTION @schema@.statement_locks_note()
+RETURNS trigger
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NEW.batch_id IS NOT NULL THEN
+        INSERT INTO @schema@.statement_locks (kind, target) VALUES ('batch', NEW.batch_id);
+    END IF;
+    IF NEW.has_children THEN
+        INSERT INTO @schema@.statement_locks (kind, target) VALUES ('children', NEW.id);
+    END IF;
+    -- (statement_locks_take looks in the table only while this says so)
+    PERFORM pg_catalog.set_config('pgworkerd.statement_locks_' || md5(@schema_literal@),
+                                  'noted', true);
+    RETURN NEW;
+END;
+$$;
+
+-- The WHEN of the AFTER triggers below, narrowed to what they count: a final status
+-- entered or left.
+CREATE TRIGGER jobs_statement_locks_noted
+    BEFORE UPDATE OF status ON @schema@.jobs
+    FOR EACH ROW
+    WHEN ((NEW.batch_id IS NOT NULL OR NEW.has_children)
+          AND OLD.status IS DISTINCT FROM NEW.status
+          AND (OLD.status IN ('completed', 'dead', 'cancelled')
+               OR NEW.status IN ('completed', 'dead', 'cancelled')))
+    EXECUTE FUNCTION @schema@.statement_locks_note();
+
+-- Take the rows noted so far in this transaction (and forget the notes): the batches in
+-- id order, then the parents' waiting children in id order. Called first by the AFTER
+-- triggers that count; a call with nothing noted since the last one reads a setting of
+-- the transaction and nothing else (the notes' deleted index entries stay until the
+-- transaction ends: probing them at each row would cost the statement its rows squared).
+CREATE FUNCTION @schema@.statement_locks_take()
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    flag text := 'pgworkerd.statement_locks_' || md5(@schema_literal@);
+    batch_ids bigint[];
+    parent_ids bigint[];
+BEGIN
+    IF current_setting(flag, true) IS DISTINCT FROM 'noted' THEN
+        RETURN;
+    END IF;
+    PERFORM pg_catalog.set_config(flag, '', true);
+    WITH noted AS (
+        DELETE FROM @schema@.statement_locks l WHERE l.xact_id = pg_current_xact_id()
+        RETURNING l.kind, l.target
+    )
+    SELECT array_agg(DISTINCT n.target) FILTER (WHERE n.kind = 'batch'),
+           array_agg(DISTINCT n.target) FILTER (WHERE n.kind = 'children')
+      INTO batch_ids, parent_ids
+      FROM noted n;
+    IF batch_ids IS NOT NULL THEN
+        PERFORM FROM @schema@.batches b WHERE b.id = ANY (batch_ids) ORDER BY b.id FOR UPDATE;
+    END IF;
+    IF parent_ids IS NOT NULL THEN
+        PERFORM FROM @schema@.jobs c
+         WHERE c.id IN (SELECT p.child_id FROM @schema@.job_parents p
+                         WHERE p.parent_id = ANY (parent_ids))
+           AND c.status = 'waiting'
+         ORDER BY c.id
+           FOR UPDATE;
+    END IF;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.statement_locks_note(), @schema@.statement_locks_take()
+    FROM PUBLIC;
+
 -- A member's status changed to or from a final one: update its batch's counts, and when
 -- the last member has finished, make the callback pending and wake the fleet (the
 -- notification an insert sends). Concurrent members of one batch serialise on the batch's
 -- row (the UPDATE below) for as long as their transactions last, so each count is exact
--- whatever order they commit in, and exactly one of them sees the last finish. A member
+-- whatever order they commit in, and exactly one of them sees the last finish; a
+-- statement takes all its batches' rows first, in id order (statement_locks_take). A member
 -- that leaves a final status after the release (an operator's retry) is counted again,
 -- but the callback, which ran or is running, is not released twice.
 CREATE FUNCTION @schema@.batch_member_count()
@@ -59,6 +156,7 @@ BEGIN
     IF completed_change = 0 AND dead_change = 0 AND cancelled_change = 0 THEN
         RETURN NULL;
     END IF;
+    PERFORM @schema@.statement_locks_take();  -- the statement's rows, in id order (0032)
     UPDATE @schema@.batches b
        SET completed = b.completed + completed_change,
            dead = b.dead + dead_change,

@@ -394,3 +394,47 @@ $$;
 
 REVOKE EXECUTE ON FUNCTION @schema@.prune_finished_v1(float8, float8, float8, integer)
     FROM PUBLIC;
+
+-- (0028) signal_send to the live job whose wait holds correlation key `wait_key` (WaitFor(...,
+-- key=...)), for a sender that knows the key and not the id (a webhook). Returns
+-- signal_send's row and the job's id. Refused (22023): no live job holds the key (or none
+-- this login may read), a bad key.
+-- Needed by: no release; code of schemas 28 to 31 (unreleased) calls it. Current code
+-- calls signal_send_by_key_v2 (signals.sql), which parks a signal no live job takes.
+-- Dropped by: the first contract migration.
+CREATE FUNCTION @schema@.signal_send_by_key(wait_key text, name text, payload jsonb DEFAULT NULL)
+RETURNS TABLE (job_id bigint, outcome text, status text, sent_at timestamptz)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    found_id bigint;
+BEGIN
+    IF signal_send_by_key.wait_key IS NULL
+       OR NOT @schema@.enqueue_name_ok(signal_send_by_key.wait_key)
+       OR signal_send_by_key.wait_key = '' THEN
+        RAISE EXCEPTION 'pgworkerd: signal refused: a correlation key must be 1 to 128 '
+            'characters without control characters, not %',
+            coalesce(pg_catalog.quote_literal(left(signal_send_by_key.wait_key, 200)), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT j.id INTO found_id FROM @schema@.jobs j
+     WHERE j.wait_key = signal_send_by_key.wait_key
+       AND j.status IN ('pending', 'waiting', 'suspended', 'running')
+       AND (j.enqueued_by = session_user
+            OR has_any_column_privilege(session_user, '@schema@.jobs', 'SELECT'));
+    IF found_id IS NULL THEN
+        RAISE EXCEPTION 'pgworkerd: signal refused: no live job waits with correlation key % '
+            '(or none this login may read)', pg_catalog.quote_literal(signal_send_by_key.wait_key)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    SELECT found_id, s.outcome, s.status, s.sent_at
+      FROM @schema@.signal_send(found_id, signal_send_by_key.name,
+                                signal_send_by_key.payload) s;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.signal_send_by_key(text, text, jsonb) FROM PUBLIC;

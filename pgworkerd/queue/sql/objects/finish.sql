@@ -493,7 +493,10 @@ REVOKE EXECUTE ON FUNCTION
 -- of that name the job already has (sent before the wait) makes it pending at once
 -- instead, its peers woken; a cancel requested meanwhile cancels it. The job's row is
 -- locked before the signal is looked for, so a signal_send of the same job comes wholly
--- before or after (never lost in between). Returns the new status and the wait's end;
+-- before or after (never lost in between). With a key (0032), the signals parked under it
+-- by logins that may read the job (signal_send_by_key_v2) become the job's own first (the
+-- job's own signal of a name wins over a parked one), under the key's transaction lock,
+-- taken before the row's (signal_send_by_key_v2 takes the key's, then the row's). Returns the new status and the wait's end;
 -- status 'refused' with `problem` when the key is held by another live job (nothing
 -- changed: the caller records a failed attempt saying so); no row when the lease was lost.
 -- For workers of other languages too (pgworkerd_daemon).
@@ -537,7 +540,11 @@ BEGIN
         PERFORM @schema@.fenced_refuse('suspending a job', problem);
     END IF;
     PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
-    SELECT j.id INTO held FROM @schema@.jobs j
+    IF job_suspend.wait_key IS NOT NULL THEN
+        PERFORM pg_advisory_xact_lock(hashtext(@schema_literal@ || '.wait_key'),
+                                      hashtext(job_suspend.wait_key));
+    END IF;
+    SELECT j.id, j.enqueued_by INTO held FROM @schema@.jobs j
      WHERE j.id = job_suspend.job_id AND j.locked_by = job_suspend.worker
        AND j.lease_token = job_suspend.token AND j.status::text = 'running'
        FOR UPDATE;
@@ -555,11 +562,32 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- (a statement after the lock: it sees every signal committed before the lock came)
-    signalled := EXISTS (SELECT FROM @schema@.signals s
-                          WHERE s.job_id = job_suspend.job_id
-                            AND s.name = job_suspend.signal_name);
     BEGIN
+        IF job_suspend.wait_key IS NOT NULL THEN
+            -- signals parked under the key by a login that may read this job, the first
+            -- of each name, become the job's
+            WITH adopted AS (
+                DELETE FROM @schema@.parked_signals p
+                 WHERE p.wait_key = job_suspend.wait_key
+                   AND p.sent_at > now() - interval '7 days'
+                   AND (p.sent_by = held.enqueued_by
+                        OR CASE WHEN EXISTS (SELECT FROM pg_roles r WHERE r.rolname = p.sent_by)
+                                THEN has_any_column_privilege(p.sent_by, '@schema@.jobs',
+                                                              'SELECT')
+                                ELSE false END)
+                RETURNING p.name, p.payload, p.sent_at, p.sent_by
+            )
+            INSERT INTO @schema@.signals AS s (job_id, name, payload, sent_at, sent_by)
+            SELECT DISTINCT ON (a.name) job_suspend.job_id, a.name, a.payload, a.sent_at,
+                   a.sent_by
+              FROM adopted a
+             ORDER BY a.name, a.sent_at
+            ON CONFLICT ON CONSTRAINT signals_pkey DO NOTHING;
+        END IF;
+        -- (a statement after the locks: it sees every signal committed before they came)
+        signalled := EXISTS (SELECT FROM @schema@.signals s
+                              WHERE s.job_id = job_suspend.job_id
+                                AND s.name = job_suspend.signal_name);
         UPDATE @schema@.jobs j
            SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
                              WHEN signalled THEN 'pending'

@@ -32,8 +32,10 @@ CREATE INDEX job_parents_parent_idx ON @schema@.job_parents (parent_id);
 -- (notify_wake's payload). A 'hold' child with a failed parent stays waiting until an
 -- operator releases it (job_held_release) or cancels it.
 -- Concurrent parents of one child serialise on the child's row (the UPDATE below), so
--- each count is exact whatever order they commit in; a child being enqueued holds its
--- parents' rows locked until it commits (enqueue_many_v3), so no parent finishes unseen.
+-- each count is exact whatever order they commit in (a statement takes all its parents'
+-- waiting children's rows first, in id order: statement_locks_take, batches.sql); a
+-- child being enqueued holds its parents' rows locked until it commits
+-- (enqueue_many_v3), so no parent finishes unseen.
 CREATE FUNCTION @schema@.job_children_resolve()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -54,6 +56,8 @@ BEGIN
     IF unfinished_change = 0 AND failed_change = 0 THEN
         RETURN NULL;
     END IF;
+    -- the statement's batches' and children's rows, in id order (batches.sql, 0032)
+    PERFORM @schema@.statement_locks_take();
     WITH changed AS (
         UPDATE @schema@.jobs c
            SET parents_unfinished = c.parents_unfinished + unfinished_change,

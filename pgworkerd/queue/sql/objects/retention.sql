@@ -209,3 +209,56 @@ $$;
 
 REVOKE EXECUTE ON FUNCTION @schema@.prune_finished_v2(float8, float8, float8, float8, float8,
                                                       integer) FROM PUBLIC;
+
+-- The daemons' expiry sweep (0032; daemon/retention.ExpirySweep, spaced across the fleet
+-- like stale-marking): jobs past their expires_at end as 'cancelled' with the reason in
+-- last_error ("expired: ..."), the claim's own two cases (claim_jobs_v2) without a claim,
+-- so that a job whose handler no daemon serves, or a queue nobody claims from, ends at
+-- its deadline too: pending ones, and running ones whose lease ran out (a rescue would
+-- start a new attempt). At most `max_jobs` of each per call, oldest deadline first; rows
+-- another transaction holds (a claim, a cancel) are skipped, never waited for. Returns
+-- how many ended. Their end counts for their batches and children as any cancel does.
+-- SECURITY DEFINER: the daemon role has no UPDATE on jobs.
+CREATE FUNCTION @schema@.job_expired_cancel(max_jobs integer)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    pending_ended integer;
+    running_ended integer;
+BEGIN
+    IF (job_expired_cancel.max_jobs BETWEEN 1 AND 100000) IS NOT TRUE THEN
+        PERFORM @schema@.fenced_refuse('ending expired jobs',
+            'max_jobs must be from 1 to 100000, not '
+            || coalesce(job_expired_cancel.max_jobs::text, 'NULL'));
+    END IF;
+    UPDATE @schema@.jobs j
+       SET status = 'cancelled', finished_at = now(), updated_at = now(),
+           last_error = 'expired: not started by its expires_at ' || j.expires_at
+      FROM (SELECT e.id FROM @schema@.jobs e
+             WHERE e.status = 'pending' AND e.expires_at <= now()
+             ORDER BY e.expires_at
+             LIMIT job_expired_cancel.max_jobs
+               FOR UPDATE SKIP LOCKED) AS expired
+     WHERE j.id = expired.id;
+    GET DIAGNOSTICS pending_ended = ROW_COUNT;
+    UPDATE @schema@.jobs j
+       SET status = 'cancelled', finished_at = now(), updated_at = now(),
+           locked_by = NULL, locked_until = NULL,
+           last_error = 'expired: its lease ran out after its expires_at ' || j.expires_at
+                        || '; not started again'
+      FROM (SELECT e.id FROM @schema@.jobs e
+             WHERE e.status = 'running' AND e.locked_until < now()
+               AND e.expires_at <= now()
+             ORDER BY e.locked_until
+             LIMIT job_expired_cancel.max_jobs
+               FOR UPDATE SKIP LOCKED) AS expired
+     WHERE j.id = expired.id;
+    GET DIAGNOSTICS running_ended = ROW_COUNT;
+    RETURN pending_ended + running_ended;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.job_expired_cancel(integer) FROM PUBLIC;

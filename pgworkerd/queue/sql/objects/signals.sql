@@ -136,11 +136,51 @@ BEGIN
 END;
 $$;
 
+-- Signals sent by correlation key before any job waits with that key (0032): kept here,
+-- under the key and the login that sent them, until a job of a login they may reach
+-- waits with the key (job_suspend hands them to it) or for PARKED_DAYS (7 days: deleted
+-- by the daemons' timeout sweep, job_waits_expire, and ignored by job_suspend meanwhile).
+-- Bounded against a sender that parks without end: at most 16 names and 1 MiB of
+-- payloads per sender and key, at most 10,000 signals and 64 MiB per sender
+-- (signal_send_by_key_v2 refuses more). Not tied to any job: no job exists for them yet.
+CREATE TABLE @schema@.parked_signals (
+    -- the login that sent it (session_user: signal_send_by_key_v2 is SECURITY DEFINER); a
+    -- parked signal reaches only a job this login may read (job_get_v1's rule), so one
+    -- application cannot inject a signal into another's job by guessing its key
+    sent_by       text NOT NULL DEFAULT session_user,
+    wait_key      text NOT NULL,
+    name          text NOT NULL,
+    payload       jsonb,
+    payload_bytes integer NOT NULL,
+    sent_at       timestamptz NOT NULL DEFAULT now(),
+    -- first write wins, per sender: a second signal of the name under the key is ignored
+    PRIMARY KEY (sent_by, wait_key, name),
+    CONSTRAINT parked_signals_name_ok CHECK (@schema@.enqueue_name_ok(name) AND name <> ''),
+    CONSTRAINT parked_signals_key_ok CHECK (@schema@.enqueue_name_ok(wait_key)
+                                            AND wait_key <> '')
+);
+
+-- job_suspend looks a key's parked signals up by key, whoever sent them.
+CREATE INDEX parked_signals_key_idx ON @schema@.parked_signals (wait_key);
+
+-- The sweep deletes those past PARKED_DAYS, oldest first.
+CREATE INDEX parked_signals_sent_at_idx ON @schema@.parked_signals (sent_at);
+
 -- signal_send to the live job whose wait holds correlation key `wait_key` (WaitFor(...,
 -- key=...)), for a sender that knows the key and not the id (a webhook). Returns
--- signal_send's row and the job's id. Refused (22023): no live job holds the key (or none
--- this login may read), a bad key.
-CREATE FUNCTION @schema@.signal_send_by_key(wait_key text, name text, payload jsonb DEFAULT NULL)
+-- signal_send's row and the job's id; when no live job this login may read holds the key
+-- (the job has not reached its WaitFor yet, or is another application's), the signal is
+-- parked under the key instead (outcome 'parked', job_id and status NULL): the next job
+-- of a login it may reach that waits with the key receives it, as if sent to it then.
+-- A second signal of the same name under the same key by the same login while the
+-- first is parked: 'ignored' (first write wins; sent_at is the first one's).
+-- Refused (22023, nothing changed): a bad key, name or payload (signal_send's bounds),
+-- or a parked signal over its bounds (see parked_signals).
+-- A signal by key and a WaitFor with that key (job_suspend) take the same transaction
+-- lock on the key first, so one always sees the other's commit: the signal reaches the
+-- job, or is parked and handed over by the WaitFor, never neither.
+CREATE FUNCTION @schema@.signal_send_by_key_v2(wait_key text, name text,
+                                               payload jsonb DEFAULT NULL)
 RETURNS TABLE (job_id bigint, outcome text, status text, sent_at timestamptz)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -149,41 +189,106 @@ AS $$
 #variable_conflict use_column
 DECLARE
     found_id bigint;
+    first_sent timestamptz;
+    bytes integer;
+    held record;
+    problem text;
 BEGIN
-    IF signal_send_by_key.wait_key IS NULL
-       OR NOT @schema@.enqueue_name_ok(signal_send_by_key.wait_key)
-       OR signal_send_by_key.wait_key = '' THEN
+    IF signal_send_by_key_v2.wait_key IS NULL
+       OR NOT @schema@.enqueue_name_ok(signal_send_by_key_v2.wait_key)
+       OR signal_send_by_key_v2.wait_key = '' THEN
         RAISE EXCEPTION 'pgworkerd: signal refused: a correlation key must be 1 to 128 '
             'characters without control characters, not %',
-            coalesce(pg_catalog.quote_literal(left(signal_send_by_key.wait_key, 200)), 'NULL')
+            coalesce(pg_catalog.quote_literal(left(signal_send_by_key_v2.wait_key, 200)), 'NULL')
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM pg_advisory_xact_lock(hashtext(@schema_literal@ || '.wait_key'),
+                                  hashtext(signal_send_by_key_v2.wait_key));
+    -- (a statement after the lock: it sees a WaitFor with this key committed before it)
     SELECT j.id INTO found_id FROM @schema@.jobs j
-     WHERE j.wait_key = signal_send_by_key.wait_key
+     WHERE j.wait_key = signal_send_by_key_v2.wait_key
        AND j.status IN ('pending', 'waiting', 'suspended', 'running')
        AND (j.enqueued_by = session_user
             OR has_any_column_privilege(session_user, '@schema@.jobs', 'SELECT'));
-    IF found_id IS NULL THEN
-        RAISE EXCEPTION 'pgworkerd: signal refused: no live job waits with correlation key % '
-            '(or none this login may read)', pg_catalog.quote_literal(signal_send_by_key.wait_key)
+    IF found_id IS NOT NULL THEN
+        RETURN QUERY
+        SELECT found_id, s.outcome, s.status, s.sent_at
+          FROM @schema@.signal_send(found_id, signal_send_by_key_v2.name,
+                                    signal_send_by_key_v2.payload) s;
+        RETURN;
+    END IF;
+    -- No job of ours holds the key: park it. signal_send's checks of name and payload
+    -- first, with its words.
+    problem := CASE
+        WHEN signal_send_by_key_v2.name IS NULL
+             OR NOT @schema@.enqueue_name_ok(signal_send_by_key_v2.name)
+             OR signal_send_by_key_v2.name = '' THEN
+            'a signal name must be 1 to 128 characters without control characters, not '
+            'beginning or ending with a space (like a handler''s name), not '
+            || coalesce(pg_catalog.quote_literal(left(signal_send_by_key_v2.name, 200)), 'NULL')
+        WHEN jsonb_path_exists(signal_send_by_key_v2.payload, 'strict $.**{256 to last}') THEN
+            'a signal payload must be nested at most 255 levels deep'
+    END;
+    bytes := coalesce(pg_column_size(signal_send_by_key_v2.payload), 0);
+    IF problem IS NULL THEN
+        SELECT p.sent_at INTO first_sent FROM @schema@.parked_signals p
+         WHERE p.sent_by = session_user AND p.wait_key = signal_send_by_key_v2.wait_key
+           AND p.name = signal_send_by_key_v2.name
+           AND p.sent_at > now() - interval '7 days';
+        IF FOUND THEN
+            RETURN QUERY SELECT NULL::bigint, 'ignored'::text, NULL::text, first_sent;
+            RETURN;
+        END IF;
+        -- this login's parked signals past their 7 days go first (the sweep would)
+        DELETE FROM @schema@.parked_signals p
+         WHERE p.sent_by = session_user AND p.sent_at <= now() - interval '7 days';
+        SELECT count(*) FILTER (WHERE p.wait_key = signal_send_by_key_v2.wait_key) AS key_names,
+               coalesce(sum(p.payload_bytes) FILTER (
+                   WHERE p.wait_key = signal_send_by_key_v2.wait_key), 0) AS key_bytes,
+               count(*) AS all_signals, coalesce(sum(p.payload_bytes), 0) AS all_bytes
+          INTO held
+          FROM @schema@.parked_signals p WHERE p.sent_by = session_user;
+        problem := CASE
+            WHEN held.key_names >= 16 THEN
+                'no live job holds correlation key '
+                || pg_catalog.quote_literal(signal_send_by_key_v2.wait_key)
+                || ' and 16 signals are parked under it already (at most 16 names per key)'
+            WHEN held.key_bytes + bytes > 1024 * 1024 THEN
+                'no live job holds correlation key '
+                || pg_catalog.quote_literal(signal_send_by_key_v2.wait_key)
+                || ' and the payloads parked under it would come to ' || held.key_bytes + bytes
+                || ' bytes (at most 1 MiB per key)'
+            WHEN held.all_signals >= 10000 THEN
+                'this login has 10000 signals parked under keys no live job holds (at most '
+                || '10000; they are kept 7 days)'
+            WHEN held.all_bytes + bytes > 64 * 1024 * 1024 THEN
+                'the payloads this login has parked would come to ' || held.all_bytes + bytes
+                || ' bytes (at most 64 MiB; they are kept 7 days)'
+        END;
+    END IF;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgworkerd: signal refused: %', problem
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    RETURN QUERY
-    SELECT found_id, s.outcome, s.status, s.sent_at
-      FROM @schema@.signal_send(found_id, signal_send_by_key.name,
-                                signal_send_by_key.payload) s;
+    PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
+    -- (no conflict: the key's lock is held, and this login's rows past their days are gone)
+    INSERT INTO @schema@.parked_signals (wait_key, name, payload, payload_bytes)
+    VALUES (signal_send_by_key_v2.wait_key, signal_send_by_key_v2.name,
+            signal_send_by_key_v2.payload, bytes);
+    RETURN QUERY SELECT NULL::bigint, 'parked'::text, NULL::text, now();
 END;
 $$;
 
 REVOKE EXECUTE ON FUNCTION
     @schema@.signal_send(bigint, text, jsonb),
-    @schema@.signal_send_by_key(text, text, jsonb)
+    @schema@.signal_send_by_key_v2(text, text, jsonb)
     FROM PUBLIC;
 
 -- The daemons' timeout sweep (daemon/waits.py, on a cadence): suspended jobs past their
 -- wait_until become pending at once (wait_ended 'timeout': their next attempt sees no
 -- signal), at most `max_jobs` per call, rows another transaction holds (a signal landing
 -- now) skipped; the peers that serve them are woken as for a new job. Returns how many.
+-- It also deletes up to `max_jobs` signals parked under a key past their 7 days (0032).
 -- SECURITY DEFINER: the daemon role has no UPDATE on jobs.
 CREATE FUNCTION @schema@.job_waits_expire(max_jobs integer DEFAULT 1000)
 RETURNS integer
@@ -223,6 +328,12 @@ BEGIN
          GROUP BY w.queue, w.handler
     )
     SELECT (SELECT count(*) FROM woken) + 0 * (SELECT count(*) FROM told) INTO moved;
+    -- and signals parked under a key for their 7 days (0032), as many at most
+    DELETE FROM @schema@.parked_signals p
+     WHERE p.ctid = ANY (ARRAY(SELECT o.ctid FROM @schema@.parked_signals o
+                                WHERE o.sent_at <= now() - interval '7 days'
+                                ORDER BY o.sent_at
+                                LIMIT job_waits_expire.max_jobs));
     RETURN moved;
 END;
 $$;

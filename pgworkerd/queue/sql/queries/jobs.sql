@@ -516,3 +516,8 @@ SELECT s.status, s.wait_until, s.problem
 -- Suspended jobs past their timeout become pending (at most %(max_jobs)s; job_waits_expire
 -- in signals.sql): the daemons' timeout sweep. Returns how many.
 SELECT @schema@.job_waits_expire(%(max_jobs)s::integer) AS moved;
+
+-- name: job_expired_cancel
+-- The expiry sweep (job_expired_cancel in retention.sql, 0032): jobs past their expires_at
+-- end as cancelled, at most %(max_jobs)s pending and as many running. Returns how many.
+SELECT @schema@.job_expired_cancel(%(max_jobs)s::integer) AS ended;

@@ -7,9 +7,10 @@ SELECT %(id)s::bigint AS job_id, s.outcome, s.status, s.sent_at
   FROM @schema@.signal_send(%(id)s::bigint, %(name)s::text, %(payload)s::jsonb) AS s;
 
 -- name: signal_send_by_key
--- Signal %(name)s to the live job whose wait holds correlation key %(key)s.
+-- Signal %(name)s to the live job whose wait holds correlation key %(key)s, or park it under
+-- the key for the next job that waits with it (signal_send_by_key_v2, 0032).
 SELECT s.job_id, s.outcome, s.status, s.sent_at
-  FROM @schema@.signal_send_by_key(%(key)s::text, %(name)s::text, %(payload)s::jsonb) AS s;
+  FROM @schema@.signal_send_by_key_v2(%(key)s::text, %(name)s::text, %(payload)s::jsonb) AS s;
 
 -- name: signal_list
 -- The signals job %(id)s received, oldest first, at most %(limit)s (the newest; total: how

@@ -262,7 +262,9 @@ SELECT j.id, j.queue, j.handler, j.status::text AS status, j.priority, j.run_at,
        length(t.result) AS result_chars,
        left(j.last_error, %(shown)s) AS last_error, length(j.last_error) AS last_error_chars,
        -- its wait (durable waits, 0028): names are bounded at 128 characters
-       j.wait_for, j.wait_since, j.wait_until, j.wait_key, j.wait_ended
+       j.wait_for, j.wait_since, j.wait_until, j.wait_key, j.wait_ended,
+       -- held for an operator (dependencies, 0027): the page's Release button
+       j.on_parent_failure, j.parents_failed
   FROM @schema@.jobs j
  CROSS JOIN LATERAL (SELECT j.payload::text AS payload, j.progress::text AS progress,
                             j.checkpoint::text AS checkpoint, j.result::text AS result

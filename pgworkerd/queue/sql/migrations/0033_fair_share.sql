@@ -335,6 +335,8 @@ BEGIN
                                AND j.priority = level AND coalesce(j.concurrency_key, '') = k
                                AND j.run_at <= now() AND j.queue = ANY(open_q)
                                AND (h_queues IS NULL OR j.queue = ANY(h_queues))
+                               -- this claim's picks, still pending, are locked by itself
+                               AND j.id <> ALL(fair_ids)
                              ORDER BY j.run_at, j.id
                              LIMIT take
                                FOR UPDATE SKIP LOCKED);

@@ -123,7 +123,7 @@ class HandlerConfig:
         example={"big-customer": 3},
         help="With fair: jobs per turn of these concurrency keys (1 to 1000; other keys 1).",
     )
-    rate: checks.Rate | None = key(
+    rate: checks.Rate | None = key(  # noqa: RUF009 (None by default; a Rate is frozen)
         None,
         check=checks.rate,
         example=checks.Rate(20, "m"),
@@ -131,7 +131,7 @@ class HandlerConfig:
         "evenly (one every 3 s), on all hosts together, held by the claim itself; a "
         "rescue of a lost job is a start too (default: none). Give every daemon the same.",
     )
-    rate_per_key: checks.Rate | None = key(
+    rate_per_key: checks.Rate | None = key(  # noqa: RUF009 (None by default; a Rate is frozen)
         None,
         check=checks.rate,
         example=checks.Rate(2, "m"),

@@ -415,6 +415,12 @@ GRANT EXECUTE ON FUNCTION pgworkerd.batch_enqueue(jsonb, jsonb),
 -- reader (and so operator): a batch's progress (show, explain, the dashboard).
 GRANT SELECT ON pgworkerd.batches TO pgworkerd_daemon, pgworkerd_reader;
 
+-- The daemon's claim from schema 31 (claim_jobs_v3, docs/reference/sql-api.md): also
+-- returns what woke a job and a batch callback's batch (SECURITY DEFINER: it reads signals
+-- and batches with its owner's rights).
+GRANT EXECUTE ON FUNCTION pgworkerd.claim_jobs_v3(text, text[], integer, jsonb)
+      TO pgworkerd_daemon;
+
 
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).

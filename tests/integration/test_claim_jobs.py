@@ -268,8 +268,17 @@ def test_each_older_claim_says_who_still_calls_it(conn: psycopg.Connection, sche
         (schema,),
     ).fetchall()
     comments = dict(rows)
-    assert sorted(comments) == ["claim", "claim_jobs", "claim_jobs_v2", "claim_v2", "claim_v3"]
+    assert sorted(comments) == [
+        "claim",
+        "claim_jobs",
+        "claim_jobs_v2",
+        "claim_jobs_v3",
+        "claim_v2",
+        "claim_v3",
+    ]
     assert "expires_at" in comments["claim_jobs_v2"]
+    assert "new code calls claim_jobs_v3" in comments["claim_jobs_v2"]
+    assert "what the daemon calls" in comments["claim_jobs_v3"]
     assert "release 0.2" in comments["claim"]
     assert "no release" in comments["claim_v2"]
     assert "schemas 9 to 18" in comments["claim_v3"]

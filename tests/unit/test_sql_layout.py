@@ -117,6 +117,7 @@ NAMED_BEFORE_THE_RULE: dict[str, tuple[str, ...]] = {
     # the callers' contract, so its successors keep it.
     "successors of names from before the rule": (
         "claim_jobs_v2",
+        "claim_jobs_v3",
         "claim_v4",
         "enqueue_many_v3",
         "enqueue_v3",

@@ -1020,7 +1020,10 @@ REVOKE EXECUTE ON FUNCTION
 -- array, and what a claimed job needs from other rows in its row, read by the claim:
 --   * handlers: one JSON object per handler, {"name", "lease_seconds", "free",
 --     "max_attempts", "queues", "max_running", "max_running_per_key"} (the arguments of
---     claim_jobs of those names; a key absent or null: none). Each is checked, and a bad
+--     claim_jobs of those names; a key absent or null: none), and since 0033 "fair",
+--     "weights", "rate", "rate_per_key" (claim_v4's fair, fair_weights, rate and
+--     rate_per_key: true/false, {key: 1..1000}, starts per second; absent or null: none;
+--     the claim is claim_v4's, which with none of them is claim_v3's). Each is checked, and a bad
 --     one raises 22023 saying which and why and claims nothing: not an array, more than
 --     1,000 handlers or queues, an object with a key it does not know (a misspelt limit
 --     must not pass for no limit), a name twice, a number of the wrong type, fractional,
@@ -1071,7 +1074,7 @@ DECLARE
     -- The keys a handler object may have. A successor's keys join this list in the same
     -- CREATE OR REPLACE that reads them (absent: today's behaviour).
     known_keys CONSTANT text[] := '{name,lease_seconds,free,max_attempts,queues,max_running,'
-                                  'max_running_per_key}';
+                                  'max_running_per_key,fair,weights,rate,rate_per_key}';
     int4_max CONSTANT numeric := 2147483647;
     problem text;
     names text[];
@@ -1081,6 +1084,10 @@ DECLARE
     their_queues jsonb;
     running integer[];
     per_key integer[];
+    fair boolean[];
+    weights jsonb;
+    rate float8[];
+    rate_per_key float8[];
     claimed_ids bigint[];
     claimed_rescued boolean[];
 BEGIN
@@ -1171,6 +1178,26 @@ BEGIN
                      ELSE true END
                 THEN '"max_running_per_key" must be null (no limit) or a whole number, '
                      '1 to 2147483647'
+            -- fair share and start-rate limits (0033; claim_v4 checks the weights' values)
+            WHEN coalesce(jsonb_typeof(e.h -> 'fair'), 'null') NOT IN ('null', 'boolean')
+                THEN '"fair" must be null or true or false'
+            WHEN coalesce(jsonb_typeof(e.h -> 'weights'), 'null') NOT IN ('null', 'object')
+                THEN '"weights" must be null or an object of concurrency keys and jobs per '
+                     'turn (whole numbers, 1 to 1000)'
+            WHEN CASE coalesce(jsonb_typeof(e.h -> 'rate'), 'null')
+                     WHEN 'null' THEN false
+                     WHEN 'number' THEN NOT ((e.h -> 'rate')::numeric > 0
+                                             AND (e.h -> 'rate')::numeric <= 1000000)
+                     ELSE true END
+                THEN '"rate" must be null (no limit) or starts per second, above 0 and at '
+                     'most 1000000'
+            WHEN CASE coalesce(jsonb_typeof(e.h -> 'rate_per_key'), 'null')
+                     WHEN 'null' THEN false
+                     WHEN 'number' THEN NOT ((e.h -> 'rate_per_key')::numeric > 0
+                                             AND (e.h -> 'rate_per_key')::numeric <= 1000000)
+                     ELSE true END
+                THEN '"rate_per_key" must be null (no limit) or starts per second, above 0 '
+                     'and at most 1000000'
             END AS problem) p
          WHERE p.problem IS NOT NULL
          ORDER BY e.n
@@ -1183,8 +1210,18 @@ BEGIN
                array_agg((e.h -> 'max_attempts')::integer ORDER BY e.n),
                jsonb_agg(coalesce(e.h -> 'queues', 'null') ORDER BY e.n),
                array_agg((e.h -> 'max_running')::integer ORDER BY e.n),
-               array_agg((e.h -> 'max_running_per_key')::integer ORDER BY e.n)
-          INTO names, leases, free, attempts_over, their_queues, running, per_key
+               array_agg((e.h -> 'max_running_per_key')::integer ORDER BY e.n),
+               -- NULL when no handler has one: claim_v3's cost for a claim without them
+               CASE WHEN bool_or((e.h -> 'fair')::boolean) THEN
+                   array_agg((e.h -> 'fair')::boolean ORDER BY e.n) END,
+               CASE WHEN bool_or((e.h -> 'fair')::boolean) THEN
+                   jsonb_agg(coalesce(e.h -> 'weights', 'null') ORDER BY e.n) END,
+               CASE WHEN bool_or(jsonb_typeof(e.h -> 'rate') = 'number') THEN
+                   array_agg((e.h -> 'rate')::float8 ORDER BY e.n) END,
+               CASE WHEN bool_or(jsonb_typeof(e.h -> 'rate_per_key') = 'number') THEN
+                   array_agg((e.h -> 'rate_per_key')::float8 ORDER BY e.n) END
+          INTO names, leases, free, attempts_over, their_queues, running, per_key,
+               fair, weights, rate, rate_per_key
           FROM jsonb_array_elements(claim_jobs_v3.handlers) WITH ORDINALITY AS e(h, n);
         IF cardinality(names) <> (SELECT count(DISTINCT h) FROM unnest(names) h) THEN
             problem := 'handlers must name each handler once, not '
@@ -1221,9 +1258,9 @@ BEGIN
                FOR UPDATE SKIP LOCKED) AS expired
      WHERE j.id = expired.id;
     SELECT array_agg(c.id), array_agg(c.rescued) INTO claimed_ids, claimed_rescued
-      FROM @schema@.claim_v3(claim_jobs_v3.worker, claim_jobs_v3.queues, names, leases, free,
+      FROM @schema@.claim_v4(claim_jobs_v3.worker, claim_jobs_v3.queues, names, leases, free,
                              claim_jobs_v3.max_jobs, attempts_over, their_queues, running,
-                             per_key) AS c;
+                             per_key, fair, weights, rate, rate_per_key) AS c;
     IF claimed_ids IS NULL THEN
         RETURN;
     END IF;

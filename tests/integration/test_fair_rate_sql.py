@@ -19,6 +19,7 @@ from psycopg import sql
 
 from pgworkerd import client
 from pgworkerd.client import JobSpec
+from pgworkerd.queue import explain, registry
 
 
 def fill(conn: psycopg.Connection, schema: str, specs: list[JobSpec]) -> list[int]:
@@ -300,3 +301,73 @@ def test_arrays_of_the_wrong_length_are_refused(conn: psycopg.Connection, schema
                 "fair_weights => '{{\"a\": 1}}')"
             ).format(sql.Identifier(schema))
         )
+
+
+# -- explain ------------------------------------------------------------------------------
+
+SECRET = "test-registry-secret-" + "x" * 32
+
+
+def declare(conn: psycopg.Connection, schema: str, **settings: Any) -> None:
+    """A live daemon's registry row serving handler h with these settings (as presence
+    writes them)."""
+    handlers = {"h": {"queues": None, "slots": None, **settings}}
+    info = registry.WorkerInfo("host-a:1:x", "host-a", 1, "t", ["default"], ["h"], 4, handlers)
+    registry.register(conn, info, "running", schema, secret=SECRET)
+
+
+def reasons(conn: psycopg.Connection, schema: str, job_id: int) -> dict[str, dict[str, Any]]:
+    found = explain.explain(conn, schema, job_id)
+    assert found is not None
+    return {r["code"]: r for r in found["reasons"]}
+
+
+def test_explain_gives_the_time_of_the_next_token(conn: psycopg.Connection, schema: str) -> None:
+    declare(conn, schema, rate="1/h", rate_per_key="1/h")
+    ids = fill(conn, schema, [JobSpec("h", concurrency_key="a") for _ in range(2)])
+    assert claim4(conn, schema, 2, rate=1 / 3600, rate_per_key=1 / 3600) == ["a"]
+    why = reasons(conn, schema, ids[1])
+    found = explain.explain(conn, schema, ids[1])
+    assert found is not None
+    limited = [r for r in found["reasons"] if r["code"] == "rate_limited"]
+    assert [r["facts"]["key"] for r in limited] == [None, "a"]
+    assert all(3500 < r["facts"]["in_seconds"] <= 3600 for r in limited)
+    assert "next token is due at" in limited[0]["message"] and "1/h" in limited[0]["message"]
+    assert "claimable" not in why
+
+
+def test_explain_names_the_keys_ahead_of_a_fair_jobs_turn(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    declare(conn, schema, fair=True)
+    fill(conn, schema, [JobSpec("h", concurrency_key=k) for k in "abcde" for _ in range(2)])
+    assert claim4(conn, schema, 1, fair=True) == ["a"]  # the cursor is at a now
+    e = conn.execute(
+        sql.SQL(
+            "SELECT min(id) FROM {}.jobs WHERE concurrency_key = 'e' AND status = 'pending'"
+        ).format(sql.Identifier(schema))
+    ).fetchone()
+    assert e is not None
+    why = reasons(conn, schema, e[0])
+    assert why["fair_turn"]["facts"]["keys_ahead"] == ["b", "c", "d"]
+    assert "claimable" in why  # informational: nothing holds it back
+    b = conn.execute(
+        sql.SQL("SELECT min(id) FROM {}.jobs WHERE concurrency_key = 'b'").format(
+            sql.Identifier(schema)
+        )
+    ).fetchone()
+    assert b is not None
+    assert reasons(conn, schema, b[0])["fair_turn"]["facts"]["keys_ahead"] == []
+    # a key before the cursor: the walk wraps around
+    a2 = conn.execute(
+        sql.SQL(
+            "SELECT min(id) FROM {}.jobs WHERE concurrency_key = 'a' AND status = 'pending'"
+        ).format(sql.Identifier(schema))
+    ).fetchone()
+    assert a2 is not None
+    assert reasons(conn, schema, a2[0])["fair_turn"]["facts"]["keys_ahead"] == [
+        "b",
+        "c",
+        "d",
+        "e",
+    ]

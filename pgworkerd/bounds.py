@@ -97,8 +97,9 @@ def check_name(what: str, value: object) -> str:
 
 
 # Batches (schema 30, batch_enqueue): at most this many member jobs per batch; a callback is
-# handed the outcomes of its batch's first BATCH_OUTCOMES members by id (job.batch), and
-# pages the rest with batch_members_page (at most BATCH_PAGE_MAX a page).
+# handed the outcomes of its batch's first BATCH_OUTCOMES members by id (job.batch: read by
+# the claim, claim_jobs_v3, which holds the same figure), and pages the rest with
+# batch_members_page (at most BATCH_PAGE_MAX a page).
 BATCH_MEMBERS_MAX = 100_000
 BATCH_OUTCOMES = 100
 BATCH_PAGE_MAX = 1000

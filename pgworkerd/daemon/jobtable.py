@@ -155,9 +155,9 @@ class JobTable(Generic[ChildT]):
                         deadline=job.deadline,
                         memory_limit=job.handler.memory_limit or self.worker.memory_limit,
                         parents=job.job.parents,
-                        woken=getattr(job.job, "woken", None),  # lease.ResumedJob
+                        woken=job.job.woken,
                         lease_token=job.job.token,
-                        batch=getattr(job.job, "batch", None),  # batchread.CallbackJob
+                        batch=job.job.batch,
                     )
                 )
             except Exception as exc:  # this job's data: too big, too deep, not JSON

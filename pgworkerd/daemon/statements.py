@@ -20,7 +20,6 @@ from pgworkerd.daemon.outcomes import Outcome
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue import (
     attempts,
-    batchread,
     finish,
     joblogs,
     lease,
@@ -59,7 +58,9 @@ class Statements:
         completions: Sequence[Outcome] = (),
     ) -> tuple[list[lease.ClaimedJob], list[lease.RefusedJob]] | None:
         """Claim jobs, writing `completions` (finished attempts) in the same transaction
-        first: all or nothing (None: neither happened)."""
+        first: all or nothing (None: neither happened). Each job comes with all its child
+        needs (its parents' results, what woke it, a callback's batch): the claim returns
+        them (claim_jobs_v3), no statement follows it."""
         if completions:
             batch = list(completions)
             writes = [o.write() for o in batch]
@@ -79,8 +80,8 @@ class Statements:
                 return None
             recorded, claimed, refused = result
             outcomes.report(batch, recorded, self.metrics)
-            return self._batches(self._woken(claimed)), refused
-        claimed_now = self.link.run(
+            return claimed, refused
+        return self.link.run(
             "claiming jobs",
             lambda c: lease.claim_checked(
                 c,
@@ -91,49 +92,6 @@ class Statements:
                 schema=self.schema,
             ),
         )
-        if claimed_now is None:
-            return None
-        return self._batches(self._woken(claimed_now[0])), claimed_now[1]
-
-    def _woken(self, claimed: list[lease.ClaimedJob]) -> list[lease.ClaimedJob]:
-        """The claimed jobs with what woke those that waited (durable waits, 0028: one read
-        for the claimed ids, kept apart from the claim). If the read fails, they start
-        without it and log so: a handler that waits again for the same signal returns at
-        once (job_suspend finds it), and reads it on its next start."""
-        if not claimed:
-            return claimed
-        woken = self.link.run(
-            "reading what woke the claimed jobs",
-            lambda c: lease.with_wakeups(c, claimed, schema=self.schema),
-        )
-        if woken is None:
-            log.warning(
-                "could not read what woke job(s) %s; they start without their signals",
-                ", ".join(str(j.id) for j in claimed),
-            )
-            return claimed
-        return woken
-
-    def _batches(self, claimed: list[lease.ClaimedJob]) -> list[lease.ClaimedJob]:
-        """The claimed jobs with the batch of each batch callback among them (schema 30:
-        one read for the claimed ids, kept apart from the claim). If the read fails (the
-        database went away between the claim and this read), a callback among them starts
-        with job.batch None and it is logged: its handler can page the outcomes itself
-        (pgworkerd.batch_members) or raise to retry."""
-        if not claimed:
-            return claimed
-        read = self.link.run(
-            "reading the batches of the claimed jobs",
-            lambda c: batchread.with_batches(c, claimed, schema=self.schema),
-        )
-        if read is None:
-            log.warning(
-                "could not read the batches of job(s) %s; a callback among them starts "
-                "without its batch (job.batch is None)",
-                ", ".join(str(j.id) for j in claimed),
-            )
-            return claimed
-        return read
 
     def waits_expire(self) -> int | None:
         """Suspended jobs past their timeout become pending (None: the call failed)."""

@@ -12,7 +12,6 @@ connection (or joins the caller's transaction).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +50,30 @@ class ClaimedJob:
     parents: dict[str, Any] | None = None
     # some job waits for this one (as claimed): the daemon claims with its completion
     has_children: bool = False
+    # schema 31 (claim_jobs_v3): what ended the job's last wait (WaitFor), None for a job
+    # that never waited: the name it waited for, how it ended ("signal" or "timeout"), and
+    # the signal's payload and time (None unless a signal ended it)
+    wait_for: str | None = None
+    wait_ended: str | None = None
+    signal_payload: Any = None
+    signal_sent_at: datetime | None = None
+    # a batch's callback: its batch (the counts and its first 100 members' outcomes, as
+    # the child's Job message carries it: protocol.Job.batch); None for any other job
+    batch: Any = None
+
+    @property
+    def woken(self) -> dict[str, Any] | None:
+        """What woke the job, as the child's Job message carries it (protocol.Job.woken);
+        None: it never waited."""
+        if self.wait_for is None:
+            return None
+        sent_at = self.signal_sent_at
+        return {
+            "name": self.wait_for,
+            "ended": self.wait_ended,
+            "payload": self.signal_payload,
+            "sent_at": sent_at.isoformat() if sent_at is not None else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -146,15 +169,22 @@ def _claim_params(
     return {
         "worker": worker,
         "queues": list(queues),
-        "handlers": list(served),
-        "lease_seconds": [cap.lease_seconds for cap in served.values()],
-        "handler_free": [cap.free for cap in served.values()],
-        "max_attempts": [cap.max_attempts for cap in served.values()],
-        "handler_queues": json.dumps([_list_or_none(c.queues) for c in served.values()]),
-        "max_running": [cap.max_running for cap in served.values()],
-        "max_running_per_key": [cap.max_running_per_key for cap in served.values()],
+        "handlers": json.dumps([_handler_object(name, cap) for name, cap in served.items()]),
         "limit": limit,
     }
+
+
+def _handler_object(name: str, cap: HandlerCapacity) -> dict[str, Any]:
+    """One handler of claim_jobs_v3's `handlers`: what is unset is left out (none)."""
+    found: dict[str, Any] = {"name": name, "lease_seconds": cap.lease_seconds, "free": cap.free}
+    optional = {
+        "max_attempts": cap.max_attempts,
+        "queues": _list_or_none(cap.queues),
+        "max_running": cap.max_running,
+        "max_running_per_key": cap.max_running_per_key,
+    }
+    found.update((key, value) for key, value in optional.items() if value is not None)
+    return found
 
 
 def _claimed(
@@ -604,44 +634,6 @@ def suspend(
         schema=schema,
     )
     return records.build(SuspendOutcome, rows.columns, rows[0]) if rows else None
-
-
-@dataclass(frozen=True)
-class ResumedJob(ClaimedJob):
-    """A claimed job that waited before (WaitFor): `woken` says what ended its last wait,
-    as the child's Job message carries it (protocol.Job.woken)."""
-
-    woken: Any = None
-
-
-def with_wakeups(
-    conn: psycopg.Connection[Any],
-    claimed: list[ClaimedJob],
-    *,
-    schema: str = DEFAULT_SCHEMA,
-) -> list[ClaimedJob]:
-    """`claimed`, each job that waited before as a ResumedJob with what woke it (one read,
-    job_wakeups, for the claimed ids; none when nothing was claimed). Jobs that never
-    waited come back as they were."""
-    if not claimed:
-        return claimed
-    rows = hotpath.run(conn, "job_wakeups", {"ids": [j.id for j in claimed]}, schema=schema)
-    if not rows:
-        return claimed
-    woken = {}
-    for row in rows:
-        sent_at = records.column(rows.columns, row, "sent_at")
-        woken[records.column(rows.columns, row, "id")] = {
-            "name": records.column(rows.columns, row, "wait_for"),
-            "ended": records.column(rows.columns, row, "wait_ended"),
-            "payload": records.column(rows.columns, row, "payload"),
-            "sent_at": sent_at.isoformat() if sent_at is not None else None,
-        }
-    fields = [f.name for f in dataclasses.fields(ClaimedJob)]
-    return [
-        ResumedJob(**{f: getattr(j, f) for f in fields}, woken=woken[j.id]) if j.id in woken else j
-        for j in claimed
-    ]
 
 
 def waits_expire(

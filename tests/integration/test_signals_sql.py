@@ -70,22 +70,27 @@ def test_suspend_then_signal_then_the_claim_reads_what_woke_it(
 
     sent = signals.signal(conn, job_id, "go", {"ok": 1}, schema=schema)
     assert (sent.job_id, sent.outcome, sent.status) == (job_id, "resumed", "pending")
-    [again] = claim(conn, schema)
+    [again] = claim(conn, schema)  # the claim returns what woke it (claim_jobs_v3)
     assert again.id == job_id and again.attempt == 1 and again.checkpoint == {"at": 3}
-    [resumed] = lease.with_wakeups(conn, [again], schema=schema)
-    assert isinstance(resumed, lease.ResumedJob)
-    assert resumed.woken["name"] == "go" and resumed.woken["ended"] == "signal"
-    assert resumed.woken["payload"] == {"ok": 1}
+    assert (again.wait_for, again.wait_ended, again.signal_payload) == ("go", "signal", {"ok": 1})
+    assert again.woken is not None and again.signal_sent_at is not None
+    assert again.woken["name"] == "go" and again.woken["ended"] == "signal"
+    assert again.woken["payload"] == {"ok": 1}
+    assert again.woken["sent_at"] == again.signal_sent_at.isoformat()
 
 
-def test_jobs_that_never_waited_come_back_from_the_wakeup_read_as_they_were(
+def test_jobs_that_never_waited_are_claimed_with_no_wakeup(
     conn: psycopg.Connection, schema: str
 ) -> None:
     for _ in range(3):
         client.enqueue(conn, "h", {}, schema=schema)
     claimed = claim(conn, schema, 3)
-    assert lease.with_wakeups(conn, claimed, schema=schema) == claimed
-    assert all(type(j) is lease.ClaimedJob for j in claimed)
+    assert len(claimed) == 3
+    for job in claimed:
+        assert job.woken is None
+        assert (job.wait_for, job.wait_ended, job.signal_payload, job.signal_sent_at) == (
+            (None,) * 4
+        )
 
 
 def test_a_signal_before_the_wait_makes_the_wait_return_at_once(
@@ -106,8 +111,7 @@ def test_a_signal_before_the_wait_makes_the_wait_return_at_once(
     r = row(conn, schema, job_id)
     assert (r["status"], r["wait_ended"], r["attempts"]) == ("pending", "signal", 0)
     [again] = claim(conn, schema)
-    [resumed] = lease.with_wakeups(conn, [again], schema=schema)
-    assert isinstance(resumed, lease.ResumedJob) and resumed.woken["payload"] == [1]
+    assert again.woken is not None and again.woken["payload"] == [1]
 
 
 def test_a_timed_out_wait_is_made_pending_by_the_sweep_without_a_signal(
@@ -125,9 +129,7 @@ def test_a_timed_out_wait_is_made_pending_by_the_sweep_without_a_signal(
     assert (r["status"], r["wait_ended"]) == ("pending", "timeout")
     assert row(conn, schema, other)["status"] == "suspended"
     [again] = claim(conn, schema)
-    [resumed] = lease.with_wakeups(conn, [again], schema=schema)
-    assert isinstance(resumed, lease.ResumedJob)
-    assert resumed.woken == {"name": "go", "ended": "timeout", "payload": None, "sent_at": None}
+    assert again.woken == {"name": "go", "ended": "timeout", "payload": None, "sent_at": None}
     # a signal after the timeout is kept (the job is pending, not waiting)
     assert signals.signal(conn, job_id, "go", schema=schema).outcome == "kept"
 

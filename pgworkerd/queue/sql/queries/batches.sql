@@ -14,28 +14,6 @@ SELECT batch_id, callback_id, member_ids
 SELECT id, status, result, last_error AS error
   FROM @schema@.batch_members_page(%(batch_id)s, %(after_id)s, %(max_members)s);
 
--- name: batch_outcomes
--- The batches of the callbacks among the claimed ids %(ids)s, each with its counts and the
--- outcomes of its first %(max_outcomes)s members by id (id, status, result, error): read by
--- the daemon after a claim, for its ids only, and handed to the callback (job.batch).
--- Jobs that are no batch's callback give no row (one index look-up for the ids).
-SELECT b.callback_id AS id,
-       jsonb_build_object(
-           'id', b.id, 'members', b.members, 'completed', b.completed, 'dead', b.dead,
-           'cancelled', b.cancelled,
-           'outcomes', coalesce((
-               SELECT jsonb_agg(jsonb_build_object('id', m.id, 'status', m.status,
-                                                   'result', m.result,
-                                                   'error', m.last_error) ORDER BY m.id)
-                 FROM (SELECT m.id, m.status, m.result, m.last_error
-                         FROM @schema@.jobs m
-                        WHERE m.batch_id = b.id
-                        ORDER BY m.id
-                        LIMIT %(max_outcomes)s) m), '[]'::jsonb),
-           'outcomes_complete', b.members <= %(max_outcomes)s) AS batch
-  FROM @schema@.batches b
- WHERE b.callback_id = ANY(%(ids)s::bigint[]);
-
 -- name: batch_of_job
 -- The batch a job belongs to (as a member or as its callback), with its counts: show,
 -- explain and the dashboard. No row: the job is in no batch.

@@ -57,23 +57,21 @@ SELECT @schema@.job_held_release(%(id)s::bigint) AS status;
 
 -- name: job_claim
 -- Claim up to %(limit)s due jobs for one worker, rescuing expired leases on the way, with
--- claim_jobs (migration 0019), the claim every language uses: claim_v3's one statement
--- (JIT off, its plan kept per session, fleet-wide limits and pauses) behind checked
--- arguments and a durable commit of its own. Each handler claims from its own queues
--- (%(handler_queues)s: JSON, null for all), within its max_running and max_running_per_key
--- (NULL: none). The columns are named as ClaimedJob's fields (queue/records.py; a test
--- holds every record to its statement's columns by name).
--- Through claim_jobs_v2 (schema 27): expired jobs end instead of starting, and each job's
--- own timeout and its parents' results come along.
+-- claim_jobs_v3 (schema 31): claim_v3's one statement (JIT off, its plan kept per session,
+-- fleet-wide limits and pauses) behind checked arguments and a durable commit of its own;
+-- expired jobs end instead of starting. %(handlers)s is a JSON array with one object per
+-- handler: its lease, free slots, max_attempts, queues (null: all) and limits (null:
+-- none). Each job comes with its own timeout, its parents' results, what woke it (it
+-- waited: WaitFor) and, for a batch's callback, its batch: no other read after a claim.
+-- The columns are named as ClaimedJob's fields (queue/records.py; a test holds every
+-- record to its statement's columns by name).
 SELECT c.id, c.queue, c.handler, c.payload, c.priority, c.attempts AS attempt,
        c.max_attempts, c.lease_token AS token, c.checkpoint, c.run_at, c.created_at,
-       c.locked_until, c.rescued, c.timeout_seconds, c.parents, c.has_children
-  FROM @schema@.claim_jobs_v2(
-    worker => %(worker)s::text, queues => %(queues)s::text[], handlers => %(handlers)s::text[],
-    lease_seconds => %(lease_seconds)s::float8[], free_slots => %(handler_free)s::integer[],
-    max_jobs => %(limit)s::integer, handler_max_attempts => %(max_attempts)s::integer[],
-    handler_queues => %(handler_queues)s::jsonb, max_running => %(max_running)s::integer[],
-    max_running_per_key => %(max_running_per_key)s::integer[]) AS c;
+       c.locked_until, c.rescued, c.timeout_seconds, c.parents, c.has_children,
+       c.wait_for, c.wait_ended, c.signal_payload, c.signal_sent_at, c.batch
+  FROM @schema@.claim_jobs_v3(
+    worker => %(worker)s::text, queues => %(queues)s::text[], max_jobs => %(limit)s::integer,
+    handlers => %(handlers)s::jsonb) AS c;
 
 -- name: job_renew
 -- Renew many leases of one worker at once, saving progress and checkpoints sent along
@@ -520,17 +518,6 @@ SELECT s.status, s.wait_until, s.problem
   FROM @schema@.job_suspend(%(id)s::bigint, %(worker)s::text, %(token)s::bigint,
                             %(name)s::text, %(timeout)s::float8, %(key)s::text,
                             %(progress)s::jsonb, %(checkpoint)s::jsonb) AS s;
-
--- name: job_wakeups
--- What woke the claimed jobs among %(ids)s that waited (0028): the name of their last
--- wait, how it ended ('signal' or 'timeout') and that signal's payload and time. Jobs
--- that never waited (wait_for NULL) give no row. Read after a claim, for its ids only;
--- kept out of the claim so the claim's text stays the claim's (the lead may fold it in).
-SELECT j.id, j.wait_for, j.wait_ended, s.payload, s.sent_at
-  FROM @schema@.jobs j
-  LEFT JOIN @schema@.signals s ON s.job_id = j.id AND s.name = j.wait_for
-                               AND j.wait_ended = 'signal'
- WHERE j.id = ANY(%(ids)s::bigint[]) AND j.wait_for IS NOT NULL;
 
 -- name: job_waits_expire
 -- Suspended jobs past their timeout become pending (at most %(max_jobs)s; job_waits_expire

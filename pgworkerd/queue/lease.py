@@ -182,6 +182,11 @@ def _handler_object(name: str, cap: HandlerCapacity) -> dict[str, Any]:
         "queues": _list_or_none(cap.queues),
         "max_running": cap.max_running,
         "max_running_per_key": cap.max_running_per_key,
+        # schema 33 (claim_v4): fair share and start rates (starts per second)
+        "fair": cap.fair or None,
+        "weights": dict(cap.weights) if cap.weights else None,
+        "rate": cap.rate,
+        "rate_per_key": cap.rate_per_key,
     }
     found.update((key, value) for key, value in optional.items() if value is not None)
     return found

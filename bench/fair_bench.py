@@ -46,8 +46,10 @@ def claim(
     worker: str = "bench",
 ) -> list[str | None]:
     rows = conn.execute(
+        # a lease longer than any run: no job is rescued (a rescue would start it again
+        # and overwrite its started_at, which the rate's count reads)
         f"SELECT j.concurrency_key FROM {schema}.claim_v4(%s, '{{default}}', '{{h}}', "
-        "'{60}', %s, %s, fair => %s, rate => %s) AS c "
+        "'{86400}', %s, %s, fair => %s, rate => %s) AS c "
         f"JOIN {schema}.jobs j USING (id) ORDER BY c.id",
         [worker, [limit], limit, [fair], [rate]],
     ).fetchall()
@@ -105,7 +107,8 @@ def most_in_window(times: list[float], window: float) -> int:
 
 
 def rate_run(dsn: str, per_second: float, seconds: float) -> tuple[int, int, float]:
-    """Starts in all, the most in any window of 1/per_second * count... (see main)."""
+    """Starts in all, the most in any window (60 s for a long run, else 1 s), and the
+    seconds the run took."""
     schema = "b_rate"
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
@@ -149,14 +152,15 @@ def rate_run(dsn: str, per_second: float, seconds: float) -> tuple[int, int, flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--short", action="store_true", help="a quick run (CI)")
+    parser.add_argument("--only", choices=("throughput", "order", "rate"), help="one part")
     args = parser.parse_args()
     claims = 100 if args.short else 1000
     with LocalPostgres() as pg:
         pg.create_database("bench")
         dsn = pg.dsn("bench")
         print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-        print(f"1. claims of 4 jobs per second ({claims} claims each), one handler:")
-        for keys in (10, 1000, 10_000):
+        print(f"1. claims per second (4 jobs each, {claims} claims per mode), one handler:")
+        for keys in (10, 1000, 10_000) if args.only in (None, "throughput") else ():
             jobs = max(20_000, 2 * keys) if not args.short else max(2_000, 2 * keys)
             r = throughput(dsn, keys, jobs, claims)
             print(
@@ -164,11 +168,13 @@ def main() -> None:
                 f"{r['fair']:7.0f}/s   fair/unfair {r['fair'] / r['unfair']:.2f}"
             )
         print("2. 1,000 jobs of a, then 10 of each of k1..k9: start position of each first job")
-        for fair in (False, True):
+        for fair in (False, True) if args.only in (None, "order") else ():
             first = positions(dsn, fair)
             others = sorted(v for k, v in first.items() if k != "a")
             print(f"   {'fair' if fair else 'FIFO'}: a {first['a']}, k1..k9 {others}")
         per_second, seconds = (5.0, 6.0) if args.short else (20 / 60, 600.0)
+        if args.only not in (None, "rate"):
+            return
         total, most, elapsed = rate_run(dsn, per_second, seconds)
         window = 60.0 if seconds >= 120 else 1.0
         limit = per_second * window

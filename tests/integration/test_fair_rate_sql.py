@@ -371,3 +371,54 @@ def test_explain_names_the_keys_ahead_of_a_fair_jobs_turn(
         "d",
         "e",
     ]
+
+
+# -- through claim_jobs_v3, the daemon's claim ---------------------------------------------
+
+
+def claim_v3_wrapper(conn: psycopg.Connection, schema: str, handler: dict[str, Any]) -> list[Any]:
+    return conn.execute(
+        sql.SQL("SELECT id FROM {}.claim_jobs_v3('w', '{{default}}', 5, %s)").format(
+            sql.Identifier(schema)
+        ),
+        [json.dumps([{"name": "h", "lease_seconds": 60, "free": 5, **handler}])],
+    ).fetchall()
+
+
+@pytest.mark.parametrize(
+    "keys, named",
+    [
+        ({"rate": 0}, '"rate"'),
+        ({"rate": -1}, '"rate"'),
+        ({"rate": 1e12}, '"rate"'),
+        ({"rate": "2/s"}, '"rate"'),
+        ({"rate_per_key": 0}, '"rate_per_key"'),
+        ({"fair": "yes"}, '"fair"'),
+        ({"weights": [1]}, '"weights"'),
+        ({"fair": True, "weights": {"a": 0}}, "fair_weights"),
+        ({"fair": True, "weights": {"a": 2.5}}, "fair_weights"),
+        ({"rates": 1}, "unknown key"),
+    ],
+)
+def test_claim_jobs_v3_refuses_hostile_keys(
+    conn: psycopg.Connection, schema: str, keys: dict[str, Any], named: str
+) -> None:
+    fill(conn, schema, [JobSpec("h", concurrency_key="a")])
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match=named):
+        claim_v3_wrapper(conn, schema, keys)
+    assert claim4(conn, schema, 1) == ["a"]  # nothing was claimed
+
+
+def test_claim_jobs_v3_claims_fair_and_rate_limited(conn: psycopg.Connection, schema: str) -> None:
+    fill(conn, schema, [JobSpec("h", concurrency_key="a") for _ in range(20)])
+    fill(conn, schema, [JobSpec("h", concurrency_key=k) for k in "bc"])
+    got = claim_v3_wrapper(conn, schema, {"fair": True, "weights": {"a": 2}})
+    keys = conn.execute(
+        sql.SQL("SELECT concurrency_key FROM {}.jobs WHERE id = ANY(%s)").format(
+            sql.Identifier(schema)
+        ),
+        [[r[0] for r in got]],
+    ).fetchall()
+    assert Counter(k for (k,) in keys) == Counter({"a": 3, "b": 1, "c": 1})
+    assert len(claim_v3_wrapper(conn, schema, {"rate": 0.01})) == 1
+    assert claim_v3_wrapper(conn, schema, {"rate": 0.01}) == []

@@ -123,7 +123,13 @@ def rate_run(dsn: str, per_second: float, seconds: float) -> tuple[int, int, flo
                 pids.append(c.info.backend_pid)
                 while time.monotonic() < deadline:
                     if not claim(c, schema, 4, rate=per_second, worker=f"w{n}"):
-                        time.sleep(0.005)
+                        # as a daemon does: sleep until the next token, never spin
+                        row = c.execute(
+                            f"SELECT extract(epoch FROM min(next_at) - now())::float8"
+                            f" FROM {schema}.rate_buckets WHERE next_at > now()"
+                        ).fetchone()
+                        wait = row[0] if row and row[0] is not None else 0.001
+                        time.sleep(min(max(wait, 0.001), 1.0))
         except psycopg.OperationalError:
             pass  # the one whose connection was terminated: a crashed daemon
 

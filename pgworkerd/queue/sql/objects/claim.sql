@@ -563,7 +563,7 @@ BEGIN
                                      ELSE cur_used + cardinality(ids) END;
                 END LOOP;
             END LOOP;
-            IF cur_key IS NOT NULL THEN
+            IF picked > 0 THEN  -- a claim that took nothing writes nothing
                 INSERT INTO @schema@.fair_cursors AS c (handler, concurrency_key, used)
                 VALUES (h, cur_key, cur_used)
                 ON CONFLICT (handler) DO UPDATE

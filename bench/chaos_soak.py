@@ -132,6 +132,13 @@ LIMITED_SHARE = 0.1
 LIMITED_RUNNING = 3
 LIMITED_PER_KEY = 1
 LIMITED_KEYS = ("k0", "k1", "k2", "k3")
+# Start-rate limits and fair share (issue 25, schema 33): this share of the jobs is of the
+# fair handler "rated", whose starts (attempts.started_at: the claims' times) must never
+# number more than RATED_PER_SECOND in any second, nor RATED_PER_KEY of one key.
+RATED_SHARE = 0.04
+RATED_PER_SECOND = 5
+RATED_PER_KEY = 2
+RATED_KEYS = ("r0", "r1", "r2")
 # Issue 24's features (shares of the plain jobs made into each kind).
 CHILD_SHARE = 0.08  # a child of 1-3 earlier plain jobs (the same call's, or by id)
 FAN_OUT_SHARE = 0.04  # returns 1-4 follow-ups
@@ -292,6 +299,8 @@ class Soak:
         lines += ["", "[handlers.limited]", 'target = "chaos_handlers:run"']
         lines += [f"max_running = {LIMITED_RUNNING}", f"max_running_per_key = {LIMITED_PER_KEY}"]
         lines += ["", "[handlers.waiter]", 'target = "chaos_handlers:wait"']
+        lines += ["", "[handlers.rated]", 'target = "chaos_handlers:run"', "fair = true"]
+        lines += [f'rate = "{RATED_PER_SECOND}/s"', f'rate_per_key = "{RATED_PER_KEY}/s"']
         config = self.workdir / "chaos.toml"
         config.write_text("\n".join(lines) + "\n" + SCHEDULE)
         for n in range(3):
@@ -312,6 +321,10 @@ class Soak:
                 specs.append(
                     client.JobSpec("limited", payload, max_attempts=10, concurrency_key=key)
                 )
+            elif self.rng.random() < RATED_SHARE:
+                payload = {"d": round(d, 3), "raise": 0.08, "crash": 0.02}
+                key = self.rng.choice(RATED_KEYS)
+                specs.append(client.JobSpec("rated", payload, max_attempts=10, concurrency_key=key))
             else:
                 specs.append(self.issue24_spec(round(d, 3), specs))
         return specs
@@ -642,6 +655,11 @@ class Soak:
                 f" FROM {SCHEMA}.schedule_runs ORDER BY tick"
             ).fetchall()
             issue24 = self.issue24_rows(conn)
+            rated_starts = conn.execute(
+                f"SELECT extract(epoch FROM a.started_at)::float8, j.concurrency_key"
+                f" FROM {SCHEMA}.attempts a JOIN {SCHEMA}.jobs j ON j.id = a.job_id"
+                f" WHERE j.handler = 'rated' AND a.started_at IS NOT NULL"
+            ).fetchall()
         rows = [r[:5] for r in everything if r[0] not in self.poison]
         doomed = {r[0] for r in everything if r[5]}
         poison_rows = {r[0]: r for r in everything if r[0] in self.poison}
@@ -705,6 +723,9 @@ class Soak:
         # The limits: executions of "limited" jobs at once, in all and per key (an
         # execution spans its start to its last sign of life).
         limited_key = {r[0]: r[8] for r in everything if r[7] == "limited"}
+        over_rate = _over_rate([t for t, _ in rated_starts], RATED_PER_SECOND)
+        for key in RATED_KEYS:
+            over_rate += _over_rate([t for t, k in rated_starts if k == key], RATED_PER_KEY)
         limited_runs = [e for e in ex.values() if e["job"] in limited_key]
         over_limit = _over(limited_runs, LIMITED_RUNNING)
         for key in LIMITED_KEYS:
@@ -816,6 +837,12 @@ class Soak:
                 f" or max_running_per_key {LIMITED_PER_KEY} ({len(limited_runs)} executions)",
                 len(over_limit),
                 over_limit[:3],
+            ),
+            (
+                f"seconds with more starts of the rated handler than {RATED_PER_SECOND}, or of"
+                f" one key than {RATED_PER_KEY} ({len(rated_starts)} starts)",
+                len(over_rate),
+                over_rate[:3],
             ),
             (
                 f"poison jobs ({len(self.poison)} enqueued) not dead with the reason",
@@ -999,6 +1026,19 @@ def marked_processes() -> list[int]:
         if argv0 == MARKER.encode() and state not in ("Z", "X"):
             found.append(int(entry.name))
     return sorted(found)
+
+
+def _over_rate(times: list[float], limit: int) -> list[tuple[float, int]]:
+    """The windows [t, t + 1 s) holding more than `limit` starts: (t, how many)."""
+    times = sorted(times)
+    over = []
+    j = 0
+    for i, t in enumerate(times):
+        while times[j] <= t - 1.0:
+            j += 1
+        if i - j + 1 > limit:
+            over.append((times[j], i - j + 1))
+    return over
 
 
 def _over(runs: list[dict[str, Any]], limit: int) -> list[tuple[float, list[int]]]:

@@ -428,6 +428,13 @@ GRANT SELECT ON pgworkerd.batches TO pgworkerd_daemon, pgworkerd_reader;
 GRANT EXECUTE ON FUNCTION pgworkerd.claim_jobs_v3(text, text[], integer, jsonb)
       TO pgworkerd_daemon;
 
+-- Fair share and start-rate limits (schema 33, docs/guide/limits.md): claim_jobs_v3
+-- writes the buckets and cursors with its owner's rights. daemon: when the next token
+-- is due (it wakes then); reader (and so operator): explain (a job's turn, the next
+-- token) and the dashboard's Limits page.
+GRANT SELECT ON pgworkerd.rate_buckets, pgworkerd.fair_cursors
+      TO pgworkerd_daemon, pgworkerd_reader;
+
 
 -- Behind PgBouncer in transaction mode, startup options are not passed on: set the
 -- statement timeout on the role instead (and `statement_timeout = "0s"` in the config).

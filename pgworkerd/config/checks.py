@@ -475,3 +475,83 @@ def _payload(value: Any) -> dict[str, Any]:
 cron = Check(_cron, "a cron expression: 5 fields, or 6 with seconds first")
 timezone = Check(_timezone, 'an IANA time zone name ("Europe/Berlin")')
 payload = Check(_payload, "a table (a JSON object)")
+
+
+# -- fair share and start-rate limits (claim_v4, schema 33) ----------------------------------
+
+RATE_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+RATE_MAX_PER_SECOND = 1_000_000.0  # claim_v4 refuses more: no claim starts jobs that fast
+_RATE_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)/([a-z]+)$")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A start rate as written ("20/m": 20 starts a minute) and in starts per second."""
+
+    count: float
+    unit: str
+
+    @property
+    def per_second(self) -> float:
+        return self.count / RATE_UNITS[self.unit]
+
+    def __str__(self) -> str:
+        return f"{self.count:g}/{self.unit}"
+
+
+def _rate(value: Any) -> Rate:
+    text = _string(value).strip()
+    match = _RATE_RE.match(text)
+    if match is None:
+        raise ValueError(
+            f'expected starts per unit such as "20/m" (a plain decimal number, then /s, /m '
+            f"or /h), got {describe(value)}"
+        )
+    count, unit = float(match[1]), match[2]
+    if unit not in RATE_UNITS:
+        raise ValueError(f"unknown unit {unit!r} in {text!r}: use s, m or h")
+    rate = Rate(count, unit)
+    if not count > 0:
+        raise ValueError(f"must be above 0 (no start at all is a pause), got {text!r}")
+    if not rate.per_second <= RATE_MAX_PER_SECOND:
+        raise ValueError(f"must be at most {RATE_MAX_PER_SECOND:g} starts a second, got {text!r}")
+    return rate
+
+
+rate = Check(_rate, 'starts per unit: "20/m" (units s, m, h; above 0, at most 1000000/s)', str)
+
+FAIR_WEIGHT_MAX = 1000  # jobs of one key per turn
+FAIR_WEIGHTS_MAX = 10_000  # keys with a weight (the rest weigh 1)
+
+
+def _fair_weights(value: Any) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise TypeError(f"expected a table of concurrency keys and weights, got {describe(value)}")
+    if len(value) > FAIR_WEIGHTS_MAX:
+        raise ValueError(f"at most {FAIR_WEIGHTS_MAX} keys may have a weight, got {len(value)}")
+    weights = {}
+    for name, weight in value.items():
+        if not (0 < len(name) <= 128 and name.isprintable() and name == name.strip()):
+            raise ValueError(
+                f"{describe(name)} is not a concurrency key (1 to 128 printable characters, "
+                "no whitespace at either end)"
+            )
+        if isinstance(weight, bool) or not isinstance(weight, int):
+            raise TypeError(
+                f"the weight of {name!r} must be a whole number from 1 to {FAIR_WEIGHT_MAX} "
+                f"(jobs per turn), got {describe(weight)}"
+            )
+        if not 1 <= weight <= FAIR_WEIGHT_MAX:
+            raise ValueError(
+                f"the weight of {name!r} must be from 1 to {FAIR_WEIGHT_MAX} (jobs per "
+                f"turn), got {weight}"
+            )
+        weights[name] = weight
+    return weights
+
+
+fair_weights = Check(
+    _fair_weights,
+    f"a table of concurrency keys and whole numbers from 1 to {FAIR_WEIGHT_MAX} "
+    f"(at most {FAIR_WEIGHTS_MAX} keys)",
+)

@@ -108,6 +108,36 @@ class HandlerConfig:
         "--concurrency-key`, concurrency_key= in Python); jobs without a key are not "
         "limited by it (default: none).",
     )
+    # Enforced by the claim (claim_v4, schema 33; docs/guide/limits.md).
+    fair: bool = key(
+        False,
+        check=checks.boolean,
+        help="Serve this handler's due jobs by concurrency key in turns (round robin over "
+        "the keys with due jobs, within a priority level; jobs without a key take their "
+        "turn as one key), instead of oldest first. Work-conserving: a key with nothing "
+        "due loses its turn, never a slot.",
+    )
+    weights: dict[str, int] = key(  # noqa: RUF009 (a field, from its factory)
+        factory=dict,
+        check=checks.fair_weights,
+        example={"big-customer": 3},
+        help="With fair: jobs per turn of these concurrency keys (1 to 1000; other keys 1).",
+    )
+    rate: checks.Rate | None = key(  # noqa: RUF009 (None by default; a Rate is frozen)
+        None,
+        check=checks.rate,
+        example=checks.Rate(20, "m"),
+        help='Fleet-wide start rate: at most this many starts per unit ("20/m"), spaced '
+        "evenly (one every 3 s), on all hosts together, held by the claim itself; a "
+        "rescue of a lost job is a start too (default: none). Give every daemon the same.",
+    )
+    rate_per_key: checks.Rate | None = key(  # noqa: RUF009 (None by default; a Rate is frozen)
+        None,
+        check=checks.rate,
+        example=checks.Rate(2, "m"),
+        help="Fleet-wide start rate per concurrency key; jobs without a key are not "
+        "limited by it (default: none).",
+    )
     max_snoozes: int = key(
         DEFAULT_MAX_SNOOZES,
         check=checks.integer(0, MAX_SNOOZES_LIMIT),

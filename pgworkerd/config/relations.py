@@ -102,6 +102,12 @@ def cross_check(config: Config, error: Callable[[str, str, str], ConfigError]) -
                 f"{sorted(set(h.queues) - set(w.queues))} not among worker.queues "
                 f"{list(w.queues)}: its jobs there would never run",
             )
+        if h.weights and not h.fair:
+            raise error(
+                f"handlers.{h.name}",
+                "weights",
+                "weigh the turns of a fair handler: set fair = true, or remove weights",
+            )
         if h.slots is not None and h.slots > w.slots:
             raise error(
                 f"handlers.{h.name}", "slots", f"{h.slots} exceeds worker.slots ({w.slots})"

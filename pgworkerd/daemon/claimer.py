@@ -416,6 +416,10 @@ class Claimer(Generic[ChildT]):
                 queues=queues,
                 max_running=h.max_running,
                 max_running_per_key=h.max_running_per_key,
+                fair=h.fair,
+                weights=h.weights or None,
+                rate=None if h.rate is None else h.rate.per_second,
+                rate_per_key=None if h.rate_per_key is None else h.rate_per_key.per_second,
             )
         return capacity
 

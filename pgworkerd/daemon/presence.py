@@ -170,6 +170,10 @@ class Presence:
                     "slots": h.slots,
                     "max_running": h.max_running,
                     "max_running_per_key": h.max_running_per_key,
+                    # schema 33: fair share and start rates as written ("20/m")
+                    "fair": h.fair,
+                    "rate": None if h.rate is None else str(h.rate),
+                    "rate_per_key": None if h.rate_per_key is None else str(h.rate_per_key),
                 }
                 for name, h in self.config.handlers.items()
             },

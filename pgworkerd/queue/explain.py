@@ -8,7 +8,11 @@ Codes are stable (scripts and the dashboard match on them; messages may be rewor
 
   pending:  scheduled, backing_off, snoozed, retried, queue_paused, handler_paused,
             no_daemon, daemons_silent, daemons_drained, daemons_full, limit_full,
-            key_limit_full, claimable (nothing blocks it; always alone)
+            key_limit_full, rate_limited (schema 33: the handler's or its key's next
+            start-rate token is not due yet; facts: next_token_at), claimable (nothing
+            blocks it; always alone but for informational reasons)
+  pending, of a fair handler (schema 33): fair_turn (informational: the keys whose turn
+            comes before its key's; facts: keys_ahead, at most 10)
   running:  running, daemon_silent (its daemon stopped heartbeating: dead, frozen or cut
             off; the job stays its until the lease ends), lease_expired, cancel_requested
   finished: completed, dead, cancelled, dedupe_held (a retry would leave it pending
@@ -42,6 +46,7 @@ daemon that could take it has reached its own.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -85,7 +90,7 @@ def explain(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str
         d["settings"] = d["settings"] if isinstance(d["settings"], dict) else {}
     status = job["status"]
     if status == "pending":
-        reasons = _pending(job, f)
+        reasons = _pending(job, f, _turn_and_token(conn, schema, job, f))
     elif status == "waiting" and (batch := _callback_batch(conn, schema, job_id)):
         reasons = [_waiting_on_batch(batch)]
     elif status == "waiting":
@@ -107,7 +112,9 @@ def explain(conn: psycopg.Connection[Any], schema: str, job_id: int) -> dict[str
     }
 
 
-def _pending(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
+def _pending(
+    job: dict[str, Any], f: dict[str, Any], turn_and_token: Sequence[dict[str, Any]] = ()
+) -> list[dict[str, Any]]:
     reasons: list[dict[str, Any]] = []
     last = f["last_attempt"] or {}
     run_in = f["run_in_seconds"]
@@ -166,9 +173,10 @@ def _pending(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
             )
         )
     reasons += _capacity(job, f)
+    reasons += turn_and_token
     reasons += _resumed(job)
     # Informational reasons do not hold a job back; the others do.
-    if not [r for r in reasons if r["code"] not in ("retried", "resumed")]:
+    if not [r for r in reasons if r["code"] not in ("retried", "resumed", "fair_turn")]:
         ahead = f["due_ahead"]
         reasons.append(
             _reason(
@@ -609,3 +617,95 @@ def _follow_up_reasons(
             )
         )
     return reasons
+
+
+# -- fair share and start-rate limits (claim_v4, schema 33) -------------------------------
+
+FAIR_KEYS_SHOWN = 10  # keys ahead named by fair_turn (the walk stops after one more)
+
+
+def _turn_and_token(
+    conn: psycopg.Connection[Any], schema: str, job: dict[str, Any], f: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """A due pending job of a rate-limited handler (or key) whose next start-rate token is
+    not due yet (rate_limited: when it is), and of a fair handler, the keys whose turns
+    come before its key's (fair_turn, informational: it holds no slot back)."""
+    if f["run_in_seconds"] is None or f["run_in_seconds"] > 0:
+        return []  # not due: scheduled says when
+    settings = [d["settings"] for d in f["daemons"] if d.get("serves_handler", True)]
+    key = job["concurrency_key"]
+    reasons: list[dict[str, Any]] = []
+    rated = [s.get("rate") for s in settings if isinstance(s.get("rate"), str)]
+    keyed = [s.get("rate_per_key") for s in settings if isinstance(s.get("rate_per_key"), str)]
+    if rated or (keyed and key is not None):
+        with conn.cursor(row_factory=dict_row) as cur:
+            tokens = cur.execute(
+                query("view_rate_tokens", schema), {"handler": job["handler"], "key": key}
+            ).fetchall()
+        for t in tokens:
+            whose = (
+                f"handler '{job['handler']}' (rate {', '.join(rated)})"
+                if t["concurrency_key"] == ""
+                else f"concurrency key '{key}' (rate_per_key {', '.join(keyed)})"
+            )
+            reasons.append(
+                _reason(
+                    "rate_limited",
+                    f"the start rate of {whose} is used up: its next token is due at"
+                    f" {t['next_at']} (in {_ago(t['in_seconds'])}); daemons wake for it",
+                    key=None if t["concurrency_key"] == "" else key,
+                    next_token_at=t["next_at"],
+                    in_seconds=t["in_seconds"],
+                    rate=(rated if t["concurrency_key"] == "" else keyed),
+                )
+            )
+    if any(s.get("fair") is True for s in settings):
+        reasons += _fair_turn(conn, schema, job)
+    return reasons
+
+
+def _fair_turn(
+    conn: psycopg.Connection[Any], schema: str, job: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The keys with pending jobs at the job's priority whose turns come between the fair
+    cursor (the key served last) and the job's key, in the claim's order, up to
+    FAIR_KEYS_SHOWN: one index probe each (claim_v4's walk), never a scan of all keys."""
+    mine = job["concurrency_key"] or ""
+    with conn.cursor(row_factory=dict_row) as cur:
+        row = cur.execute(query("view_fair_cursor", schema), {"handler": job["handler"]}).fetchone()
+        cursor = None if row is None else row["concurrency_key"]
+        ahead: list[str] = []
+        after, wrapped = cursor, False
+        while len(ahead) <= FAIR_KEYS_SHOWN:
+            nxt = cur.execute(
+                query("view_fair_next_key", schema),
+                {"handler": job["handler"], "priority": job["priority"], "after": after},
+            ).fetchone()
+            if nxt is None:
+                if wrapped or after is None:
+                    break
+                after, wrapped = None, True
+                continue
+            k = nxt["concurrency_key"]
+            if k == mine or (wrapped and cursor is not None and k >= cursor):
+                break
+            ahead.append(k)
+            after = k
+    named = ", ".join("(no key)" if k == "" else f"'{k}'" for k in ahead[:FAIR_KEYS_SHOWN])
+    more = "+" if len(ahead) > FAIR_KEYS_SHOWN else ""
+    return [
+        _reason(
+            "fair_turn",
+            f"handler '{job['handler']}' is fair: "
+            + (
+                f"{min(len(ahead), FAIR_KEYS_SHOWN)}{more} key(s) with pending jobs take"
+                f" their turn before its key's: {named}"
+                if ahead
+                else "its key's turn is next"
+            )
+            + (f" (the last key served: '{cursor}')" if cursor else ""),
+            keys_ahead=ahead[:FAIR_KEYS_SHOWN],
+            more_keys_ahead=bool(more),
+            last_served=cursor,
+        )
+    ]

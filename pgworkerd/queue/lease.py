@@ -88,6 +88,12 @@ class HandlerCapacity:
     # (claim_v3, migration 0009); None: no limit
     max_running: int | None = None
     max_running_per_key: int | None = None
+    # fair share and start-rate limits (claim_v4, schema 33): served by concurrency key in
+    # turns, with jobs per turn by key; starts per second fleet-wide and per key (None: none)
+    fair: bool = False
+    weights: Mapping[str, int] | None = None
+    rate: float | None = None
+    rate_per_key: float | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +182,11 @@ def _handler_object(name: str, cap: HandlerCapacity) -> dict[str, Any]:
         "queues": _list_or_none(cap.queues),
         "max_running": cap.max_running,
         "max_running_per_key": cap.max_running_per_key,
+        # schema 33 (claim_v4): fair share and start rates (starts per second)
+        "fair": cap.fair or None,
+        "weights": dict(cap.weights) if cap.weights else None,
+        "rate": cap.rate,
+        "rate_per_key": cap.rate_per_key,
     }
     found.update((key, value) for key, value in optional.items() if value is not None)
     return found
@@ -546,11 +557,12 @@ class WakeupFacts:
     handler: str | None
     locked_by: str | None
     expires_in: float | None
+    token_in: float | None = None  # the next start-rate token of these handlers (schema 33)
 
 
 @dataclass(frozen=True)
 class NextWakeups:
-    run_in: float | None  # seconds until the earliest scheduled job; None: none
+    run_in: float | None  # seconds until the earliest scheduled job or rate token; None: none
     expiring: Expiring | None
 
 
@@ -578,7 +590,9 @@ def next_wakeups(
         expiring = Expiring(
             int(f.id), str(f.queue), str(f.handler), str(f.locked_by), float(f.expires_in)
         )
-    return NextWakeups(None if f.wait_seconds is None else float(f.wait_seconds), expiring)
+    # a job held back by a rate is due when the token is: a wake like a scheduled job's
+    due = [float(t) for t in (f.wait_seconds, f.token_in) if t is not None]
+    return NextWakeups(min(due) if due else None, expiring)
 
 
 # -- durable waits (migration 0028) ------------------------------------------------------

@@ -48,6 +48,7 @@ DECLARATION = (
     "batches",
     "workers",
     "paused",
+    "fair_share",
     "claim",
     "finish",
     "follow_ups",

@@ -275,7 +275,9 @@ def test_each_older_claim_says_who_still_calls_it(conn: psycopg.Connection, sche
         "claim_jobs_v3",
         "claim_v2",
         "claim_v3",
+        "claim_v4",
     ]
+    assert "behind claim_jobs_v3" in comments["claim_v4"]
     assert "expires_at" in comments["claim_jobs_v2"]
     assert "new code calls claim_jobs_v3" in comments["claim_jobs_v2"]
     assert "what the daemon calls" in comments["claim_jobs_v3"]

@@ -118,6 +118,7 @@ NAMED_BEFORE_THE_RULE: dict[str, tuple[str, ...]] = {
     "successors of names from before the rule": (
         "claim_jobs_v2",
         "claim_jobs_v3",
+        "claim_v4",
         "enqueue_many_v3",
         "enqueue_v3",
     ),

@@ -140,6 +140,14 @@ CREATE INDEX jobs_running_handler_key_idx ON @schema@.jobs (handler, concurrency
     INCLUDE (locked_until)
     WHERE status = 'running';
 
+-- Fair share (0033): claim_v4's round robin steps from one key of a fair handler to the
+-- next with pending jobs at a priority (one probe per key: its cost is the keys it
+-- visits, never the number of keys) and takes each key's oldest due jobs. Jobs without
+-- a key are the key '' (no real key is empty): one more key taking its turn.
+CREATE INDEX jobs_pending_fair_idx
+    ON @schema@.jobs (handler, priority, (coalesce(concurrency_key, '')), run_at, id)
+    WHERE status = 'pending';
+
 -- The jobs page (views.jobs_page): newest first, filtered by status, queue or handler,
 -- keyset-paginated by id. Full indexes, not partial: the page lists finished jobs too.
 -- The page reads one status at a time (a branch per status), so a queue or handler

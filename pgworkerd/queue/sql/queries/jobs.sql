@@ -251,7 +251,8 @@ SELECT queue, status::text AS status, count(*) AS jobs
 
 -- name: job_next_run_at
 -- Seconds until the earliest future run_at among pending jobs this worker could claim (NULL
--- when there is none), and the running job whose lease ends first (NULLs: none). One row; measured by the server's clock, so no second round trip to
+-- when there is none), the running job whose lease ends first (NULLs: none), and the
+-- seconds until the next start-rate token of its handlers (NULL: none due later). One row; measured by the server's clock, so no second round trip to
 -- read it). The pending index
 -- is ordered (handler, priority, run_at), so a plain min(run_at) would read every pending
 -- job of the handlers (a million scheduled jobs: a million index entries, after every
@@ -298,7 +299,13 @@ SELECT (SELECT extract(epoch FROM next.run_at - now())::float8 FROM (SELECT leas
        -- (jobs_running_lease_idx, in lease order): a dead host's job is claimable from
        -- then on, so one daemon wakes for it (a rescue) instead of waiting for a poll
        r.id, r.queue, r.handler, r.locked_by,
-       extract(epoch FROM r.locked_until - now())::float8 AS expires_in
+       extract(epoch FROM r.locked_until - now())::float8 AS expires_in,
+       -- and the next start-rate token of these handlers or their keys (claim_v4, schema
+       -- 33): jobs held back by a rate become claimable then, so the daemons wake for it
+       -- (rate_buckets_next_at_idx; its rows are the starts of the last 1/rate, so at most
+       -- one wake per start, never a poll)
+       (SELECT extract(epoch FROM min(b.next_at) - now())::float8 FROM @schema@.rate_buckets b
+         WHERE b.handler = ANY(%(handlers)s::text[]) AND b.next_at > now()) AS token_in
   FROM (SELECT 1) AS one
   LEFT JOIN LATERAL (
       SELECT j.id, j.queue, j.handler, j.locked_by, j.locked_until FROM @schema@.jobs j

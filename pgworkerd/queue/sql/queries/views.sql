@@ -213,7 +213,14 @@ WITH declared AS (
            CASE WHEN jsonb_typeof(s.value -> 'max_running') = 'number'
                 THEN (s.value ->> 'max_running')::numeric END AS max_running,
            CASE WHEN jsonb_typeof(s.value -> 'max_running_per_key') = 'number'
-                THEN (s.value ->> 'max_running_per_key')::numeric END AS per_key
+                THEN (s.value ->> 'max_running_per_key')::numeric END AS per_key,
+           -- schema 33: fair share, and start rates as written ("20/m", at most 32 chars)
+           jsonb_typeof(s.value -> 'fair') = 'boolean' AND (s.value ->> 'fair')::boolean
+               AS fair,
+           CASE WHEN jsonb_typeof(s.value -> 'rate') = 'string'
+                THEN left(s.value ->> 'rate', 32) END AS rate,
+           CASE WHEN jsonb_typeof(s.value -> 'rate_per_key') = 'string'
+                THEN left(s.value ->> 'rate_per_key', 32) END AS rate_per_key
       FROM @schema@.workers w
      CROSS JOIN LATERAL jsonb_each(CASE WHEN jsonb_typeof(w.handler_settings) = 'object'
                                         THEN w.handler_settings ELSE '{}' END) AS s
@@ -232,9 +239,21 @@ SELECT d.handler,
                  WHERE r.status = 'running' AND r.handler = d.handler
                    AND r.concurrency_key IS NOT NULL AND r.locked_until > now()
                  GROUP BY r.concurrency_key ORDER BY count(*) DESC, r.concurrency_key
-                 LIMIT 20) k) AS busiest_keys
+                 LIMIT 20) k) AS busiest_keys,
+       -- schema 33: whether any daemon serves it fair, the rates daemons declare (each
+       -- applies its own: they should agree), the handler's next start-rate token (NULL:
+       -- one is due now), and whether it is paused
+       coalesce(bool_or(d.fair), false) AS fair,
+       array_remove(array_agg(DISTINCT d.rate), NULL) AS rates,
+       array_remove(array_agg(DISTINCT d.rate_per_key), NULL) AS rates_per_key,
+       (SELECT b.next_at FROM @schema@.rate_buckets b
+         WHERE b.handler = d.handler AND b.concurrency_key = '' AND b.next_at > now())
+           AS next_token_at,
+       EXISTS (SELECT 1 FROM @schema@.paused p WHERE p.kind = 'handler' AND p.name = d.handler)
+           AS paused
   FROM declared d
  WHERE d.max_running IS NOT NULL OR d.per_key IS NOT NULL
+    OR d.fair OR d.rate IS NOT NULL OR d.rate_per_key IS NOT NULL
  GROUP BY d.handler
  ORDER BY d.handler;
 
@@ -362,3 +381,29 @@ UNION ALL
   WHERE f.follow_up_id = %(id)s
   ORDER BY f.job_id
   LIMIT 1000);
+
+-- name: view_rate_tokens
+-- The start-rate tokens (claim_v4, schema 33) not yet due that hold a job back: its
+-- handler's (concurrency_key '') and its key's, with when each is due (explain).
+SELECT b.concurrency_key, b.next_at, extract(epoch FROM b.next_at - now())::float8 AS in_seconds
+  FROM @schema@.rate_buckets b
+ WHERE b.handler = %(handler)s::text
+   AND b.concurrency_key IN ('', coalesce(%(key)s::text, ''))
+   AND b.next_at > now()
+ ORDER BY b.concurrency_key;
+
+-- name: view_fair_cursor
+-- The key a fair handler's round robin served last (claim_v4, schema 33; none: no row).
+SELECT c.concurrency_key, c.used FROM @schema@.fair_cursors c WHERE c.handler = %(handler)s::text;
+
+-- name: view_fair_next_key
+-- The next key (in jobs_pending_fair_idx's order; '' for jobs without one) after
+-- %(after)s (NULL: the first) with pending jobs of a handler at a priority: one index
+-- probe, the step of claim_v4's round robin (explain walks a few of them).
+SELECT coalesce(j.concurrency_key, '') AS concurrency_key
+  FROM @schema@.jobs j
+ WHERE j.status = 'pending' AND j.handler = %(handler)s::text
+   AND j.priority = %(priority)s::integer
+   AND (%(after)s::text IS NULL OR coalesce(j.concurrency_key, '') > %(after)s::text)
+ ORDER BY coalesce(j.concurrency_key, '')
+ LIMIT 1;

@@ -1,0 +1,197 @@
+"""Fair share and start-rate limits (claim_v4, migration 0033; issue 25): what fairness
+costs a claim, where it starts the late keys, and the rate it achieves against its limit.
+
+    .venv/bin/python bench/fair_bench.py [--short]
+
+1. Throughput: claims of 4 jobs of one handler, fair (fair => true) against unfair
+   (claim_v3's order through claim_v4 with no fairness), on identical backlogs of 10,
+   1,000 and 10,000 keys (same run, the two alternating), each claim its own transaction
+   from a Python client on a private cluster (as the daemon claims: one round trip each).
+2. Fairness: 1,000 jobs of key a, then 10 of each of 9 other keys; claims of one job until
+   every key has started: the start position of each other key's first job, fair and FIFO.
+3. Rate: 3 claimers (threads, one connection each) claim a handler limited to `rate`
+   as fast as they can; one claimer's connection is terminated by the server mid-run (a
+   crashed daemon: its claims so far committed, the rest never happen); the starts
+   per window of the rate's unit, from the jobs' started_at, against the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from collections.abc import Sequence
+
+import psycopg
+
+from pgworkerd.devcluster.localpg import LocalPostgres
+from pgworkerd.queue.migrate import migrate
+
+
+def load(conn: psycopg.Connection, schema: str, keys: Sequence[str | None]) -> None:
+    """One pending job of handler h per element of `keys`, in that order (ids ascending)."""
+    with conn.cursor().copy(f"COPY {schema}.jobs (handler, concurrency_key) FROM STDIN") as cp:
+        for key in keys:
+            cp.write_row(("h", key))
+
+
+def claim(
+    conn: psycopg.Connection,
+    schema: str,
+    limit: int,
+    *,
+    fair: bool = False,
+    rate: float | None = None,
+    worker: str = "bench",
+) -> list[str | None]:
+    rows = conn.execute(
+        # a lease longer than any run: no job is rescued (a rescue would start it again
+        # and overwrite its started_at, which the rate's count reads)
+        f"SELECT j.concurrency_key FROM {schema}.claim_v4(%s, '{{default}}', '{{h}}', "
+        "'{86400}', %s, %s, fair => %s, rate => %s) AS c "
+        f"JOIN {schema}.jobs j USING (id) ORDER BY c.id",
+        [worker, [limit], limit, [fair], [rate]],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def throughput(dsn: str, keys: int, jobs: int, claims: int) -> dict[str, float]:
+    """Claims per second, fair and unfair, on two schemas holding the same backlog."""
+    backlog = [f"customer:{n % keys:05}" for n in range(jobs)]
+    rates: dict[str, float] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for mode in ("unfair", "fair"):
+            schema = f"b_{mode}_{keys}"
+            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            migrate(dsn, schema=schema)
+            load(conn, schema, backlog)
+            conn.execute(f"ANALYZE {schema}.jobs")
+        for mode in ("unfair", "fair", "unfair", "fair"):  # alternating: load moves both
+            schema = f"b_{mode}_{keys}"
+            t = time.perf_counter()
+            for _ in range(claims // 2):
+                assert len(claim(conn, schema, 4, fair=mode == "fair")) == 4
+            rates[mode] = rates.get(mode, 0.0) + (claims // 2) / (time.perf_counter() - t) / 2
+        for mode in ("unfair", "fair"):
+            conn.execute(f"DROP SCHEMA b_{mode}_{keys} CASCADE")
+    return rates
+
+
+def positions(dsn: str, fair: bool) -> dict[str, int]:
+    """The start position (1-based) of each key's first job."""
+    schema = "b_fair_order" if fair else "b_fifo_order"
+    others = [f"k{n}" for n in range(1, 10)]
+    first: dict[str, int] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        migrate(dsn, schema=schema)
+        load(conn, schema, ["a"] * 1000 + [k for k in others for _ in range(10)])
+        n = 0
+        while len(first) < 10:
+            (key,) = claim(conn, schema, 1, fair=fair)
+            n += 1
+            first.setdefault(str(key), n)
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    return first
+
+
+def most_in_window(times: list[float], window: float) -> int:
+    times = sorted(times)
+    most = j = 0
+    for i, t in enumerate(times):
+        while times[j] <= t - window:
+            j += 1
+        most = max(most, i - j + 1)
+    return most
+
+
+def rate_run(dsn: str, per_second: float, seconds: float) -> tuple[int, int, float]:
+    """Starts in all, the most in any window (60 s for a long run, else 1 s), and the
+    seconds the run took."""
+    schema = "b_rate"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        migrate(dsn, schema=schema)
+        load(conn, schema, [None] * int(per_second * seconds * 2 + 100))
+    deadline = time.monotonic() + seconds
+    pids: list[int] = []
+
+    def claimer(n: int) -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as c:
+                pids.append(c.info.backend_pid)
+                while time.monotonic() < deadline:
+                    if not claim(c, schema, 4, rate=per_second, worker=f"w{n}"):
+                        # as a daemon does: sleep until the next token, never spin
+                        row = c.execute(
+                            f"SELECT extract(epoch FROM min(next_at) - now())::float8"
+                            f" FROM {schema}.rate_buckets WHERE next_at > now()"
+                        ).fetchone()
+                        wait = row[0] if row and row[0] is not None else 0.001
+                        time.sleep(min(max(wait, 0.001), 1.0))
+        except psycopg.OperationalError:
+            pass  # the one whose connection was terminated: a crashed daemon
+
+    pool = [threading.Thread(target=claimer, args=(n,)) for n in range(3)]
+    t0 = time.monotonic()
+    for t in pool:
+        t.start()
+    time.sleep(seconds / 3)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", [pids[0]])
+        for t in pool:
+            t.join()
+        elapsed = time.monotonic() - t0
+        times = [
+            float(r[0])
+            for r in conn.execute(
+                f"SELECT extract(epoch FROM started_at) FROM {schema}.jobs "
+                "WHERE started_at IS NOT NULL"
+            )
+        ]
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    window = 60.0 if seconds >= 120 else 1.0
+    return len(times), most_in_window(times, window), elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--short", action="store_true", help="a quick run (CI)")
+    parser.add_argument("--only", choices=("throughput", "order", "rate"), help="one part")
+    args = parser.parse_args()
+    claims = 100 if args.short else 1000
+    with LocalPostgres() as pg:
+        pg.create_database("bench")
+        dsn = pg.dsn("bench")
+        print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        print(f"1. claims per second (4 jobs each, {claims} claims per mode), one handler:")
+        for keys in (10, 1000, 10_000) if args.only in (None, "throughput") else ():
+            jobs = max(20_000, 2 * keys) if not args.short else max(2_000, 2 * keys)
+            r = throughput(dsn, keys, jobs, claims)
+            print(
+                f"   {keys:>6} keys, {jobs} jobs: unfair {r['unfair']:7.0f}/s   fair "
+                f"{r['fair']:7.0f}/s   fair/unfair {r['fair'] / r['unfair']:.2f}"
+            )
+        print("2. 1,000 jobs of a, then 10 of each of k1..k9: start position of each first job")
+        for fair in (False, True) if args.only in (None, "order") else ():
+            first = positions(dsn, fair)
+            others = sorted(v for k, v in first.items() if k != "a")
+            print(f"   {'fair' if fair else 'FIFO'}: a {first['a']}, k1..k9 {others}")
+        per_second, seconds = (5.0, 6.0) if args.short else (20 / 60, 600.0)
+        if args.only not in (None, "rate"):
+            return
+        total, most, elapsed = rate_run(dsn, per_second, seconds)
+        window = 60.0 if seconds >= 120 else 1.0
+        limit = per_second * window
+        print(
+            f"3. rate {per_second:g}/s, 3 claimers, one killed after {seconds / 3:.0f} s: "
+            f"{total} starts in {elapsed:.1f} s ({total / elapsed:.3f}/s, "
+            f"{total / elapsed / per_second:.1%} of the limit); most in any {window:g} s "
+            f"window {most} (limit {limit:g})"
+        )
+        print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+
+
+if __name__ == "__main__":
+    main()

@@ -420,3 +420,87 @@ def test_python_refuses_the_same_before_any_round_trip(
         with pytest.raises(InvalidJob, match=message):
             client.enqueue(conn, "h", schema=schema, **kwargs)  # type: ignore[arg-type]
     assert count_jobs(conn, schema) == 0
+
+
+def test_an_enqueuer_debounces_only_its_own_logins_jobs_within_a_year(
+    conn: psycopg.Connection, schema: str, roles: dict[str, str]
+) -> None:
+    """It holds a dedupe key for at most 365 days after its job finished (`dedupe_window`),
+    and its debounce moves only a pending job its own login enqueued, never past that job's
+    enqueue + the `debounce_max` it gives (at most 365 days): another login's job holding
+    the key is returned unchanged."""
+    debounce = {"dedupe_policy": "debounce", "debounce": 3600, "debounce_max": 86400}
+    theirs = client.enqueue(conn, "h", dedupe_key="theirs", schema=schema)  # the owner's
+    before = row(conn, schema, theirs)["run_at"]
+    with psycopg.connect(roles[f"{schema}_enqueuer"], autocommit=True) as mine:
+        assert client.enqueue(mine, "h", dedupe_key="theirs", schema=schema, **debounce) == theirs
+        own = client.enqueue(mine, "h", dedupe_key="mine", schema=schema)
+        assert client.enqueue(mine, "h", dedupe_key="mine", schema=schema, **debounce) == own
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="at most 365 days"):
+            many(mine, schema, [{"handler": "h", "dedupe_key": "x", "dedupe_window": "366 days"}])
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="at most 365 days"):
+            many(
+                mine,
+                schema,
+                [
+                    {
+                        "handler": "h",
+                        "dedupe_key": "x",
+                        "dedupe_policy": "debounce",
+                        "debounce": 1,
+                        "debounce_max": "400 days",
+                    }
+                ],
+            )
+    assert row(conn, schema, theirs)["run_at"] == before  # not postponed
+    assert row(conn, schema, own)["run_at"] > row(conn, schema, own)["created_at"] + timedelta(
+        minutes=59
+    )
+
+
+# -- schedules carry keys ------------------------------------------------------------------
+
+
+def test_a_schedule_fires_jobs_with_its_keys_and_skips_a_tick_whose_key_is_held(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    from datetime import UTC, datetime
+
+    from pgworkerd.config import ConfigError, parse_config
+    from pgworkerd.queue import registry, schedules
+
+    [schedule] = parse_config(
+        '[schedules.n]\nevery = "60s"\nhandler = "report"\nconcurrency_key = "tenant-7"\n'
+        'dedupe_key = "nightly"\ndedupe_window = "1h"\n'
+    ).schedules.values()
+    schedules.declare(conn, "n", schedule.definition(), "operator", schema)
+    info = registry.WorkerInfo("w", "host", 1, "t", ["default"], ["report"], 1)
+    registry.register(conn, info, "running", schema, secret="test-registry-secret-" + "x" * 32)
+    minute = int(datetime.now(UTC).timestamp()) // 60 * 60
+    fired = schedules.fire(conn, "n", datetime.fromtimestamp(minute, UTC), "w", schema)
+    assert fired.outcome == "fired" and fired.job_id is not None
+    job = row(conn, schema, fired.job_id)
+    assert (job["concurrency_key"], job["dedupe_key"], job["dedupe_window_seconds"]) == (
+        "tenant-7",
+        "nightly",
+        3600,
+    )
+    # the job finished a minute ago: its window still holds the key, so the next tick is
+    # skipped naming it (overlap "skip" alone would have fired it)
+    finish(conn, schema, fired.job_id, ago=60)
+    nxt = schedules.fire(conn, "n", datetime.fromtimestamp(minute + 60, UTC), "w", schema)
+    assert nxt.outcome == "skipped" and nxt.job_id == fired.job_id
+    [(skipped,)] = sql(
+        conn, schema, "SELECT skipped FROM @schema@.schedule_runs WHERE job_id IS NULL"
+    )
+    assert skipped == f"dedupe key 'nightly' is held by job {fired.job_id}"
+    # a definition without the new keys stays as it was stored before (no new keys)
+    [plain] = parse_config('[schedules.p]\nevery = "60s"\nhandler = "h"\n').schedules.values()
+    assert not {"concurrency_key", "dedupe_key", "dedupe_window"} & set(plain.definition())
+    with pytest.raises(ConfigError, match='needs "dedupe_key"'):
+        parse_config('[schedules.p]\nevery = "60s"\nhandler = "h"\ndedupe_window = "1h"\n')
+    with pytest.raises(ConfigError, match="at most 365d"):
+        parse_config(
+            '[schedules.p]\nevery = "60s"\nhandler = "h"\ndedupe_key = "k"\n'
+            'dedupe_window = "400d"\n'
+        )

@@ -894,7 +894,8 @@ BEGIN
     -- Dedupe policies (0034): "reject" refuses the call (SQLSTATE PGWD1, the holder's id
     -- in the message and, as JSON, in the detail: nothing is written); "debounce" moves the
     -- holder's run time to now + debounce if it is pending, never earlier than it was and
-    -- never past its enqueue + debounce_max (a holder not pending is returned as it is).
+    -- never past its enqueue + debounce_max (a holder not pending, or another login's, is
+    -- returned as it is).
     FOR hit IN SELECT h.n, h.id, h.policy, h.debounce, h.debounce_max
                  FROM jsonb_to_recordset(hits)
                       AS h(n bigint, id bigint, policy text, debounce float8, debounce_max float8)
@@ -911,7 +912,11 @@ BEGIN
            SET run_at = greatest(j.run_at,
                                  least(now() + make_interval(secs => hit.debounce),
                                        j.created_at + make_interval(secs => hit.debounce_max)))
-         WHERE j.id = hit.id AND j.status = 'pending';
+         WHERE j.id = hit.id AND j.status = 'pending'
+           -- only a job the caller may read (as job_get_v1): an enqueuer postpones its own
+           -- login's jobs, never another application's
+           AND (j.enqueued_by = session_user
+                OR has_any_column_privilege(session_user, '@schema@.jobs', 'SELECT'));
     END LOOP;
 
     -- A parent that had already ended dead or cancelled cancels a child whose policy says
@@ -1124,5 +1129,188 @@ BEGIN
                     FOR UPDATE SKIP LOCKED));
         GET DIAGNOSTICS daemons_deleted = ROW_COUNT;
     END IF;
+END;
+$$;
+
+-- objects/schedules.sql
+
+-- Schedules an operator declared, fired by name and tick, the job built from the stored
+-- definition (0022: handler, payload, queue, priority, max_attempts; 0034:
+-- concurrency_key, dedupe_key, dedupe_window; the overlap policy too; schedule_declare is
+-- the operator's), only at a tick the
+-- stored schedule produces: a whole second, on its `every` (multiples of it since the
+-- epoch) or its cron expression; at most 60 s ahead of the server's clock (a host's clock
+-- may run ahead); and not older than the schedule fires (within 120 s of now: a tick's
+-- grace of at most 60 s, and 60 s of clock skew), except the catch-up of catch_up =
+-- "last": the latest tick missed, when it is later than every tick handled of the
+-- schedule. Each tick once (schedule_runs' key, 0010). The worker must be a live daemon of
+-- the registry. A refused tick raises 22023 with the reason and creates nothing.
+CREATE OR REPLACE FUNCTION @schema@.schedule_fire_v2(
+    name text, tick timestamptz, worker text, OUT outcome text, OUT job_id bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    stored @schema@.schedules;
+    job jsonb;
+    every float8;
+    produced boolean;
+    handled timestamptz;
+BEGIN
+    SELECT * INTO stored FROM @schema@.schedules s WHERE s.name = schedule_fire_v2.name;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgworkerd: schedule % is not declared', quote_literal(name)
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'An operator declares schedules: pgworkerd schedules declare.';
+    END IF;
+    IF tick IS NULL OR NOT isfinite(tick) THEN
+        RAISE EXCEPTION 'pgworkerd: a tick must be a finite time, not %',
+            coalesce(tick::text, 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM @schema@.workers w
+                    WHERE w.id = schedule_fire_v2.worker AND w.state <> 'gone'
+                      AND w.heartbeat_at > now() - 2 * w.heartbeat_interval
+                      AND w.heartbeat_at <= now() + interval '5 seconds') THEN
+        RAISE EXCEPTION 'pgworkerd: schedule %: worker % is no live daemon of the registry',
+            quote_literal(name), quote_literal(coalesce(worker, 'NULL'))
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A daemon fires schedules under the id it registered and heartbeats.';
+    END IF;
+    IF jsonb_typeof(stored.definition -> 'every') = 'number' THEN
+        every := (stored.definition ->> 'every')::float8;
+    END IF;
+    produced := extract(microseconds FROM tick)::bigint % 1000000 = 0
+        AND CASE WHEN every > 0
+                 THEN extract(epoch FROM tick)::numeric % every::numeric = 0
+                 WHEN coalesce(stored.definition ->> 'cron', '') <> ''
+                 THEN @schema@.cron_matches(stored.definition ->> 'cron',
+                                            coalesce(stored.definition ->> 'timezone', 'UTC'),
+                                            tick)
+                 ELSE false END;
+    IF NOT produced THEN
+        RAISE EXCEPTION 'pgworkerd: schedule %: % is no tick of it', quote_literal(name), tick
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF tick > now() + interval '60 seconds' THEN
+        RAISE EXCEPTION 'pgworkerd: schedule %: tick % is in the future', quote_literal(name),
+            tick
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A tick is fired when due; this host''s clock may run ahead.';
+    END IF;
+    IF tick < now() - interval '120 seconds' THEN
+        SELECT max(r.tick) INTO handled
+          FROM @schema@.schedule_runs r WHERE r.schedule = schedule_fire_v2.name;
+        IF coalesce(stored.definition ->> 'catch_up', 'last') <> 'last'
+           OR tick <= greatest(handled, stored.created_at) THEN
+            RAISE EXCEPTION 'pgworkerd: schedule %: tick % is past (catch_up %, handled up '
+                            'to %)', quote_literal(name), tick,
+                coalesce(stored.definition ->> 'catch_up', 'last'),
+                coalesce(greatest(handled, stored.created_at)::text, 'none')
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
+    END IF;
+    SELECT jsonb_object_agg(e.key, e.value) INTO job
+      FROM jsonb_each(jsonb_build_object(
+               'handler', stored.definition -> 'handler',
+               'payload', coalesce(stored.definition -> 'payload', '{}'::jsonb),
+               'queue', stored.definition -> 'queue',
+               'priority', stored.definition -> 'priority',
+               'max_attempts', stored.definition -> 'max_attempts',
+               -- the keys of the jobs it fires (0034)
+               'concurrency_key', stored.definition -> 'concurrency_key',
+               'dedupe_key', stored.definition -> 'dedupe_key',
+               'dedupe_window', stored.definition -> 'dedupe_window')) e
+     WHERE jsonb_typeof(e.value) <> 'null';
+    SELECT f.outcome, f.job_id INTO outcome, job_id
+      FROM @schema@.schedule_fire(name, tick, job,
+                                  coalesce(stored.definition ->> 'overlap', 'skip'), worker) f;
+END;
+$$;
+
+-- objects/compat.sql
+
+-- schedule_fire (0010): fires a tick with the job object its caller passes.
+-- Fire one tick of a schedule: in one transaction, record the tick and enqueue `job` (an
+-- enqueue_many job object, checked by enqueue_many like any other), or record why no job
+-- was created. Returns 'fired' and the job id, 'skipped' and the id of the job still in
+-- the way (overlap), or 'taken' (another daemon handled this tick; nothing changed).
+--
+-- Fires of one schedule are serialized by locking its schedules row, so the overlap check
+-- and the insert are one step. The overlap check looks at the jobs of the schedule's
+-- latest 100 runs that created one:
+--   skip:      none of them pending or running;
+--   queue_one: none of them pending (one may be running);
+--   allow:     no check.
+-- Needed by: no release; daemons of schemas 10 to 21 (unreleased) call it. Current
+-- daemons call schedule_fire_v2 (schedules.sql).
+-- Dropped by: the first contract migration.
+CREATE OR REPLACE FUNCTION @schema@.schedule_fire(
+    name text, tick timestamptz, job jsonb, overlap text, worker text,
+    OUT outcome text, OUT job_id bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    blocking bigint;
+BEGIN
+    IF overlap IS NULL OR overlap NOT IN ('skip', 'allow', 'queue_one') THEN
+        RAISE EXCEPTION 'pgworkerd: overlap must be skip, allow or queue_one, not %',
+            coalesce(quote_literal(overlap), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM 1 FROM @schema@.schedules s WHERE s.name = schedule_fire.name FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgworkerd: schedule % is not declared', quote_literal(name)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF EXISTS (SELECT 1 FROM @schema@.schedule_runs r
+                WHERE r.schedule = schedule_fire.name AND r.tick = schedule_fire.tick) THEN
+        outcome := 'taken';
+        RETURN;
+    END IF;
+    IF overlap <> 'allow' THEN
+        SELECT j.id INTO blocking
+          FROM (SELECT r.job_id FROM @schema@.schedule_runs r
+                 WHERE r.schedule = schedule_fire.name AND r.job_id IS NOT NULL
+                 ORDER BY r.tick DESC LIMIT 100) recent
+          JOIN @schema@.jobs j ON j.id = recent.job_id
+         WHERE j.status = 'pending' OR (overlap = 'skip' AND j.status = 'running')
+         ORDER BY j.id
+         LIMIT 1;
+    END IF;
+    IF blocking IS NOT NULL THEN
+        INSERT INTO @schema@.schedule_runs (schedule, tick, skipped, fired_by)
+        VALUES (name, tick, 'overlap ' || overlap || ': job ' || blocking || ' is not finished',
+                worker);
+        outcome := 'skipped';
+        job_id := blocking;
+        RETURN;
+    END IF;
+    -- A dedupe key held (0034: by a job not finished, or one within its window): the
+    -- tick is skipped, naming the holder (the key's lapsed window released first).
+    IF jsonb_typeof(job -> 'dedupe_key') = 'string' THEN
+        PERFORM @schema@.dedupe_holds_release(jsonb_build_array(job));
+        SELECT ex.id INTO blocking FROM @schema@.jobs ex
+         WHERE ex.handler = job ->> 'handler' AND ex.dedupe_key = job ->> 'dedupe_key'
+           AND (ex.status IN ('pending', 'waiting', 'suspended', 'running')
+                OR ex.dedupe_window_seconds IS NOT NULL);
+        IF blocking IS NOT NULL THEN
+            INSERT INTO @schema@.schedule_runs (schedule, tick, skipped, fired_by)
+            VALUES (name, tick, 'dedupe key ' || quote_literal(job ->> 'dedupe_key')
+                                || ' is held by job ' || blocking, worker);
+            outcome := 'skipped';
+            job_id := blocking;
+            RETURN;
+        END IF;
+    END IF;
+    -- enqueue_many_v3 (0034; enqueue_many before): the same checks, and the job may carry
+    -- a concurrency key and a dedupe window
+    job_id := (@schema@.enqueue_many_v3(jsonb_build_array(job)))[1];
+    INSERT INTO @schema@.schedule_runs (schedule, tick, job_id, fired_by)
+    VALUES (name, tick, schedule_fire.job_id, worker);
+    outcome := 'fired';
 END;
 $$;

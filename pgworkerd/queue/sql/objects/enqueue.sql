@@ -1192,7 +1192,8 @@ BEGIN
     -- Dedupe policies (0034): "reject" refuses the call (SQLSTATE PGWD1, the holder's id
     -- in the message and, as JSON, in the detail: nothing is written); "debounce" moves the
     -- holder's run time to now + debounce if it is pending, never earlier than it was and
-    -- never past its enqueue + debounce_max (a holder not pending is returned as it is).
+    -- never past its enqueue + debounce_max (a holder not pending, or another login's, is
+    -- returned as it is).
     FOR hit IN SELECT h.n, h.id, h.policy, h.debounce, h.debounce_max
                  FROM jsonb_to_recordset(hits)
                       AS h(n bigint, id bigint, policy text, debounce float8, debounce_max float8)
@@ -1209,7 +1210,11 @@ BEGIN
            SET run_at = greatest(j.run_at,
                                  least(now() + make_interval(secs => hit.debounce),
                                        j.created_at + make_interval(secs => hit.debounce_max)))
-         WHERE j.id = hit.id AND j.status = 'pending';
+         WHERE j.id = hit.id AND j.status = 'pending'
+           -- only a job the caller may read (as job_get_v1): an enqueuer postpones its own
+           -- login's jobs, never another application's
+           AND (j.enqueued_by = session_user
+                OR has_any_column_privilege(session_user, '@schema@.jobs', 'SELECT'));
     END LOOP;
 
     -- A parent that had already ended dead or cancelled cancels a child whose policy says

@@ -137,6 +137,13 @@ class HandlerConfig:
         help="Hand-back grace of this handler's jobs (default: worker.stop_grace; --grace "
         "overrides).",
     )
+    memory_estimate: int | None = key(
+        None,
+        check=checks.size,
+        example=512 << 20,
+        help="With worker.memory_budget: what one of its jobs is expected to use until 5 "
+        "of its attempts have a measured peak (default: its memory_limit).",
+    )
 
     @property
     def module(self) -> str:

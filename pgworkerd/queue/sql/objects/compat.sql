@@ -322,7 +322,7 @@ BEGIN
     -- A dedupe key held (0034: by a job not finished, or one within its window): the
     -- tick is skipped, naming the holder (the key's lapsed window released first).
     IF jsonb_typeof(job -> 'dedupe_key') = 'string' THEN
-        PERFORM @schema@.dedupe_holds_release(jsonb_build_array(job));
+        PERFORM @schema@.job_dedupe_release(jsonb_build_array(job));
         SELECT ex.id INTO blocking FROM @schema@.jobs ex
          WHERE ex.handler = job ->> 'handler' AND ex.dedupe_key = job ->> 'dedupe_key'
            AND (ex.status IN ('pending', 'waiting', 'suspended', 'running')

@@ -227,7 +227,7 @@ $$;
 -- key until it is released (here, or by retention's sweep in prune_finished_v2), so the
 -- window is exact at every enqueue whatever the sweep's pace. A probe of
 -- jobs_dedupe_live_idx per key; nothing written when no window has passed.
-CREATE FUNCTION @schema@.dedupe_holds_release(jobs jsonb)
+CREATE FUNCTION @schema@.job_dedupe_release(jobs jsonb)
 RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
@@ -243,7 +243,7 @@ AS $$
        AND h.finished_at + make_interval(secs => h.dedupe_window_seconds) <= now();
 $$;
 
-REVOKE EXECUTE ON FUNCTION @schema@.dedupe_holds_release(jsonb) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION @schema@.job_dedupe_release(jsonb) FROM PUBLIC;
 
 -- The one definition of enqueue. Takes a JSON array of job objects:
 --   {"handler": text, "payload": object, "queue": text, "priority": int,
@@ -323,7 +323,7 @@ BEGIN
           FROM inserted;
     ELSE
         -- a key whose finished holder's window has passed is free again (0034)
-        PERFORM @schema@.dedupe_holds_release(jobs);
+        PERFORM @schema@.job_dedupe_release(jobs);
         WITH input AS MATERIALIZED (
             SELECT n, nextval('@schema@.jobs_id_seq') AS new_id,
                    coalesce(e->>'queue', 'default') AS queue,
@@ -456,7 +456,7 @@ BEGIN
         RETURNING j.id INTO new_id;
     ELSE
         -- a key whose finished holder's window has passed is free again (0034)
-        PERFORM @schema@.dedupe_holds_release(jsonb_build_array(jsonb_build_object(
+        PERFORM @schema@.job_dedupe_release(jsonb_build_array(jsonb_build_object(
             'handler', enqueue.handler, 'dedupe_key', enqueue.dedupe_key)));
         INSERT INTO @schema@.jobs AS j
             (queue, handler, payload, priority, run_at, max_attempts, dedupe_key)
@@ -588,7 +588,7 @@ BEGIN
     END IF;
 
     -- a key whose finished holder's window has passed is free again (0034)
-    PERFORM @schema@.dedupe_holds_release(jobs);
+    PERFORM @schema@.job_dedupe_release(jobs);
     -- One path for keys and no keys: the dedupe path of enqueue_many (its plain path
     -- is kept for enqueue_many, which the client still uses for jobs without a key).
     WITH raw AS MATERIALIZED (
@@ -1046,7 +1046,7 @@ BEGIN
     END IF;
 
     -- a key whose finished holder's window has passed is free again (0034)
-    PERFORM @schema@.dedupe_holds_release(jobs);
+    PERFORM @schema@.job_dedupe_release(jobs);
 
     WITH raw AS MATERIALIZED (
         SELECT n, e, CASE WHEN jsonb_typeof(e) = 'object' THEN e - 'concurrency_key' - extras

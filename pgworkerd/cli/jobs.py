@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -434,6 +434,9 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         click.echo(signal_lines(received))
     if batch is not None:
         click.echo(f"batch: {batchread.batch_line(batch, job_id)}")
+    held = dedupe_hold_line(row)
+    if held is not None:
+        click.echo(held)
     if history is None:
         click.echo(
             "attempts: (this role may not read them: roles.sql's pgworkerd_reader and "
@@ -446,6 +449,19 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         error = str(a["error"] or "").rstrip("\n")
         if error:
             click.echo("\n".join(f"      {printable(ln)}" for ln in error.split("\n")))
+
+
+def dedupe_hold_line(row: dict[str, Any]) -> str | None:
+    """How long a finished job holds its dedupe key (its dedupe_window, schema 34); None
+    when it holds none past its finish."""
+    window, finished = row.get("dedupe_window_seconds"), row.get("finished_at")
+    if row.get("dedupe_key") is None or window is None or not isinstance(finished, datetime):
+        return None
+    until = finished + timedelta(seconds=float(window))
+    key = printable(row["dedupe_key"])
+    if until > datetime.now(UTC):
+        return f"dedupe: key '{key}' held by this finished job until {until.isoformat()}"
+    return f"dedupe: key '{key}' was held until {until.isoformat()} (released at its next enqueue)"
 
 
 def relatives_line(jobs: list[dict[str, Any]], total: int) -> str:

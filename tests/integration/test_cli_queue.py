@@ -167,6 +167,12 @@ def test_enqueue_dedupe_window_and_policies(cli: Cli) -> None:
     assert again == job_id
     row = cli.row(job_id)
     assert timedelta(seconds=25) < row["run_at"] - row["created_at"] <= timedelta(seconds=31)
+    # show says how long a finished job holds its key
+    cli.sql(
+        "UPDATE @schema@.jobs SET status = 'completed', finished_at = now() WHERE id = %s",
+        (job_id,),
+    )
+    assert "dedupe: key 'k' held by this finished job until" in cli("show", str(job_id)).stdout
     # an uncapped debounce is refused before the database sees it
     out = cli(
         "enqueue",

@@ -504,3 +504,27 @@ def test_a_schedule_fires_jobs_with_its_keys_and_skips_a_tick_whose_key_is_held(
             '[schedules.p]\nevery = "60s"\nhandler = "h"\ndedupe_key = "k"\n'
             'dedupe_window = "400d"\n'
         )
+
+
+def test_enqueue_v4_takes_the_same_keys_one_job_at_a_time(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    text = (
+        "SELECT @schema@.enqueue_v4('h', dedupe_key => 'k', dedupe_window => '1 hour', "
+        "dedupe_policy => %s)"
+    )
+    [(first,)] = sql(conn, schema, text, "existing")
+    assert row(conn, schema, first)["dedupe_window_seconds"] == 3600
+    [(again,)] = sql(conn, schema, text, "existing")
+    assert again == first
+    with pytest.raises(psycopg.Error) as err:
+        sql(conn, schema, text, "reject")
+    assert err.value.sqlstate == "PGWD1" and "job 1 of 1" in str(err.value)
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="uncapped debounce"):
+        sql(
+            conn,
+            schema,
+            "SELECT @schema@.enqueue_v4('h', dedupe_key => 'd', dedupe_policy => 'debounce', "
+            "debounce => '1 minute')",
+        )
+    assert count_jobs(conn, schema) == 1

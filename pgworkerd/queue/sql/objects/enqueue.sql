@@ -1290,3 +1290,65 @@ REVOKE EXECUTE ON FUNCTION @schema@.enqueue_many_v3(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION @schema@.enqueue_v3(text, jsonb, text, integer, timestamptz, interval,
                                                integer, text, text, bigint[], text,
                                                timestamptz, interval, interval) FROM PUBLIC;
+
+-- Enqueue one job with a dedupe window or policy (0034): enqueue_v3's arguments, then
+-- dedupe_window, dedupe_policy ('existing', 'reject' or 'debounce'), debounce and
+-- debounce_max; one job of enqueue_many_v3 (the same checks, messages and policies: a
+-- rejected job raises SQLSTATE PGWD1 naming the holder).
+CREATE FUNCTION @schema@.enqueue_v4(
+    handler text,
+    payload jsonb DEFAULT '{}',
+    queue text DEFAULT 'default',
+    priority integer DEFAULT 0,
+    run_at timestamptz DEFAULT NULL,
+    delay interval DEFAULT NULL,
+    max_attempts integer DEFAULT 5,
+    dedupe_key text DEFAULT NULL,
+    concurrency_key text DEFAULT NULL,
+    after bigint[] DEFAULT NULL,
+    on_parent_failure text DEFAULT NULL,
+    expires_at timestamptz DEFAULT NULL,
+    expire_in interval DEFAULT NULL,
+    timeout interval DEFAULT NULL,
+    dedupe_window interval DEFAULT NULL,
+    dedupe_policy text DEFAULT NULL,
+    debounce interval DEFAULT NULL,
+    debounce_max interval DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET intervalstyle = 'postgres'
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF cardinality(enqueue_v4.after) > 1000 THEN
+        -- refused before a JSON array of that size is built
+        RAISE EXCEPTION 'pgworkerd: job 1 of 1: a job may have at most 1000 parents, not %',
+            cardinality(enqueue_v4.after)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN (@schema@.enqueue_many_v3(jsonb_build_array(
+        jsonb_build_object('payload', enqueue_v4.payload)
+        || jsonb_strip_nulls(jsonb_build_object(
+            'handler', enqueue_v4.handler, 'queue', enqueue_v4.queue,
+            'priority', enqueue_v4.priority, 'run_at', enqueue_v4.run_at,
+            'delay', enqueue_v4.delay::text, 'max_attempts', enqueue_v4.max_attempts,
+            'dedupe_key', enqueue_v4.dedupe_key,
+            'concurrency_key', enqueue_v4.concurrency_key,
+            'after', to_jsonb(enqueue_v4.after),
+            'on_parent_failure', enqueue_v4.on_parent_failure,
+            'expires_at', enqueue_v4.expires_at,
+            'expire_in', enqueue_v4.expire_in::text,
+            'timeout', enqueue_v4.timeout::text,
+            'dedupe_window', enqueue_v4.dedupe_window::text,
+            'dedupe_policy', enqueue_v4.dedupe_policy,
+            'debounce', enqueue_v4.debounce::text,
+            'debounce_max', enqueue_v4.debounce_max::text)))))[1];
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.enqueue_v4(text, jsonb, text, integer, timestamptz, interval,
+                                               integer, text, text, bigint[], text,
+                                               timestamptz, interval, interval, interval,
+                                               text, interval, interval) FROM PUBLIC;

@@ -224,14 +224,18 @@ $$;
 -- Dedupe windows (0034): release the keys of `jobs` (enqueue_many's job objects: those
 -- with a string handler and dedupe_key) that a finished job holds past its window, so
 -- that the insert that follows may take them. The unique index keeps a finished holder's
--- key until it is released (here, or by retention's sweep in prune_finished_v2), so the
--- window is exact at every enqueue whatever the sweep's pace. A probe of
--- jobs_dedupe_live_idx per key; nothing written when no window has passed.
+-- key until it is released (here, by the single enqueue's retry, or by retention's sweep
+-- in prune_finished_v2), so the window is exact at every enqueue whatever the sweep's
+-- pace. A probe of jobs_dedupe_live_idx per key; nothing written when no window has
+-- passed. The enqueue_many functions call it only while some finished job holds a key
+-- (one probe of jobs_dedupe_held_idx, empty unless windows are used). PL/pgSQL: its plan
+-- is kept for the session.
 CREATE FUNCTION @schema@.job_dedupe_release(jobs jsonb)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
     UPDATE @schema@.jobs h SET dedupe_window_seconds = NULL
       FROM (SELECT DISTINCT t.e->>'handler' AS handler, t.e->>'dedupe_key' AS dedupe_key
               FROM jsonb_array_elements(jobs) AS t(e)
@@ -241,6 +245,7 @@ AS $$
      WHERE h.dedupe_key = k.dedupe_key AND h.handler = k.handler
        AND h.dedupe_window_seconds IS NOT NULL
        AND h.finished_at + make_interval(secs => h.dedupe_window_seconds) <= now();
+END;
 $$;
 
 REVOKE EXECUTE ON FUNCTION @schema@.job_dedupe_release(jsonb) FROM PUBLIC;
@@ -323,7 +328,10 @@ BEGIN
           FROM inserted;
     ELSE
         -- a key whose finished holder's window has passed is free again (0034)
-        PERFORM @schema@.job_dedupe_release(jobs);
+        IF EXISTS (SELECT FROM @schema@.jobs h
+                    WHERE h.finished_at IS NOT NULL AND h.dedupe_window_seconds IS NOT NULL) THEN
+            PERFORM @schema@.job_dedupe_release(jobs);
+        END IF;
         WITH input AS MATERIALIZED (
             SELECT n, nextval('@schema@.jobs_id_seq') AS new_id,
                    coalesce(e->>'queue', 'default') AS queue,
@@ -403,6 +411,7 @@ DECLARE
     delay_min constant interval := '-4000 years';  -- see enqueue_valid
     delay_max constant interval := '8000 years';
     new_id bigint;
+    lapsed boolean;
 BEGIN
     -- Arguments are named like columns: unqualified names are columns (use_column above),
     -- the arguments are written enqueue.name.
@@ -455,31 +464,39 @@ BEGIN
                 coalesce(enqueue.max_attempts, 5))
         RETURNING j.id INTO new_id;
     ELSE
-        -- a key whose finished holder's window has passed is free again (0034)
-        PERFORM @schema@.job_dedupe_release(jsonb_build_array(jsonb_build_object(
-            'handler', enqueue.handler, 'dedupe_key', enqueue.dedupe_key)));
-        INSERT INTO @schema@.jobs AS j
-            (queue, handler, payload, priority, run_at, max_attempts, dedupe_key)
-        VALUES (coalesce(enqueue.queue, 'default'), enqueue.handler, enqueue.payload,
-                coalesce(enqueue.priority, 0),
-                coalesce(enqueue.run_at, now() + coalesce(enqueue.delay, interval '0')),
-                coalesce(enqueue.max_attempts, 5), enqueue.dedupe_key)
-        ON CONFLICT (dedupe_key, handler)
-            WHERE dedupe_key IS NOT NULL
-              AND (status IN ('pending', 'waiting', 'suspended', 'running')
-                   OR dedupe_window_seconds IS NOT NULL)
-            DO NOTHING
-        RETURNING j.id INTO new_id;
-        IF new_id IS NULL THEN
-            SELECT ex.id INTO new_id FROM @schema@.jobs ex
+        -- At most twice: a key held by a finished job whose dedupe window has passed
+        -- (0034) is released, and the insert tried again. Only a conflict pays for it.
+        FOR attempt IN 1..2 LOOP
+            INSERT INTO @schema@.jobs AS j
+                (queue, handler, payload, priority, run_at, max_attempts, dedupe_key)
+            VALUES (coalesce(enqueue.queue, 'default'), enqueue.handler, enqueue.payload,
+                    coalesce(enqueue.priority, 0),
+                    coalesce(enqueue.run_at, now() + coalesce(enqueue.delay, interval '0')),
+                    coalesce(enqueue.max_attempts, 5), enqueue.dedupe_key)
+            ON CONFLICT (dedupe_key, handler)
+                WHERE dedupe_key IS NOT NULL
+                  AND (status IN ('pending', 'waiting', 'suspended', 'running')
+                       OR dedupe_window_seconds IS NOT NULL)
+                DO NOTHING
+            RETURNING j.id INTO new_id;
+            EXIT WHEN new_id IS NOT NULL;
+            SELECT ex.id,
+                   ex.finished_at + make_interval(secs => ex.dedupe_window_seconds) <= now()
+              INTO new_id, lapsed
+              FROM @schema@.jobs ex
              WHERE ex.handler = enqueue.handler AND ex.dedupe_key = enqueue.dedupe_key
                AND (ex.status IN ('pending', 'waiting', 'suspended', 'running')
                     OR ex.dedupe_window_seconds IS NOT NULL);
-            IF new_id IS NULL THEN
-                RAISE EXCEPTION
-                    'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
-                    USING ERRCODE = 'serialization_failure';
-            END IF;
+            EXIT WHEN lapsed IS NOT TRUE OR attempt = 2;
+            UPDATE @schema@.jobs h SET dedupe_window_seconds = NULL
+             WHERE h.id = new_id AND h.dedupe_window_seconds IS NOT NULL
+               AND h.finished_at + make_interval(secs => h.dedupe_window_seconds) <= now();
+            new_id := NULL;
+        END LOOP;
+        IF new_id IS NULL THEN
+            RAISE EXCEPTION
+                'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
+                USING ERRCODE = 'serialization_failure';
         END IF;
     END IF;
     PERFORM pg_notify(@schema_literal@ || '.jobs', coalesce(enqueue.queue, 'default'));
@@ -588,7 +605,10 @@ BEGIN
     END IF;
 
     -- a key whose finished holder's window has passed is free again (0034)
-    PERFORM @schema@.job_dedupe_release(jobs);
+    IF EXISTS (SELECT FROM @schema@.jobs h
+                WHERE h.finished_at IS NOT NULL AND h.dedupe_window_seconds IS NOT NULL) THEN
+        PERFORM @schema@.job_dedupe_release(jobs);
+    END IF;
     -- One path for keys and no keys: the dedupe path of enqueue_many (its plain path
     -- is kept for enqueue_many, which the client still uses for jobs without a key).
     WITH raw AS MATERIALIZED (
@@ -1046,7 +1066,10 @@ BEGIN
     END IF;
 
     -- a key whose finished holder's window has passed is free again (0034)
-    PERFORM @schema@.job_dedupe_release(jobs);
+    IF EXISTS (SELECT FROM @schema@.jobs h
+                WHERE h.finished_at IS NOT NULL AND h.dedupe_window_seconds IS NOT NULL) THEN
+        PERFORM @schema@.job_dedupe_release(jobs);
+    END IF;
 
     WITH raw AS MATERIALIZED (
         SELECT n, e, CASE WHEN jsonb_typeof(e) = 'object' THEN e - 'concurrency_key' - extras

@@ -411,7 +411,8 @@ def enqueue(
 ) -> int:
     """Enqueue one job inside the caller's current transaction; returns its id.
 
-    With a dedupe key equal to a pending or running job's, that job's id comes back and
+    With a dedupe key held by another job of the handler (one not finished, or finished
+    within its dedupe_window), that job's id comes back and
     nothing is inserted. With `after` (job ids) it waits until those jobs have finished
     (docs/guide/dependencies.md); expires_at/expire_in and timeout: docs/guide/enqueue.md.
     dedupe_window, dedupe_policy, debounce and debounce_max: docs/guide/enqueue.md "Dedupe"

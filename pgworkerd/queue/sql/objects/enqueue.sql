@@ -728,7 +728,11 @@ REVOKE EXECUTE ON FUNCTION @schema@.enqueue_v2(text, jsonb, text, integer, times
 --     a job with a dedupe_key (a dedupe hit would make the parent another, older job);
 --   at most 1,000 parents in all (after and after_index together);
 --   on_parent_failure: "cancel" (the default), "run" or "hold", only with parents;
---   no dedupe_key with parents (a waiting job is not in the dedupe index);
+--   (a dedupe_key with parents is allowed since 0034: a waiting job holds its key);
+--   dedupe_window, debounce, debounce_max: seconds or an interval, above 0, at most 365
+--     days; dedupe_policy "existing", "reject" or "debounce"; window and policy only with
+--     a dedupe_key, debounce keys only with "debounce", which needs both (debounce_max at
+--     least debounce) and takes no run_at or delay (0034);
 --   expires_at (a timestamp, in the future, before 9000-01-01) or expire_in (an interval
 --     or a number of seconds, above 0, at most 100 years), not both, and not before the
 --     job's run_at (it could never start);

@@ -450,3 +450,19 @@ ALTER ROLE pgworkerd_daemon SET search_path = pg_catalog, pg_temp;
 ALTER ROLE pgworkerd_enqueuer SET search_path = pg_catalog, pg_temp;
 ALTER ROLE pgworkerd_operator SET search_path = pg_catalog, pg_temp;
 ALTER ROLE pgworkerd_reader SET search_path = pg_catalog, pg_temp;
+
+-- Dedupe windows and policies (schema 34, docs/guide/enqueue.md "Dedupe"). enqueuer: one
+-- job with a dedupe window or policy (enqueue_many_v3 takes them in its job objects).
+GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v4(text, jsonb, text, integer, timestamptz,
+                                               interval, integer, text, text, bigint[], text,
+                                               timestamptz, interval, interval, interval,
+                                               text, interval, interval)
+      TO pgworkerd_enqueuer;
+
+-- Dedupe windows and policies (schema 34, docs/guide/enqueue.md "Dedupe"). enqueuer: one
+-- job with a dedupe window or policy (enqueue_many_v3 takes them in its job objects).
+GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v4(text, jsonb, text, integer, timestamptz,
+                                               interval, integer, text, text, bigint[], text,
+                                               timestamptz, interval, interval, interval,
+                                               text, interval, interval)
+      TO pgworkerd_enqueuer;

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
     from pgworkerd.batches import BatchIds, batch, batch_members
     from pgworkerd.child import Done, GiveUp, Snooze, WaitFor
     from pgworkerd.client import (
+        DuplicateJob,
         InvalidJob,
         JobFailed,
         JobInfo,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BatchIds",
     "Done",
+    "DuplicateJob",
     "GiveUp",
     "InvalidJob",
     "JobFailed",
@@ -59,7 +61,7 @@ _BATCHES = ("BatchIds", "batch", "batch_members")
 def __getattr__(name: str) -> Any:
     # Loaded on first use, not with the package: `pgworkerd run` must mask a password in
     # its argv before psycopg's ~0.2 s import (pgworkerd.masking).
-    if name in ("InvalidJob", "JobSpec", "enqueue", "enqueue_many"):
+    if name in ("DuplicateJob", "InvalidJob", "JobSpec", "enqueue", "enqueue_many"):
         from pgworkerd import client
 
         return getattr(client, name)

@@ -33,6 +33,10 @@ PARENTS_MAX = 1000
 ON_PARENT_FAILURE = ("cancel", "run", "hold")
 TIMEOUT_MAX_SECONDS = 365 * 86400
 EXPIRE_IN_MAX_SECONDS = 36525 * 86400
+# Dedupe windows and policies (schema 34, job_extras_problem): a window, a debounce and
+# its cap each above 0 and at most 365 days; the policies of a dedupe hit.
+DEDUPE_WINDOW_MAX_SECONDS = 365 * 86400
+DEDUPE_POLICIES = ("existing", "reject", "debounce")
 # A payload's values may lie at most this many levels below it (the payload is level 0):
 # enqueue_valid (migration 0008) refuses `$.**{256 to last}`, a child's frame no deeper.
 PAYLOAD_DEPTH_MAX = 255

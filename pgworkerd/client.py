@@ -33,6 +33,7 @@ from pgworkerd.queue.queries import DEFAULT_SCHEMA, finished_channel, query
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_QUEUE",
+    "DuplicateJob",
     "InvalidJob",
     "JobFailed",
     "JobInfo",
@@ -50,6 +51,22 @@ __all__ = [
 
 class InvalidJob(ValueError):
     """A job that cannot be enqueued; nothing was written."""
+
+
+# The SQLSTATE enqueue_many_v3 raises for a job whose dedupe_policy is "reject" when its
+# key is held (schema 34); the detail is JSON naming the holder: {"job_id": N}.
+DEDUPE_REJECTED_SQLSTATE = "PGWD1"
+
+
+class DuplicateJob(Exception):
+    """A job enqueued with dedupe_policy="reject" whose dedupe key another job holds (one
+    not finished, or finished within its dedupe_window): `job_id` is that job. Raised from
+    the database's error, so the caller's transaction is aborted (roll it back); nothing
+    of the call was written."""
+
+    def __init__(self, message: str, job_id: int) -> None:
+        super().__init__(message)
+        self.job_id = job_id
 
 
 def json_type_name(value: Any) -> str:
@@ -94,6 +111,15 @@ class JobSpec:
     expires_at: datetime | None = None
     expire_in: float | timedelta | None = None
     timeout: float | timedelta | None = None
+    # Dedupe windows and policies (docs/guide/enqueue.md "Dedupe"), with a dedupe_key:
+    # the key stays held dedupe_window (seconds or a timedelta) after the job finished;
+    # what an enqueue finding the key held does: "existing" (return the holder's id, the
+    # default), "reject" (raise DuplicateJob) or "debounce" (move the pending holder's
+    # run time to now + debounce, never past its enqueue + debounce_max).
+    dedupe_window: float | timedelta | None = None
+    dedupe_policy: str | None = None
+    debounce: float | timedelta | None = None
+    debounce_max: float | timedelta | None = None
 
     def as_json(self) -> dict[str, Any]:
         """Validated JSON form, every field spelt out; raises InvalidJob on bad input.
@@ -192,7 +218,16 @@ class JobSpec:
         """Whether the job needs enqueue_many_v3 (schema 27): parents or deadlines."""
         return bool(self.after) or any(
             v is not None
-            for v in (self.on_parent_failure, self.expires_at, self.expire_in, self.timeout)
+            for v in (
+                self.on_parent_failure,
+                self.expires_at,
+                self.expire_in,
+                self.timeout,
+                self.dedupe_window,
+                self.dedupe_policy,
+                self.debounce,
+                self.debounce_max,
+            )
         )
 
     def _extras(self) -> dict[str, Any]:
@@ -230,8 +265,6 @@ class JobSpec:
             if not after:
                 raise InvalidJob("on_parent_failure needs parents (after)")
             job["on_parent_failure"] = self.on_parent_failure
-        if after and self.dedupe_key is not None:
-            raise InvalidJob("a job with parents cannot have a dedupe_key")
         if self.expires_at is not None and self.expire_in is not None:
             raise InvalidJob("give expires_at or expire_in, not both")
         if self.expires_at is not None:
@@ -250,6 +283,51 @@ class JobSpec:
             job["expire_in"] = f"{seconds:.6f} seconds"
         if self.timeout is not None:
             job["timeout"] = _seconds("timeout", self.timeout, bounds.TIMEOUT_MAX_SECONDS)
+        job.update(self._dedupe_extras())
+        return job
+
+    def _dedupe_extras(self) -> dict[str, Any]:
+        """The dedupe keys of enqueue_many_v3 (schema 34), checked with its bounds and
+        messages."""
+        job: dict[str, Any] = {}
+        most = bounds.DEDUPE_WINDOW_MAX_SECONDS
+        for name in ("dedupe_window", "debounce", "debounce_max"):
+            value = getattr(self, name)
+            if value is not None:
+                job[name] = _seconds(name, value, most)
+        policy = self.dedupe_policy
+        if policy is not None:
+            if policy not in bounds.DEDUPE_POLICIES:
+                raise InvalidJob(
+                    f'dedupe_policy must be "existing", "reject" or "debounce", not {policy!r}'
+                )
+            job["dedupe_policy"] = policy
+        if self.dedupe_key is None and ("dedupe_window" in job or policy is not None):
+            raise InvalidJob("dedupe_window and dedupe_policy need a dedupe_key")
+        if policy != "debounce":
+            if "debounce" in job or "debounce_max" in job:
+                raise InvalidJob('debounce and debounce_max go with dedupe_policy "debounce"')
+            return job
+        if "debounce" not in job:
+            raise InvalidJob(
+                'dedupe_policy "debounce" needs debounce (how far each enqueue of the key '
+                "moves the pending job's run time)"
+            )
+        if "debounce_max" not in job:
+            raise InvalidJob(
+                'dedupe_policy "debounce" needs debounce_max (how long after its enqueue the '
+                "job may be postponed at most): an uncapped debounce could postpone it forever"
+            )
+        if job["debounce_max"] < job["debounce"]:
+            raise InvalidJob(
+                f"debounce_max ({job['debounce_max']:g}) must be at least debounce "
+                f"({job['debounce']:g})"
+            )
+        if self.run_at is not None or self.delay is not None:
+            raise InvalidJob(
+                'dedupe_policy "debounce" sets the run time (now + debounce): give no run_at '
+                "or delay"
+            )
         return job
 
 
@@ -269,6 +347,10 @@ _JSON_ORDER = (
     "expires_at",
     "expire_in",
     "timeout",
+    "dedupe_window",
+    "dedupe_policy",
+    "debounce",
+    "debounce_max",
 )
 
 
@@ -322,12 +404,19 @@ def enqueue(
     expires_at: datetime | None = None,
     expire_in: float | timedelta | None = None,
     timeout: float | timedelta | None = None,
+    dedupe_window: float | timedelta | None = None,
+    dedupe_policy: str | None = None,
+    debounce: float | timedelta | None = None,
+    debounce_max: float | timedelta | None = None,
 ) -> int:
     """Enqueue one job inside the caller's current transaction; returns its id.
 
-    With a dedupe key equal to a pending or running job's, that job's id comes back and
+    With a dedupe key held by another job of the handler (one not finished, or finished
+    within its dedupe_window), that job's id comes back and
     nothing is inserted. With `after` (job ids) it waits until those jobs have finished
     (docs/guide/dependencies.md); expires_at/expire_in and timeout: docs/guide/enqueue.md.
+    dedupe_window, dedupe_policy, debounce and debounce_max: docs/guide/enqueue.md "Dedupe"
+    (dedupe_policy="reject" raises DuplicateJob).
     """
     spec = JobSpec(
         handler,
@@ -344,6 +433,10 @@ def enqueue(
         expires_at,
         expire_in,
         timeout,
+        dedupe_window,
+        dedupe_policy,
+        debounce,
+        debounce_max,
     )
     if spec.has_extras():
         # one job of enqueue_many_v3: its checks and messages ("job 1: ...")
@@ -445,8 +538,23 @@ def enqueue_many(
         name = "job_enqueue_many_v3"
     # Sent as text, parsed once by the server as jsonb (no second serialisation).
     with conn.cursor(row_factory=tuple_row) as cur:
-        [(ids,)] = cur.execute(query(name, schema), {"jobs": text}).fetchall()
+        try:
+            [(ids,)] = cur.execute(query(name, schema), {"jobs": text}).fetchall()
+        except psycopg.Error as exc:
+            if exc.sqlstate == DEDUPE_REJECTED_SQLSTATE:
+                raise _duplicate(exc) from exc
+            raise
     return list(ids)
+
+
+def _duplicate(exc: psycopg.Error) -> DuplicateJob:
+    """The DuplicateJob of enqueue_many_v3's refusal (its detail names the holder)."""
+    detail = exc.diag.message_detail or "{}"
+    try:
+        job_id = int(json.loads(detail)["job_id"])
+    except (ValueError, KeyError, TypeError):
+        job_id = 0  # not ours to read: a server-side error of this code without the detail
+    return DuplicateJob(exc.diag.message_primary or str(exc), job_id)
 
 
 # -- Waiting for a job: get and wait ------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import click
@@ -54,7 +54,8 @@ def _parse_payload(text: str) -> dict[str, Any]:
 @click.option("--max-attempts", type=int, default=client.DEFAULT_MAX_ATTEMPTS, show_default=True)
 @click.option(
     "--dedupe-key",
-    help="while a job with this key is pending or running, return its id instead of adding another",
+    help="while a job with this key has not finished (or is within its --dedupe-window), "
+    "return its id instead of adding another (see --dedupe-policy)",
 )
 @click.option(
     "--concurrency-key",
@@ -85,6 +86,24 @@ def _parse_payload(text: str) -> dict[str, Any]:
 @click.option(
     "--timeout", type=DURATION, help="this job's timeout, overriding the handler's, e.g. 2h"
 )
+@click.option(
+    "--dedupe-window",
+    type=DURATION,
+    help="keep the --dedupe-key held this long after the job finished, e.g. 1h (at most 365d)",
+)
+@click.option(
+    "--dedupe-policy",
+    type=click.Choice(["existing", "reject", "debounce"]),
+    help="when the --dedupe-key is held: print the holder's id (existing, the default), "
+    "fail with exit code 1 naming it (reject), or move the pending holder's run time to now "
+    "+ --debounce, never past its enqueue + --debounce-max (debounce)",
+)
+@click.option("--debounce", type=DURATION, help="with --dedupe-policy debounce: e.g. 30s")
+@click.option(
+    "--debounce-max",
+    type=DURATION,
+    help="with --dedupe-policy debounce (required): the latest a job runs after its enqueue",
+)
 @click.pass_obj
 def enqueue(
     ctx: Context,
@@ -102,6 +121,10 @@ def enqueue(
     expires_at: datetime | None,
     expire_in: float | None,
     timeout: float | None,
+    dedupe_window: float | None,
+    dedupe_policy: str | None,
+    debounce: float | None,
+    debounce_max: float | None,
 ) -> None:
     """Enqueue a job for HANDLER and print its id."""
     if run_at is not None and delay is not None:
@@ -127,13 +150,25 @@ def enqueue(
         expires_at,
         expire_in,
         timeout,
+        dedupe_window,
+        dedupe_policy,
+        debounce,
+        debounce_max,
     )
     try:
         spec.as_json()
     except client.InvalidJob as exc:
         fail(str(exc), ExitCode.CONFIG)
     with database(ctx, needs="enqueue jobs") as conn:
-        [job_id] = client.enqueue_many(conn, [spec], schema=ctx.schema)
+        try:
+            [job_id] = client.enqueue_many(conn, [spec], schema=ctx.schema)
+        except client.DuplicateJob as exc:
+            conn.rollback()
+            fail(
+                f"not enqueued: its dedupe key is held by job {exc.job_id} "
+                "(--dedupe-policy reject)",
+                ExitCode.FAILURE,
+            )
     click.echo(job_id)
 
 
@@ -399,6 +434,9 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         click.echo(signal_lines(received))
     if batch is not None:
         click.echo(f"batch: {batchread.batch_line(batch, job_id)}")
+    held = dedupe_hold_line(row)
+    if held is not None:
+        click.echo(held)
     if history is None:
         click.echo(
             "attempts: (this role may not read them: roles.sql's pgworkerd_reader and "
@@ -411,6 +449,19 @@ def show_job(ctx: Context, job_id: int, as_json: bool) -> None:
         error = str(a["error"] or "").rstrip("\n")
         if error:
             click.echo("\n".join(f"      {printable(ln)}" for ln in error.split("\n")))
+
+
+def dedupe_hold_line(row: dict[str, Any]) -> str | None:
+    """How long a finished job holds its dedupe key (its dedupe_window, schema 34); None
+    when it holds none past its finish."""
+    window, finished = row.get("dedupe_window_seconds"), row.get("finished_at")
+    if row.get("dedupe_key") is None or window is None or not isinstance(finished, datetime):
+        return None
+    until = finished + timedelta(seconds=float(window))
+    key = printable(row["dedupe_key"])
+    if until > datetime.now(UTC):
+        return f"dedupe: key '{key}' held by this finished job until {until.isoformat()}"
+    return f"dedupe: key '{key}' was held until {until.isoformat()} (released at its next enqueue)"
 
 
 def relatives_line(jobs: list[dict[str, Any]], total: int) -> str:

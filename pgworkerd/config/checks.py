@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pgworkerd.bounds import (
+    DEDUPE_KEY_MAX_CHARS,
+    DEDUPE_WINDOW_MAX_SECONDS,
     MAX_ATTEMPTS_MAX,
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -91,6 +93,16 @@ def choice(*choices: str) -> Check[str]:
         return str(value)
 
     return Check(convert, "one of " + ", ".join(f'"{c}"' for c in choices))
+
+
+def _dedupe_key(value: Any) -> str:
+    text = _nonempty(value)
+    if len(text) > DEDUPE_KEY_MAX_CHARS:
+        raise ValueError(f"must be at most {DEDUPE_KEY_MAX_CHARS} characters, got {len(text)}")
+    return text
+
+
+dedupe_key = Check(_dedupe_key, f"a string of 1 to {DEDUPE_KEY_MAX_CHARS} characters")
 
 
 def named(kind: str) -> Check[str]:
@@ -244,6 +256,16 @@ positive_millis_duration = Check(
 stop_grace = Check(_stop_grace, "a duration from 0 to 1d", duration_text)
 idle_timeout = Check(_idle_timeout, "a duration from 1m to 12h", duration_text)
 every = Check(_every, "a duration in whole seconds, at least 1s", duration_text)
+
+
+def _dedupe_window(value: Any) -> float:
+    seconds = _positive_duration(value)
+    if seconds > DEDUPE_WINDOW_MAX_SECONDS:
+        raise ValueError(f"must be at most 365d, got {value!r}")
+    return seconds
+
+
+dedupe_window = Check(_dedupe_window, "a duration longer than zero, at most 365d", duration_text)
 retention = Check(
     _retention,
     'a duration, or "off" (or 0) to keep forever',

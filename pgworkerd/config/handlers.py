@@ -167,6 +167,13 @@ class HandlerConfig:
         help="Hand-back grace of this handler's jobs (default: worker.stop_grace; --grace "
         "overrides).",
     )
+    memory_estimate: int | None = key(
+        None,
+        check=checks.size,
+        example=512 << 20,
+        help="With worker.memory_budget: what one of its jobs is expected to use until 5 "
+        "of its attempts have a measured peak (default: its memory_limit).",
+    )
 
     @property
     def module(self) -> str:
@@ -241,11 +248,40 @@ class ScheduleConfig:
         help='After every daemon declaring it was down across ticks: "last" fires the '
         'latest missed tick once; "none" fires nothing late. Never one job per missed tick.',
     )
+    # Keys of the jobs it fires (schema 34): per-key limits and dedupe apply to them.
+    concurrency_key: str | None = key(
+        None,
+        check=checks.named("concurrency_key"),
+        example="reports",
+        help="The jobs' concurrency key: they share its slots of the handler's "
+        "max_running_per_key with every other job of the key.",
+    )
+    dedupe_key: str | None = key(
+        None,
+        check=checks.dedupe_key,
+        example="nightly-report",
+        help="The jobs' dedupe key: a tick that finds it held (by a job not finished, or "
+        "one within its dedupe_window, enqueued by this schedule or anyone) is recorded as "
+        "skipped, naming that job.",
+    )
+    dedupe_window: float | None = key(
+        None,
+        check=checks.dedupe_window,
+        example=3600.0,
+        help="With dedupe_key: the key stays held this long after the job finished.",
+    )
+
+    # added in schema 34: left out of the stored definition while unset, so that a
+    # definition declared before stays equal to this config's
+    _LATER_KEYS = ("concurrency_key", "dedupe_key", "dedupe_window")
 
     def definition(self) -> dict[str, Any]:
         """What the database keeps of it (schedules.definition) and `schedules` shows."""
         data = dataclasses.asdict(self)
         del data["name"]
+        for name in self._LATER_KEYS:
+            if data[name] is None:
+                del data[name]
         return data
 
     def job(self) -> dict[str, Any]:
@@ -258,6 +294,9 @@ class ScheduleConfig:
         }
         if self.max_attempts is not None:
             job["max_attempts"] = self.max_attempts
+        for name in self._LATER_KEYS:
+            if getattr(self, name) is not None:
+                job[name] = getattr(self, name)
         return job
 
 

@@ -126,6 +126,8 @@ def _schedule(reader: _Reader, name: str, handlers: dict[str, HandlerConfig]) ->
         )
     if "timezone" in values and "cron" not in values:
         raise reader.error("timezone", 'applies to "cron" only (an interval has no zone)')
+    if "dedupe_window" in values and "dedupe_key" not in values:
+        raise reader.error("dedupe_window", 'needs "dedupe_key" (the key it holds)')
     schedule: ScheduleConfig = _read_table(reader, ScheduleConfig, name=name)
     if not schedule.queue:
         declared = handlers.get(schedule.handler)

@@ -8,7 +8,7 @@ import importlib.util
 import pwd
 from collections.abc import Callable
 
-from pgworkerd.config.checks import is_loopback
+from pgworkerd.config.checks import is_loopback, size_text
 from pgworkerd.config.model import Config
 from pgworkerd.config.spec import ConfigError
 from pgworkerd.config.tables import WorkerConfig
@@ -26,6 +26,9 @@ RULES = (
     "queues are among worker.queues: its jobs would never run here otherwise.",
     "A handler's slots are at most worker.slots; its heartbeat_timeout is not longer "
     "than its timeout.",
+    "With worker.memory_budget every handler has a memory_estimate or a memory_limit (its "
+    "own or the worker's), and that is not larger than the budget: its jobs would never "
+    "be admitted here otherwise.",
     "metrics.listen needs prometheus-client installed (pip install 'pgworkerd[metrics]').",
     "web.bind other than a loopback address needs web.users; web.allow_anonymous "
     "contradicts web.users; web.action_dsn contradicts web.read_only; web.trusted_proxy "
@@ -49,6 +52,23 @@ def cross_check(config: Config, error: Callable[[str, str, str], ConfigError]) -
                 f"({format_duration(lease)} in [{table}]) so a lease survives two missed "
                 "renewals",
             )
+    if w.memory_budget is not None:
+        for h in config.handlers.values():
+            expected = h.memory_estimate or h.memory_limit or w.memory_limit
+            if expected is None:
+                raise error(
+                    f"handlers.{h.name}",
+                    "memory_estimate",
+                    "is needed with [worker] memory_budget (or a memory_limit): what one job "
+                    "of it is expected to use until its attempts have measured peaks",
+                )
+            if expected > w.memory_budget:
+                raise error(
+                    f"handlers.{h.name}",
+                    "memory_estimate" if h.memory_estimate else "memory_limit",
+                    f"{size_text(expected)} is larger than [worker] memory_budget "
+                    f"({size_text(w.memory_budget)}): its jobs would never be admitted here",
+                )
     if config.metrics.enabled and importlib.util.find_spec("prometheus_client") is None:
         raise error(
             "metrics",

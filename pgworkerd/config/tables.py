@@ -168,6 +168,16 @@ class WorkerConfig:
         help="With max_jobs_per_child > 1: a child whose own resident memory is past this "
         "after a job (a leak in a long-lived child) is replaced by a fresh one. Unset: never.",
     )
+    memory_budget: int | None = key(
+        None,
+        check=checks.size,
+        example=8 << 30,
+        help="Admission by measured memory (docs/guide/memory-admission.md): this host "
+        "claims a handler's job only while the jobs it runs are expected to fit in this "
+        "budget, each expected to use its handler's recent peak (the 95th percentile of its "
+        "last 50 measured attempts, at least 16MiB and at most its memory_limit; its "
+        "memory_estimate until 5 are measured). Unset: no admission by memory.",
+    )
     job_uids: tuple[int, int] | None = key(
         None,
         check=checks.uid_range,

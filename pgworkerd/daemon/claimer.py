@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Generic, Protocol
 
 from pgworkerd.config import Config
+from pgworkerd.daemon.admission import MemoryAdmission
 from pgworkerd.daemon.children import ChildSupervisor, ChildT
 from pgworkerd.daemon.hints import RateLimit
 from pgworkerd.daemon.jobtable import JobTable
@@ -109,8 +110,11 @@ class Claimer(Generic[ChildT]):
         listening: Callable[[], bool] = lambda: False,
         rng: random.Random | None = None,
         writer: OutcomeWriter | None = None,
+        admission: MemoryAdmission | None = None,
     ) -> None:
         self.config = config
+        # admission by measured memory: what fits of each handler (None or disabled: all)
+        self.admission = admission
         # Finished jobs' completions waiting to be written ride along with a claim: one
         # transaction, one commit for both (a busy daemon's cost per job is mostly commits).
         self.writer = writer
@@ -195,11 +199,20 @@ class Claimer(Generic[ChildT]):
         # With a fleet-wide limit, a short claim says nothing about what waits: jobs may
         # be held back only by the limit, and the slot that just freed here may be the
         # fleet slot they wait for. So claim again, as with a backlog.
-        if self.backlog or any(
-            h.max_running is not None or h.max_running_per_key is not None
-            for h in self.config.handlers.values()
+        # With admission by memory, a job that ends frees memory other handlers' jobs
+        # may be waiting for: claim again too.
+        if (
+            self.backlog
+            or self._admitting()
+            or any(
+                h.max_running is not None or h.max_running_per_key is not None
+                for h in self.config.handlers.values()
+            )
         ):
             self.request()
+
+    def _admitting(self) -> bool:
+        return self.admission is not None and self.admission.enabled
 
     def hold_back(self, hand_back: HandBack | None) -> None:
         """Claim none of the jobs a hand-back targets (None: claim them again)."""
@@ -280,6 +293,16 @@ class Claimer(Generic[ChildT]):
         capacity = self.capacity(free)
         if not capacity:
             return  # every handler held back by a hand-back
+        if self.admission is not None and self._admitting():
+            # whatever mix of handlers the claim takes, it fits the memory budget
+            free = min(
+                free,
+                self.admission.claim_cap(
+                    [n for n, c in capacity.items() if c.free > 0], self.table.busy_per_handler()
+                ),
+            )
+            if free <= 0:
+                return  # nothing fits now: a job that ends asks again (slot_freed)
         sent_at = self.clock()
         carried = self.writer.completions() if self.writer is not None else []
         if carried:
@@ -409,9 +432,12 @@ class Claimer(Generic[ChildT]):
                 queues = [q for q in (queues or self.config.queues) if q not in held.queues]
                 if not queues:
                     continue
+            fits = free if h.slots is None else min(free, h.slots - busy.get(name, 0))
+            if self.admission is not None and self._admitting():
+                fits = min(fits, self.admission.admits(name, busy))
             capacity[name] = HandlerCapacity(
                 lease_seconds=self.config.lease_for(h),
-                free=free if h.slots is None else min(free, h.slots - busy.get(name, 0)),
+                free=fits,
                 max_attempts=h.max_attempts,
                 queues=queues,
                 max_running=h.max_running,

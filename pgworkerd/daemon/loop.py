@@ -40,6 +40,7 @@ from setproctitle import setproctitle
 from pgworkerd.backoff import Backoff
 from pgworkerd.config import Config, ConfigError, file_warnings, load_config
 from pgworkerd.daemon.accounting import UsageWriter
+from pgworkerd.daemon.admission import HISTORY, HISTORY_JOBS, PERCENTILE, MemoryAdmission
 from pgworkerd.daemon.cgroups import JobCgroups
 from pgworkerd.daemon.claimer import Claimer
 from pgworkerd.daemon.dblink import MAX_RECONNECT_DELAY, RECONNECT_INITIAL, DatabaseLink
@@ -140,6 +141,13 @@ class Daemon:
             lambda when: self.claimer.request_at(when),
             on_written=self._outcomes_written,
         )
+        # admission by measured memory ([worker] memory_budget; daemon.admission)
+        self.admission = MemoryAdmission(
+            config,
+            lambda handlers: self.statements.memory_peaks(
+                handlers, percentile=PERCENTILE, last=HISTORY, jobs=HISTORY_JOBS
+            ),
+        )
         self.claimer = Claimer(
             config,
             self.statements,
@@ -149,6 +157,7 @@ class Daemon:
             peers=self.peers,
             listening=lambda: self.link.listening,
             writer=self.writer,
+            admission=self.admission,
         )
         self.leases = LeaseKeeper(
             self.statements, self.table, self.metrics, config.worker.renew_interval
@@ -293,6 +302,7 @@ class Daemon:
         if self.link.reconnect_if_due():
             self._database_restored()
         self.leases.tick(now)
+        self.admission.tick(now)  # the handlers' recent peaks, before the claim uses them
         self.claimer.set_accepting(self._accepting())
         # Claim and hand out before the registry heartbeat: a woken idle daemon starts
         # the job first (latency) and does its bookkeeping after. The writer owns the
@@ -397,6 +407,7 @@ class Daemon:
             self.stale_marking.next_deadline(),
             self.expiry.next_deadline(),
             self.wait_timeouts.next_deadline(),
+            self.admission.next_deadline(),
             self.supervisor.next_deadline(),
             self.link.next_deadline(),
             self.drain_deadline,
@@ -531,6 +542,7 @@ class Daemon:
         self.lifecycle.reload_error = ""
         self.table.configure(new.worker)
         self.joblogs.configure(new.logs)
+        self.admission.configure(new)
         self.claimer.configure(new)
         self.presence.configure(new)
         self.scheduler.configure(new)

@@ -148,6 +148,18 @@ class Statements:
             lambda c: attempts.record_usage(c, self.worker_id, usages, schema=self.schema),
         )
 
+    def memory_peaks(
+        self, handlers: Sequence[str], *, percentile: float, last: int, jobs: int
+    ) -> dict[str, attempts.MemoryPeak] | None:
+        """Per handler, its recent attempts' peak memory (memory admission; None: the
+        read failed)."""
+        return self.link.run(
+            "reading the handlers' recent peak memory",
+            lambda c: attempts.memory_peaks(
+                c, handlers, percentile=percentile, last=last, jobs=jobs, schema=self.schema
+            ),
+        )
+
     def write_logs(self, entries: list[LogWrite]) -> set[int] | None:
         """What running and ended attempts printed, to job_logs."""
         return self.link.run(

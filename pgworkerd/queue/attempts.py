@@ -82,3 +82,35 @@ def history(
     with conn.cursor(row_factory=dict_row) as cur:
         cur.execute(query("attempt_list", schema), {"id": job_id})
         return cur.fetchall()
+
+
+@dataclass(frozen=True)
+class MemoryPeak:
+    """A handler's recent peak memory: the percentile of its measured attempts' peaks
+    (bytes; None: none measured) and how many attempts it is taken over."""
+
+    peak: int | None
+    attempts: int
+
+
+def memory_peaks(
+    conn: psycopg.Connection[Any],
+    handlers: Sequence[str],
+    *,
+    percentile: float,
+    last: int,
+    jobs: int,
+    schema: str = DEFAULT_SCHEMA,
+) -> dict[str, MemoryPeak]:
+    """Per handler, the `percentile` of the peak memory of its `last` newest measured
+    attempts (among those of its newest `jobs` completed and dead jobs)."""
+    rows = conn.execute(
+        query("attempt_memory_peaks", schema),
+        {
+            "handlers": list(handlers),
+            "percentile": percentile,
+            "last": last,
+            "jobs": jobs,
+        },
+    ).fetchall()
+    return {name: MemoryPeak(None if peak is None else int(peak), int(n)) for name, peak, n in rows}

@@ -143,6 +143,51 @@ def test_enqueue_prints_the_id_and_stores_the_options(cli: Cli) -> None:
     assert cli.count() == 1
 
 
+def test_enqueue_dedupe_window_and_policies(cli: Cli) -> None:
+    job_id = cli.enqueue("h", "--dedupe-key", "k", "--dedupe-window", "1h")
+    assert cli.row(job_id)["dedupe_window_seconds"] == 3600
+    # reject: exit code 1 naming the holder, nothing written
+    out = cli(
+        "enqueue", "h", "--dedupe-key", "k", "--dedupe-policy", "reject", code=ExitCode.FAILURE
+    )
+    assert f"its dedupe key is held by job {job_id}" in out.stderr
+    assert cli.count() == 1
+    # debounce: the pending holder's run time moves to now + 30 s
+    again = cli.enqueue(
+        "h",
+        "--dedupe-key",
+        "k",
+        "--dedupe-policy",
+        "debounce",
+        "--debounce",
+        "30s",
+        "--debounce-max",
+        "5m",
+    )
+    assert again == job_id
+    row = cli.row(job_id)
+    assert timedelta(seconds=25) < row["run_at"] - row["created_at"] <= timedelta(seconds=31)
+    # show says how long a finished job holds its key
+    cli.sql(
+        "UPDATE @schema@.jobs SET status = 'completed', finished_at = now() WHERE id = %s",
+        (job_id,),
+    )
+    assert "dedupe: key 'k' held by this finished job until" in cli("show", str(job_id)).stdout
+    # an uncapped debounce is refused before the database sees it
+    out = cli(
+        "enqueue",
+        "h",
+        "--dedupe-key",
+        "k",
+        "--dedupe-policy",
+        "debounce",
+        "--debounce",
+        "30s",
+        code=ExitCode.CONFIG,
+    )
+    assert "an uncapped debounce could postpone it forever" in out.stderr
+
+
 def test_enqueue_defaults_and_run_at(cli: Cli) -> None:
     plain = cli.row(cli.enqueue("h"))
     assert (plain["queue"], plain["priority"], plain["max_attempts"]) == ("default", 0, 5)

@@ -271,10 +271,6 @@ def test_a_retried_parent_counts_as_unfinished_again(conn: psycopg.Connection, s
         ),
         ([{"handler": "b", "on_parent_failure": "run"}], "on_parent_failure needs parents"),
         (
-            [{"handler": "b", "after": [1], "dedupe_key": "k"}],
-            "a job with parents cannot have a dedupe_key",
-        ),
-        (
             [{"handler": "a", "dedupe_key": "k"}, {"handler": "b", "after_index": [0]}],
             "which has a dedupe_key",
         ),
@@ -317,7 +313,6 @@ def test_python_refuses_the_same_before_any_round_trip(
         ({"after": [True]}, "after must hold job ids"),
         ({"after": [1], "on_parent_failure": "never"}, "on_parent_failure must be"),
         ({"on_parent_failure": "run"}, "on_parent_failure needs parents"),
-        ({"after": [1], "dedupe_key": "k"}, "cannot have a dedupe_key"),
         ({"expires_at": datetime(2000, 1, 1, tzinfo=UTC)}, "expires_at is in the past"),
         ({"expires_at": datetime(2100, 1, 1)}, "timezone-aware"),
         ({"expire_in": float("inf")}, "expire_in must be above 0"),

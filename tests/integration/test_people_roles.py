@@ -275,6 +275,11 @@ STATEMENTS: dict[str, Statement] = {
         'SELECT @schema@.enqueue_many_v3(\'[{"handler": "h", "expire_in": 60}]\')',
         {},
     ),
+    # dedupe windows and policies (schema 34)
+    "enqueue_v4": (
+        "SELECT @schema@.enqueue_v4('h', dedupe_key => 'k', dedupe_window => '1 hour')",
+        {},
+    ),
     # (job 1 is not held: the call is refused with 22023, which counts as allowed)
     "release a held job": (
         "DO $$ BEGIN PERFORM @schema@.job_held_release(1);"
@@ -309,6 +314,7 @@ ENQUEUES = {
     "enqueue_many_v2",
     "enqueue_v3",
     "enqueue_many_v3",
+    "enqueue_v4",
 }
 ACTIONS = {
     "cancel",

@@ -39,6 +39,13 @@ PAGE = ROOT / "docs" / "operations" / "trust-boundaries.md"
 
 # Items held by tests in other files: item -> ["path::test", ...].
 ELSEWHERE: dict[str, list[str]] = {
+    "It holds a dedupe key for at most 365 days after its job finished (`dedupe_window`), and"
+    " its debounce moves only a pending job its own login enqueued, never past that job's"
+    " enqueue + the `debounce_max` it gives (at most 365 days): another login's job holding"
+    " the key is returned unchanged.": [
+        "tests/integration/test_dedupe_windows.py"
+        "::test_an_enqueuer_debounces_only_its_own_logins_jobs_within_a_year",
+    ],
     "It enqueues batches ([Batches](../guide/batches.md): at most 100,000 members and one"
     " callback, in one transaction) and pages the members' outcomes only of a batch whose"
     " callback its own login enqueued: another login's batch is refused as unknown, and it"

@@ -256,6 +256,8 @@ def test_the_package_face_names_the_application_api() -> None:
         "InvalidJob",
         "JobSpec",
         "__version__",
+        # dedupe_policy "reject" (issue 25)
+        "DuplicateJob",
         "enqueue",
         "enqueue_many",
         # waiting for a job, and a handler's outcomes (issue 11)

@@ -121,6 +121,7 @@ NAMED_BEFORE_THE_RULE: dict[str, tuple[str, ...]] = {
         "claim_v4",
         "enqueue_many_v3",
         "enqueue_v3",
+        "enqueue_v4",  # schema 34 (issue 25): enqueue_v3 with dedupe windows and policies
     ),
     "schemas 24-25, written beside the rule: helpers named for their area": (
         "cron_field_matches",

@@ -319,7 +319,26 @@ BEGIN
         job_id := blocking;
         RETURN;
     END IF;
-    job_id := (@schema@.enqueue_many(jsonb_build_array(job)))[1];
+    -- A dedupe key held (0034: by a job not finished, or one within its window): the
+    -- tick is skipped, naming the holder (the key's lapsed window released first).
+    IF jsonb_typeof(job -> 'dedupe_key') = 'string' THEN
+        PERFORM @schema@.job_dedupe_release(jsonb_build_array(job));
+        SELECT ex.id INTO blocking FROM @schema@.jobs ex
+         WHERE ex.handler = job ->> 'handler' AND ex.dedupe_key = job ->> 'dedupe_key'
+           AND (ex.status IN ('pending', 'waiting', 'suspended', 'running')
+                OR ex.dedupe_window_seconds IS NOT NULL);
+        IF blocking IS NOT NULL THEN
+            INSERT INTO @schema@.schedule_runs (schedule, tick, skipped, fired_by)
+            VALUES (name, tick, 'dedupe key ' || quote_literal(job ->> 'dedupe_key')
+                                || ' is held by job ' || blocking, worker);
+            outcome := 'skipped';
+            job_id := blocking;
+            RETURN;
+        END IF;
+    END IF;
+    -- enqueue_many_v3 (0034; enqueue_many before): the same checks, and the job may carry
+    -- a concurrency key and a dedupe window
+    job_id := (@schema@.enqueue_many_v3(jsonb_build_array(job)))[1];
     INSERT INTO @schema@.schedule_runs (schedule, tick, job_id, fired_by)
     VALUES (name, tick, schedule_fire.job_id, worker);
     outcome := 'fired';

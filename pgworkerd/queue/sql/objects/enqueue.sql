@@ -221,12 +221,42 @@ BEGIN
 END;
 $$;
 
+-- Dedupe windows (0034): release the keys of `jobs` (enqueue_many's job objects: those
+-- with a string handler and dedupe_key) that a finished job holds past its window, so
+-- that the insert that follows may take them. The unique index keeps a finished holder's
+-- key until it is released (here, by the single enqueue's retry, or by retention's sweep
+-- in prune_finished_v2), so the window is exact at every enqueue whatever the sweep's
+-- pace. A probe of jobs_dedupe_live_idx per key; nothing written when no window has
+-- passed. The enqueue_many functions call it only while some finished job holds a key
+-- (one probe of jobs_dedupe_held_idx, empty unless windows are used). PL/pgSQL: its plan
+-- is kept for the session.
+CREATE FUNCTION @schema@.job_dedupe_release(jobs jsonb)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE @schema@.jobs h SET dedupe_window_seconds = NULL
+      FROM (SELECT DISTINCT t.e->>'handler' AS handler, t.e->>'dedupe_key' AS dedupe_key
+              FROM jsonb_array_elements(jobs) AS t(e)
+             WHERE jsonb_typeof(t.e) = 'object'
+               AND jsonb_typeof(t.e->'handler') = 'string'
+               AND jsonb_typeof(t.e->'dedupe_key') = 'string') k
+     WHERE h.dedupe_key = k.dedupe_key AND h.handler = k.handler
+       AND h.dedupe_window_seconds IS NOT NULL
+       AND h.finished_at + make_interval(secs => h.dedupe_window_seconds) <= now();
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.job_dedupe_release(jsonb) FROM PUBLIC;
+
 -- The one definition of enqueue. Takes a JSON array of job objects:
 --   {"handler": text, "payload": object, "queue": text, "priority": int,
 --    "run_at": timestamptz | "delay": interval, "max_attempts": int, "dedupe_key": text}
--- and returns the job ids in input order. A dedupe key that matches a pending or running
--- job of the same handler returns that job's id instead of inserting (keys are scoped per
--- handler: one application cannot squat another's). Listeners are notified on commit, once
+-- and returns the job ids in input order. A dedupe key that matches the key's holder of the
+-- same handler (a job not finished, or a finished one within its dedupe window: 0034)
+-- returns that job's id instead of inserting (keys are scoped per handler: one
+-- application cannot squat another's). Listeners are notified on commit, once
 -- per queue.
 --
 -- Bounds (pgworkerd/bounds.py holds the same for Python; each refusal is SQLSTATE 22023
@@ -297,6 +327,11 @@ BEGIN
           INTO ids, queues
           FROM inserted;
     ELSE
+        -- a key whose finished holder's window has passed is free again (0034)
+        IF EXISTS (SELECT FROM @schema@.jobs h
+                    WHERE h.finished_at IS NOT NULL AND h.dedupe_window_seconds IS NOT NULL) THEN
+            PERFORM @schema@.job_dedupe_release(jobs);
+        END IF;
         WITH input AS MATERIALIZED (
             SELECT n, nextval('@schema@.jobs_id_seq') AS new_id,
                    coalesce(e->>'queue', 'default') AS queue,
@@ -317,7 +352,9 @@ BEGIN
             FROM input
             ORDER BY n
             ON CONFLICT (dedupe_key, handler)
-                WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
+                WHERE dedupe_key IS NOT NULL
+                  AND (status IN ('pending', 'waiting', 'suspended', 'running')
+                       OR dedupe_window_seconds IS NOT NULL)
                 DO NOTHING
             RETURNING j.id, j.handler, j.dedupe_key
         )
@@ -329,7 +366,8 @@ BEGIN
                    -- an equal live job that already existed
                    (SELECT ex.id FROM @schema@.jobs ex
                      WHERE ex.handler = input.handler AND ex.dedupe_key = input.dedupe_key
-                       AND ex.status IN ('pending', 'running')))
+                       AND (ex.status IN ('pending', 'waiting', 'suspended', 'running')
+                            OR ex.dedupe_window_seconds IS NOT NULL)))
                ORDER BY input.n),
                array_agg(DISTINCT input.queue)
           INTO ids, queues
@@ -373,6 +411,7 @@ DECLARE
     delay_min constant interval := '-4000 years';  -- see enqueue_valid
     delay_max constant interval := '8000 years';
     new_id bigint;
+    lapsed boolean;
 BEGIN
     -- Arguments are named like columns: unqualified names are columns (use_column above),
     -- the arguments are written enqueue.name.
@@ -425,25 +464,39 @@ BEGIN
                 coalesce(enqueue.max_attempts, 5))
         RETURNING j.id INTO new_id;
     ELSE
-        INSERT INTO @schema@.jobs AS j
-            (queue, handler, payload, priority, run_at, max_attempts, dedupe_key)
-        VALUES (coalesce(enqueue.queue, 'default'), enqueue.handler, enqueue.payload,
-                coalesce(enqueue.priority, 0),
-                coalesce(enqueue.run_at, now() + coalesce(enqueue.delay, interval '0')),
-                coalesce(enqueue.max_attempts, 5), enqueue.dedupe_key)
-        ON CONFLICT (dedupe_key, handler)
-            WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
-            DO NOTHING
-        RETURNING j.id INTO new_id;
-        IF new_id IS NULL THEN
-            SELECT ex.id INTO new_id FROM @schema@.jobs ex
+        -- At most twice: a key held by a finished job whose dedupe window has passed
+        -- (0034) is released, and the insert tried again. Only a conflict pays for it.
+        FOR attempt IN 1..2 LOOP
+            INSERT INTO @schema@.jobs AS j
+                (queue, handler, payload, priority, run_at, max_attempts, dedupe_key)
+            VALUES (coalesce(enqueue.queue, 'default'), enqueue.handler, enqueue.payload,
+                    coalesce(enqueue.priority, 0),
+                    coalesce(enqueue.run_at, now() + coalesce(enqueue.delay, interval '0')),
+                    coalesce(enqueue.max_attempts, 5), enqueue.dedupe_key)
+            ON CONFLICT (dedupe_key, handler)
+                WHERE dedupe_key IS NOT NULL
+                  AND (status IN ('pending', 'waiting', 'suspended', 'running')
+                       OR dedupe_window_seconds IS NOT NULL)
+                DO NOTHING
+            RETURNING j.id INTO new_id;
+            EXIT WHEN new_id IS NOT NULL;
+            SELECT ex.id,
+                   ex.finished_at + make_interval(secs => ex.dedupe_window_seconds) <= now()
+              INTO new_id, lapsed
+              FROM @schema@.jobs ex
              WHERE ex.handler = enqueue.handler AND ex.dedupe_key = enqueue.dedupe_key
-               AND ex.status IN ('pending', 'running');
-            IF new_id IS NULL THEN
-                RAISE EXCEPTION
-                    'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
-                    USING ERRCODE = 'serialization_failure';
-            END IF;
+               AND (ex.status IN ('pending', 'waiting', 'suspended', 'running')
+                    OR ex.dedupe_window_seconds IS NOT NULL);
+            EXIT WHEN lapsed IS NOT TRUE OR attempt = 2;
+            UPDATE @schema@.jobs h SET dedupe_window_seconds = NULL
+             WHERE h.id = new_id AND h.dedupe_window_seconds IS NOT NULL
+               AND h.finished_at + make_interval(secs => h.dedupe_window_seconds) <= now();
+            new_id := NULL;
+        END LOOP;
+        IF new_id IS NULL THEN
+            RAISE EXCEPTION
+                'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
+                USING ERRCODE = 'serialization_failure';
         END IF;
     END IF;
     PERFORM pg_notify(@schema_literal@ || '.jobs', coalesce(enqueue.queue, 'default'));
@@ -551,6 +604,11 @@ BEGIN
         PERFORM @schema@.enqueue_bounds_check(jobs);
     END IF;
 
+    -- a key whose finished holder's window has passed is free again (0034)
+    IF EXISTS (SELECT FROM @schema@.jobs h
+                WHERE h.finished_at IS NOT NULL AND h.dedupe_window_seconds IS NOT NULL) THEN
+        PERFORM @schema@.job_dedupe_release(jobs);
+    END IF;
     -- One path for keys and no keys: the dedupe path of enqueue_many (its plain path
     -- is kept for enqueue_many, which the client still uses for jobs without a key).
     WITH raw AS MATERIALIZED (
@@ -583,7 +641,9 @@ BEGIN
         FROM input
         ORDER BY n
         ON CONFLICT (dedupe_key, handler)
-            WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
+            WHERE dedupe_key IS NOT NULL
+              AND (status IN ('pending', 'waiting', 'suspended', 'running')
+                   OR dedupe_window_seconds IS NOT NULL)
             DO NOTHING
         RETURNING j.id, j.handler, j.dedupe_key
     )
@@ -595,7 +655,8 @@ BEGIN
                -- an equal live job that already existed
                (SELECT ex.id FROM @schema@.jobs ex
                  WHERE ex.handler = input.handler AND ex.dedupe_key = input.dedupe_key
-                   AND ex.status IN ('pending', 'running')))
+                   AND (ex.status IN ('pending', 'waiting', 'suspended', 'running')
+                        OR ex.dedupe_window_seconds IS NOT NULL)))
            ORDER BY input.n),
            array_agg(DISTINCT input.queue)
       INTO ids, queues
@@ -667,7 +728,11 @@ REVOKE EXECUTE ON FUNCTION @schema@.enqueue_v2(text, jsonb, text, integer, times
 --     a job with a dedupe_key (a dedupe hit would make the parent another, older job);
 --   at most 1,000 parents in all (after and after_index together);
 --   on_parent_failure: "cancel" (the default), "run" or "hold", only with parents;
---   no dedupe_key with parents (a waiting job is not in the dedupe index);
+--   (a dedupe_key with parents is allowed since 0034: a waiting job holds its key);
+--   dedupe_window, debounce, debounce_max: seconds or an interval, above 0, at most 365
+--     days; dedupe_policy "existing", "reject" or "debounce"; window and policy only with
+--     a dedupe_key, debounce keys only with "debounce", which needs both (debounce_max at
+--     least debounce) and takes no run_at or delay (0034);
 --   expires_at (a timestamp, in the future, before 9000-01-01) or expire_in (an interval
 --     or a number of seconds, above 0, at most 100 years), not both, and not before the
 --     job's run_at (it could never start);
@@ -683,8 +748,12 @@ AS $$
 DECLARE
     known_keys constant text[] :=
         '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key,concurrency_key,'
-        'after,after_index,on_parent_failure,expires_at,expire_in,timeout}';
+        'after,after_index,on_parent_failure,expires_at,expire_in,timeout,'
+        'dedupe_window,dedupe_policy,debounce,debounce_max}';
     max_parents constant integer := 1000;
+    durations constant text[] := '{dedupe_window,debounce,debounce_max}';
+    duration text;
+    policy text;
     parents integer := 0;
     item jsonb;
     expires timestamptz;
@@ -750,9 +819,7 @@ BEGIN
             RETURN 'on_parent_failure needs parents (after or after_index)';
         END IF;
     END IF;
-    IF parents > 0 AND jsonb_typeof(e->'dedupe_key') = 'string' THEN
-        RETURN 'a job with parents cannot have a dedupe_key';
-    END IF;
+    -- (a job with parents may have a dedupe_key since 0034: a waiting job holds its key)
     IF jsonb_typeof(e->'expires_at') IS NOT NULL AND jsonb_typeof(e->'expires_at') <> 'null' THEN
         IF jsonb_typeof(e->'expire_in') IS NOT NULL AND jsonb_typeof(e->'expire_in') <> 'null' THEN
             RETURN 'give expires_at or expire_in, not both';
@@ -814,9 +881,76 @@ BEGIN
             RETURN 'timeout must be above 0 and at most 365 days, not ' || (e->>'timeout');
         END IF;
     END IF;
+    -- Dedupe windows and policies (0034)
+    FOREACH duration IN ARRAY durations LOOP
+        CONTINUE WHEN jsonb_typeof(e->duration) IS NULL OR jsonb_typeof(e->duration) = 'null';
+        IF NOT (jsonb_typeof(e->duration) = 'number'
+                OR (jsonb_typeof(e->duration) = 'string'
+                    AND @schema@.readable(e->>duration, 'interval')
+                    AND (e->>duration)::interval BETWEEN '-1000 years' AND '1000 years')) THEN
+            RETURN duration || ' must be seconds or an interval (such as "10 minutes"), not '
+                   || left((e->duration)::text, 100);
+        END IF;
+        seconds := @schema@.job_duration_seconds(e->duration);
+        IF NOT (seconds > 0 AND seconds <= 31536000) THEN
+            RETURN duration || ' must be above 0 and at most 365 days, not ' || (e->>duration);
+        END IF;
+    END LOOP;
+    IF jsonb_typeof(e->'dedupe_policy') IS NOT NULL AND jsonb_typeof(e->'dedupe_policy') <> 'null'
+    THEN
+        IF NOT (jsonb_typeof(e->'dedupe_policy') = 'string'
+                AND e->>'dedupe_policy' IN ('existing', 'reject', 'debounce')) THEN
+            RETURN 'dedupe_policy must be "existing", "reject" or "debounce", not '
+                   || left((e->'dedupe_policy')::text, 100);
+        END IF;
+        policy := e->>'dedupe_policy';
+    END IF;
+    IF jsonb_typeof(e->'dedupe_key') IS DISTINCT FROM 'string' THEN
+        IF policy IS NOT NULL OR jsonb_typeof(e->'dedupe_window') <> 'null' THEN
+            RETURN 'dedupe_window and dedupe_policy need a dedupe_key';
+        END IF;
+    END IF;
+    IF policy IS DISTINCT FROM 'debounce' THEN
+        IF jsonb_typeof(e->'debounce') <> 'null' OR jsonb_typeof(e->'debounce_max') <> 'null' THEN
+            RETURN 'debounce and debounce_max go with dedupe_policy "debounce"';
+        END IF;
+    ELSE
+        IF jsonb_typeof(e->'debounce') IS NULL OR jsonb_typeof(e->'debounce') = 'null' THEN
+            RETURN 'dedupe_policy "debounce" needs debounce (how far each enqueue of the key '
+                   'moves the pending job''s run time)';
+        END IF;
+        IF jsonb_typeof(e->'debounce_max') IS NULL OR jsonb_typeof(e->'debounce_max') = 'null'
+        THEN
+            RETURN 'dedupe_policy "debounce" needs debounce_max (how long after its enqueue '
+                   'the job may be postponed at most): an uncapped debounce could postpone it '
+                   'forever';
+        END IF;
+        IF @schema@.job_duration_seconds(e->'debounce_max')
+           < @schema@.job_duration_seconds(e->'debounce') THEN
+            RETURN 'debounce_max (' || (e->>'debounce_max') || ') must be at least debounce ('
+                   || (e->>'debounce') || ')';
+        END IF;
+        IF coalesce(jsonb_typeof(e->'run_at'), 'null') <> 'null'
+           OR coalesce(jsonb_typeof(e->'delay'), 'null') <> 'null' THEN
+            RETURN 'dedupe_policy "debounce" sets the run time (now + debounce): give no '
+                   'run_at or delay';
+        END IF;
+    END IF;
     RETURN NULL;
 END;
 $$;
+
+-- A duration of a job object (dedupe_window, debounce, debounce_max: 0034) in seconds: a
+-- number of seconds or an interval's text (checked by job_extras_problem); NULL: none.
+CREATE FUNCTION @schema@.job_duration_seconds(value jsonb)
+RETURNS float8
+LANGUAGE sql
+STABLE
+BEGIN ATOMIC
+    SELECT CASE jsonb_typeof(value)
+               WHEN 'number' THEN (value #>> '{}')::float8
+               WHEN 'string' THEN extract(epoch FROM (value #>> '{}')::interval)::float8 END;
+END;
 
 -- The timeout of a job object, in seconds (checked by job_extras_problem), NULL: none.
 CREATE FUNCTION @schema@.job_timeout_seconds(e jsonb)
@@ -836,7 +970,17 @@ END;
 --   "after_index": [positions]  parents earlier in the same call, 0-based;
 --   "on_parent_failure": "cancel" | "run" | "hold"  (job_parents.sql says what each does);
 --   "expires_at": timestamptz | "expire_in": interval or seconds  (not started after it);
---   "timeout": seconds or interval  (overrides the handler's timeout for this job).
+--   "timeout": seconds or interval  (overrides the handler's timeout for this job);
+-- and with a dedupe_key (0034, docs/guide/enqueue.md "Dedupe"):
+--   "dedupe_window": seconds or interval  (the key stays held that long after the job
+--                               finished, whatever its end; above 0, at most 365 days);
+--   "dedupe_policy": "existing" | "reject" | "debounce"  (what an enqueue that finds the
+--                               key held does: return the holder's id (the default), raise
+--                               SQLSTATE PGWD1 naming it, or move the pending holder's run
+--                               time to now + debounce, capped at its enqueue + debounce_max);
+--   "debounce", "debounce_max": seconds or intervals, both required by "debounce" (which
+--                               sets run_at: no run_at or delay with it).
+-- A waiting or suspended job holds its key too (0034), so a job with parents may have one.
 -- A job with a parent that has not finished is inserted 'waiting'; one whose parents all
 -- completed already is pending at once; one with a parent already dead or cancelled
 -- follows its policy at once (cancelled, pending, or held). Every refusal (unknown or
@@ -854,7 +998,8 @@ SET intervalstyle = 'postgres'
 AS $$
 DECLARE
     extras constant text[] :=
-        '{after,after_index,on_parent_failure,expires_at,expire_in,timeout}';
+        '{after,after_index,on_parent_failure,expires_at,expire_in,timeout,'
+        'dedupe_window,dedupe_policy,debounce,debounce_max}';
     v2_keys constant text[] :=
         '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key,concurrency_key}';
     total integer;
@@ -865,6 +1010,8 @@ DECLARE
     missing bigint;
     bad record;
     problem text;
+    hits jsonb;
+    hit record;
 BEGIN
     IF jobs IS NULL OR jsonb_typeof(jobs) <> 'array' THEN
         RAISE EXCEPTION 'pgworkerd: enqueue_many expects a JSON array of job objects'
@@ -922,6 +1069,12 @@ BEGIN
         UPDATE @schema@.jobs j SET has_children = true WHERE j.id = ANY (parent_ids);
     END IF;
 
+    -- a key whose finished holder's window has passed is free again (0034)
+    IF EXISTS (SELECT FROM @schema@.jobs h
+                WHERE h.finished_at IS NOT NULL AND h.dedupe_window_seconds IS NOT NULL) THEN
+        PERFORM @schema@.job_dedupe_release(jobs);
+    END IF;
+
     WITH raw AS MATERIALIZED (
         SELECT n, e, CASE WHEN jsonb_typeof(e) = 'object' THEN e - 'concurrency_key' - extras
                           ELSE e END AS rest,
@@ -964,11 +1117,18 @@ BEGIN
                END AS handler,
                coalesce(e->'payload', '{}') AS payload,
                coalesce((e->>'priority')::numeric::integer, 0) AS priority,
-               coalesce((e->>'run_at')::timestamptz,
-                        now() + coalesce((e->>'delay')::interval, interval '0')) AS run_at,
+               CASE WHEN e->>'dedupe_policy' = 'debounce'
+                    THEN now() + make_interval(secs => @schema@.job_duration_seconds(e->'debounce'))
+                    ELSE coalesce((e->>'run_at')::timestamptz,
+                                  now() + coalesce((e->>'delay')::interval, interval '0'))
+                    END AS run_at,
                coalesce((e->>'max_attempts')::numeric::integer, 5) AS max_attempts,
                e->>'dedupe_key' AS dedupe_key,
                e->>'concurrency_key' AS concurrency_key,
+               @schema@.job_duration_seconds(e->'dedupe_window') AS dedupe_window_seconds,
+               coalesce(e->>'dedupe_policy', 'existing') AS dedupe_policy,
+               @schema@.job_duration_seconds(e->'debounce') AS debounce_seconds,
+               @schema@.job_duration_seconds(e->'debounce_max') AS debounce_max_seconds,
                CASE WHEN NOT has_parents THEN 'pending'
                     WHEN unfinished = 0
                          AND (failed = 0 OR e->>'on_parent_failure' = 'run') THEN 'pending'
@@ -986,41 +1146,103 @@ BEGIN
         INSERT INTO @schema@.jobs AS j
             (id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key,
              concurrency_key, status, parents_unfinished, parents_failed, on_parent_failure,
-             has_children, expires_at, timeout_seconds)
+             has_children, expires_at, timeout_seconds, dedupe_window_seconds)
         SELECT new_id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key,
                concurrency_key, status, parents_unfinished, parents_failed,
-               on_parent_failure, has_children, expires_at, timeout_seconds
+               on_parent_failure, has_children, expires_at, timeout_seconds,
+               dedupe_window_seconds
         FROM input
         ORDER BY n
         ON CONFLICT (dedupe_key, handler)
-            WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')
+            WHERE dedupe_key IS NOT NULL
+              AND (status IN ('pending', 'waiting', 'suspended', 'running')
+                   OR dedupe_window_seconds IS NOT NULL)
             DO NOTHING
         RETURNING j.id, j.handler, j.dedupe_key
     ), edges AS (
+        -- the edges of the jobs inserted (a dedupe hit inserts no job, so no edge: 0034)
         INSERT INTO @schema@.job_parents (child_id, parent_id)
         SELECT c.new_id, x::numeric::bigint
-          FROM input c, jsonb_array_elements_text(c.after) AS x
+          FROM input c JOIN inserted ci ON ci.id = c.new_id,
+               jsonb_array_elements_text(c.after) AS x
         UNION
         SELECT c.new_id, p.new_id
-          FROM input c, jsonb_array_elements_text(c.after_index) AS x
+          FROM input c JOIN inserted ci ON ci.id = c.new_id,
+               jsonb_array_elements_text(c.after_index) AS x
           JOIN input p ON p.n = x::integer + 1
+    ), resolved AS (
+        SELECT input.n, input.queue, ins.id IS NULL AS hit, input.dedupe_policy,
+               input.debounce_seconds, input.debounce_max_seconds,
+               coalesce(
+                   ins.id,
+                   (SELECT min(i2.id) FROM inserted i2
+                     WHERE i2.handler = input.handler AND i2.dedupe_key = input.dedupe_key),
+                   (SELECT ex.id FROM @schema@.jobs ex
+                     WHERE ex.handler = input.handler AND ex.dedupe_key = input.dedupe_key
+                       AND (ex.status IN ('pending', 'waiting', 'suspended', 'running')
+                            OR ex.dedupe_window_seconds IS NOT NULL))) AS id
+          FROM input LEFT JOIN inserted ins ON ins.id = input.new_id
     )
-    SELECT array_agg(coalesce(
-               ins.id,
-               (SELECT min(i2.id) FROM inserted i2
-                 WHERE i2.handler = input.handler AND i2.dedupe_key = input.dedupe_key),
-               (SELECT ex.id FROM @schema@.jobs ex
-                 WHERE ex.handler = input.handler AND ex.dedupe_key = input.dedupe_key
-                   AND ex.status IN ('pending', 'running')))
-           ORDER BY input.n),
-           array_agg(DISTINCT input.queue)
-      INTO ids, queues
-      FROM input LEFT JOIN inserted ins ON ins.id = input.new_id;
+    SELECT array_agg(r.id ORDER BY r.n), array_agg(DISTINCT r.queue),
+           -- the dedupe hits whose policy is not "existing" (0034), handled below
+           jsonb_agg(jsonb_build_object('n', r.n, 'id', r.id, 'policy', r.dedupe_policy,
+                                        'debounce', r.debounce_seconds,
+                                        'debounce_max', r.debounce_max_seconds)
+                     ORDER BY r.n)
+               FILTER (WHERE r.hit AND r.dedupe_policy <> 'existing')
+      INTO ids, queues, hits
+      FROM resolved r;
 
+    IF array_position(ids, NULL) IS NOT NULL THEN
+        -- A holder that committed after the statement's snapshot (its insert of the same
+        -- key made ours wait, then conflict): a new statement sees it under READ COMMITTED
+        -- (0034; under REPEATABLE READ it stays unseen, and the caller retries).
+        SELECT array_agg(coalesce(x.id, (
+                   SELECT ex.id FROM @schema@.jobs ex
+                    WHERE ex.handler = t.e->>'handler' AND ex.dedupe_key = t.e->>'dedupe_key'
+                      AND (ex.status IN ('pending', 'waiting', 'suspended', 'running')
+                           OR ex.dedupe_window_seconds IS NOT NULL)))
+                   ORDER BY x.n)
+          INTO ids
+          FROM unnest(ids) WITH ORDINALITY AS x(id, n)
+          JOIN jsonb_array_elements(jobs) WITH ORDINALITY AS t(e, n) ON t.n = x.n;
+        SELECT jsonb_agg(h || jsonb_build_object('id', ids[(h->>'n')::integer])
+                         ORDER BY (h->>'n')::integer)
+          INTO hits
+          FROM jsonb_array_elements(hits) AS h;
+    END IF;
     IF array_position(ids, NULL) IS NOT NULL THEN
         RAISE EXCEPTION 'pgworkerd: a job with an equal dedupe key changed concurrently; retry'
             USING ERRCODE = 'serialization_failure';
     END IF;
+
+    -- Dedupe policies (0034): "reject" refuses the call (SQLSTATE PGWD1, the holder's id
+    -- in the message and, as JSON, in the detail: nothing is written); "debounce" moves the
+    -- holder's run time to now + debounce if it is pending, never earlier than it was and
+    -- never past its enqueue + debounce_max (a holder not pending, or another login's, is
+    -- returned as it is).
+    FOR hit IN SELECT h.n, h.id, h.policy, h.debounce, h.debounce_max
+                 FROM jsonb_to_recordset(hits)
+                      AS h(n bigint, id bigint, policy text, debounce float8, debounce_max float8)
+                ORDER BY h.n LOOP
+        IF hit.policy = 'reject' THEN
+            RAISE EXCEPTION 'pgworkerd: job % of %: its dedupe key is held by job %',
+                            hit.n, total, hit.id
+                USING ERRCODE = 'PGWD1',
+                      DETAIL = jsonb_build_object('job_id', hit.id)::text,
+                      HINT = 'dedupe_policy "reject" refuses a key another job holds; '
+                             '"existing" returns that job''s id instead.';
+        END IF;
+        UPDATE @schema@.jobs j
+           SET run_at = greatest(j.run_at,
+                                 least(now() + make_interval(secs => hit.debounce),
+                                       j.created_at + make_interval(secs => hit.debounce_max)))
+         WHERE j.id = hit.id AND j.status = 'pending'
+           -- only a job the caller may read (as job_get_v1): an enqueuer postpones its own
+           -- login's jobs, never another application's
+           AND (j.enqueued_by = session_user
+                OR has_any_column_privilege(session_user, '@schema@.jobs', 'SELECT'));
+    END LOOP;
 
     -- A parent that had already ended dead or cancelled cancels a child whose policy says
     -- so, now: through an UPDATE, so that the child's own children in this call see it
@@ -1095,3 +1317,65 @@ REVOKE EXECUTE ON FUNCTION @schema@.enqueue_many_v3(jsonb) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION @schema@.enqueue_v3(text, jsonb, text, integer, timestamptz, interval,
                                                integer, text, text, bigint[], text,
                                                timestamptz, interval, interval) FROM PUBLIC;
+
+-- Enqueue one job with a dedupe window or policy (0034): enqueue_v3's arguments, then
+-- dedupe_window, dedupe_policy ('existing', 'reject' or 'debounce'), debounce and
+-- debounce_max; one job of enqueue_many_v3 (the same checks, messages and policies: a
+-- rejected job raises SQLSTATE PGWD1 naming the holder).
+CREATE FUNCTION @schema@.enqueue_v4(
+    handler text,
+    payload jsonb DEFAULT '{}',
+    queue text DEFAULT 'default',
+    priority integer DEFAULT 0,
+    run_at timestamptz DEFAULT NULL,
+    delay interval DEFAULT NULL,
+    max_attempts integer DEFAULT 5,
+    dedupe_key text DEFAULT NULL,
+    concurrency_key text DEFAULT NULL,
+    after bigint[] DEFAULT NULL,
+    on_parent_failure text DEFAULT NULL,
+    expires_at timestamptz DEFAULT NULL,
+    expire_in interval DEFAULT NULL,
+    timeout interval DEFAULT NULL,
+    dedupe_window interval DEFAULT NULL,
+    dedupe_policy text DEFAULT NULL,
+    debounce interval DEFAULT NULL,
+    debounce_max interval DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET intervalstyle = 'postgres'
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF cardinality(enqueue_v4.after) > 1000 THEN
+        -- refused before a JSON array of that size is built
+        RAISE EXCEPTION 'pgworkerd: job 1 of 1: a job may have at most 1000 parents, not %',
+            cardinality(enqueue_v4.after)
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN (@schema@.enqueue_many_v3(jsonb_build_array(
+        jsonb_build_object('payload', enqueue_v4.payload)
+        || jsonb_strip_nulls(jsonb_build_object(
+            'handler', enqueue_v4.handler, 'queue', enqueue_v4.queue,
+            'priority', enqueue_v4.priority, 'run_at', enqueue_v4.run_at,
+            'delay', enqueue_v4.delay::text, 'max_attempts', enqueue_v4.max_attempts,
+            'dedupe_key', enqueue_v4.dedupe_key,
+            'concurrency_key', enqueue_v4.concurrency_key,
+            'after', to_jsonb(enqueue_v4.after),
+            'on_parent_failure', enqueue_v4.on_parent_failure,
+            'expires_at', enqueue_v4.expires_at,
+            'expire_in', enqueue_v4.expire_in::text,
+            'timeout', enqueue_v4.timeout::text,
+            'dedupe_window', enqueue_v4.dedupe_window::text,
+            'dedupe_policy', enqueue_v4.dedupe_policy,
+            'debounce', enqueue_v4.debounce::text,
+            'debounce_max', enqueue_v4.debounce_max::text)))))[1];
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.enqueue_v4(text, jsonb, text, integer, timestamptz, interval,
+                                               integer, text, text, bigint[], text,
+                                               timestamptz, interval, interval, interval,
+                                               text, interval, interval) FROM PUBLIC;

@@ -79,6 +79,13 @@ CREATE TABLE @schema@.jobs (
     -- The batch this job is a member of (0030, batches.sql): its final status counts
     -- towards the batch's callback. NULL for every other job (the callback included).
     batch_id         bigint,
+    -- Dedupe windows (0034, docs/guide/enqueue.md): the job's dedupe key stays held this
+    -- many seconds after it finished (jobs_dedupe_live_idx keeps the row while this is
+    -- set). NULL: released when it finishes (or released since: an enqueue of the key, or
+    -- retention's sweep, clears it once the window has passed).
+    dedupe_window_seconds double precision
+                     CONSTRAINT jobs_dedupe_window_seconds_bounded
+                     CHECK (dedupe_window_seconds > 0 AND dedupe_window_seconds <= 31536000),
     CONSTRAINT jobs_queue_not_empty CHECK (queue <> ''),
     CONSTRAINT jobs_handler_not_empty CHECK (handler <> ''),
     CONSTRAINT jobs_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),
@@ -113,10 +120,22 @@ CREATE INDEX jobs_pending_order_idx ON @schema@.jobs (handler, priority, run_at,
 CREATE INDEX jobs_running_lease_idx ON @schema@.jobs (locked_until)
     WHERE status = 'running';
 
--- Dedupe: one live (pending or running) job per key and handler (0004: keys were global,
--- so one client could squat another application's key).
+-- Dedupe: one job holds each key of a handler (0004: keys were global, so one client
+-- could squat another application's key): a job that has not finished (pending, waiting,
+-- suspended or running: 0034, before it only pending and running), or a finished one
+-- whose dedupe window has not been released (dedupe_window_seconds). Every enqueue's
+-- ON CONFLICT and every look-up of a key's holder spells this predicate out, so that the
+-- planner infers this index (and ON CONFLICT clauses of older releases, which say
+-- status IN ('pending', 'running'), still imply it).
 CREATE UNIQUE INDEX jobs_dedupe_live_idx ON @schema@.jobs (dedupe_key, handler)
-    WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running');
+    WHERE dedupe_key IS NOT NULL
+      AND (status IN ('pending', 'waiting', 'suspended', 'running')
+           OR dedupe_window_seconds IS NOT NULL);
+
+-- Finished jobs still holding their dedupe key (0034), by finish time: retention's sweep
+-- releases those whose window has passed, oldest first, without reading other jobs.
+CREATE INDEX jobs_dedupe_held_idx ON @schema@.jobs (finished_at)
+    WHERE finished_at IS NOT NULL AND dedupe_window_seconds IS NOT NULL;
 
 -- Durable waits (0028): the daemons' timeout sweep (job_waits_expire) reads the
 -- suspended jobs by timeout, and only them: a job that never waits costs nothing here.

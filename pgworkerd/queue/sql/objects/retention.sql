@@ -109,6 +109,7 @@ BEGIN
     -- reads its parents' results at each claim, and show and explain name them.
     -- A batch's member stays while its batch's callback has not finished (schema 30):
     -- the callback reads the members' outcomes when it starts (batches.sql).
+    -- A job stays while it holds its dedupe key (schema 34: its window has not passed).
     -- One statement per status, its status written out: only a literal lets the planner
     -- use that status's partial index (a parameter could be any status). The ids first
     -- (ARRAY), then the delete by primary key: never a join that reads the whole table.
@@ -119,6 +120,9 @@ BEGIN
                    SELECT id FROM @schema@.jobs
                     WHERE status = 'completed'
                       AND finished_at < now() - make_interval(secs => p_completed)
+                      AND NOT (dedupe_window_seconds IS NOT NULL
+                               AND finished_at + make_interval(secs => dedupe_window_seconds)
+                                   > now())
                       AND NOT (has_children AND @schema@.job_children_unfinished(id))
                       AND NOT (batch_id IS NOT NULL
                                AND @schema@.batch_callback_unfinished(batch_id))
@@ -134,6 +138,9 @@ BEGIN
                    SELECT id FROM @schema@.jobs
                     WHERE status = 'cancelled'
                       AND finished_at < now() - make_interval(secs => p_cancelled)
+                      AND NOT (dedupe_window_seconds IS NOT NULL
+                               AND finished_at + make_interval(secs => dedupe_window_seconds)
+                                   > now())
                       AND NOT (has_children AND @schema@.job_children_unfinished(id))
                       AND NOT (batch_id IS NOT NULL
                                AND @schema@.batch_callback_unfinished(batch_id))
@@ -149,6 +156,9 @@ BEGIN
                    SELECT id FROM @schema@.jobs
                     WHERE status = 'dead'
                       AND finished_at < now() - make_interval(secs => p_dead)
+                      AND NOT (dedupe_window_seconds IS NOT NULL
+                               AND finished_at + make_interval(secs => dedupe_window_seconds)
+                                   > now())
                       AND NOT (has_children AND @schema@.job_children_unfinished(id))
                       AND NOT (batch_id IS NOT NULL
                                AND @schema@.batch_callback_unfinished(batch_id))
@@ -158,6 +168,19 @@ BEGIN
         GET DIAGNOSTICS n = ROW_COUNT;
         deleted := deleted + n;
     END IF;
+
+    -- Dedupe windows (0034): release, oldest first, up to p_batch keys that finished jobs
+    -- hold past their windows (an enqueue of such a key releases it itself: this sweep
+    -- only keeps the unique index to the keys actually held).
+    UPDATE @schema@.jobs
+       SET dedupe_window_seconds = NULL
+     WHERE id = ANY (ARRAY(
+               SELECT h.id FROM @schema@.jobs h
+                WHERE h.finished_at IS NOT NULL AND h.dedupe_window_seconds IS NOT NULL
+                  AND h.finished_at + make_interval(secs => h.dedupe_window_seconds) <= now()
+                ORDER BY h.finished_at
+                LIMIT p_batch
+                FOR UPDATE SKIP LOCKED));
 
     schedule_runs_deleted := 0;
     IF p_schedule_runs IS NOT NULL THEN

@@ -179,8 +179,9 @@ END;
 $$;
 
 -- Schedules an operator declared, fired by name and tick, the job built from the stored
--- definition (0022: handler, payload, queue, priority, max_attempts; the overlap policy
--- too; schedule_declare is the operator's), only at a tick the
+-- definition (0022: handler, payload, queue, priority, max_attempts; 0034:
+-- concurrency_key, dedupe_key, dedupe_window; the overlap policy too; schedule_declare is
+-- the operator's), only at a tick the
 -- stored schedule produces: a whole second, on its `every` (multiples of it since the
 -- epoch) or its cron expression; at most 60 s ahead of the server's clock (a host's clock
 -- may run ahead); and not older than the schedule fires (within 120 s of now: a tick's
@@ -260,7 +261,11 @@ BEGIN
                'payload', coalesce(stored.definition -> 'payload', '{}'::jsonb),
                'queue', stored.definition -> 'queue',
                'priority', stored.definition -> 'priority',
-               'max_attempts', stored.definition -> 'max_attempts')) e
+               'max_attempts', stored.definition -> 'max_attempts',
+               -- the keys of the jobs it fires (0034)
+               'concurrency_key', stored.definition -> 'concurrency_key',
+               'dedupe_key', stored.definition -> 'dedupe_key',
+               'dedupe_window', stored.definition -> 'dedupe_window')) e
      WHERE jsonb_typeof(e.value) <> 'null';
     SELECT f.outcome, f.job_id INTO outcome, job_id
       FROM @schema@.schedule_fire(name, tick, job,

@@ -25,3 +25,28 @@ SELECT attempt, outcome, worker, host, started_at, finished_at, wall_seconds,
   FROM @schema@.attempts
  WHERE job_id = %(id)s
  ORDER BY finished_at, attempt, lease_token;
+
+-- name: attempt_memory_peaks
+-- Memory admission (daemon/admission.py): per handler of %(handlers)s, the
+-- %(percentile)s percentile of the measured peak memory (bytes) of the attempts of its
+-- newest %(jobs)s completed and %(jobs)s dead jobs (at most %(last)s attempts, newest
+-- first), and how many attempts that is. Bounded whatever the history's size: each
+-- handler's newest jobs through jobs_handler_status_id_idx, their attempts by primary key.
+SELECT h.handler, m.peak, m.attempts
+  FROM unnest(%(handlers)s::text[]) AS h(handler)
+  CROSS JOIN LATERAL (
+      SELECT percentile_disc(%(percentile)s::float8) WITHIN GROUP (ORDER BY r.peak_memory)
+                 AS peak,
+             count(*) AS attempts
+        FROM (SELECT a.peak_memory
+                FROM (SELECT * FROM (SELECT j.id FROM @schema@.jobs j
+                                      WHERE j.handler = h.handler AND j.status = 'completed'
+                                      ORDER BY j.id DESC LIMIT %(jobs)s) c
+                      UNION ALL
+                      SELECT * FROM (SELECT j.id FROM @schema@.jobs j
+                                      WHERE j.handler = h.handler AND j.status = 'dead'
+                                      ORDER BY j.id DESC LIMIT %(jobs)s) d) recent
+                JOIN @schema@.attempts a ON a.job_id = recent.id
+               WHERE a.peak_memory IS NOT NULL
+               ORDER BY a.finished_at DESC
+               LIMIT %(last)s) r) m;

@@ -199,7 +199,10 @@ UPDATE @schema@.jobs j
    AND (j.dedupe_key IS NULL OR (
         NOT EXISTS (SELECT 1 FROM @schema@.jobs live
                      WHERE live.handler = j.handler AND live.dedupe_key = j.dedupe_key
-                       AND live.status IN ('pending', 'running'))
+                       AND live.id <> j.id
+                       -- the key's holder (jobs_dedupe_live_idx's predicate, 0034)
+                       AND (live.status IN ('pending', 'waiting', 'suspended', 'running')
+                            OR live.dedupe_window_seconds IS NOT NULL))
         AND j.id = (SELECT max(d.id) FROM @schema@.jobs d
                      WHERE d.handler = j.handler AND d.dedupe_key = j.dedupe_key
                        AND d.status IN ('dead', 'cancelled')
@@ -481,7 +484,9 @@ SELECT j.row_json AS job,
               ORDER BY r.id LIMIT 20) AS key_running_ids,
        (SELECT r.id FROM @schema@.jobs r
          WHERE j.dedupe_key IS NOT NULL AND r.handler = j.handler
-           AND r.dedupe_key = j.dedupe_key AND r.status IN ('pending', 'running')
+           AND r.dedupe_key = j.dedupe_key
+           AND (r.status IN ('pending', 'waiting', 'suspended', 'running')
+                OR r.dedupe_window_seconds IS NOT NULL)
            AND r.id <> j.id
          LIMIT 1) AS dedupe_holder,
        (SELECT count(*) FROM (

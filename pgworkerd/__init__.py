@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         wait,
     )
     from pgworkerd.signals import SignalRefused, SignalSent, signal
+    from pgworkerd.typed import PayloadInvalid, enqueue_typed
 
 __all__ = [
     "BatchIds",
@@ -32,6 +33,7 @@ __all__ = [
     "JobInfo",
     "JobNotFound",
     "JobSpec",
+    "PayloadInvalid",
     "SignalRefused",
     "SignalSent",
     "Snooze",
@@ -42,6 +44,7 @@ __all__ = [
     "batch_members",
     "enqueue",
     "enqueue_many",
+    "enqueue_typed",
     "get",
     "signal",
     "wait",
@@ -54,6 +57,8 @@ _OUTCOMES = ("Done", "GiveUp", "Snooze", "WaitFor")
 _SIGNALS = ("SignalRefused", "SignalSent", "signal")
 # Batches: fan out, fan in to one callback (pgworkerd.batches).
 _BATCHES = ("BatchIds", "batch", "batch_members")
+# Typed payloads (pgworkerd.typed).
+_TYPED = ("PayloadInvalid", "enqueue_typed")
 
 
 def __getattr__(name: str) -> Any:
@@ -75,6 +80,10 @@ def __getattr__(name: str) -> Any:
         from pgworkerd import signals
 
         return getattr(signals, name)
+    if name in _TYPED:
+        from pgworkerd import typed
+
+        return getattr(typed, name)
     if name in _OUTCOMES:  # the child side's, through its shim: loads no psycopg
         from pgworkerd import child
 

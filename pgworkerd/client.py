@@ -188,6 +188,16 @@ class JobSpec:
         job.update(self._extras())
         return job
 
+    @classmethod
+    def typed(
+        cls, func: Any, payload: Any, *, handler: str | None = None, **fields: Any
+    ) -> JobSpec:
+        """A job of typed handler `func` (pgworkerd.typed.spec: named `handler`, default
+        func's __name__), its payload validated first; raises InvalidJob."""
+        from pgworkerd import typed
+
+        return typed.spec(func, payload, handler=handler, **fields)
+
     def has_extras(self) -> bool:
         """Whether the job needs enqueue_many_v3 (schema 27): parents or deadlines."""
         return bool(self.after) or any(

@@ -18,11 +18,11 @@ if TYPE_CHECKING:
         WaitTimeout,
         enqueue,
         enqueue_many,
+        enqueue_typed,
         get,
         wait,
     )
     from pgworkerd.signals import SignalRefused, SignalSent, signal
-    from pgworkerd.typed import PayloadInvalid, enqueue_typed
 
 __all__ = [
     "BatchIds",
@@ -33,7 +33,6 @@ __all__ = [
     "JobInfo",
     "JobNotFound",
     "JobSpec",
-    "PayloadInvalid",
     "SignalRefused",
     "SignalSent",
     "Snooze",
@@ -57,14 +56,12 @@ _OUTCOMES = ("Done", "GiveUp", "Snooze", "WaitFor")
 _SIGNALS = ("SignalRefused", "SignalSent", "signal")
 # Batches: fan out, fan in to one callback (pgworkerd.batches).
 _BATCHES = ("BatchIds", "batch", "batch_members")
-# Typed payloads (pgworkerd.typed).
-_TYPED = ("PayloadInvalid", "enqueue_typed")
 
 
 def __getattr__(name: str) -> Any:
     # Loaded on first use, not with the package: `pgworkerd run` must mask a password in
     # its argv before psycopg's ~0.2 s import (pgworkerd.masking).
-    if name in ("InvalidJob", "JobSpec", "enqueue", "enqueue_many"):
+    if name in ("InvalidJob", "JobSpec", "enqueue", "enqueue_many", "enqueue_typed"):
         from pgworkerd import client
 
         return getattr(client, name)
@@ -80,10 +77,6 @@ def __getattr__(name: str) -> Any:
         from pgworkerd import signals
 
         return getattr(signals, name)
-    if name in _TYPED:
-        from pgworkerd import typed
-
-        return getattr(typed, name)
     if name in _OUTCOMES:  # the child side's, through its shim: loads no psycopg
         from pgworkerd import child
 

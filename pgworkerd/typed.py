@@ -7,7 +7,8 @@ The job child validates the job's payload against that type before the handler r
 passes the value (`bind`); a payload that no longer validates ends the job dead at once
 (pgworkerd.GiveUp: the attempt is recorded, no retry: a retry would read the same
 payload), the reason naming the field. `enqueue_typed` / `JobSpec.typed` validate when a
-job is enqueued, and `pgworkerd schema` exports each handler's JSON Schema.
+job is enqueued (pgworkerd.client), and `pgworkerd payload-schema` exports each
+handler's JSON Schema.
 
 Why the annotation and not a decorator: the handler stays a plain function (the config's
 `target` names it as before, tests call it directly, tracebacks show no wrapper), the type
@@ -30,16 +31,11 @@ import inspect
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, is_dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pgworkerd import typedjson
 from pgworkerd.typedjson import PayloadError
 from pgworkerd.worker.outcomes import GiveUp
-
-if TYPE_CHECKING:
-    import psycopg
-
-    from pgworkerd.client import JobSpec
 
 __all__ = [
     "PayloadError",
@@ -47,10 +43,9 @@ __all__ = [
     "PayloadType",
     "TypedHandler",
     "bind",
-    "enqueue_typed",
+    "handler_name",
     "payload_json",
     "schema",
-    "spec",
     "typed_handler",
 ]
 
@@ -246,15 +241,13 @@ def bind(func: Callable[..., Any], payload: Any) -> Callable[..., Any]:
 def payload_json(func: Callable[..., Any], payload: Any) -> dict[str, Any]:
     """The JSON payload of a job of typed handler `func`: `payload` (a value of its type,
     or a mapping) validated and written out as the handler will read it back. Raises
-    pgworkerd.InvalidJob, saying why."""
-    from pgworkerd.client import InvalidJob
-
+    ValueError saying why (the client turns it into InvalidJob)."""
     try:
         declared = typed_handler(func)
     except TypeError as exc:
-        raise InvalidJob(str(exc)) from None
+        raise ValueError(str(exc)) from None
     if declared is None:
-        raise InvalidJob(
+        raise ValueError(
             f"handler {getattr(func, '__qualname__', func)!r} declares no typed payload "
             "(its second parameter, annotated with a dataclass or a Pydantic model): "
             "use pgworkerd.enqueue"
@@ -265,47 +258,19 @@ def payload_json(func: Callable[..., Any], payload: Any) -> dict[str, Any]:
         data = kind.dump(value)
         kind.load(data)  # what the child will do: a value that cannot come back is refused
     except PayloadError as exc:
-        raise InvalidJob(f"payload does not validate as {kind.name}: {exc}") from None
+        raise ValueError(f"payload does not validate as {kind.name}: {exc}") from None
     except RecursionError:
-        raise InvalidJob(
+        raise ValueError(
             f"payload of {kind.name} refers to itself or nests too deeply to be JSON"
         ) from None
     if not isinstance(data, dict):
-        raise InvalidJob(f"payload of {kind.name} must be a JSON object, not {type(data).__name__}")
+        raise ValueError(f"payload of {kind.name} must be a JSON object, not {type(data).__name__}")
     return data
 
 
-def _handler_name(func: Callable[..., Any], handler: str | None) -> str:
+def handler_name(func: Callable[..., Any], handler: str | None) -> str:
+    """The name a job of `func` is enqueued under: `handler`, default func's __name__."""
     return handler if handler is not None else getattr(func, "__name__", "")
-
-
-def spec(
-    func: Callable[..., Any], payload: Any, *, handler: str | None = None, **fields: Any
-) -> JobSpec:
-    """A JobSpec of typed handler `func` (named `handler`, default its __name__) with a
-    validated payload; `fields` are JobSpec's others (queue, priority, after, ...). For
-    enqueue_many and Done(then=[...]). Raises InvalidJob."""
-    from pgworkerd.client import JobSpec
-
-    return JobSpec(_handler_name(func, handler), payload_json(func, payload), **fields)
-
-
-def enqueue_typed(
-    conn: psycopg.Connection[Any],
-    func: Callable[..., Any],
-    payload: Any,
-    *,
-    handler: str | None = None,
-    **options: Any,
-) -> int:
-    """pgworkerd.enqueue for typed handler `func` (named `handler`, default its
-    __name__): `payload` (a value of its payload type, or a mapping) is validated first,
-    then enqueued in the caller's transaction; `options` are enqueue's (queue, priority,
-    delay, ...). Raises InvalidJob before the database on a payload that does not
-    validate."""
-    from pgworkerd.client import enqueue
-
-    return enqueue(conn, _handler_name(func, handler), payload_json(func, payload), **options)
 
 
 def schema(func: Callable[..., Any]) -> dict[str, Any] | None:

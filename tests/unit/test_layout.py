@@ -258,6 +258,7 @@ def test_the_package_face_names_the_application_api() -> None:
         "__version__",
         "enqueue",
         "enqueue_many",
+        "enqueue_typed",  # typed payloads (issue 26)
         # waiting for a job, and a handler's outcomes (issue 11)
         "JobFailed",
         "JobInfo",

@@ -199,6 +199,10 @@ def load(tp: Any, value: Any, path: str = "") -> Any:
                 return member
         raise PayloadError(path, f"expected one of {[m.value for m in tp]!r}")
     if _is_union(tp):
+        if value is not None:  # X | None holding a value: X's own message, with its path
+            args = tuple(a for a in args if a is not None and a is not type(None))
+            if len(args) == 1:
+                return load(args[0], value, path)
         problems = []
         for arg in args:
             try:

@@ -9,5 +9,5 @@ class Order(models.Model):
     customer = models.CharField(max_length=100)
 
     class Meta:
-        app_label = "djangoshop"
-        db_table = "djangoshop_order"
+        app_label = "shop"
+        db_table = "shop_order"

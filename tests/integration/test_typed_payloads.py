@@ -7,16 +7,22 @@ schemas."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
+from pathlib import Path
+from typing import Any
 
 import jsonschema
 import psycopg
 import pytest
 import typedhandlers as th
 from daemon_harness import Daemons, Db
+from doctext import block_after, blocks, page
 
 import pgworkerd
 from pgworkerd import JobSpec
+from pgworkerd.devcluster.localpg import LocalPostgres
 
 H = "typedhandlers"
 HANDLERS = {
@@ -177,3 +183,56 @@ def test_payload_schema_exports_each_typed_handlers_schema(daemons: Daemons) -> 
     assert untyped.returncode == 1 and "declares no typed payload" in untyped.stderr, untyped
     unknown = daemons.cli("--config", config, "payload-schema", "nope")
     assert unknown.returncode == 2 and "no handler 'nope'" in unknown.stderr, unknown
+
+
+def test_the_handlers_page_typed_example_runs(
+    pg: LocalPostgres, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/guide/handlers.md "Typed payloads": its handler modules, served by a daemon,
+    and its enqueue example, run as written (pgworkerd in its default schema)."""
+    from pgworkerd.queue.migrate import migrate
+
+    for block in blocks(page("guide/handlers.md")):
+        if block.options.get("module", "").startswith("myapp/"):
+            path = tmp_path / block.options["module"]
+            path.parent.mkdir(exist_ok=True)
+            path.write_text(block.body)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # the daemon's children import myapp
+    monkeypatch.syspath_prepend(str(tmp_path))  # and so does the example, here
+    pg.create_database("pgworkerd_typed_docs")
+    dsn = pg.dsn("pgworkerd_typed_docs")
+    migrate(dsn)
+    daemons = Daemons(tmp_path, dsn, "pgworkerd")
+    try:
+        daemons.start(
+            {
+                "resize": {"target": "myapp.images:resize"},
+                "bill": {"target": "myapp.billing:bill"},
+            }
+        )
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            example: dict[str, Any] = {"conn": conn}
+            enqueuing = "Enqueue with `pgworkerd.enqueue_typed`"
+            exec(block_after("guide/handlers.md", "python", enqueuing), example)
+            assert pgworkerd.wait(conn, example["job_id"], timeout=60) == {
+                "resized": "cat.jpg",
+                "to": [640, 480],
+            }
+            for n, job_id in enumerate(example["more"]):
+                assert pgworkerd.wait(conn, job_id, timeout=60)["resized"] == f"{n}.jpg"
+            # the page's failure message, word for word
+            bad = pgworkerd.enqueue(conn, "resize", {"path": "a", "width": "64", "height": 64})
+            with pytest.raises(pgworkerd.JobFailed) as failed:
+                pgworkerd.wait(conn, bad, timeout=60)
+            assert failed.value.error is not None
+            assert f"`{failed.value.error}`" in page("guide/handlers.md").read_text()
+            billing = importlib.import_module("myapp.billing")
+            invoice = billing.Invoice(customer="c", amount_cents=12)
+            billed = pgworkerd.enqueue_typed(conn, billing.bill, invoice)
+            assert pgworkerd.wait(conn, billed, timeout=60) == 12
+    finally:
+        daemons.stop_all()
+        for name in ("myapp", "myapp.images", "myapp.billing"):
+            sys.modules.pop(name, None)
+        with psycopg.connect(dsn, autocommit=True) as c:
+            c.execute("DROP SCHEMA pgworkerd CASCADE")

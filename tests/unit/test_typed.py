@@ -210,7 +210,7 @@ def test_which_handlers_declare_a_payload_type() -> None:
 )
 def test_a_declaration_without_a_json_form_is_refused(handler: Any, said: str) -> None:
     with pytest.raises(TypeError, match=said.replace("(", r"\(").replace(")", r"\)")):
-        typed.typed_handler(handler)
+        typed.check_declaration(handler)
 
 
 def test_bind_validates_passes_the_value_and_gives_up_on_a_bad_payload() -> None:
@@ -245,3 +245,21 @@ def test_payload_json_takes_a_value_or_a_mapping() -> None:
     assert typed.payload_json(typed_model, Model(n=2)) == {"n": 2}
     with pytest.raises(ValueError, match="expected a Model, not Shape"):
         typed.payload_json(typed_model, Shape("s", []))
+
+
+@pydantic.dataclasses.dataclass
+class PydanticPoint:
+    x: int
+
+
+def pydantic_dc(job: Any, point: PydanticPoint) -> None: ...
+
+
+def test_a_pydantic_dataclass_goes_through_pydantic() -> None:
+    bound = typed.bind(pydantic_dc, {"x": "4"})  # Pydantic's lax rules, not the stdlib path
+    assert bound.keywords == {"point": PydanticPoint(x=4)}  # type: ignore[attr-defined]
+    assert typed.payload_json(pydantic_dc, PydanticPoint(x=5)) == {"x": 5}
+    schema = typed.schema(pydantic_dc)
+    assert schema is not None and schema["properties"]["x"]["type"] == "integer"
+    with pytest.raises(typed.PayloadInvalid, match="x: Input should be a valid integer"):
+        typed.bind(pydantic_dc, {"x": "four"})

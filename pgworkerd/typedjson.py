@@ -23,7 +23,7 @@ import math
 import types
 import typing
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import date, datetime
 from typing import Any
 
@@ -40,6 +40,14 @@ class PayloadError(ValueError):
         self.path = path
         self.problem = problem
         super().__init__(f"{path}: {problem}" if path else problem)
+
+    def within(self, step: str) -> PayloadError:
+        """The same problem seen from one level up: `step` is a field name or an index
+        ("[2]", "['key']") leading to where it was found."""
+        if not self.path:
+            return PayloadError(step, self.problem)
+        joint = "" if self.path.startswith("[") else "."
+        return PayloadError(f"{step}{joint}{self.path}", self.problem)
 
 
 def json_kind(value: Any) -> str:
@@ -152,103 +160,190 @@ def check(tp: Any, where: str = "", seen: set[type] | None = None) -> None:
 
 def load(tp: Any, value: Any, path: str = "") -> Any:
     """The value of type `tp` that JSON `value` holds; PayloadError if it does not fit."""
+    try:
+        return _loader(tp)(value)
+    except PayloadError as exc:
+        raise exc.within(path) if path else exc from None
+
+
+Loader = Callable[[Any], Any]
+
+
+@functools.cache  # one loader per type, made once: the child runs it for every job
+def _loader(tp: Any) -> Loader:
+    """A function from JSON to a value of `tp`, raising PayloadError with the path below
+    it (containers add their step only when an error passes through: no path is built
+    for a payload that fits)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any:
-        return value
+        return lambda value: value
     if tp is None or tp is type(None):
-        if value is not None:
-            raise PayloadError(path, f"expected null, not {json_kind(value)}")
-        return None
+        return _expect(lambda v: v is None, "null")
     if tp is bool:
-        if not isinstance(value, bool):
-            raise PayloadError(path, f"expected a boolean, not {json_kind(value)}")
-        return value
+        return _expect(lambda v: isinstance(v, bool), "a boolean")
     if tp is int:
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PayloadError(path, f"expected an integer, not {json_kind(value)}")
-        return value
+        return _load_int
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise PayloadError(path, f"expected a number, not {json_kind(value)}")
-        return float(value)
+        return _load_float
     if tp is str:
-        if not isinstance(value, str):
-            raise PayloadError(path, f"expected a string, not {json_kind(value)}")
-        return value
+        return _expect(lambda v: isinstance(v, str), "a string")
     if tp in (datetime, date, uuid.UUID):
-        if not isinstance(value, str):
-            raise PayloadError(
-                path, f"expected a {tp.__name__} as a string, not {json_kind(value)}"
-            )
-        try:
-            if tp is uuid.UUID:
-                return uuid.UUID(value)
-            return tp.fromisoformat(value)
-        except ValueError:
-            raise PayloadError(path, f"not a valid {tp.__name__}") from None
+        return functools.partial(_load_text_type, tp)
     if origin is typing.Literal:
-        for arg in args:  # (True == 1 in Python: compare types too)
-            if value == arg and type(value) is type(arg):
-                return arg
-        raise PayloadError(path, f"expected one of {list(args)!r}")
+        return functools.partial(_load_choice, args, list(args))
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        for member in tp:
-            if value == member.value and type(value) is type(member.value):
-                return member
-        raise PayloadError(path, f"expected one of {[m.value for m in tp]!r}")
+        members = tuple((m.value, m) for m in tp)
+        return functools.partial(_load_enum, members, [v for v, _ in members])
     if _is_union(tp):
-        if value is not None:  # X | None holding a value: X's own message, with its path
-            args = tuple(a for a in args if a is not None and a is not type(None))
-            if len(args) == 1:
-                return load(args[0], value, path)
+        return _union_loader(args)
+    if origin is list or (origin is tuple and args and args[-1] is Ellipsis):
+        return functools.partial(_load_array, _loader(args[0]), origin is tuple)
+    if origin is tuple:
+        return functools.partial(_load_fixed, tuple(_loader(a) for a in args))
+    if origin is dict:
+        return functools.partial(_load_object, _loader(args[1]))
+    if _is_dataclass_type(tp):
+        return _dataclass_loader(tp)
+    raise TypeError(f"type {tp!r} cannot be loaded from JSON")
+
+
+def _expect(test: Callable[[Any], bool], what: str) -> Loader:
+    def load_scalar(value: Any) -> Any:
+        if not test(value):
+            raise PayloadError("", f"expected {what}, not {json_kind(value)}")
+        return value
+
+    return load_scalar
+
+
+def _load_int(value: Any) -> int:
+    if type(value) is int:
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PayloadError("", f"expected an integer, not {json_kind(value)}")
+    return int(value)
+
+
+def _load_float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PayloadError("", f"expected a number, not {json_kind(value)}")
+    return float(value)
+
+
+def _load_text_type(tp: Any, value: Any) -> Any:
+    if not isinstance(value, str):
+        raise PayloadError("", f"expected a {tp.__name__} as a string, not {json_kind(value)}")
+    try:
+        return uuid.UUID(value) if tp is uuid.UUID else tp.fromisoformat(value)
+    except ValueError:
+        raise PayloadError("", f"not a valid {tp.__name__}") from None
+
+
+def _load_choice(choices: tuple[Any, ...], shown: list[Any], value: Any) -> Any:
+    for choice in choices:  # (True == 1 in Python: compare types too)
+        if value == choice and type(value) is type(choice):
+            return choice
+    raise PayloadError("", f"expected one of {shown!r}")
+
+
+def _load_enum(members: tuple[tuple[Any, Any], ...], shown: list[Any], value: Any) -> Any:
+    for member_value, member in members:
+        if value == member_value and type(value) is type(member_value):
+            return member
+    raise PayloadError("", f"expected one of {shown!r}")
+
+
+def _union_loader(args: tuple[Any, ...]) -> Loader:
+    loaders = tuple(_loader(a) for a in args)
+    # X | None holding a value: X's own message, with its path
+    some = tuple(_loader(a) for a in args if a is not None and a is not type(None))
+
+    def load_union(value: Any) -> Any:
+        if value is not None and len(some) == 1:
+            return some[0](value)
         problems = []
-        for arg in args:
+        for load_one in loaders:
             try:
-                return load(arg, value, path)
+                return load_one(value)
             except PayloadError as exc:
                 problems.append(exc.problem)
-        raise PayloadError(path, "matches no type of the union: " + "; ".join(problems))
-    if origin in (list, tuple):
-        if not isinstance(value, list | tuple):
-            raise PayloadError(path, f"expected an array, not {json_kind(value)}")
-        if origin is list:
-            return [load(args[0], v, f"{path}[{n}]") for n, v in enumerate(value)]
-        if args[-1] is Ellipsis:
-            return tuple(load(args[0], v, f"{path}[{n}]") for n, v in enumerate(value))
-        if len(value) != len(args):
-            raise PayloadError(path, f"expected {len(args)} items, not {len(value)}")
-        pairs = enumerate(zip(args, value, strict=True))
-        return tuple(load(a, v, f"{path}[{n}]") for n, (a, v) in pairs)
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise PayloadError(path, f"expected an object, not {json_kind(value)}")
-        return {k: load(args[1], v, f"{path}[{_key(k)}]") for k, v in value.items()}
-    if _is_dataclass_type(tp):
-        return _load_dataclass(tp, value, path)
-    raise PayloadError(path, f"type {tp!r} cannot be loaded from JSON")
+        raise PayloadError("", "matches no type of the union: " + "; ".join(problems))
+
+    return load_union
 
 
-def _load_dataclass(cls: type, value: Any, path: str) -> Any:
+def _load_array(item: Loader, as_tuple: bool, value: Any) -> Any:
+    if not isinstance(value, list | tuple):
+        raise PayloadError("", f"expected an array, not {json_kind(value)}")
+    out = []
+    for n, v in enumerate(value):
+        try:
+            out.append(item(v))
+        except PayloadError as exc:
+            raise exc.within(f"[{n}]") from None
+    return tuple(out) if as_tuple else out
+
+
+def _load_fixed(items: tuple[Loader, ...], value: Any) -> tuple[Any, ...]:
+    if not isinstance(value, list | tuple):
+        raise PayloadError("", f"expected an array, not {json_kind(value)}")
+    if len(value) != len(items):
+        raise PayloadError("", f"expected {len(items)} items, not {len(value)}")
+    out = []
+    for n, (item, v) in enumerate(zip(items, value, strict=True)):
+        try:
+            out.append(item(v))
+        except PayloadError as exc:
+            raise exc.within(f"[{n}]") from None
+    return tuple(out)
+
+
+def _load_object(item: Loader, value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
-        raise PayloadError(path, f"expected an object ({cls.__qualname__}), not {json_kind(value)}")
-    fields = _fields(cls)
-    known = {name for name, _tp, _required in fields}
-    for key in value:
-        if key not in known:
-            shown = key if isinstance(key, str) else str(key)
-            raise PayloadError(_field(path, _key(shown)), f"unknown field of {cls.__qualname__}")
-    kwargs = {}
-    for name, field_type, required in fields:
-        if name in value:
-            kwargs[name] = load(field_type, value[name], _field(path, name))
-        elif required:
-            raise PayloadError(_field(path, name), "missing (a required field)")
-    try:
-        return cls(**kwargs)
-    except (ValueError, TypeError) as exc:  # its __post_init__ refused the values
-        raise PayloadError(path, f"{cls.__qualname__} refused it: {exc}") from None
+        raise PayloadError("", f"expected an object, not {json_kind(value)}")
+    out = {}
+    for k, v in value.items():
+        try:
+            out[k] = item(v)
+        except PayloadError as exc:
+            raise exc.within(f"[{_key(k)}]") from None
+    return out
+
+
+def _dataclass_loader(cls: type) -> Loader:
+    # The fields' loaders are made on first use, not here: a recursive dataclass
+    # (`children: list[Node]`) would otherwise ask for its own loader while making it.
+    fields: list[tuple[str, Loader, bool]] = []
+    known: set[str] = set()
+    name = cls.__qualname__
+
+    def load_dataclass(value: Any) -> Any:
+        if not fields:
+            fields.extend((n, _loader(t), required) for n, t, required in _fields(cls))
+            known.update(n for n, _t, _r in fields)
+        if not isinstance(value, Mapping):
+            raise PayloadError("", f"expected an object ({name}), not {json_kind(value)}")
+        for key in value:
+            if key not in known:
+                shown = key if isinstance(key, str) else str(key)
+                raise PayloadError(_key(shown), f"unknown field of {name}")
+        kwargs = {}
+        for field_name, load_field, required in fields:
+            if field_name in value:
+                try:
+                    kwargs[field_name] = load_field(value[field_name])
+                except PayloadError as exc:
+                    raise exc.within(field_name) from None
+            elif required:
+                raise PayloadError(field_name, "missing (a required field)")
+        try:
+            return cls(**kwargs)
+        except (ValueError, TypeError) as exc:  # its __post_init__ refused the values
+            raise PayloadError("", f"{name} refused it: {exc}") from None
+
+    return load_dataclass
 
 
 def dump(tp: Any, value: Any, path: str = "") -> Any:

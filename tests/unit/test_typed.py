@@ -110,6 +110,18 @@ def test_messages_never_quote_the_value() -> None:
         assert secret not in str(refused.value)
 
 
+def test_a_hostile_key_is_named_in_part() -> None:
+    """A payload's own keys appear in messages (they are its structure, not its values),
+    cut short: a 1 MB key makes a short message."""
+    with pytest.raises(PayloadError) as refused:
+        typedjson.load(Shape, {"name": "s", "points": [], "k" * 1_000_000: 1})
+    assert len(str(refused.value)) < 200
+    assert "unknown field of Shape" in str(refused.value)
+    with pytest.raises(PayloadError) as refused:
+        typedjson.load(Shape, {"name": "s", "points": [], "labels": {"k" * 1_000_000: 1}})
+    assert len(str(refused.value)) < 200
+
+
 def test_the_schema_agrees_with_the_loader() -> None:
     schema = typedjson.schema(Shape)
     jsonschema.Draft202012Validator.check_schema(schema)

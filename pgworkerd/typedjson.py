@@ -16,6 +16,7 @@ field is found by the first job that still carries the old name. Messages name t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import functools
@@ -167,6 +168,28 @@ def load(tp: Any, value: Any, path: str = "") -> Any:
 
 
 Loader = Callable[[Any], Any]
+
+
+def warm(tp: Any) -> None:
+    """Build the loaders of `tp` and of every dataclass it reaches, ahead of a first load
+    (pgworkerd.typed.prime: in the fork server, inherited by every child)."""
+    _loader(tp)
+    seen: set[type] = set()
+    todo = [tp]
+    while todo:
+        current = todo.pop()
+        if _is_dataclass_type(current):
+            if current in seen:  # (a recursive type reaches itself)
+                continue
+            seen.add(current)
+            with contextlib.suppress(PayloadError):  # (refused: it is not a payload)
+                _loader(current)(_NOT_A_PAYLOAD)  # makes its fields' loaders on the way
+            todo.extend(t for _n, t, _r in _fields(current))
+        else:
+            todo.extend(typing.get_args(current))
+
+
+_NOT_A_PAYLOAD = object()
 
 
 @functools.cache  # one loader per type, made once: the child runs it for every job

@@ -275,3 +275,25 @@ def test_a_pydantic_dataclass_goes_through_pydantic() -> None:
     assert schema is not None and schema["properties"]["x"]["type"] == "integer"
     with pytest.raises(typed.PayloadInvalid, match="x: Input should be a valid integer"):
         typed.bind(pydantic_dc, {"x": "four"})
+
+
+def test_prime_works_out_a_modules_declarations_ahead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the fork server does once, so that a fresh child's first job does not."""
+    import sys
+    import types
+
+    module = types.ModuleType("primed")
+    monkeypatch.setitem(sys.modules, "primed", module)
+    exec(
+        "from dataclasses import dataclass\n"
+        "@dataclass\nclass P:\n    n: int\n    children: 'list[P]'\n"
+        "def handler(job, p: P): ...\n"
+        "def helper(a, b): ...\n"  # not a handler: left alone, no error
+        "def plain(job): ...\n",
+        vars(module),
+    )
+    assert typed.prime(module) == 1
+    assert typed._DECLARED[module.handler] is not None
+    assert module.helper not in typed._DECLARED
+    bound = typed.bind(module.handler, {"n": 1, "children": []})
+    assert bound.keywords == {"p": module.P(1, [])}  # type: ignore[attr-defined]

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
         WaitTimeout,
         enqueue,
         enqueue_many,
+        enqueue_typed,
         get,
         wait,
     )
@@ -44,6 +45,7 @@ __all__ = [
     "batch_members",
     "enqueue",
     "enqueue_many",
+    "enqueue_typed",
     "get",
     "signal",
     "wait",
@@ -61,7 +63,14 @@ _BATCHES = ("BatchIds", "batch", "batch_members")
 def __getattr__(name: str) -> Any:
     # Loaded on first use, not with the package: `pgworkerd run` must mask a password in
     # its argv before psycopg's ~0.2 s import (pgworkerd.masking).
-    if name in ("DuplicateJob", "InvalidJob", "JobSpec", "enqueue", "enqueue_many"):
+    if name in (
+        "DuplicateJob",
+        "InvalidJob",
+        "JobSpec",
+        "enqueue",
+        "enqueue_many",
+        "enqueue_typed",
+    ):
         from pgworkerd import client
 
         return getattr(client, name)

@@ -42,6 +42,7 @@ __all__ = [
     "WaitTimeout",
     "enqueue",
     "enqueue_many",
+    "enqueue_typed",
     "get",
     "jobs_json",
     "json_type_name",
@@ -213,6 +214,18 @@ class JobSpec:
             job["concurrency_key"] = self.concurrency_key
         job.update(self._extras())
         return job
+
+    @classmethod
+    def typed(
+        cls, func: Any, payload: Any, *, handler: str | None = None, **fields: Any
+    ) -> JobSpec:
+        """A job of typed handler `func` (pgworkerd.typed: named `handler`, default func's
+        __name__), its payload (a value of its payload type, or a mapping) validated first;
+        `fields` are the other JobSpec fields. For enqueue_many and Done(then=[...]).
+        Raises InvalidJob."""
+        from pgworkerd.typed import handler_name
+
+        return cls(handler_name(func, handler), typed_payload(func, payload), **fields)
 
     def has_extras(self) -> bool:
         """Whether the job needs enqueue_many_v3 (schema 27): parents or deadlines."""
@@ -470,6 +483,35 @@ def enqueue(
         row = cur.fetchone()
     assert row is not None  # the function returns the job's id or raises
     return int(row[0])
+
+
+def typed_payload(func: Any, payload: Any) -> dict[str, Any]:
+    """The checked JSON payload of a job of typed handler `func` (pgworkerd.typed, loaded
+    on first use: enqueue's import stays light)."""
+    from pgworkerd.typed import payload_json
+
+    try:
+        return payload_json(func, payload)
+    except ValueError as exc:
+        raise InvalidJob(str(exc)) from None
+
+
+def enqueue_typed(
+    conn: psycopg.Connection[Any],
+    func: Any,
+    payload: Any,
+    *,
+    handler: str | None = None,
+    **options: Any,
+) -> int:
+    """enqueue() for typed handler `func` (pgworkerd.typed; the job is named `handler`,
+    default func's __name__): `payload`, a value of its payload type (or a mapping), is
+    validated and written as the handler will read it back, then enqueued in the caller's
+    transaction; `options` are enqueue's (queue, priority, delay, ...). Raises InvalidJob
+    before the database on a payload that does not validate."""
+    from pgworkerd.typed import handler_name
+
+    return enqueue(conn, handler_name(func, handler), typed_payload(func, payload), **options)
 
 
 def _dumps(value: Any) -> str:

@@ -189,3 +189,6 @@ from pgworkerd.cli import web  # noqa: E402, F401  (the dashboard)
 
 # isort: split
 from pgworkerd.cli import signals  # noqa: E402, F401  (durable waits)
+
+# isort: split
+from pgworkerd.cli import payloads  # noqa: E402, F401  (typed payloads' JSON Schemas)

@@ -312,4 +312,10 @@ def import_handler(handler: HandlerConfig) -> Callable[..., Any]:
     func = getattr(module, function, None)
     if not callable(func):
         raise ConfigError(f"handler {handler.name!r}: {module_name!r} has no function {function!r}")
+    from pgworkerd.typed import check_declaration
+
+    try:
+        check_declaration(func)  # a typed payload's declaration (pgworkerd.typed)
+    except TypeError as exc:
+        raise ConfigError(f"handler {handler.name!r}: {exc}") from None
     return func

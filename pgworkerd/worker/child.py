@@ -31,6 +31,7 @@ from typing import Any
 
 from setproctitle import setproctitle
 
+from pgworkerd import typed
 from pgworkerd.jsontext import storable_json, storable_text
 from pgworkerd.worker import identity, outcomes, protocol, reaper, tmpdirs, watcher
 from pgworkerd.worker.capture import Capture
@@ -376,6 +377,8 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
         # Preloaded by the fork server, so this is a dictionary look-up, not an import.
         func = getattr(importlib.import_module(module_name), function)
         channel.send(Started(job.id))
+        # a typed payload (pgworkerd.typed), validated and passed: dead at once if not
+        func = typed.bind(func, job.payload)
         result = func(ctx)
         then: list[Any] | None = None
         if isinstance(result, outcomes.Done):  # a result with follow-up jobs

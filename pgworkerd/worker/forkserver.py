@@ -174,9 +174,11 @@ def main() -> None:
     identity.set_dumpable(False)
     try:
         import pgworkerd.worker.child  # noqa: F401  (preload what every child runs)
+        from pgworkerd import typed
 
         for module in config["modules"]:
-            importlib.import_module(module)
+            # typed payloads' declarations worked out once, here: every child inherits them
+            typed.prime(importlib.import_module(module))
     except BaseException as exc:
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         _report(sock, {"error": f"cannot import handler module: {detail}"})

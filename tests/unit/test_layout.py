@@ -14,6 +14,7 @@ is read with `ast` and sorted into the part of the package it belongs to:
   devcluster  pgworkerd/devcluster/ throwaway PostgreSQL clusters, the demo
   web         pgworkerd/web/        the dashboard (`pgworkerd web`)
   config      pgworkerd/config/     the TOML configuration (a shared part, with its own rules)
+  contrib     pgworkerd/contrib/    enqueue on Django's or SQLAlchemy's own connection
   shared      pgworkerd/*.py        dependency-free modules (config, model, durations, ...)
   face        pgworkerd/__init__.py the package face (lazy: imports on first attribute use)
 
@@ -33,7 +34,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE_DIR = Path(__file__).resolve().parents[2] / "pgworkerd"
-SUBPACKAGES = ("worker", "queue", "daemon", "cli", "ops", "devcluster", "web", "config")
+SUBPACKAGES = ("worker", "queue", "daemon", "cli", "ops", "devcluster", "web", "config", "contrib")
 
 # part -> the parts (and "psycopg") it must never import.
 FORBIDDEN: dict[str, set[str]] = {
@@ -53,6 +54,8 @@ FORBIDDEN: dict[str, set[str]] = {
     "web": {"client", "daemon", "cli", "worker", "devcluster"},
     "devcluster": {"cli"},
     "face": {"daemon", "cli", "ops", "devcluster", "worker"},
+    # framework helpers: the application API on the framework's connection, nothing else
+    "contrib": {"queue", "daemon", "cli", "ops", "worker", "devcluster", "web"},
 }
 
 
@@ -260,6 +263,7 @@ def test_the_package_face_names_the_application_api() -> None:
         "DuplicateJob",
         "enqueue",
         "enqueue_many",
+        "enqueue_typed",  # typed payloads (issue 26)
         # waiting for a job, and a handler's outcomes (issue 11)
         "JobFailed",
         "JobInfo",

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import inspect
 import os
 import queue
 import select
@@ -32,7 +33,7 @@ from typing import Any
 from setproctitle import setproctitle
 
 from pgworkerd.jsontext import storable_json, storable_text
-from pgworkerd.worker import identity, outcomes, protocol, reaper, tmpdirs, watcher
+from pgworkerd.worker import aiorun, identity, outcomes, protocol, reaper, tmpdirs, watcher
 from pgworkerd.worker.capture import Capture
 from pgworkerd.worker.outcomes import (
     GiveUp,
@@ -104,7 +105,8 @@ class Signal:
 class JobContext:
     """What a handler receives: the job, and a way to report progress.
 
-    A handler is a plain function `def handler(job: JobContext) -> JSON value`.
+    A handler is a plain function `def handler(job: JobContext) -> JSON value`, or an
+    `async def` one (run in an event loop of the child: pgworkerd.worker.aiorun).
     """
 
     def __init__(self, channel: _Channel, job: Job) -> None:
@@ -377,6 +379,8 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
         func = getattr(importlib.import_module(module_name), function)
         channel.send(Started(job.id))
         result = func(ctx)
+        if inspect.isawaitable(result):  # an async def handler: run in an event loop
+            result = _run_awaitable(result)
         then: list[Any] | None = None
         if isinstance(result, outcomes.Done):  # a result with follow-up jobs
             result, then = result.result, _follow_ups(result.then)
@@ -450,6 +454,19 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
     signal.signal(signal.SIGTERM, _raise_interrupted)
     channel.title = "pgworkerd: idle child"
     setproctitle(channel.title)
+
+
+def _run_awaitable(awaitable: Any) -> Any:
+    """What an async handler's coroutine returns, run in an event loop
+    (pgworkerd.worker.aiorun): a stop from the daemon ends it as JobInterrupted."""
+    return aiorun.run(awaitable, JobInterrupted, _say)
+
+
+def _say(line: str) -> None:
+    """A line of the child's own in the attempt's output (its job log)."""
+    with contextlib.suppress(Exception):
+        sys.stderr.write(line.rstrip("\n") + "\n")
+        sys.stderr.flush()
 
 
 def _follow_ups(then: Any) -> list[Any]:

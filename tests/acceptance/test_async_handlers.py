@@ -108,3 +108,111 @@ def test_a_sync_handler_is_unchanged_beside_async_ones(db: Db, daemons: Daemons)
     assert rows[1]["result"] == 7
     # one reused child ran all three: a loop per attempt leaves nothing behind
     assert rows[0]["result"]["pid"] == rows[2]["result"]["pid"]
+
+
+# -- concurrency: one child runs up to N jobs of an async handler as coroutines ----------
+
+SIDE = {"target": "asynchandlers:side_by_side", "concurrency": 4}
+
+
+def test_one_child_runs_n_jobs_at_once_each_with_its_own_outcome_progress_and_log(
+    db: Db, daemons: Daemons
+) -> None:
+    daemons.start({"side": SIDE}, {"slots": 4, "warm_children": 1})
+    ids = [db.enqueue("side", {"seconds": 1.5}) for _ in range(4)]
+    rows = [db.wait_status(j, "completed", "dead") for j in ids]
+    assert [r["status"] for r in rows] == ["completed"] * 4, [r["last_error"] for r in rows]
+    results = [r["result"] for r in rows]
+    assert len({r["pid"] for r in results}) == 1  # one child ran the four
+    assert max(r["t0"] for r in results) < min(r["t1"] for r in results)  # all at once
+    for job_id, row in zip(ids, rows, strict=True):
+        assert row["progress"] == {"step": 14}
+        text = log_of(db, job_id)
+        assert f"line 0 of job {job_id}\n" in text and f"line 14 of job {job_id}\n" in text
+        assert f"INFO app.async: logged 14 of job {job_id}" in text
+        others = [o for o in ids if o != job_id]
+        assert not any(f"of job {o}\n" in text for o in others), text
+
+
+def test_a_sync_handler_with_concurrency_is_refused_at_config_time(daemons: Daemons) -> None:
+    config = daemons.config({"work": {"target": "jobhandlers:work", "concurrency": 2}})
+    out = daemons.cli("--config", str(config), "check-config")
+    assert out.returncode != 0
+    assert "handler 'work': concurrency = 2 needs an async def handler" in out.stderr
+
+
+def test_a_timeout_stops_one_coroutine_and_leaves_its_siblings_running(
+    db: Db, daemons: Daemons
+) -> None:
+    daemons.start({"side": SIDE}, {"slots": 4, "warm_children": 1})
+    siblings = [db.enqueue("side", {"seconds": 4}) for _ in range(2)]
+    late = db.enqueue("side", {"seconds": 60}, timeout=2, max_attempts=1)
+    row = db.wait_status(late, "dead", "completed")
+    assert row["last_error"].startswith("timed out after 2s\n"), row["last_error"]
+    assert "JobInterrupted: stopped by the daemon" in row["last_error"]
+    done = [db.wait_status(j, "completed", "dead") for j in siblings]
+    assert [(r["status"], r["attempts"]) for r in done] == [("completed", 1)] * 2
+    assert done[0]["result"]["pid"] == done[1]["result"]["pid"]
+
+
+def test_a_blocking_coroutine_is_named_in_its_log_and_its_siblings_logs(
+    db: Db, daemons: Daemons
+) -> None:
+    daemons.start(
+        {
+            "side": SIDE,
+            "blocking": {"target": "asynchandlers:blocking", "concurrency": 4},
+        },
+        {"slots": 4, "warm_children": 1},
+    )
+    sibling = db.enqueue("blocking", {"seconds": 0})
+    blocker = db.enqueue("blocking", {"seconds": 3})
+    for job_id in (sibling, blocker):
+        assert db.wait_status(job_id, "completed", "dead")["status"] == "completed"
+    text = log_of(db, blocker)
+    assert "the event loop has been blocked for" in text and "time.sleep(" in text, text
+
+
+def test_a_coroutine_that_ignores_its_stop_is_killed_and_its_siblings_are_handed_back(
+    db: Db, daemons: Daemons
+) -> None:
+    daemons.start(
+        {
+            "side": SIDE,
+            "stubborn": {
+                "target": "asynchandlers:stubborn",
+                "concurrency": 4,
+                "timeout": "2s",
+                "max_attempts": 1,
+            },
+        },
+        {"slots": 4, "warm_children": 1, "kill_grace": "1s"},
+    )
+    stubborn = db.enqueue("stubborn")
+    row = db.wait_status(stubborn, "dead", "completed")
+    assert row["last_error"].startswith("timed out after 2s"), row["last_error"]
+    # its siblings: handed back (attempt not counted), then run again to completion
+    siblings = [db.enqueue("side", {"seconds": 3}) for _ in range(2)]
+    for job_id in siblings:
+        assert db.wait_status(job_id, "completed", "dead")["attempts"] == 1
+
+
+def test_a_memory_stop_fails_every_job_of_the_child_saying_why(db: Db, daemons: Daemons) -> None:
+    daemons.start(
+        {
+            "hog": {
+                "target": "asynchandlers:hog",
+                "concurrency": 4,
+                "memory_limit": "150MiB",
+                "max_attempts": 1,
+            }
+        },
+        {"slots": 4, "warm_children": 1},
+    )
+    quiet = db.enqueue("hog", {"mib": 1})
+    wait_for(lambda: db.job(quiet)["status"] == "running", what="the quiet job to run")
+    greedy = db.enqueue("hog", {"mib": 400})
+    for job_id in (quiet, greedy):
+        row = db.wait_status(job_id, "dead", "completed")
+        assert row["status"] == "dead"
+        assert "memory" in row["last_error"] and "side by side" in row["last_error"], row

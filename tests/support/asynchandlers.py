@@ -52,3 +52,32 @@ async def blocking(job: JobContext) -> str:
     await asyncio.sleep(0)
     time.sleep(float(job.payload["seconds"]))
     return "done blocking"
+
+
+async def side_by_side(job: JobContext) -> dict[str, Any]:
+    """Prints numbered lines between awaits for `seconds`; returns when it ran and where."""
+    t0 = time.time()
+    steps = int(float(job.payload.get("seconds", 1)) / 0.1)
+    for i in range(steps):
+        print(f"line {i} of job {job.id}")
+        app_log.info("logged %d of job %d", i, job.id)
+        job.heartbeat(progress={"step": i})
+        await asyncio.sleep(0.1)
+    return {"pid": os.getpid(), "t0": t0, "t1": time.time()}
+
+
+async def stubborn(job: JobContext) -> None:
+    """Swallows its cancellation and blocks: only the SIGKILL after kill_grace ends it."""
+    try:
+        await asyncio.sleep(600)
+    except asyncio.CancelledError:
+        print("ignoring the stop", flush=True)
+        time.sleep(600)
+
+
+async def hog(job: JobContext) -> None:
+    """Holds `mib` MiB (touched) at an await, for the watcher's memory limit."""
+    block = bytearray(int(job.payload["mib"]) << 20)
+    for i in range(0, len(block), 4096):
+        block[i] = 1
+    await asyncio.sleep(600)

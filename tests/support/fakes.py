@@ -109,7 +109,7 @@ class FakeSupervisor:
         if child.job == job_id:
             child.job = None
 
-    def assign(self, child: FakeChild, job_id: int, frame: bytes) -> bool:
+    def assign(self, child: FakeChild, job_id: int, frame: bytes, side_by_side: int = 1) -> bool:
         child.job = job_id
         child.jobs_run += 1
         if child.jobs_run >= self.max_jobs_per_child:  # as Supervisor.assign

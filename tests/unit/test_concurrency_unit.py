@@ -84,7 +84,7 @@ def test_each_report_settles_its_own_job_and_the_child_stays_busy_until_the_last
     t.table.on_message(child, protocol.Done(one.job.id, 1))
     assert [o.job.id for o in t.outcomes] == [one.job.id]
     assert child.job == two.job.id and t.supervisor.idle() == []
-    assert json.loads(two.progress or 'null') == {"p": 2}
+    assert json.loads(two.progress or "null") == {"p": 2}
     t.table.on_message(child, protocol.Failed(two.job.id, "ValueError: x"))
     assert [o.kind for o in t.outcomes] == [OutcomeKind.COMPLETE, OutcomeKind.FAIL]
     assert child.job is None
@@ -121,7 +121,9 @@ def test_a_child_that_dies_settles_every_job_it_ran() -> None:
     assert {o.kind for o in t.outcomes} == {OutcomeKind.FAIL}
 
 
-@pytest.mark.parametrize(("value", "message"), [(0, "at least 1"), (1001, "at most 1000"), ("8", "")])
+@pytest.mark.parametrize(
+    ("value", "message"), [(0, "at least 1"), (1001, "at most 1000"), ("8", "")]
+)
 def test_concurrency_is_bounded(value: object, message: str) -> None:
     text = f'[handlers.a]\ntarget = "m:f"\nconcurrency = {value!r}\n'.replace("'", '"')
     with pytest.raises(ConfigError, match="concurrency") as refused:

@@ -216,3 +216,31 @@ def test_a_memory_stop_fails_every_job_of_the_child_saying_why(db: Db, daemons: 
         row = db.wait_status(job_id, "dead", "completed")
         assert row["status"] == "dead"
         assert "memory" in row["last_error"] and "side by side" in row["last_error"], row
+
+
+def test_side_by_side_jobs_wait_for_signals_and_return_follow_ups(db: Db, daemons: Daemons) -> None:
+    daemons.start(
+        {
+            "waiter": {"target": "asynchandlers:waits_for_signal", "concurrency": 4},
+            "follow": {"target": "asynchandlers:with_follow_up", "concurrency": 4},
+            "echo": {"target": "asynchandlers:echo"},
+        },
+        {"slots": 4, "warm_children": 1},
+    )
+    waiters = [db.enqueue("waiter") for _ in range(2)]
+    for job_id in waiters:
+        db.wait_status(job_id, "suspended")
+    parents = [db.enqueue("follow") for _ in range(2)]
+    for n, job_id in enumerate(waiters):
+        sent = daemons.cli("signal", str(job_id), "go", "--payload", f'{{"n": {n}}}')
+        assert sent.returncode == 0, sent.stderr
+    for n, job_id in enumerate(waiters):
+        row = db.wait_status(job_id, "completed", "dead")
+        assert row["result"] == {"signal": {"n": n}}, row["last_error"]
+    for parent in parents:
+        assert db.wait_status(parent, "completed", "dead")["result"] == {"parent": parent}
+        [child] = db.rows(
+            "SELECT id FROM {schema}.jobs WHERE handler = 'echo' AND payload = %s::jsonb",
+            (f'{{"from": {parent}}}',),
+        )
+        assert db.wait_status(child["id"], "completed", "dead")["status"] == "completed"

@@ -24,3 +24,7 @@ def record_end(job: JobContext) -> None:
     its child's start is measured from)."""
     with open(os.environ["BENCH_STARTS"], "a") as log:
         log.write(f"end:{job.id} {time.time()}\n")
+
+
+async def async_noop(job: JobContext) -> None:
+    """An async handler that does nothing (bench/daemon_bench.py: concurrency = 8)."""

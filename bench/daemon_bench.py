@@ -4,7 +4,8 @@
 
 Prints:
   - no-op jobs/s through children, max_jobs_per_child = 1 (a fresh process per job) and
-    1000 (children reused), one daemon;
+    1000 (children reused), one daemon; and async no-op handlers with concurrency = 8
+    (8 jobs side by side in one child), children reused;
   - enqueue -> handler start latency p50/p99 on an idle daemon (one job at a time; the
     handler notes time.time() at its first line, the client after its COMMIT);
   - lease renewal with 1,000 in-flight jobs on one host: the renew statement's cost
@@ -72,14 +73,19 @@ class Daemon:
     """A `pgworkerd run` subprocess with a generated config."""
 
     def __init__(
-        self, dsn: str, workdir: Path, worker: dict[str, Any], handlers: dict[str, str]
+        self,
+        dsn: str,
+        workdir: Path,
+        worker: dict[str, Any],
+        handlers: dict[str, str | dict[str, Any]],
     ) -> None:
         uids = os.environ.get("BENCH_JOB_UIDS")  # set by --job-uids
         if uids:
             worker = {**worker, "job_uids": uids}
         lines = ["[worker]"] + [f"{k} = {json.dumps(v)}" for k, v in worker.items()]
         for name, target in handlers.items():
-            lines += [f"[handlers.{name}]", f'target = "{target}"']
+            keys = target if isinstance(target, dict) else {"target": target}
+            lines += [f"[handlers.{name}]"] + [f"{k} = {json.dumps(v)}" for k, v in keys.items()]
         if os.environ.get("BENCH_LOG_LEVEL"):  # e.g. debug: per-job start delays
             lines += ["[logging]", f'level = "{os.environ["BENCH_LOG_LEVEL"]}"']
         if os.environ.get("BENCH_LOGS_CAPTURE") == "off":  # the cost of job output capture
@@ -127,7 +133,14 @@ def completed(conn: psycopg.Connection) -> int:
     return int(row[0]) if row else 0
 
 
-def throughput(dsn: str, workdir: Path, per_child: int, n_jobs: int) -> dict[str, Any]:
+def throughput(
+    dsn: str, workdir: Path, per_child: int, n_jobs: int, concurrency: int = 0
+) -> dict[str, Any]:
+    """No-op jobs/s; with `concurrency`, of an async no-op handler run that many at once
+    per child."""
+    handler: dict[str, Any] = {"target": "pgworkerd.examples:noop"}
+    if concurrency:
+        handler = {"target": "bench_handlers:async_noop", "concurrency": concurrency}
     with connect(dsn) as conn:
         conn.execute("TRUNCATE pgworkerd.jobs")
         daemon = Daemon(
@@ -140,7 +153,7 @@ def throughput(dsn: str, workdir: Path, per_child: int, n_jobs: int) -> dict[str
                 "lease": "60s",
                 "poll_interval": "1s",
             },
-            {"noop": "pgworkerd.examples:noop"},
+            {"noop": handler},
         )
         try:
             start = time.monotonic()
@@ -316,6 +329,13 @@ def main() -> None:
                 f"({r['jobs']} jobs in {r['seconds']}s, parent CPU {r['parent_cpu_s']}s)",
                 flush=True,
             )
+        r = throughput(dsn, workdir, 1000, n_jobs, concurrency=8)
+        results["async_noop_concurrency_8"] = r
+        print(
+            f"async no-op jobs/s, concurrency=8, max_jobs_per_child=1000 {r['jobs_per_s']:>7} "
+            f"({r['jobs']} jobs in {r['seconds']}s, parent CPU {r['parent_cpu_s']}s)",
+            flush=True,
+        )
         r = latency(dsn, workdir, samples)
         results["latency"] = r
         print(

@@ -431,30 +431,53 @@ def enqueue(
     dedupe_window, dedupe_policy, debounce and debounce_max: docs/guide/enqueue.md "Dedupe"
     (dedupe_policy="reject" raises DuplicateJob).
     """
-    spec = JobSpec(
+    spec = enqueue_spec(
         handler,
-        {} if payload is None else payload,
-        queue,
-        priority,
-        run_at,
-        delay,
-        max_attempts,
-        dedupe_key,
-        concurrency_key,
-        tuple(after) if isinstance(after, list | tuple) else after,
-        on_parent_failure,
-        expires_at,
-        expire_in,
-        timeout,
-        dedupe_window,
-        dedupe_policy,
-        debounce,
-        debounce_max,
+        payload,
+        queue=queue,
+        priority=priority,
+        run_at=run_at,
+        delay=delay,
+        max_attempts=max_attempts,
+        dedupe_key=dedupe_key,
+        concurrency_key=concurrency_key,
+        after=after,
+        on_parent_failure=on_parent_failure,
+        expires_at=expires_at,
+        expire_in=expire_in,
+        timeout=timeout,
+        dedupe_window=dedupe_window,
+        dedupe_policy=dedupe_policy,
+        debounce=debounce,
+        debounce_max=debounce_max,
     )
     if spec.has_extras():
         # one job of enqueue_many_v3: its checks and messages ("job 1: ...")
         [job_id] = enqueue_many(conn, [spec], schema=schema)
         return job_id
+    statement, params = enqueue_statement(spec, schema)
+    with conn.cursor(row_factory=tuple_row) as cur:
+        cur.execute(statement, params)
+        row = cur.fetchone()
+    assert row is not None  # the function returns the job's id or raises
+    return int(row[0])
+
+
+def enqueue_spec(handler: str, payload: Mapping[str, Any] | None = None, **options: Any) -> JobSpec:
+    """The JobSpec of enqueue's arguments (shared with pgworkerd.aio.enqueue)."""
+    after = options.pop("after", ())
+    return JobSpec(
+        handler,
+        {} if payload is None else payload,
+        after=tuple(after) if isinstance(after, list | tuple) else after,
+        **options,
+    )
+
+
+def enqueue_statement(spec: JobSpec, schema: str) -> tuple[str, dict[str, Any]]:
+    """The statement and parameters enqueue sends for one job without parents or
+    deadlines (spec.has_extras() False), checked; InvalidJob says what is wrong. Shared
+    with pgworkerd.aio."""
     try:
         job = spec._checked()
         payload_json = _dumps(job.get("payload", {}))
@@ -465,24 +488,16 @@ def enqueue(
     params: dict[str, Any] = {}
     if spec.concurrency_key is not None:
         params["concurrency_key"] = spec.concurrency_key
-    with conn.cursor(row_factory=tuple_row) as cur:
-        cur.execute(
-            query("job_enqueue" if not params else "job_enqueue_v2", schema),
-            params
-            | {
-                "handler": spec.handler,
-                "payload": payload_json,
-                "queue": spec.queue,
-                "priority": spec.priority,
-                "run_at": spec.run_at,
-                "delay": None if spec.delay is None else _delay_seconds(spec.delay),
-                "max_attempts": spec.max_attempts,
-                "dedupe_key": spec.dedupe_key,
-            },
-        )
-        row = cur.fetchone()
-    assert row is not None  # the function returns the job's id or raises
-    return int(row[0])
+    return query("job_enqueue" if not params else "job_enqueue_v2", schema), params | {
+        "handler": spec.handler,
+        "payload": payload_json,
+        "queue": spec.queue,
+        "priority": spec.priority,
+        "run_at": spec.run_at,
+        "delay": None if spec.delay is None else _delay_seconds(spec.delay),
+        "max_attempts": spec.max_attempts,
+        "dedupe_key": spec.dedupe_key,
+    }
 
 
 def typed_payload(func: Any, payload: Any) -> dict[str, Any]:
@@ -567,10 +582,29 @@ def enqueue_many(
     Everything is validated before the database sees it, so bad input never aborts the
     caller's transaction.
     """
+    call = enqueue_many_statement(specs, schema)
+    if call is None:
+        return []
+    with conn.cursor(row_factory=tuple_row) as cur:
+        try:
+            [(ids,)] = cur.execute(*call).fetchall()
+        except psycopg.Error as exc:
+            duplicate = duplicate_job(exc)
+            if duplicate is None:
+                raise
+            raise duplicate from exc
+    return list(ids)
+
+
+def enqueue_many_statement(
+    specs: Iterable[JobSpec], schema: str
+) -> tuple[str, dict[str, Any]] | None:
+    """The statement and parameters enqueue_many sends, every job checked (InvalidJob
+    names the one at fault); None for no jobs. Shared with pgworkerd.aio."""
     specs = list(specs)
     text = jobs_json(specs)
     if text == "[]":
-        return []
+        return None
     # enqueue_many_v2 only when a job has a concurrency key: enqueue_many (which refuses
     # the key) keeps its faster plain path for the rest.
     keyed = any(isinstance(s, JobSpec) and s.concurrency_key is not None for s in specs)
@@ -579,14 +613,13 @@ def enqueue_many(
     if any(s.has_extras() for s in specs):
         name = "job_enqueue_many_v3"
     # Sent as text, parsed once by the server as jsonb (no second serialisation).
-    with conn.cursor(row_factory=tuple_row) as cur:
-        try:
-            [(ids,)] = cur.execute(query(name, schema), {"jobs": text}).fetchall()
-        except psycopg.Error as exc:
-            if exc.sqlstate == DEDUPE_REJECTED_SQLSTATE:
-                raise _duplicate(exc) from exc
-            raise
-    return list(ids)
+    return query(name, schema), {"jobs": text}
+
+
+def duplicate_job(exc: psycopg.Error) -> DuplicateJob | None:
+    """The DuplicateJob of enqueue_many_v3's refusal of a held dedupe key (policy
+    "reject"), None for any other error (shared with pgworkerd.aio)."""
+    return _duplicate(exc) if exc.sqlstate == DEDUPE_REJECTED_SQLSTATE else None
 
 
 def _duplicate(exc: psycopg.Error) -> DuplicateJob:
@@ -672,14 +705,53 @@ def get(
     pgworkerd_reader, pgworkerd_operator, pgworkerd_daemon) reads every job; any other
     role with EXECUTE on job_get_v1 (pgworkerd_enqueuer) only the jobs its login enqueued:
     another role's job is None, as if there were none."""
-    if isinstance(job_id, bool) or not isinstance(job_id, int):
-        raise TypeError(f"job id must be an integer, not {type(job_id).__name__}")
-    if not -(2**63) <= job_id < 2**63:
+    if not readable_id(job_id):
         return None  # no bigint: no such job
     with conn.cursor(row_factory=tuple_row) as cur:
         row = cur.execute(query("job_info", schema), {"id": job_id}).fetchone()
         columns = tuple(c.name for c in cur.description or ())
     return None if row is None else records.build(JobInfo, columns, row)
+
+
+def readable_id(job_id: Any) -> bool:
+    """Whether get should read job `job_id` (False: no bigint, so no such job); TypeError
+    for what is not an integer. Shared with pgworkerd.aio."""
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        raise TypeError(f"job id must be an integer, not {type(job_id).__name__}")
+    return -(2**63) <= job_id < 2**63
+
+
+def wait_arguments_check(conn: Any, timeout: float | None, poll: float) -> None:
+    """wait's checks of its arguments and of the connection's state (sync or async):
+    ValueError or RuntimeError saying what is wrong. Shared with pgworkerd.aio."""
+    if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
+        raise ValueError(
+            f"timeout must be a finite number of seconds >= 0 or None, not {timeout!r}"
+        )
+    if not (math.isfinite(poll) and poll > 0):
+        raise ValueError(f"poll must be a finite number of seconds > 0, not {poll!r}")
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise RuntimeError(
+            "pgworkerd.wait needs a connection outside a transaction (autocommit, or "
+            "idle): commit or roll back first; wait never commits the caller's transaction"
+        )
+
+
+def wait_settled(
+    job: JobInfo | None, job_id: int, schema: str, deadline: float | None, timeout: float | None
+) -> tuple[bool, Any]:
+    """What wait makes of the job as just read: (True, its result) once completed; raises
+    JobNotFound, JobFailed or WaitTimeout; (False, None): wait on. Shared with
+    pgworkerd.aio."""
+    if job is None:
+        raise JobNotFound(f"no job {job_id} in schema {schema!r} that this role may read")
+    if job.status == "completed":
+        return True, job.result
+    if job.finished:
+        raise JobFailed(job)
+    if deadline is not None and deadline - time.monotonic() <= 0:
+        raise WaitTimeout(job, timeout or 0.0)
+    return False, None
 
 
 def wait(
@@ -714,17 +786,7 @@ def wait(
     consumed; on a connection with notify handlers (add_notify_handler), which psycopg
     warns does not mix with notifies(), pass listen=False.
     """
-    if timeout is not None and not (math.isfinite(timeout) and timeout >= 0):
-        raise ValueError(
-            f"timeout must be a finite number of seconds >= 0 or None, not {timeout!r}"
-        )
-    if not (math.isfinite(poll) and poll > 0):
-        raise ValueError(f"poll must be a finite number of seconds > 0, not {poll!r}")
-    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
-        raise RuntimeError(
-            "pgworkerd.wait needs a connection outside a transaction (autocommit, or "
-            "idle): commit or roll back first; wait never commits the caller's transaction"
-        )
+    wait_arguments_check(conn, timeout, poll)
     deadline = None if timeout is None else time.monotonic() + timeout
     channel = finished_channel(schema)
     was_autocommit = conn.autocommit
@@ -742,16 +804,11 @@ def wait(
         while True:
             read_at = time.monotonic()
             job = get(conn, job_id, schema=schema)
-            if job is None:
-                raise JobNotFound(f"no job {job_id} in schema {schema!r} that this role may read")
-            if job.status == "completed":
-                return job.result
-            if job.finished:
-                raise JobFailed(job)
+            done, result = wait_settled(job, job_id, schema, deadline, timeout)
+            if done:
+                return result
             left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
-                raise WaitTimeout(job, timeout or 0.0)
-            nap = poll if left is None else min(poll, left)
+            nap = poll if left is None else max(0.0, min(poll, left))
             if listen:
                 for note in conn.notifies(timeout=nap):
                     if note.channel == channel and note.payload == str(job_id):

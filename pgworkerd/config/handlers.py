@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,8 @@ from pgworkerd.config.spec import ConfigError, key
 # A handler's max_snoozes when not set, and the most it may be set to.
 DEFAULT_MAX_SNOOZES = 100
 MAX_SNOOZES_LIMIT = 1_000_000
+# The most jobs one child may run at once as coroutines (concurrency).
+MAX_CONCURRENCY = 1000
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,14 @@ class HandlerConfig:
         help="With worker.memory_budget: what one of its jobs is expected to use until 5 "
         "of its attempts have a measured peak (default: its memory_limit).",
     )
+    concurrency: int = key(
+        1,
+        check=checks.integer(1, MAX_CONCURRENCY),
+        example=8,
+        help="An async def handler only: one child runs up to this many of its jobs at once, "
+        'as coroutines of one event loop (docs/guide/handlers.md, "Async handlers"). Each '
+        "job still takes one of the handler's slots. A plain def handler must keep 1.",
+    )
 
     @property
     def module(self) -> str:
@@ -318,4 +329,10 @@ def import_handler(handler: HandlerConfig) -> Callable[..., Any]:
         check_declaration(func)  # a typed payload's declaration (pgworkerd.typed)
     except TypeError as exc:
         raise ConfigError(f"handler {handler.name!r}: {exc}") from None
+    if handler.concurrency > 1 and not inspect.iscoroutinefunction(func):
+        raise ConfigError(
+            f"handler {handler.name!r}: concurrency = {handler.concurrency} needs an async def "
+            f"handler, and {handler.target} is a plain function (a sync handler runs one job "
+            "per child: leave concurrency at 1, or make the handler async def)"
+        )
     return func

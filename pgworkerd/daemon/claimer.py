@@ -456,7 +456,9 @@ class Claimer(Generic[ChildT]):
             for child in self.supervisor.idle():
                 self.supervisor.retire(child)
             return
-        waiting = len(self.table.waiting())
+        # (jobs that a child running their async handler's jobs side by side can take
+        # need no child of their own)
+        waiting = max(0, len(self.table.waiting()) - self.table.room_beside())
         target = min(self.config.worker.warm_children, self.table.free_slots()) + waiting
         have = len(self.supervisor.idle()) + self.supervisor.starting()
         if target > have:

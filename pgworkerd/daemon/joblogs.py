@@ -149,6 +149,9 @@ class JobLogs:
         self.configure(config)
         self.files: dict[int, _ChildFile] = {}  # child pid -> its output file
         self.running: dict[int, _ChildFile] = {}  # job id -> its child's file
+        # job id -> the attempt of a job run beside others in its child (an async
+        # handler's concurrency): its output comes as messages (output()), not from a file
+        self.routed: dict[int, AttemptLog] = {}
         self.ended: list[AttemptLog] = []  # ended, not stored yet
         self.due: float | None = None
         self._punching = True
@@ -174,13 +177,35 @@ class JobLogs:
         if self.due is None:
             self.due = self.clock() + INTERVAL
 
+    def begin_routed(self, job_id: int, token: int, attempt: int) -> None:
+        """A job was handed to a child that runs it beside others: its output is what
+        the child sends for it (output())."""
+        if not self.config.capture:
+            return
+        self.routed[job_id] = AttemptLog(job_id, token, attempt, f"job {job_id} attempt {attempt}")
+        if self.due is None:
+            self.due = self.clock() + INTERVAL
+
+    def output(self, job_id: int, data: bytes) -> None:
+        """What a job run beside others wrote (its child's Output message)."""
+        attempt = self.routed.get(job_id)
+        if attempt is not None and data:
+            self._add(attempt, data)
+
     def end(self, job_id: int) -> None:
         """The attempt ended (its child reported, or died): read the rest of its output."""
+        routed = self.routed.pop(job_id, None)
+        if routed is not None:
+            self._ended(routed)
+            return
         f = self.running.pop(job_id, None)
         if f is None or f.attempt is None:
             return
         attempt, f.attempt = f.attempt, None
         self._read(f, attempt)
+        self._ended(attempt)
+
+    def _ended(self, attempt: AttemptLog) -> None:
         self._copy_rest(attempt)
         attempt.finished = True
         if attempt.total:  # an attempt that printed nothing leaves no row: no write
@@ -214,13 +239,16 @@ class JobLogs:
             if f.attempt is not None:
                 self._read(f, f.attempt)
                 self._report_dropped(f.attempt)
+        for attempt in self.routed.values():
+            self._report_dropped(attempt)
         self.flush()
-        busy = self.running or any(a.dirty for a in self.ended)
+        busy = self.running or self.routed or any(a.dirty for a in self.ended)
         self.due = self.clock() + INTERVAL if busy else None
 
     def flush(self) -> None:
         """Store every attempt with new output (one statement)."""
         attempts = [f.attempt for f in self.running.values() if f.attempt and f.attempt.dirty]
+        attempts += [a for a in self.routed.values() if a.dirty]
         attempts += self.ended
         if not attempts or not self.database_up():
             return

@@ -35,9 +35,11 @@ from pgworkerd.worker.protocol import (
     Hello,
     Interrupted,
     LeaseExtended,
+    Output,
     Report,
     Shutdown,
     Started,
+    Stop,
     Usage,
 )
 
@@ -98,6 +100,37 @@ class JobTable(Generic[ChildT]):
             busy[j.job.handler] = busy.get(j.job.handler, 0) + 1
         return busy
 
+    def jobs_of(self, child: ChildT) -> list[InFlight]:
+        """The jobs `child` runs: one, or an async handler's side by side (concurrency)."""
+        return [self.jobs[i] for i, c in self._child_of.items() if c is child and i in self.jobs]
+
+    def room_beside(self) -> int:
+        """How many more jobs the children running jobs side by side could take now."""
+        room = 0
+        for child in {id(c): c for c in self._child_of.values()}.values():
+            jobs = self.jobs_of(child)
+            if jobs and self._joinable(child, jobs[0].handler, jobs):
+                room += jobs[0].handler.concurrency - len(jobs)
+        return room
+
+    def _joinable(self, child: ChildT, handler: HandlerConfig, jobs: list[InFlight]) -> bool:
+        """Whether `child`, running `jobs`, can take one more of `handler`'s jobs."""
+        return (
+            handler.concurrency > 1
+            and child.pid is not None
+            and not child.exiting
+            and not child.broken
+            and len(jobs) < handler.concurrency
+            and all(j.handler.name == handler.name and j.stop_reason is None for j in jobs)
+        )
+
+    def _beside(self, handler: HandlerConfig) -> ChildT | None:
+        """A child running `handler`'s jobs side by side with room for one more."""
+        for child in {id(c): c for c in self._child_of.values()}.values():
+            if self._joinable(child, handler, self.jobs_of(child)):
+                return child
+        return None
+
     def waiting(self) -> list[InFlight]:
         """Claimed, not handed to a child yet, and not stopped."""
         return [
@@ -139,8 +172,9 @@ class JobTable(Generic[ChildT]):
             return
         idle = self.supervisor.idle()
         for job in waiting:
-            if not idle:
-                return
+            beside = self._beside(job.handler) if job.handler.concurrency > 1 else None
+            if beside is None and not idle:
+                continue  # (a later job may join a child running its handler's jobs)
             try:
                 frame = protocol.encode(
                     protocol.Job(
@@ -158,6 +192,9 @@ class JobTable(Generic[ChildT]):
                         woken=job.job.woken,
                         lease_token=job.job.token,
                         batch=job.job.batch,
+                        concurrency=job.handler.concurrency
+                        if job.handler.concurrency > 1
+                        else None,
                     )
                 )
             except Exception as exc:  # this job's data: too big, too deep, not JSON
@@ -165,10 +202,13 @@ class JobTable(Generic[ChildT]):
                     job.job, job.handler, f"cannot be handed to a child: {short_error(exc)}"
                 )
                 continue
-            child = idle.pop(0)
+            child = beside if beside is not None else idle.pop(0)
             self._child_of[job.job.id] = child
-            if not self.supervisor.assign(child, job.job.id, frame):
+            if not self.supervisor.assign(child, job.job.id, frame, job.handler.concurrency):
                 self._unlink(job)
+            elif self.logs is not None and job.handler.concurrency > 1:
+                # its output comes as Output messages (the child's file is shared)
+                self.logs.begin_routed(job.job.id, job.job.token, job.job.attempt)
             elif self.logs is not None:
                 self.logs.begin(job.job.id, job.job.token, job.job.attempt, child.pid)
 
@@ -179,15 +219,28 @@ class JobTable(Generic[ChildT]):
         child = self._child_of.pop(job.job.id, None)
         if child is not None:
             self.supervisor.unassign(child, job.job.id)
+            if child.job is None or child.job == job.job.id:
+                # a child running jobs side by side is busy while any of them runs
+                rest = self.jobs_of(child)
+                child.job = rest[0].job.id if rest else None
 
     # -- what children say and how they end ---------------------------------------------
 
     def on_message(self, child: ChildT, message: ChildMessage) -> None:
-        job = self.jobs.get(child.job) if child.job is not None else None
+        if isinstance(message, Hello):
+            return  # the supervisor's
+        job_id = message.id
+        if job_id is None or self._child_of.get(job_id) is not child:
+            job_id = child.job  # (a message of release 0.2 names no job: its current one)
+        job = self.jobs.get(job_id) if job_id is not None else None
         if job is None or self.child_of(job) is not child:
             return
-        if isinstance(message, Hello) or message.id not in (None, job.job.id):
-            return  # a hello is the supervisor's; a late beat is about an ended job
+        if message.id not in (None, job.job.id):
+            return  # a late beat is about an ended job
+        if isinstance(message, Output):
+            if self.logs is not None:
+                self.logs.output(job.job.id, message.text.encode("utf-8", "replace"))
+            return
         now = self.clock()
         if isinstance(message, Started):
             job.started_at = job.last_beat = now
@@ -244,10 +297,10 @@ class JobTable(Generic[ChildT]):
             self._settle(job, report)
 
     def on_exit(self, child: ChildT, status: int) -> None:
-        job = self.jobs.get(child.job) if child.job is not None else None
-        if job is not None and self.child_of(job) is child:
+        jobs = self.jobs_of(child)
+        for job in jobs:
             self._settle(job, None, exit_description=child.broken or describe_exit(status))
-        elif status != 0 and not child.exiting:
+        if not jobs and status != 0 and not child.exiting:
             log.warning("idle child %s %s", child.pid, describe_exit(status))
         if self.logs is not None:
             self.logs.child_exited(child.pid)
@@ -263,11 +316,22 @@ class JobTable(Generic[ChildT]):
             self._settle(job, None)
             return
         if now_kill:
-            child.signal_group(signal.SIGKILL)
+            self._kill(child, job)
             job.kill_at = None
         elif job.kill_at is None:
-            child.signal_group(signal.SIGTERM)
+            if job.handler.concurrency > 1:
+                child.send(Stop(job.job.id))  # its coroutine only, not its siblings
+            else:
+                child.signal_group(signal.SIGTERM)
             job.kill_at = self.clock() + self.worker.kill_grace
+
+    def _kill(self, child: ChildT, job: InFlight) -> None:
+        """SIGKILL a job's child. Jobs running beside it there die too: they are handed
+        back, their attempt not counted (StopReason.SIBLING), unless stopping already."""
+        for other in self.jobs_of(child):
+            if other is not job and other.stop_reason is None:
+                other.stop_reason = StopReason.SIBLING
+        child.signal_group(signal.SIGKILL)
 
     def stop_all(self, reason: StopReason) -> None:
         for job in self:
@@ -373,7 +437,7 @@ class JobTable(Generic[ChildT]):
             elif job.kill_at is not None and now >= job.kill_at:
                 child = self.child_of(job)
                 if child is not None:
-                    child.signal_group(signal.SIGKILL)
+                    self._kill(child, job)
                 job.kill_at = None
             elif (
                 job.hand_back_at is not None and now >= job.hand_back_at and job.stop_reason is None

@@ -40,6 +40,9 @@ class StopReason(StrEnum):
     STUCK = "stuck"  # no heartbeat within heartbeat_timeout
     CANCEL = "cancel"
     LEASE_LOST = "lease lost"
+    # killed with its child for another job of that child (an async handler's jobs run
+    # side by side in one child: [handlers.X] concurrency)
+    SIBLING = "sibling"
 
     @property
     def hands_back(self) -> bool:
@@ -49,6 +52,7 @@ class StopReason(StrEnum):
             StopReason.HAND_BACK,
             StopReason.TERMINATE,
             StopReason.NO_CHILD,
+            StopReason.SIBLING,
         )
 
 

@@ -290,11 +290,15 @@ class Supervisor:
         child.exiting = True
         child.send(Exit())
 
-    def assign(self, child: Child, job_id: int, frame: bytes) -> bool:
-        """Hand a job (its message, encoded already) to an idle child."""
-        child.job = job_id
+    def assign(self, child: Child, job_id: int, frame: bytes, side_by_side: int = 1) -> bool:
+        """Hand a job (its message, encoded already) to an idle child, or to one that runs
+        up to `side_by_side` jobs of an async handler at once (child.job stays its first;
+        such a child runs at least that many jobs before it is replaced, as the child
+        counts them too: pgworkerd.worker.child.main)."""
+        if child.job is None:
+            child.job = job_id
         child.jobs_run += 1
-        if child.jobs_run >= int(self.settings.get("max_jobs_per_child", 1)):
+        if child.jobs_run >= max(side_by_side, int(self.settings.get("max_jobs_per_child", 1))):
             child.exiting = True
         return child.send_encoded(frame)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import importlib
+import inspect
 import os
 import queue
 import select
@@ -33,7 +34,16 @@ from setproctitle import setproctitle
 
 from pgworkerd import typed
 from pgworkerd.jsontext import storable_json, storable_text
-from pgworkerd.worker import identity, outcomes, protocol, reaper, tmpdirs, watcher
+from pgworkerd.worker import (
+    aiorun,
+    aiosession,
+    identity,
+    outcomes,
+    protocol,
+    reaper,
+    tmpdirs,
+    watcher,
+)
 from pgworkerd.worker.capture import Capture
 from pgworkerd.worker.outcomes import (
     GiveUp,
@@ -56,6 +66,7 @@ from pgworkerd.worker.protocol import (
     Report,
     Shutdown,
     Started,
+    Stop,
     Usage,
 )
 from pgworkerd.worker.resources import Figures, Meter
@@ -105,7 +116,8 @@ class Signal:
 class JobContext:
     """What a handler receives: the job, and a way to report progress.
 
-    A handler is a plain function `def handler(job: JobContext) -> JSON value`.
+    A handler is a plain function `def handler(job: JobContext) -> JSON value`, or an
+    `async def` one (run in an event loop of the child: pgworkerd.worker.aiorun).
     """
 
     def __init__(self, channel: _Channel, job: Job) -> None:
@@ -149,7 +161,7 @@ class JobContext:
     @property
     def cancel_requested(self) -> bool:
         """Someone ran `pgworkerd cancel` on this job: return or raise soon."""
-        return self._channel.cancel_requested
+        return self._channel.cancel_requested or self.id in self._channel.cancel_jobs
 
     @property
     def shutdown_requested(self) -> bool:
@@ -193,6 +205,11 @@ class _Channel:
         self._lock = threading.Lock()
         self.jobs: queue.Queue[Job | None] = queue.Queue()
         self.cancel_requested = False
+        # jobs asked to cancel by id, in a child that runs jobs side by side (aiosession)
+        self.cancel_jobs: set[int] = set()
+        # the jobs a concurrent session runs (pgworkerd.worker.aiosession), while it runs;
+        # the monitor hands it their messages
+        self.session: Any = None
         self.shutdown_requested = False
         # jobs asked to stop by id (a hand-back): one may be asked right behind its Job
         # message, before it runs; a few at most (a hostile count is capped)
@@ -201,7 +218,8 @@ class _Channel:
         self.title = "pgworkerd: idle child"
         self.job_started = 0.0
         self.job_id: int | None = None  # the job running now
-        self._pending_beat: Beat | None = None
+        # progress-only beats not sent yet, by job (one job, or a session's jobs)
+        self._pending_beats: dict[int | None, Beat] = {}
         # the running job's measurements (pgworkerd.worker.resources)
         self.meter: Meter | None = None
         self.usage_sent_peak = 0  # the peak the parent was last told of
@@ -210,7 +228,8 @@ class _Channel:
     def send(self, message: protocol.ChildMessage) -> None:
         data = protocol.encode(message)
         with self._lock, self.watcher.locked():
-            self._pending_beat = None if isinstance(message, Beat) else self._pending_beat
+            if isinstance(message, Beat):
+                self._pending_beats.pop(message.id, None)
             self.sock.sendall(data)
 
     def send_encoded(self, frame: bytes) -> None:
@@ -220,16 +239,27 @@ class _Channel:
     def is_current(self, job_id: int | None) -> bool:
         """Whether a message about job `job_id` is about the job running now (None:
         about whatever runs, as a parent of release 0.2 sends them)."""
-        return job_id is None or job_id == self.job_id
+        session = self.session
+        return (
+            job_id is None
+            or job_id == self.job_id
+            or (session is not None and session.runs(job_id))
+        )
 
     def set_pending_beat(self, message: Beat) -> None:
         with self._lock:
-            self._pending_beat = message
+            self._pending_beats[message.id] = message
 
-    def flush_pending_beat(self) -> None:
+    def flush_pending_beat(self, job_id: int | None = None) -> None:
+        """Send the pending beat of job `job_id` (None: of every job)."""
         with self._lock:
-            message, self._pending_beat = self._pending_beat, None
-        if message is not None:
+            if job_id is None:
+                messages = list(self._pending_beats.values())
+                self._pending_beats.clear()
+            else:
+                one = self._pending_beats.pop(job_id, None)
+                messages = [] if one is None else [one]
+        for message in messages:
             self.send(message)
 
 
@@ -271,14 +301,23 @@ def _monitor(channel: _Channel) -> None:
                 message = protocol.decode(frame)
                 if isinstance(message, Job):
                     channel.shutdown_jobs.discard(message.id)  # a stale ask of an earlier run
-                    channel.jobs.put(message)
+                    channel.cancel_jobs.discard(message.id)
+                    if message.concurrency:  # to the running session, if any
+                        aiosession.submit(channel, message)
+                    else:
+                        channel.jobs.put(message)
+                elif isinstance(message, Stop):
+                    aiosession.stop(channel, message.id)
                 # (a lease or cancel sent for a job that has ended here meanwhile is
                 # ignored: it must not fence or cancel the next one)
                 elif isinstance(message, LeaseExtended):
                     if channel.is_current(message.id):
                         channel.deadline = message.deadline
                 elif isinstance(message, Cancel):
-                    if channel.is_current(message.id):
+                    if channel.session is not None and message.id is not None:
+                        if channel.is_current(message.id):
+                            channel.cancel_jobs.add(message.id)
+                    elif channel.is_current(message.id):
                         channel.cancel_requested = True
                 elif isinstance(message, Shutdown):
                     if message.id is None:
@@ -380,40 +419,11 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
         # a typed payload (pgworkerd.typed), validated and passed: dead at once if not
         func = typed.bind(func, job.payload)
         result = func(ctx)
-        then: list[Any] | None = None
-        if isinstance(result, outcomes.Done):  # a result with follow-up jobs
-            result, then = result.result, _follow_ups(result.then)
-        try:
-            _check_storable(result)
-            outcome = Done(job.id, result, then or None)
-        except (TypeError, ValueError) as exc:
-            outcome = Failed(
-                job.id,
-                storable_text(f"handler returned a value that cannot be stored as JSON: {exc}"),
-            )
-    except JobInterrupted as exc:
-        # text PostgreSQL can store, for last_error
-        outcome = Interrupted(
-            job.id, storable_text(str(exc)), storable_text(traceback.format_exc())
-        )
-    except Snooze as exc:
-        outcome = _snoozed(job.id, exc)
-    except WaitFor as exc:
-        outcome = _waiting(channel, ctx, exc)
-    except GiveUp as exc:
-        outcome = Failed(
-            job.id,
-            storable_text(f"GiveUp: {exc.reason}"),
-            storable_text(traceback.format_exc()),
-            give_up=storable_text(exc.reason),
-        )
+        if inspect.isawaitable(result):  # an async def handler: run in an event loop
+            result = _run_awaitable(result)
+        outcome = _returned(job.id, result)
     except BaseException as exc:  # the handler's failure, whatever it is, is the outcome
-        outcome = Failed(
-            job.id,
-            storable_text(f"{type(exc).__name__}: {exc}"),
-            storable_text(traceback.format_exc()),
-            exception_types=[storable_text(n) for n in exception_types(exc)],
-        )
+        outcome = _raised(channel, ctx, exc)
     # Ignore further SIGTERMs while cleaning up and reporting: the attempt's processes
     # must all go, and the outcome must reach the parent whole.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -453,6 +463,120 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
     signal.signal(signal.SIGTERM, _raise_interrupted)
     channel.title = "pgworkerd: idle child"
     setproctitle(channel.title)
+
+
+def _returned(job_id: int, result: Any) -> Report:
+    """The report of a handler that returned `result`."""
+    then: list[Any] | None = None
+    if isinstance(result, outcomes.Done):  # a result with follow-up jobs
+        # (a bad one raises ValueError: the attempt fails with it, as if the handler had)
+        result, then = result.result, _follow_ups(result.then)
+    try:
+        _check_storable(result)
+        return Done(job_id, result, then or None)
+    except (TypeError, ValueError) as exc:
+        return Failed(
+            job_id,
+            storable_text(f"handler returned a value that cannot be stored as JSON: {exc}"),
+        )
+
+
+def _raised(channel: _Channel, ctx: JobContext, exc: BaseException) -> Report:
+    """The report of a handler that raised `exc` (call it in the `except` block: the
+    traceback is the one being handled)."""
+    if isinstance(exc, JobInterrupted):
+        # text PostgreSQL can store, for last_error
+        return Interrupted(ctx.id, storable_text(str(exc)), storable_text(traceback.format_exc()))
+    if isinstance(exc, Snooze):
+        return _snoozed(ctx.id, exc)
+    if isinstance(exc, WaitFor):
+        return _waiting(channel, ctx, exc)
+    if isinstance(exc, GiveUp):
+        return Failed(
+            ctx.id,
+            storable_text(f"GiveUp: {exc.reason}"),
+            storable_text(traceback.format_exc()),
+            give_up=storable_text(exc.reason),
+        )
+    return Failed(
+        ctx.id,
+        storable_text(f"{type(exc).__name__}: {exc}"),
+        storable_text(traceback.format_exc()),
+        exception_types=[storable_text(n) for n in exception_types(exc)],
+    )
+
+
+def _run_awaitable(awaitable: Any) -> Any:
+    """What an async handler's coroutine returns, run in an event loop
+    (pgworkerd.worker.aiorun): a stop from the daemon ends it as JobInterrupted."""
+    return aiorun.run(awaitable, JobInterrupted, _say)
+
+
+def _say(line: str) -> None:
+    """A line of the child's own in the attempt's output (its job log)."""
+    with contextlib.suppress(Exception):
+        sys.stderr.write(line.rstrip("\n") + "\n")
+        sys.stderr.flush()
+
+
+def _run_concurrent(
+    channel: _Channel, first: Job, scratch_dir: str | None, capture: Capture | None
+) -> int:
+    """Run an async handler's jobs side by side, `first` and those the daemon hands over
+    meanwhile (pgworkerd.worker.aiosession); returns how many ran."""
+    channel.title = f"pgworkerd: async jobs of {first.handler}"
+    channel.job_started = time.monotonic()
+    channel.deadline = first.deadline  # (a job runs: the monitor fences if the daemon goes)
+    channel.job_id = None
+    channel.meter = None  # the jobs share the process: no figures per job
+    channel.jobs_run += 1
+    setproctitle(f"{channel.title} 0s")
+    scratch = tmpdirs.enter(scratch_dir)  # one TMPDIR for the session's jobs
+    restore = aiosession.route_output(channel.send) if capture is not None else None
+    if capture is not None:
+        capture.enter()
+    runner = aiosession.Runner(
+        context=lambda job: JobContext(channel, job),
+        returned=_returned,
+        raised=lambda ctx, exc: _raised(channel, ctx, exc),
+        finish=lambda job, outcome, last: _finish_concurrent(channel, job, outcome, last),
+        interrupted=JobInterrupted,
+        send=channel.send,
+    )
+    try:
+        ran = aiosession.run(channel, first, runner)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        reaper.kill_descendants(keep=frozenset({channel.watcher.pid}))
+        tmpdirs.leave(scratch)
+        if capture is not None:
+            capture.leave()
+        if restore is not None:
+            restore()
+        channel.deadline = None
+        channel.cancel_requested = False
+        signal.signal(signal.SIGTERM, _raise_interrupted)
+        channel.title = "pgworkerd: idle child"
+        setproctitle(channel.title)
+    return ran
+
+
+def _finish_concurrent(channel: _Channel, job: Job, outcome: Report, last: bool) -> None:
+    """Report one job of a concurrent session: its last beat, the watcher told (no fence
+    for it from now on), what the session started killed if it was the last job, then
+    the outcome."""
+    try:
+        frame = protocol.encode(outcome)
+    except FrameTooLarge as exc:  # the attempt fails, saying why
+        what = "result" if isinstance(outcome, Done) else "error report"
+        frame = protocol.encode(Failed(job.id, f"the {what} is too large to store: {exc}"))
+    channel.flush_pending_beat(job.id)
+    channel.watcher.job_ended(job.id)
+    if last:
+        reaper.kill_descendants(keep=frozenset({channel.watcher.pid}))
+    channel.send_encoded(frame)
+    channel.cancel_jobs.discard(job.id)
+    channel.shutdown_jobs.discard(job.id)
 
 
 def _follow_ups(then: Any) -> list[Any]:
@@ -531,13 +655,20 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
         threading.Thread(target=_monitor, args=(channel,), daemon=True).start()
         jobs = int(settings.get("max_jobs_per_child", 1))
         scratch_dir = tmpdirs.prepare(tmp_root)  # while no job waits on it
-        for n in range(jobs):
+        n = 0
+        while n < jobs:
             job = channel.jobs.get()
             if job is None:
                 break
-            _run_one(channel, job, scratch_dir, capture)
+            if job.concurrency:  # an async handler's jobs, side by side
+                # (such a child runs at least that many: the daemon counts so too)
+                jobs = max(jobs, job.concurrency)
+                n += _run_concurrent(channel, job, scratch_dir, capture)
+            else:
+                _run_one(channel, job, scratch_dir, capture)
+                n += 1
             tmpdirs.remove(scratch_dir)  # the outcome is sent: off the job's path
-            scratch_dir = tmpdirs.prepare(tmp_root) if n + 1 < jobs else None
+            scratch_dir = tmpdirs.prepare(tmp_root) if n < jobs else None
         tmpdirs.remove(scratch_dir)
     except (BrokenPipeError, ConnectionResetError):
         # The daemon died while this child was telling it something: stop quietly, as

@@ -37,6 +37,8 @@ class Kind(StrEnum):
     CANCEL = "cancel"
     SHUTDOWN = "shutdown"
     EXIT = "exit"
+    OUTPUT = "output"
+    STOP = "stop"
 
 
 class ProtocolError(ValueError):
@@ -121,6 +123,17 @@ class Usage:
     child_memory: int  # bytes, the child process's own now (max_child_memory)
 
 
+@dataclass(frozen=True)
+class Output:
+    """What a job running as one of a child's concurrent coroutines printed or logged
+    (Python-level: print, sys.stdout/sys.stderr, logging), attributed to it by its
+    context (pgworkerd.worker.aiosession); the daemon adds it to the job's log."""
+
+    kind: ClassVar[Kind] = Kind.OUTPUT
+    id: int
+    text: str
+
+
 Report = Done | Failed | Interrupted
 
 
@@ -153,6 +166,9 @@ class Job:
     # "cancelled", "outcomes": [{"id", "status", "result", "error"}, ...] (the first 100
     # members by id), "outcomes_complete": bool}; None: not a batch's callback
     batch: Any = None
+    # The handler's concurrency when above 1 (an async handler whose jobs this child runs
+    # side by side: pgworkerd.worker.aiosession); None: one job at a time
+    concurrency: int | None = None
 
 
 @dataclass(frozen=True)
@@ -181,8 +197,17 @@ class Exit:
     kind: ClassVar[Kind] = Kind.EXIT
 
 
-ChildMessage = Hello | Started | Beat | Done | Failed | Interrupted | Usage
-ParentMessage = Job | LeaseExtended | Cancel | Shutdown | Exit
+@dataclass(frozen=True)
+class Stop:
+    """Stop this one job (cancel its coroutine) in a child that runs jobs side by side:
+    what a SIGTERM to the child's group is for a child that runs one job."""
+
+    kind: ClassVar[Kind] = Kind.STOP
+    id: int
+
+
+ChildMessage = Hello | Started | Beat | Done | Failed | Interrupted | Usage | Output
+ParentMessage = Job | LeaseExtended | Cancel | Shutdown | Exit | Stop
 Message = ChildMessage | ParentMessage
 
 _CLASSES: dict[str, type[Any]] = {
@@ -200,6 +225,8 @@ _CLASSES: dict[str, type[Any]] = {
         Cancel,
         Shutdown,
         Exit,
+        Output,
+        Stop,
     )
 }
 # Fields that hold any JSON value; every other field's type is checked.

@@ -186,9 +186,10 @@ class _Watch:
         self.me = os.getpid()
         self.pending = bytearray()  # relayed bytes the child has not taken yet
         self.reader: FrameReader | None = FrameReader()
-        self.job: int | None = None
-        self.deadline: float | None = None
-        self.limit: int | None = None
+        # the running jobs (one, or an async handler's side by side: aiosession) and
+        # each one's lease deadline as last renewed
+        self.jobs: dict[int, float] = {}
+        self.limit: int | None = None  # (the jobs of a child share it: one handler's)
         self.next_sample = 0.0
         self.peak = 0
         self.events_buffer = b""
@@ -229,10 +230,10 @@ class _Watch:
             self._check(time.monotonic())
 
     def _timeout_ms(self) -> int | None:
-        if self.job is None:
+        if not self.jobs:
             return None
         now = time.monotonic()
-        due = self.deadline if self.deadline is not None else now + 60
+        due = min(self.jobs.values())
         if self.limit is not None:
             due = min(due, self.next_sample)
         return max(0, int((due - now) * 1000) + 1)
@@ -245,9 +246,10 @@ class _Watch:
         self.events_buffer += data
         *lines, self.events_buffer = self.events_buffer.split(b"\n")
         for line in lines:
-            if self.job is not None and int(line) == self.job:
-                self.job = self.deadline = self.limit = None
-            self._end_cgroup()
+            self.jobs.pop(int(line), None)
+            if not self.jobs:
+                self.limit = None
+            self._end_cgroup()  # (none for a job run side by side with others)
             with contextlib.suppress(OSError):
                 os.write(self.acks, b"k")
 
@@ -295,7 +297,7 @@ class _Watch:
             # The child sees the end, as it would the socket's, and stops itself (its
             # tree, its temp directory, then us); if it cannot (the GIL held), we do.
             os.close(self.relay)
-            if self.job is not None:
+            if self.jobs:
                 time.sleep(_DEATH_WAIT)
                 self._fence(LEASE_SIGNAL, "the daemon is gone")
             return False
@@ -314,19 +316,16 @@ class _Watch:
 
     def _note(self, message: protocol.Message) -> None:
         if isinstance(message, Job):
-            self.job, self.deadline, self.limit = message.id, message.deadline, message.memory_limit
-            self.next_sample, self.peak = 0.0, 0
-            self._begin_cgroup(message)
-        elif (
-            isinstance(message, LeaseExtended)
-            and self.job is not None
-            and message.id
-            in (
-                None,
-                self.job,
-            )
-        ):  # (one for a job that ended is ignored)
-            self.deadline = message.deadline
+            if not self.jobs:
+                self.next_sample, self.peak = 0.0, 0
+            self.jobs[message.id] = message.deadline
+            self.limit = message.memory_limit
+            if not message.concurrency:  # jobs side by side share the child: no cgroup each
+                self._begin_cgroup(message)
+        elif isinstance(message, LeaseExtended):  # (one for a job that ended is ignored)
+            for job in self.jobs if message.id is None else (message.id,):
+                if job in self.jobs:
+                    self.jobs[job] = message.deadline
 
     def _relay(self) -> None:
         try:
@@ -339,9 +338,9 @@ class _Watch:
         del self.pending[:written]
 
     def _check(self, now: float) -> None:
-        if self.job is None:
+        if not self.jobs:
             return
-        if self.deadline is not None and now >= self.deadline:
+        if now >= min(self.jobs.values()):
             self._fence(LEASE_SIGNAL, "lease deadline passed without renewal")
         if self.limit is not None and now >= self.next_sample:
             self.next_sample = now + SAMPLE_INTERVAL
@@ -349,13 +348,13 @@ class _Watch:
             total = sum(rss(p) for p in members)
             self.peak = max(self.peak, total)
             if total > self.limit:
-                self._over_limit(self.job, self.limit, members)
+                self._over_limit(list(self.jobs), self.limit, members)
             if self.attempt_cgroup is not None and cgroup.oom_kills(self.attempt_cgroup):
                 error = (
                     "killed: memory (the kernel's OOM killer, in the attempt's cgroup: "
                     f"memory.max = its limit, {self.limit} bytes)"
                 )
-                self._over_limit(self.job, self.limit, members, error)
+                self._over_limit(list(self.jobs), self.limit, members, error)
 
     def _tree(self) -> list[int]:
         """The child and its descendants, without this watcher."""
@@ -368,19 +367,32 @@ class _Watch:
         return found
 
     def _over_limit(
-        self, job: int, limit: int, members: list[int], error: str | None = None
+        self, jobs: list[int], limit: int, members: list[int], error: str | None = None
     ) -> None:
+        """Stop the child, after a report for each of its jobs: jobs run side by side share
+        the child and its limit, and which of them grew cannot be told, so each fails
+        with the reason (and none reports figures: they are the child's)."""
         locked = self._lock()
         cpu = [cpu_of(p) for p in members]
-        failed = Failed(job, error or limit_message(limit, self.peak))
-        usage = Usage(
-            job, sum(u for u, _ in cpu), sum(s for _, s in cpu), self.peak, rss(self.child)
-        )
+        error = error or limit_message(limit, self.peak)
+        if len(jobs) > 1:
+            error += (
+                f" (the limit of a child that ran {len(jobs)} jobs side by side, "
+                f"{', '.join(map(str, sorted(jobs)))}: each of them is stopped)"
+            )
+        frames = b""
+        for job in jobs:
+            if len(jobs) == 1:
+                usage = Usage(
+                    job, sum(u for u, _ in cpu), sum(s for _, s in cpu), self.peak, rss(self.child)
+                )
+                frames += protocol.encode(usage)
+            frames += protocol.encode(Failed(job, error))
         if locked:
             os.kill(self.child, signal.SIGSTOP)  # it sends nothing more
             with contextlib.suppress(OSError):
-                _write_all(self.sock, protocol.encode(usage) + protocol.encode(failed))
-        self._fence(MEMORY_SIGNAL, failed.error)
+                _write_all(self.sock, frames)
+        self._fence(MEMORY_SIGNAL, error)
 
     def _lock(self) -> bool:
         """Take the child's send lock (wait at most _LOCK_WAIT)."""

@@ -109,10 +109,11 @@ class FakeSupervisor:
         if child.job == job_id:
             child.job = None
 
-    def assign(self, child: FakeChild, job_id: int, frame: bytes) -> bool:
-        child.job = job_id
+    def assign(self, child: FakeChild, job_id: int, frame: bytes, side_by_side: int = 1) -> bool:
+        if child.job is None:  # (a child running jobs side by side keeps its first)
+            child.job = job_id
         child.jobs_run += 1
-        if child.jobs_run >= self.max_jobs_per_child:  # as Supervisor.assign
+        if child.jobs_run >= max(side_by_side, self.max_jobs_per_child):  # as Supervisor.assign
             child.exiting = True
         # What the child would read: the frame decoded (4-byte length, then JSON).
         import json

@@ -6,6 +6,7 @@ is read with `ast` and sorted into the part of the package it belongs to:
   client      pgworkerd/client.py   the application API: JobSpec, enqueue, enqueue_many
               pgworkerd/signals.py  and signal (durable waits)
               pgworkerd/batches.py  and batch, batch_members (batches)
+              pgworkerd/aio.py      and the same on psycopg's AsyncConnection
   worker      pgworkerd/worker/     the child side: JobContext, the child, the fork server
   queue       pgworkerd/queue/      the SQL core
   daemon      pgworkerd/daemon/     the parent's components
@@ -109,7 +110,7 @@ def part_of(module: str) -> str | None:
         return None
     if len(parts) == 1:
         return "face"
-    if parts[1] in ("client", "signals", "batches"):
+    if parts[1] in ("client", "signals", "batches", "aio"):
         return "client"
     return parts[1] if parts[1] in SUBPACKAGES else "shared"
 

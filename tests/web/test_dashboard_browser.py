@@ -135,6 +135,20 @@ def test_a_paused_queue_keeps_a_new_job_pending_until_resumed(
     db.wait_status(held, "completed")
 
 
+def click_parent_link(browser: Any) -> None:
+    """Click the first parent's link; the live refresh (every second) may replace the row
+    between finding and clicking it (a loaded machine): then it is found again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    for _ in range(10):
+        try:
+            by_id(browser, "job-parents").find_element("tag name", "a").click()
+            return
+        except StaleElementReferenceException:
+            time.sleep(0.1)
+    raise AssertionError("the parents row was replaced at every try")
+
+
 def test_a_job_page_links_its_parents_and_children(
     browser: Any, dashboard: RunningDashboard, db: Db
 ) -> None:
@@ -150,7 +164,7 @@ def test_a_job_page_links_its_parents_and_children(
         browser, "explain"
     )
     screenshot(browser, "job-waiting")
-    by_id(browser, "job-parents").find_element("tag name", "a").click()
+    click_parent_link(browser)
     wait_browser(browser, lambda d: text_of(d, "job-children"), "the parent's page")
     assert browser.current_url.endswith(f"/jobs/{parent}")
     assert text_of(browser, "job-children") == f"{child} waiting"

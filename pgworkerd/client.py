@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,6 +95,11 @@ class JobSpec:
     expires_at: datetime | None = None
     expire_in: float | timedelta | None = None
     timeout: float | timedelta | None = None
+    # Tracing (docs/operations/tracing.md): the enqueuer's W3C trace context,
+    # {"traceparent": ..., "tracestate": ...}, which each attempt's span links to. None:
+    # the current OpenTelemetry span's, if the application traces (it has imported
+    # OpenTelemetry and a span is current); {}: none.
+    trace: Mapping[str, str] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """Validated JSON form, every field spelt out; raises InvalidJob on bad input.
@@ -189,10 +195,15 @@ class JobSpec:
         return job
 
     def has_extras(self) -> bool:
-        """Whether the job needs enqueue_many_v3 (schema 27): parents or deadlines."""
-        return bool(self.after) or any(
-            v is not None
-            for v in (self.on_parent_failure, self.expires_at, self.expire_in, self.timeout)
+        """Whether the job needs enqueue_many_v3 (schema 27): parents, deadlines or (schema
+        35) a trace context."""
+        return (
+            bool(self.after)
+            or bool(self.trace)
+            or any(
+                v is not None
+                for v in (self.on_parent_failure, self.expires_at, self.expire_in, self.timeout)
+            )
         )
 
     def _extras(self) -> dict[str, Any]:
@@ -250,6 +261,12 @@ class JobSpec:
             job["expire_in"] = f"{seconds:.6f} seconds"
         if self.timeout is not None:
             job["timeout"] = _seconds("timeout", self.timeout, bounds.TIMEOUT_MAX_SECONDS)
+        if self.trace:
+            trace = dict(self.trace) if isinstance(self.trace, Mapping) else self.trace
+            problem = bounds.trace_problem(trace)
+            if problem is not None:
+                raise InvalidJob(problem)
+            job["trace"] = trace
         return job
 
 
@@ -269,6 +286,7 @@ _JSON_ORDER = (
     "expires_at",
     "expire_in",
     "timeout",
+    "trace",
 )
 
 
@@ -322,12 +340,15 @@ def enqueue(
     expires_at: datetime | None = None,
     expire_in: float | timedelta | None = None,
     timeout: float | timedelta | None = None,
+    trace: Mapping[str, str] | None = None,
 ) -> int:
     """Enqueue one job inside the caller's current transaction; returns its id.
 
     With a dedupe key equal to a pending or running job's, that job's id comes back and
     nothing is inserted. With `after` (job ids) it waits until those jobs have finished
     (docs/guide/dependencies.md); expires_at/expire_in and timeout: docs/guide/enqueue.md.
+    trace: the W3C trace context its attempts link to (JobSpec.trace: by default the
+    current OpenTelemetry span's, if any; docs/operations/tracing.md).
     """
     spec = JobSpec(
         handler,
@@ -344,6 +365,7 @@ def enqueue(
         expires_at,
         expire_in,
         timeout,
+        ambient_trace() if trace is None else trace,
     )
     if spec.has_extras():
         # one job of enqueue_many_v3: its checks and messages ("job 1: ...")
@@ -387,8 +409,21 @@ def _dumps(value: Any) -> str:
         raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
 
 
-def jobs_json(specs: Iterable[JobSpec]) -> str:
-    """The JSON array text enqueue_many sends: every job checked, serialised once.
+def ambient_trace() -> dict[str, str] | None:
+    """The current OpenTelemetry span's W3C context, for a JobSpec without a trace of its
+    own: None unless the application has imported OpenTelemetry (pgworkerd never imports
+    it here: an application that does not trace pays one dictionary look-up) and a valid
+    span is current, which takes a tracer provider the application set."""
+    if "opentelemetry.trace" not in sys.modules:
+        return None
+    from pgworkerd import tracing
+
+    return tracing.current_trace_context()
+
+
+def jobs_json(specs: Iterable[JobSpec], trace: Mapping[str, str] | None = None) -> str:
+    """The JSON array text enqueue_many sends: every job checked, serialised once; `trace`
+    (ambient_trace's) for each job whose own trace is None.
 
     Raises InvalidJob naming the job's position (1-based) on bad input.
     """
@@ -409,6 +444,8 @@ def jobs_json(specs: Iterable[JobSpec]) -> str:
                         "cannot wait for itself or a later job)"
                     )
                 job["after_index"] = sorted({positions[id(p)] for p in earlier})
+            if trace and spec.trace is None:
+                job["trace"] = trace
         except InvalidJob as exc:
             raise InvalidJob(f"job {n}: {exc}") from None
         positions.setdefault(id(spec), n - 1)
@@ -433,7 +470,8 @@ def enqueue_many(
     caller's transaction.
     """
     specs = list(specs)
-    text = jobs_json(specs)
+    ambient = ambient_trace()
+    text = jobs_json(specs, ambient)
     if text == "[]":
         return []
     # enqueue_many_v2 only when a job has a concurrency key: enqueue_many (which refuses
@@ -441,7 +479,7 @@ def enqueue_many(
     keyed = any(isinstance(s, JobSpec) and s.concurrency_key is not None for s in specs)
     name = "job_enqueue_many_v2" if keyed else "job_enqueue_many"
     # enqueue_many_v3 (schema 27) only when a job has parents or deadlines
-    if any(s.has_extras() for s in specs):
+    if any(s.has_extras() or (ambient and s.trace is None) for s in specs):
         name = "job_enqueue_many_v3"
     # Sent as text, parsed once by the server as jsonb (no second serialisation).
     with conn.cursor(row_factory=tuple_row) as cur:

@@ -158,6 +158,7 @@ class JobTable(Generic[ChildT]):
                         woken=getattr(job.job, "woken", None),  # lease.ResumedJob
                         lease_token=job.job.token,
                         batch=getattr(job.job, "batch", None),  # batchread.CallbackJob
+                        trace=getattr(job.job, "trace", None),  # traceread.TracedJob
                     )
                 )
             except Exception as exc:  # this job's data: too big, too deep, not JSON

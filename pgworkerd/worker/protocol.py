@@ -153,6 +153,9 @@ class Job:
     # "cancelled", "outcomes": [{"id", "status", "result", "error"}, ...] (the first 100
     # members by id), "outcomes_complete": bool}; None: not a batch's callback
     batch: Any = None
+    # The enqueuer's W3C trace context (schema 35, pgworkerd.tracing): {"traceparent",
+    # "tracestate"}; sent only while [tracing] is enabled; None: none
+    trace: Any = None
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,17 @@ _CLASSES: dict[str, type[Any]] = {
     )
 }
 # Fields that hold any JSON value; every other field's type is checked.
-_ANY = {"progress", "checkpoint", "result", "payload", "parents", "wait", "woken", "batch"}
+_ANY = {
+    "progress",
+    "checkpoint",
+    "result",
+    "payload",
+    "parents",
+    "wait",
+    "woken",
+    "batch",
+    "trace",
+}
 _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,),
     "int | None": (int, type(None)),

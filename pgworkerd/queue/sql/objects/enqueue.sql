@@ -683,7 +683,7 @@ AS $$
 DECLARE
     known_keys constant text[] :=
         '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key,concurrency_key,'
-        'after,after_index,on_parent_failure,expires_at,expire_in,timeout}';
+        'after,after_index,on_parent_failure,expires_at,expire_in,timeout,trace}';
     max_parents constant integer := 1000;
     parents integer := 0;
     item jsonb;
@@ -694,6 +694,9 @@ BEGIN
     IF e - known_keys <> '{}' THEN
         RETURN 'unknown key "' || (SELECT k FROM jsonb_object_keys(e - known_keys) k LIMIT 1)
                || '" (known: ' || array_to_string(known_keys, ', ') || ')';
+    END IF;
+    IF @schema@.job_trace_problem(e->'trace') IS NOT NULL THEN  -- (0035)
+        RETURN @schema@.job_trace_problem(e->'trace');
     END IF;
     IF e ? 'after' AND jsonb_typeof(e->'after') <> 'null' THEN
         IF jsonb_typeof(e->'after') <> 'array' THEN
@@ -818,6 +821,46 @@ BEGIN
 END;
 $$;
 
+-- What is wrong with a job object's "trace" (0035: the W3C trace context of its
+-- enqueuer, pgworkerd.tracing), NULL: nothing (or no trace). An object of "traceparent"
+-- (version 00's form: 2-32-16-2 lowercase hex digits, not version ff, neither id all
+-- zeros) and optionally "tracestate" (at most 512 printable ASCII characters), and no
+-- other key: stored as given, handed to every attempt of the job.
+-- (pgworkerd/bounds.py trace_problem says the same for Python.)
+CREATE FUNCTION @schema@.job_trace_problem(trace jsonb)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT CASE
+        WHEN trace IS NULL OR jsonb_typeof(trace) = 'null' THEN NULL
+        WHEN jsonb_typeof(trace) <> 'object'
+            THEN 'trace must be an object of "traceparent" and "tracestate", not '
+                 || jsonb_typeof(trace)
+        WHEN trace - '{traceparent,tracestate}'::text[] <> '{}'
+            THEN 'trace has an unknown key "'
+                 || left((SELECT k
+                            FROM jsonb_object_keys(trace - '{traceparent,tracestate}'::text[]) k
+                           ORDER BY k LIMIT 1), 100)
+                 || '" (known: traceparent, tracestate)'
+        WHEN jsonb_typeof(trace->'traceparent') IS DISTINCT FROM 'string'
+             OR NOT (trace->>'traceparent') ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+             OR left(trace->>'traceparent', 2) = 'ff'
+             OR substr(trace->>'traceparent', 4, 32) = repeat('0', 32)
+             OR substr(trace->>'traceparent', 37, 16) = repeat('0', 16)
+            THEN 'trace.traceparent must be a W3C traceparent (such as '
+                 || '"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), not '
+                 || left((trace->'traceparent')::text, 100)
+        WHEN trace ? 'tracestate'
+             AND NOT (jsonb_typeof(trace->'tracestate') = 'string'
+                      AND char_length(trace->>'tracestate') <= 512
+                      AND (trace->>'tracestate') ~ '^[\x20-\x7e]*$')
+            THEN 'trace.tracestate must be at most 512 printable ASCII characters, not '
+                 || left((trace->'tracestate')::text, 100)
+        END;
+END;
+
 -- The timeout of a job object, in seconds (checked by job_extras_problem), NULL: none.
 CREATE FUNCTION @schema@.job_timeout_seconds(e jsonb)
 RETURNS float8
@@ -836,7 +879,9 @@ END;
 --   "after_index": [positions]  parents earlier in the same call, 0-based;
 --   "on_parent_failure": "cancel" | "run" | "hold"  (job_parents.sql says what each does);
 --   "expires_at": timestamptz | "expire_in": interval or seconds  (not started after it);
---   "timeout": seconds or interval  (overrides the handler's timeout for this job).
+--   "timeout": seconds or interval  (overrides the handler's timeout for this job);
+--   "trace": {"traceparent", "tracestate"}  (0035: the enqueuer's W3C trace context,
+--                               job_trace_problem; stored in jobs.trace_context).
 -- A job with a parent that has not finished is inserted 'waiting'; one whose parents all
 -- completed already is pending at once; one with a parent already dead or cancelled
 -- follows its policy at once (cancelled, pending, or held). Every refusal (unknown or
@@ -854,7 +899,7 @@ SET intervalstyle = 'postgres'
 AS $$
 DECLARE
     extras constant text[] :=
-        '{after,after_index,on_parent_failure,expires_at,expire_in,timeout}';
+        '{after,after_index,on_parent_failure,expires_at,expire_in,timeout,trace}';
     v2_keys constant text[] :=
         '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key,concurrency_key}';
     total integer;
@@ -980,16 +1025,18 @@ BEGIN
                (n - 1) IN (SELECT position FROM referenced) AS has_children,
                coalesce((e->>'expires_at')::timestamptz,
                         now() + (e->>'expire_in')::interval) AS expires_at,
-               @schema@.job_timeout_seconds(e) AS timeout_seconds
+               @schema@.job_timeout_seconds(e) AS timeout_seconds,
+               CASE WHEN jsonb_typeof(e->'trace') = 'object' THEN e->'trace' END
+                   AS trace_context
         FROM counted
     ), inserted AS (
         INSERT INTO @schema@.jobs AS j
             (id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key,
              concurrency_key, status, parents_unfinished, parents_failed, on_parent_failure,
-             has_children, expires_at, timeout_seconds)
+             has_children, expires_at, timeout_seconds, trace_context)
         SELECT new_id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key,
                concurrency_key, status, parents_unfinished, parents_failed,
-               on_parent_failure, has_children, expires_at, timeout_seconds
+               on_parent_failure, has_children, expires_at, timeout_seconds, trace_context
         FROM input
         ORDER BY n
         ON CONFLICT (dedupe_key, handler)

@@ -79,6 +79,10 @@ CREATE TABLE @schema@.jobs (
     -- The batch this job is a member of (0030, batches.sql): its final status counts
     -- towards the batch's callback. NULL for every other job (the callback included).
     batch_id         bigint,
+    -- The W3C trace context of the enqueuer (0035, pgworkerd.tracing, docs/operations/
+    -- tracing.md): {"traceparent": ..., "tracestate": ...} as the enqueue checked it
+    -- (job_trace_problem); each attempt's span links to it. NULL: enqueued outside a trace.
+    trace_context    jsonb,
     CONSTRAINT jobs_queue_not_empty CHECK (queue <> ''),
     CONSTRAINT jobs_handler_not_empty CHECK (handler <> ''),
     CONSTRAINT jobs_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),

@@ -529,3 +529,11 @@ SELECT j.id, j.wait_for, j.wait_ended, s.payload, s.sent_at
 -- Suspended jobs past their timeout become pending (at most %(max_jobs)s; job_waits_expire
 -- in signals.sql): the daemons' timeout sweep. Returns how many.
 SELECT @schema@.job_waits_expire(%(max_jobs)s::integer) AS moved;
+
+-- name: job_traces
+-- The enqueuers' trace contexts of the claimed ids %(ids)s (schema 35, pgworkerd.tracing):
+-- read by the daemon after a claim, and only while [tracing] is enabled, for its ids only
+-- (primary-key look-ups); jobs enqueued outside a trace give no row.
+SELECT j.id, j.trace_context
+  FROM @schema@.jobs j
+ WHERE j.id = ANY (%(ids)s::bigint[]) AND j.trace_context IS NOT NULL;

@@ -134,7 +134,7 @@ def trace_problem(trace: object) -> str | None:
         return (
             "trace.traceparent must be a W3C traceparent (such as "
             '"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), not '
-            f"{str(parent)[:100]!r}"
+            f"{'none' if parent is None else repr(str(parent)[:100])}"
         )
     if "tracestate" in trace:
         state = trace["tracestate"]

@@ -851,7 +851,7 @@ BEGIN ATOMIC
              OR substr(trace->>'traceparent', 37, 16) = repeat('0', 16)
             THEN 'trace.traceparent must be a W3C traceparent (such as '
                  || '"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), not '
-                 || left((trace->'traceparent')::text, 100)
+                 || coalesce(left((trace->'traceparent')::text, 100), 'none')
         WHEN trace ? 'tracestate'
              AND NOT (jsonb_typeof(trace->'tracestate') = 'string'
                       AND char_length(trace->>'tracestate') <= 512

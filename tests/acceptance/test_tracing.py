@@ -12,6 +12,7 @@ and the daemon's claim and outcome-write spans linked to the request.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ HANDLERS = {
     "traced": {"target": "tracehandlers:traced"},
     "fails_once": {"target": "tracehandlers:fails_once"},
     "always_fails": {"target": "tracehandlers:always_fails"},
+    "sleeps": {"target": "tracehandlers:sleeps"},
 }
 
 
@@ -232,3 +234,56 @@ def test_a_job_enqueued_outside_a_trace_has_an_unlinked_attempt_span(
     db.wait_status(job_id, "completed")
     [attempt] = attempt_spans(span_dir, job_id, 1)
     assert attempt["links"] == [] and attempt["parent_id"] is None
+
+
+def test_a_stopped_attempt_is_an_interrupted_error_and_a_killed_ones_outcome_stays_linked(
+    db: Db,
+    daemons: Daemons,
+    span_dir: Path,
+    request_tracer: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    """A job stopped at its timeout (SIGTERM: JobInterrupted in the handler) ends its
+    span, exported with the handler's. A child killed outright (SIGKILL) loses its
+    unexported spans, as docs/operations/tracing.md says; the daemon's outcome write still
+    links that attempt's outcome to the enqueuer."""
+    provider, _ = request_tracer
+    daemon = start(daemons)
+    with provider.get_tracer("app").start_as_current_span("request") as request:
+        timed_out = db.enqueue("sleeps", {"seconds": 120}, timeout=1, max_attempts=1)
+        killed = db.enqueue("sleeps", {"seconds": 120}, max_attempts=1)
+    request_ids = hex_ids(request)
+    db.wait_status(timed_out, "dead")
+    [stopped] = attempt_spans(span_dir, timed_out, 1)
+    assert stopped["attributes"]["pgworkerd.job.outcome"] == "interrupted"
+    assert stopped["status"]["status_code"] == "ERROR"
+    [sleeping] = [
+        s
+        for s in spans(span_dir)
+        if s["name"] == "sleeping" and s["parent_id"] == stopped["context"]["span_id"]
+    ]
+    # ended as JobInterrupted went through it (a BaseException: the SDK sets no status)
+    assert sleeping["end_time"] is not None
+
+    pid_file = span_dir / f"pid-{killed}"
+    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), what="its pid"))
+    os.kill(pid, signal.SIGKILL)
+    db.wait_status(killed, "dead")
+    daemon.send(signal.SIGTERM)
+    assert daemon.wait_exit() == 0
+    links = [
+        link
+        for s in spans(span_dir)
+        if s["name"] in ("pgworkerd claim", "pgworkerd record outcomes")
+        for link in linked_to(s, request_ids)
+        if link["attributes"]["pgworkerd.job.id"] == killed
+        and "pgworkerd.job.outcome" in link["attributes"]
+    ]
+    assert [link["attributes"]["pgworkerd.job.outcome"] for link in links] == ["fail"]
+    assert links[0]["attributes"]["pgworkerd.job.attempt"] == 1
+    assert links[0]["attributes"]["pgworkerd.job.error"]
+    assert [
+        s
+        for s in spans(span_dir)
+        if s["attributes"].get("pgworkerd.job.id") == killed
+        and s["name"].startswith("pgworkerd job ")
+    ] == []  # lost with the child

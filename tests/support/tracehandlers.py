@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,3 +69,11 @@ def fails_once(job: Any) -> str:
 
 def always_fails(job: Any) -> None:
     raise RuntimeError("this handler always fails")
+
+
+def sleeps(job: Any) -> None:
+    """Notes its pid ($TRACEHANDLERS_DIR/pid-<job id>), then sleeps inside a span of its
+    own for payload["seconds"] (a timeout or a kill ends it first)."""
+    Path(os.environ["TRACEHANDLERS_DIR"], f"pid-{job.id}").write_text(str(os.getpid()))
+    with _tracer.start_as_current_span("sleeping"):
+        time.sleep(float(job.payload["seconds"]))

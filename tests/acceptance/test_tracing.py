@@ -31,6 +31,7 @@ HANDLERS = {
     "fails_once": {"target": "tracehandlers:fails_once"},
     "always_fails": {"target": "tracehandlers:always_fails"},
     "sleeps": {"target": "tracehandlers:sleeps"},
+    "enqueues_a_follow_up": {"target": "tracehandlers:enqueues_a_follow_up"},
 }
 
 
@@ -221,6 +222,24 @@ def test_attempt_parent_child_puts_every_attempt_in_the_enqueuers_trace(
         trace_id,
         attempt["context"]["span_id"],
     )
+
+
+def test_a_follow_up_job_links_to_the_attempt_that_returned_it(
+    db: Db, daemons: Daemons, span_dir: Path
+) -> None:
+    start(daemons)
+    parent = db.enqueue("enqueues_a_follow_up")
+    db.wait_status(parent, "completed")
+    [(child, trace)] = [
+        (r["id"], r["trace_context"])
+        for r in db.rows("SELECT id, trace_context FROM {schema}.jobs WHERE id <> %s", (parent,))
+    ]
+    db.wait_status(child, "completed")
+    [returned] = attempt_spans(span_dir, parent, 1)
+    [followed] = attempt_spans(span_dir, child, 1)
+    ids = (returned["context"]["trace_id"], returned["context"]["span_id"])
+    assert trace["traceparent"].split("-")[1:3] == [ids[0][2:], ids[1][2:]]
+    assert len(linked_to(followed, ids)) == 1
 
 
 def test_a_job_enqueued_outside_a_trace_has_an_unlinked_attempt_span(

@@ -77,3 +77,10 @@ def sleeps(job: Any) -> None:
     Path(os.environ["TRACEHANDLERS_DIR"], f"pid-{job.id}").write_text(str(os.getpid()))
     with _tracer.start_as_current_span("sleeping"):
         time.sleep(float(job.payload["seconds"]))
+
+
+def enqueues_a_follow_up(job: Any) -> Any:
+    """Completes with a follow-up job (it carries this attempt's trace context)."""
+    import pgworkerd
+
+    return pgworkerd.Done("parent done", then=[pgworkerd.JobSpec("traced")])

@@ -46,13 +46,16 @@ SERVER_SETTINGS = {"fsync": "on", "synchronous_commit": "off", "shared_buffers":
 # The module the "on" daemon names as its provider, and the sitecustomize that hides
 # OpenTelemetry from the "not installed" one: written into the run's directory.
 PROVIDER_MODULE = """
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+RESOURCE = Resource.create({"service.name": "bench"})  # once, in the fork server
+
 
 def provider():
-    made = TracerProvider()
+    made = TracerProvider(resource=RESOURCE)
     made.add_span_processor(BatchSpanProcessor(InMemorySpanExporter()))
     return made
 """

@@ -21,6 +21,8 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 _tracer = trace.get_tracer("tracehandlers")  # the global provider's, whichever is set
+# made once, at import (in the fork server): Resource.create costs tens of milliseconds
+RESOURCE = Resource.create({"service.name": "pgworkerd-tests"})
 
 
 def _line(span: ReadableSpan) -> str:
@@ -32,7 +34,7 @@ def provider() -> TracerProvider:
     out = Path(os.environ["TRACEHANDLERS_DIR"], f"spans-{os.getpid()}.jsonl").open(  # noqa: SIM115
         "a", encoding="utf-8"
     )
-    made = TracerProvider(resource=Resource.create({"service.name": "pgworkerd-tests"}))
+    made = TracerProvider(resource=RESOURCE)
     made.add_span_processor(
         BatchSpanProcessor(
             ConsoleSpanExporter(out=out, formatter=_line), schedule_delay_millis=60_000

@@ -35,6 +35,7 @@ from pgworkerd.client import (
     JobNotFound,
     JobSpec,
     WaitTimeout,
+    ambient_trace,
     duplicate_job,
     enqueue_many_statement,
     enqueue_spec,
@@ -83,6 +84,7 @@ async def enqueue(
     dedupe_policy: str | None = None,
     debounce: float | timedelta | None = None,
     debounce_max: float | timedelta | None = None,
+    trace: Mapping[str, str] | None = None,
 ) -> int:
     """Enqueue one job inside the caller's current transaction; returns its id
     (pgworkerd.client.enqueue's semantics; dedupe_policy="reject" raises DuplicateJob)."""
@@ -105,6 +107,7 @@ async def enqueue(
         dedupe_policy=dedupe_policy,
         debounce=debounce,
         debounce_max=debounce_max,
+        trace=ambient_trace() if trace is None else trace,
     )
     if spec.has_extras():
         [job_id] = await enqueue_many(conn, [spec], schema=schema)

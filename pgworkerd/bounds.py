@@ -107,3 +107,49 @@ def check_name(what: str, value: object) -> str:
 BATCH_MEMBERS_MAX = 100_000
 BATCH_OUTCOMES = 100
 BATCH_PAGE_MAX = 1000
+
+
+# A job's trace context (schema 35, enqueue_many_v3's "trace"; job_trace_problem in
+# sql/objects/enqueue.sql says the same with the same messages): W3C traceparent in
+# version 00's form, not version ff, neither id all zeros; tracestate at most this many
+# printable ASCII characters (the W3C's recommended limit for a propagated tracestate).
+TRACESTATE_MAX_CHARS = 512
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACESTATE = re.compile(r"[\x20-\x7e]*")
+
+
+def trace_problem(trace: object) -> str | None:
+    """What is wrong with a job's trace context ({"traceparent", "tracestate"}), None:
+    nothing."""
+    if not isinstance(trace, dict):
+        return 'trace must be an object of "traceparent" and "tracestate"'
+    unknown = sorted(k for k in trace if k not in ("traceparent", "tracestate"))
+    if unknown:
+        return (
+            f'trace has an unknown key "{str(unknown[0])[:100]}" (known: traceparent, tracestate)'
+        )
+    parent = trace.get("traceparent")
+    if (
+        not isinstance(parent, str)
+        or not _TRACEPARENT.fullmatch(parent)
+        or parent.startswith("ff")
+        or parent[3:35] == "0" * 32
+        or parent[36:52] == "0" * 16
+    ):
+        return (
+            "trace.traceparent must be a W3C traceparent (such as "
+            '"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), not '
+            f"{'none' if parent is None else repr(str(parent)[:100])}"
+        )
+    if "tracestate" in trace:
+        state = trace["tracestate"]
+        if (
+            not isinstance(state, str)
+            or len(state) > TRACESTATE_MAX_CHARS
+            or not _TRACESTATE.fullmatch(state)
+        ):
+            return (
+                f"trace.tracestate must be at most {TRACESTATE_MAX_CHARS} printable ASCII "
+                f"characters, not {str(state)[:100]!r}"
+            )
+    return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -121,6 +122,11 @@ class JobSpec:
     dedupe_policy: str | None = None
     debounce: float | timedelta | None = None
     debounce_max: float | timedelta | None = None
+    # Tracing (docs/operations/tracing.md): the enqueuer's W3C trace context,
+    # {"traceparent": ..., "tracestate": ...}, which each attempt's span links to. None:
+    # the current OpenTelemetry span's, if the application traces (it has imported
+    # OpenTelemetry and a span is current); {}: none.
+    trace: Mapping[str, str] | None = None
 
     def as_json(self) -> dict[str, Any]:
         """Validated JSON form, every field spelt out; raises InvalidJob on bad input.
@@ -228,18 +234,23 @@ class JobSpec:
         return cls(handler_name(func, handler), typed_payload(func, payload), **fields)
 
     def has_extras(self) -> bool:
-        """Whether the job needs enqueue_many_v3 (schema 27): parents or deadlines."""
-        return bool(self.after) or any(
-            v is not None
-            for v in (
-                self.on_parent_failure,
-                self.expires_at,
-                self.expire_in,
-                self.timeout,
-                self.dedupe_window,
-                self.dedupe_policy,
-                self.debounce,
-                self.debounce_max,
+        """Whether the job needs enqueue_many_v3 (schema 27): parents, deadlines, a dedupe
+        window or policy (schema 34) or a trace context (schema 35)."""
+        return (
+            bool(self.after)
+            or bool(self.trace)
+            or any(
+                v is not None
+                for v in (
+                    self.on_parent_failure,
+                    self.expires_at,
+                    self.expire_in,
+                    self.timeout,
+                    self.dedupe_window,
+                    self.dedupe_policy,
+                    self.debounce,
+                    self.debounce_max,
+                )
             )
         )
 
@@ -296,6 +307,12 @@ class JobSpec:
             job["expire_in"] = f"{seconds:.6f} seconds"
         if self.timeout is not None:
             job["timeout"] = _seconds("timeout", self.timeout, bounds.TIMEOUT_MAX_SECONDS)
+        if self.trace:
+            trace = dict(self.trace) if isinstance(self.trace, Mapping) else self.trace
+            problem = bounds.trace_problem(trace)
+            if problem is not None:
+                raise InvalidJob(problem)
+            job["trace"] = trace
         job.update(self._dedupe_extras())
         return job
 
@@ -364,6 +381,7 @@ _JSON_ORDER = (
     "dedupe_policy",
     "debounce",
     "debounce_max",
+    "trace",
 )
 
 
@@ -421,6 +439,7 @@ def enqueue(
     dedupe_policy: str | None = None,
     debounce: float | timedelta | None = None,
     debounce_max: float | timedelta | None = None,
+    trace: Mapping[str, str] | None = None,
 ) -> int:
     """Enqueue one job inside the caller's current transaction; returns its id.
 
@@ -430,6 +449,8 @@ def enqueue(
     (docs/guide/dependencies.md); expires_at/expire_in and timeout: docs/guide/enqueue.md.
     dedupe_window, dedupe_policy, debounce and debounce_max: docs/guide/enqueue.md "Dedupe"
     (dedupe_policy="reject" raises DuplicateJob).
+    trace: the W3C trace context its attempts link to (JobSpec.trace: by default the
+    current OpenTelemetry span's, if any; docs/operations/tracing.md).
     """
     spec = enqueue_spec(
         handler,
@@ -450,6 +471,7 @@ def enqueue(
         dedupe_policy=dedupe_policy,
         debounce=debounce,
         debounce_max=debounce_max,
+        trace=ambient_trace() if trace is None else trace,
     )
     if spec.has_extras():
         # one job of enqueue_many_v3: its checks and messages ("job 1: ...")
@@ -537,8 +559,21 @@ def _dumps(value: Any) -> str:
         raise InvalidJob(f"payload is not JSON-serialisable: {exc}") from None
 
 
-def jobs_json(specs: Iterable[JobSpec]) -> str:
-    """The JSON array text enqueue_many sends: every job checked, serialised once.
+def ambient_trace() -> dict[str, str] | None:
+    """The current OpenTelemetry span's W3C context, for a JobSpec without a trace of its
+    own: None unless the application has imported OpenTelemetry (pgworkerd never imports
+    it here: an application that does not trace pays one dictionary look-up) and a valid
+    span is current, which takes a tracer provider the application set."""
+    if "opentelemetry.trace" not in sys.modules:
+        return None
+    from pgworkerd import tracing
+
+    return tracing.current_trace_context()
+
+
+def jobs_json(specs: Iterable[JobSpec], trace: Mapping[str, str] | None = None) -> str:
+    """The JSON array text enqueue_many sends: every job checked, serialised once; `trace`
+    (ambient_trace's) for each job whose own trace is None.
 
     Raises InvalidJob naming the job's position (1-based) on bad input.
     """
@@ -559,6 +594,8 @@ def jobs_json(specs: Iterable[JobSpec]) -> str:
                         "cannot wait for itself or a later job)"
                     )
                 job["after_index"] = sorted({positions[id(p)] for p in earlier})
+            if trace and spec.trace is None:
+                job["trace"] = trace
         except InvalidJob as exc:
             raise InvalidJob(f"job {n}: {exc}") from None
         positions.setdefault(id(spec), n - 1)
@@ -602,7 +639,8 @@ def enqueue_many_statement(
     """The statement and parameters enqueue_many sends, every job checked (InvalidJob
     names the one at fault); None for no jobs. Shared with pgworkerd.aio."""
     specs = list(specs)
-    text = jobs_json(specs)
+    ambient = ambient_trace()
+    text = jobs_json(specs, ambient)
     if text == "[]":
         return None
     # enqueue_many_v2 only when a job has a concurrency key: enqueue_many (which refuses
@@ -610,7 +648,7 @@ def enqueue_many_statement(
     keyed = any(isinstance(s, JobSpec) and s.concurrency_key is not None for s in specs)
     name = "job_enqueue_many_v2" if keyed else "job_enqueue_many"
     # enqueue_many_v3 (schema 27) only when a job has parents or deadlines
-    if any(s.has_extras() for s in specs):
+    if any(s.has_extras() or (ambient and s.trace is None) for s in specs):
         name = "job_enqueue_many_v3"
     # Sent as text, parsed once by the server as jsonb (no second serialisation).
     return query(name, schema), {"jobs": text}

@@ -3,7 +3,7 @@ and help live beside its field (`key(...)`), and everything else reads them.
 
   spec.py       how a key and a table are declared (`key`, `Table`, `ConfigError`)
   checks.py     value checks: what a key takes, its error messages, how it is written
-  tables.py     [database] [worker] [logging] [metrics] [retention] [logs] [web]
+  tables.py     [database] [worker] [logging] [metrics] [retention] [logs] [web] [tracing]
   handlers.py   [handlers.NAME] and [schedules.NAME], and importing a handler
   webusers.py   [web.users]: the dashboard's password hashes, checked, never shown
   model.py      `Config` and the list of tables
@@ -30,6 +30,7 @@ from pgworkerd.config.tables import (
     LogsConfig,
     MetricsConfig,
     RetentionConfig,
+    TracingConfig,
     WebConfig,
     WorkerConfig,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "MetricsConfig",
     "RetentionConfig",
     "ScheduleConfig",
+    "TracingConfig",
     "WebConfig",
     "WorkerConfig",
     "effective",

@@ -368,6 +368,14 @@ def _target(value: Any) -> str:
 
 target = Check(_target, '"package.module:function", importable on this host')
 
+
+def _optional_target(value: Any) -> str:
+    return "" if _string(value) == "" else _target(value)
+
+
+# [tracing] provider: a target, or empty for the default
+optional_target = Check(_optional_target, '"package.module:function", or empty')
+
 # The lowest uid job_uids may name: below it are the system's own accounts (Debian's
 # SYS_UID_MAX is 999); 65534 and up hold nobody, overflow uids and namespaces' mappings.
 JOB_UID_MIN = 1000

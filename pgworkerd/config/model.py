@@ -14,6 +14,7 @@ from pgworkerd.config.tables import (
     LogsConfig,
     MetricsConfig,
     RetentionConfig,
+    TracingConfig,
     WebConfig,
     WorkerConfig,
 )
@@ -31,6 +32,7 @@ class Config:
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     logs: LogsConfig = field(default_factory=LogsConfig)
     web: WebConfig = field(default_factory=WebConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
 
     @property
     def queues(self) -> tuple[str, ...]:
@@ -94,5 +96,11 @@ TABLES: list[Table] = [
         "web",
         WebConfig,
         "`pgworkerd web`, the dashboard (pip install 'pgworkerd[web]'; README \"Web dashboard\").",
+    ),
+    Table(
+        "tracing",
+        TracingConfig,
+        "OpenTelemetry traces from enqueue to every attempt (pip install 'pgworkerd[otel]'; "
+        "docs/operations/tracing.md).",
     ),
 ]

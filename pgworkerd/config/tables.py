@@ -433,3 +433,32 @@ class WebConfig:
         "(pgworkerd_reader): the dashboard refuses to start otherwise, and only actions get "
         "the operator's rights. Empty: actions use [database] dsn too.",
     )
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry traces (pgworkerd.tracing, docs/operations/tracing.md)."""
+
+    enabled: bool = key(
+        False,
+        check=checks.boolean,
+        help="Trace each attempt (a span in the job's child, around the handler) and the "
+        "daemon's claims and outcome writes, with OpenTelemetry (pip install "
+        "'pgworkerd[otel]'). Off: nothing of OpenTelemetry is imported.",
+    )
+    provider: str = key(
+        "",
+        check=checks.optional_target,
+        help='A function ("package.module:function") returning the TracerProvider to '
+        "export with, called in the daemon and in each job child after its fork. Empty: "
+        "the SDK's, exporting with OTLP over HTTP (opentelemetry-exporter-otlp-proto-http) "
+        "as the OTEL_* environment variables say.",
+        example="myapp.telemetry:tracer_provider",
+    )
+    attempt_parent: str = key(
+        "link",
+        check=checks.choice("link", "child"),
+        help='"link": each attempt\'s span starts a trace of its own, linked to the span '
+        'that enqueued the job. "child": it is a child of that span (one trace from the '
+        "request through every attempt, however long the job waits and retries).",
+    )

@@ -78,10 +78,37 @@ MAX_WAIT = 1.0
 
 def child_settings(config: Config) -> dict[str, Any]:
     """What the fork server hands every child it starts."""
-    return {
+    settings: dict[str, Any] = {
         "max_jobs_per_child": config.worker.max_jobs_per_child,
         "capture_logs": config.logs.capture,
     }
+    if config.tracing.enabled:  # (pgworkerd.tracing: each child builds its provider)
+        settings["tracing"] = {
+            "provider": config.tracing.provider,
+            "attempt_parent": config.tracing.attempt_parent,
+        }
+    return settings
+
+
+def forkserver_modules(config: Config) -> list[str]:
+    """What the fork server preloads: the handlers' modules, and with [tracing] enabled
+    pgworkerd.tracing and the provider's module (a child then imports none of it)."""
+    modules = {h.module for h in config.handlers.values()}
+    if config.tracing.enabled:
+        modules.add("pgworkerd.tracing")
+        if config.tracing.provider:
+            modules.add(config.tracing.provider.partition(":")[0])
+    return sorted(modules)
+
+
+def daemon_spans(config: Config, worker_id: str) -> Any:
+    """The daemon's tracing.DaemonSpans, None with [tracing] off (nothing imported);
+    raises RuntimeError when the provider cannot be built."""
+    if not config.tracing.enabled:
+        return None
+    from pgworkerd import tracing
+
+    return tracing.DaemonSpans(tracing.build_provider(config.tracing.provider), worker_id)
 
 
 class Daemon:
@@ -114,7 +141,16 @@ class Daemon:
         )
 
         self.link = DatabaseLink(config.database, self.dsn, self.schema, self.selector)
-        self.statements = Statements(self.link, self.worker_id, self.schema, self.metrics)
+        # [tracing] (pgworkerd.tracing): the spans of claims and outcome writes; a provider
+        # that cannot be built stops the start (run) with its reason
+        self.tracing_error = ""
+        try:
+            self.spans = daemon_spans(config, self.worker_id)
+        except RuntimeError as exc:
+            self.spans, self.tracing_error = None, str(exc)
+        self.statements = Statements(
+            self.link, self.worker_id, self.schema, self.metrics, spans=self.spans
+        )
         self.supervisor = Supervisor(
             self.selector,
             self._on_message,
@@ -204,8 +240,11 @@ class Daemon:
         # files (its descriptors: its log, its database sockets; its memory, with the
         # DSN) nor ptrace it; root still may (py-spy, gdb as root).
         identity.set_dumpable(False)
+        if self.tracing_error:
+            log.error("%s", self.tracing_error)
+            return ExitCode.CONFIG
         # The fork server first: it must come from a process with no connections.
-        modules = sorted({h.module for h in self.config.handlers.values()})
+        modules = forkserver_modules(self.config)
         try:
             self.supervisor.start_forkserver(modules, child_settings(self.config))
         except RuntimeError as exc:
@@ -528,7 +567,12 @@ class Daemon:
                 )
                 worker = dataclasses.replace(new.worker, job_cgroups=self.config.worker.job_cgroups)
                 new = dataclasses.replace(new, worker=worker)
-            modules = sorted({h.module for h in new.handlers.values()})
+            if new.tracing != self.config.tracing:
+                log.warning(
+                    "reload: [tracing] changed in %s; it applies after a restart", self.config_path
+                )
+                new = dataclasses.replace(new, tracing=self.config.tracing)
+            modules = forkserver_modules(new)
             self.supervisor.start_forkserver(modules, child_settings(new))
         except (ConfigError, RuntimeError, OSError) as exc:
             log.error("reload failed, keeping the old config: %s", exc)
@@ -564,6 +608,8 @@ class Daemon:
         self.supervisor.stop_forkserver()
         self.supervisor.close()
         self.link.close()
+        if self.spans is not None:
+            self.spans.shutdown()  # what is still queued is exported
 
 
 def run_daemon(

@@ -26,6 +26,7 @@ from pgworkerd.queue import (
     registry,
     retention,
     schedules,
+    traceread,
 )
 from pgworkerd.queue.attempts import Usage
 from pgworkerd.queue.joblogs import LogWrite
@@ -35,9 +36,18 @@ log = logging.getLogger("pgworkerd")
 
 class Statements:
     def __init__(
-        self, link: DatabaseLink, worker_id: str, schema: str, metrics: NullMetrics
+        self,
+        link: DatabaseLink,
+        worker_id: str,
+        schema: str,
+        metrics: NullMetrics,
+        *,
+        spans: Any = None,
     ) -> None:
         self.link = link
+        # tracing.DaemonSpans ([tracing] enabled): claims and outcome writes are spans, and
+        # the claimed jobs' trace contexts are read for their children; None: neither
+        self.spans = spans
         self.worker_id = worker_id
         self.schema = schema
         self.metrics = metrics
@@ -60,7 +70,52 @@ class Statements:
         """Claim jobs, writing `completions` (finished attempts) in the same transaction
         first: all or nothing (None: neither happened). Each job comes with all its child
         needs (its parents' results, what woke it, a callback's batch): the claim returns
-        them (claim_jobs_v3), no statement follows it."""
+        them (claim_jobs_v3). Traced: a span, and the claimed jobs carry their enqueuers'
+        trace contexts (one more read, only while [tracing] is enabled)."""
+        if self.spans is None:
+            return self._claim(queues, capacity, limit, completions)
+        with self.spans.span(
+            "pgworkerd claim",
+            **{"pgworkerd.claim.limit": limit, "pgworkerd.claim.outcomes": len(completions)},
+        ) as span:
+            result = self._claim(queues, capacity, limit, completions)
+            if result is None:
+                span.set_status(tracing_error("the claim failed (the daemon's log says why)"))
+                return None
+            claimed = self._traces(result[0])
+            span.set_attribute("pgworkerd.claim.jobs", len(claimed))
+            self.spans.link_jobs(
+                span,
+                [(j, {"pgworkerd.job.attempt": j.attempt}) for j in claimed]
+                + [(o.job, outcome_link(o)) for o in completions],
+            )
+            return claimed, result[1]
+
+    def _traces(self, claimed: list[lease.ClaimedJob]) -> list[lease.ClaimedJob]:
+        """The claimed jobs, those enqueued in a trace with its context (one read for the
+        claimed ids). If the read fails they start without it, and it is logged."""
+        if not claimed:
+            return claimed
+        read = self.link.run(
+            "reading the trace contexts of the claimed jobs",
+            lambda c: traceread.with_traces(c, claimed, schema=self.schema),
+        )
+        if read is None:
+            log.warning(
+                "could not read the trace contexts of job(s) %s; their attempts' spans are "
+                "not linked to their enqueuers",
+                ", ".join(str(j.id) for j in claimed),
+            )
+            return claimed
+        return read
+
+    def _claim(
+        self,
+        queues: Sequence[str],
+        capacity: dict[str, lease.HandlerCapacity],
+        limit: int,
+        completions: Sequence[Outcome] = (),
+    ) -> tuple[list[lease.ClaimedJob], list[lease.RefusedJob]] | None:
         if completions:
             batch = list(completions)
             writes = [o.write() for o in batch]
@@ -130,7 +185,20 @@ class Statements:
 
     def write_outcomes(self, batch: list[Outcome]) -> bool | None:
         """Record a batch (completions, or one other outcome; queue.finish.record), then
-        log and count what became of it (None: the write failed, nothing is reported)."""
+        log and count what became of it (None: the write failed, nothing is reported).
+        Traced: a span linked to the enqueuers of the jobs."""
+        if self.spans is None:
+            return self._write_outcomes(batch)
+        with self.spans.span(
+            "pgworkerd record outcomes", **{"pgworkerd.outcomes": len(batch)}
+        ) as span:
+            self.spans.link_jobs(span, [(o.job, outcome_link(o)) for o in batch])
+            written = self._write_outcomes(batch)
+            if written is None:
+                span.set_status(tracing_error("the write failed (the daemon's log says why)"))
+            return written
+
+    def _write_outcomes(self, batch: list[Outcome]) -> bool | None:
         writes = [o.write() for o in batch]
         recorded = self.link.run(
             "recording outcomes",
@@ -248,3 +316,26 @@ class Statements:
             f"firing schedule {name!r}",
             lambda c: schedules.fire(c, name, tick, self.worker_id, self.schema),
         )
+
+
+# -- tracing helpers (called only with [tracing] enabled: OpenTelemetry is imported) -----
+
+
+def outcome_link(outcome: Outcome) -> dict[str, Any]:
+    """The attributes of the link from an outcome write to the job's enqueuer: the
+    attempt, its outcome and its error's first line."""
+    from pgworkerd import tracing
+
+    attributes: dict[str, Any] = {"pgworkerd.job.outcome": str(outcome.kind)}
+    attempt = getattr(outcome.job, "attempt", None)
+    if attempt is not None:
+        attributes["pgworkerd.job.attempt"] = attempt
+    if outcome.error:
+        attributes["pgworkerd.job.error"] = tracing.error_text(outcome.error)
+    return attributes
+
+
+def tracing_error(description: str) -> Any:
+    from opentelemetry.trace import Status, StatusCode
+
+    return Status(StatusCode.ERROR, description)

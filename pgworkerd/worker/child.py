@@ -394,7 +394,13 @@ def _raise_interrupted(signum: int, frame: Any) -> None:
     raise JobInterrupted(f"stopped by the daemon ({signal.Signals(signum).name})")
 
 
-def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capture | None) -> None:
+def _run_one(
+    channel: _Channel,
+    job: Job,
+    scratch_dir: str | None,
+    capture: Capture | None,
+    spans: Any = None,
+) -> None:
     # (cancel/shutdown flags are cleared after a job, not before: a shutdown message can
     # arrive right behind the job message and must not be lost)
     channel.title = f"pgworkerd: job {job.id} {job.handler} attempt {job.attempt}"
@@ -411,11 +417,14 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
         capture.enter()  # what the attempt prints goes to the daemon's job log
     ctx = JobContext(channel, job)
     outcome: Report
+    attempt = None  # the attempt's span ([tracing] enabled: spans is a tracing.AttemptSpans)
     try:
         module_name, _, function = job.target.partition(":")
         # Preloaded by the fork server, so this is a dictionary look-up, not an import.
         func = getattr(importlib.import_module(module_name), function)
         channel.send(Started(job.id))
+        if spans is not None:
+            attempt = _trace_start(spans, job)
         # a typed payload (pgworkerd.typed), validated and passed: dead at once if not
         func = typed.bind(func, job.payload)
         result = func(ctx)
@@ -427,6 +436,8 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
     # Ignore further SIGTERMs while cleaning up and reporting: the attempt's processes
     # must all go, and the outcome must reach the parent whole.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if attempt is not None:
+        spans.leave(attempt)
     # Nothing the attempt started outlives it (before the outcome: once the daemon has
     # it, the job may run again elsewhere). Its temp directory goes after the outcome.
     if channel.meter is not None:
@@ -445,11 +456,13 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
         frame = protocol.encode(Failed(job.id, f"the {what} is too large to store: {exc}"))
     channel.flush_pending_beat()
     meter = channel.meter  # (None if measuring failed)
+    figures = None
     if meter is not None:
         # what it cost, for the attempt's history: sampled again now that the tree is
         # gone, so the killed descendants' CPU counts once (reaped: in RUSAGE_CHILDREN)
         with contextlib.suppress(OSError):
-            channel.send(_usage(job.id, meter.figures()))
+            figures = meter.figures()
+            channel.send(_usage(job.id, figures))
     channel.deadline = None
     channel.job_id = None
     channel.meter = None
@@ -457,12 +470,33 @@ def _run_one(channel: _Channel, job: Job, scratch_dir: str | None, capture: Capt
     # gone ([worker] job_cgroups); then reap what that killed and was ours.
     channel.watcher.job_ended(job.id)
     reaper.kill_descendants(keep=watcher_only)
+    if attempt is not None:
+        _trace_end(spans, attempt, outcome, figures)  # ended before the outcome is sent
     channel.send_encoded(frame)
     channel.cancel_requested = False
     channel.shutdown_jobs.discard(job.id)
     signal.signal(signal.SIGTERM, _raise_interrupted)
     channel.title = "pgworkerd: idle child"
     setproctitle(channel.title)
+    if attempt is not None:
+        spans.flush()  # after the outcome: the export is off the job's path
+
+
+def _trace_start(spans: Any, job: Job) -> Any:
+    """The attempt's span, current while the handler runs; None if tracing failed (said
+    on stderr: telemetry never costs a job)."""
+    try:
+        return spans.start(job)
+    except Exception as exc:
+        print(f"pgworkerd child: starting the attempt's span failed: {exc!r}", file=sys.stderr)
+        return None
+
+
+def _trace_end(spans: Any, attempt: Any, outcome: Report, figures: Figures | None) -> None:
+    try:
+        spans.end(attempt, outcome, figures)
+    except Exception as exc:
+        print(f"pgworkerd child: ending the attempt's span failed: {exc!r}", file=sys.stderr)
 
 
 def _returned(job_id: int, result: Any) -> Report:
@@ -653,6 +687,11 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
         channel = _Channel(socket.socket(fileno=fd), fence)
         channel.send(Hello(os.getpid()))
         threading.Thread(target=_monitor, args=(channel,), daemon=True).start()
+        spans = None
+        if settings.get("tracing"):  # pgworkerd.tracing: preloaded by the fork server
+            from pgworkerd import tracing
+
+            spans = tracing.child_spans(settings)  # after the fork: threads of our own
         jobs = int(settings.get("max_jobs_per_child", 1))
         scratch_dir = tmpdirs.prepare(tmp_root)  # while no job waits on it
         n = 0
@@ -661,11 +700,12 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
             if job is None:
                 break
             if job.concurrency:  # an async handler's jobs, side by side
-                # (such a child runs at least that many: the daemon counts so too)
+                # (such a child runs at least that many: the daemon counts so too; their
+                # attempts have no spans of their own yet: docs/operations/tracing.md)
                 jobs = max(jobs, job.concurrency)
                 n += _run_concurrent(channel, job, scratch_dir, capture)
             else:
-                _run_one(channel, job, scratch_dir, capture)
+                _run_one(channel, job, scratch_dir, capture, spans)
                 n += 1
             tmpdirs.remove(scratch_dir)  # the outcome is sent: off the job's path
             scratch_dir = tmpdirs.prepare(tmp_root) if n < jobs else None

@@ -179,6 +179,10 @@ def main() -> None:
         for module in config["modules"]:
             # typed payloads' declarations worked out once, here: every child inherits them
             typed.prime(importlib.import_module(module))
+        if config["settings"].get("tracing"):  # [tracing] enabled (pgworkerd.tracing)
+            from pgworkerd import tracing
+
+            tracing.prepare_fork_server(config["settings"]["tracing"])
     except BaseException as exc:
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         _report(sock, {"error": f"cannot import handler module: {detail}"})

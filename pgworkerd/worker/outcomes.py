@@ -100,7 +100,7 @@ def follow_ups_json(then: Any, limit: int) -> list[dict[str, Any]]:
             )
     assert client is not None  # (a JobSpec was found above)
     try:
-        jobs: list[dict[str, Any]] = json.loads(client.jobs_json(then))
+        jobs: list[dict[str, Any]] = json.loads(client.jobs_json(then, client.ambient_trace()))
     except client.InvalidJob as exc:  # "job N: why", N counted from 1 as here
         at, _, why = str(exc).removeprefix("job ").partition(": ")
         raise ValueError(f"follow-up {at} of {len(then)}: {why}") from None

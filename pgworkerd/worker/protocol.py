@@ -169,6 +169,9 @@ class Job:
     # The handler's concurrency when above 1 (an async handler whose jobs this child runs
     # side by side: pgworkerd.worker.aiosession); None: one job at a time
     concurrency: int | None = None
+    # The enqueuer's W3C trace context (schema 35, pgworkerd.tracing): {"traceparent",
+    # "tracestate"}; sent only while [tracing] is enabled; None: none
+    trace: Any = None
 
 
 @dataclass(frozen=True)
@@ -230,7 +233,17 @@ _CLASSES: dict[str, type[Any]] = {
     )
 }
 # Fields that hold any JSON value; every other field's type is checked.
-_ANY = {"progress", "checkpoint", "result", "payload", "parents", "wait", "woken", "batch"}
+_ANY = {
+    "progress",
+    "checkpoint",
+    "result",
+    "payload",
+    "parents",
+    "wait",
+    "woken",
+    "batch",
+    "trace",
+}
 _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,),
     "int | None": (int, type(None)),

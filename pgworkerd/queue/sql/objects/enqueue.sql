@@ -749,7 +749,7 @@ DECLARE
     known_keys constant text[] :=
         '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key,concurrency_key,'
         'after,after_index,on_parent_failure,expires_at,expire_in,timeout,'
-        'dedupe_window,dedupe_policy,debounce,debounce_max}';
+        'dedupe_window,dedupe_policy,debounce,debounce_max,trace}';
     max_parents constant integer := 1000;
     durations constant text[] := '{dedupe_window,debounce,debounce_max}';
     duration text;
@@ -763,6 +763,9 @@ BEGIN
     IF e - known_keys <> '{}' THEN
         RETURN 'unknown key "' || (SELECT k FROM jsonb_object_keys(e - known_keys) k LIMIT 1)
                || '" (known: ' || array_to_string(known_keys, ', ') || ')';
+    END IF;
+    IF @schema@.job_trace_problem(e->'trace') IS NOT NULL THEN  -- (0035)
+        RETURN @schema@.job_trace_problem(e->'trace');
     END IF;
     IF e ? 'after' AND jsonb_typeof(e->'after') <> 'null' THEN
         IF jsonb_typeof(e->'after') <> 'array' THEN
@@ -952,6 +955,46 @@ BEGIN ATOMIC
                WHEN 'string' THEN extract(epoch FROM (value #>> '{}')::interval)::float8 END;
 END;
 
+-- What is wrong with a job object's "trace" (0035: the W3C trace context of its
+-- enqueuer, pgworkerd.tracing), NULL: nothing (or no trace). An object of "traceparent"
+-- (version 00's form: 2-32-16-2 lowercase hex digits, not version ff, neither id all
+-- zeros) and optionally "tracestate" (at most 512 printable ASCII characters), and no
+-- other key: stored as given, handed to every attempt of the job.
+-- (pgworkerd/bounds.py trace_problem says the same for Python.)
+CREATE FUNCTION @schema@.job_trace_problem(trace jsonb)
+RETURNS text
+LANGUAGE sql
+IMMUTABLE
+PARALLEL SAFE
+BEGIN ATOMIC
+    SELECT CASE
+        WHEN trace IS NULL OR jsonb_typeof(trace) = 'null' THEN NULL
+        WHEN jsonb_typeof(trace) <> 'object'
+            THEN 'trace must be an object of "traceparent" and "tracestate", not '
+                 || jsonb_typeof(trace)
+        WHEN trace - '{traceparent,tracestate}'::text[] <> '{}'
+            THEN 'trace has an unknown key "'
+                 || left((SELECT k
+                            FROM jsonb_object_keys(trace - '{traceparent,tracestate}'::text[]) k
+                           ORDER BY k LIMIT 1), 100)
+                 || '" (known: traceparent, tracestate)'
+        WHEN jsonb_typeof(trace->'traceparent') IS DISTINCT FROM 'string'
+             OR NOT (trace->>'traceparent') ~ '^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'
+             OR left(trace->>'traceparent', 2) = 'ff'
+             OR substr(trace->>'traceparent', 4, 32) = repeat('0', 32)
+             OR substr(trace->>'traceparent', 37, 16) = repeat('0', 16)
+            THEN 'trace.traceparent must be a W3C traceparent (such as '
+                 || '"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"), not '
+                 || coalesce(left((trace->'traceparent')::text, 100), 'none')
+        WHEN trace ? 'tracestate'
+             AND NOT (jsonb_typeof(trace->'tracestate') = 'string'
+                      AND char_length(trace->>'tracestate') <= 512
+                      AND (trace->>'tracestate') ~ '^[\x20-\x7e]*$')
+            THEN 'trace.tracestate must be at most 512 printable ASCII characters, not '
+                 || left((trace->'tracestate')::text, 100)
+        END;
+END;
+
 -- The timeout of a job object, in seconds (checked by job_extras_problem), NULL: none.
 CREATE FUNCTION @schema@.job_timeout_seconds(e jsonb)
 RETURNS float8
@@ -981,6 +1024,8 @@ END;
 --   "debounce", "debounce_max": seconds or intervals, both required by "debounce" (which
 --                               sets run_at: no run_at or delay with it).
 -- A waiting or suspended job holds its key too (0034), so a job with parents may have one.
+--   "trace": {"traceparent", "tracestate"}  (0035: the enqueuer's W3C trace context,
+--                               job_trace_problem; stored in jobs.trace_context).
 -- A job with a parent that has not finished is inserted 'waiting'; one whose parents all
 -- completed already is pending at once; one with a parent already dead or cancelled
 -- follows its policy at once (cancelled, pending, or held). Every refusal (unknown or
@@ -999,7 +1044,7 @@ AS $$
 DECLARE
     extras constant text[] :=
         '{after,after_index,on_parent_failure,expires_at,expire_in,timeout,'
-        'dedupe_window,dedupe_policy,debounce,debounce_max}';
+        'dedupe_window,dedupe_policy,debounce,debounce_max,trace}';
     v2_keys constant text[] :=
         '{handler,payload,queue,priority,run_at,delay,max_attempts,dedupe_key,concurrency_key}';
     total integer;
@@ -1140,17 +1185,19 @@ BEGIN
                (n - 1) IN (SELECT position FROM referenced) AS has_children,
                coalesce((e->>'expires_at')::timestamptz,
                         now() + (e->>'expire_in')::interval) AS expires_at,
-               @schema@.job_timeout_seconds(e) AS timeout_seconds
+               @schema@.job_timeout_seconds(e) AS timeout_seconds,
+               CASE WHEN jsonb_typeof(e->'trace') = 'object' THEN e->'trace' END
+                   AS trace_context
         FROM counted
     ), inserted AS (
         INSERT INTO @schema@.jobs AS j
             (id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key,
              concurrency_key, status, parents_unfinished, parents_failed, on_parent_failure,
-             has_children, expires_at, timeout_seconds, dedupe_window_seconds)
+             has_children, expires_at, timeout_seconds, dedupe_window_seconds, trace_context)
         SELECT new_id, queue, handler, payload, priority, run_at, max_attempts, dedupe_key,
                concurrency_key, status, parents_unfinished, parents_failed,
                on_parent_failure, has_children, expires_at, timeout_seconds,
-               dedupe_window_seconds
+               dedupe_window_seconds, trace_context
         FROM input
         ORDER BY n
         ON CONFLICT (dedupe_key, handler)

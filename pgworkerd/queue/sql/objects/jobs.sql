@@ -86,6 +86,10 @@ CREATE TABLE @schema@.jobs (
     dedupe_window_seconds double precision
                      CONSTRAINT jobs_dedupe_window_seconds_bounded
                      CHECK (dedupe_window_seconds > 0 AND dedupe_window_seconds <= 31536000),
+    -- The W3C trace context of the enqueuer (0035, pgworkerd.tracing, docs/operations/
+    -- tracing.md): {"traceparent": ..., "tracestate": ...} as the enqueue checked it
+    -- (job_trace_problem); each attempt's span links to it. NULL: enqueued outside a trace.
+    trace_context    jsonb,
     CONSTRAINT jobs_queue_not_empty CHECK (queue <> ''),
     CONSTRAINT jobs_handler_not_empty CHECK (handler <> ''),
     CONSTRAINT jobs_payload_is_object CHECK (jsonb_typeof(payload) = 'object'),

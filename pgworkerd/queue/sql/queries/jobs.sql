@@ -533,3 +533,10 @@ SELECT @schema@.job_waits_expire(%(max_jobs)s::integer) AS moved;
 -- The expiry sweep (job_expired_cancel in retention.sql, 0032): jobs past their expires_at
 -- end as cancelled, at most %(max_jobs)s pending and as many running. Returns how many.
 SELECT @schema@.job_expired_cancel(%(max_jobs)s::integer) AS ended;
+-- name: job_traces
+-- The enqueuers' trace contexts of the claimed ids %(ids)s (schema 35, pgworkerd.tracing):
+-- read by the daemon after a claim, and only while [tracing] is enabled, for its ids only
+-- (primary-key look-ups); jobs enqueued outside a trace give no row.
+SELECT j.id, j.trace_context
+  FROM @schema@.jobs j
+ WHERE j.id = ANY (%(ids)s::bigint[]) AND j.trace_context IS NOT NULL;

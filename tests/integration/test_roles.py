@@ -781,6 +781,9 @@ def test_the_migration_lets_the_old_daemon_role_run_both_releases_until_roles_sq
     # schema 27 hands the old daemon role claim_jobs' successor the same way
     successors = (MIGRATIONS / "0027_dependencies.sql").read_text()
     block += "\n" + successors[successors.rindex("DO $$") :]
+    # and schema 31 claim_jobs_v2's (the claim the new daemon calls: claim_jobs_v3)
+    successors = (MIGRATIONS / "0031_claim_jobs_v3.sql").read_text()
+    block += "\n" + successors[successors.rindex("DO $$") :]
     old, operator_like = f"{schema}_old_daemon", f"{schema}_old_operator"
     for name in (old, operator_like):
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(name)))

@@ -265,3 +265,25 @@ COMMENT ON FUNCTION @schema@.claim_jobs_v3(text, text[], integer, jsonb) IS
     'docs/reference/sql-api.md.';
 
 REVOKE EXECUTE ON FUNCTION @schema@.claim_jobs_v3(text, text[], integer, jsonb) FROM PUBLIC;
+
+-- A rolling upgrade (as 0022's and 0027's last blocks): who may call claim_jobs_v2 gets its
+-- successor now, so that new daemons run before roles.sql is applied again.
+DO $$
+DECLARE
+    grantee text;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT r.rolname
+          FROM pg_catalog.pg_proc p
+         CROSS JOIN LATERAL pg_catalog.aclexplode(p.proacl) a
+          JOIN pg_catalog.pg_roles r ON r.oid = a.grantee
+         WHERE p.oid = '@schema@.claim_jobs_v2(text, text[], text[], float8[], integer[], '
+                       'integer, integer[], jsonb, integer[], integer[])'::regprocedure
+           AND a.privilege_type = 'EXECUTE' AND a.grantee <> p.proowner
+    LOOP
+        EXECUTE pg_catalog.format(
+            'GRANT EXECUTE ON FUNCTION @schema@.claim_jobs_v3(text, text[], integer, jsonb) TO %I',
+            grantee);
+    END LOOP;
+END
+$$;

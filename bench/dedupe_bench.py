@@ -146,6 +146,9 @@ def main() -> None:
                             schema,
                         )
                     )
+                    # and their dead rows: the after schema gets more writes (windows,
+                    # debounces), which must not weigh on its next round's figures
+                    c.execute(render("VACUUM ANALYZE @schema@.jobs", schema))
     print(
         f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()};"
         f" {rounds} alternating rounds of {N:,} calls in one SELECT, medians, jobs/s"

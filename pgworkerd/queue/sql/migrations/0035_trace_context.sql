@@ -341,8 +341,10 @@ BEGIN
     END IF;
 
     -- a key whose finished holder's window has passed is free again (0034)
+    -- (ordered by finish: through jobs_dedupe_held_idx, whatever the table's size)
     IF EXISTS (SELECT FROM @schema@.jobs h
-                WHERE h.finished_at IS NOT NULL AND h.dedupe_window_seconds IS NOT NULL) THEN
+                WHERE h.finished_at IS NOT NULL AND h.dedupe_window_seconds IS NOT NULL
+                ORDER BY h.finished_at LIMIT 1) THEN
         PERFORM @schema@.job_dedupe_release(jobs);
     END IF;
 

@@ -69,3 +69,18 @@ def _age(seconds: Any) -> str:
 def _size(value: Any) -> str:
     """Bytes as the CLI writes them ("2.1 GiB", "300 KiB")."""
     return "-" if value is None else format_size(float(value))
+
+
+# Characters of an error's one-line gist (the summary of its collapsed traceback).
+GIST_CHARS = 200
+
+
+@filters.app_template_filter("gist")
+def _gist(value: Any) -> str:
+    """An error in one line: its last non-blank line (a Python traceback's exception),
+    cut to GIST_CHARS; the whole error is one click away (<details>)."""
+    lines = [line for line in str(value or "")[-SHOWN_CHARS:].splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else ""
+    if len(last) > GIST_CHARS:
+        last = last[:GIST_CHARS] + "…"
+    return printable(last) + (f" (+ {len(lines) - 1} lines)" if len(lines) > 1 else "")

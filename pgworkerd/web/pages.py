@@ -7,11 +7,12 @@ import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from flask import Blueprint, abort, render_template, request
+from flask import Blueprint, abort, jsonify, render_template, request
 from werkzeug.wrappers import Response
 
 from pgworkerd.model import STATUSES
 from pgworkerd.queue import batchread, explain, joblogs, views
+from pgworkerd.web import logtail, progress
 from pgworkerd.web.context import context
 from pgworkerd.web.filters import SHOWN_CHARS
 
@@ -72,8 +73,13 @@ def _job_data(job_id: int) -> dict[str, Any]:
         # the batch it is a member or the callback of, with its progress (schema 30)
         batch = batchread.batch_of(conn, schema, job_id)
     total = history[0]["total"] if history else 0
+    # each attempt numbered by its place in the whole history (attempt numbers start
+    # again after a retry and recur after a release): the rows are the newest, oldest first
+    for seq, row in enumerate(history or [], start=total - len(history or []) + 1):
+        row["seq"] = seq
     return {
         "job": job,
+        "progress": progress.of_job(job),
         "attempts": history or [],
         "attempts_total": total,
         "explain": why,
@@ -185,6 +191,50 @@ def job_log_raw(job_id: int, ref: str) -> Response:
         yield from _streamed(reader("tail"))
 
     return _raw_response(both(), f"job-{job_id}-attempt-{attempt}.log")
+
+
+@pages.get("/live/jobs/<int:job_id>/log")
+def job_log_tail(job_id: int) -> Response:
+    """The next part of one attempt's output after the cursor the page sends (logtail):
+    the attempt `ref` names, else the newest. JSON for static/tail.js."""
+    try:
+        cursor = logtail.Cursor.parse(request.args.to_dict())
+    except logtail.BadCursor as exc:
+        abort(400, str(exc))
+    ref = request.args.get("ref", "")
+    if ref and not (len(ref) == 20 and all(c in "0123456789abcdef" for c in ref)):
+        abort(400, "ref must name an attempt's log as the page gave it")
+    ctx = context()
+    schema = ctx.settings.schema
+    with ctx.database() as conn:
+        entries = views.logs_shown(conn, schema, job_id, shown=0, limit=LOGS_SHOWN)
+        if entries is None:
+            abort(403, "the role may not read job logs")
+        found = [e for e in entries if ref and log_ref(job_id, e["lease_token"]) == ref]
+        if not found:  # the first poll, or an attempt no longer among the newest
+            if not entries:
+                return jsonify(logtail.as_json("", cursor, False, ref="", attempt=None))
+            found, cursor = [entries[-1]], logtail.Cursor()
+        entry = found[0]
+        token = entry["lease_token"]
+
+        def read(part: str, start: int, chars: int) -> tuple[str, int, int] | None:
+            return views.job_log_part(conn, schema, job_id, token, part, start, chars)
+
+        text, cursor, more = logtail.step(read, cursor, entry["finished"])
+    newest = entry is entries[-1]
+    return jsonify(
+        logtail.as_json(
+            text,
+            cursor,
+            more,
+            ref=log_ref(job_id, token),
+            attempt=entry["attempt"],
+            finished=entry["finished"],
+            # its attempt ended and a later one printed: the page moves on to that one
+            next=entry["finished"] and not newest and not more,
+        )
+    )
 
 
 @pages.get("/live/jobs/<int:job_id>")

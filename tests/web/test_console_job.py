@@ -1,0 +1,175 @@
+"""The job page for long jobs (issue 27 item 1), in real headless Chromium against real
+daemons: the live log tail follows what the attempt prints (the source `logs -f` reads),
+without reloading the page; a progress bar with elapsed time and an ETA when the progress
+states a fraction; tracebacks collapsed; attempts numbered uniquely across retries. The
+tail's endpoint is bounded and checks its cursor."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from daemon_harness import Daemons, Db, wait_for
+from dashboard_harness import (
+    Http,
+    RunningDashboard,
+    by_id,
+    confirm,
+    log_in,
+    screenshot,
+    text_of,
+    wait_browser,
+)
+
+HANDLERS = {
+    "report": {"target": "consolehandlers:report"},
+    "scroll": {"target": "consolehandlers:scroll"},
+    "fail": {"target": "jobhandlers:fail"},
+}
+
+
+def test_the_log_tail_follows_a_running_job_with_its_progress_bar_and_eta(
+    browser: Any, dashboard: RunningDashboard, db: Db, daemons: Daemons
+) -> None:
+    daemons.start(HANDLERS)
+    job = db.enqueue("report", {"ticks": 400, "every": 0.3})
+    db.wait_status(job, "running")
+    log_in(browser, dashboard)
+    browser.get(f"{dashboard.url}/jobs/{job}")
+    browser.execute_script("window.notReloaded = true")
+    wait_browser(browser, lambda d: f"tick 2 of job {job}" in text_of(d, "log-tail"), "tick 2")
+    wait_browser(browser, lambda d: f"tick 8 of job {job}" in text_of(d, "log-tail"), "tick 8")
+    assert browser.execute_script("return window.notReloaded") is True
+    # the tail sits above the payload
+    assert browser.execute_script(
+        "return document.getElementById('log-tail').compareDocumentPosition("
+        "document.getElementById('payload')) & Node.DOCUMENT_POSITION_FOLLOWING"
+    )
+    lines = [ln for ln in text_of(browser, "log-tail").splitlines() if ln.startswith("tick")]
+    numbers = [int(ln.split()[1]) for ln in lines]
+    assert numbers == list(range(len(numbers)))  # every line once, in order
+    assert text_of(browser, "log-tail").startswith("--- attempt 1 ---")
+    # follow keeps the view at the end of the output
+    wait_browser(
+        browser,
+        lambda d: d.execute_script(
+            "var e = document.getElementById('log-tail');"
+            "return e.scrollHeight > e.clientHeight && "
+            "e.scrollTop + e.clientHeight >= e.scrollHeight - 2"
+        ),
+        "the tail scrolled to its end",
+    )
+    # the bar: step/of as a fraction, elapsed time and an estimate of what is left
+    wait_browser(browser, lambda d: text_of(d, "job-eta"), "an ETA")
+    percent = float(text_of(browser, "job-percent").rstrip("%"))
+    assert 0 < percent < 100
+    value = browser.execute_script(
+        "return document.querySelector('#job-progress-bar progress').value"
+    )
+    assert abs(value / 10 - percent) <= 0.1
+    assert text_of(browser, "job-elapsed")
+    screenshot(browser, "job-log-tail")
+    confirm(browser, "cancel")
+    db.wait_status(job, "cancelled")
+    wait_browser(browser, lambda d: "attempt ended" in text_of(d, "log-state"), "the end")
+
+
+def test_following_a_log_past_its_cap_shows_each_line_once_and_says_what_was_left_out(
+    dashboard: RunningDashboard, db: Db, daemons: Daemons
+) -> None:
+    daemons.start(HANDLERS, tables={"logs": {"max_bytes_per_attempt": "8KiB"}})
+    job = db.enqueue("scroll", {"lines": 600, "bursts": 12, "every": 0.4})
+    client = Http(dashboard.port)
+    client.log_in()
+    cursor = {"ref": "", "head": "0", "omitted": "0", "tail": "0", "tailb": "0", "eol": "1"}
+    text, polls = "", 0
+
+    def poll() -> bool:
+        nonlocal text, polls
+        query = "&".join(f"{k}={v}" for k, v in cursor.items())
+        reply = client.get(f"/live/jobs/{job}/log?{query}", headers={"X-Live": "1"})
+        assert reply.status == 200, reply.body
+        step = json.loads(reply.body)
+        polls += 1
+        if step["ref"]:
+            assert cursor["ref"] in ("", step["ref"])
+            cursor.update(
+                {k: str(step[k]) for k in ("ref", "head", "omitted", "tail", "tailb", "eol")}
+            )
+            text += step["text"]
+        return bool(step["ref"]) and step["finished"] and not step["more"]
+
+    wait_for(poll, what="the attempt's end through the tail", timeout=60)
+    assert db.job(job)["status"] == "completed"
+    # the output the job printed, byte for byte (ASCII: a byte is a character); what the
+    # page got is pieces of it in order, each gap said by a marker of its exact size
+    printed = "".join(f"line {i:05d} ".ljust(99, "x") + "\n" for i in range(600))
+    pieces = re.split(r"\n?\[\.\.\. (\d+) bytes omitted \.\.\.\]\n", text)
+    at, left_out = 0, 0
+    for n, piece in enumerate(pieces):
+        if n % 2:  # a marker's count
+            at += int(piece)
+            left_out += int(piece)
+            continue
+        if printed.startswith(piece + "\n", at):  # a marker after a whole line: the
+            piece += "\n"  # pattern took that line's own break
+        assert printed.startswith(piece, at), (at, piece[:200])
+        at += len(piece)
+    assert at == len(printed)  # every byte shown once or counted as left out
+    assert left_out > 0 and polls > 3
+    # each marker on a line of its own
+    assert all(ln.startswith("[...") for ln in text.splitlines() if "bytes omitted" in ln)
+
+
+def test_the_tail_refuses_a_hostile_cursor(dashboard: RunningDashboard, db: Db) -> None:
+    job = db.enqueue("report", {"ticks": 1})
+    client = Http(dashboard.port)
+    client.log_in()
+    for query, why in (
+        ("head=-1", "head must be a count"),
+        ("tail=abc", "tail must be a count"),
+        ("tailb=99999999999999999999", "tailb must be a count"),
+        ("omitted=9999999999999", "omitted is larger than any log"),
+        ("eol=2", "eol must be 0 or 1"),
+        ("ref=../../etc", "ref must name an attempt"),
+    ):
+        reply = client.get(f"/live/jobs/{job}/log?{query}", headers={"X-Live": "1"})
+        assert reply.status == 400 and why in reply.body, (query, reply.status)
+    fine = client.get(f"/live/jobs/{job}/log", headers={"X-Live": "1"})
+    assert fine.status == 200 and '"ref":""' in fine.body.replace(" ", "")
+
+
+def test_attempts_are_numbered_across_retries_and_tracebacks_are_collapsed(
+    browser: Any, dashboard: RunningDashboard, db: Db, daemons: Daemons
+) -> None:
+    daemons.start(HANDLERS)
+    job = db.enqueue("fail", {}, max_attempts=2)
+    db.wait_status(job, "dead")
+    log_in(browser, dashboard)
+    browser.get(f"{dashboard.url}/jobs/{job}")
+    confirm(browser, "retry")
+    wait_for(lambda: len(db.executions(job)) == 4, what="two more attempts")
+    db.wait_status(job, "dead")
+    wait_browser(
+        browser, lambda d: len(d.find_elements("css selector", "#attempts tr")) == 5, "4 attempts"
+    )
+    rows = [
+        [td.text for td in tr.find_elements("css selector", "td")[:2]]
+        for tr in browser.find_elements("css selector", "#attempts tr")[1:]
+    ]
+    assert rows == [["1", "1"], ["2", "2"], ["3", "1"], ["4", "2"]]
+    details = by_id(browser, "attempt-error-4")
+    assert details.get_attribute("open") is None  # collapsed: its gist shows
+    assert "boom on attempt 2" in details.text
+    details.find_element("css selector", "summary").click()
+    assert details.get_attribute("open") is not None
+    # it stays open across the live refreshes of the page
+    refreshes = int(by_id(browser, "job-live").get_attribute("data-refreshes") or 0)
+    wait_browser(
+        browser,
+        lambda d: int(by_id(d, "job-live").get_attribute("data-refreshes") or 0) > refreshes + 1,
+        "two refreshes",
+    )
+    assert by_id(browser, "attempt-error-4").get_attribute("open") is not None
+    screenshot(browser, "job-attempts")

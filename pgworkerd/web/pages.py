@@ -7,12 +7,12 @@ import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from flask import Blueprint, abort, jsonify, render_template, request
+from flask import Blueprint, abort, jsonify, render_template, request, url_for
 from werkzeug.wrappers import Response
 
 from pgworkerd.model import STATUSES
 from pgworkerd.queue import batchread, explain, joblogs, views
-from pgworkerd.web import logtail, progress
+from pgworkerd.web import logtail, problems, progress
 from pgworkerd.web.context import context
 from pgworkerd.web.filters import SHOWN_CHARS
 
@@ -39,7 +39,15 @@ def _overview_data() -> dict[str, Any]:
         "completed": sum(m["completed"] for m in hour),
         "failed": sum(m["failed_total"] for m in hour),
     }
-    return {"snap": snap, "peak": max(peak, 1), "totals": totals}
+    found = problems.problems(snap, url_for("pages.jobs"), url_for("pages.paused_page"))
+    paused_queues = {p["name"] for p in snap["paused"] if p["kind"] == "queue"}
+    return {
+        "snap": snap,
+        "peak": max(peak, 1),
+        "totals": totals,
+        "problems": found,
+        "paused_queues": paused_queues,
+    }
 
 
 @pages.get("/")

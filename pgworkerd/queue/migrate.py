@@ -56,6 +56,7 @@ DECLARATION = (
     "job_logs",
     "signals",
     "retention",
+    "job_actions",
     "compat",
 )
 

@@ -84,3 +84,13 @@ def _gist(value: Any) -> str:
     if len(last) > GIST_CHARS:
         last = last[:GIST_CHARS] + "…"
     return printable(last) + (f" (+ {len(lines) - 1} lines)" if len(lines) > 1 else "")
+
+
+@filters.app_template_filter("duration")
+def _duration(job: Any) -> str:
+    """A listed job's last run: finished_at - started_at (started_at is its last
+    attempt's start); "-" when it has not both."""
+    started, finished = job.get("started_at"), job.get("finished_at")
+    if not (isinstance(started, datetime) and isinstance(finished, datetime)):
+        return "-"
+    return format_duration(max(0.0, (finished - started).total_seconds()), rounded=True)

@@ -250,11 +250,29 @@ def job_live(job_id: int) -> str:
     return render_template("job_live.html", **_job_data(job_id))
 
 
+# The orders the jobs list offers: each one an index serves (keyset pagination by id
+# through the (status, id), (queue, status, id) and (handler, status, id) indexes).
+SORTS = ("newest",)
+
+
 @pages.get("/jobs")
 def jobs() -> str:
-    filters = {k: request.args.get(k, "") for k in ("status", "queue", "handler", "text")}
+    filters = {k: request.args.get(k, "") for k in ("status", "queue", "handler", "text", "tab")}
     if filters["status"] and filters["status"] not in STATUSES:
         abort(400, "unknown status")
+    if filters["tab"] and filters["tab"] not in views.TABS:
+        abort(400, f"unknown tab: the tabs are {', '.join(views.TABS)}")
+    if filters["tab"] and filters["status"]:
+        abort(400, "give a tab or a status, not both")
+    sort = request.args.get("sort", "newest")
+    if sort not in SORTS:
+        abort(
+            400,
+            "no index serves that order: the list sorts by id, newest first (narrow it by "
+            "tab, queue or handler instead)",
+        )
+    pending_when = filters["tab"] if filters["tab"] in views.PENDING_PARTS else None
+    status = "pending" if pending_when else (filters["tab"] or filters["status"])
     if len(filters["text"]) > 200:
         abort(400, "the search text is longer than 200 characters")
     before, after = _page_id("before"), _page_id("after")
@@ -265,7 +283,8 @@ def jobs() -> str:
             page = views.jobs_page(
                 conn,
                 ctx.settings.schema,
-                statuses=[filters["status"]] if filters["status"] else None,
+                statuses=[status] if status else None,
+                pending_when=pending_when,
                 queue=filters["queue"] or None,
                 handler=filters["handler"] or None,
                 text=filters["text"] or None,
@@ -277,9 +296,26 @@ def jobs() -> str:
         page, error = {"jobs": [], "older": None, "newer": None}, str(exc)
     except ValueError as exc:
         abort(400, str(exc))
+    with ctx.database() as conn:
+        counts = views.tab_counts(
+            conn,
+            ctx.settings.schema,
+            queue=filters["queue"] or None,
+            handler=filters["handler"] or None,
+        )
     shown = {k: v for k, v in filters.items() if v}
+    scope = {k: v for k, v in shown.items() if k in ("queue", "handler", "text")}
     return render_template(
-        "jobs.html", page=page, rows=page["jobs"], filters=filters, shown=shown, error=error
+        "jobs.html",
+        page=page,
+        rows=page["jobs"],
+        filters=filters,
+        shown=shown,
+        scope=scope,
+        error=error,
+        tabs=views.TABS,
+        counts=counts,
+        count_cap=views.TAB_COUNT_CAP,
     )
 
 

@@ -96,6 +96,11 @@ WITH page AS NOT MATERIALIZED (
      WHERE (%(before)s::bigint IS NULL OR j.id < %(before)s::bigint)
        AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
        AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+       -- a part of the pending jobs (the dashboard's tabs; NULL: no such filter)
+       AND (%(pending_when)s::text IS NULL OR (j.status::text = 'pending' AND CASE %(pending_when)s::text
+                WHEN 'due' THEN j.run_at <= now()
+                WHEN 'scheduled' THEN j.run_at > now() AND j.attempts = 0
+                ELSE j.run_at > now() AND j.attempts > 0 END))
        AND (%(text)s::text IS NULL
             OR strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
             OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
@@ -137,6 +142,11 @@ WITH page AS NOT MATERIALIZED (
      WHERE j.id > %(after)s::bigint
        AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
        AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+       -- a part of the pending jobs (the dashboard's tabs; NULL: no such filter)
+       AND (%(pending_when)s::text IS NULL OR (j.status::text = 'pending' AND CASE %(pending_when)s::text
+                WHEN 'due' THEN j.run_at <= now()
+                WHEN 'scheduled' THEN j.run_at > now() AND j.attempts = 0
+                ELSE j.run_at > now() AND j.attempts > 0 END))
        AND (%(text)s::text IS NULL
             OR strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
             OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
@@ -181,6 +191,11 @@ SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempt
    AND j.status::text = ANY(%(statuses)s::text[])
    AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
    AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+   -- a part of the pending jobs (the dashboard's tabs; NULL: no such filter)
+   AND (%(pending_when)s::text IS NULL OR (j.status::text = 'pending' AND CASE %(pending_when)s::text
+            WHEN 'due' THEN j.run_at <= now()
+            WHEN 'scheduled' THEN j.run_at > now() AND j.attempts = 0
+            ELSE j.run_at > now() AND j.attempts > 0 END))
    AND (strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
         OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
  ORDER BY j.id DESC
@@ -197,6 +212,11 @@ SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempt
    AND j.status::text = ANY(%(statuses)s::text[])
    AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
    AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+   -- a part of the pending jobs (the dashboard's tabs; NULL: no such filter)
+   AND (%(pending_when)s::text IS NULL OR (j.status::text = 'pending' AND CASE %(pending_when)s::text
+            WHEN 'due' THEN j.run_at <= now()
+            WHEN 'scheduled' THEN j.run_at > now() AND j.attempts = 0
+            ELSE j.run_at > now() AND j.attempts > 0 END))
    AND (strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
         OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
  ORDER BY j.id ASC
@@ -360,3 +380,27 @@ UNION ALL
   WHERE f.follow_up_id = %(id)s
   ORDER BY f.job_id
   LIMIT 1000);
+
+-- name: view_job_tab_counts
+-- The jobs list's tabs: how many jobs each holds (of %(queue)s and %(handler)s, NULL:
+-- any), each count stopping at %(cap)s (the page shows "10000+"), so a tab of 10 M
+-- completed jobs costs %(cap)s index entries, not the table. Due, scheduled and retrying
+-- split the pending jobs: due now; due later, never run; due later after an attempt (a
+-- retry's backoff). Run unprepared: a filter not given folds away.
+SELECT t.tab,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM @schema@.jobs j
+             WHERE j.status::text = t.status
+               AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+               AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+               AND (t.status <> 'pending' OR CASE t.tab
+                        WHEN 'due' THEN j.run_at <= now()
+                        WHEN 'scheduled' THEN j.run_at > now() AND j.attempts = 0
+                        ELSE j.run_at > now() AND j.attempts > 0 END)
+             LIMIT %(cap)s) c) AS jobs
+  FROM (VALUES ('due', 'pending', 1), ('scheduled', 'pending', 2), ('retrying', 'pending', 3),
+               ('running', 'running', 4), ('waiting', 'waiting', 5),
+               ('suspended', 'suspended', 6), ('dead', 'dead', 7),
+               ('cancelled', 'cancelled', 8), ('completed', 'completed', 9))
+       AS t(tab, status, n)
+ ORDER BY t.n;

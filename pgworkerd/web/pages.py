@@ -12,7 +12,7 @@ from werkzeug.wrappers import Response
 
 from pgworkerd.model import STATUSES
 from pgworkerd.queue import batchread, explain, joblogs, views
-from pgworkerd.web import logtail, problems, progress
+from pgworkerd.web import logtail, problems, progress, schedule_view
 from pgworkerd.web.context import context
 from pgworkerd.web.filters import SHOWN_CHARS
 
@@ -333,6 +333,9 @@ def schedules_page() -> str:
     ctx = context()
     with ctx.database() as conn:
         rows = views.schedules(conn, ctx.settings.schema)
+    for row in rows:
+        # only a schedule a live daemon declares fires: the others have no next run
+        row["next_run"] = schedule_view.next_run(row["definition"]) if row["declared_now"] else None
     return render_template("schedules.html", rows=rows)
 
 

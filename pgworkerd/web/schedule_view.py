@@ -1,6 +1,7 @@
 """The Schedules page's next run (the one `pgworkerd schedules` prints), and "trigger
-now": enqueue the job a schedule's tick would, at once, as the operator (the schedule's own ticks are unchanged; nothing is
-recorded in schedule_runs, so its catch-up and overlap are not affected).
+now": enqueue the job a schedule's tick would, at once, as the operator (the schedule's
+own ticks are unchanged; nothing is recorded in schedule_runs, so its catch-up and
+overlap are not affected).
 
 A definition is as the database stored it (a daemon declared it; anyone with the owner's
 rights could have written it): anything that does not make a cadence or a job is shown

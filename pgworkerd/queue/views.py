@@ -557,3 +557,28 @@ def tab_counts(
     params = {"queue": queue, "handler": handler, "cap": cap + 1}
     rows = _rows(conn, "view_job_tab_counts", schema, params, prepare=False)
     return {r["tab"]: r["jobs"] for r in rows}
+
+
+def limits_held(
+    conn: psycopg.Connection[Any], schema: str, rows: list[dict[str, Any]], *, cap: int
+) -> None:
+    """Add to each row of limits() what its limits hold back: due (its due pending jobs),
+    held_by_max (those beyond the free slots of max_running), held_by_key (those whose
+    concurrency key runs its max_running_per_key already); counts stop at `cap` + 1."""
+    if not rows:
+        return
+    params = {
+        "handlers": [r["handler"] for r in rows],
+        "per_key": [r["max_running_per_key"] for r in rows],
+        "cap": cap + 1,
+    }
+    found = {r["handler"]: r for r in _rows(conn, "view_limits_held", schema, params)}
+    for row in rows:
+        held = found.get(row["handler"], {"due": 0, "held_by_key": 0})
+        row["due"], row["held_by_key"] = held["due"], held["held_by_key"]
+        free = None
+        if row["max_running"] is not None:
+            free = max(0, row["max_running"] - row["running"])
+        # the jobs a free slot could take are those its key does not hold back
+        takeable = row["due"] - row["held_by_key"]
+        row["held_by_max"] = 0 if free is None else max(0, takeable - free)

@@ -352,4 +352,5 @@ def limits_page() -> str:
     ctx = context()
     with ctx.database() as conn:
         rows = views.limits(conn, ctx.settings.schema)
-    return render_template("limits.html", rows=rows)
+        views.limits_held(conn, ctx.settings.schema, rows, cap=views.TAB_COUNT_CAP)
+    return render_template("limits.html", rows=rows, cap=views.TAB_COUNT_CAP)

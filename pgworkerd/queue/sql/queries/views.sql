@@ -404,3 +404,25 @@ SELECT t.tab,
                ('cancelled', 'cancelled', 8), ('completed', 'completed', 9))
        AS t(tab, status, n)
  ORDER BY t.n;
+
+-- name: view_limits_held
+-- What each limit holds back (the Limits page): per handler of %(handlers)s (with its
+-- strictest per-key limit in %(per_key)s, NULL: none), its due pending jobs, and those of
+-- them whose concurrency key already runs its per-key limit of jobs. Each count stops at
+-- %(cap)s (the pending index by handler; a key's running jobs through
+-- jobs_running_handler_key_idx).
+SELECT h.handler,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM @schema@.jobs j
+             WHERE j.status = 'pending' AND j.handler = h.handler AND j.run_at <= now()
+             LIMIT %(cap)s) c) AS due,
+       CASE WHEN h.per_key IS NULL THEN 0 ELSE (SELECT count(*) FROM (
+            SELECT 1 FROM @schema@.jobs j
+             WHERE j.status = 'pending' AND j.handler = h.handler AND j.run_at <= now()
+               AND j.concurrency_key IS NOT NULL
+               AND (SELECT count(*) FROM @schema@.jobs r
+                     WHERE r.status = 'running' AND r.handler = h.handler
+                       AND r.concurrency_key = j.concurrency_key
+                       AND r.locked_until > now()) >= h.per_key
+             LIMIT %(cap)s) c) END AS held_by_key
+  FROM unnest(%(handlers)s::text[], %(per_key)s::bigint[]) AS h(handler, per_key);

@@ -386,23 +386,33 @@ UNION ALL
 -- any), each count stopping at %(cap)s (the page shows "10000+"), so a tab of 10 M
 -- completed jobs costs %(cap)s index entries, not the table. Due, scheduled and retrying
 -- split the pending jobs: due now; due later, never run; due later after an attempt (a
--- retry's backoff). Run unprepared: a filter not given folds away.
-SELECT t.tab,
-       (SELECT count(*) FROM (
-            SELECT 1 FROM @schema@.jobs j
-             WHERE j.status::text = t.status
-               AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
-               AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
-               AND (t.status <> 'pending' OR CASE t.tab
-                        WHEN 'due' THEN j.run_at <= now()
-                        WHEN 'scheduled' THEN j.run_at > now() AND j.attempts = 0
-                        ELSE j.run_at > now() AND j.attempts > 0 END)
-             LIMIT %(cap)s) c) AS jobs
-  FROM (VALUES ('due', 'pending', 1), ('scheduled', 'pending', 2), ('retrying', 'pending', 3),
-               ('running', 'running', 4), ('waiting', 'waiting', 5),
-               ('suspended', 'suspended', 6), ('dead', 'dead', 7),
-               ('cancelled', 'cancelled', 8), ('completed', 'completed', 9))
-       AS t(tab, status, n)
+-- retry's backoff). Each status a constant, so each count has its index (jobs_status_id_idx,
+-- or by queue or handler); run unprepared: a filter not given folds away.
+WITH scoped AS NOT MATERIALIZED (
+    SELECT j.status, j.run_at, j.attempts FROM @schema@.jobs j
+     WHERE (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+       AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+)
+SELECT t.tab, t.jobs FROM (VALUES
+    (1, 'due', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'pending'
+                   AND run_at <= now() LIMIT %(cap)s) c)),
+    (2, 'scheduled', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'pending'
+                   AND run_at > now() AND attempts = 0 LIMIT %(cap)s) c)),
+    (3, 'retrying', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'pending'
+                   AND run_at > now() AND attempts > 0 LIMIT %(cap)s) c)),
+    (4, 'running', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'running'
+                   LIMIT %(cap)s) c)),
+    (5, 'waiting', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'waiting'
+                   LIMIT %(cap)s) c)),
+    (6, 'suspended', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'suspended'
+                   LIMIT %(cap)s) c)),
+    (7, 'dead', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'dead'
+                   LIMIT %(cap)s) c)),
+    (8, 'cancelled', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'cancelled'
+                   LIMIT %(cap)s) c)),
+    (9, 'completed', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'completed'
+                   LIMIT %(cap)s) c))
+) AS t(n, tab, jobs)
  ORDER BY t.n;
 
 -- name: view_limits_held

@@ -33,13 +33,22 @@ def _overview_data() -> dict[str, Any]:
     ctx = context()
     with ctx.database() as conn:
         snap = views.overview(conn, ctx.settings.schema)
+        # for the banner: what each limit holds back (the Limits page's counts)
+        limits = views.limits(conn, ctx.settings.schema)
+        views.limits_held(conn, ctx.settings.schema, limits, cap=views.TAB_COUNT_CAP)
     hour = snap["throughput"]
     peak = max((m["completed"] + m["failed_total"] for m in hour), default=0)
     totals = {
         "completed": sum(m["completed"] for m in hour),
         "failed": sum(m["failed_total"] for m in hour),
     }
-    found = problems.problems(snap, url_for("pages.jobs"), url_for("pages.paused_page"))
+    found = problems.problems(
+        snap,
+        url_for("pages.jobs"),
+        url_for("pages.paused_page"),
+        limits,
+        url_for("pages.limits_page"),
+    )
     paused_queues = {p["name"] for p in snap["paused"] if p["kind"] == "queue"}
     return {
         "snap": snap,

@@ -1,5 +1,5 @@
 """The overview's problem banner: what needs an operator, read from the overview's own
-snapshot (views.overview), so the banner costs no statement of its own.
+snapshot (views.overview) and the Limits page's counts (views.limits_held).
 
 Each problem: {"kind", "message", "href" (where to look; None: on this page)}, in the
 order an operator would act on them.
@@ -15,9 +15,16 @@ from pgworkerd.durations import format_duration
 OLDEST_DUE_PROBLEM_SECONDS = 300.0
 
 
-def problems(snap: dict[str, Any], jobs_url: str, paused_url: str) -> list[dict[str, Any]]:
+def problems(
+    snap: dict[str, Any],
+    jobs_url: str,
+    paused_url: str,
+    limits: list[dict[str, Any]] | None = None,
+    limits_url: str = "",
+) -> list[dict[str, Any]]:
     """What the banner lists for an overview snapshot (jobs_url: the jobs page, for the
-    dead jobs' link; paused_url: the paused page)."""
+    dead jobs' link; paused_url: the paused page; limits: views.limits rows with
+    views.limits_held's counts, and limits_url their page)."""
     found: list[dict[str, Any]] = []
     dead = sum(minute.get("dead", 0) for minute in snap.get("throughput", []))
     if dead:
@@ -65,6 +72,22 @@ def problems(snap: dict[str, Any], jobs_url: str, paused_url: str) -> list[dict[
                 + ", ".join(names[:5])
                 + (f" and {len(names) - 5} more" if len(names) > 5 else ""),
                 "href": paused_url,
+            }
+        )
+    held = [
+        (str(r["handler"]), int(r["held_by_max"]) + int(r["held_by_key"]))
+        for r in limits or []
+        if r.get("held_by_max") or r.get("held_by_key")
+    ]
+    if held:
+        held.sort(key=lambda h: (-h[1], h[0]))
+        found.append(
+            {
+                "kind": "limits",
+                "message": f"{sum(n for _, n in held)} due job(s) held back by limits: "
+                + ", ".join(f"{name} ({n})" for name, n in held[:5])
+                + (f" and {len(held) - 5} more" if len(held) > 5 else ""),
+                "href": limits_url,
             }
         )
     oldest = snap.get("oldest_pending_seconds")

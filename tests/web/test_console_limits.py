@@ -40,3 +40,9 @@ def test_the_limits_page_counts_the_due_jobs_each_limit_holds_back(
     wait_browser(browser, lambda d: "capped" in text_of(d, "limits"), "the limits")
     assert _row(browser, "capped") == {"due": "3", "max": "3", "key": "0"}
     assert _row(browser, "keyed") == {"due": "2", "max": "0", "key": "2"}
+    # the overview's banner says so, with a link to this page
+    browser.get(f"{dashboard.url}/")
+    wait_browser(browser, lambda d: text_of(d, "problem-limits"), "the banner's limits")
+    assert text_of(browser, "problem-limits") == (
+        "5 due job(s) held back by limits: capped (3), keyed (2)"
+    )

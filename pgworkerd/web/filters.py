@@ -17,6 +17,7 @@ from flask import Blueprint
 from pgworkerd.describe import printable
 from pgworkerd.durations import format_duration
 from pgworkerd.sizes import format_size
+from pgworkerd.web.progress import fraction
 
 # Characters of one value (payload, progress, checkpoint, result, an error, a log's head
 # or tail) a page shows at most; the rest is a "download raw" link away. The job page
@@ -94,3 +95,9 @@ def _duration(job: Any) -> str:
     if not (isinstance(started, datetime) and isinstance(finished, datetime)):
         return "-"
     return format_duration(max(0.0, (finished - started).total_seconds()), rounded=True)
+
+
+@filters.app_template_filter("fraction")
+def _fraction(progress: Any) -> float | None:
+    """The fraction done a progress value states (web/progress.py's convention), or None."""
+    return fraction(progress)

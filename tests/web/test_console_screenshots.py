@@ -46,6 +46,10 @@ def test_every_console_page_renders_with_its_parts(
     log_in(browser, dashboard)
     shots: dict[str, Path] = {}
     wait_browser(browser, lambda d: text_of(d, "problem-dead"), "the banner")
+    # a running job whose progress states a fraction has its bar on the overview too
+    wait_browser(
+        browser, lambda d: d.find_elements("css selector", "#running progress.mini"), "a bar"
+    )
     shots["overview"] = screenshot(browser, "console-overview")
     browser.get(f"{dashboard.url}/jobs?tab=due")
     wait_browser(browser, lambda d: text_of(d, "tabs"), "the tabs")

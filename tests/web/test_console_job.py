@@ -14,7 +14,6 @@ from daemon_harness import Daemons, Db, wait_for
 from dashboard_harness import (
     Http,
     RunningDashboard,
-    by_id,
     confirm,
     log_in,
     screenshot,
@@ -154,22 +153,23 @@ def test_attempts_are_numbered_across_retries_and_tracebacks_are_collapsed(
     wait_browser(
         browser, lambda d: len(d.find_elements("css selector", "#attempts tr")) == 5, "4 attempts"
     )
-    rows = [
-        [td.text for td in tr.find_elements("css selector", "td")[:2]]
-        for tr in browser.find_elements("css selector", "#attempts tr")[1:]
-    ]
-    assert rows == [["1", "1"], ["2", "2"], ["3", "1"], ["4", "2"]]
-    details = by_id(browser, "attempt-error-4")
-    assert details.get_attribute("open") is None  # collapsed: its gist shows
-    assert "boom on attempt 2" in details.text
-    details.find_element("css selector", "summary").click()
-    assert details.get_attribute("open") is not None
-    # it stays open across the live refreshes of the page
-    refreshes = int(by_id(browser, "job-live").get_attribute("data-refreshes") or 0)
-    wait_browser(
-        browser,
-        lambda d: int(by_id(d, "job-live").get_attribute("data-refreshes") or 0) > refreshes + 1,
-        "two refreshes",
+    # read in one script: the live refresh replaces these elements every second
+    rows = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#attempts tr')).slice(1).map("
+        "r => Array.from(r.querySelectorAll('td')).slice(0, 2).map(c => c.textContent))"
     )
-    assert by_id(browser, "attempt-error-4").get_attribute("open") is not None
+    assert rows == [["1", "1"], ["2", "2"], ["3", "1"], ["4", "2"]]
+    state = (
+        "return [document.getElementById('attempt-error-4').open, "
+        "document.querySelector('#attempt-error-4 summary').textContent]"
+    )
+    is_open, gist = browser.execute_script(state)
+    assert is_open is False and "boom on attempt 2" in gist  # collapsed: its gist shows
+    browser.execute_script("document.querySelector('#attempt-error-4 summary').click()")
+    assert browser.execute_script(state)[0] is True
+    # it stays open across the live refreshes of the page
+    count = "return Number(document.getElementById('job-live').dataset.refreshes || 0)"
+    refreshes = browser.execute_script(count)
+    wait_browser(browser, lambda d: d.execute_script(count) > refreshes + 1, "two refreshes")
+    assert browser.execute_script(state)[0] is True
     screenshot(browser, "job-attempts")

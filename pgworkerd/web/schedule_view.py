@@ -14,15 +14,17 @@ from typing import Any
 
 import psycopg
 
-from pgworkerd import client
-from pgworkerd.cli.schedules import next_run as cli_next_run
-from pgworkerd.queue import schedules as schedule_statements
+from pgworkerd.cadence import Cadence
+from pgworkerd.queue.queries import query
 
 
 def next_run(definition: Any, now: datetime | None = None) -> datetime | None:
-    """The schedule's next tick after now, as `pgworkerd schedules` computes it; None when
+    """The schedule's next tick after now (as `pgworkerd schedules` prints it); None when
     its definition makes no cadence."""
-    return cli_next_run(definition, now or datetime.now(UTC))
+    try:
+        return Cadence(definition).next_after(now or datetime.now(UTC))
+    except Exception:  # a definition this version cannot read is shown as "-", not fatal
+        return None
 
 
 class CannotTrigger(ValueError):
@@ -30,20 +32,13 @@ class CannotTrigger(ValueError):
 
 
 def trigger(conn: psycopg.Connection[Any], schema: str, name: str) -> int:
-    """Enqueue the job of schedule `name` now (its handler, payload, queue, priority and
-    max_attempts as declared); returns the job's id."""
-    found = [s for s in schedule_statements.list_all(conn, schema) if s["name"] == name]
-    if not found:
-        raise CannotTrigger(f"no schedule {name!r}")
-    definition = found[0]["definition"]
-    if not isinstance(definition, dict) or not isinstance(definition.get("handler"), str):
-        raise CannotTrigger(f"schedule {name!r} names no handler")
-    payload = definition.get("payload") or {}
-    options: dict[str, Any] = {}
-    for key in ("queue", "priority", "max_attempts"):
-        if definition.get(key) is not None:
-            options[key] = definition[key]
+    """Enqueue the job of schedule `name` now (statement schedule_trigger); its id."""
     try:
-        return client.enqueue(conn, definition["handler"], payload, schema=schema, **options)
-    except (ValueError, TypeError) as exc:  # the client's checks of a hostile definition
-        raise CannotTrigger(f"schedule {name!r} makes no job: {exc}") from None
+        with conn.transaction():
+            row = conn.execute(query("schedule_trigger", schema), {"name": name}).fetchone()
+    except (psycopg.errors.InvalidParameterValue, psycopg.errors.DataException) as exc:
+        first = str(exc).strip().splitlines()[0].removeprefix("pgworkerd: ")
+        raise CannotTrigger(f"schedule {name!r} makes no job: {first}") from None
+    if row is None:
+        raise CannotTrigger(f"no schedule {name!r}")
+    return int(row[0])

@@ -62,8 +62,16 @@ def main() -> int:
             "/jobs?handler=h7",
             f"/jobs?before={newest // 2}",
             "/jobs?text=bad+row",
+            # the state tabs (issue 27): each list and its capped counts
+            "/jobs?tab=due",
+            "/jobs?tab=scheduled",
+            "/jobs?tab=retrying",
+            "/jobs?tab=completed",
+            "/jobs?tab=dead&handler=h7",
             f"/jobs/{dead}",
             f"/live/jobs/{running}",
+            # the job page's log tail: one poll from the start of the newest attempt
+            f"/live/jobs/{running}/log",
             "/schedules",
             "/limits",
             "/paused",

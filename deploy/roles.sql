@@ -360,6 +360,14 @@ GRANT EXECUTE ON FUNCTION pgworkerd.schedule_declare(text, jsonb, text),
       TO pgworkerd_operator;
 -- the most daemons one login may keep registered and not gone (schema 24; 100 until set)
 GRANT UPDATE (max_live_per_login) ON pgworkerd.registry_cap TO pgworkerd_operator;
+-- the dashboard's bulk actions (schema 36): the priority of a selection of at most 1000
+-- pending, waiting or suspended jobs (a SECURITY DEFINER function: UPDATE (priority) is
+-- not granted, so the other columns of a job stay out of reach).
+GRANT EXECUTE ON FUNCTION pgworkerd.job_priority_set(bigint[], integer) TO pgworkerd_operator;
+-- the dashboard's bulk actions (schema 36): the priority of a selection of at most 1000
+-- pending, waiting or suspended jobs (a SECURITY DEFINER function: UPDATE (priority) is
+-- not granted, so the other columns of a job stay out of reach).
+GRANT EXECUTE ON FUNCTION pgworkerd.job_priority_set(bigint[], integer) TO pgworkerd_operator;
 -- MERGE (issue 21): grants of people's roles for objects that later work adds go here,
 -- with their statements in tests/integration/test_people_roles.py (STATEMENTS, PROMISED).
 

@@ -106,3 +106,68 @@ def counts_capped(
         query("job_counts_capped", schema), {"served": list(served), "top": top}
     ).fetchall()
     return [(r[0], r[1], int(r[2])) for r in rows]
+
+
+# -- a selection of jobs (the dashboard's bulk actions) -------------------------------------
+
+# Jobs one bulk action changes at most (job_priority_set holds the same bound).
+BULK_MAX = 1000
+
+
+class BadSelection(ValueError):
+    """A selection of jobs a bulk action refuses (the message says why)."""
+
+
+def _selection(ids: Sequence[int]) -> list[int]:
+    chosen = sorted(set(ids))
+    if not chosen:
+        raise BadSelection("no job selected")
+    if len(chosen) > BULK_MAX:
+        raise BadSelection(f"at most {BULK_MAX} jobs per action, not {len(chosen)}")
+    return chosen
+
+
+def run_now(
+    conn: psycopg.Connection[Any], ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
+) -> list[int]:
+    """Pending jobs due later made due now; returns the ids moved."""
+    rows = conn.execute(query("job_run_now", schema), {"ids": _selection(ids)}).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def delete_finished(
+    conn: psycopg.Connection[Any], ids: Sequence[int], *, schema: str = DEFAULT_SCHEMA
+) -> list[int]:
+    """Finished jobs (completed, dead, cancelled) deleted; returns the ids deleted."""
+    rows = conn.execute(query("job_delete_finished", schema), {"ids": _selection(ids)}).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def set_priority(
+    conn: psycopg.Connection[Any],
+    ids: Sequence[int],
+    priority: int,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+) -> dict[int, str]:
+    """The priority of pending, waiting and suspended jobs: id -> 'priority set', 'is
+    <status>' or 'not found'."""
+    rows = conn.execute(
+        query("job_priority_set", schema), {"ids": _selection(ids), "priority": priority}
+    ).fetchall()
+    return {r[0]: r[1] for r in rows}
+
+
+def dead_ids(
+    conn: psycopg.Connection[Any],
+    *,
+    queue: str | None = None,
+    handler: str | None = None,
+    limit: int = BULK_MAX,
+    schema: str = DEFAULT_SCHEMA,
+) -> list[int]:
+    """The newest `limit` dead jobs of a queue or a handler (one of them given)."""
+    if queue is None and handler is None:
+        raise BadSelection("name a queue or a handler")
+    params = {"queue": queue, "handler": handler, "limit": limit}
+    return [r[0] for r in conn.execute(query("job_dead_ids", schema), params).fetchall()]

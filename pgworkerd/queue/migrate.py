@@ -57,6 +57,7 @@ DECLARATION = (
     "job_logs",
     "signals",
     "retention",
+    "job_actions",
     "compat",
 )
 

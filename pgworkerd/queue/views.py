@@ -104,6 +104,15 @@ OUTCOMES = ("completed", "failed", "dead", "cancelled", "released", "snoozed", "
 FAILED_OUTCOMES = ("failed", "dead", "lease expired")
 
 
+# The parts of the pending jobs the dashboard's tabs split them in: due now, due later
+# and never run, due later after an attempt (a retry's backoff).
+PENDING_PARTS = ("due", "scheduled", "retrying")
+# The jobs list's tabs, in order: each a part of the pending jobs or a status.
+TABS = (*PENDING_PARTS, "running", "waiting", "suspended", "dead", "cancelled", "completed")
+# A tab's count stops here (the page says "10000+").
+TAB_COUNT_CAP = 10_000
+
+
 class TextSearchTimeout(RuntimeError):
     """A text search of the jobs page ran past its statement timeout."""
 
@@ -284,12 +293,16 @@ def jobs_page(
     after: int | None = None,
     limit: int = DEFAULT_PAGE_SIZE,
     text_timeout: float = TEXT_SEARCH_TIMEOUT,
+    pending_when: str | None = None,
 ) -> dict[str, Any]:
     """One page of jobs, newest first: below id `before`, or just above id `after`, or
     the newest. Every filter goes to the database as a bound value (hostile text is
     just text); `text` is a case-insensitive substring of the payload's JSON or the last
     error, which no index serves: that scan stops at the page size and at
-    `text_timeout` seconds (TextSearchTimeout)."""
+    `text_timeout` seconds (TextSearchTimeout). pending_when (one of PENDING_PARTS:
+    due, scheduled, retrying) keeps the pending jobs of that part only."""
+    if pending_when is not None and pending_when not in PENDING_PARTS:
+        raise ValueError(f"pending_when must be one of {', '.join(PENDING_PARTS)}")
     if not 1 <= limit <= MAX_PAGE_SIZE:
         raise ValueError(f"limit must be within 1..{MAX_PAGE_SIZE}, not {limit}")
     if before is not None and after is not None:
@@ -307,6 +320,7 @@ def jobs_page(
         "before": before,
         "after": after,
         "limit": limit,
+        "pending_when": pending_when,
     }
     # A text search that covers completed jobs (most of a table) scans by id across the
     # statuses and stops at the page; otherwise one branch per status, each through its
@@ -525,3 +539,46 @@ def job_log_part(
     if not rows:
         return None
     return rows[0]["part"], rows[0]["chars"], rows[0]["omitted_bytes"]
+
+
+def tab_counts(
+    conn: psycopg.Connection[Any],
+    schema: str,
+    *,
+    queue: str | None = None,
+    handler: str | None = None,
+    cap: int = TAB_COUNT_CAP,
+) -> dict[str, int]:
+    """How many jobs each of TABS holds (of a queue, a handler), each count stopping at
+    `cap` (cap + 1 means "more than cap")."""
+    for name, value in (("queue", queue), ("handler", handler)):
+        if value and "\x00" in value:
+            raise ValueError(f"{name} cannot contain a NUL character")
+    params = {"queue": queue, "handler": handler, "cap": cap + 1}
+    rows = _rows(conn, "view_job_tab_counts", schema, params, prepare=False)
+    return {r["tab"]: r["jobs"] for r in rows}
+
+
+def limits_held(
+    conn: psycopg.Connection[Any], schema: str, rows: list[dict[str, Any]], *, cap: int
+) -> None:
+    """Add to each row of limits() what its limits hold back: due (its due pending jobs),
+    held_by_max (those beyond the free slots of max_running), held_by_key (those whose
+    concurrency key runs its max_running_per_key already); counts stop at `cap` + 1."""
+    if not rows:
+        return
+    params = {
+        "handlers": [r["handler"] for r in rows],
+        "per_key": [r["max_running_per_key"] for r in rows],
+        "cap": cap + 1,
+    }
+    found = {r["handler"]: r for r in _rows(conn, "view_limits_held", schema, params)}
+    for row in rows:
+        held = found.get(row["handler"], {"due": 0, "held_by_key": 0})
+        row["due"], row["held_by_key"] = held["due"], held["held_by_key"]
+        free = None
+        if row["max_running"] is not None:
+            free = max(0, row["max_running"] - row["running"])
+        # the jobs a free slot could take are those its key does not hold back
+        takeable = row["due"] - row["held_by_key"]
+        row["held_by_max"] = 0 if free is None else max(0, takeable - free)

@@ -1,4 +1,4 @@
-"""The dashboard's actions: cancel, retry, release, drain, resume, pause.
+"""The dashboard's actions: cancel, retry, release, drain, resume, pause, trigger a schedule.
 
 They reuse the CLI's functions; each is a GET that shows a confirmation page and a POST
 (with the session's CSRF token, checked by login.guard) that does it, through the action
@@ -18,6 +18,7 @@ from flask import Blueprint, abort, flash, redirect, render_template, request, u
 from pgworkerd.bounds import name_problem
 from pgworkerd.describe import printable
 from pgworkerd.queue import admin, fleet
+from pgworkerd.web import schedule_view
 from pgworkerd.web.context import context
 from pgworkerd.web.login import current_user
 
@@ -75,6 +76,13 @@ def _pause(kind: str, pause: bool) -> Callable[[psycopg.Connection[Any], str, st
     return run
 
 
+def _trigger_schedule(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
+    try:
+        return f"enqueued job {schedule_view.trigger(conn, schema, target)}"
+    except schedule_view.CannotTrigger as exc:
+        return f"not triggered: {exc}"
+
+
 ACTIONS: dict[str, Action] = {
     "cancel": Action(
         "Cancel job", "job", _cancel, "A running job is asked to stop; a pending one never runs."
@@ -102,6 +110,12 @@ ACTIONS: dict[str, Action] = {
         "No daemon claims its jobs until resumed.",
     ),
     "resume-handler": Action("Resume handler", "handler", _pause("handler", False)),
+    "trigger-schedule": Action(
+        "Trigger schedule now",
+        "schedule",
+        _trigger_schedule,
+        "Its job is enqueued now; its own ticks are unchanged.",
+    ),
 }
 
 
@@ -167,4 +181,6 @@ def act(name: str) -> Any:
         return redirect(url_for("pages.job", job_id=int(target)))
     if action.kind == "daemon":
         return redirect(url_for("pages.overview"))
+    if action.kind == "schedule":
+        return redirect(url_for("pages.schedules_page"))
     return redirect(url_for("pages.paused_page"))

@@ -4,6 +4,7 @@
   proxy, CSRF, login) and the security headers;
 - pages (pages.py): everything that reads;
 - actions (actions.py): the confirmation pages and the POSTs that change something;
+- bulk (bulk.py): the same for a selection of jobs (at most admin.BULK_MAX);
 - filters (filters.py): how a value is rendered (inert and bounded);
 
 sharing one Context (context.py): settings, pools, login state. Here: the Flask settings,
@@ -22,8 +23,10 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from werkzeug.exceptions import HTTPException
 
 from pgworkerd.model import STATUSES
+from pgworkerd.queue.admin import BULK_MAX
 from pgworkerd.queue.db import scrub
 from pgworkerd.web.actions import actions
+from pgworkerd.web.bulk import bulk
 from pgworkerd.web.context import EXTENSION, Context, Settings
 from pgworkerd.web.filters import SHOWN_CHARS, filters
 from pgworkerd.web.login import login
@@ -55,8 +58,9 @@ def create_app(
         statuses=STATUSES,
         read_only=settings.read_only,
         login_needed=bool(settings.users),
+        bulk_max=BULK_MAX,
     )
-    for part in (login, filters, pages, actions):
+    for part in (login, filters, pages, actions, bulk):
         app.register_blueprint(part)
     _error_pages(app, settings)
     return app

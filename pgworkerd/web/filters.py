@@ -17,6 +17,7 @@ from flask import Blueprint
 from pgworkerd.describe import printable
 from pgworkerd.durations import format_duration
 from pgworkerd.sizes import format_size
+from pgworkerd.web.progress import fraction
 
 # Characters of one value (payload, progress, checkpoint, result, an error, a log's head
 # or tail) a page shows at most; the rest is a "download raw" link away. The job page
@@ -69,3 +70,34 @@ def _age(seconds: Any) -> str:
 def _size(value: Any) -> str:
     """Bytes as the CLI writes them ("2.1 GiB", "300 KiB")."""
     return "-" if value is None else format_size(float(value))
+
+
+# Characters of an error's one-line gist (the summary of its collapsed traceback).
+GIST_CHARS = 200
+
+
+@filters.app_template_filter("gist")
+def _gist(value: Any) -> str:
+    """An error in one line: its last non-blank line (a Python traceback's exception),
+    cut to GIST_CHARS; the whole error is one click away (<details>)."""
+    lines = [line for line in str(value or "")[-SHOWN_CHARS:].splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else ""
+    if len(last) > GIST_CHARS:
+        last = last[:GIST_CHARS] + "…"
+    return printable(last) + (f" (+ {len(lines) - 1} lines)" if len(lines) > 1 else "")
+
+
+@filters.app_template_filter("duration")
+def _duration(job: Any) -> str:
+    """A listed job's last run: finished_at - started_at (started_at is its last
+    attempt's start); "-" when it has not both."""
+    started, finished = job.get("started_at"), job.get("finished_at")
+    if not (isinstance(started, datetime) and isinstance(finished, datetime)):
+        return "-"
+    return format_duration(max(0.0, (finished - started).total_seconds()), rounded=True)
+
+
+@filters.app_template_filter("fraction")
+def _fraction(progress: Any) -> float | None:
+    """The fraction done a progress value states (web/progress.py's convention), or None."""
+    return fraction(progress)

@@ -7,11 +7,12 @@ import hashlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from flask import Blueprint, abort, render_template, request
+from flask import Blueprint, abort, jsonify, render_template, request, url_for
 from werkzeug.wrappers import Response
 
 from pgworkerd.model import STATUSES
 from pgworkerd.queue import batchread, explain, joblogs, views
+from pgworkerd.web import logtail, problems, progress, schedule_view
 from pgworkerd.web.context import context
 from pgworkerd.web.filters import SHOWN_CHARS
 
@@ -32,13 +33,30 @@ def _overview_data() -> dict[str, Any]:
     ctx = context()
     with ctx.database() as conn:
         snap = views.overview(conn, ctx.settings.schema)
+        # for the banner: what each limit holds back (the Limits page's counts)
+        limits = views.limits(conn, ctx.settings.schema)
+        views.limits_held(conn, ctx.settings.schema, limits, cap=views.TAB_COUNT_CAP)
     hour = snap["throughput"]
     peak = max((m["completed"] + m["failed_total"] for m in hour), default=0)
     totals = {
         "completed": sum(m["completed"] for m in hour),
         "failed": sum(m["failed_total"] for m in hour),
     }
-    return {"snap": snap, "peak": max(peak, 1), "totals": totals}
+    found = problems.problems(
+        snap,
+        url_for("pages.jobs"),
+        url_for("pages.paused_page"),
+        limits,
+        url_for("pages.limits_page"),
+    )
+    paused_queues = {p["name"] for p in snap["paused"] if p["kind"] == "queue"}
+    return {
+        "snap": snap,
+        "peak": max(peak, 1),
+        "totals": totals,
+        "problems": found,
+        "paused_queues": paused_queues,
+    }
 
 
 @pages.get("/")
@@ -72,8 +90,13 @@ def _job_data(job_id: int) -> dict[str, Any]:
         # the batch it is a member or the callback of, with its progress (schema 30)
         batch = batchread.batch_of(conn, schema, job_id)
     total = history[0]["total"] if history else 0
+    # each attempt numbered by its place in the whole history (attempt numbers start
+    # again after a retry and recur after a release): the rows are the newest, oldest first
+    for seq, row in enumerate(history or [], start=total - len(history or []) + 1):
+        row["seq"] = seq
     return {
         "job": job,
+        "progress": progress.of_job(job),
         "attempts": history or [],
         "attempts_total": total,
         "explain": why,
@@ -187,16 +210,78 @@ def job_log_raw(job_id: int, ref: str) -> Response:
     return _raw_response(both(), f"job-{job_id}-attempt-{attempt}.log")
 
 
+@pages.get("/live/jobs/<int:job_id>/log")
+def job_log_tail(job_id: int) -> Response:
+    """The next part of one attempt's output after the cursor the page sends (logtail):
+    the attempt `ref` names, else the newest. JSON for static/tail.js."""
+    try:
+        cursor = logtail.Cursor.parse(request.args.to_dict())
+    except logtail.BadCursor as exc:
+        abort(400, str(exc))
+    ref = request.args.get("ref", "")
+    if ref and not (len(ref) == 20 and all(c in "0123456789abcdef" for c in ref)):
+        abort(400, "ref must name an attempt's log as the page gave it")
+    ctx = context()
+    schema = ctx.settings.schema
+    with ctx.database() as conn:
+        entries = views.logs_shown(conn, schema, job_id, shown=0, limit=LOGS_SHOWN)
+        if entries is None:
+            abort(403, "the role may not read job logs")
+        found = [e for e in entries if ref and log_ref(job_id, e["lease_token"]) == ref]
+        if not found:  # the first poll, or an attempt no longer among the newest
+            if not entries:
+                return jsonify(logtail.as_json("", cursor, False, ref="", attempt=None))
+            found, cursor = [entries[-1]], logtail.Cursor()
+        entry = found[0]
+        token = entry["lease_token"]
+
+        def read(part: str, start: int, chars: int) -> tuple[str, int, int] | None:
+            return views.job_log_part(conn, schema, job_id, token, part, start, chars)
+
+        text, cursor, more = logtail.step(read, cursor, entry["finished"])
+    newest = entry is entries[-1]
+    return jsonify(
+        logtail.as_json(
+            text,
+            cursor,
+            more,
+            ref=log_ref(job_id, token),
+            attempt=entry["attempt"],
+            finished=entry["finished"],
+            # its attempt ended and a later one printed: the page moves on to that one
+            next=entry["finished"] and not newest and not more,
+        )
+    )
+
+
 @pages.get("/live/jobs/<int:job_id>")
 def job_live(job_id: int) -> str:
     return render_template("job_live.html", **_job_data(job_id))
 
 
+# The orders the jobs list offers: each one an index serves (keyset pagination by id
+# through the (status, id), (queue, status, id) and (handler, status, id) indexes).
+SORTS = ("newest",)
+
+
 @pages.get("/jobs")
 def jobs() -> str:
-    filters = {k: request.args.get(k, "") for k in ("status", "queue", "handler", "text")}
+    filters = {k: request.args.get(k, "") for k in ("status", "queue", "handler", "text", "tab")}
     if filters["status"] and filters["status"] not in STATUSES:
         abort(400, "unknown status")
+    if filters["tab"] and filters["tab"] not in views.TABS:
+        abort(400, f"unknown tab: the tabs are {', '.join(views.TABS)}")
+    if filters["tab"] and filters["status"]:
+        abort(400, "give a tab or a status, not both")
+    sort = request.args.get("sort", "newest")
+    if sort not in SORTS:
+        abort(
+            400,
+            "no index serves that order: the list sorts by id, newest first (narrow it by "
+            "tab, queue or handler instead)",
+        )
+    pending_when = filters["tab"] if filters["tab"] in views.PENDING_PARTS else None
+    status = "pending" if pending_when else (filters["tab"] or filters["status"])
     if len(filters["text"]) > 200:
         abort(400, "the search text is longer than 200 characters")
     before, after = _page_id("before"), _page_id("after")
@@ -207,7 +292,8 @@ def jobs() -> str:
             page = views.jobs_page(
                 conn,
                 ctx.settings.schema,
-                statuses=[filters["status"]] if filters["status"] else None,
+                statuses=[status] if status else None,
+                pending_when=pending_when,
                 queue=filters["queue"] or None,
                 handler=filters["handler"] or None,
                 text=filters["text"] or None,
@@ -219,9 +305,26 @@ def jobs() -> str:
         page, error = {"jobs": [], "older": None, "newer": None}, str(exc)
     except ValueError as exc:
         abort(400, str(exc))
+    with ctx.database() as conn:
+        counts = views.tab_counts(
+            conn,
+            ctx.settings.schema,
+            queue=filters["queue"] or None,
+            handler=filters["handler"] or None,
+        )
     shown = {k: v for k, v in filters.items() if v}
+    scope = {k: v for k, v in shown.items() if k in ("queue", "handler", "text")}
     return render_template(
-        "jobs.html", page=page, rows=page["jobs"], filters=filters, shown=shown, error=error
+        "jobs.html",
+        page=page,
+        rows=page["jobs"],
+        filters=filters,
+        shown=shown,
+        scope=scope,
+        error=error,
+        tabs=views.TABS,
+        counts=counts,
+        count_cap=views.TAB_COUNT_CAP,
     )
 
 
@@ -239,6 +342,9 @@ def schedules_page() -> str:
     ctx = context()
     with ctx.database() as conn:
         rows = views.schedules(conn, ctx.settings.schema)
+    for row in rows:
+        # only a schedule a live daemon declares fires: the others have no next run
+        row["next_run"] = schedule_view.next_run(row["definition"]) if row["declared_now"] else None
     return render_template("schedules.html", rows=rows)
 
 
@@ -255,4 +361,5 @@ def limits_page() -> str:
     ctx = context()
     with ctx.database() as conn:
         rows = views.limits(conn, ctx.settings.schema)
-    return render_template("limits.html", rows=rows)
+        views.limits_held(conn, ctx.settings.schema, rows, cap=views.TAB_COUNT_CAP)
+    return render_template("limits.html", rows=rows, cap=views.TAB_COUNT_CAP)

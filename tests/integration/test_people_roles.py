@@ -286,6 +286,8 @@ STATEMENTS: dict[str, Statement] = {
         " EXCEPTION WHEN invalid_parameter_value THEN NULL; END $$",
         {},
     ),
+    # the dashboard's bulk priority change (schema 36; job 1 is pending)
+    "set priorities": ("SELECT * FROM @schema@.job_priority_set('{1}', 5)", {}),
     "claim and end expired jobs": (
         "SELECT * FROM @schema@.claim_jobs_v2('w', '{default}', '{h}', '{30}', '{1}', 1)",
         {},
@@ -332,6 +334,7 @@ ACTIONS = {
     "set the retention floor",
     "set the registry cap",
     "release a held job",
+    "set priorities",
 }
 # What roles.sql's header promises each role of people, and nothing else.
 PROMISED = {

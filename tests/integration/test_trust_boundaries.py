@@ -59,6 +59,12 @@ ELSEWHERE: dict[str, list[str]] = {
         "tests/integration/test_dependencies_sql.py"
         "::test_an_enqueuer_cannot_name_another_logins_job_as_a_parent",
     ],
+    "It sets the priority of at most 1,000 pending, waiting or suspended jobs at once"
+    " (`job_priority_set`, the dashboard's bulk action): an empty or longer selection, a NULL"
+    " id or a priority out of range is refused with 22023 and nothing changes; running and"
+    " finished jobs keep theirs; the reader, the enqueuer and the daemon cannot call it.": [
+        "tests/web/test_console_bulk.py::test_only_the_operator_sets_priorities_within_bounds",
+    ],
     "It releases a job held after a parent failed (`pgworkerd release`), and only such a"
     " job: any other id is refused with 22023 and nothing changes; the enqueuer and the"
     " daemon cannot release at all.": [
@@ -783,9 +789,9 @@ def test_the_operator_acts_on_jobs_and_sets_bounds(
 def test_the_operator_cannot_change_what_a_job_runs(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
 ) -> None:
-    """It cannot change what a job runs (payload, handler, queue, priority, checkpoint,
-    dedupe key), who enqueued it or its lease, nor claim, fire schedules, or write job logs
-    or attempt history."""
+    """It cannot change what a job runs (payload, handler, queue, checkpoint, dedupe key),
+    its priority other than through `job_priority_set` (below), who enqueued it or its
+    lease, nor claim, fire schedules, or write job logs or attempt history."""
     client.enqueue(conn, "h", schema=schema)
     with as_role(roles, schema, "operator") as c:
         assert (

@@ -58,7 +58,7 @@ def test_logging_in_shows_every_page(
             wait_browser(browser, lambda d, e=element: text_of(d, e), f"page {path}")
         screenshot(browser, name)
     browser.get(f"{dashboard.url}/jobs?status=dead")
-    listed = [a.text for a in browser.find_elements("css selector", "#jobs td:first-child a")]
+    listed = [a.text for a in browser.find_elements("css selector", "#jobs td a[href*='/jobs/']")]
     assert listed == [str(dead)]
     browser.get(f"{dashboard.url}/jobs/{dead}")
     assert "boom on attempt 1" in text_of(browser, "attempts")

@@ -19,7 +19,16 @@
         return response.text();
       })
       .then(function (html) {
+        // a <details> the reader opened (a traceback) stays open across the refresh
+        var open = Array.prototype.map.call(
+          element.querySelectorAll("details[open][id]"), function (d) { return d.id; });
         element.innerHTML = html;
+        open.forEach(function (id) {
+          var again = document.getElementById(id);
+          if (again) {
+            again.open = true;
+          }
+        });
         element.removeAttribute("data-stale");
         element.dataset.refreshes = String((Number(element.dataset.refreshes) || 0) + 1);
       })

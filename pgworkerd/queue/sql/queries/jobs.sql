@@ -540,3 +540,34 @@ SELECT @schema@.job_expired_cancel(%(max_jobs)s::integer) AS ended;
 SELECT j.id, j.trace_context
   FROM @schema@.jobs j
  WHERE j.id = ANY (%(ids)s::bigint[]) AND j.trace_context IS NOT NULL;
+-- name: job_run_now
+-- Pending jobs due later (scheduled, or waiting for a retry's backoff) due now instead
+-- (the dashboard's "run now"); returns the ids moved. The caller bounds the selection.
+UPDATE @schema@.jobs
+   SET run_at = now(), updated_at = now()
+ WHERE id = ANY(%(ids)s::bigint[]) AND status = 'pending' AND run_at > now()
+RETURNING id;
+
+-- name: job_delete_finished
+-- Delete finished jobs (completed, dead, cancelled) by id (the dashboard's "delete"; their
+-- attempts and logs go with them through the triggers); returns the ids deleted. A live
+-- job is cancelled first, never deleted under its daemon. The caller bounds the selection.
+DELETE FROM @schema@.jobs
+ WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('completed', 'dead', 'cancelled')
+RETURNING id;
+
+-- name: job_priority_set
+-- The priority of a selection of live jobs, through job_priority_set (0036): one row per
+-- id asked, with its outcome.
+SELECT id, outcome FROM @schema@.job_priority_set(%(ids)s::bigint[], %(priority)s::integer);
+
+-- name: job_dead_ids
+-- The ids of at most %(limit)s dead jobs of a queue or a handler (NULL: any), newest
+-- first, through the (queue, status, id) or (handler, status, id) index: the dashboard's
+-- "retry all dead of this handler/queue", one bounded action.
+SELECT id FROM @schema@.jobs
+ WHERE status = 'dead'
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(handler)s::text IS NULL OR handler = %(handler)s)
+ ORDER BY id DESC
+ LIMIT %(limit)s;

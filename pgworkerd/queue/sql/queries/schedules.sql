@@ -45,3 +45,17 @@ SELECT s.name, s.definition, s.declared_by, s.declared_at, s.created_at,
                       WHERE r.schedule = s.name ORDER BY r.tick DESC LIMIT 1) r ON true
   LEFT JOIN @schema@.jobs j ON j.id = r.job_id
  ORDER BY s.name;
+
+-- name: schedule_trigger
+-- Enqueue the job of schedule %(name)s now, as its ticks would (handler, payload, queue,
+-- priority, max_attempts as declared), through enqueue_v3 and its checks (a hostile
+-- definition is refused with 22023); records no run, so the schedule's ticks are
+-- unchanged (the dashboard's "trigger now"). No row: no such schedule.
+SELECT @schema@.enqueue_v3(
+           handler => s.definition ->> 'handler',
+           payload => coalesce(s.definition -> 'payload', '{}'::jsonb),
+           queue => coalesce(s.definition ->> 'queue', 'default'),
+           priority => coalesce((s.definition ->> 'priority')::integer, 0),
+           max_attempts => coalesce((s.definition ->> 'max_attempts')::integer, 5)) AS id
+  FROM @schema@.schedules s
+ WHERE s.name = %(name)s;

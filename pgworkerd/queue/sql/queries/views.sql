@@ -96,6 +96,11 @@ WITH page AS NOT MATERIALIZED (
      WHERE (%(before)s::bigint IS NULL OR j.id < %(before)s::bigint)
        AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
        AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+       -- a part of the pending jobs (the dashboard's tabs; NULL: no such filter)
+       AND (%(pending_when)s::text IS NULL OR (j.status::text = 'pending' AND CASE %(pending_when)s::text
+                WHEN 'due' THEN j.run_at <= now()
+                WHEN 'scheduled' THEN j.run_at > now() AND j.attempts = 0
+                ELSE j.run_at > now() AND j.attempts > 0 END))
        AND (%(text)s::text IS NULL
             OR strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
             OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
@@ -137,6 +142,11 @@ WITH page AS NOT MATERIALIZED (
      WHERE j.id > %(after)s::bigint
        AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
        AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+       -- a part of the pending jobs (the dashboard's tabs; NULL: no such filter)
+       AND (%(pending_when)s::text IS NULL OR (j.status::text = 'pending' AND CASE %(pending_when)s::text
+                WHEN 'due' THEN j.run_at <= now()
+                WHEN 'scheduled' THEN j.run_at > now() AND j.attempts = 0
+                ELSE j.run_at > now() AND j.attempts > 0 END))
        AND (%(text)s::text IS NULL
             OR strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
             OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
@@ -181,6 +191,11 @@ SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempt
    AND j.status::text = ANY(%(statuses)s::text[])
    AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
    AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+   -- a part of the pending jobs (the dashboard's tabs; NULL: no such filter)
+   AND (%(pending_when)s::text IS NULL OR (j.status::text = 'pending' AND CASE %(pending_when)s::text
+            WHEN 'due' THEN j.run_at <= now()
+            WHEN 'scheduled' THEN j.run_at > now() AND j.attempts = 0
+            ELSE j.run_at > now() AND j.attempts > 0 END))
    AND (strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
         OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
  ORDER BY j.id DESC
@@ -197,6 +212,11 @@ SELECT j.id, j.queue, j.handler, j.status, j.priority, j.attempts, j.max_attempt
    AND j.status::text = ANY(%(statuses)s::text[])
    AND (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
    AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+   -- a part of the pending jobs (the dashboard's tabs; NULL: no such filter)
+   AND (%(pending_when)s::text IS NULL OR (j.status::text = 'pending' AND CASE %(pending_when)s::text
+            WHEN 'due' THEN j.run_at <= now()
+            WHEN 'scheduled' THEN j.run_at > now() AND j.attempts = 0
+            ELSE j.run_at > now() AND j.attempts > 0 END))
    AND (strpos(lower(left(j.payload::text, %(text_chars)s)), lower(%(text)s::text)) > 0
         OR strpos(lower(left(j.last_error, %(text_chars)s)), lower(%(text)s::text)) > 0)
  ORDER BY j.id ASC
@@ -407,3 +427,58 @@ SELECT coalesce(j.concurrency_key, '') AS concurrency_key
    AND (%(after)s::text IS NULL OR coalesce(j.concurrency_key, '') > %(after)s::text)
  ORDER BY coalesce(j.concurrency_key, '')
  LIMIT 1;
+-- name: view_job_tab_counts
+-- The jobs list's tabs: how many jobs each holds (of %(queue)s and %(handler)s, NULL:
+-- any), each count stopping at %(cap)s (the page shows "10000+"), so a tab of 10 M
+-- completed jobs costs %(cap)s index entries, not the table. Due, scheduled and retrying
+-- split the pending jobs: due now; due later, never run; due later after an attempt (a
+-- retry's backoff). Each status a constant, so each count has its index (jobs_status_id_idx,
+-- or by queue or handler); run unprepared: a filter not given folds away.
+WITH scoped AS NOT MATERIALIZED (
+    SELECT j.status, j.run_at, j.attempts FROM @schema@.jobs j
+     WHERE (%(queue)s::text IS NULL OR j.queue = %(queue)s::text)
+       AND (%(handler)s::text IS NULL OR j.handler = %(handler)s::text)
+)
+SELECT t.tab, t.jobs FROM (VALUES
+    (1, 'due', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'pending'
+                   AND run_at <= now() LIMIT %(cap)s) c)),
+    (2, 'scheduled', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'pending'
+                   AND run_at > now() AND attempts = 0 LIMIT %(cap)s) c)),
+    (3, 'retrying', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'pending'
+                   AND run_at > now() AND attempts > 0 LIMIT %(cap)s) c)),
+    (4, 'running', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'running'
+                   LIMIT %(cap)s) c)),
+    (5, 'waiting', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'waiting'
+                   LIMIT %(cap)s) c)),
+    (6, 'suspended', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'suspended'
+                   LIMIT %(cap)s) c)),
+    (7, 'dead', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'dead'
+                   LIMIT %(cap)s) c)),
+    (8, 'cancelled', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'cancelled'
+                   LIMIT %(cap)s) c)),
+    (9, 'completed', (SELECT count(*) FROM (SELECT 1 FROM scoped WHERE status = 'completed'
+                   LIMIT %(cap)s) c))
+) AS t(n, tab, jobs)
+ ORDER BY t.n;
+
+-- name: view_limits_held
+-- What each limit holds back (the Limits page): per handler of %(handlers)s (with its
+-- strictest per-key limit in %(per_key)s, NULL: none), its due pending jobs, and those of
+-- them whose concurrency key already runs its per-key limit of jobs. Each count stops at
+-- %(cap)s (the pending index by handler; a key's running jobs through
+-- jobs_running_handler_key_idx).
+SELECT h.handler,
+       (SELECT count(*) FROM (
+            SELECT 1 FROM @schema@.jobs j
+             WHERE j.status = 'pending' AND j.handler = h.handler AND j.run_at <= now()
+             LIMIT %(cap)s) c) AS due,
+       CASE WHEN h.per_key IS NULL THEN 0 ELSE (SELECT count(*) FROM (
+            SELECT 1 FROM @schema@.jobs j
+             WHERE j.status = 'pending' AND j.handler = h.handler AND j.run_at <= now()
+               AND j.concurrency_key IS NOT NULL
+               AND (SELECT count(*) FROM @schema@.jobs r
+                     WHERE r.status = 'running' AND r.handler = h.handler
+                       AND r.concurrency_key = j.concurrency_key
+                       AND r.locked_until > now()) >= h.per_key
+             LIMIT %(cap)s) c) END AS held_by_key
+  FROM unnest(%(handlers)s::text[], %(per_key)s::bigint[]) AS h(handler, per_key);

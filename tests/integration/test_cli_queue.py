@@ -440,15 +440,16 @@ def test_readme_sql_examples_enqueue_claim_and_finish(app_db: str) -> None:
     page = "guide/other-languages.md"
     statements = [
         s.strip() + ";"
-        for s in readme_block(page, "sql", "# Other languages", nth=1).split(";\n")
+        for s in readme_block(page, "sql", "# Other languages", nth=2).split(";\n")
         if s.strip()
     ]
     renew, complete, fail, release = statements
     snooze, give_up = [
         s.strip() + ";"
-        for s in readme_block(page, "sql", "# Other languages", nth=2).split(";\n")
+        for s in readme_block(page, "sql", "# Other languages", nth=3).split(";\n")
         if s.strip()
     ]
+    # (nth=1 is claim_jobs_v3's example, run by test_doc_examples)
     claim = readme_block(page, "sql", "# Other languages", nth=0)  # claim_jobs
 
     with psycopg.connect(app_db, autocommit=True) as c:

@@ -602,3 +602,35 @@ def test_a_parent_dying_while_another_completes_never_runs_the_child_early(
 def client_cancel(c: psycopg.Connection, schema: str, job_id: int) -> str:
     """`pgworkerd cancel`'s statement, in `c`'s open transaction."""
     return admin.cancel(c, [job_id], schema=schema)[job_id]
+
+
+def test_a_bulk_delete_keeps_what_retention_keeps(conn: psycopg.Connection, schema: str) -> None:
+    """The dashboard's bulk delete (admin.delete_finished) deletes finished jobs, but, like
+    retention, not a completed parent whose child has not finished (the child reads the
+    parent's result when it starts) nor a batch member whose callback has not (it reads
+    the members' outcomes): those are left and not counted; once the child has finished,
+    the parent goes too."""
+    parent = client.enqueue(conn, "a", schema=schema)
+    other_parent = client.enqueue(conn, "a", schema=schema)
+    child = client.enqueue(conn, "b", after=[parent, other_parent], schema=schema)
+    lone = client.enqueue(conn, "a", schema=schema)
+    [(_batch_id, callback, members)] = sql(
+        conn,
+        schema,
+        "SELECT * FROM @schema@.batch_enqueue(%s::jsonb, %s::jsonb)",
+        json.dumps([{"handler": "m"}, {"handler": "m"}]),
+        json.dumps({"handler": "cb"}),
+    )
+    finish(conn, schema, parent)
+    finish(conn, schema, lone)
+    finish(conn, schema, members[0])
+    assert status(conn, schema, child) == "waiting"  # on other_parent
+    asked = [parent, lone, members[0], child]
+    assert admin.delete_finished(conn, asked, schema=schema) == [lone]
+    assert job(conn, schema, parent)["status"] == "completed"
+    assert job(conn, schema, members[0])["status"] == "completed"
+    finish(conn, schema, other_parent)
+    finish(conn, schema, child)
+    finish(conn, schema, members[1])
+    finish(conn, schema, callback)
+    assert admin.delete_finished(conn, asked, schema=schema) == sorted([parent, members[0], child])

@@ -552,8 +552,13 @@ RETURNING id;
 -- Delete finished jobs (completed, dead, cancelled) by id (the dashboard's "delete"; their
 -- attempts and logs go with them through the triggers); returns the ids deleted. A live
 -- job is cancelled first, never deleted under its daemon. The caller bounds the selection.
+-- What retention keeps stays (prune_finished_v2's rule): a parent while a child has not
+-- finished (it reads the parent's result when it starts), a batch member while its
+-- callback has not (it reads the members' outcomes).
 DELETE FROM @schema@.jobs
  WHERE id = ANY(%(ids)s::bigint[]) AND status IN ('completed', 'dead', 'cancelled')
+   AND NOT (has_children AND @schema@.job_children_unfinished(id))
+   AND NOT (batch_id IS NOT NULL AND @schema@.batch_callback_unfinished(batch_id))
 RETURNING id;
 
 -- name: job_priority_set

@@ -9,11 +9,9 @@ with the same methods (tests/unit).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, TypeVar
-
-import psycopg
+from typing import Any
 
 from pgworkerd.config import RetentionConfig
 from pgworkerd.daemon import outcomes
@@ -28,6 +26,7 @@ from pgworkerd.queue import (
     registry,
     retention,
     schedules,
+    session,
     traceread,
 )
 from pgworkerd.queue.attempts import Usage
@@ -36,20 +35,11 @@ from pgworkerd.queue.joblogs import LogWrite
 log = logging.getLogger("pgworkerd")
 
 
-T = TypeVar("T")
-
 # A sweep (waits' timeouts, expired jobs) waits at most this long for a lock on the jobs
 # table (a migration, VACUUM FULL, an operator's LOCK TABLE): it fails, is logged and is
 # tried again on its next turn, and the loop (heartbeats, claims, outcomes) never stalls
 # behind it. Row locks are skipped by the sweeps themselves (SKIP LOCKED).
-SWEEP_LOCK_TIMEOUT = "500ms"
-
-
-def lock_bounded(conn: psycopg.Connection[Any], call: Callable[[], T]) -> T:
-    """`call()` in a transaction of its own whose lock waits end after SWEEP_LOCK_TIMEOUT."""
-    with conn.transaction():
-        conn.execute(f"SET LOCAL lock_timeout = '{SWEEP_LOCK_TIMEOUT}'")
-        return call()
+SWEEP_LOCK_TIMEOUT_MS = 500
 
 
 class Statements:
@@ -170,7 +160,9 @@ class Statements:
         """Suspended jobs past their timeout become pending (None: the call failed)."""
         return self.link.run(
             "moving timed-out waits back to pending",
-            lambda c: lock_bounded(c, lambda: lease.waits_expire(c, schema=self.schema)),
+            lambda c: session.lock_bounded(
+                c, SWEEP_LOCK_TIMEOUT_MS, lambda: lease.waits_expire(c, schema=self.schema)
+            ),
         )
 
     def next_wakeups(
@@ -301,7 +293,9 @@ class Statements:
         """One batch of the fleet's expiry sweep (None: the call failed)."""
         return self.link.run(
             "ending jobs past their expires_at",
-            lambda c: lock_bounded(c, lambda: retention.expired_cancel(c, max_jobs, self.schema)),
+            lambda c: session.lock_bounded(
+                c, SWEEP_LOCK_TIMEOUT_MS, lambda: retention.expired_cancel(c, max_jobs, self.schema)
+            ),
         )
 
     def prune_finished(self, config: RetentionConfig) -> retention.PruneResult | None:

@@ -1,13 +1,16 @@
 """Statements about the session itself rather than about jobs: subscribing to the wake
-channel's notifications and bounding the current transaction's statements."""
+channel's notifications and bounding the current transaction's statements and lock waits."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import psycopg
 
 from pgworkerd.queue.queries import DEFAULT_SCHEMA, query
+
+T = TypeVar("T")
 
 
 def listen_wake(conn: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA) -> None:
@@ -22,3 +25,12 @@ def set_local_statement_timeout(conn: psycopg.Connection[Any], seconds: float) -
     conn.execute(
         query("session_statement_timeout_set_local"), {"timeout": f"{int(seconds * 1000)}ms"}
     )
+
+
+def lock_bounded(conn: psycopg.Connection[Any], timeout_ms: int, call: Callable[[], T]) -> T:
+    """`call()` in a transaction of its own whose lock waits end after `timeout_ms`
+    (LockNotAvailable, an OperationalError, then): for maintenance that must not wait
+    behind a LOCK TABLE or a migration."""
+    with conn.transaction():
+        conn.execute(query("session_lock_timeout_set_local"), {"timeout": f"{timeout_ms}ms"})
+        return call()

@@ -34,6 +34,11 @@ SELECT set_config('jit', 'off', true), set_config('max_parallel_workers_per_gath
 -- connection's own statement_timeout startup option).
 SELECT set_config('statement_timeout', %(timeout)s, true);
 
+-- name: session_lock_timeout_set_local
+-- Bound the lock waits of the current transaction only (the daemon's sweeps: a LOCK TABLE
+-- or a migration must not stall its loop behind them).
+SELECT set_config('lock_timeout', %(timeout)s, true);
+
 -- name: session_finished_listening
 -- Whether this session listens on the channel of finished jobs already (pgworkerd.wait
 -- then neither LISTENs nor UNLISTENs: it leaves the caller's session as it found it).

@@ -117,11 +117,14 @@ def test_unknown_names_cost_what_known_ones_do(dashboard: RunningDashboard) -> N
         return time.monotonic() - began
 
     known, unknown = [], []
-    for n in range(1, 8):  # interleaved: a burst of load on a busy machine hits both
+    for n in range(1, 10):  # interleaved: a burst of load on a busy machine hits both
         known.append(timed(USER, n))
         unknown.append(timed(f"nosuchuser{n}", n + 10))
     print(f"known {sorted(known)}, unknown {sorted(unknown)}")
-    assert statistics.median(unknown) > 0.6 * statistics.median(known)
+    # Load only ever adds time, so each side's fastest try is its own cost: an unknown name
+    # that skipped the hash answers in ~1 ms against ~50 ms. (Medians of 7 failed CI once
+    # when a burst of load fell on the known tries: 64 ms against 129 ms.)
+    assert min(unknown) > 0.6 * min(known)
 
 
 def test_logout_ends_the_session_on_the_server(dashboard: RunningDashboard, db: Db) -> None:

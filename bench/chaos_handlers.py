@@ -30,7 +30,7 @@ STEP = 0.2
 _LEFTOVERS = 'exec -a "$0" sleep 86400 & exec -a "$0" sleep 86401'
 
 
-def _record(job: JobContext, event: str) -> None:
+def _record(job: JobContext, event: str, **extra: Any) -> None:
     line = {
         "j": job.id,
         "a": job.attempt,
@@ -38,6 +38,7 @@ def _record(job: JobContext, event: str) -> None:
         "pid": os.getpid(),
         "e": event,
         "t": time.time(),
+        **extra,
     }
     fd = os.open(os.environ["CHAOS_EXECS"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
@@ -91,11 +92,18 @@ def follow_ups(job: JobContext, count: int) -> list[pgworkerd.JobSpec]:
 
 
 def wait(job: JobContext) -> Any:
-    """Waits for signal payload["signal"] (its first start), then works as `run` does and
-    returns what woke it: the soak checks that every signal it sent woke its job."""
+    """Waits for signal payload["signal"] (its first start), under correlation key
+    payload["key"] when there is one, then works as `run` does and returns what woke it:
+    the soak checks that every signal it sent woke its job. Each execution after the wait
+    records the payload it sees (event `seen`): a keyed job must see its one signal, the
+    same on every later attempt, and never wait again."""
     if job.waited_for is None:
         _record(job, "start")
         _record(job, "wait")
-        raise pgworkerd.WaitFor(job.payload["signal"], timeout=job.payload["timeout"])
+        raise pgworkerd.WaitFor(
+            job.payload["signal"], timeout=job.payload["timeout"], key=job.payload.get("key")
+        )
+    seen = None if job.signal is None else job.signal.payload
+    _record(job, "seen", payload=seen)
     result = run(job)
-    return {**result, "signal": None if job.signal is None else job.signal.payload}
+    return {**result, "signal": seen}

@@ -35,9 +35,15 @@ its parents completed, and none ran whose parent did not; fan-outs returning fol
 (pgworkerd.Done(then=...)): each completed one's follow-ups exist exactly once (none for
 one that did not complete); waits (pgworkerd.WaitFor) answered by a signal sent at a
 random moment, before or after the wait: every signalled wait resumed and saw its
-signal's payload, and no job is left suspended with its signal there; jobs with
-`expire_in` of a few seconds: none started (claimed) at or after its expires_at, and one
-not completed ended cancelled as expired.
+signal's payload, and no job is left suspended with its signal there; waits under a
+correlation key, signalled by key (signal_send_by_key_v2), mostly before the wait (the
+signal parked, then handed over by the WaitFor): each job saw its signal's payload
+exactly once (one signal row, nothing left parked, every execution after the wait saw
+that payload, none waited again); jobs with `expire_in` of a few seconds, some of a
+handler no daemon serves and some of a handler with one slot in the whole fleet (so no
+claim reaches most of them in time: the expiry sweep must end them): none started
+(claimed) at or after its expires_at, one not completed ended cancelled as expired, and
+every one never claimed ended cancelled as expired and reached no handler.
 Also printed: jobs per status, faults per kind, executions per job, and the time from a
 fault to the affected job running again (p50/p99).
 """
@@ -144,6 +150,22 @@ CHILD_SHARE = 0.08  # a child of 1-3 earlier plain jobs (the same call's, or by 
 FAN_OUT_SHARE = 0.04  # returns 1-4 follow-ups
 WAITER_SHARE = 0.05  # waits for SIGNAL, sent at a random moment (before or after the wait)
 EXPIRING_SHARE = 0.05  # expire_in EXPIRE_IN seconds
+# waits under a correlation key (its own), signalled by key (signal_send_by_key_v2): most
+# at once, so before the wait (parked, handed over by the WaitFor), the rest at a random
+# moment (either side)
+KEYED_SHARE = 0.04
+# expiring jobs no claim can reach in time: of a handler no daemon serves (only the
+# fleet's expiry sweep ends them), and of handler "narrow", one execution at a time in the
+# whole fleet, each NARROW_SECONDS long (its one slot busy: most expire queued)
+UNSERVED_SHARE = 0.02
+NARROW_SHARE = 0.03
+NARROW_SECONDS = (1.0, 3.0)
+# (shorter than EXPIRE_IN: the last of them ends soon after the faults, not in the settle)
+UNREACHED_EXPIRE_IN = (0.5, 8.0)
+UNSERVED = "nobody-serves-this"
+# What a signal by key may come to and still be delivered: handed to the waiting job
+# (resumed), kept by the job for its wait, or parked until its WaitFor takes it.
+BY_KEY_DELIVERED = ("resumed", "kept", "parked")
 SIGNAL = "go"
 # A wait's timeout: never reached in a run, so a wait ended by it is a lost signal.
 WAIT_TIMEOUT = "1h"
@@ -281,6 +303,7 @@ class Soak:
         self.ids: list[int] = []
         self.plain_ids: list[int] = []  # ids of plain chaos jobs: parents by id
         self.signals: dict[int, tuple[str, str]] = {}  # waiter -> (token, outcome)
+        self.keys = itertools.count()  # correlation keys, one per keyed waiter
         self.poison: dict[int, str] = {}  # job id -> kind
         self.poison_kinds = self.rng.sample(list(POISON), len(POISON))  # each once first
         self.notes: list[str] = []
@@ -299,6 +322,7 @@ class Soak:
         lines += ["", "[handlers.limited]", 'target = "chaos_handlers:run"']
         lines += [f"max_running = {LIMITED_RUNNING}", f"max_running_per_key = {LIMITED_PER_KEY}"]
         lines += ["", "[handlers.waiter]", 'target = "chaos_handlers:wait"']
+        lines += ["", "[handlers.narrow]", 'target = "chaos_handlers:run"', "max_running = 1"]
         lines += ["", "[handlers.rated]", 'target = "chaos_handlers:run"', "fair = true"]
         lines += [f'rate = "{RATED_PER_SECOND}/s"', f'rate_per_key = "{RATED_PER_KEY}/s"']
         config = self.workdir / "chaos.toml"
@@ -331,7 +355,7 @@ class Soak:
 
     def issue24_spec(self, d: float, earlier: list[client.JobSpec]) -> client.JobSpec:
         """A plain chaos job, or one of issue 24's kinds: a child of earlier plain jobs, a
-        fan-out, a waiter, an expiring job."""
+        fan-out, a waiter (by id or by key), an expiring job (served, narrow, unserved)."""
         payload: dict[str, Any] = {"d": d, "raise": 0.08, "crash": 0.02}
         plain = [s for s in earlier if s.payload.keys() == {"d", "raise", "crash"}]
         r = self.rng.random()
@@ -356,6 +380,22 @@ class Soak:
             waiter = {**payload, "signal": SIGNAL, "timeout": WAIT_TIMEOUT}
             return client.JobSpec("waiter", waiter, max_attempts=10)
         r -= WAITER_SHARE
+        if r < KEYED_SHARE:
+            key = f"chaos-{self.args.seed}-{next(self.keys)}"
+            waiter = {**payload, "signal": SIGNAL, "timeout": WAIT_TIMEOUT, "key": key}
+            return client.JobSpec("waiter", waiter, max_attempts=10)
+        r -= KEYED_SHARE
+        if r < UNSERVED_SHARE:
+            expire_in = round(self.rng.uniform(*UNREACHED_EXPIRE_IN), 3)
+            return client.JobSpec(UNSERVED, {"expiring": True}, expire_in=expire_in)
+        r -= UNSERVED_SHARE
+        if r < NARROW_SHARE:
+            narrow = {**payload, "d": round(self.rng.uniform(*NARROW_SECONDS), 3)}
+            expire_in = round(self.rng.uniform(*UNREACHED_EXPIRE_IN), 3)
+            return client.JobSpec(
+                "narrow", {**narrow, "expiring": True}, max_attempts=10, expire_in=expire_in
+            )
+        r -= NARROW_SHARE
         if r < EXPIRING_SHARE:
             expire_in = round(self.rng.uniform(*EXPIRE_IN), 3)
             return client.JobSpec(
@@ -369,7 +409,13 @@ class Soak:
             ids = client.enqueue_many(conn, specs, schema=SCHEMA)
             self.ids += ids
             for spec, job_id in zip(specs, ids, strict=True):
-                if spec.handler == "waiter":
+                if spec.handler == "waiter" and "key" in spec.payload:
+                    # by key: mostly at once (before its wait: parked), else either side
+                    at_once = self.rng.random() < 2 / 3
+                    delay = 0.0 if at_once else self.rng.uniform(*SIGNAL_DELAY)
+                    key = spec.payload["key"]
+                    self.later(delay, lambda j=job_id, k=key: self.send_signal(j, key=k))
+                elif spec.handler == "waiter":
                     when = self.rng.choice(("at once", "later", "once suspended"))
                     if when == "once suspended":
                         give_up = time.monotonic() + 60
@@ -398,14 +444,23 @@ class Soak:
         else:
             self.later(SUSPENDED_POLL, lambda: self.signal_if_suspended(job_id, give_up))
 
-    def send_signal(self, job_id: int) -> None:
-        """Signal a waiter (a token it must see), retrying while PostgreSQL restarts."""
+    def send_signal(self, job_id: int, key: str | None = None) -> None:
+        """Signal a waiter (a token it must see), by id or by its correlation key (as a
+        webhook would, not knowing the id), retrying while PostgreSQL restarts (the same
+        token: a retry of a send that did land is ignored, first write wins)."""
         token = f"signal-{job_id}-{self.rng.randrange(1 << 30)}"
         deadline = time.monotonic() + 60
         while True:
             try:
                 with psycopg.connect(self.dsn, autocommit=True, connect_timeout=3) as conn:
-                    sent = client_signal(conn, job_id, SIGNAL, {"token": token}, schema=SCHEMA)
+                    sent = client_signal(
+                        conn,
+                        None if key is not None else job_id,
+                        SIGNAL,
+                        {"token": token},
+                        key=key,
+                        schema=SCHEMA,
+                    )
                 self.signals[job_id] = (token, sent.outcome)
                 return
             except psycopg.OperationalError:
@@ -671,11 +726,15 @@ class Soak:
             e = ex.setdefault(
                 (line["j"], line["pid"]),
                 {"job": line["j"], "attempt": line["a"], "tag": line["tag"], "pid": line["pid"]}
-                | {"start": line["t"], "last": line["t"], "end": None},
+                | {"start": line["t"], "last": line["t"], "end": None, "seen": [], "wait": None},
             )
             e["last"] = max(e["last"], line["t"])
             if line["e"] in ("done", "raise", "crash", "interrupted"):
                 e["end"] = line["e"]
+            elif line["e"] == "seen":  # a waiter's signal payload, as its handler saw it
+                e["seen"].append((line["t"], line["payload"]))
+            elif line["e"] == "wait":  # a waiter raised WaitFor
+                e["wait"] = line["t"]
         per_job: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for e in ex.values():
             per_job[e["job"]].append(e)
@@ -882,11 +941,17 @@ class Soak:
             "follow_ups": f"SELECT id, (payload->>'follow_up_of')::bigint, (payload->>'n')::int"
             f" FROM {s}.jobs WHERE payload ? 'follow_up_of'",
             "follow_up_rows": f"SELECT job_id, follow_up_id FROM {s}.job_follow_ups",
-            "waiters": f"SELECT id FROM {s}.jobs WHERE handler = 'waiter'",
+            # each waiter and its correlation key (None: signalled by id)
+            "waiters": f"SELECT id, payload->>'key' FROM {s}.jobs WHERE handler = 'waiter'",
             "signals": f"SELECT job_id, payload FROM {s}.signals",
+            # signals by key never handed to a job
+            "parked_left": f"SELECT wait_key FROM {s}.parked_signals",
             "suspended_with_signal": f"SELECT j.id FROM {s}.jobs j JOIN {s}.signals g"
             " ON g.job_id = j.id AND g.name = j.wait_for WHERE j.status = 'suspended'",
-            "expiring": f"SELECT id, expires_at FROM {s}.jobs WHERE expires_at IS NOT NULL",
+            # each expiring job, its handler, and whether it was never claimed at all
+            "expiring": f"SELECT j.id, j.expires_at, j.handler, j.started_at IS NULL"
+            f" AND j.attempts = 0 AND NOT EXISTS (SELECT FROM {s}.attempts a"
+            f" WHERE a.job_id = j.id) FROM {s}.jobs j WHERE j.expires_at IS NOT NULL",
             # every claim of an expiring job at or after its deadline: the attempts'
             # history, and the job's own last start (an attempt still to be recorded)
             "started_expired": f"SELECT a.job_id, a.attempt, a.started_at FROM {s}.attempts a"
@@ -936,36 +1001,81 @@ class Soak:
             want = list(range(n)) if status.get(fan_out) == "completed" else []
             if sorted(of_fan_out[fan_out]) != want or listed[fan_out] != ids_of[fan_out]:
                 not_once.append((fan_out, n, sorted(of_fan_out[fan_out])))
-        # no signal lost: every waiter signalled once, resumed, and saw its signal
-        stored = {job_id: payload for job_id, payload in found["signals"]}
+        # no signal lost: every waiter signalled once, resumed, and saw its signal (by
+        # key, a signal sent before the wait is parked, then handed over by the WaitFor)
+        stored: dict[int, list[Any]] = defaultdict(list)
+        for job_id, payload in found["signals"]:
+            stored[job_id].append(payload)
+        keys = {waiter: key for waiter, key in found["waiters"]}
         lost_signals = []
-        for (waiter,) in found["waiters"]:
+        for waiter, key in keys.items():
             token, outcome = self.signals.get(waiter, (None, "never sent"))
             result = jobs[waiter][4]
             seen = result.get("signal") if isinstance(result, dict) else None
             if (
-                outcome not in ("kept", "resumed")
+                outcome not in (("kept", "resumed") if key is None else BY_KEY_DELIVERED)
                 or status[waiter] != "completed"
                 or seen != {"token": token}
-                or stored.get(waiter) != {"token": token}
+                or stored.get(waiter) != [{"token": token}]
             ):
                 lost_signals.append((waiter, outcome, status[waiter], seen))
         left_suspended = [r[0] for r in found["suspended_with_signal"]]
-        # no expired job started; an expiring job not completed ended cancelled as expired
+        # a signal by key sent before the wait, seen exactly once: handed over once (one
+        # signal row, nothing left parked under the key), every execution after the wait
+        # saw that payload (never none, never another), and none waited again after one
+        # had seen it (a signal consumed and forgotten)
+        parked_left = Counter(key for (key,) in found["parked_left"])
+        not_once_by_key = []
+        for waiter, key in keys.items():
+            if key is None:
+                continue
+            token, _ = self.signals.get(waiter, (None, "never sent"))
+            runs = per_job.get(waiter, [])
+            seen_at = [(t, seen) for e in runs for t, seen in e.get("seen", [])]
+            first_seen = min((t for t, _ in seen_at), default=None)
+            waited_after = [
+                e["wait"]
+                for e in runs
+                if e.get("wait") is not None and first_seen is not None and e["wait"] > first_seen
+            ]
+            if (
+                parked_left[key]
+                or len(stored.get(waiter, [])) != 1
+                or not seen_at
+                or any(seen != {"token": token} for _, seen in seen_at)
+                or waited_after
+            ):
+                not_once_by_key.append(
+                    (waiter, key, parked_left[key], [seen for _, seen in seen_at], waited_after)
+                )
+        # no expired job started; an expiring job not completed ended cancelled as expired;
+        # one never claimed ended so whatever its handler (the sweep's work when no claim
+        # reaches it: no daemon serves it, or its one slot is busy) and reached no handler
         started_expired = [(r[0], r[1], str(r[2])) for r in found["started_expired"]]
         expired = 0
-        for job_id, _ in found["expiring"]:
-            if status[job_id] == "cancelled" and error[job_id].startswith("expired:"):
+        never_ended = []
+        for job_id, _, handler, never_started in found["expiring"]:
+            ended_expired = status[job_id] == "cancelled" and error[job_id].startswith("expired:")
+            if ended_expired:
                 out.cancelled_rightly.add(job_id)
                 expired += 1
-        outcomes = Counter(o for _, o in self.signals.values())
+            ran = len(per_job.get(job_id, []))  # executions: none for a job never claimed
+            if never_started and (not ended_expired or ran):
+                never_ended.append((job_id, handler, status[job_id], error[job_id][:60], ran))
+        by_id = Counter(o for w, (_, o) in self.signals.items() if keys.get(w) is None)
+        by_key = Counter(o for w, (_, o) in self.signals.items() if keys.get(w) is not None)
+        of_handler = Counter(r[2] for r in found["expiring"])
         out.summary = (
             f"issue 24 workload: {len(parents)} children of "
             f"{sum(len(v) for v in parents.values())} parents; {len(found['fan_outs'])} fan-outs"
-            f" with {len(found['follow_ups'])} follow-ups; {len(found['waiters'])} waits, "
-            f"signals "
-            + ", ".join(f"{k} {n}" for k, n in sorted(outcomes.items()))
-            + f"; {len(found['expiring'])} expiring jobs, {expired} of them expired"
+            f" with {len(found['follow_ups'])} follow-ups; "
+            f"{sum(1 for k in keys.values() if k is None)} waits, signals "
+            + ", ".join(f"{k} {n}" for k, n in sorted(by_id.items()))
+            + f"; {sum(1 for k in keys.values() if k is not None)} waits by key, signals "
+            + ", ".join(f"{k} {n}" for k, n in sorted(by_key.items()))
+            + f"; {len(found['expiring'])} expiring jobs ({of_handler[UNSERVED]} no daemon"
+            f" serves, {of_handler['narrow']} of a one-slot handler), {expired} of them expired"
+            f" ({sum(1 for r in found['expiring'] if r[3])} never started)"
         )
         out.checks = [
             ("children started before all their parents completed", len(early), early[:5]),
@@ -981,9 +1091,19 @@ class Soak:
                 left_suspended[:5],
             ),
             (
+                "signals by key not seen exactly once by their job",
+                len(not_once_by_key),
+                not_once_by_key[:5],
+            ),
+            (
                 "expired jobs started (claimed at or after expires_at)",
                 len(started_expired),
                 started_expired[:5],
+            ),
+            (
+                "expiring jobs never started not ended cancelled as expired",
+                len(never_ended),
+                never_ended[:5],
             ),
         ]
         return out

@@ -3,8 +3,10 @@
 checks its own invariants (no overlapping executions, no lost or stuck jobs, no outcome
 recorded twice, attempts accounted for, poison rows dead alone, the fleet-wide limits of
 its "limited" handler held, no handler subprocess left behind; issue 24's: no child started
-before all its parents completed, each follow-up exactly once, no signal lost, no expired
-job started) and exits 1 when one fails. Its summary is printed (shown with -rP or on failure)."""
+before all its parents completed, each follow-up exactly once, no signal lost, a signal
+by key sent before the wait seen exactly once, no expired job started, an expiring job no
+claim reached in time (no daemon serves it, its one slot busy) ended by the sweep) and
+exits 1 when one fails. Its summary is printed (shown with -rP or on failure)."""
 
 from __future__ import annotations
 
@@ -63,15 +65,22 @@ def test_chaos_soak_short(tmp_path: Path) -> None:
     # issue 24's features were in the workload, and their invariants held
     counts = re.search(
         r"issue 24 workload: ([1-9]\d*) children of \d+ parents; ([1-9]\d*) fan-outs with"
-        r" ([1-9]\d*) follow-ups; ([1-9]\d*) waits, signals (.*); ([1-9]\d*) expiring jobs",
+        r" ([1-9]\d*) follow-ups; ([1-9]\d*) waits, signals ([^;]*); ([1-9]\d*) waits by key,"
+        r" signals ([^;]*); ([1-9]\d*) expiring jobs \(([1-9]\d*) no daemon serves,"
+        r" ([1-9]\d*) of a one-slot handler\), \d+ of them expired \(([1-9]\d*) never started\)",
         summary,
     )
     assert counts, summary
     assert "kept" in counts[5], counts[5]  # signals came before the wait, and after it
     assert "resumed" in counts[5], counts[5]
     assert "refused" not in counts[5] and "never sent" not in counts[5], counts[5]
+    # signals by key came before the wait (parked, handed over by the WaitFor)
+    assert "parked" in counts[7], counts[7]
+    assert "refused" not in counts[7] and "never sent" not in counts[7], counts[7]
     assert "children started before all their parents completed: 0" in summary
     assert "fan-outs whose follow-ups are not there exactly once: 0" in summary
     assert "signals lost (a signalled wait not resumed by it): 0" in summary
     assert "jobs left suspended with their signal there: 0" in summary
+    assert "signals by key not seen exactly once by their job: 0" in summary
     assert "expired jobs started (claimed at or after expires_at): 0" in summary
+    assert "expiring jobs never started not ended cancelled as expired: 0" in summary

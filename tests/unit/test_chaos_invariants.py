@@ -1,8 +1,9 @@
 """The chaos soak's invariants of issue 24 (bench/chaos_soak.py, Soak.issue24_checks) on
 rows made by hand: a clean run passes them all, and each kind of violation (a child
 started before its parent completed, a follow-up twice, a lost signal, a job left
-suspended with its signal, an expired job started) is counted by its own check, so a soak
-that reports 0 has looked."""
+suspended with its signal, a signal by key not seen exactly once, an expired job started,
+an expiring job never claimed and not ended as expired) is counted by its own check, so a
+soak that reports 0 has looked."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ CHECKS = (
     "fan-outs whose follow-ups are not there exactly once",
     "signals lost (a signalled wait not resumed by it)",
     "jobs left suspended with their signal there",
+    "signals by key not seen exactly once by their job",
     "expired jobs started (claimed at or after expires_at)",
+    "expiring jobs never started not ended cancelled as expired",
 )
 
 
@@ -50,16 +53,19 @@ def job(job_id: int, status: str, result: Any = None, error: str | None = None) 
 
 def clean() -> tuple[dict[str, list[tuple]], dict[int, tuple], dict[int, list], dict]:
     """Parent 1 -> child 2; fan-out 3 with follow-ups 4, 5; waiter 6, signalled; job 7
-    expired before it started."""
+    expired before it started; waiter 8 under key "k8", signalled by key before its wait
+    (parked): it waited, then saw the payload on two attempts; job 9, of a handler no
+    daemon serves, expired never claimed."""
     found: dict[str, list[tuple]] = {
         "parents": [(2, 1, "completed", T100)],
         "fan_outs": [(3, 2)],
         "follow_ups": [(4, 3, 0), (5, 3, 1)],
         "follow_up_rows": [(3, 4), (3, 5)],
-        "waiters": [(6,)],
-        "signals": [(6, {"token": "t"})],
+        "waiters": [(6, None), (8, "k8")],
+        "signals": [(6, {"token": "t"}), (8, {"token": "t8"})],
+        "parked_left": [],
         "suspended_with_signal": [],
-        "expiring": [(7, T100)],
+        "expiring": [(7, T100, "chaos", True), (9, T100, "nobody-serves-this", True)],
         "started_expired": [],
     }
     jobs = {
@@ -70,9 +76,19 @@ def clean() -> tuple[dict[str, list[tuple]], dict[int, tuple], dict[int, list], 
         5: job(5, "completed"),
         6: job(6, "completed", {"signal": {"token": "t"}}),
         7: job(7, "cancelled", error="expired: not started by its expires_at ..."),
+        8: job(8, "completed", {"signal": {"token": "t8"}}),
+        9: job(9, "cancelled", error="expired: not started by its expires_at ..."),
     }
-    per_job = {1: [{"start": 90.0}], 2: [{"start": 101.0}]}
-    return found, jobs, per_job, {6: ("t", "kept")}
+    per_job = {
+        1: [{"start": 90.0}],
+        2: [{"start": 101.0}],
+        8: [
+            {"start": 100.0, "wait": 100.1, "seen": []},
+            {"start": 105.0, "wait": None, "seen": [(105.0, {"token": "t8"})]},
+            {"start": 107.0, "wait": None, "seen": [(107.0, {"token": "t8"})]},
+        ],
+    }
+    return found, jobs, per_job, {6: ("t", "kept"), 8: ("t8", "parked")}
 
 
 def counts(found: dict, jobs: dict, per_job: dict, signals: dict) -> dict[str, int]:
@@ -84,8 +100,10 @@ def test_a_clean_run_passes_and_its_cancelled_jobs_are_not_lost() -> None:
     found, jobs, per_job, signals = clean()
     assert counts(found, jobs, per_job, signals) == dict.fromkeys(CHECKS, 0)
     out = SOAK.Soak.issue24_checks(SimpleNamespace(signals=signals), found, jobs, per_job)
-    assert out.cancelled_rightly == {7}
+    assert out.cancelled_rightly == {7, 9}
     assert "1 children of 1 parents; 1 fan-outs with 2 follow-ups; 1 waits" in out.summary
+    assert "1 waits by key, signals parked 1" in out.summary
+    assert "2 expiring jobs (1 no daemon serves" in out.summary
 
 
 def started_before_its_parent_finished(f: dict, j: dict, p: dict, s: dict) -> None:
@@ -115,7 +133,11 @@ def resumed_by_the_timeout(f: dict, j: dict, p: dict, s: dict) -> None:
 
 
 def never_signalled(f: dict, j: dict, p: dict, s: dict) -> None:
-    s.clear()
+    del s[6]
+
+
+def a_keyed_signal_refused(f: dict, j: dict, p: dict, s: dict) -> None:
+    s[8] = ("t8", "refused: 16 signals are parked under it already")
 
 
 def a_refused_signal(f: dict, j: dict, p: dict, s: dict) -> None:
@@ -130,6 +152,41 @@ def an_expired_job_claimed(f: dict, j: dict, p: dict, s: dict) -> None:
     f["started_expired"] = [(7, 1, T100)]
 
 
+def a_keyed_signal_left_parked(f: dict, j: dict, p: dict, s: dict) -> None:
+    # (its job still saw a payload: another way in, but this one stayed parked)
+    f["parked_left"] = [("k8",)]
+
+
+def a_keyed_signal_seen_as_none_after_the_wait(f: dict, j: dict, p: dict, s: dict) -> None:
+    p[8][1]["seen"] = [(105.0, None)]  # a retry that lost it; the last attempt saw it
+
+
+def a_keyed_wait_taken_again_after_its_signal(f: dict, j: dict, p: dict, s: dict) -> None:
+    p[8][2]["wait"] = 107.5  # the signal consumed, then waited for again
+
+
+def a_keyed_signal_another_payload(f: dict, j: dict, p: dict, s: dict) -> None:
+    p[8][1]["seen"] = [(105.0, {"token": "other"})]
+
+
+def a_keyed_signal_never_seen(f: dict, j: dict, p: dict, s: dict) -> None:
+    p[8] = p[8][:1]
+
+
+def an_unserved_expiring_job_left_pending(f: dict, j: dict, p: dict, s: dict) -> None:
+    j[9] = job(9, "pending")
+
+
+def an_unserved_expiring_job_cancelled_without_the_reason(
+    f: dict, j: dict, p: dict, s: dict
+) -> None:
+    j[9] = job(9, "cancelled", error="cancelled by an operator")
+
+
+def a_never_claimed_expired_job_reached_a_handler(f: dict, j: dict, p: dict, s: dict) -> None:
+    p[9] = [{"start": 101.0}]
+
+
 @pytest.mark.parametrize(
     ("spoil", "check"),
     [
@@ -141,8 +198,17 @@ def an_expired_job_claimed(f: dict, j: dict, p: dict, s: dict) -> None:
         (resumed_by_the_timeout, CHECKS[2]),
         (never_signalled, CHECKS[2]),
         (a_refused_signal, CHECKS[2]),
+        (a_keyed_signal_refused, CHECKS[2]),
         (left_suspended, CHECKS[3]),
-        (an_expired_job_claimed, CHECKS[4]),
+        (a_keyed_signal_left_parked, CHECKS[4]),
+        (a_keyed_signal_seen_as_none_after_the_wait, CHECKS[4]),
+        (a_keyed_wait_taken_again_after_its_signal, CHECKS[4]),
+        (a_keyed_signal_another_payload, CHECKS[4]),
+        (a_keyed_signal_never_seen, CHECKS[4]),
+        (an_expired_job_claimed, CHECKS[5]),
+        (an_unserved_expiring_job_left_pending, CHECKS[6]),
+        (an_unserved_expiring_job_cancelled_without_the_reason, CHECKS[6]),
+        (a_never_claimed_expired_job_reached_a_handler, CHECKS[6]),
     ],
 )
 def test_each_violation_is_counted_by_its_check(spoil: Any, check: str) -> None:

@@ -147,6 +147,9 @@ RATED_PER_KEY = 2
 RATED_KEYS = ("r0", "r1", "r2")
 # Issue 24's features (shares of the plain jobs made into each kind).
 CHILD_SHARE = 0.08  # a child of 1-3 earlier plain jobs (the same call's, or by id)
+# of those, a child also of a doomed job (the same call's, or by id: a parent that dies,
+# maybe while a sibling parent completes), its on_parent_failure "cancel" or "run"
+DOOMED_PARENT_SHARE = 0.3
 FAN_OUT_SHARE = 0.04  # returns 1-4 follow-ups
 WAITER_SHARE = 0.05  # waits for SIGNAL, sent at a random moment (before or after the wait)
 EXPIRING_SHARE = 0.05  # expire_in EXPIRE_IN seconds
@@ -302,6 +305,7 @@ class Soak:
         self.unseen = self.rng.sample(list(FAULTS), len(FAULTS))
         self.ids: list[int] = []
         self.plain_ids: list[int] = []  # ids of plain chaos jobs: parents by id
+        self.doomed_ids: list[int] = []  # ids of doomed jobs: parents that die, by id
         self.signals: dict[int, tuple[str, str]] = {}  # waiter -> (token, outcome)
         self.keys = itertools.count()  # correlation keys, one per keyed waiter
         self.poison: dict[int, str] = {}  # job id -> kind
@@ -358,6 +362,9 @@ class Soak:
         fan-out, a waiter (by id or by key), an expiring job (served, narrow, unserved)."""
         payload: dict[str, Any] = {"d": d, "raise": 0.08, "crash": 0.02}
         plain = [s for s in earlier if s.payload.keys() == {"d", "raise", "crash"}]
+        doomed: list[int | client.JobSpec] = [
+            s for s in earlier if s.payload.get("raise") == 1.0
+        ] + self.doomed_ids
         r = self.rng.random()
         if r < CHILD_SHARE and (plain or self.plain_ids):
             parents: list[int | client.JobSpec] = []
@@ -366,9 +373,17 @@ class Soak:
                     parents.append(self.rng.choice(plain))
                 else:
                     parents.append(self.rng.choice(self.plain_ids))
+            policy = "cancel"
+            if doomed and self.rng.random() < DOOMED_PARENT_SHARE:
+                parents.append(self.rng.choice(doomed))
+                policy = self.rng.choice(("cancel", "run"))
             unique = list({p if isinstance(p, int) else id(p): p for p in parents}.values())
             return client.JobSpec(
-                "chaos", {**payload, "child": True}, max_attempts=10, after=unique
+                "chaos",
+                {**payload, "child": True},
+                max_attempts=10,
+                after=unique,
+                on_parent_failure=policy,
             )
         r -= CHILD_SHARE
         if r < FAN_OUT_SHARE:
@@ -428,6 +443,8 @@ class Soak:
                         self.later(delay, lambda j=job_id: self.send_signal(j))
                 elif spec.handler == "chaos" and spec.payload.keys() == {"d", "raise", "crash"}:
                     self.plain_ids.append(job_id)
+                elif spec.payload.get("raise") == 1.0:
+                    self.doomed_ids.append(job_id)
 
     def signal_if_suspended(self, job_id: int, give_up: float) -> None:
         """Signal the waiter once it is seen suspended (or when giving up), else look again
@@ -934,9 +951,10 @@ class Soak:
         """What the invariants of issue 24's features read (the poison rows left out)."""
         s = SCHEMA
         queries = {
-            # child, parent, the parent's status and finish
-            "parents": f"SELECT p.child_id, p.parent_id, pj.status::text, pj.finished_at"
-            f" FROM {s}.job_parents p JOIN {s}.jobs pj ON pj.id = p.parent_id",
+            # child, parent, the parent's status and finish, the child's on_parent_failure
+            "parents": f"SELECT p.child_id, p.parent_id, pj.status::text, pj.finished_at,"
+            f" cj.on_parent_failure FROM {s}.job_parents p"
+            f" JOIN {s}.jobs pj ON pj.id = p.parent_id JOIN {s}.jobs cj ON cj.id = p.child_id",
             "fan_outs": f"SELECT id, (payload->>'then')::int FROM {s}.jobs WHERE payload ? 'then'",
             "follow_ups": f"SELECT id, (payload->>'follow_up_of')::bigint, (payload->>'n')::int"
             f" FROM {s}.jobs WHERE payload ? 'follow_up_of'",
@@ -972,9 +990,13 @@ class Soak:
         status = {j: r[1] for j, r in jobs.items()}
         error = {j: r[6] or "" for j, r in jobs.items()}
         # no child started before all its parents completed; none ran whose parent did not
+        # (with on_parent_failure "run": none started before all its parents finished,
+        # whatever their end)
         parents: dict[int, list[tuple[int, str, Any]]] = defaultdict(list)
-        for child, parent, parent_status, finished_at in found["parents"]:
+        policy: dict[int, str] = {}
+        for child, parent, parent_status, finished_at, on_failure in found["parents"]:
             parents[child].append((parent, parent_status, finished_at))
+            policy[child] = on_failure
         early = []
         for child, of_child in parents.items():
             runs = per_job.get(child, [])
@@ -984,8 +1006,9 @@ class Soak:
             if not runs:
                 continue
             first = runs[0]["start"]
-            if failed or any(at.timestamp() > first for _, _, at in of_child):
-                early.append((child, [p for p, _, _ in of_child]))
+            unfinished = [p for p, _, at in of_child if at is None or at.timestamp() > first]
+            if unfinished or (failed and policy[child] != "run"):
+                early.append((child, policy[child], [(p, st) for p, st, _ in of_child]))
         # each follow-up exactly once: a completed fan-out's n of them, 0..n-1 once each
         # and listed in job_follow_ups; none for a fan-out that did not complete
         of_fan_out: dict[int, list[int]] = defaultdict(list)
@@ -1065,9 +1088,15 @@ class Soak:
         by_id = Counter(o for w, (_, o) in self.signals.items() if keys.get(w) is None)
         by_key = Counter(o for w, (_, o) in self.signals.items() if keys.get(w) is not None)
         of_handler = Counter(r[2] for r in found["expiring"])
+        failed_parent = Counter(
+            policy[c] for c, ps in parents.items() if any(st != "completed" for _, st, _ in ps)
+        )
         out.summary = (
             f"issue 24 workload: {len(parents)} children of "
-            f"{sum(len(v) for v in parents.values())} parents; {len(found['fan_outs'])} fan-outs"
+            f"{sum(len(v) for v in parents.values())} parents ({failed_parent.total()} of a"
+            " parent that failed: "
+            + ", ".join(f"{k} {n}" for k, n in sorted(failed_parent.items()))
+            + f"); {len(found['fan_outs'])} fan-outs"
             f" with {len(found['follow_ups'])} follow-ups; "
             f"{sum(1 for k in keys.values() if k is None)} waits, signals "
             + ", ".join(f"{k} {n}" for k, n in sorted(by_id.items()))

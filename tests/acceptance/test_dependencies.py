@@ -134,6 +134,26 @@ def test_an_expired_job_no_daemon_serves_ends_by_the_sweep(daemons: Daemons, db:
     assert said.returncode == 0 and "expired" in said.stdout, said
 
 
+def test_an_expired_job_of_a_served_handler_ends_by_the_sweep_while_every_slot_is_busy(
+    daemons: Daemons, db: Db
+) -> None:
+    """Two daemons whose every slot is busy claim nothing: a job of a handler they both
+    serve, expiring meanwhile, ends cancelled as expired by the sweep at its deadline (its
+    slot would free two minutes later), never started; one expiring later stays pending."""
+    for tag in ("A", "B"):
+        daemons.start({"work": WORK}, {"slots": 1}, tag=tag)
+    busy = [db.enqueue("work", {"seconds": 120}) for _ in range(2)]
+    for job_id in busy:
+        db.wait_status(job_id, "running")
+    job_id = db.enqueue("work", expire_in=1)
+    later = db.enqueue("work", expire_in=3600)
+    row = db.wait_status(job_id, "cancelled", timeout=60)
+    assert row["last_error"].startswith("expired: not started by its expires_at")
+    assert db.executions(job_id) == []
+    assert [db.job(b)["status"] for b in busy] == ["running", "running"]
+    assert db.job(later)["status"] == "pending"
+
+
 def test_the_cli_enqueues_children_and_shows_them(daemons: Daemons, db: Db) -> None:
     first = daemons.cli("enqueue", "work", "--delay", "1h")
     second = daemons.cli("enqueue", "work", "--delay", "1h")

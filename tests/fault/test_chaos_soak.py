@@ -64,19 +64,24 @@ def test_chaos_soak_short(tmp_path: Path) -> None:
     assert re.search(r"schedule \(1 s, fired by all daemons\): [1-9]\d* ticks", summary)
     # issue 24's features were in the workload, and their invariants held
     counts = re.search(
-        r"issue 24 workload: ([1-9]\d*) children of \d+ parents; ([1-9]\d*) fan-outs with"
-        r" ([1-9]\d*) follow-ups; ([1-9]\d*) waits, signals ([^;]*); ([1-9]\d*) waits by key,"
-        r" signals ([^;]*); ([1-9]\d*) expiring jobs \(([1-9]\d*) no daemon serves,"
-        r" ([1-9]\d*) of a one-slot handler\), \d+ of them expired \(([1-9]\d*) never started\)",
+        r"issue 24 workload: (?P<children>[1-9]\d*) children of \d+ parents"
+        r" \((?P<of_failed>[1-9]\d*) of a parent that failed: [^)]*\);"
+        r" (?P<fan_outs>[1-9]\d*) fan-outs with (?P<follow_ups>[1-9]\d*) follow-ups;"
+        r" (?P<waits>[1-9]\d*) waits, signals (?P<by_id>[^;]*);"
+        r" (?P<keyed>[1-9]\d*) waits by key, signals (?P<by_key>[^;]*);"
+        r" (?P<expiring>[1-9]\d*) expiring jobs \((?P<unserved>[1-9]\d*) no daemon serves,"
+        r" (?P<narrow>[1-9]\d*) of a one-slot handler\), \d+ of them expired"
+        r" \((?P<never_started>[1-9]\d*) never started\)",
         summary,
     )
     assert counts, summary
-    assert "kept" in counts[5], counts[5]  # signals came before the wait, and after it
-    assert "resumed" in counts[5], counts[5]
-    assert "refused" not in counts[5] and "never sent" not in counts[5], counts[5]
+    by_id, by_key = counts["by_id"], counts["by_key"]
+    assert "kept" in by_id, by_id  # signals came before the wait, and after it
+    assert "resumed" in by_id, by_id
+    assert "refused" not in by_id and "never sent" not in by_id, by_id
     # signals by key came before the wait (parked, handed over by the WaitFor)
-    assert "parked" in counts[7], counts[7]
-    assert "refused" not in counts[7] and "never sent" not in counts[7], counts[7]
+    assert "parked" in by_key, by_key
+    assert "refused" not in by_key and "never sent" not in by_key, by_key
     assert "children started before all their parents completed: 0" in summary
     assert "fan-outs whose follow-ups are not there exactly once: 0" in summary
     assert "signals lost (a signalled wait not resumed by it): 0" in summary

@@ -217,6 +217,28 @@ def test_hostile_signals_are_refused_with_a_clear_error_and_change_nothing(
     assert (row(conn, schema, job_id), signal_rows(conn, schema)) == before
 
 
+def test_a_signal_payload_over_64_mib_is_refused_and_changes_nothing(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """The payload bound (enqueue's: 64 MiB): Python refuses before any round trip, by id
+    and by key; signal_send refuses it too (a caller of SQL); the job, waiting for the
+    signal, stays suspended without it."""
+    job_id = client.enqueue(conn, "h", {}, schema=schema)
+    [job] = claim(conn, schema)
+    assert suspend(conn, schema, job) is not None
+    before = (row(conn, schema, job_id), signal_rows(conn, schema))
+    huge = "x" * (64 * 1024 * 1024)  # 64 MiB of text; as JSON, two quotes more
+    for target, key in ((job_id, None), (None, "order-1")):
+        with pytest.raises(signals.SignalRefused, match="signal payload must be at most 64 MiB"):
+            signals.signal(conn, target, "go", huge, key=key, schema=schema)
+    del huge
+    text = "SELECT * FROM @schema@.signal_send(%s, 'go', jsonb_build_array(repeat('x', %s)))"
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="at most 64 MiB, not"):
+        conn.execute(render(text, schema), (job_id, 64 * 1024 * 1024))
+    assert (row(conn, schema, job_id), signal_rows(conn, schema)) == before
+    assert before[0]["status"] == "suspended"
+
+
 def test_job_suspend_refuses_hostile_arguments_and_a_key_claimed_twice(
     conn: psycopg.Connection, schema: str
 ) -> None:

@@ -57,7 +57,7 @@ def clean() -> tuple[dict[str, list[tuple]], dict[int, tuple], dict[int, list], 
     (parked): it waited, then saw the payload on two attempts; job 9, of a handler no
     daemon serves, expired never claimed."""
     found: dict[str, list[tuple]] = {
-        "parents": [(2, 1, "completed", T100)],
+        "parents": [(2, 1, "completed", T100, "cancel")],
         "fan_outs": [(3, 2)],
         "follow_ups": [(4, 3, 0), (5, 3, 1)],
         "follow_up_rows": [(3, 4), (3, 5)],
@@ -99,9 +99,16 @@ def counts(found: dict, jobs: dict, per_job: dict, signals: dict) -> dict[str, i
 def test_a_clean_run_passes_and_its_cancelled_jobs_are_not_lost() -> None:
     found, jobs, per_job, signals = clean()
     assert counts(found, jobs, per_job, signals) == dict.fromkeys(CHECKS, 0)
+    # with the run policy, a child runs once its dead parent has ended
+    found["parents"] = [(2, 1, "dead", T100, "run")]
+    jobs[1] = job(1, "dead")
+    assert counts(found, jobs, per_job, signals) == dict.fromkeys(CHECKS, 0)
     out = SOAK.Soak.issue24_checks(SimpleNamespace(signals=signals), found, jobs, per_job)
     assert out.cancelled_rightly == {7, 9}
-    assert "1 children of 1 parents; 1 fan-outs with 2 follow-ups; 1 waits" in out.summary
+    assert "1 children of 1 parents (1 of a parent that failed: run 1); 1 fan-outs with 2" in (
+        out.summary
+    )
+    assert "2 follow-ups; 1 waits" in out.summary
     assert "1 waits by key, signals parked 1" in out.summary
     assert "2 expiring jobs (1 no daemon serves" in out.summary
 
@@ -111,7 +118,14 @@ def started_before_its_parent_finished(f: dict, j: dict, p: dict, s: dict) -> No
 
 
 def ran_though_its_parent_died(f: dict, j: dict, p: dict, s: dict) -> None:
-    f["parents"] = [(2, 1, "dead", T100)]
+    f["parents"] = [(2, 1, "dead", T100, "cancel")]
+    j[1] = job(1, "dead")
+
+
+def ran_before_its_dead_parent_ended_with_the_run_policy(
+    f: dict, j: dict, p: dict, s: dict
+) -> None:
+    f["parents"] = [(2, 1, "dead", datetime.fromtimestamp(102, UTC), "run")]
     j[1] = job(1, "dead")
 
 
@@ -192,6 +206,7 @@ def a_never_claimed_expired_job_reached_a_handler(f: dict, j: dict, p: dict, s: 
     [
         (started_before_its_parent_finished, CHECKS[0]),
         (ran_though_its_parent_died, CHECKS[0]),
+        (ran_before_its_dead_parent_ended_with_the_run_policy, CHECKS[0]),
         (a_follow_up_twice, CHECKS[1]),
         (follow_ups_of_a_dead_fan_out, CHECKS[1]),
         (a_follow_up_not_listed, CHECKS[1]),

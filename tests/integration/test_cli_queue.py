@@ -212,6 +212,21 @@ def test_enqueue_defaults_and_run_at(cli: Cli) -> None:
         ),
         (["--delay", "soon"], ExitCode.USAGE, "is not a duration"),
         (["--priority", "high"], ExitCode.USAGE, "'high' is not a valid integer"),
+        # deadlines and dependencies (issue 24)
+        (
+            ["--expires-at", "2000-01-01T00:00:00+0000"],
+            ExitCode.CONFIG,
+            "expires_at is in the past (2000-01-01T00:00:00+00:00): the job could never start",
+        ),
+        (["--expires-at", "infinity"], ExitCode.USAGE, "'infinity' does not match the formats"),
+        (["--expire-in", "0s"], ExitCode.CONFIG, "expire_in must be above 0"),
+        (
+            ["--expires-at", "2100-01-01T00:00:00+0000", "--expire-in", "1h"],
+            ExitCode.USAGE,
+            "give --expires-at or --expire-in, not both",
+        ),
+        (["--timeout", "0s"], ExitCode.CONFIG, "timeout must be above 0"),
+        (["--on-parent-failure", "run"], ExitCode.CONFIG, "on_parent_failure needs parents"),
     ],
 )
 def test_enqueue_refuses_bad_input_and_writes_nothing(

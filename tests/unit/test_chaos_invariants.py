@@ -79,7 +79,7 @@ def clean() -> tuple[dict[str, list[tuple]], dict[int, tuple], dict[int, list], 
         8: job(8, "completed", {"signal": {"token": "t8"}}),
         9: job(9, "cancelled", error="expired: not started by its expires_at ..."),
     }
-    per_job = {
+    per_job: dict[int, list[Any]] = {
         1: [{"start": 90.0}],
         2: [{"start": 101.0}],
         8: [

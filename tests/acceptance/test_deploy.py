@@ -315,7 +315,10 @@ def test_drain_timeout_resumes_without_installing_or_restarting(
     svc = make_service()
     svc.start()
     main_pid = svc.prop("MainPID")
-    job = svc.enqueue("hang", {"seconds": 10})
+    # A job far longer than the deploy: a deploy that waited for it instead of giving up
+    # at --drain-timeout would take 30 s, while the drain's 2 s and deploy-host's two
+    # pgworkerd commands took 8.6 s on a loaded 2-core box (the old bound was 8 s).
+    job = svc.enqueue("hang", {"seconds": 30})
     svc.wait(lambda: svc.settled(job), "the job in a child, a warm child ready")
     installed = tmp_path / "installed"
     started = time.monotonic()
@@ -324,14 +327,14 @@ def test_drain_timeout_resumes_without_installing_or_restarting(
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert f"still running: {job}" in proc.stderr
     assert "resumed 1 daemon(s)" in proc.stdout
-    assert took < 8, took
+    assert took < 20, took
     assert not installed.exists()
     assert "restarting" not in proc.stderr
     # The job was left alone: still running its first attempt.
     row = svc.job(job)
     assert (row["status"], row["attempts"]) == ("running", 1), row
     assert_serving(svc, main_pid)
-    svc.wait(lambda: svc.job_status(job) == "completed", "the long job completed")
+    svc.wait(lambda: svc.job_status(job) == "completed", "the long job completed", 60)
     assert svc.job(job)["attempts"] == 1
     assert svc.prop("MainPID") == main_pid
 

@@ -28,10 +28,8 @@ LEASE = {"lease": "30s", "renew_interval": "1s"}
 DEFAULT_LEASE = {"lease": "60s", "renew_interval": "1s"}
 # The goal: flagged within 2 x the busy heartbeat interval + 1 s of the kill. The flag is
 # the database's own comparison (now() against the last heartbeat, which came before
-# the kill), so only reading it takes longer; on a loaded 2-core box that read (a
-# poll every 0.1 s, one query) is given 2 s more.
+# the kill), so only reading it takes longer: see seconds_until_flagged.
 GOAL = 2 * HEARTBEAT_BUSY + 1
-READ_SLACK = 2.0
 
 
 def silent_reason(db: Db, job_id: int) -> dict[str, Any] | None:
@@ -40,9 +38,23 @@ def silent_reason(db: Db, job_id: int) -> dict[str, Any] | None:
     return next((r for r in found["reasons"] if r["code"] == "daemon_silent"), None)
 
 
-def seconds_until_flagged(db: Db, job_id: int, since: float) -> float:
-    wait_for(lambda: silent_reason(db, job_id), timeout=GOAL + 30, what="the daemon_silent flag")
-    return time.monotonic() - since
+def seconds_until_flagged(db: Db, job_id: int, since: float) -> tuple[float, float]:
+    """Seconds from `since` until a look saw the flag, and until the last look that did
+    not see it began. The flag came between the two. Only the second bounds when: a look
+    that began past the goal and saw no flag is a miss however slow the machine, while a
+    look slowed by load that saw the flag says nothing of when it came."""
+    last_miss = 0.0
+
+    def look() -> dict[str, Any] | None:
+        nonlocal last_miss
+        began = time.monotonic()
+        found = silent_reason(db, job_id)
+        if found is None:
+            last_miss = began - since
+        return found
+
+    wait_for(look, timeout=GOAL + 30, what="the daemon_silent flag")
+    return time.monotonic() - since, last_miss
 
 
 def start_busy(
@@ -84,9 +96,9 @@ def test_a_killed_daemons_job_is_flagged_within_the_bound_and_left_to_its_lease(
     killed_at = time.monotonic()
     a.send(signal.SIGKILL)
     a.wait_exit()
-    took = seconds_until_flagged(db, job, killed_at)
-    print(f"kill -9 -> explain flags daemon_silent: {took:.2f} s (goal {GOAL:g} s)")
-    assert took <= GOAL + READ_SLACK
+    took, missed = seconds_until_flagged(db, job, killed_at)
+    print(f"kill -9 -> daemon_silent seen at {took:.2f} s, not seen at {missed:.2f} s")
+    assert missed <= GOAL, (missed, took)
 
     row = db.job(job)
     assert row["status"] == "running" and row["locked_by"] == a.worker_id
@@ -155,9 +167,9 @@ def test_a_frozen_daemon_is_flagged_and_unflagged_when_it_thaws(db: Db, daemons:
     stopped_at = time.monotonic()
     a.send(signal.SIGSTOP)
     try:
-        took = seconds_until_flagged(db, job, stopped_at)
-        print(f"SIGSTOP -> explain flags daemon_silent: {took:.2f} s (goal {GOAL:g} s)")
-        assert took <= GOAL + READ_SLACK
+        took, missed = seconds_until_flagged(db, job, stopped_at)
+        print(f"SIGSTOP -> daemon_silent seen at {took:.2f} s, not seen at {missed:.2f} s")
+        assert missed <= GOAL, (missed, took)
         status = json.loads(daemons.cli("status", "--json").stdout)
         assert [j["daemon_silent"] for j in status["running_jobs"]] == [True]
         row = db.job(job)

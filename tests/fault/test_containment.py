@@ -196,27 +196,33 @@ def test_a_dead_childs_socket_held_open_elsewhere_does_not_stall_the_loop() -> N
     waiting for an end of stream that does not come."""
     import selectors
 
-    selector = selectors.DefaultSelector()
-    exits: list[Child] = []
-    messages: list[Any] = []
-    sup = Supervisor(selector, lambda c, m: messages.append(m), lambda c, s: exits.append(c))
-    ours, theirs = socket.socketpair()
-    ours.setblocking(False)
-    child = Child(sock=ours, spawned_at=time.monotonic(), pid=None, job=7)
-    sup.children.append(child)
-    selector.register(ours, selectors.EVENT_READ, ("child", child))
-    theirs.sendall(encode({"t": "done", "id": 7, "result": 1}))  # said before it died
-    try:
-        began = time.monotonic()
-        sup._exited(child, 0)  # `theirs` stays open, as in a forked grandchild
-        took = time.monotonic() - began
-    finally:
-        theirs.close()
-        selector.close()
-    assert exits == [child] and len(messages) == 1
-    # The old code waited 0.5 s for the end of the stream; reading a buffer takes
-    # microseconds, so even a loaded machine stays far below this.
-    assert took < 0.25, took
+    def one_exit() -> float:
+        """Seconds _exited took for a child whose socket another process holds open."""
+        selector = selectors.DefaultSelector()
+        exits: list[Child] = []
+        messages: list[Any] = []
+        sup = Supervisor(selector, lambda c, m: messages.append(m), lambda c, s: exits.append(c))
+        ours, theirs = socket.socketpair()
+        ours.setblocking(False)
+        child = Child(sock=ours, spawned_at=time.monotonic(), pid=None, job=7)
+        sup.children.append(child)
+        selector.register(ours, selectors.EVENT_READ, ("child", child))
+        theirs.sendall(encode({"t": "done", "id": 7, "result": 1}))  # said before it died
+        try:
+            began = time.monotonic()
+            sup._exited(child, 0)  # `theirs` stays open, as in a forked grandchild
+            took = time.monotonic() - began
+        finally:
+            theirs.close()
+            selector.close()
+        assert exits == [child] and len(messages) == 1
+        return took
+
+    tries = [one_exit() for _ in range(3)]
+    # The old code waited 0.5 s for the end of the stream on every exit; reading a buffer
+    # takes microseconds. Load only adds time, so the fastest of three tries is the cost
+    # itself (one try alone could be descheduled past the bound on a busy machine).
+    assert min(tries) < 0.25, tries
 
 
 # -- why an attempt ended, as the daemon saw it ------------------------------------------

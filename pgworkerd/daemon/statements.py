@@ -8,6 +8,7 @@ with the same methods (tests/unit).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 from datetime import datetime
@@ -27,7 +28,6 @@ from pgworkerd.queue import (
     retention,
     schedules,
     session,
-    traceread,
 )
 from pgworkerd.queue.attempts import Usage
 from pgworkerd.queue.joblogs import LogWrite
@@ -54,7 +54,7 @@ class Statements:
     ) -> None:
         self.link = link
         # tracing.DaemonSpans ([tracing] enabled): claims and outcome writes are spans, and
-        # the claimed jobs' trace contexts are read for their children; None: neither
+        # the claimed jobs' trace contexts go to their children; None: neither
         self.spans = spans
         self.worker_id = worker_id
         self.schema = schema
@@ -77,11 +77,15 @@ class Statements:
     ) -> tuple[list[lease.ClaimedJob], list[lease.RefusedJob]] | None:
         """Claim jobs, writing `completions` (finished attempts) in the same transaction
         first: all or nothing (None: neither happened). Each job comes with all its child
-        needs (its parents' results, what woke it, a callback's batch): the claim returns
-        them (claim_jobs_v3). Traced: a span, and the claimed jobs carry their enqueuers'
-        trace contexts (one more read, only while [tracing] is enabled)."""
+        needs (its parents' results, what woke it, a callback's batch, its enqueuer's trace
+        context): the claim returns them (claim_jobs_v3). Traced: a span; untraced, the
+        jobs' trace contexts are dropped (a child gets one only while [tracing] is
+        enabled: protocol.Job.trace)."""
         if self.spans is None:
-            return self._claim(queues, capacity, limit, completions)
+            result = self._claim(queues, capacity, limit, completions)
+            if result is None:
+                return None
+            return [_untraced(j) for j in result[0]], result[1]
         with self.spans.span(
             "pgworkerd claim",
             **{"pgworkerd.claim.limit": limit, "pgworkerd.claim.outcomes": len(completions)},
@@ -90,7 +94,7 @@ class Statements:
             if result is None:
                 span.set_status(tracing_error("the claim failed (the daemon's log says why)"))
                 return None
-            claimed = self._traces(result[0])
+            claimed = result[0]
             span.set_attribute("pgworkerd.claim.jobs", len(claimed))
             self.spans.link_jobs(
                 span,
@@ -98,24 +102,6 @@ class Statements:
                 + [(o.job, outcome_link(o)) for o in completions],
             )
             return claimed, result[1]
-
-    def _traces(self, claimed: list[lease.ClaimedJob]) -> list[lease.ClaimedJob]:
-        """The claimed jobs, those enqueued in a trace with its context (one read for the
-        claimed ids). If the read fails they start without it, and it is logged."""
-        if not claimed:
-            return claimed
-        read = self.link.run(
-            "reading the trace contexts of the claimed jobs",
-            lambda c: traceread.with_traces(c, claimed, schema=self.schema),
-        )
-        if read is None:
-            log.warning(
-                "could not read the trace contexts of job(s) %s; their attempts' spans are "
-                "not linked to their enqueuers",
-                ", ".join(str(j.id) for j in claimed),
-            )
-            return claimed
-        return read
 
     def _claim(
         self,
@@ -351,3 +337,8 @@ def tracing_error(description: str) -> Any:
     from opentelemetry.trace import Status, StatusCode
 
     return Status(StatusCode.ERROR, description)
+
+
+def _untraced(job: lease.ClaimedJob) -> lease.ClaimedJob:
+    """The job without its trace context: a daemon that does not trace hands none on."""
+    return job if job.trace is None else dataclasses.replace(job, trace=None)

@@ -142,12 +142,15 @@ class Statements:
             ),
         )
 
-    def waits_expire(self) -> int | None:
-        """Suspended jobs past their timeout become pending (None: the call failed)."""
+    def waits_expire(self, max_jobs: int) -> int | None:
+        """Suspended jobs past their timeout become pending, at most `max_jobs` (None: the
+        call failed)."""
         return self.link.run(
             "moving timed-out waits back to pending",
             lambda c: session.lock_bounded(
-                c, SWEEP_LOCK_TIMEOUT_MS, lambda: lease.waits_expire(c, schema=self.schema)
+                c,
+                SWEEP_LOCK_TIMEOUT_MS,
+                lambda: lease.waits_expire(c, max_jobs, schema=self.schema),
             ),
         )
 

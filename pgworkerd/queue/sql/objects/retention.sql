@@ -233,7 +233,7 @@ $$;
 REVOKE EXECUTE ON FUNCTION @schema@.prune_finished_v2(float8, float8, float8, float8, float8,
                                                       integer) FROM PUBLIC;
 
--- The daemons' expiry sweep (0032; daemon/retention.ExpirySweep, spaced across the fleet
+-- The daemons' expiry sweep (0032; daemon/sweeps.EXPIRY, spaced across the fleet
 -- like stale-marking): jobs past their expires_at end as 'cancelled' with the reason in
 -- last_error ("expired: ..."), so that a job whose handler no daemon serves, or a queue
 -- nobody claims from, ends at its deadline too: pending ones, and running ones whose

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pgworkerd.config import RetentionConfig
 from pgworkerd.daemon import outcomes
@@ -34,12 +34,16 @@ from pgworkerd.queue.joblogs import LogWrite
 
 log = logging.getLogger("pgworkerd")
 
+T = TypeVar("T")
 
-# A sweep (waits' timeouts, expired jobs) waits at most this long for a lock on the jobs
-# table (a migration, VACUUM FULL, an operator's LOCK TABLE): it fails, is logged and is
-# tried again on its next turn, and the loop (heartbeats, claims, outcomes) never stalls
-# behind it. Row locks are skipped by the sweeps themselves (SKIP LOCKED).
-SWEEP_LOCK_TIMEOUT_MS = 500
+
+# Maintenance (the sweeps of waits' timeouts and expired jobs, retention's prune, the
+# scheduler's declarations and fires) waits at most this long for a lock (a migration,
+# VACUUM FULL, an operator's LOCK TABLE on jobs, schedules or schedule_runs): it fails,
+# is logged and is tried again on its next turn, and the loop (heartbeats, claims,
+# outcomes) never stalls behind it. Row locks are skipped by the sweeps and the prune
+# themselves (SKIP LOCKED).
+MAINTENANCE_LOCK_TIMEOUT_MS = 500
 
 
 class Statements:
@@ -67,6 +71,12 @@ class Statements:
     def ok(self) -> bool:
         """The link is up (a call may still fail)."""
         return self.link.ok
+
+    @staticmethod
+    def _lock_bounded(conn: Any, call: Callable[[], T]) -> T:
+        """Maintenance's `call()` in a transaction whose lock waits end after
+        MAINTENANCE_LOCK_TIMEOUT_MS (it then fails, is logged, and is tried again)."""
+        return session.lock_bounded(conn, MAINTENANCE_LOCK_TIMEOUT_MS, call)
 
     def claim(
         self,
@@ -147,10 +157,8 @@ class Statements:
         call failed)."""
         return self.link.run(
             "moving timed-out waits back to pending",
-            lambda c: session.lock_bounded(
-                c,
-                SWEEP_LOCK_TIMEOUT_MS,
-                lambda: lease.waits_expire(c, max_jobs, schema=self.schema),
+            lambda c: self._lock_bounded(
+                c, lambda: lease.waits_expire(c, max_jobs, schema=self.schema)
             ),
         )
 
@@ -282,8 +290,8 @@ class Statements:
         """One batch of the fleet's expiry sweep (None: the call failed)."""
         return self.link.run(
             "ending jobs past their expires_at",
-            lambda c: session.lock_bounded(
-                c, SWEEP_LOCK_TIMEOUT_MS, lambda: retention.expired_cancel(c, max_jobs, self.schema)
+            lambda c: self._lock_bounded(
+                c, lambda: retention.expired_cancel(c, max_jobs, self.schema)
             ),
         )
 
@@ -291,7 +299,7 @@ class Statements:
         """One batch of the fleet's retention (None: the call failed)."""
         return self.link.run(
             "pruning finished jobs, schedule runs and gone daemons",
-            lambda c: retention.prune_batch(c, config, self.schema),
+            lambda c: self._lock_bounded(c, lambda: retention.prune_batch(c, config, self.schema)),
         )
 
     # -- schedules (periodic jobs) ----------------------------------------------------------
@@ -300,7 +308,9 @@ class Statements:
         """Record our definition; returns the tick up to which the schedule is handled."""
         return self.link.run(
             f"declaring schedule {name!r}",
-            lambda c: schedules.declare(c, name, definition, self.worker_id, self.schema),
+            lambda c: self._lock_bounded(
+                c, lambda: schedules.declare(c, name, definition, self.worker_id, self.schema)
+            ),
         )
 
     def set_declared_schedules(self, names: Sequence[str]) -> bool | None:
@@ -310,12 +320,16 @@ class Statements:
             )
             return True
 
-        return self.link.run("recording declared schedules", call)
+        return self.link.run(
+            "recording declared schedules", lambda c: self._lock_bounded(c, lambda: call(c))
+        )
 
     def fire_schedule(self, name: str, tick: datetime) -> schedules.Fired | None:
         return self.link.run(
             f"firing schedule {name!r}",
-            lambda c: schedules.fire(c, name, tick, self.worker_id, self.schema),
+            lambda c: self._lock_bounded(
+                c, lambda: schedules.fire(c, name, tick, self.worker_id, self.schema)
+            ),
         )
 
 

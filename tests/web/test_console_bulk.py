@@ -159,7 +159,7 @@ def test_every_bulk_input_is_bounded_and_checked(
             )
     # a million ids: refused whole (the form is over MAX_CONTENT_LENGTH), nothing parsed
     million = urllib.parse.urlencode(_confirm_form(http_client, ["123456"] * 1_000_000), doseq=True)
-    conn = http.http_client.HTTPConnection("127.0.0.1", http_client.port, timeout=BROWSER_DEADLINE)
+    conn = http.client.HTTPConnection("127.0.0.1", http_client.port, timeout=BROWSER_DEADLINE)
     try:  # the length is enough to refuse it: the body is never sent
         conn.putrequest("POST", "/bulk/act", skip_host=True)
         for name, value in (

@@ -127,9 +127,7 @@ def _post(client: Http, path: str, form: dict[str, Any]) -> Reply:
         conn.close()
 
 
-def test_every_bulk_input_is_bounded_and_checked(
-    dashboard: RunningDashboard, http_client: Http, db: Db
-) -> None:
+def test_every_bulk_input_is_bounded_and_checked(http_client: Http, db: Db) -> None:
     jobs = [db.enqueue("work", {}, delay=3600) for _ in range(3)]
     ids = [str(j) for j in jobs]
     over = [str(n) for n in range(1, admin.BULK_MAX + 2)]

@@ -75,7 +75,7 @@ def test_the_log_tail_follows_a_running_job_with_its_progress_bar_and_eta(
 
 
 def test_following_a_log_past_its_cap_shows_each_line_once_and_says_what_was_left_out(
-    dashboard: RunningDashboard, http_client: Http, db: Db, daemons: Daemons
+    http_client: Http, db: Db, daemons: Daemons
 ) -> None:
     daemons.start(HANDLERS, tables={"logs": {"max_bytes_per_attempt": "8KiB"}})
     job = db.enqueue("scroll", {"lines": 600, "bursts": 12, "every": 0.4})
@@ -126,9 +126,7 @@ def test_following_a_log_past_its_cap_shows_each_line_once_and_says_what_was_lef
     assert all(ln.startswith("[...") for ln in text.splitlines() if "bytes omitted" in ln)
 
 
-def test_the_tail_refuses_a_hostile_cursor(
-    dashboard: RunningDashboard, http_client: Http, db: Db
-) -> None:
+def test_the_tail_refuses_a_hostile_cursor(http_client: Http, db: Db) -> None:
     job = db.enqueue("report", {"ticks": 1})
     for query, why in (
         ("head=-1", "head must be a count"),

@@ -50,9 +50,7 @@ def test_tabs_split_the_pending_jobs_and_count_each_state(
     assert text_of(browser, "tab-due").split()[-1] == "0"
 
 
-def test_the_list_refuses_what_it_does_not_serve(
-    dashboard: RunningDashboard, http_client: Http
-) -> None:
+def test_the_list_refuses_what_it_does_not_serve(http_client: Http) -> None:
     for path, why in (
         ("/jobs?tab=everything", "unknown tab: the tabs are due, scheduled"),
         ("/jobs?tab=due&status=dead", "give a tab or a status, not both"),

@@ -42,9 +42,7 @@ def test_schedules_show_their_next_run_and_trigger_now_enqueues_the_job(
     assert db.rows("SELECT count(*) AS n FROM {schema}.schedule_runs")[0]["n"] == ticks_before
 
 
-def test_triggering_an_unknown_schedule_enqueues_nothing(
-    dashboard: RunningDashboard, http_client: Http, db: Db
-) -> None:
+def test_triggering_an_unknown_schedule_enqueues_nothing(http_client: Http, db: Db) -> None:
     page = http_client.get("/confirm/trigger-schedule?target=nope")
     assert page.status == 200
     reply = http_client.post("/act/trigger-schedule", {"target": "nope", "csrf": page.csrf()})

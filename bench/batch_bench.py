@@ -24,13 +24,9 @@ reported, never asserted. The machine may be shared: quote the load with the fig
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -38,24 +34,13 @@ from typing import Any
 
 import pgworkerd
 from pgworkerd import client
-from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue.db import connect
-from pgworkerd.queue.migrate import migrate
 from pgworkerd.queue.queries import query
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
+import _measure  # noqa: E402  (bench/_measure.py)
 from daemon_bench import Daemon, wait_for  # noqa: E402
-
-SERVER_SETTINGS = {"fsync": "on", "synchronous_commit": "off", "shared_buffers": "256MB"}
-
-
-def _stamps(path: Path) -> dict[str, float]:
-    found = {}
-    for line in path.read_text().splitlines():
-        key, _, stamp = line.partition(" ")
-        found[key] = float(stamp)
-    return found
 
 
 def enqueue_time(dsn: str, members: int, rounds: int) -> dict[str, Any]:
@@ -109,7 +94,7 @@ def callback_start(dsn: str, workdir: Path, members: int) -> dict[str, Any]:
                 then=client.JobSpec("record_start"),
             )
             stamps = wait_for(
-                lambda: (s := _stamps(starts)).get(str(ids.callback_id)) and s,
+                lambda: (s := _measure.stamps(starts)).get(str(ids.callback_id)) and s,
                 60 + members * 0.1,
                 "the callback",
                 0.01,
@@ -179,26 +164,13 @@ def finish_cost(dsn: str, jobs: int, threads: int, rounds: int) -> dict[str, Any
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--short", action="store_true", help="fewer rounds, a smaller batch")
-    parser.add_argument("--json", type=Path, help="write the results here")
-    args = parser.parse_args()
+    args = _measure.arguments(__doc__).parse_args()
     results: dict[str, Any] = {
-        "machine": f"{platform.machine()} {os.cpu_count()} cpus",
-        "server_settings": SERVER_SETTINGS,
+        "server_settings": _measure.SERVER_SETTINGS,
         "load": os.getloadavg(),
     }
-    with (
-        tempfile.TemporaryDirectory(prefix="pgworkerd-bench-") as tmp,
-        LocalPostgres(settings=SERVER_SETTINGS) as pg,
-    ):
-        dsn = pg.dsn()
-        migrate(dsn)
-        print(
-            f"# pgworkerd batch benchmark ({'short' if args.short else 'full'}) on "
-            f"{results['machine']}, load {results['load'][0]:.1f}",
-            flush=True,
-        )
+    with _measure.server() as (dsn, tmp):
+        _measure.headline("batch", args.short)
         e = enqueue_time(dsn, 10_000, 3 if args.short else 7)
         results["enqueue"] = e
         print(
@@ -207,7 +179,7 @@ def main() -> None:
             f" of {e['rounds']} interleaved rounds)",
             flush=True,
         )
-        c = callback_start(dsn, Path(tmp), 2_000 if args.short else 10_000)
+        c = callback_start(dsn, tmp, 2_000 if args.short else 10_000)
         results["callback_start"] = c
         print(
             f"last member returns -> callback starts: {c['last_member_to_callback_ms']} ms"
@@ -225,8 +197,7 @@ def main() -> None:
             flush=True,
         )
         results["load_after"] = os.getloadavg()
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2, default=str))
+    _measure.write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from pgworkerd.queue.migrate import migrate
 BENCH_DIR = Path(__file__).resolve().parent
 # The process-tree helpers the tests use (tests/support/proctree.py, standard library only).
 sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
+import _measure  # noqa: E402  (bench/_measure.py)
 import leasing  # noqa: E402  (tests/support/leasing.py: claim)
 from proctree import children_of, cpu_seconds, process_title  # noqa: E402
 
@@ -198,13 +199,9 @@ def latency(dsn: str, workdir: Path, samples: int) -> dict[str, Any]:
             daemon.stop()
     # which samples were slowest (a first-sample warm-up shows as sample 0)
     slowest = sorted(enumerate(gaps), key=lambda pair: pair[1])[-3:]
-    gaps.sort()
     return {
         "slowest": [f"#{n}: {ms:.1f} ms" for n, ms in reversed(slowest)],
-        "samples": samples,
-        "p50_ms": round(statistics.median(gaps), 2),
-        "p99_ms": round(gaps[min(len(gaps) - 1, int(len(gaps) * 0.99))], 2),
-        "max_ms": round(gaps[-1], 2),
+        **_measure.summary(gaps),
     }
 
 

@@ -23,19 +23,16 @@ asserted.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import platform
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
+import _measure  # bench/_measure.py (bench/ is on sys.path)
 import psycopg
 from psycopg import sql
 
-from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue.migrate import migrate, migrations
 from pgworkerd.queue.queries import render
 
@@ -72,12 +69,9 @@ def rate(count: int, work: Callable[[], Any]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--short", action="store_true", help="a quick run (CI)")
-    rounds = 4 if parser.parse_args().short else 20
-    with LocalPostgres() as pg:
-        pg.create_database("bench")
-        owner = pg.dsn("bench")
+    args = _measure.arguments(__doc__, json_output=False).parse_args()
+    rounds = 4 if args.short else 20
+    with _measure.server(settings={}) as (owner, _):
         migrate(owner, AFTER)
         results: dict[str, dict[str, list[float]]] = {}
         with psycopg.connect(owner, autocommit=True) as c:
@@ -149,9 +143,10 @@ def main() -> None:
                     # and their dead rows: the after schema gets more writes (windows,
                     # debounces), which must not weigh on its next round's figures
                     c.execute(render("VACUUM ANALYZE @schema@.jobs", schema))
-    print(
-        f"machine: {platform.node()}, {os.cpu_count()} CPUs, Python {platform.python_version()};"
-        f" {rounds} alternating rounds of {N:,} calls in one SELECT, medians, jobs/s"
+    _measure.headline(
+        "dedupe windows",
+        args.short,
+        f"{rounds} alternating rounds of {N:,} calls in one SELECT, medians, jobs/s",
     )
     for label in results[AFTER]:
         after = statistics.median(results[AFTER][label])

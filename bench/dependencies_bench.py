@@ -25,13 +25,9 @@ reported, never asserted. The machine may be shared: quote the load with the fig
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -39,38 +35,18 @@ from typing import Any
 import psycopg
 
 from pgworkerd import client
-from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue import lease
 from pgworkerd.queue.db import connect
-from pgworkerd.queue.migrate import migrate
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR))
 sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
+import _measure  # noqa: E402  (bench/_measure.py)
 import leasing  # noqa: E402  (tests/support/leasing.py: claim, complete)
 from daemon_bench import Daemon, wait_for  # noqa: E402
 
-SERVER_SETTINGS = {"fsync": "on", "synchronous_commit": "off", "shared_buffers": "256MB"}
 HANDLER = "noop"
 BATCH = 10
-
-
-def _stamps(path: Path) -> dict[str, float]:
-    found = {}
-    for line in path.read_text().splitlines():
-        key, _, stamp = line.partition(" ")
-        found[key] = float(stamp)
-    return found
-
-
-def _summary(gaps: list[float]) -> dict[str, Any]:
-    ordered = sorted(gaps)
-    return {
-        "samples": len(ordered),
-        "p50_ms": round(statistics.median(ordered), 2),
-        "p99_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2),
-        "max_ms": round(ordered[-1], 2),
-    }
 
 
 def child_start(dsn: str, workdir: Path, samples: int) -> dict[str, Any]:
@@ -99,7 +75,7 @@ def child_start(dsn: str, workdir: Path, samples: int) -> dict[str, Any]:
                 )
                 child = ids[1]
                 stamps = wait_for(
-                    lambda c=child: (s := _stamps(starts)).get(str(c)) and s,
+                    lambda c=child: (s := _measure.stamps(starts)).get(str(c)) and s,
                     10,
                     f"child {n}",
                     0.0005,
@@ -109,13 +85,16 @@ def child_start(dsn: str, workdir: Path, samples: int) -> dict[str, Any]:
                 plain = client.enqueue(conn, "record_start")
                 enqueued = time.time()
                 stamp = wait_for(
-                    lambda p=plain: _stamps(starts).get(str(p)), 10, f"job {n}", 0.0005
+                    lambda p=plain: _measure.stamps(starts).get(str(p)), 10, f"job {n}", 0.0005
                 )
                 after_enqueue.append((stamp - enqueued) * 1000)
                 time.sleep(0.05)
         finally:
             daemon.stop()
-    return {"parent_to_child": _summary(after_parent), "enqueue_to_start": _summary(after_enqueue)}
+    return {
+        "parent_to_child": _measure.summary(after_parent),
+        "enqueue_to_start": _measure.summary(after_enqueue),
+    }
 
 
 def refill(conn: psycopg.Connection, pending: int) -> None:
@@ -216,31 +195,16 @@ def completion_cost(dsn: str, jobs: int, rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--short", action="store_true", help="a quick run (CI)")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser = _measure.arguments(__doc__)
     parser.add_argument("--waiting", type=int, help="waiting jobs (default 1e6; short 2e5)")
     args = parser.parse_args()
     samples = 30 if args.short else 300
     waiting = args.waiting or (200_000 if args.short else 1_000_000)
     seconds, rounds = (2.0, 2) if args.short else (8.0, 4)
-    results: dict[str, Any] = {
-        "machine": f"{platform.node()} {os.cpu_count()} cpus {platform.machine()} "
-        f"Python {platform.python_version()}",
-        "load": os.getloadavg(),
-    }
-    with (
-        tempfile.TemporaryDirectory(prefix="pgworkerd-bench-") as tmp,
-        LocalPostgres(settings=SERVER_SETTINGS) as pg,
-    ):
-        dsn = pg.dsn()
-        migrate(dsn)
-        print(
-            f"# pgworkerd dependencies benchmark ({'short' if args.short else 'full'}) on "
-            f"{results['machine']}, load {results['load'][0]:.1f}",
-            flush=True,
-        )
-        r = child_start(dsn, Path(tmp), samples)
+    results: dict[str, Any] = {"load": os.getloadavg()}
+    with _measure.server() as (dsn, tmp):
+        _measure.headline("dependencies", args.short)
+        r = child_start(dsn, tmp, samples)
         results["child_start"] = r
         for name, label in (
             ("parent_to_child", "parent returns -> child starts"),
@@ -269,8 +233,7 @@ def main() -> None:
             f" {k['jobs_per_round']} jobs)",
             flush=True,
         )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2, default=str))
+    _measure.write_json(args.json, results)
 
 
 if __name__ == "__main__":

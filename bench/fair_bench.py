@@ -17,15 +17,13 @@ costs a claim, where it starts the late keys, and the rate it achieves against i
 
 from __future__ import annotations
 
-import argparse
-import os
 import threading
 import time
 from collections.abc import Sequence
 
+import _measure  # bench/_measure.py (bench/ is on sys.path)
 import psycopg
 
-from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue.migrate import migrate
 
 
@@ -156,15 +154,12 @@ def rate_run(dsn: str, per_second: float, seconds: float) -> tuple[int, int, flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--short", action="store_true", help="a quick run (CI)")
+    parser = _measure.arguments(__doc__, json_output=False)
     parser.add_argument("--only", choices=("throughput", "order", "rate"), help="one part")
     args = parser.parse_args()
     claims = 100 if args.short else 1000
-    with LocalPostgres() as pg:
-        pg.create_database("bench")
-        dsn = pg.dsn("bench")
-        print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    with _measure.server(settings={}) as (dsn, _):
+        _measure.headline("fair share and start-rate", args.short)
         print(f"1. claims per second (4 jobs each, {claims} claims per mode), one handler:")
         for keys in (10, 1000, 10_000) if args.only in (None, "throughput") else ():
             jobs = max(20_000, 2 * keys) if not args.short else max(2_000, 2 * keys)
@@ -190,7 +185,7 @@ def main() -> None:
             f"{total / elapsed / per_second:.1%} of the limit); most in any {window:g} s "
             f"window {most} (limit {limit:g})"
         )
-        print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+        print(f"load average at the end: {_measure.load()}")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,6 @@
 
 from __future__ import annotations
 
-import argparse
-import os
 import statistics
 import sys
 import threading
@@ -35,12 +33,11 @@ from typing import Any
 import psycopg
 
 from pgworkerd import client
-from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue import lease
-from pgworkerd.queue.migrate import migrate
 from pgworkerd.queue.queries import render
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
+import _measure  # bench/_measure.py
 import leasing
 
 SCHEMA = "pgworkerd"
@@ -128,9 +125,7 @@ def renewal_wait(dsn: str, conn: psycopg.Connection[Any], lock: str) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--short", action="store_true", help="a quick run (CI)")
-    args = parser.parse_args()
+    args = _measure.arguments(__doc__, json_output=False).parse_args()
     jobs_per_round, rounds = (100, 4) if args.short else (500, 12)
     measures: dict[str, Callable[[psycopg.Connection[Any]], float]] = {
         "job_complete, no follow-ups (the daemon's)": lambda c: complete(
@@ -149,10 +144,8 @@ def main() -> None:
     }
     samples: dict[str, list[float]] = {m: [] for m in measures}
     waits: dict[str, list[float]] = {"key share": [], "share": []}
-    with LocalPostgres() as pg:
-        pg.create_database("bench")
-        dsn = pg.dsn("bench")
-        migrate(dsn)
+    with _measure.server(settings={}) as (dsn, _):
+        _measure.headline("follow-ups", args.short)
         with psycopg.connect(dsn, autocommit=True, prepare_threshold=0) as conn:
             for n in range(rounds):
                 order = list(measures) if n % 2 == 0 else list(reversed(measures))
@@ -165,7 +158,7 @@ def main() -> None:
         f"follow-ups and job_lease_assert (schema 29): {rounds} rounds, {jobs_per_round} jobs"
         f" a round, batches of {BATCH}, prepared statements, one connection"
     )
-    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"load average at the end: {_measure.load()}")
     for name, values in samples.items():
         print(
             f"  {name:<44} min {min(values):7.1f} us per job (median"

@@ -22,14 +22,10 @@ never asserted.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -37,11 +33,9 @@ from typing import Any
 BENCH_DIR = Path(__file__).resolve().parent
 PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
 
-from pgworkerd.devcluster.localpg import LocalPostgres  # noqa: E402
-from pgworkerd.queue.db import connect  # noqa: E402
-from pgworkerd.queue.migrate import migrate  # noqa: E402
+import _measure  # noqa: E402  (bench/_measure.py)
 
-SERVER_SETTINGS = {"fsync": "on", "synchronous_commit": "off", "shared_buffers": "256MB"}
+from pgworkerd.queue.db import connect  # noqa: E402
 
 # The module the "on" daemon names as its provider, and the sitecustomize that hides
 # OpenTelemetry from the "not installed" one: written into the run's directory.
@@ -185,32 +179,16 @@ def enqueue_cost(dsn: str, mode: str, n: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--short", action="store_true", help="a quick run (CI)")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
+    args = _measure.arguments(__doc__).parse_args()
     n_jobs = 1000 if args.short else 10000
     n_enqueues = 200 if args.short else 2000
-    results: dict[str, Any] = {
-        "machine": f"{platform.node()} {os.cpu_count()} cpus "
-        f"{platform.machine()} Python {platform.python_version()}"
-    }
-    with (
-        tempfile.TemporaryDirectory(prefix="pgworkerd-tracing-bench-") as tmp,
-        LocalPostgres(settings=SERVER_SETTINGS) as pg,
-    ):
-        workdir = Path(tmp)
+    results: dict[str, Any] = {}
+    with _measure.server() as (dsn, workdir):
         (workdir / "provider").mkdir()
         (workdir / "provider" / "bench_tracing_provider.py").write_text(PROVIDER_MODULE)
         (workdir / "hide").mkdir()
         (workdir / "hide" / "sitecustomize.py").write_text(HIDE_OTEL)
-        dsn = pg.dsn()
-        migrate(dsn)
-        print(
-            f"# pgworkerd tracing benchmark ({'short' if args.short else 'full'}) on "
-            f"{results['machine']}; 8 slots, no-op jobs",
-            flush=True,
-        )
+        _measure.headline("tracing", args.short, "8 slots, no-op jobs")
         for per_child in (1, 1000):
             for setting in ("not installed", "installed, off", "on"):
                 r = throughput(dsn, workdir, setting, per_child, n_jobs)
@@ -228,8 +206,7 @@ def main() -> None:
             cost = enqueue_cost(dsn, mode, n_enqueues)
             results[f"enqueue_us_{mode}"] = cost
             print(f"client.enqueue, {what:<28} {cost:>7} µs/call (median of 5 x {n_enqueues})")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    _measure.write_json(args.json, results)
 
 
 if __name__ == "__main__":

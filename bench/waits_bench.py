@@ -18,14 +18,10 @@ A benchmark, not a test: figures are printed, never asserted.
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
 import os
-import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -33,19 +29,13 @@ from typing import Any
 from daemon_bench import SERVER_SETTINGS, Daemon, _start_of, latency, wait_for
 
 from pgworkerd import client, signals
-from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue import lease
 from pgworkerd.queue.db import connect
-from pgworkerd.queue.migrate import migrate
 
 BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent / "tests" / "support"))
+import _measure  # noqa: E402  (bench/_measure.py)
 import leasing  # noqa: E402  (tests/support/leasing.py: claim)
-
-
-def pct(values: list[float], p: int) -> float:
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))], 2)
 
 
 def signal_latency(dsn: str, workdir: Path, samples: int) -> dict[str, Any]:
@@ -76,12 +66,7 @@ def signal_latency(dsn: str, workdir: Path, samples: int) -> dict[str, Any]:
                 gaps.append((line - sent) * 1000)
         finally:
             daemon.stop()
-    return {
-        "samples": samples,
-        "p50_ms": round(statistics.median(gaps), 2),
-        "p99_ms": pct(gaps, 99),
-        "max_ms": round(max(gaps), 2),
-    }
+    return _measure.summary(gaps)
 
 
 def _status(conn: Any, job_id: int) -> str:
@@ -139,37 +124,21 @@ def sweep(dsn: str, reps: int, suspended: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--short", action="store_true", help="a quick run (CI)")
-    parser.add_argument("--json", type=Path, help="also write the figures here")
-    args = parser.parse_args()
+    args = _measure.arguments(__doc__).parse_args()
     samples = 30 if args.short else 300
     reps = 200 if args.short else 2000
     suspended = 10_000 if args.short else 100_000
-    results: dict[str, Any] = {
-        "machine": f"{platform.node()} {os.cpu_count()} cpus "
-        f"{platform.machine()} Python {platform.python_version()}",
-        "load": os.getloadavg(),
-    }
-    with (
-        tempfile.TemporaryDirectory(prefix="pgworkerd-bench-") as tmp,
-        LocalPostgres(settings={**SERVER_SETTINGS, "shared_preload_libraries": ""}) as pg,
-    ):
-        dsn = pg.dsn()
-        migrate(dsn)
-        print(
-            f"# pgworkerd waits benchmark ({'short' if args.short else 'full'}) on "
-            f"{results['machine']}, load {results['load'][0]:.1f}",
-            flush=True,
-        )
-        r = signal_latency(dsn, Path(tmp), samples)
+    results: dict[str, Any] = {"load": os.getloadavg()}
+    with _measure.server({**SERVER_SETTINGS, "shared_preload_libraries": ""}) as (dsn, tmp):
+        _measure.headline("waits", args.short)
+        r = signal_latency(dsn, tmp, samples)
         results["signal_latency"] = r
         print(
             f"signal -> handler start, idle daemon: p50 {r['p50_ms']} ms, p99 {r['p99_ms']} ms,"
             f" max {r['max_ms']} ms ({r['samples']} samples)",
             flush=True,
         )
-        r = latency(dsn, Path(tmp), samples)  # the same path without a wait, same run
+        r = latency(dsn, tmp, samples)  # the same path without a wait, same run
         results["enqueue_latency"] = r
         print(
             f"enqueue -> handler start, idle daemon (for comparison): p50 {r['p50_ms']} ms,"
@@ -190,8 +159,7 @@ def main() -> None:
             f" {r[f'sweep_{suspended}_suspended_us']} us with {suspended}",
             flush=True,
         )
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2))
+    _measure.write_json(args.json, results)
 
 
 if __name__ == "__main__":

@@ -18,14 +18,15 @@ comes.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
-from typing import Any
+from collections.abc import Callable, Coroutine, Iterable, Mapping
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import psycopg
 from psycopg.rows import tuple_row
 
+from pgworkerd import client
 from pgworkerd.client import (
     DEFAULT_WAIT_POLL,
     WAIT_REREAD_FLOOR,
@@ -44,9 +45,11 @@ from pgworkerd.client import (
     wait_arguments_check,
     wait_settled,
 )
-from pgworkerd.model import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 from pgworkerd.queue import records
 from pgworkerd.queue.queries import DEFAULT_SCHEMA, finished_channel, query
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 __all__ = [
     "InvalidJob",
@@ -62,52 +65,46 @@ __all__ = [
 ]
 
 
+def _awaitable_twin_of(
+    sync: Callable[Concatenate[psycopg.Connection[Any], P], R],
+) -> Callable[
+    [Callable[..., Coroutine[Any, Any, R]]],
+    Callable[Concatenate[psycopg.AsyncConnection[Any], P], Coroutine[Any, Any, R]],
+]:
+    """The decorated coroutine function takes `sync`'s arguments, declared once there:
+    type checkers see `sync`'s parameters after an AsyncConnection, and help() and
+    inspect.signature show them (its defaults and annotations), the connection's
+    annotation an AsyncConnection."""
+    signature = inspect.signature(sync)
+    conn, *rest = signature.parameters.values()
+    twin = signature.replace(
+        parameters=[conn.replace(annotation="psycopg.AsyncConnection[Any]"), *rest]
+    )
+
+    def declare(
+        func: Callable[..., Coroutine[Any, Any, R]],
+    ) -> Callable[Concatenate[psycopg.AsyncConnection[Any], P], Coroutine[Any, Any, R]]:
+        func.__signature__ = twin  # type: ignore[attr-defined]
+        return func
+
+    return declare
+
+
+@_awaitable_twin_of(client.enqueue)
 async def enqueue(
     conn: psycopg.AsyncConnection[Any],
     handler: str,
     payload: Mapping[str, Any] | None = None,
     *,
-    queue: str = DEFAULT_QUEUE,
-    priority: int = 0,
-    run_at: datetime | None = None,
-    delay: float | timedelta | None = None,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    dedupe_key: str | None = None,
-    concurrency_key: str | None = None,
     schema: str = DEFAULT_SCHEMA,
-    after: Sequence[int] = (),
-    on_parent_failure: str | None = None,
-    expires_at: datetime | None = None,
-    expire_in: float | timedelta | None = None,
-    timeout: float | timedelta | None = None,
-    dedupe_window: float | timedelta | None = None,
-    dedupe_policy: str | None = None,
-    debounce: float | timedelta | None = None,
-    debounce_max: float | timedelta | None = None,
     trace: Mapping[str, str] | None = None,
+    **options: Any,
 ) -> int:
-    """Enqueue one job inside the caller's current transaction; returns its id
-    (pgworkerd.client.enqueue's semantics; dedupe_policy="reject" raises DuplicateJob)."""
+    """Enqueue one job inside the caller's current transaction; returns its id. The
+    arguments, their defaults and their semantics are pgworkerd.client.enqueue's
+    (dedupe_policy="reject" raises DuplicateJob)."""
     spec = enqueue_spec(
-        handler,
-        payload,
-        queue=queue,
-        priority=priority,
-        run_at=run_at,
-        delay=delay,
-        max_attempts=max_attempts,
-        dedupe_key=dedupe_key,
-        concurrency_key=concurrency_key,
-        after=after,
-        on_parent_failure=on_parent_failure,
-        expires_at=expires_at,
-        expire_in=expire_in,
-        timeout=timeout,
-        dedupe_window=dedupe_window,
-        dedupe_policy=dedupe_policy,
-        debounce=debounce,
-        debounce_max=debounce_max,
-        trace=ambient_trace() if trace is None else trace,
+        handler, payload, trace=ambient_trace() if trace is None else trace, **options
     )
     if spec.has_extras():
         [job_id] = await enqueue_many(conn, [spec], schema=schema)

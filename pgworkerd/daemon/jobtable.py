@@ -195,7 +195,7 @@ class JobTable(Generic[ChildT]):
                         concurrency=job.handler.concurrency
                         if job.handler.concurrency > 1
                         else None,
-                        trace=getattr(job.job, "trace", None),  # traceread.TracedJob
+                        trace=job.job.trace,
                     )
                 )
             except Exception as exc:  # this job's data: too big, too deep, not JSON

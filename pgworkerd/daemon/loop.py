@@ -12,8 +12,8 @@ The parent is a set of components, each given what it needs when it is built:
 - Scheduler: the ticks of the config's periodic jobs (schedules);
 - Retention: finished jobs past their retention deleted, one daemon of the fleet at a time;
 - StaleMarking: daemons silent past stale_after marked gone, one daemon at a time.
-- ExpirySweep: jobs past their expires_at ended as cancelled, served or not.
-- WaitTimeouts: suspended jobs past their wait's timeout made pending again (durable waits).
+- Sweep (EXPIRY): jobs past their expires_at ended as cancelled, served or not.
+- Sweep (WAIT_TIMEOUTS): suspended jobs past their wait's timeout made pending again.
 
 Each has `tick(now)` and `next_deadline()`. One loop turn is the list of verbs in _tick,
 then one wait on a selector until the earliest deadline or a wake-up (a child's message,
@@ -52,12 +52,12 @@ from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.peers import Peers
 from pgworkerd.daemon.presence import Lifecycle, Presence
 from pgworkerd.daemon.queuedepth import QueueDepthCounter
-from pgworkerd.daemon.retention import ExpirySweep, Retention, StaleMarking
+from pgworkerd.daemon.retention import Retention, StaleMarking
 from pgworkerd.daemon.scheduler import Scheduler
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState, OutcomeKind, StopReason
 from pgworkerd.daemon.supervisor import Child, Supervisor
-from pgworkerd.daemon.waits import WaitTimeouts
+from pgworkerd.daemon.sweeps import EXPIRY, WAIT_TIMEOUTS, Sweep
 from pgworkerd.durations import format_duration
 from pgworkerd.exitcodes import ExitCode
 from pgworkerd.ops import logs, metrics
@@ -200,7 +200,6 @@ class Daemon:
         )
         self.scheduler = Scheduler(config, self.statements)  # periodic jobs
         self.retention = Retention(config.retention, self.statements.prune_finished)
-        self.wait_timeouts = WaitTimeouts(self.statements.waits_expire)  # durable waits
         self.presence = Presence(
             config,
             self.worker_id,
@@ -218,7 +217,11 @@ class Daemon:
         self.stale_marking = StaleMarking(
             self.statements.mark_stale, self.presence.stale_after, lambda: len(self.peers)
         )
-        self.expiry = ExpirySweep(self.statements.expired_cancel, lambda: len(self.peers))
+        # jobs past their expires_at end; suspended jobs past their timeout become pending
+        self.expiry = Sweep(EXPIRY, self.statements.expired_cancel, lambda: len(self.peers))
+        self.wait_timeouts = Sweep(
+            WAIT_TIMEOUTS, self.statements.waits_expire, lambda: len(self.peers)
+        )
         # what the wake channel's notifications may cause (any role may NOTIFY)
         self.hints = WakeHints(
             self.claimer, self.presence.peers_changed, self.presence.drain_hinted

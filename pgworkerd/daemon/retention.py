@@ -10,8 +10,8 @@ daemon of the fleet at a time.
   one lock.
 - `StaleMarking` marks gone the daemons silent past stale_after (worker_mark_stale_v2):
   `status` shows them gone and their peers drop them (the statement notifies).
-- `ExpirySweep` ends jobs past their expires_at as cancelled (job_expired_cancel), served
-  by a daemon or not, spaced across the fleet like stale-marking.
+  (The sweeps that move jobs when their time has come, expiry and waits' timeouts, are
+  daemon/sweeps.py.)
 
 Maintenance has one shape here: its settings (config.RetentionConfig; stale_after),
 `run_once()` (one batch, one statement; returns what it did) and thin loops around it
@@ -214,61 +214,6 @@ class StaleMarking:
         """Until this daemon looks again: a quarter of stale_after times the live daemons."""
         spread = self.rng.uniform(1.0 - STALE_JITTER, 1.0 + STALE_JITTER)
         return self.stale_after() * STALE_LOOK * max(1, self.fleet()) * spread
-
-
-# The fleet as a whole looks for expired jobs about this often (seconds): each daemon every
-# EXPIRY_LOOK times the live daemons it knows, jittered by EXPIRY_JITTER either way.
-EXPIRY_LOOK = 5.0
-EXPIRY_JITTER = 0.5
-# Jobs ended per statement (of each kind: pending, running with a lease run out); a full
-# batch is followed by the next after BATCH_PAUSE.
-EXPIRY_BATCH = 1000
-
-
-class ExpirySweep:
-    """Jobs past their expires_at end as cancelled ("expired: ...") without a claim, so a
-    job whose handler no daemon serves ends at its deadline too (a claim also ends any it
-    meets first). Every daemon may do it (rows another holds are skipped), the fleet as a
-    whole about every EXPIRY_LOOK seconds: each daemon every EXPIRY_LOOK times the live
-    daemons it knows (`fleet`), jittered, like StaleMarking; a full batch means more are
-    due, and the next follows after BATCH_PAUSE."""
-
-    def __init__(
-        self,
-        cancel_expired: Callable[[int], int | None],
-        fleet: Callable[[], int],
-        *,
-        clock: Callable[[], float] = time.monotonic,
-        rng: random.Random | None = None,
-    ) -> None:
-        self.cancel_expired = cancel_expired
-        self.fleet = fleet
-        self.rng = rng if rng is not None else random.Random()
-        self.due_at = clock() + self.rng.uniform(0.0, EXPIRY_LOOK)
-
-    def run_once(self) -> int | None:
-        """One statement: how many expired jobs ended (None: it failed)."""
-        ended = self.cancel_expired(EXPIRY_BATCH)
-        if ended:
-            log.info("expiry: %d job(s) past their expires_at ended as cancelled", ended)
-        return ended
-
-    def next_deadline(self) -> float:
-        return self.due_at
-
-    def tick(self, now: float) -> None:
-        if now < self.due_at:
-            return
-        ended = self.run_once()
-        if ended is not None and ended >= EXPIRY_BATCH:
-            self.due_at = now + BATCH_PAUSE
-        else:
-            self.due_at = now + self.spaced_interval()
-
-    def spaced_interval(self) -> float:
-        """Until this daemon looks again: EXPIRY_LOOK times the live daemons, jittered."""
-        spread = self.rng.uniform(1.0 - EXPIRY_JITTER, 1.0 + EXPIRY_JITTER)
-        return EXPIRY_LOOK * max(1, self.fleet()) * spread
 
 
 def prune_to_end(

@@ -8,10 +8,11 @@ with the same methods (tests/unit).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pgworkerd.config import RetentionConfig
 from pgworkerd.daemon import outcomes
@@ -27,19 +28,22 @@ from pgworkerd.queue import (
     retention,
     schedules,
     session,
-    traceread,
 )
 from pgworkerd.queue.attempts import Usage
 from pgworkerd.queue.joblogs import LogWrite
 
 log = logging.getLogger("pgworkerd")
 
+T = TypeVar("T")
 
-# A sweep (waits' timeouts, expired jobs) waits at most this long for a lock on the jobs
-# table (a migration, VACUUM FULL, an operator's LOCK TABLE): it fails, is logged and is
-# tried again on its next turn, and the loop (heartbeats, claims, outcomes) never stalls
-# behind it. Row locks are skipped by the sweeps themselves (SKIP LOCKED).
-SWEEP_LOCK_TIMEOUT_MS = 500
+
+# Maintenance (the sweeps of waits' timeouts and expired jobs, retention's prune, the
+# scheduler's declarations and fires) waits at most this long for a lock (a migration,
+# VACUUM FULL, an operator's LOCK TABLE on jobs, schedules or schedule_runs): it fails,
+# is logged and is tried again on its next turn, and the loop (heartbeats, claims,
+# outcomes) never stalls behind it. Row locks are skipped by the sweeps and the prune
+# themselves (SKIP LOCKED).
+MAINTENANCE_LOCK_TIMEOUT_MS = 500
 
 
 class Statements:
@@ -54,7 +58,7 @@ class Statements:
     ) -> None:
         self.link = link
         # tracing.DaemonSpans ([tracing] enabled): claims and outcome writes are spans, and
-        # the claimed jobs' trace contexts are read for their children; None: neither
+        # the claimed jobs' trace contexts go to their children; None: neither
         self.spans = spans
         self.worker_id = worker_id
         self.schema = schema
@@ -68,6 +72,12 @@ class Statements:
         """The link is up (a call may still fail)."""
         return self.link.ok
 
+    @staticmethod
+    def _lock_bounded(conn: Any, call: Callable[[], T]) -> T:
+        """Maintenance's `call()` in a transaction whose lock waits end after
+        MAINTENANCE_LOCK_TIMEOUT_MS (it then fails, is logged, and is tried again)."""
+        return session.lock_bounded(conn, MAINTENANCE_LOCK_TIMEOUT_MS, call)
+
     def claim(
         self,
         queues: Sequence[str],
@@ -77,11 +87,15 @@ class Statements:
     ) -> tuple[list[lease.ClaimedJob], list[lease.RefusedJob]] | None:
         """Claim jobs, writing `completions` (finished attempts) in the same transaction
         first: all or nothing (None: neither happened). Each job comes with all its child
-        needs (its parents' results, what woke it, a callback's batch): the claim returns
-        them (claim_jobs_v3). Traced: a span, and the claimed jobs carry their enqueuers'
-        trace contexts (one more read, only while [tracing] is enabled)."""
+        needs (its parents' results, what woke it, a callback's batch, its enqueuer's trace
+        context): the claim returns them (claim_jobs_v3). Traced: a span; untraced, the
+        jobs' trace contexts are dropped (a child gets one only while [tracing] is
+        enabled: protocol.Job.trace)."""
         if self.spans is None:
-            return self._claim(queues, capacity, limit, completions)
+            result = self._claim(queues, capacity, limit, completions)
+            if result is None:
+                return None
+            return [_untraced(j) for j in result[0]], result[1]
         with self.spans.span(
             "pgworkerd claim",
             **{"pgworkerd.claim.limit": limit, "pgworkerd.claim.outcomes": len(completions)},
@@ -90,7 +104,7 @@ class Statements:
             if result is None:
                 span.set_status(tracing_error("the claim failed (the daemon's log says why)"))
                 return None
-            claimed = self._traces(result[0])
+            claimed = result[0]
             span.set_attribute("pgworkerd.claim.jobs", len(claimed))
             self.spans.link_jobs(
                 span,
@@ -98,24 +112,6 @@ class Statements:
                 + [(o.job, outcome_link(o)) for o in completions],
             )
             return claimed, result[1]
-
-    def _traces(self, claimed: list[lease.ClaimedJob]) -> list[lease.ClaimedJob]:
-        """The claimed jobs, those enqueued in a trace with its context (one read for the
-        claimed ids). If the read fails they start without it, and it is logged."""
-        if not claimed:
-            return claimed
-        read = self.link.run(
-            "reading the trace contexts of the claimed jobs",
-            lambda c: traceread.with_traces(c, claimed, schema=self.schema),
-        )
-        if read is None:
-            log.warning(
-                "could not read the trace contexts of job(s) %s; their attempts' spans are "
-                "not linked to their enqueuers",
-                ", ".join(str(j.id) for j in claimed),
-            )
-            return claimed
-        return read
 
     def _claim(
         self,
@@ -156,12 +152,13 @@ class Statements:
             ),
         )
 
-    def waits_expire(self) -> int | None:
-        """Suspended jobs past their timeout become pending (None: the call failed)."""
+    def waits_expire(self, max_jobs: int) -> int | None:
+        """Suspended jobs past their timeout become pending, at most `max_jobs` (None: the
+        call failed)."""
         return self.link.run(
             "moving timed-out waits back to pending",
-            lambda c: session.lock_bounded(
-                c, SWEEP_LOCK_TIMEOUT_MS, lambda: lease.waits_expire(c, schema=self.schema)
+            lambda c: self._lock_bounded(
+                c, lambda: lease.waits_expire(c, max_jobs, schema=self.schema)
             ),
         )
 
@@ -293,8 +290,8 @@ class Statements:
         """One batch of the fleet's expiry sweep (None: the call failed)."""
         return self.link.run(
             "ending jobs past their expires_at",
-            lambda c: session.lock_bounded(
-                c, SWEEP_LOCK_TIMEOUT_MS, lambda: retention.expired_cancel(c, max_jobs, self.schema)
+            lambda c: self._lock_bounded(
+                c, lambda: retention.expired_cancel(c, max_jobs, self.schema)
             ),
         )
 
@@ -302,7 +299,7 @@ class Statements:
         """One batch of the fleet's retention (None: the call failed)."""
         return self.link.run(
             "pruning finished jobs, schedule runs and gone daemons",
-            lambda c: retention.prune_batch(c, config, self.schema),
+            lambda c: self._lock_bounded(c, lambda: retention.prune_batch(c, config, self.schema)),
         )
 
     # -- schedules (periodic jobs) ----------------------------------------------------------
@@ -311,7 +308,9 @@ class Statements:
         """Record our definition; returns the tick up to which the schedule is handled."""
         return self.link.run(
             f"declaring schedule {name!r}",
-            lambda c: schedules.declare(c, name, definition, self.worker_id, self.schema),
+            lambda c: self._lock_bounded(
+                c, lambda: schedules.declare(c, name, definition, self.worker_id, self.schema)
+            ),
         )
 
     def set_declared_schedules(self, names: Sequence[str]) -> bool | None:
@@ -321,12 +320,16 @@ class Statements:
             )
             return True
 
-        return self.link.run("recording declared schedules", call)
+        return self.link.run(
+            "recording declared schedules", lambda c: self._lock_bounded(c, lambda: call(c))
+        )
 
     def fire_schedule(self, name: str, tick: datetime) -> schedules.Fired | None:
         return self.link.run(
             f"firing schedule {name!r}",
-            lambda c: schedules.fire(c, name, tick, self.worker_id, self.schema),
+            lambda c: self._lock_bounded(
+                c, lambda: schedules.fire(c, name, tick, self.worker_id, self.schema)
+            ),
         )
 
 
@@ -351,3 +354,8 @@ def tracing_error(description: str) -> Any:
     from opentelemetry.trace import Status, StatusCode
 
     return Status(StatusCode.ERROR, description)
+
+
+def _untraced(job: lease.ClaimedJob) -> lease.ClaimedJob:
+    """The job without its trace context: a daemon that does not trace hands none on."""
+    return job if job.trace is None else dataclasses.replace(job, trace=None)

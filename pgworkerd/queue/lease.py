@@ -60,6 +60,10 @@ class ClaimedJob:
     # a batch's callback: its batch (the counts and its first 100 members' outcomes, as
     # the child's Job message carries it: protocol.Job.batch); None for any other job
     batch: Any = None
+    # schema 39: the enqueuer's W3C trace context ({"traceparent", "tracestate"}: the
+    # child's Job message carries it while [tracing] is enabled, protocol.Job.trace);
+    # None: enqueued outside a trace
+    trace: Any = None
 
     @property
     def woken(self) -> dict[str, Any] | None:

@@ -1,5 +1,5 @@
 """The expiry sweep in SQL (migration 0032: job_expired_cancel, run by every daemon on a
-fleet-spaced cadence, daemon/retention.ExpirySweep): jobs past their expires_at end as
+fleet-spaced cadence, daemon/sweeps.EXPIRY): jobs past their expires_at end as
 cancelled with "expired: ..." without a claim, whatever their handler; bounded per call;
 jobs before their deadline untouched; explain and status show them."""
 

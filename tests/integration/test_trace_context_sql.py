@@ -7,16 +7,29 @@ are in tests/acceptance/test_tracing.py."""
 from __future__ import annotations
 
 import json
-from typing import Any
+import selectors
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+import leasing
 import psycopg
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState, use_span
 
 from pgworkerd import client
 from pgworkerd.client import InvalidJob, JobSpec
+from pgworkerd.config import DatabaseConfig
+from pgworkerd.daemon.dblink import DatabaseLink
+from pgworkerd.daemon.statements import Statements
+from pgworkerd.ops.metrics import NullMetrics
+from pgworkerd.queue.lease import HandlerCapacity
 from pgworkerd.queue.queries import render
+from pgworkerd.tracing import DaemonSpans
+
+T = TypeVar("T")
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -128,3 +141,76 @@ def test_the_client_injects_the_current_span_unless_told_otherwise(
     assert [stored(conn, schema, i) for i in ids] == [injected, None, {"traceparent": PARENT}]
     # a tracestate enqueue would refuse is left out, never the job
     assert stored(conn, schema, kept) == {"traceparent": injected["traceparent"]}
+
+
+def test_the_claim_returns_each_jobs_trace_context_in_its_row(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """claim_jobs_v3's last column (schema 39): a tracing daemon needs no read after the
+    claim (job_traces until 0039) to hand each child its enqueuer's context."""
+    trace = {"traceparent": PARENT, "tracestate": "vendor=abc"}
+    traced, plain = many(conn, schema, [{"handler": "h", "trace": trace}, {"handler": "h"}])
+    claimed = leasing.claim(
+        conn,
+        "w1",
+        queues=["default"],
+        handlers={"h": HandlerCapacity(lease_seconds=60, free=2)},
+        limit=2,
+        schema=schema,
+    )
+    assert {j.id: j.trace for j in claimed} == {traced: trace, plain: None}
+    # the column, by name, for workers in other languages
+    [(column,)] = sql(
+        conn,
+        schema,
+        "SELECT a.name FROM pg_catalog.pg_proc p, unnest(p.proargnames, p.proargmodes) "
+        "WITH ORDINALITY AS a(name, mode, n) WHERE p.oid = "
+        "'@schema@.claim_jobs_v3(text, text[], integer, jsonb)'::regprocedure "
+        "AND a.mode = 't' ORDER BY a.n DESC LIMIT 1",
+    )
+    assert column == "trace_context"
+
+
+class CountingLink(DatabaseLink):
+    """The daemon's real link, counting the calls the daemon makes through it."""
+
+    calls: list[str]
+
+    def run(self, what: str, func: Callable[[psycopg.Connection], T]) -> T | None:
+        self.calls.append(what)
+        return super().run(what, func)
+
+
+@pytest.mark.parametrize("tracing", [True, False], ids=["tracing", "not-tracing"])
+def test_the_daemons_claim_is_one_call_and_hands_the_context_on_only_while_tracing(
+    test_db_dsn: str, conn: psycopg.Connection, schema: str, tracing: bool
+) -> None:
+    trace = {"traceparent": PARENT}
+    [traced] = many(conn, schema, [{"handler": "h", "trace": trace}])
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with selectors.DefaultSelector() as selector:
+        link = CountingLink(DatabaseConfig(), test_db_dsn, schema, selector)
+        link.attach(link.connect())
+        link.calls = []
+        statements = Statements(
+            link,
+            "w1",
+            schema,
+            NullMetrics(),
+            spans=DaemonSpans(provider, "w1") if tracing else None,
+        )
+        try:
+            result = statements.claim(
+                ["default"], {"h": HandlerCapacity(lease_seconds=60, free=1)}, 1
+            )
+        finally:
+            link.close()
+    assert result is not None
+    [job] = result[0]
+    assert (job.id, link.calls) == (traced, ["claiming jobs"])
+    assert job.trace == (trace if tracing else None)
+    if tracing:
+        [span] = exporter.get_finished_spans()
+        assert [link.context.span_id for link in span.links] == [int(PARENT[36:52], 16)]

@@ -13,7 +13,8 @@ import http.client
 import re
 import threading
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,8 +172,37 @@ def text_of(driver: Any, element_id: str) -> str:
     raise AssertionError(f"#{element_id} kept being replaced while read")
 
 
-def log_in(driver: Any, running: RunningDashboard) -> None:
-    driver.get(running.url + "/login")
+@contextmanager
+def chromium(profile: Path, *flags: str) -> Iterator[Any]:
+    """A fresh headless Chromium with its own profile (and `flags` beside CHROMIUM_FLAGS),
+    its chromedriver's log beside the profile; quit at the end. The one place the tests
+    start a browser (tests/web/conftest.py's `browser` fixture)."""
+    import pytest
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
+        pytest.fail(
+            "no Chromium: tests/run (deploy/bootstrap --test) installs it"
+            " (apt chromium chromium-driver)"
+        )
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}", *flags):
+        options.add_argument(flag)
+    service = Service(CHROMEDRIVER, log_output=str(profile.with_name("chromedriver.log")))
+    driver = webdriver.Chrome(options=options, service=service)
+    try:
+        driver.set_page_load_timeout(30)
+        yield driver
+    finally:
+        driver.quit()
+
+
+def log_in(driver: Any, running: RunningDashboard, path: str = "/login") -> None:
+    """Log in as USER through the login form at `path` (a `next=` in it is followed), and
+    wait for the overview."""
+    driver.get(running.url + path)
     by_id(driver, "user").send_keys(USER)
     by_id(driver, "password").send_keys(PASSWORD)
     by_id(driver, "login").click()

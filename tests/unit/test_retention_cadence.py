@@ -1,6 +1,6 @@
-"""Unit tier: when the maintenance components look (pgworkerd.daemon.retention: Retention,
-StaleMarking and ExpirySweep), with a fake clock and a fake statement: no idle load that grows with
-the fleet."""
+"""Unit tier: when the maintenance components look (pgworkerd.daemon.retention: Retention
+and StaleMarking; the sweeps are test_sweeps_cadence.py), with a fake clock and a fake
+statement: no idle load that grows with the fleet."""
 
 from __future__ import annotations
 
@@ -14,12 +14,8 @@ from fakes import FakeClock
 from pgworkerd.config import RetentionConfig
 from pgworkerd.daemon.retention import (
     BATCH_PAUSE,
-    EXPIRY_BATCH,
-    EXPIRY_JITTER,
-    EXPIRY_LOOK,
     JITTER,
     LOCK_WAIT,
-    ExpirySweep,
     Pruned,
     Retention,
     RetentionBusy,
@@ -204,56 +200,3 @@ def test_each_daemon_marked_gone_is_logged_and_a_failed_look_waits_its_turn(
         looks(m, clock, 1)  # the statement failed: nothing logged, next look spaced
         assert caplog.records == []
     assert m.next_deadline() - clock() >= 15.0 * 3 * 0.5
-
-
-class Ended:
-    """A fake job_expired_cancel: the counts it returns, in turn (then 0)."""
-
-    def __init__(self, *answers: int | None) -> None:
-        self.answers = list(answers)
-        self.asked: list[int] = []
-
-    def __call__(self, max_jobs: int) -> int | None:
-        self.asked.append(max_jobs)
-        return self.answers.pop(0) if self.answers else 0
-
-
-def test_the_expiry_sweep_is_spaced_across_the_fleet() -> None:
-    # 10 live daemons: each looks every ~10 x EXPIRY_LOOK, so the fleet about every one
-    clock = FakeClock()
-    ended = Ended()
-    sweep = ExpirySweep(ended, lambda: 10, clock=clock, rng=random.Random(8))
-    assert clock() <= sweep.next_deadline() <= clock() + EXPIRY_LOOK
-    gaps = []
-    for _ in range(200):
-        before = clock()
-        clock.advance(max(0.0, sweep.next_deadline() - clock()))
-        sweep.tick(clock())
-        gaps.append(clock() - before)
-    lo, hi = EXPIRY_LOOK * 10 * (1 - EXPIRY_JITTER), EXPIRY_LOOK * 10 * (1 + EXPIRY_JITTER)
-    assert all(lo <= g <= hi for g in gaps[1:])
-    assert 0.9 * EXPIRY_LOOK * 10 <= sum(gaps[1:]) / len(gaps[1:]) <= 1.1 * EXPIRY_LOOK * 10
-    assert len(ended.asked) == 200 and set(ended.asked) == {EXPIRY_BATCH}
-    sweep.tick(clock.advance(1.0))  # no statement between looks
-    assert len(ended.asked) == 200
-
-
-def test_a_full_expiry_batch_is_followed_by_the_next_soon_and_a_failure_waits(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    clock = FakeClock()
-    ended = Ended(EXPIRY_BATCH, EXPIRY_BATCH, 3, None)
-    sweep = ExpirySweep(ended, lambda: 1, clock=clock, rng=random.Random(9))
-    with caplog.at_level(logging.INFO, logger="pgworkerd"):
-        clock.advance(EXPIRY_LOOK)
-        sweep.tick(clock())
-        assert sweep.next_deadline() == clock() + BATCH_PAUSE
-        sweep.tick(clock.advance(BATCH_PAUSE))
-        assert sweep.next_deadline() == clock() + BATCH_PAUSE
-        sweep.tick(clock.advance(BATCH_PAUSE))  # 3: done, the spaced interval again
-        assert sweep.next_deadline() >= clock() + EXPIRY_LOOK * (1 - EXPIRY_JITTER)
-        clock.advance(sweep.next_deadline() - clock())
-        sweep.tick(clock())  # failed (None): no retry storm
-        assert sweep.next_deadline() >= clock() + EXPIRY_LOOK * (1 - EXPIRY_JITTER)
-    assert "expiry: 1000 job(s) past their expires_at ended as cancelled" in caplog.text
-    assert "expiry: 3 job(s)" in caplog.text

@@ -375,3 +375,14 @@ def test_the_docs_map_names_every_table_and_function_in_its_file() -> None:
             if f"`{name}`" not in rows[file]:
                 missing.append(f"{name} ({file}.sql)")
     assert missing == []
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["'expired: not started by its expires_at '", "'expired: its lease ran out after its"],
+)
+def test_ending_an_expired_job_is_written_once(text: str) -> None:
+    """job_expired_cancel is the one text of that transition: the claims call it (0039)
+    instead of restating its UPDATEs, so a fix to one cannot miss the others."""
+    found = [file for file, body in declared().items() for _ in range(body.count(text))]
+    assert found == ["retention"]

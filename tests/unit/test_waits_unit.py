@@ -1,20 +1,18 @@
 """Unit tier of durable waits: WaitFor's checks (child and daemon alike), the protocol's
-wait and wake-up fields, decide() of a wait report, JobContext's view of what woke it,
-and the cadence of the daemons' timeout sweep (a fake clock and a fake statement)."""
+wait and wake-up fields, decide() of a wait report, JobContext's view of what woke it
+(the cadence of the daemons' timeout sweep is test_sweeps_cadence.py)."""
 
 from __future__ import annotations
 
 import json
-import random
 from typing import Any
 
 import pytest
-from fakes import FakeClock, claimed_job
+from fakes import claimed_job
 
 from pgworkerd.config import HandlerConfig, WorkerConfig
 from pgworkerd.daemon.outcomes import InFlight, decide
 from pgworkerd.daemon.states import OutcomeKind
-from pgworkerd.daemon.waits import BATCH, BATCH_PAUSE, JITTER, SWEEP_INTERVAL, WaitTimeouts
 from pgworkerd.worker import protocol
 from pgworkerd.worker.child import JobContext
 from pgworkerd.worker.outcomes import MAX_WAIT_SECONDS, WaitFor, wait_problem
@@ -130,35 +128,3 @@ def test_the_handler_sees_what_woke_its_job() -> None:
         "T",
     )
     assert str(WaitFor("go", "1d", key="k")) == "wait for signal 'go' (key 'k'), at most '1d'"
-
-
-class Sweep:
-    def __init__(self, *moved: int | None) -> None:
-        self.moved = list(moved)
-        self.calls = 0
-
-    def __call__(self) -> int | None:
-        self.calls += 1
-        return self.moved.pop(0) if self.moved else 0
-
-
-def test_the_sweep_looks_once_per_jittered_interval_and_at_once_after_a_full_batch() -> None:
-    clock = FakeClock()
-    sweep = Sweep(0, BATCH, 3, None)
-    w = WaitTimeouts(sweep, clock=clock, rng=random.Random(3))
-    assert clock() <= w.next_deadline() <= clock() + SWEEP_INTERVAL
-    w.tick(w.next_deadline() - 0.01)
-    assert sweep.calls == 0
-    now = w.next_deadline()
-    w.tick(now)  # nothing due: the next look within the jittered interval
-    assert sweep.calls == 1
-    gap = w.next_deadline() - now
-    assert SWEEP_INTERVAL * (1 - JITTER) <= gap <= SWEEP_INTERVAL * (1 + JITTER)
-    now = w.next_deadline()
-    w.tick(now)  # a full batch: more are due, the next batch soon
-    assert w.next_deadline() == now + BATCH_PAUSE
-    for _ in range(2):  # a short batch, then a failed call: back to the interval
-        now = w.next_deadline()
-        w.tick(now)
-        assert w.next_deadline() - now >= SWEEP_INTERVAL * (1 - JITTER)
-    assert sweep.calls == 4

@@ -8,14 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dashboard_harness import (
-    CHROMEDRIVER,
-    CHROMIUM,
-    CHROMIUM_FLAGS,
-    PASSWORD_HASH,
-    USER,
-    RunningDashboard,
-)
+from dashboard_harness import PASSWORD_HASH, USER, Http, RunningDashboard, chromium
 
 from pgworkerd.config import WebConfig
 from pgworkerd.web.server import build
@@ -48,22 +41,13 @@ def dashboard(start_dashboard: Callable[..., RunningDashboard]) -> RunningDashbo
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[Any]:
     """A fresh headless Chromium with its own profile; quit at the end."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    if not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()):
-        pytest.fail(
-            "no Chromium: tests/run (deploy/bootstrap --test) installs it"
-            " (apt chromium chromium-driver)"
-        )
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}"):
-        options.add_argument(flag)
-    service = Service(CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(options=options, service=service)
-    driver.set_page_load_timeout(30)
-    try:
+    with chromium(tmp_path / "chromium-profile") as driver:
         yield driver
-    finally:
-        driver.quit()
+
+
+@pytest.fixture
+def http_client(dashboard: RunningDashboard) -> Http:
+    """A plain HTTP client logged in to `dashboard` as USER."""
+    client = Http(dashboard.port)
+    client.log_in()
+    return client

@@ -127,36 +127,42 @@ def _post(client: Http, path: str, form: dict[str, Any]) -> Reply:
         conn.close()
 
 
-def test_every_bulk_input_is_bounded_and_checked(dashboard: RunningDashboard, db: Db) -> None:
+def test_every_bulk_input_is_bounded_and_checked(http_client: Http, db: Db) -> None:
     jobs = [db.enqueue("work", {}, delay=3600) for _ in range(3)]
-    client = Http(dashboard.port)
-    client.log_in()
     ids = [str(j) for j in jobs]
     over = [str(n) for n in range(1, admin.BULK_MAX + 2)]
     for form, status, why in (
-        (_confirm_form(client, over), 400, f"at most {admin.BULK_MAX} jobs per action, not"),
-        (_confirm_form(client, []), 400, "no job selected"),
-        (_confirm_form(client, ["1e9"]), 400, "a job id is not a number"),
-        (_confirm_form(client, ids, action="drop-table"), 400, "choose an action"),
-        (_confirm_form(client, ids, action="priority", priority="99999"), 400, "the priority must"),
-        (_confirm_form(client, ids, action="priority", priority="x"), 400, "the priority must"),
-        (_confirm_form(client, ids, csrf="forged"), 403, "CSRF"),
+        (_confirm_form(http_client, over), 400, f"at most {admin.BULK_MAX} jobs per action, not"),
+        (_confirm_form(http_client, []), 400, "no job selected"),
+        (_confirm_form(http_client, ["1e9"]), 400, "a job id is not a number"),
+        (_confirm_form(http_client, ids, action="drop-table"), 400, "choose an action"),
+        (
+            _confirm_form(http_client, ids, action="priority", priority="99999"),
+            400,
+            "the priority must",
+        ),
+        (
+            _confirm_form(http_client, ids, action="priority", priority="x"),
+            400,
+            "the priority must",
+        ),
+        (_confirm_form(http_client, ids, csrf="forged"), 403, "CSRF"),
     ):
         for path in ("/bulk/confirm", "/bulk/act"):
-            reply = _post(client, path, form)
+            reply = _post(http_client, path, form)
             assert reply.status == status and why in reply.body, (
                 path,
                 form["action"],
                 reply.status,
             )
     # a million ids: refused whole (the form is over MAX_CONTENT_LENGTH), nothing parsed
-    million = urllib.parse.urlencode(_confirm_form(client, ["123456"] * 1_000_000), doseq=True)
-    conn = http.client.HTTPConnection("127.0.0.1", client.port, timeout=BROWSER_DEADLINE)
+    million = urllib.parse.urlencode(_confirm_form(http_client, ["123456"] * 1_000_000), doseq=True)
+    conn = http.client.HTTPConnection("127.0.0.1", http_client.port, timeout=BROWSER_DEADLINE)
     try:  # the length is enough to refuse it: the body is never sent
         conn.putrequest("POST", "/bulk/act", skip_host=True)
         for name, value in (
-            ("Host", f"127.0.0.1:{client.port}"),
-            ("Cookie", client.cookie),
+            ("Host", f"127.0.0.1:{http_client.port}"),
+            ("Cookie", http_client.cookie),
             ("Content-Type", "application/x-www-form-urlencoded"),
             ("Content-Length", str(len(million))),
         ):
@@ -169,17 +175,19 @@ def test_every_bulk_input_is_bounded_and_checked(dashboard: RunningDashboard, db
         ("table", "x", "retry the dead jobs of a queue or a handler"),
         ("handler", "", "handler"),
     ):
-        reply = client.get(f"/bulk/confirm-dead?kind={kind}&name={name}")
+        reply = http_client.get(f"/bulk/confirm-dead?kind={kind}&name={name}")
         assert reply.status == 400 and why in reply.body
-    forged = _post(client, "/bulk/act-dead", {"csrf": "forged", "kind": "handler", "name": "work"})
+    forged = _post(
+        http_client, "/bulk/act-dead", {"csrf": "forged", "kind": "handler", "name": "work"}
+    )
     assert forged.status == 403
     # nothing changed by any of it
     assert [db.job(j)["status"] for j in jobs] == ["pending"] * 3
     assert [db.job(j)["priority"] for j in jobs] == [0] * 3
     # and the right form works
-    token = client.get("/jobs").csrf()
+    token = http_client.get("/jobs").csrf()
     done = _post(
-        client, "/bulk/act", {"csrf": token, "action": "priority", "priority": "-5", "id": ids}
+        http_client, "/bulk/act", {"csrf": token, "action": "priority", "priority": "-5", "id": ids}
     )
     assert done.status == 302
     assert [db.job(j)["priority"] for j in jobs] == [-5] * 3

@@ -75,19 +75,17 @@ def test_the_log_tail_follows_a_running_job_with_its_progress_bar_and_eta(
 
 
 def test_following_a_log_past_its_cap_shows_each_line_once_and_says_what_was_left_out(
-    dashboard: RunningDashboard, db: Db, daemons: Daemons
+    http_client: Http, db: Db, daemons: Daemons
 ) -> None:
     daemons.start(HANDLERS, tables={"logs": {"max_bytes_per_attempt": "8KiB"}})
     job = db.enqueue("scroll", {"lines": 600, "bursts": 12, "every": 0.4})
-    client = Http(dashboard.port)
-    client.log_in()
     cursor = {"ref": "", "head": "0", "omitted": "0", "tail": "0", "tailb": "0", "eol": "1"}
     text, polls = "", 0
 
     def poll() -> bool:
         nonlocal text, polls
         query = "&".join(f"{k}={v}" for k, v in cursor.items())
-        reply = client.get(f"/live/jobs/{job}/log?{query}", headers={"X-Live": "1"})
+        reply = http_client.get(f"/live/jobs/{job}/log?{query}", headers={"X-Live": "1"})
         assert reply.status == 200, reply.body
         step = json.loads(reply.body)
         polls += 1
@@ -128,10 +126,8 @@ def test_following_a_log_past_its_cap_shows_each_line_once_and_says_what_was_lef
     assert all(ln.startswith("[...") for ln in text.splitlines() if "bytes omitted" in ln)
 
 
-def test_the_tail_refuses_a_hostile_cursor(dashboard: RunningDashboard, db: Db) -> None:
+def test_the_tail_refuses_a_hostile_cursor(http_client: Http, db: Db) -> None:
     job = db.enqueue("report", {"ticks": 1})
-    client = Http(dashboard.port)
-    client.log_in()
     for query, why in (
         ("head=-1", "head must be a count"),
         ("tail=abc", "tail must be a count"),
@@ -140,9 +136,9 @@ def test_the_tail_refuses_a_hostile_cursor(dashboard: RunningDashboard, db: Db) 
         ("eol=2", "eol must be 0 or 1"),
         ("ref=../../etc", "ref must name an attempt"),
     ):
-        reply = client.get(f"/live/jobs/{job}/log?{query}", headers={"X-Live": "1"})
+        reply = http_client.get(f"/live/jobs/{job}/log?{query}", headers={"X-Live": "1"})
         assert reply.status == 400 and why in reply.body, (query, reply.status)
-    fine = client.get(f"/live/jobs/{job}/log", headers={"X-Live": "1"})
+    fine = http_client.get(f"/live/jobs/{job}/log", headers={"X-Live": "1"})
     assert fine.status == 200 and '"ref":""' in fine.body.replace(" ", "")
 
 

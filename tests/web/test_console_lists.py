@@ -50,18 +50,16 @@ def test_tabs_split_the_pending_jobs_and_count_each_state(
     assert text_of(browser, "tab-due").split()[-1] == "0"
 
 
-def test_the_list_refuses_what_it_does_not_serve(dashboard: RunningDashboard) -> None:
-    client = Http(dashboard.port)
-    client.log_in()
+def test_the_list_refuses_what_it_does_not_serve(http_client: Http) -> None:
     for path, why in (
         ("/jobs?tab=everything", "unknown tab: the tabs are due, scheduled"),
         ("/jobs?tab=due&status=dead", "give a tab or a status, not both"),
         ("/jobs?sort=payload", "no index serves that order"),
         ("/jobs?sort=created_at", "no index serves that order"),
     ):
-        reply = client.get(path)
+        reply = http_client.get(path)
         assert reply.status == 400 and why in reply.body, path
-    assert client.get("/jobs?tab=completed&sort=newest").status == 200
+    assert http_client.get("/jobs?tab=completed&sort=newest").status == 200
 
 
 def test_a_tab_count_stops_at_its_cap(conn: psycopg.Connection[Any], schema: str, db: Db) -> None:

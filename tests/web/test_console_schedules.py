@@ -42,16 +42,12 @@ def test_schedules_show_their_next_run_and_trigger_now_enqueues_the_job(
     assert db.rows("SELECT count(*) AS n FROM {schema}.schedule_runs")[0]["n"] == ticks_before
 
 
-def test_triggering_an_unknown_schedule_enqueues_nothing(
-    dashboard: RunningDashboard, db: Db
-) -> None:
-    client = Http(dashboard.port)
-    client.log_in()
-    page = client.get("/confirm/trigger-schedule?target=nope")
+def test_triggering_an_unknown_schedule_enqueues_nothing(http_client: Http, db: Db) -> None:
+    page = http_client.get("/confirm/trigger-schedule?target=nope")
     assert page.status == 200
-    reply = client.post("/act/trigger-schedule", {"target": "nope", "csrf": page.csrf()})
+    reply = http_client.post("/act/trigger-schedule", {"target": "nope", "csrf": page.csrf()})
     assert reply.status == 302
-    assert "not triggered: no schedule" in client.get("/schedules").body.replace("&#39;", "'")
+    assert "not triggered: no schedule" in http_client.get("/schedules").body.replace("&#39;", "'")
     assert db.rows("SELECT id FROM {schema}.jobs") == []
-    bad = client.get("/confirm/trigger-schedule?target=%20x")
+    bad = http_client.get("/confirm/trigger-schedule?target=%20x")
     assert bad.status == 400 and "must not begin or end with whitespace" in bad.body

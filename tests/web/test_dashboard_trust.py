@@ -17,17 +17,13 @@ from typing import Any
 
 from daemon_harness import Db
 from dashboard_harness import (
-    CHROMEDRIVER,
-    CHROMIUM,
-    CHROMIUM_FLAGS,
     PASSWORD,
     USER,
     Http,
     RunningDashboard,
-    by_id,
+    chromium,
     log_in,
     screenshot,
-    text_of,
     wait_browser,
 )
 
@@ -208,35 +204,21 @@ def test_no_open_redirect_in_chromium(dashboard: RunningDashboard, tmp_path: Any
     next=/%09/evil.example/phish, evil.example mapped to a listener of ours; the browser
     ends on the dashboard's overview (before: the server sent it to //evil.example/, and
     only the CSP's form-action kept Chromium on the login page)."""
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
     phish = http.server.HTTPServer(("127.0.0.1", 0), _Phish)
     threading.Thread(target=phish.serve_forever, daemon=True).start()
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (
-        *CHROMIUM_FLAGS,
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        f"--host-resolver-rules=MAP evil.example 127.0.0.1:{phish.server_address[1]}",
-    ):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
     try:
-        driver.set_page_load_timeout(30)
-        # the mapping works: the phishing page is reachable by its name
-        driver.get("http://evil.example/phish")
-        assert driver.find_elements("id", "phish")
-        driver.get(dashboard.url + "/login?next=/%09/evil.example/phish")
-        by_id(driver, "user").send_keys(USER)
-        by_id(driver, "password").send_keys(PASSWORD)
-        by_id(driver, "login").click()
-        wait_browser(driver, lambda d: text_of(d, "daemons"), "the overview after login")
-        assert driver.current_url == dashboard.url + "/"
-        assert not driver.find_elements("id", "phish")
-        screenshot(driver, "login-next-hostile")
+        with chromium(
+            tmp_path / "chromium-profile",
+            f"--host-resolver-rules=MAP evil.example 127.0.0.1:{phish.server_address[1]}",
+        ) as driver:
+            # the mapping works: the phishing page is reachable by its name
+            driver.get("http://evil.example/phish")
+            assert driver.find_elements("id", "phish")
+            log_in(driver, dashboard, "/login?next=/%09/evil.example/phish")
+            assert driver.current_url == dashboard.url + "/"
+            assert not driver.find_elements("id", "phish")
+            screenshot(driver, "login-next-hostile")
     finally:
-        driver.quit()
         phish.shutdown()
         phish.server_close()
 

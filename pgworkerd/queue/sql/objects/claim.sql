@@ -906,7 +906,8 @@ REVOKE EXECUTE ON FUNCTION
 --   * No job starts after its expires_at: jobs past it are ended first, as 'cancelled'
 --     with the reason in last_error ("expired: ..."): pending ones, and running ones whose
 --     lease ran out (a rescue would start a new attempt). Any claimer ends any expired
---     job (rows another claim holds are skipped, never waited for); the partial index
+--     job (rows another claim holds are skipped, never waited for), at most 1,000 of
+--     each per claim, through job_expired_cancel (retention.sql; since 0039); the partial index
 --     jobs_pending_expires_idx holds only pending jobs with a deadline, so a queue
 --     without deadlines pays one probe of an empty index.
 --   * Two more columns per claimed job: timeout_seconds (the job's own, overriding the
@@ -953,26 +954,9 @@ BEGIN
                         cardinality(claim_jobs_v2.queues)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    -- Expired jobs end before the claim can see them (its now() is this one).
-    UPDATE @schema@.jobs j
-       SET status = 'cancelled', finished_at = now(), updated_at = now(),
-           last_error = 'expired: not started by its expires_at ' || j.expires_at
-      FROM (SELECT e.id FROM @schema@.jobs e
-             WHERE e.status = 'pending' AND e.expires_at <= now()
-             ORDER BY e.expires_at
-             LIMIT 1000
-               FOR UPDATE SKIP LOCKED) AS expired
-     WHERE j.id = expired.id;
-    UPDATE @schema@.jobs j
-       SET status = 'cancelled', finished_at = now(), updated_at = now(),
-           locked_by = NULL, locked_until = NULL,
-           last_error = 'expired: its lease ran out after its expires_at ' || j.expires_at
-                        || '; not started again'
-      FROM (SELECT e.id FROM @schema@.jobs e
-             WHERE e.status = 'running' AND e.locked_until < now()
-               AND e.expires_at <= now()
-               FOR UPDATE SKIP LOCKED) AS expired
-     WHERE j.id = expired.id;
+    -- Expired jobs end before the claim can see them (its now() is this one): the
+    -- daemons' expiry sweep, the one text of that transition (retention.sql, 0039).
+    PERFORM @schema@.job_expired_cancel(1000);
     -- One row at a time: the look-up of each claimed job's row is a statement of its own,
     -- whose snapshot sees the claim (a join in the claim's statement would read rows as
     -- they were before it, and miss a job enqueued meanwhile that the claim took).
@@ -1037,6 +1021,9 @@ REVOKE EXECUTE ON FUNCTION
 --     "outcomes": [{"id", "status", "result", "error"}, ...], "outcomes_complete"};
 --     NULL for any other job. The daemon read it after each claim until 0031
 --     (batch_outcomes).
+--   * trace_context: the enqueuer's W3C trace context ({"traceparent", "tracestate"},
+--     0035), NULL for a job enqueued outside a trace. The daemon read it after each claim
+--     while tracing until 0039 (job_traces).
 -- Two statements after the claim, whatever it took (claim_jobs_v2 ran one per claimed
 -- job): the claim's ids are collected, then one statement reads their rows with their
 -- parents, signals and batches. A statement of its own, so that its snapshot sees the
@@ -1061,7 +1048,7 @@ RETURNS TABLE (
     created_at timestamptz, locked_until timestamptz, rescued boolean,
     timeout_seconds float8, parents jsonb, has_children boolean,
     wait_for text, wait_ended text, signal_payload jsonb, signal_sent_at timestamptz,
-    batch jsonb
+    batch jsonb, trace_context jsonb
 )
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -1237,26 +1224,8 @@ BEGIN
     END IF;
     -- A durable commit (see the 0019 header: SET LOCAL here, never a SET clause).
     PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
-    -- Expired jobs end before the claim can see them (claim_jobs_v2's two statements).
-    UPDATE @schema@.jobs j
-       SET status = 'cancelled', finished_at = now(), updated_at = now(),
-           last_error = 'expired: not started by its expires_at ' || j.expires_at
-      FROM (SELECT e.id FROM @schema@.jobs e
-             WHERE e.status = 'pending' AND e.expires_at <= now()
-             ORDER BY e.expires_at
-             LIMIT 1000
-               FOR UPDATE SKIP LOCKED) AS expired
-     WHERE j.id = expired.id;
-    UPDATE @schema@.jobs j
-       SET status = 'cancelled', finished_at = now(), updated_at = now(),
-           locked_by = NULL, locked_until = NULL,
-           last_error = 'expired: its lease ran out after its expires_at ' || j.expires_at
-                        || '; not started again'
-      FROM (SELECT e.id FROM @schema@.jobs e
-             WHERE e.status = 'running' AND e.locked_until < now()
-               AND e.expires_at <= now()
-               FOR UPDATE SKIP LOCKED) AS expired
-     WHERE j.id = expired.id;
+    -- Expired jobs end before the claim can see them, as claim_jobs_v2 ends them.
+    PERFORM @schema@.job_expired_cancel(1000);
     SELECT array_agg(c.id), array_agg(c.rescued) INTO claimed_ids, claimed_rescued
       FROM @schema@.claim_v4(claim_jobs_v3.worker, claim_jobs_v3.queues, names, leases, free,
                              claim_jobs_v3.max_jobs, attempts_over, their_queues, running,
@@ -1288,7 +1257,8 @@ BEGIN
                             WHERE m.batch_id = b.id
                             ORDER BY m.id
                             LIMIT 100) m), '[]'::jsonb),
-               'outcomes_complete', b.members <= 100) END
+               'outcomes_complete', b.members <= 100) END,
+           j.trace_context
       FROM unnest(claimed_ids, claimed_rescued) AS c(id, rescued)
       JOIN @schema@.jobs j ON j.id = c.id
       LEFT JOIN @schema@.signals s ON s.job_id = j.id AND s.name = j.wait_for

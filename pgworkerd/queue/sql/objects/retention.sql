@@ -233,12 +233,13 @@ $$;
 REVOKE EXECUTE ON FUNCTION @schema@.prune_finished_v2(float8, float8, float8, float8, float8,
                                                       integer) FROM PUBLIC;
 
--- The daemons' expiry sweep (0032; daemon/retention.ExpirySweep, spaced across the fleet
+-- The daemons' expiry sweep (0032; daemon/sweeps.EXPIRY, spaced across the fleet
 -- like stale-marking): jobs past their expires_at end as 'cancelled' with the reason in
--- last_error ("expired: ..."), the claim's own two cases (claim_jobs_v2) without a claim,
--- so that a job whose handler no daemon serves, or a queue nobody claims from, ends at
--- its deadline too: pending ones, and running ones whose lease ran out (a rescue would
--- start a new attempt). At most `max_jobs` of each per call, oldest deadline first; rows
+-- last_error ("expired: ..."), so that a job whose handler no daemon serves, or a queue
+-- nobody claims from, ends at its deadline too: pending ones, and running ones whose
+-- lease ran out (a rescue would start a new attempt). The one text of that transition:
+-- claim_jobs_v2 and claim_jobs_v3 call it (with 1000) before they claim (0039). At most
+-- `max_jobs` of each per call, oldest deadline (or lease) first; rows
 -- another transaction holds (a claim, a cancel) are skipped, never waited for. Returns
 -- how many ended. Their end counts for their batches and children as any cancel does.
 -- SECURITY DEFINER: the daemon role has no UPDATE on jobs.

@@ -62,13 +62,16 @@ SELECT @schema@.job_held_release(%(id)s::bigint) AS status;
 -- expired jobs end instead of starting. %(handlers)s is a JSON array with one object per
 -- handler: its lease, free slots, max_attempts, queues (null: all) and limits (null:
 -- none). Each job comes with its own timeout, its parents' results, what woke it (it
--- waited: WaitFor) and, for a batch's callback, its batch: no other read after a claim.
+-- waited: WaitFor), for a batch's callback its batch, and its enqueuer's trace context
+-- (schema 39; the child's span links to it only while [tracing] is enabled): no other
+-- read after a claim.
 -- The columns are named as ClaimedJob's fields (queue/records.py; a test holds every
 -- record to its statement's columns by name).
 SELECT c.id, c.queue, c.handler, c.payload, c.priority, c.attempts AS attempt,
        c.max_attempts, c.lease_token AS token, c.checkpoint, c.run_at, c.created_at,
        c.locked_until, c.rescued, c.timeout_seconds, c.parents, c.has_children,
-       c.wait_for, c.wait_ended, c.signal_payload, c.signal_sent_at, c.batch
+       c.wait_for, c.wait_ended, c.signal_payload, c.signal_sent_at, c.batch,
+       c.trace_context AS trace
   FROM @schema@.claim_jobs_v3(
     worker => %(worker)s::text, queues => %(queues)s::text[], max_jobs => %(limit)s::integer,
     handlers => %(handlers)s::jsonb) AS c;
@@ -533,13 +536,6 @@ SELECT @schema@.job_waits_expire(%(max_jobs)s::integer) AS moved;
 -- The expiry sweep (job_expired_cancel in retention.sql, 0032): jobs past their expires_at
 -- end as cancelled, at most %(max_jobs)s pending and as many running. Returns how many.
 SELECT @schema@.job_expired_cancel(%(max_jobs)s::integer) AS ended;
--- name: job_traces
--- The enqueuers' trace contexts of the claimed ids %(ids)s (schema 35, pgworkerd.tracing):
--- read by the daemon after a claim, and only while [tracing] is enabled, for its ids only
--- (primary-key look-ups); jobs enqueued outside a trace give no row.
-SELECT j.id, j.trace_context
-  FROM @schema@.jobs j
- WHERE j.id = ANY (%(ids)s::bigint[]) AND j.trace_context IS NOT NULL;
 -- name: job_run_now
 -- Pending jobs due later (scheduled, or waiting for a retry's backoff) due now instead
 -- (the dashboard's "run now"); returns the ids moved. The caller bounds the selection.

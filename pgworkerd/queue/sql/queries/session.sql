@@ -35,7 +35,7 @@ SELECT set_config('jit', 'off', true), set_config('max_parallel_workers_per_gath
 SELECT set_config('statement_timeout', %(timeout)s, true);
 
 -- name: session_lock_timeout_set_local
--- Bound the lock waits of the current transaction only (the daemon's sweeps: a LOCK TABLE
+-- Bound the lock waits of the current transaction only (the daemon's maintenance: a LOCK TABLE
 -- or a migration must not stall its loop behind them).
 SELECT set_config('lock_timeout', %(timeout)s, true);
 

@@ -38,6 +38,14 @@ random moment, before or after the wait: every signalled wait resumed and saw it
 signal's payload, and no job is left suspended with its signal there; jobs with
 `expire_in` of a few seconds: none started (claimed) at or after its expires_at, and one
 not completed ended cancelled as expired.
+Issue 25's features are in the workload, with their invariants: a start-rate limited
+fair handler "rated" (a burst up front that the rate must space): no window of a second
+holds more starts than its rate, in all or per key; a fair handler "shared" with weights
+and a backlog enqueued key after key: in every window of 40 starts while every key is
+due, each key's starts within 5 of its weighted share; no slot idles while work is due
+(per daemon samples every 0.5 s: never 3 s with a free slot while one job of the
+unlimited handler stays due); dedupe windows (handler "deduped", one call per enqueue,
+random policies): no key held by two jobs within its window.
 Also printed: jobs per status, faults per kind, executions per job, and the time from a
 fault to the affected job running again (p50/p99).
 """
@@ -140,6 +148,7 @@ RATED_SHARE = 0.04
 RATED_PER_SECOND = 5
 RATED_PER_KEY = 2
 RATED_KEYS = ("r0", "r1", "r2")
+RATED_BURST = 5  # jobs of each key enqueued up front, at once: the rate must space them
 # Fair share with weights (issue 25): handler "shared" is fair over its keys, weighted
 # SHARED_WEIGHTS, and capped at SHARED_RUNNING fleet-wide so that its jobs queue. Its
 # backlog (SHARED_SHARE of --jobs, in proportion to the weights, so that every key stays
@@ -372,7 +381,13 @@ class Soak:
             elif self.rng.random() < RATED_SHARE:
                 payload = {"d": round(d, 3), "raise": 0.08, "crash": 0.02}
                 key = self.rng.choice(RATED_KEYS)
-                specs.append(client.JobSpec("rated", payload, max_attempts=10, concurrency_key=key))
+                # urgent: due in bulk, not queued behind the backlog (the rate is what holds
+                # them back)
+                specs.append(
+                    client.JobSpec(
+                        "rated", payload, priority=-1, max_attempts=10, concurrency_key=key
+                    )
+                )
             else:
                 specs.append(self.issue24_spec(round(d, 3), specs))
         return specs
@@ -478,6 +493,22 @@ class Soak:
                 )
         self.ids += client.enqueue_many(conn, specs, schema=SCHEMA)
 
+    def enqueue_rated_burst(self, conn: psycopg.Connection) -> None:
+        """RATED_BURST jobs of each rated key at once: more than the rate lets start in a
+        second, so the rate (not the arrivals) spaces them."""
+        specs = [
+            client.JobSpec(
+                "rated",
+                {"d": 0.05, "raise": 0.0, "crash": 0.0},
+                priority=-1,
+                max_attempts=10,
+                concurrency_key=key,
+            )
+            for key in RATED_KEYS
+            for _ in range(RATED_BURST)
+        ]
+        self.ids += client.enqueue_many(conn, specs, schema=SCHEMA)
+
     def enqueue_deduped(self) -> None:
         """Now and then one job of handler "deduped", its own call: a key of DEDUPE_KEYS,
         held DEDUPE_WINDOW after it finished, and a random policy."""
@@ -499,6 +530,7 @@ class Soak:
                     "deduped",
                     payload,
                     max_attempts=10,
+                    priority=-1,  # not behind the backlog: keys freed and taken again often
                     dedupe_key=self.rng.choice(DEDUPE_KEYS),
                     dedupe_window=DEDUPE_WINDOW,
                     schema=SCHEMA,
@@ -684,6 +716,7 @@ class Soak:
         up_front = a.jobs // 3
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             self.enqueue_shared(conn, round(a.jobs * SHARED_SHARE))
+            self.enqueue_rated_burst(conn)
             self.enqueue(conn, up_front)
         start = time.monotonic()
         end = start + a.duration

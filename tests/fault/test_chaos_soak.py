@@ -4,7 +4,9 @@ checks its own invariants (no overlapping executions, no lost or stuck jobs, no 
 recorded twice, attempts accounted for, poison rows dead alone, the fleet-wide limits of
 its "limited" handler held, no handler subprocess left behind; issue 24's: no child started
 before all its parents completed, each follow-up exactly once, no signal lost, no expired
-job started) and exits 1 when one fails. Its summary is printed (shown with -rP or on failure)."""
+job started; issue 25's: no start-rate window exceeded, each key's share of a fair handler's
+starts within a bound of its weight, no slot idle while work is due, no dedupe window
+broken) and exits 1 when one fails. Its summary is printed (shown with -rP or on failure)."""
 
 from __future__ import annotations
 
@@ -75,3 +77,11 @@ def test_chaos_soak_short(tmp_path: Path) -> None:
     assert "signals lost (a signalled wait not resumed by it): 0" in summary
     assert "jobs left suspended with their signal there: 0" in summary
     assert "expired jobs started (claimed at or after expires_at): 0" in summary
+    # issue 25's: each invariant looked at something, and held
+    assert re.search(r"of one key than 2 \(([1-9]\d*) starts\): 0$", summary, re.MULTILINE)
+    assert re.search(
+        r"more than \d+ from its weight's \(([1-9]\d*) windows\): 0$", summary, re.MULTILINE
+    )
+    assert re.search(r"([1-9]\d*) looks at a daemon up for", summary)
+    assert re.search(r"with a slot idle while a job was due: 0$", summary, re.MULTILINE)
+    assert re.search(r"held twice within their window \(([1-9]\d*) jobs\): 0$", summary, re.M)

@@ -217,7 +217,7 @@ def test_a_dedupe_key_held_twice_within_its_window_is_counted() -> None:
 
 
 def test_a_second_with_more_starts_than_the_rate_is_counted() -> None:
-    spaced = [0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2]  # 5/s: any second holds at most 5
+    spaced = [0.0, 0.21, 0.42, 0.63, 0.84, 1.05, 1.26]  # any second holds at most 5
     assert SOAK._over_rate(spaced, 5) == []
     over = SOAK._over_rate([*spaced, 1.1], 5)
-    assert over and over[0] == (0.2, 6)  # 0.2 .. 1.1 holds six
+    assert over and over[0] == (0.21, 6)  # 0.21 .. 1.1 holds six

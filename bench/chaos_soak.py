@@ -44,6 +44,14 @@ handler no daemon serves and some of a handler with one slot in the whole fleet 
 claim reaches most of them in time: the expiry sweep must end them): none started
 (claimed) at or after its expires_at, one not completed ended cancelled as expired, and
 every one never claimed ended cancelled as expired and reached no handler.
+Issue 25's features are in the workload, with their invariants: a start-rate limited
+fair handler "rated" (a burst up front that the rate must space): no window of a second
+holds more starts than its rate, in all or per key; a fair handler "shared" with weights
+and a backlog enqueued key after key: in every window of 40 starts while every key is
+due, each key's starts within 5 of its weighted share; no slot idles while work is due
+(per daemon samples every 0.5 s: never 3 s with a free slot while one job of the
+unlimited handler stays due); dedupe windows (handler "deduped", one call per enqueue,
+random policies): no key held by two jobs within its window.
 Also printed: jobs per status, faults per kind, executions per job, and the time from a
 fault to the affected job running again (p50/p99).
 """
@@ -83,8 +91,9 @@ BENCH_DIR = Path(__file__).resolve().parent
 PGWORKERD = str(Path(sys.executable).with_name("pgworkerd"))
 SCHEMA = "chaos"
 LEASE = 3.0
+SLOTS = 6
 WORKER = {
-    "slots": 6,
+    "slots": SLOTS,
     "lease": "3s",
     "renew_interval": "1s",
     "poll_interval": "1s",
@@ -145,6 +154,40 @@ RATED_SHARE = 0.04
 RATED_PER_SECOND = 5
 RATED_PER_KEY = 2
 RATED_KEYS = ("r0", "r1", "r2")
+RATED_BURST = 5  # jobs of each key enqueued up front, at once: the rate must space them
+# Fair share with weights (issue 25): handler "shared" is fair over its keys, weighted
+# SHARED_WEIGHTS, and capped at SHARED_RUNNING fleet-wide so that its jobs queue. Its
+# backlog (SHARED_SHARE of --jobs, in proportion to the weights, so that every key stays
+# due until near the end) is enqueued up front one key after the other, the heaviest
+# last: FIFO would serve the keys one by one. Invariant: in any SHARE_WINDOW consecutive
+# starts (attempts' started_at, claim order) during which every key had a job due (enqueued
+# and not yet started), each key started within SHARE_BOUND of SHARE_WINDOW * its share of
+# the weights. SHARE_BOUND is the largest weight (a turn cut at either end of a window)
+# plus 2 (two claims that began in one order and took the handler's lock in the other, or
+# a lost job rescued out of turn).
+SHARED_WEIGHTS = {"f0": 3, "f1": 1, "f2": 1}
+SHARED_RUNNING = 3
+SHARED_SHARE = 0.12
+SHARE_WINDOW = 40
+SHARE_BOUND = max(SHARED_WEIGHTS.values()) + 2
+# No slot idles while work is due: every IDLE_SAMPLE s the soak samples, per daemon that
+# is up, its running jobs (status running, locked_by it) and the due jobs of the unlimited
+# handler "chaos" (pending, run_at passed). A daemon idles a slot when, through samples
+# spanning at least IDLE_GRACE s, it had fewer running jobs than its slots while a chaos
+# job was due, one due at the first sample still pending at the last. The grace covers a
+# claim's latency on a loaded box (a daemon claims when a slot frees, on a notification, and
+# at least every poll_interval): samples within IDLE_GRACE of the daemon's (re)start,
+# SIGCONT or resume, or of a PostgreSQL restart, do not count.
+IDLE_SAMPLE = 0.5
+IDLE_GRACE = 3.0
+# Dedupe windows (issue 25): handler "deduped"'s jobs are enqueued one call each (a reject
+# aborts its call) with one of DEDUPE_KEYS, dedupe_window DEDUPE_WINDOW and a random policy.
+# Invariant: of two jobs of one key, the later was created (the enqueue's now()) at or
+# after the earlier finished + DEDUPE_WINDOW: never two live, nor one within the window.
+DEDUPE_EVERY = 0.25  # seconds between two enqueues of a deduped job, about
+DEDUPE_KEYS = ("u0", "u1", "u2", "u3", "u4")
+DEDUPE_WINDOW = 1.5
+DEDUPE_POLICIES = ("existing", "reject", "debounce")
 # Issue 24's features (shares of the plain jobs made into each kind).
 CHILD_SHARE = 0.08  # a child of 1-3 earlier plain jobs (the same call's, or by id)
 # of those, a child also of a doomed job (the same call's, or by id: a parent that dies,
@@ -208,6 +251,7 @@ class Daemon:
         self.worker_id = ""
         self.generation = 0
         self.state = "down"  # up, stopped (SIGSTOP), draining (db drain), terminating, dead
+        self.up_since = 0.0  # time.time() it last became "up" (started, continued, resumed)
         self.unexpected_exits: list[str] = []
 
     def start(self) -> None:
@@ -251,7 +295,11 @@ class Daemon:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"daemon {self.tag} did not start; see {self.log_path}")
             time.sleep(0.05)
+        self.set_up()
+
+    def set_up(self) -> None:
         self.state = "up"
+        self.up_since = time.time()
 
     @property
     def pid(self) -> int:
@@ -312,6 +360,12 @@ class Soak:
         self.poison_kinds = self.rng.sample(list(POISON), len(POISON))  # each once first
         self.notes: list[str] = []
         self.left_behind: list[int] = []  # handler subprocesses alive after the settle
+        self.samples: list[Sample] = []  # for "no slot idles while work is due"
+        self.next_sample = 0.0
+        self.look_conn: psycopg.Connection | None = None
+        self.pg_restarted_at: list[float] = []  # time.time()
+        self.next_deduped = 0.0
+        self.dedupe_calls: Counter[str] = Counter()  # "policy: outcome" -> calls
 
     # -- set-up ------------------------------------------------------------------------
 
@@ -329,6 +383,9 @@ class Soak:
         lines += ["", "[handlers.narrow]", 'target = "chaos_handlers:run"', "max_running = 1"]
         lines += ["", "[handlers.rated]", 'target = "chaos_handlers:run"', "fair = true"]
         lines += [f'rate = "{RATED_PER_SECOND}/s"', f'rate_per_key = "{RATED_PER_KEY}/s"']
+        lines += ["", "[handlers.shared]", 'target = "chaos_handlers:run"', "fair = true"]
+        lines += [f"max_running = {SHARED_RUNNING}", f"weights = {inline_table(SHARED_WEIGHTS)}"]
+        lines += ["", "[handlers.deduped]", 'target = "chaos_handlers:run"']
         config = self.workdir / "chaos.toml"
         config.write_text("\n".join(lines) + "\n" + SCHEDULE)
         for n in range(3):
@@ -352,7 +409,13 @@ class Soak:
             elif self.rng.random() < RATED_SHARE:
                 payload = {"d": round(d, 3), "raise": 0.08, "crash": 0.02}
                 key = self.rng.choice(RATED_KEYS)
-                specs.append(client.JobSpec("rated", payload, max_attempts=10, concurrency_key=key))
+                # urgent: due in bulk, not queued behind the backlog (the rate is what holds
+                # them back)
+                specs.append(
+                    client.JobSpec(
+                        "rated", payload, priority=-1, max_attempts=10, concurrency_key=key
+                    )
+                )
             else:
                 specs.append(self.issue24_spec(round(d, 3), specs))
         return specs
@@ -489,6 +552,106 @@ class Soak:
                 self.signals[job_id] = (token, f"refused: {exc}")
                 return
 
+    def enqueue_shared(self, conn: psycopg.Connection, count: int) -> None:
+        """The fair handler's backlog: each key's share of `count`, key after key, the
+        heaviest last (FIFO would start the keys one after the other)."""
+        total = sum(SHARED_WEIGHTS.values())
+        specs = []
+        for key, weight in sorted(SHARED_WEIGHTS.items(), key=lambda kw: (kw[1], kw[0])):
+            for _ in range(max(1, count * weight // total)):
+                payload = {"d": round(self.rng.uniform(0.05, 0.3), 3), "raise": 0.05, "crash": 0.01}
+                specs.append(
+                    client.JobSpec("shared", payload, max_attempts=10, concurrency_key=key)
+                )
+        self.ids += client.enqueue_many(conn, specs, schema=SCHEMA)
+
+    def enqueue_rated_burst(self, conn: psycopg.Connection) -> None:
+        """RATED_BURST jobs of each rated key at once: more than the rate lets start in a
+        second, so the rate (not the arrivals) spaces them."""
+        specs = [
+            client.JobSpec(
+                "rated",
+                {"d": 0.05, "raise": 0.0, "crash": 0.0},
+                priority=-1,
+                max_attempts=10,
+                concurrency_key=key,
+            )
+            for key in RATED_KEYS
+            for _ in range(RATED_BURST)
+        ]
+        self.ids += client.enqueue_many(conn, specs, schema=SCHEMA)
+
+    def enqueue_deduped(self) -> None:
+        """Now and then one job of handler "deduped", its own call: a key of DEDUPE_KEYS,
+        held DEDUPE_WINDOW after it finished, and a random policy."""
+        if time.monotonic() < self.next_deduped:
+            return
+        self.next_deduped = time.monotonic() + self.rng.uniform(0, 2 * DEDUPE_EVERY)
+        policy = self.rng.choice(DEDUPE_POLICIES)
+        options: dict[str, Any] = {"dedupe_policy": policy}
+        if policy == "debounce":
+            options |= {"debounce": 0.3, "debounce_max": 1.0}
+        payload = {"d": round(self.rng.uniform(0.05, 0.5), 3), "raise": 0.05, "crash": 0.01}
+        try:
+            with psycopg.connect(self.dsn, autocommit=True, connect_timeout=3) as conn:
+                [(held,)] = conn.execute(
+                    f"SELECT coalesce(max(id), 0) FROM {SCHEMA}.jobs WHERE handler = 'deduped'"
+                ).fetchall()
+                job_id = client.enqueue(
+                    conn,
+                    "deduped",
+                    payload,
+                    max_attempts=10,
+                    priority=-1,  # not behind the backlog: keys freed and taken again often
+                    dedupe_key=self.rng.choice(DEDUPE_KEYS),
+                    dedupe_window=DEDUPE_WINDOW,
+                    schema=SCHEMA,
+                    **options,
+                )
+            self.ids.append(job_id)
+            self.dedupe_calls[f"{policy}: {'new job' if job_id > held else 'key held'}"] += 1
+        except client.DuplicateJob:
+            self.dedupe_calls[f"{policy}: rejected"] += 1
+        except psycopg.OperationalError:
+            pass  # PostgreSQL restarting
+
+    def looking(self) -> psycopg.Connection:
+        """The soak's own connection for its samples (one, not one per look: a look is
+        every IDLE_SAMPLE s), opened again after PostgreSQL restarted."""
+        if self.look_conn is None or self.look_conn.closed:
+            self.look_conn = psycopg.connect(self.dsn, autocommit=True, connect_timeout=3)
+        return self.look_conn
+
+    def sample(self) -> None:
+        """Per daemon up, its running jobs; and the due jobs of handler "chaos"."""
+        if time.monotonic() < self.next_sample:
+            return
+        self.next_sample = time.monotonic() + IDLE_SAMPLE
+        up = {d.worker_id: d.up_since for d in self.daemons if d.state == "up"}
+        try:
+            conn = self.looking()
+            running: dict[str, int] = dict(
+                conn.execute(
+                    f"SELECT locked_by, count(*) FROM {SCHEMA}.jobs"
+                    " WHERE status = 'running' AND locked_by = ANY(%s) GROUP BY locked_by",
+                    [list(up)],
+                ).fetchall()
+            )
+            due = {
+                r[0]
+                for r in conn.execute(
+                    f"SELECT id FROM {SCHEMA}.jobs WHERE handler = 'chaos'"
+                    " AND status = 'pending' AND run_at <= now() AND NOT (id = ANY(%s))",
+                    [list(self.poison)],
+                ).fetchall()
+            }
+        except psycopg.OperationalError:
+            self.look_conn = None
+            return  # PostgreSQL restarting: no sample
+        self.samples.append(
+            Sample(time.time(), {w: (since, running.get(w, 0)) for w, since in up.items()}, due)
+        )
+
     def enqueue_poison(self, conn: psycopg.Connection) -> None:
         kind = self.poison_kinds[0] if self.poison_kinds else self.rng.choice(list(POISON))
         payload, run_at, checkpoint = POISON[kind]
@@ -557,6 +720,7 @@ class Soak:
             self.faults.append(Fault(kind, now, "postgres", in_flight))
             self.pg_restarts_left -= 1
             self.pg.restart("fast")
+            self.pg_restarted_at.append(time.time())
         else:
             assert target is not None
             self.fault_daemon(kind, target, now)
@@ -585,7 +749,7 @@ class Soak:
 
             def cont(d: Daemon = d) -> None:
                 d.signal(signal.SIGCONT)
-                d.state = "up"
+                d.set_up()
 
             self.later(seconds, cont)
         elif kind == "sigterm_restart":
@@ -603,7 +767,7 @@ class Soak:
             def resume(d: Daemon = d, worker: str = worker) -> None:
                 self.cli("resume", "--worker", worker)
                 if d.state == "draining":
-                    d.state = "up"
+                    d.set_up()
 
             self.later(self.rng.uniform(1.0, 4.0), resume)
         self.faults.append(Fault(kind, now, d.tag, in_flight))
@@ -623,6 +787,8 @@ class Soak:
         a = self.args
         up_front = a.jobs // 3
         with psycopg.connect(self.dsn, autocommit=True) as conn:
+            self.enqueue_shared(conn, round(a.jobs * SHARED_SHARE))
+            self.enqueue_rated_burst(conn)
             self.enqueue(conn, up_front)
         start = time.monotonic()
         end = start + a.duration
@@ -646,6 +812,8 @@ class Soak:
                     pass  # PostgreSQL restarting: next tick
             self.run_due()
             self.check_daemons()
+            self.enqueue_deduped()
+            self.sample()
             if time.monotonic() >= next_fault:
                 self.inject()
                 next_fault = time.monotonic() + self.rng.uniform(*a.fault_interval)
@@ -689,6 +857,7 @@ class Soak:
                 [(left,)] = conn.execute(query).fetchall()
                 self.check_daemons()
                 self.run_due()  # signals still to send
+                self.sample()
                 if left == 0 or time.monotonic() > deadline:
                     break
                 time.sleep(0.25)
@@ -727,6 +896,26 @@ class Soak:
                 f" FROM {SCHEMA}.schedule_runs ORDER BY tick"
             ).fetchall()
             issue24 = self.issue24_rows(conn)
+            shared_jobs = {
+                r[0]: (r[1], r[2])
+                for r in conn.execute(
+                    f"SELECT id, concurrency_key, extract(epoch FROM created_at)::float8"
+                    f" FROM {SCHEMA}.jobs WHERE handler = 'shared'"
+                ).fetchall()
+            }
+            # every start: the attempts' history and each job's last start
+            shared_starts = conn.execute(
+                f"SELECT extract(epoch FROM started_at)::float8, job_id FROM {SCHEMA}.attempts"
+                f" WHERE job_id = ANY(%s) AND started_at IS NOT NULL"
+                f" UNION SELECT extract(epoch FROM started_at)::float8, id FROM {SCHEMA}.jobs"
+                f" WHERE id = ANY(%s) AND started_at IS NOT NULL",
+                [list(shared_jobs), list(shared_jobs)],
+            ).fetchall()
+            deduped = conn.execute(
+                f"SELECT id, dedupe_key, extract(epoch FROM created_at)::float8,"
+                f" extract(epoch FROM finished_at)::float8 FROM {SCHEMA}.jobs"
+                f" WHERE handler = 'deduped'"
+            ).fetchall()
             rated_starts = conn.execute(
                 f"SELECT extract(epoch FROM a.started_at)::float8, j.concurrency_key"
                 f" FROM {SCHEMA}.attempts a JOIN {SCHEMA}.jobs j ON j.id = a.job_id"
@@ -807,6 +996,14 @@ class Soak:
         for key in LIMITED_KEYS:
             of_key = [e for e in limited_runs if limited_key[e["job"]] == key]
             over_limit += _over(of_key, LIMITED_PER_KEY)
+        share_windows, unfair = fair_share_breaches(
+            shared_jobs, shared_starts, SHARED_WEIGHTS, SHARE_WINDOW, SHARE_BOUND
+        )
+        idle = idle_slots(self.samples, SLOTS, IDLE_GRACE, self.pg_restarted_at)
+        idle_looked = sum(
+            1 for s in self.samples for since, _ in s.daemons.values() if since <= s.at - IDLE_GRACE
+        )
+        dedupe_broken = dedupe_breaches(deduped, DEDUPE_WINDOW)
         poison_not_buried = [
             (job_id, kind)
             for job_id, kind in self.poison.items()
@@ -883,6 +1080,14 @@ class Soak:
             f"{len(scheduled)} jobs, {len(late)} caught up late, {gaps} ticks missed "
             "(caught up by the catch-up rule)",
             i24.summary,
+            f"fair share (handler shared, weights {SHARED_WEIGHTS}, max_running "
+            f"{SHARED_RUNNING}): {len(shared_jobs)} jobs, {len(shared_starts)} starts, "
+            f"{share_windows} windows of {SHARE_WINDOW} starts with every key due",
+            f"slots sampled every {IDLE_SAMPLE}s: {len(self.samples)} samples, "
+            f"{idle_looked} looks at a daemon up for {IDLE_GRACE}s or more, "
+            f"{sum(1 for s in self.samples if s.due)} samples with chaos jobs due",
+            f"dedupe (window {DEDUPE_WINDOW}s, keys {len(DEDUPE_KEYS)}): {len(deduped)} jobs; "
+            "calls " + ", ".join(f"{k} {n}" for k, n in sorted(self.dedupe_calls.items())),
             "time from a fault to the affected job running again (queueing included):",
         ]
         everything = [v for vs in recovery.values() for v in vs]
@@ -919,6 +1124,22 @@ class Soak:
                 f" one key than {RATED_PER_KEY} ({len(rated_starts)} starts)",
                 len(over_rate),
                 over_rate[:3],
+            ),
+            (
+                f"windows of {SHARE_WINDOW} starts where a key's share of the fair handler's"
+                f" starts is more than {SHARE_BOUND} from its weight's ({share_windows} windows)",
+                len(unfair),
+                unfair[:3],
+            ),
+            (
+                f"stretches of {IDLE_GRACE}s or more with a slot idle while a job was due",
+                len(idle),
+                idle[:3],
+            ),
+            (
+                f"dedupe keys held twice within their window ({len(deduped)} jobs)",
+                len(dedupe_broken),
+                dedupe_broken[:5],
             ),
             (
                 f"poison jobs ({len(self.poison)} enqueued) not dead with the reason",
@@ -1138,6 +1359,8 @@ class Soak:
         return out
 
     def cleanup(self) -> None:
+        if self.look_conn is not None:
+            self.look_conn.close()
         for d in self.daemons:
             if d.proc is not None and d.proc.poll() is None:
                 d.proc.send_signal(signal.SIGKILL)
@@ -1175,6 +1398,102 @@ def marked_processes() -> list[int]:
         if argv0 == MARKER.encode() and state not in ("Z", "X"):
             found.append(int(entry.name))
     return sorted(found)
+
+
+def inline_table(values: dict[str, int]) -> str:
+    return "{ " + ", ".join(f"{json.dumps(k)} = {v}" for k, v in values.items()) + " }"
+
+
+@dataclass
+class Sample:
+    """One look at the fleet (for "no slot idles while work is due")."""
+
+    at: float  # time.time()
+    daemons: dict[str, tuple[float, int]]  # worker id of each daemon up -> (up since, running)
+    due: set[int]  # jobs of handler "chaos" pending with run_at passed
+
+
+def idle_slots(
+    samples: list[Sample], slots: int, grace: float, quiet: list[float]
+) -> list[tuple[str, float, float, int]]:
+    """The stretches of samples, at least `grace` s long, through which a daemon up for
+    `grace` s had fewer running jobs than `slots` while a job was due, one due at the
+    first sample still pending at the last: (worker, from, to, running at the end).
+    Samples within 2 x grace after a time of `quiet` (PostgreSQL restarts) do not count."""
+    found = []
+    for worker in sorted({w for s in samples for w in s.daemons}):
+        first: Sample | None = None
+        for s in samples:
+            up_since, running = s.daemons.get(worker, (s.at, slots))
+            idle = (
+                up_since <= s.at - grace
+                and running < slots
+                and bool(s.due)
+                and not any(q - IDLE_SAMPLE <= s.at <= q + 2 * grace for q in quiet)
+            )
+            if not idle:
+                first = None
+            elif first is None:
+                first = s
+            elif s.at - first.at >= grace and first.due & s.due:
+                found.append((worker, first.at, s.at, running))
+                first = None  # a stretch is counted once; a longer one again
+    return found
+
+
+def fair_share_breaches(
+    jobs: dict[int, tuple[str, float]],
+    starts: list[tuple[float, int]],
+    weights: dict[str, int],
+    window: int,
+    bound: float,
+) -> tuple[int, list[tuple[float, dict[str, int]]]]:
+    """Of `jobs` (id -> (key, created)) and every start of them (time, id): the windows
+    of `window` consecutive starts at every one of which each key had a job due (created,
+    its first start not before), and of those the ones where a key's starts are more than
+    `bound` from window x its share of `weights`: (windows looked at, [(time, starts per
+    key)])."""
+    starts = sorted(starts)
+    first: dict[int, float] = {}
+    for t, job_id in starts:
+        first.setdefault(job_id, t)
+    never = float("inf")
+
+    def due(key: str, t: float) -> bool:
+        return any(
+            k == key and created <= t and first.get(j, never) >= t
+            for j, (k, created) in jobs.items()
+        )
+
+    all_due = [all(due(k, t) for k in weights) for t, _ in starts]
+    total = sum(weights.values())
+    looked, breaches = 0, []
+    for i in range(len(starts) - window + 1):
+        if not all(all_due[i : i + window]):
+            continue
+        looked += 1
+        n = Counter(jobs[j][0] for _, j in starts[i : i + window])
+        if any(abs(n[k] - window * w / total) > bound for k, w in weights.items()):
+            breaches.append((starts[i][0], {k: n[k] for k in weights}))
+    return looked, breaches
+
+
+def dedupe_breaches(
+    rows: list[tuple[int, str, float, float | None]], window: float
+) -> list[tuple[str, int, int]]:
+    """Of jobs (id, dedupe key, created, finished) of one handler, each pair of one key
+    where the later was created before the earlier finished + `window`: (key, earlier,
+    later). Consecutive pairs suffice: a breach with a job between breaches with it too."""
+    by_key: dict[str, list[tuple[float, int, float | None]]] = defaultdict(list)
+    for job_id, key, created, finished in rows:
+        by_key[key].append((created, job_id, finished))
+    found = []
+    for key, held in sorted(by_key.items()):
+        held.sort()
+        for (_, a, finished), (created, b, _) in itertools.pairwise(held):
+            if finished is None or created < finished + window:
+                found.append((key, a, b))
+    return found
 
 
 def _over_rate(times: list[float], limit: int) -> list[tuple[float, int]]:

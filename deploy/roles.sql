@@ -13,12 +13,13 @@
 --   pgworkerd_operator: a person at the CLI or the dashboard: read everything
 --                       pgworkerd_reader reads, enqueue, cancel, retry, release held
 --                       jobs, pause/resume, drain/resume, prune, declare schedules, set
---                       the retention floor, and set what enqueuers may ask
---                       (enqueue_bounds).
+--                       the retention floor, set what enqueuers may ask
+--                       (enqueue_bounds) and a handler's default dedupe policy
+--                       (handler_default_set).
 --   pgworkerd_reader:   read-only, for dashboards (`pgworkerd web --read-only`) and
 --                       `jobs`, `show`, `logs`, `explain`, `status`, `schedules`: reads the
---                       jobs, their attempts and logs, the registry, pauses, schedules and
---                       enqueue bounds, and changes nothing.
+--                       jobs, their attempts and logs, the registry, pauses, schedules,
+--                       enqueue bounds and handler defaults, and changes nothing.
 -- The enqueue functions are SECURITY DEFINER, so enqueuers need no rights on the table.
 --
 -- Passwords: this file sets none. It creates each role as a LOGIN role without a
@@ -370,6 +371,12 @@ GRANT EXECUTE ON FUNCTION pgworkerd.job_priority_set(bigint[], integer) TO pgwor
 GRANT EXECUTE ON FUNCTION pgworkerd.job_priority_set(bigint[], integer) TO pgworkerd_operator;
 -- MERGE (issue 21): grants of people's roles for objects that later work adds go here,
 -- with their statements in tests/integration/test_people_roles.py (STATEMENTS, PROMISED).
+-- a handler's default dedupe policy (schema 37): set by the operator through a SECURITY
+-- DEFINER function that checks every value (no INSERT or UPDATE on the table), read by
+-- the reader (and so the operator); enqueuers need nothing (enqueue_many_v3 reads it).
+GRANT SELECT ON pgworkerd.handler_defaults TO pgworkerd_reader;
+GRANT EXECUTE ON FUNCTION pgworkerd.handler_default_set(text, text, interval, interval)
+      TO pgworkerd_operator;
 
 -- Dependencies and deadlines (schema 27, issue 24; docs/guide/dependencies.md).
 -- enqueuer: enqueue with "after" (parents it may read: its own login's jobs), deadlines

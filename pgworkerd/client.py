@@ -235,10 +235,12 @@ class JobSpec:
 
     def has_extras(self) -> bool:
         """Whether the job needs enqueue_many_v3 (schema 27): parents, deadlines, a dedupe
-        window or policy (schema 34) or a trace context (schema 35)."""
+        window or policy (schema 34), a trace context (schema 35), or a dedupe key at all:
+        only v3 applies its handler's default dedupe policy (schema 37, handler_defaults)."""
         return (
             bool(self.after)
             or bool(self.trace)
+            or self.dedupe_key is not None
             or any(
                 v is not None
                 for v in (

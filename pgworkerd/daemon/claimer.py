@@ -434,7 +434,7 @@ class Claimer(Generic[ChildT]):
                     continue
             fits = free if h.slots is None else min(free, h.slots - busy.get(name, 0))
             if self.admission is not None and self._admitting():
-                fits = min(fits, self.admission.admits(name, busy))
+                fits = self.admission.offer(name, fits, busy)
             capacity[name] = HandlerCapacity(
                 lease_seconds=self.config.lease_for(h),
                 free=fits,

@@ -213,6 +213,7 @@ class Daemon:
                 self.link, self.schema, self.metrics, config.metrics.queue_depth_interval
             ),
             peers=self.peers,
+            memory=lambda: self.admission.state(self.table.busy_per_handler()),
         )
         self.stale_marking = StaleMarking(
             self.statements.mark_stale, self.presence.stale_after, lambda: len(self.peers)
@@ -345,6 +346,16 @@ class Daemon:
             self._database_restored()
         self.leases.tick(now)
         self.admission.tick(now)  # the handlers' recent peaks, before the claim uses them
+        memory = (
+            self.admission.state(self.table.busy_per_handler()) if self.metrics.enabled else None
+        )
+        if memory is not None:
+            self.metrics.set_memory(
+                memory.budget,
+                memory.held,
+                {name: h.expected for name, h in memory.handlers.items()},
+                {name: h.refused_slots for name, h in memory.handlers.items()},
+            )
         self.claimer.set_accepting(self._accepting())
         # Claim and hand out before the registry heartbeat: a woken idle daemon starts
         # the job first (latency) and does its bookkeeping after. The writer owns the

@@ -20,6 +20,7 @@ from typing import Protocol
 from setproctitle import setproctitle
 
 from pgworkerd.config import Config
+from pgworkerd.daemon.admission import MemoryState
 from pgworkerd.daemon.dblink import ESCALATE_AFTER, DatabaseLink
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.peers import FLEET_POLLERS, Peer, Peers
@@ -104,7 +105,10 @@ class Presence:
         *,
         peers: Peers | None = None,
         rng: random.Random | None = None,
+        memory: Callable[[], MemoryState | None] = lambda: None,
     ) -> None:
+        """`memory`: admission by memory's state now (daemon.admission), published per
+        handler in the registry row; None without a budget."""
         self.config = config
         self.worker_id = worker_id
         self.lifecycle = lifecycle
@@ -114,6 +118,7 @@ class Presence:
         self.notifier = notifier
         self.metrics = metrics
         self.depth_counter = depth_counter
+        self.memory = memory
         self.clock = clock
         self.drain_requested = False  # through the database (pgworkerd drain): claim nothing
         # a hand-back requested through the database (pgworkerd drain --hand-back); the
@@ -156,6 +161,8 @@ class Presence:
         return max(registry.STALE_AFTER_SECONDS, 6 * self.config.worker.renew_interval)
 
     def _worker_info(self) -> registry.WorkerInfo:
+        memory = self.memory()
+        published = memory.published() if memory is not None else {}
         return registry.WorkerInfo(
             id=self.worker_id,
             host=socket.gethostname(),
@@ -174,6 +181,9 @@ class Presence:
                     "fair": h.fair,
                     "rate": None if h.rate is None else str(h.rate),
                     "rate_per_key": None if h.rate_per_key is None else str(h.rate_per_key),
+                    # admission by memory: its expectation, how formed, budget and free
+                    # (explain's memory_admission; absent without a budget)
+                    **({"memory": published[name]} if name in published else {}),
                 }
                 for name, h in self.config.handlers.items()
             },

@@ -26,7 +26,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -175,6 +175,11 @@ class NullMetrics:
     ) -> None:
         pass
 
+    def set_memory(
+        self, budget: int, held: int, expected: Mapping[str, int], refused: Mapping[str, int]
+    ) -> None:
+        pass
+
 
 class Metrics(NullMetrics):
     """Metrics enabled: a private registry served over HTTP once `start()` ran."""
@@ -304,6 +309,23 @@ class Metrics(NullMetrics):
         self.silent_daemons = gauge(
             "silent_daemons",
             "Silent daemons (fleet-wide) that hold running jobs.",
+        )
+        # Admission by memory ([worker] memory_budget; daemon.admission): this daemon's.
+        self.memory_budget = gauge("memory_budget_bytes", "This daemon's [worker] memory_budget.")
+        self.memory_held = gauge(
+            "memory_held_bytes",
+            "What the jobs running here are expected to use (each its handler's expectation).",
+        )
+        self.memory_expected = gauge(
+            "memory_expected_bytes",
+            "What one job of the handler is expected to use (recent peak, else its estimate).",
+            ("handler",),
+        )
+        self.memory_refused = gauge(
+            "memory_admission_refused_slots",
+            "Free slots admission did not offer the handler's jobs at the last claim: their"
+            " expected memory did not fit what is free of the budget.",
+            ("handler",),
         )
         self.start_latency = histogram(
             "job_start_latency_seconds",
@@ -455,6 +477,19 @@ class Metrics(NullMetrics):
             self.give_ups.labels(handler).inc()
         elif kind == "wait":
             self.waits.labels(handler).inc()
+
+    @_safe
+    def set_memory(
+        self, budget: int, held: int, expected: Mapping[str, int], refused: Mapping[str, int]
+    ) -> None:
+        """Admission by memory: the budget, what the running jobs hold, and per configured
+        handler its expectation and the slots refused at the last claim (bytes)."""
+        self.memory_budget.set(budget)
+        self.memory_held.set(held)
+        for name, each in expected.items():  # configured handlers only: bounded labels
+            self.memory_expected.labels(self._handler(name)).set(each)
+        for name, slots in refused.items():
+            self.memory_refused.labels(self._handler(name)).set(slots)
 
     @_safe
     def lease_renewed(self, count: int = 1) -> None:

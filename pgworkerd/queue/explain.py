@@ -11,6 +11,11 @@ Codes are stable (scripts and the dashboard match on them; messages may be rewor
             key_limit_full, rate_limited (schema 33: the handler's or its key's next
             start-rate token is not due yet; facts: next_token_at), claimable (nothing
             blocks it; always alone but for informational reasons)
+  pending, with admission by memory ([worker] memory_budget): memory_admission (every
+            daemon that could take it has less of its budget free than the job's handler is
+            expected to use; facts: expected, from (how the expectation was formed), each
+            daemon's budget and free), memory_over_budget (the expectation is above every
+            such daemon's budget: it runs only alone, on an idle daemon)
   pending, of a fair handler (schema 33): fair_turn (informational: the keys whose turn
             comes before its key's; facts: keys_ahead, at most 10)
   running:  running, daemon_silent (its daemon stopped heartbeating: dead, frozen or cut
@@ -48,11 +53,12 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg.rows import dict_row
 
+from pgworkerd.config.checks import size_text
 from pgworkerd.durations import format_duration
 from pgworkerd.queue import batchread, views
 from pgworkerd.queue.queries import query
@@ -331,6 +337,7 @@ def _capacity(job: dict[str, Any], f: dict[str, Any]) -> list[dict[str, Any]]:
                 running_ids=f["handler_running_ids"],
             )
         )
+    reasons += _memory(job, taking)
     strictest = _at_limit(taking, "max_running_per_key", f["key_running"])
     if job["concurrency_key"] is not None and strictest is not None:
         reasons.append(
@@ -355,6 +362,69 @@ def _at_limit(taking: list[dict[str, Any]], setting: str, running: int) -> int |
     if not limits or any(n is None or running < n for n in limits):
         return None
     return min(n for n in limits if n is not None)
+
+
+class _Room(NamedTuple):
+    """What a daemon that admits by memory published for the job's handler."""
+
+    daemon: dict[str, Any]
+    expected: int
+    budget: int
+    free: int
+    source: str
+
+
+def _bytes(n: int) -> str:
+    return size_text(n) if n % (1 << 20) == 0 else f"{n / (1 << 20):.1f}MiB"
+
+
+def _memory(job: dict[str, Any], taking: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """memory_admission or memory_over_budget when every daemon that could take the job
+    admits by memory (publishes its handler's expectation, its budget and what is free:
+    daemon.admission) and none has room for it; else nothing."""
+    rooms = []
+    for d in taking:
+        m = d["settings"].get("memory")
+        m = m if isinstance(m, dict) else {}
+        expected, budget, free = (_int(m.get(k)) for k in ("expected", "budget", "free"))
+        if expected is None or budget is None or free is None or min(expected, budget, free) < 0:
+            return []  # a daemon without a budget (or an older one) may take it
+        rooms.append(_Room(d, expected, budget, free, str(m.get("from") or "?")[:200]))
+    if not rooms or any(r.expected <= r.free for r in rooms):
+        return []
+    expected = max(r.expected for r in rooms)
+    sources = sorted({r.source for r in rooms})
+    each = ", ".join(
+        f"{r.daemon['id']} on {r.daemon['host']}: {_bytes(r.free)} free of {_bytes(r.budget)}"
+        for r in rooms
+    )
+    facts = {
+        "expected": expected,
+        "from": sources,
+        "daemons": [
+            {"id": r.daemon["id"], "host": r.daemon["host"], "budget": r.budget, "free": r.free}
+            for r in rooms
+        ],
+    }
+    if all(r.expected > r.budget for r in rooms):
+        return [
+            _reason(
+                "memory_over_budget",
+                f"handler '{job['handler']}' is expected to use {_bytes(expected)} per job"
+                f" ({'; '.join(sources)}), more than the memory budget of every daemon that"
+                f" could take it ({each}): it runs only alone, on an idle daemon",
+                **facts,
+            )
+        ]
+    return [
+        _reason(
+            "memory_admission",
+            f"waits for memory: handler '{job['handler']}' is expected to use"
+            f" {_bytes(expected)} per job ({'; '.join(sources)}), and no daemon that could"
+            f" take it has that much of its memory budget free ({each})",
+            **facts,
+        )
+    ]
 
 
 def _partly(daemons: list[dict[str, Any]], job: dict[str, Any]) -> str:

@@ -45,6 +45,7 @@ DECLARATION = (
     "job_parents",
     "enqueue",
     "enqueue_bounds",
+    "handler_defaults",
     "batches",
     "workers",
     "paused",

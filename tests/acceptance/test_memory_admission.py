@@ -6,9 +6,16 @@ alone, with a warning."""
 
 from __future__ import annotations
 
+import re
+import socket
+import urllib.request
 from datetime import datetime
+from typing import Any
 
+import pytest
 from daemon_harness import Daemons, Db, wait_for
+
+from pgworkerd.queue.explain import explain
 
 WORK = "jobhandlers:work"
 MIB = 1 << 20
@@ -84,3 +91,74 @@ def test_a_job_larger_than_the_budget_runs_alone_with_a_warning(db: Db, daemons:
     )
     assert run_all(db, 3, 1.0) == 1
     daemon.wait_log(r"handler rec: its jobs are expected to use 400MiB .* one runs here only alone")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def sample(text: str, name: str, **labels: str) -> float | None:
+    """A sample's value in Prometheus text (as tests/integration/test_daemon_metrics.py)."""
+    for line in text.splitlines():
+        match = re.match(rf"{re.escape(name)}(\{{[^}}]*\}})? (\S+)$", line)
+        if match and all(f'{k}="{v}"' in (match[1] or "") for k, v in labels.items()):
+            return float(match[2])
+    return None
+
+
+def test_explain_and_the_metrics_show_what_admission_holds_back(db: Db, daemons: Daemons) -> None:
+    """A job that waits for memory says so in `explain` (its handler's expectation, how it
+    was formed, each daemon's free budget); one larger than every budget says that; the
+    metrics show the budget, what the running jobs hold, each handler's expectation and
+    the slots admission refused."""
+    pytest.importorskip("prometheus_client")
+    history(db, "huge", peak_mib=400)  # measured above the 256 MiB budget
+    port = free_port()
+    config = daemons.config(
+        {
+            "rec": {"target": WORK, "memory_estimate": "100MiB"},
+            "huge": {"target": WORK, "memory_estimate": "100MiB"},
+        },
+        {"slots": 4, "memory_budget": "256MiB"},
+    )
+    config.write_text(config.read_text() + f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
+    daemons.start(config)
+    ids = [db.enqueue("rec", {"seconds": 30}) for _ in range(3)]
+    wait_for(
+        lambda: sum(db.job(i)["status"] == "running" for i in ids) == 2,
+        what="two of the three jobs running (256 MiB admits two of 100 MiB)",
+    )
+    [waiting] = [i for i in ids if db.job(i)["status"] == "pending"]
+    huge = db.enqueue("huge", {"seconds": 0.1})
+
+    def reason(job_id: int, code: str) -> dict[str, Any] | None:
+        found = explain(db.conn, db.schema, job_id)
+        assert found is not None
+        return next((r for r in found["reasons"] if r["code"] == code), None)
+
+    # (the registry row carries the daemon's figures from its next heartbeat)
+    held = wait_for(lambda: reason(waiting, "memory_admission"), what="memory_admission")
+    assert held["facts"]["expected"] == 100 * MIB
+    assert held["facts"]["daemons"][0]["budget"] == 256 * MIB
+    assert held["facts"]["daemons"][0]["free"] == 56 * MIB
+    assert "its memory_estimate (fewer than 5 measured attempts: 0)" in held["message"]
+    assert "56MiB free of 256MiB" in held["message"]
+    over = wait_for(lambda: reason(huge, "memory_over_budget"), what="memory_over_budget")
+    assert over["facts"]["expected"] == 400 * MIB
+    assert "percentile of the peaks of its last 10 measured attempts" in over["message"]
+    assert "it runs only alone, on an idle daemon" in over["message"]
+    assert db.job(huge)["status"] == "pending"
+
+    def scrape() -> str | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        refused = sample(text, "pgworkerd_memory_admission_refused_slots", handler="rec")
+        return text if refused else None
+
+    text = wait_for(scrape, what="the metrics to show slots refused to rec")
+    assert sample(text, "pgworkerd_memory_budget_bytes") == 256 * MIB
+    assert sample(text, "pgworkerd_memory_held_bytes") == 200 * MIB
+    assert sample(text, "pgworkerd_memory_expected_bytes", handler="rec") == 100 * MIB
+    assert sample(text, "pgworkerd_memory_expected_bytes", handler="huge") == 400 * MIB

@@ -5,8 +5,10 @@ recorded twice, attempts accounted for, poison rows dead alone, the fleet-wide l
 its "limited" handler held, no handler subprocess left behind; issue 24's: no child started
 before all its parents completed, each follow-up exactly once, no signal lost, a signal
 by key sent before the wait seen exactly once, no expired job started, an expiring job no
-claim reached in time (no daemon serves it, its one slot busy) ended by the sweep) and
-exits 1 when one fails. Its summary is printed (shown with -rP or on failure)."""
+claim reached in time (no daemon serves it, its one slot busy) ended by the sweep; issue
+25's: no start-rate window exceeded, each key's share of a fair handler's starts within a
+bound of its weight, no slot idle while work is due, no dedupe window broken) and exits 1
+when one fails. Its summary is printed (shown with -rP or on failure)."""
 
 from __future__ import annotations
 
@@ -89,3 +91,11 @@ def test_chaos_soak_short(tmp_path: Path) -> None:
     assert "signals by key not seen exactly once by their job: 0" in summary
     assert "expired jobs started (claimed at or after expires_at): 0" in summary
     assert "expiring jobs never started not ended cancelled as expired: 0" in summary
+    # issue 25's: each invariant looked at something, and held
+    assert re.search(r"of one key than 2 \(([1-9]\d*) starts\): 0$", summary, re.MULTILINE)
+    assert re.search(
+        r"more than \d+ from its weight's \(([1-9]\d*) windows\): 0$", summary, re.MULTILINE
+    )
+    assert re.search(r"([1-9]\d*) looks at a daemon up for", summary)
+    assert re.search(r"with a slot idle while a job was due: 0$", summary, re.MULTILINE)
+    assert re.search(r"held twice within their window \(([1-9]\d*) jobs\): 0$", summary, re.M)

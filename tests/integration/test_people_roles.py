@@ -288,6 +288,9 @@ STATEMENTS: dict[str, Statement] = {
     ),
     # the dashboard's bulk priority change (schema 36; job 1 is pending)
     "set priorities": ("SELECT * FROM @schema@.job_priority_set('{1}', 5)", {}),
+    # a handler's default dedupe policy (schema 37)
+    "select handler_defaults": ("SELECT * FROM @schema@.handler_defaults", {}),
+    "set a handler default": ("SELECT @schema@.handler_default_set('h', 'reject')", {}),
     "claim and end expired jobs": (
         "SELECT * FROM @schema@.claim_jobs_v2('w', '{default}', '{h}', '{30}', '{1}', 1)",
         {},
@@ -308,6 +311,7 @@ READS = {
     "select enqueue_bounds",
     "select registry_cap",
     "select job_parents",
+    "select handler_defaults",
 }
 ENQUEUES = {
     "enqueue",
@@ -335,6 +339,7 @@ ACTIONS = {
     "set the registry cap",
     "release a held job",
     "set priorities",
+    "set a handler default",
 }
 # What roles.sql's header promises each role of people, and nothing else.
 PROMISED = {

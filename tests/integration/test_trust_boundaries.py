@@ -65,6 +65,12 @@ ELSEWHERE: dict[str, list[str]] = {
     " finished jobs keep theirs; the reader, the enqueuer and the daemon cannot call it.": [
         "tests/web/test_console_bulk.py::test_only_the_operator_sets_priorities_within_bounds",
     ],
+    "It sets a handler's default dedupe policy (`handler_default_set`): a bad policy,"
+    " debounce or handler name is refused with 22023 and nothing changes; the reader reads"
+    " the defaults; the enqueuer and the daemon can neither set nor read them, and an"
+    " enqueue that names its own policy is not bound by them.": [
+        "tests/integration/test_handler_defaults.py::test_only_the_operator_sets_handler_defaults",
+    ],
     "It releases a job held after a parent failed (`pgworkerd release`), and only such a"
     " job: any other id is refused with 22023 and nothing changes; the enqueuer and the"
     " daemon cannot release at all.": [

@@ -1,9 +1,11 @@
-"""The chaos soak's invariants of issue 24 (bench/chaos_soak.py, Soak.issue24_checks) on
-rows made by hand: a clean run passes them all, and each kind of violation (a child
-started before its parent completed, a follow-up twice, a lost signal, a job left
-suspended with its signal, a signal by key not seen exactly once, an expired job started,
-an expiring job never claimed and not ended as expired) is counted by its own check, so a
-soak that reports 0 has looked."""
+"""The chaos soak's invariants of issues 24 and 25 (bench/chaos_soak.py) on rows made by
+hand: a clean run passes them all, and each kind of violation is counted by its own check,
+so a soak that reports 0 has looked. Issue 24's (Soak.issue24_checks): a child started
+before its parent completed, a follow-up twice, a lost signal, a job left suspended with
+its signal, a signal by key not seen exactly once, an expired job started, an expiring job
+never claimed and not ended as expired. Issue 25's: a key's share of a fair handler's
+starts off its weight (fair_share_breaches), a slot idle while a job was due (idle_slots),
+a dedupe key held twice within its window (dedupe_breaches)."""
 
 from __future__ import annotations
 
@@ -230,3 +232,73 @@ def test_each_violation_is_counted_by_its_check(spoil: Any, check: str) -> None:
     found, jobs, per_job, signals = clean()
     spoil(found, jobs, per_job, signals)
     assert counts(found, jobs, per_job, signals) == {c: int(c == check) for c in CHECKS}
+
+
+# Issue 25's invariants: fair share by weight, no idle slot while work is due, dedupe
+# windows (the rate's, _over_rate, predates them). Each passes a clean history and counts
+# its own kind of breach.
+
+WEIGHTS = {"a": 3, "b": 1}
+
+
+def fair_history(order: str) -> tuple[dict[int, tuple[str, float]], list[tuple[float, int]]]:
+    """12 jobs of a and 4 of b, all enqueued at 0, started one a second in `order`."""
+    jobs = {n: ("a" if n < 12 else "b", 0.0) for n in range(16)}
+    next_of = {"a": iter(range(12)), "b": iter(range(12, 16))}
+    starts = [(float(t + 1), next(next_of[k])) for t, k in enumerate(order)]
+    return jobs, starts
+
+
+def test_fair_share_by_weight_passes_turns_and_counts_a_starved_key() -> None:
+    jobs, starts = fair_history("aaab" * 4)  # turns: 3 of a, 1 of b
+    # (the last window ends at 16, when a has no job left: not looked at)
+    assert SOAK.fair_share_breaches(jobs, starts, WEIGHTS, 8, 1) == (8, [])
+    jobs, starts = fair_history("a" * 12 + "b" * 4)  # FIFO: b waits for all of a
+    looked, breaches = SOAK.fair_share_breaches(jobs, starts, WEIGHTS, 8, 1)
+    # b is due until its first start at 13: windows starting at 1..5 end before that
+    assert looked == 5 and len(breaches) == 5
+    assert breaches[0] == (1.0, {"a": 8, "b": 0})
+
+
+def test_fair_share_looks_only_while_every_key_is_due() -> None:
+    jobs, starts = fair_history("a" * 12 + "b" * 4)
+    jobs = {j: (k, 0.0 if k == "a" else 12.5) for j, (k, _) in jobs.items()}  # b came late
+    assert SOAK.fair_share_breaches(jobs, starts, WEIGHTS, 8, 1) == (0, [])
+
+
+def sample(at: float, running: int, due: set[int], since: float = 0.0) -> Any:
+    return SOAK.Sample(at, {"w1": (since, running)}, due)
+
+
+def test_an_idle_slot_counts_only_when_it_lasts_the_grace_with_the_same_job_due() -> None:
+    busy = [sample(10 + t / 2, 6, {1}) for t in range(20)]
+    assert SOAK.idle_slots(busy, 6, 3.0, []) == []
+    idle = [sample(10 + t / 2, 5, {1}) for t in range(8)]  # 3.5 s with job 1 due
+    assert SOAK.idle_slots(idle, 6, 3.0, []) == [("w1", 10.0, 13.0, 5)]
+    # a different job due at each end: claims are happening (not idle by this measure)
+    moving = [sample(10 + t / 2, 5, {t}) for t in range(8)]
+    assert SOAK.idle_slots(moving, 6, 3.0, []) == []
+    # no work due; a daemon just (re)started; PostgreSQL just restarted
+    assert SOAK.idle_slots([sample(10 + t / 2, 5, set()) for t in range(8)], 6, 3.0, []) == []
+    fresh = [sample(10 + t / 2, 5, {1}, since=9.0) for t in range(8)]
+    assert SOAK.idle_slots(fresh, 6, 3.0, []) == []
+    assert SOAK.idle_slots(idle, 6, 3.0, [9.0]) == []
+
+
+def test_a_dedupe_key_held_twice_within_its_window_is_counted() -> None:
+    # (id, key, created, finished)
+    clean = [(1, "k", 0.0, 5.0), (2, "k", 6.5, 7.0), (3, "j", 1.0, None), (4, "k", 8.5, 9.0)]
+    assert SOAK.dedupe_breaches(clean, 1.5) == []
+    within = [(1, "k", 0.0, 5.0), (2, "k", 6.4, 7.0)]  # 1.4 s after the finish
+    assert SOAK.dedupe_breaches(within, 1.5) == [("k", 1, 2)]
+    live = [(1, "k", 0.0, None), (2, "k", 3.0, 4.0)]  # the first never finished
+    assert SOAK.dedupe_breaches(live, 1.5) == [("k", 1, 2)]
+    overlapping = [(1, "k", 0.0, 5.0), (2, "k", 2.0, 3.0)]
+    assert SOAK.dedupe_breaches(overlapping, 1.5) == [("k", 1, 2)]
+
+
+def test_a_second_with_more_starts_than_the_rate_is_counted() -> None:
+    spaced = [0.0, 0.21, 0.42, 0.63, 0.84, 1.05, 1.26]  # any second holds at most 5
+    assert SOAK._over_rate(spaced, 5) == []
+    over = SOAK._over_rate([*spaced, 1.1], 5)
+    assert over and over[0] == (0.21, 6)  # 0.21 .. 1.1 holds six

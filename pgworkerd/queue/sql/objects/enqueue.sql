@@ -1022,7 +1022,9 @@ END;
 --   "dedupe_window": seconds or interval  (the key stays held that long after the job
 --                               finished, whatever its end; above 0, at most 365 days);
 --   "dedupe_policy": "existing" | "reject" | "debounce"  (what an enqueue that finds the
---                               key held does: return the holder's id (the default), raise
+--                               key held does, when not named: its handler's default in
+--                               handler_defaults (0037), else "existing"): return the
+--                               holder's id, raise
 --                               SQLSTATE PGWD1 naming it, or move the pending holder's run
 --                               time to now + debounce, capped at its enqueue + debounce_max);
 --   "debounce", "debounce_max": seconds or intervals, both required by "debounce" (which
@@ -1177,7 +1179,7 @@ BEGIN
                e->>'dedupe_key' AS dedupe_key,
                e->>'concurrency_key' AS concurrency_key,
                @schema@.job_duration_seconds(e->'dedupe_window') AS dedupe_window_seconds,
-               coalesce(e->>'dedupe_policy', 'existing') AS dedupe_policy,
+               e->>'dedupe_policy' AS dedupe_policy,  -- NULL: the handler's default (0037)
                @schema@.job_duration_seconds(e->'debounce') AS debounce_seconds,
                @schema@.job_duration_seconds(e->'debounce_max') AS debounce_max_seconds,
                CASE WHEN NOT has_parents THEN 'pending'
@@ -1224,7 +1226,7 @@ BEGIN
                jsonb_array_elements_text(c.after_index) AS x
           JOIN input p ON p.n = x::integer + 1
     ), resolved AS (
-        SELECT input.n, input.queue, ins.id IS NULL AS hit, input.dedupe_policy,
+        SELECT input.n, input.queue, input.handler, ins.id IS NULL AS hit, input.dedupe_policy,
                input.debounce_seconds, input.debounce_max_seconds,
                coalesce(
                    ins.id,
@@ -1237,14 +1239,25 @@ BEGIN
           FROM input LEFT JOIN inserted ins ON ins.id = input.new_id
     )
     SELECT array_agg(r.id ORDER BY r.n), array_agg(DISTINCT r.queue),
-           -- the dedupe hits whose policy is not "existing" (0034), handled below
-           jsonb_agg(jsonb_build_object('n', r.n, 'id', r.id, 'policy', r.dedupe_policy,
-                                        'debounce', r.debounce_seconds,
-                                        'debounce_max', r.debounce_max_seconds)
-                     ORDER BY r.n)
-               FILTER (WHERE r.hit AND r.dedupe_policy <> 'existing')
+           -- the dedupe hits whose policy is not "existing" (0034), handled below: the
+           -- job's own policy, else its handler's default (handler_defaults, 0037)
+           jsonb_agg(CASE WHEN r.dedupe_policy IS NOT NULL
+                          THEN jsonb_build_object('n', r.n, 'id', r.id,
+                                                  'policy', r.dedupe_policy,
+                                                  'debounce', r.debounce_seconds,
+                                                  'debounce_max', r.debounce_max_seconds)
+                          ELSE jsonb_build_object('n', r.n, 'id', r.id,
+                                                  'policy', d.dedupe_policy,
+                                                  'debounce', d.debounce_seconds,
+                                                  'debounce_max', d.debounce_max_seconds)
+                     END ORDER BY r.n)
+               FILTER (WHERE r.hit
+                         AND coalesce(r.dedupe_policy, d.dedupe_policy, 'existing')
+                             <> 'existing')
       INTO ids, queues, hits
-      FROM resolved r;
+      FROM resolved r
+      LEFT JOIN @schema@.handler_defaults d
+        ON r.hit AND r.dedupe_policy IS NULL AND d.handler = r.handler;
 
     IF array_position(ids, NULL) IS NOT NULL THEN
         -- A holder that committed after the statement's snapshot (its insert of the same

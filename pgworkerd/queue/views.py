@@ -77,6 +77,7 @@ read-only, imports nothing else.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -228,6 +229,22 @@ def throughput(
         bucket["failed_total"] = sum(bucket[o.replace(" ", "_")] for o in FAILED_OUTCOMES)
         out.append(bucket)
     return out
+
+
+def rollup_rows(
+    conn: psycopg.Connection[Any], schema: str, *, grain: int, since: datetime
+) -> list[dict[str, Any]]:
+    """The charts' rollup (attempt_rollups, 0038): buckets of `grain` seconds (60 or
+    3600) from `since` on, per handler, oldest first, each with the histograms' bounds."""
+    if grain not in (60, 3600):
+        raise ValueError(f"grain must be 60 or 3600, not {grain}")
+    return _rows(conn, "view_attempt_rollups", schema, {"grain": grain, "since": since})
+
+
+def rollup_cursor(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
+    """How far the charts' rollup counted (rolled_to) and the database's now."""
+    rows = _rows(conn, "view_attempt_rollup_cursor", schema)
+    return rows[0] if rows else {"rolled_to": None, "now": None}
 
 
 def unserved(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from werkzeug.wrappers import Response
 
 from pgworkerd.model import STATUSES
 from pgworkerd.queue import batchread, explain, joblogs, views
-from pgworkerd.web import logtail, problems, progress, schedule_view
+from pgworkerd.web import charts, logtail, problems, progress, schedule_view
 from pgworkerd.web.context import context
 from pgworkerd.web.filters import SHOWN_CHARS
 
@@ -335,6 +335,34 @@ def _page_id(name: str) -> int | None:
     if not (value.isascii() and value.isdigit() and len(value) < 19):
         abort(400, f"{name} must be a job id")
     return int(value)
+
+
+@pages.get("/charts")
+def charts_page() -> str:
+    """Throughput, failures, wait time and runtime over one of charts.WINDOWS, from the
+    daemons' rollup: a bounded read, whatever the number of jobs."""
+    try:
+        window = charts.window_of(request.args.get("window"))
+    except charts.BadWindow as exc:
+        abort(400, str(exc))
+    ctx = context()
+    with ctx.database() as conn:
+        cursor = views.rollup_cursor(conn, ctx.settings.schema)
+        now = cursor["now"]
+        rows = views.rollup_rows(
+            conn, ctx.settings.schema, grain=window.grain, since=charts.first_start(window, now)
+        )
+    summary = charts.summarize(rows, window, now)
+    return render_template(
+        "charts.html",
+        window=window,
+        windows=charts.WINDOWS,
+        summary=summary,
+        charts=charts.charts(summary),
+        rolled_to=cursor["rolled_to"],
+        percentile=charts.percentile,
+        bound_text=charts.bound_text,
+    )
 
 
 @pages.get("/schedules")

@@ -49,7 +49,8 @@ def _overview_data() -> dict[str, Any]:
         limits,
         url_for("pages.limits_page"),
     )
-    paused_queues = {p["name"] for p in snap["paused"] if p["kind"] == "queue"}
+    # each paused queue's pause (who asked, why), for its row
+    paused_queues = {p["name"]: p for p in snap["paused"] if p["kind"] == "queue"}
     return {
         "snap": snap,
         "peak": max(peak, 1),

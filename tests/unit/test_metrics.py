@@ -547,6 +547,9 @@ def test_wait_time_per_handler_behind_the_charts_is_bounded_by_the_configured_ha
     assert sample(text, h + "_bucket", handler="mail", le="2.5") == 0
     assert sample(text, h + "_bucket", handler="mail", le="5.0") == 1
     assert sample(text, h + "_count", handler="other") == 50
-    assert {line.split('handler="')[1].split('"')[0] for line in text.splitlines()
-            if line.startswith(h + "_count")} == {"mail", "other"}
+    assert {
+        line.split('handler="')[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith(h + "_count")
+    } == {"mail", "other"}
     assert sample(text, "pgworkerd_job_start_latency_seconds_count") == 52

@@ -78,7 +78,9 @@ def test_the_charts_draw_what_the_daemons_rolled_up_with_axes_and_legends(
         assert len(svg.find_elements("css selector", "line.axis")) == 2
         assert len(svg.find_elements("css selector", "text.x-tick")) >= 4
         assert len(svg.find_elements("css selector", "text.y-tick")) >= 4
-        drawn = [p.get_attribute("data-series") for p in svg.find_elements("css selector", "polyline")]
+        drawn = [
+            p.get_attribute("data-series") for p in svg.find_elements("css selector", "polyline")
+        ]
         assert drawn == series
         legend = svg.find_element("xpath", "following-sibling::p[@class='legend']").text
         for name in series:
@@ -92,9 +94,7 @@ def test_the_charts_draw_what_the_daemons_rolled_up_with_axes_and_legends(
     assert min(ys) < max(ys)
     # switch the window: 7 days, hour buckets, dates on the x axis
     browser.find_element("link text", "7 days").click()
-    wait_browser(
-        browser, lambda d: "7 days" in d.find_element("css selector", "h1").text, "7 days"
-    )
+    wait_browser(browser, lambda d: "7 days" in d.find_element("css selector", "h1").text, "7 days")
     assert _handler_row(browser, "quick")[1:3] == ["3", "0"]
     x_ticks = browser.find_elements("css selector", "#chart-throughput text.x-tick")
     assert all("-" in t.text for t in x_ticks)  # "11-27 08:00"
@@ -128,4 +128,6 @@ def test_a_hostile_window_in_the_browser_says_what_is_wrong(
     log_in(browser, dashboard)
     browser.get(f"{dashboard.url}/charts?window=100y")
     wait_browser(browser, lambda d: "unknown window" in d.page_source, "the error page")
-    assert "the charts cover one of 1h, 6h, 24h, 7d" in browser.find_element("tag name", "body").text
+    assert (
+        "the charts cover one of 1h, 6h, 24h, 7d" in browser.find_element("tag name", "body").text
+    )

@@ -1,9 +1,10 @@
 -- The operations console, the rest (issue 27): the charts' rollup of ended attempts per
 -- handler and time bucket (attempt_rollups, attempt_rollup_cursor, attempt_rollups_advance
--- run by the daemons; read by the dashboard's charts).
+-- run by the daemons; read by the dashboard's charts); a pause names the person who asked
+-- (paused.requested_by, paused_add).
 -- compatible-with-code-of-schema: 5
 --
--- An expand migration: new tables and functions only, granted by roles.sql; nothing
+-- An expand migration: new tables, a new column and new functions only, granted by roles.sql; nothing
 -- existing changes, so older code runs on (its daemons just do not roll up). The
 -- declaration is objects/attempts.sql; this is the same text. The cursor starts now:
 -- attempts that ended before the migration are not in the charts.
@@ -156,3 +157,50 @@ END;
 $$;
 
 REVOKE EXECUTE ON FUNCTION @schema@.attempt_rollups_advance(integer, float8) FROM PUBLIC;
+
+-- A pause names the person who asked (objects/paused.sql).
+ALTER TABLE @schema@.paused ADD COLUMN requested_by text;
+
+-- Pause with the person who asked (0038, issue 27): what pause() does, with the reason
+-- (comment) and requested_by, the name of the person (the dashboard's user, the CLI's
+-- --by or OS user), which paused_by (the database role, shared by every operator) cannot
+-- tell. Both bounded and inert: the reason at most 500 characters, the name 1 to 128,
+-- neither with control characters (22023 through fenced_refuse). Idempotent like pause():
+-- a second pause keeps the first (its time, reason and person) and returns false.
+CREATE FUNCTION @schema@.paused_add(kind text, name text, reason text, requested_by text)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    added integer;
+BEGIN
+    IF kind IS NULL OR kind NOT IN ('queue', 'handler') THEN
+        PERFORM @schema@.fenced_refuse('pausing', 'can pause a queue or a handler, not '
+            || coalesce(quote_literal(kind), 'NULL'));
+    ELSIF name IS NULL OR NOT @schema@.enqueue_name_ok(name) THEN
+        PERFORM @schema@.fenced_refuse('pausing', kind
+            || ' name must be a non-empty printable name of at most 128 characters');
+    ELSIF char_length(reason) > 500 THEN
+        PERFORM @schema@.fenced_refuse('pausing',
+            format('the reason must be at most 500 characters, not %s', char_length(reason)));
+    ELSIF reason ~ '[[:cntrl:]]' THEN
+        PERFORM @schema@.fenced_refuse('pausing',
+            'the reason must be one line without control characters');
+    ELSIF requested_by IS NULL OR char_length(requested_by) NOT BETWEEN 1 AND 128
+          OR requested_by ~ '[[:cntrl:]]' THEN
+        PERFORM @schema@.fenced_refuse('pausing', 'who asked (requested_by) must be a name of'
+            || ' 1 to 128 characters without control characters');
+    END IF;
+    INSERT INTO @schema@.paused AS p (kind, name, comment, requested_by)
+    VALUES (paused_add.kind, paused_add.name, nullif(paused_add.reason, ''),
+            paused_add.requested_by)
+    ON CONFLICT ON CONSTRAINT paused_pkey DO NOTHING;
+    GET DIAGNOSTICS added = ROW_COUNT;
+    RETURN added > 0;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.paused_add(text, text, text, text) FROM PUBLIC;

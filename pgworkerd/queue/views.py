@@ -311,13 +311,16 @@ def jobs_page(
     limit: int = DEFAULT_PAGE_SIZE,
     text_timeout: float = TEXT_SEARCH_TIMEOUT,
     pending_when: str | None = None,
+    oldest_first: bool = False,
 ) -> dict[str, Any]:
     """One page of jobs, newest first: below id `before`, or just above id `after`, or
-    the newest. Every filter goes to the database as a bound value (hostile text is
-    just text); `text` is a case-insensitive substring of the payload's JSON or the last
-    error, which no index serves: that scan stops at the page size and at
-    `text_timeout` seconds (TextSearchTimeout). pending_when (one of PENDING_PARTS:
-    due, scheduled, retrying) keeps the pending jobs of that part only."""
+    the newest; with oldest_first, oldest first: above id `after` (or from the oldest),
+    or just below id `before` (the same statements and indexes, read the other way).
+    Every filter goes to the database as a bound value (hostile text is just text);
+    `text` is a case-insensitive substring of the payload's JSON or the last error, which
+    no index serves: that scan stops at the page size and at `text_timeout` seconds
+    (TextSearchTimeout). pending_when (one of PENDING_PARTS: due, scheduled, retrying)
+    keeps the pending jobs of that part only."""
     if pending_when is not None and pending_when not in PENDING_PARTS:
         raise ValueError(f"pending_when must be one of {', '.join(PENDING_PARTS)}")
     if not 1 <= limit <= MAX_PAGE_SIZE:
@@ -343,12 +346,16 @@ def jobs_page(
     # statuses and stops at the page; otherwise one branch per status, each through its
     # index (see both statements).
     by_id = bool(text) and "completed" in chosen
+    # ascending: ids above `after` (from the oldest: above 0), read upwards
+    ascending = after is not None or (oldest_first and before is None)
+    if ascending and after is None:
+        params["after"] = 0
     name = {
         (False, False): "view_job_page_older",
         (False, True): "view_job_page_newer",
         (True, False): "view_job_text_older",
         (True, True): "view_job_text_newer",
-    }[(by_id, after is not None)]
+    }[(by_id, ascending)]
     # Unprepared: the planner sees the values, so each filter not given folds away.
     try:
         with conn.transaction():
@@ -366,9 +373,18 @@ def jobs_page(
             f"the text search read jobs for {text_timeout:g} s without filling the page;"
             " narrow it by status, queue or handler"
         ) from None
+    full = len(rows) == limit
+    if oldest_first:
+        if not ascending:
+            rows.reverse()  # read downwards from `before`: shown oldest first
+            older = rows[0]["id"] if rows and full else None
+            newer = rows[-1]["id"] if rows else before - 1  # type: ignore[operator]
+        else:
+            newer = rows[-1]["id"] if rows and full else None
+            older = (rows[0]["id"] if rows else after + 1) if after else None
+        return {"jobs": rows, "limit": limit, "older": older, "newer": newer}
     if after is not None:
         rows.reverse()
-    full = len(rows) == limit
     if after is None:
         # newest first from `before` (or the top): more below when the page is full
         older = rows[-1]["id"] if rows and full else None

@@ -261,8 +261,10 @@ def job_live(job_id: int) -> str:
 
 
 # The orders the jobs list offers: each one an index serves (keyset pagination by id
-# through the (status, id), (queue, status, id) and (handler, status, id) indexes).
-SORTS = ("newest",)
+# through the (status, id), (queue, status, id) and (handler, status, id) indexes, read
+# either way). Not offered: run_at, priority, started or finished across statuses (no
+# index orders them: a sort would read every matching job), refused with 400.
+SORTS = ("newest", "oldest")
 
 
 @pages.get("/jobs")
@@ -278,8 +280,8 @@ def jobs() -> str:
     if sort not in SORTS:
         abort(
             400,
-            "no index serves that order: the list sorts by id, newest first (narrow it by "
-            "tab, queue or handler instead)",
+            "no index serves that order: the list sorts by id, newest or oldest first "
+            "(sort=newest or sort=oldest; narrow it by tab, queue or handler instead)",
         )
     pending_when = filters["tab"] if filters["tab"] in views.PENDING_PARTS else None
     status = "pending" if pending_when else (filters["tab"] or filters["status"])
@@ -301,6 +303,7 @@ def jobs() -> str:
                 before=before,
                 after=after,
                 limit=PAGE_SIZE,
+                oldest_first=sort == "oldest",
             )
     except views.TextSearchTimeout as exc:
         page, error = {"jobs": [], "older": None, "newer": None}, str(exc)
@@ -314,6 +317,8 @@ def jobs() -> str:
             handler=filters["handler"] or None,
         )
     shown = {k: v for k, v in filters.items() if v}
+    if sort != "newest":
+        shown["sort"] = sort
     scope = {k: v for k, v in shown.items() if k in ("queue", "handler", "text")}
     return render_template(
         "jobs.html",
@@ -326,6 +331,8 @@ def jobs() -> str:
         tabs=views.TABS,
         counts=counts,
         count_cap=views.TAB_COUNT_CAP,
+        sort=sort,
+        sorts=SORTS,
     )
 
 

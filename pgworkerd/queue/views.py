@@ -235,16 +235,18 @@ def rollup_rows(
     conn: psycopg.Connection[Any], schema: str, *, grain: int, since: datetime
 ) -> list[dict[str, Any]]:
     """The charts' rollup (attempt_rollups, 0038): buckets of `grain` seconds (60 or
-    3600) from `since` on, per handler, oldest first, each with the histograms' bounds."""
+    3600) from `since` on, per handler, oldest first (the histograms' bounds:
+    rollup_cursor)."""
     if grain not in (60, 3600):
         raise ValueError(f"grain must be 60 or 3600, not {grain}")
     return _rows(conn, "view_attempt_rollups", schema, {"grain": grain, "since": since})
 
 
 def rollup_cursor(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
-    """How far the charts' rollup counted (rolled_to) and the database's now."""
-    rows = _rows(conn, "view_attempt_rollup_cursor", schema)
-    return rows[0] if rows else {"rolled_to": None, "now": None}
+    """How far the charts' rollup counted (rolled_to), the database's now, and the
+    histograms' bounds (attempt_rollup_bounds)."""
+    [row] = _rows(conn, "view_attempt_rollup_cursor", schema)
+    return row
 
 
 def unserved(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:

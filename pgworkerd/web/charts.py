@@ -13,6 +13,7 @@ bucket it falls in (as Prometheus's histogram_quantile without interpolation): "
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -28,15 +29,16 @@ class Window:
     grain: int  # the rollup's grain read (attempt_rollups.grain_seconds)
     step: int  # seconds per point of the charts (a multiple of the grain)
     label: str
+    step_label: str  # "minute": the throughput chart counts attempts per this
 
 
 WINDOWS: dict[str, Window] = {
     w.name: w
     for w in (
-        Window("1h", 3600, 60, 60, "1 hour"),
-        Window("6h", 6 * 3600, 60, 300, "6 hours"),
-        Window("24h", 24 * 3600, 3600, 3600, "24 hours"),
-        Window("7d", 7 * 86400, 3600, 3600, "7 days"),
+        Window("1h", 3600, 60, 60, "1 hour", "minute"),
+        Window("6h", 6 * 3600, 60, 300, "6 hours", "5 minutes"),
+        Window("24h", 24 * 3600, 3600, 3600, "24 hours", "hour"),
+        Window("7d", 7 * 86400, 3600, 3600, "7 days", "hour"),
     )
 }
 DEFAULT_WINDOW = "6h"
@@ -81,9 +83,11 @@ def percentile(counts: Sequence[int], bounds: Sequence[float], q: float) -> floa
 
 
 def _added(a: list[int], b: Sequence[int]) -> list[int]:
+    """Two histograms of the same bounds added (map: the cheapest loop on a page that
+    adds up to (window / bucket) x handlers of them)."""
     if not a:
         return list(b)
-    return [x + y for x, y in zip(a, b, strict=True)]
+    return list(map(operator.add, a, b))
 
 
 @dataclass
@@ -126,25 +130,29 @@ def first_start(window: Window, now: datetime) -> datetime:
     return last - (window.seconds // window.step - 1) * step
 
 
-def summarize(rows: Iterable[dict[str, Any]], window: Window, now: datetime) -> Summary:
-    """The rollup's rows of one window as points of window.step seconds (the last one
-    holds `now`) and per handler totals."""
+def summarize(
+    rows: Iterable[dict[str, Any]], window: Window, now: datetime, bounds: Sequence[float]
+) -> Summary:
+    """The rollup's rows of one window (histograms over `bounds`) as points of
+    window.step seconds (the last one holds `now`) and per handler totals."""
     step = timedelta(seconds=window.step)
     count = window.seconds // window.step
     first = first_start(window, now)
     starts = [first + i * step for i in range(count)]
     points = [Totals() for _ in starts]
     per_handler: dict[str, Totals] = {}
-    whole = Totals()
-    bounds: list[float] = []
     for row in rows:
-        bounds = [float(b) for b in row["bounds"]]
         index = (row["bucket_start"] - first) // step
         if not 0 <= index < count:
             continue
         points[index].add(row)
-        per_handler.setdefault(row["handler"], Totals()).add(row)
-        whole.add(row)
+        totals = per_handler.get(row["handler"])
+        if totals is None:
+            totals = per_handler[row["handler"]] = Totals()
+        totals.add(row)
+    whole = Totals()
+    for point in points:
+        whole.merge(point)
     busiest = sorted(per_handler.items(), key=lambda kv: (-(kv[1].completed + kv[1].failed), kv[0]))
     handlers = busiest[:HANDLERS_SHOWN]
     if len(busiest) > HANDLERS_SHOWN:
@@ -152,7 +160,7 @@ def summarize(rows: Iterable[dict[str, Any]], window: Window, now: datetime) -> 
         for _, totals in busiest[HANDLERS_SHOWN:]:
             rest.merge(totals)
         handlers.append((OTHER_HANDLERS, rest))
-    return Summary(window, bounds, starts, points, handlers, whole)
+    return Summary(window, [float(b) for b in bounds], starts, points, handlers, whole)
 
 
 # -- drawing -------------------------------------------------------------------------------
@@ -221,7 +229,7 @@ def counts_chart(summary: Summary) -> Chart:
     count = len(summary.points)
     top = _nice_top(max((max(p.completed, p.failed) for p in summary.points), default=0))
     plot = HEIGHT - BOTTOM - TOP
-    step = format_duration(summary.window.step, rounded=True)
+    step = summary.window.step_label
 
     def y(v: float) -> float:
         return round(HEIGHT - BOTTOM - plot * v / top, 1)
@@ -251,7 +259,16 @@ def counts_chart(summary: Summary) -> Chart:
 # The time axes are logarithmic, from LOG_LOW to LOG_HIGH seconds; values beyond the
 # rollup's last bound (an hour) are drawn at the top.
 LOG_LOW, LOG_HIGH = 0.001, 7200.0
-TIME_TICKS = (0.001, 0.01, 0.1, 1.0, 10.0, 60.0, 600.0, 3600.0)
+TIME_TICKS = (
+    (0.001, "1 ms"),
+    (0.01, "10 ms"),
+    (0.1, "100 ms"),
+    (1.0, "1 s"),
+    (10.0, "10 s"),
+    (60.0, "1 min"),
+    (600.0, "10 min"),
+    (3600.0, "1 h"),
+)
 
 
 def _time_label(seconds: float) -> str:
@@ -289,7 +306,7 @@ def time_chart(summary: Summary, which: str) -> Chart:
         "seconds, log scale",
         series,
         _x_ticks(summary),
-        [(y(t), _time_label(t)) for t in TIME_TICKS],
+        [(y(t), label) for t, label in TIME_TICKS],
     )
 
 

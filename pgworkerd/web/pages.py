@@ -360,7 +360,7 @@ def charts_page() -> str:
         rows = views.rollup_rows(
             conn, ctx.settings.schema, grain=window.grain, since=charts.first_start(window, now)
         )
-    summary = charts.summarize(rows, window, now)
+    summary = charts.summarize(rows, window, now, cursor["bounds"])
     return render_template(
         "charts.html",
         window=window,

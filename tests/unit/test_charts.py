@@ -72,5 +72,6 @@ def test_rows_land_in_their_points_and_handlers() -> None:
     assert summary.whole.failed == 3 + 25
     throughput, wait, run = charts.charts(summary)
     assert [s.name for s in throughput.series] == ["completed", "failed"]
-    assert [label for _, label in wait.y_ticks][0] == "1 ms"
+    assert [s.name for s in run.series] == ["p50", "p95"]
+    assert wait.y_ticks[0][1] == "1 ms" and wait.y_ticks[-1][1] == "1 h"
     assert throughput.title == "Ended attempts per 5 minutes"

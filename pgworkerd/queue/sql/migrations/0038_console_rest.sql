@@ -30,7 +30,10 @@ CREATE TABLE @schema@.attempt_rollups (
     -- ended completed, dead or cancelled: a retried attempt's run_at is overwritten by
     -- its retry, so only the last attempt's wait is known
     wait_counts   bigint[] NOT NULL,
-    PRIMARY KEY (grain_seconds, bucket_start, handler)
+    PRIMARY KEY (grain_seconds, bucket_start, handler),
+    -- one element per bucket of attempt_rollup_bounds() (16 bounds: 17 buckets)
+    CONSTRAINT attempt_rollups_histograms_sized
+        CHECK (cardinality(run_counts) = 17 AND cardinality(wait_counts) = 17)
 );
 
 -- How far the rollup has counted: every attempt with finished_at before rolled_to is in
@@ -53,19 +56,6 @@ AS $$
                  3600]::float8[]
 $$;
 
--- A histogram from bucket numbers (width_bucket over attempt_rollup_bounds()): how many of
--- `bins` are 0, 1, ... up to the number of bounds.
-CREATE FUNCTION @schema@.attempt_rollup_counts(bins integer[])
-RETURNS bigint[]
-LANGUAGE sql IMMUTABLE PARALLEL SAFE
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT array_agg(coalesce(c.n, 0) ORDER BY i.i)
-      FROM generate_series(0, cardinality(@schema@.attempt_rollup_bounds())) AS i(i)
-      LEFT JOIN (SELECT b, count(*) AS n FROM unnest(bins) AS u(b) GROUP BY b) AS c
-        ON c.b = i.i
-$$;
-
 -- One step of the rollup (the daemons' sweep; any one daemon at a time: the cursor row is
 -- taken with SKIP LOCKED, so a second caller returns NULL at once). Counts the attempts
 -- that ended from the cursor on: at most about max_attempts of them (the rows after the
@@ -85,6 +75,7 @@ DECLARE
     since timestamptz;
     upto timestamptz;
     newest timestamptz;
+    bounds float8[] := @schema@.attempt_rollup_bounds();
 BEGIN
     IF (attempt_rollups_advance.max_attempts BETWEEN 1 AND 1000000) IS NOT TRUE THEN
         PERFORM @schema@.fenced_refuse('rolling up attempts',
@@ -119,27 +110,58 @@ BEGIN
     END IF;
     INSERT INTO @schema@.attempt_rollups AS r
         (grain_seconds, bucket_start, handler, completed, failed, run_counts, wait_counts)
-    SELECT g.grain, date_bin(make_interval(secs => g.grain), a.finished_at,
+    -- one pass: each histogram element a filtered count (no work per group)
+    SELECT g.grain, date_bin(make_interval(secs => g.grain), b.finished_at,
                              timestamptz '2000-01-01 00:00:00+00'),
-           left(j.handler, 200),
-           count(*) FILTER (WHERE a.outcome = 'completed'),
-           count(*) FILTER (WHERE a.outcome IN ('failed', 'dead', 'lease expired')),
-           @schema@.attempt_rollup_counts(
-               array_agg(width_bucket(a.wall_seconds, @schema@.attempt_rollup_bounds()))
-                   FILTER (WHERE a.outcome IN ('completed', 'failed', 'dead')
-                                 AND a.wall_seconds IS NOT NULL)),
-           @schema@.attempt_rollup_counts(
-               array_agg(width_bucket(
-                   greatest(0, extract(epoch FROM a.started_at
-                                       - greatest(j.run_at, j.created_at)))::float8,
-                   @schema@.attempt_rollup_bounds()))
-                   FILTER (WHERE a.outcome IN ('completed', 'dead', 'cancelled')
-                                 AND a.lease_token = j.lease_token
-                                 AND a.started_at IS NOT NULL))
-      FROM @schema@.attempts a
-      JOIN @schema@.jobs j ON j.id = a.job_id
+           b.handler,
+           count(*) FILTER (WHERE b.outcome = 'completed'),
+           count(*) FILTER (WHERE b.outcome IN ('failed', 'dead', 'lease expired')),
+           ARRAY[count(*) FILTER (WHERE b.run_bin = 0),
+                 count(*) FILTER (WHERE b.run_bin = 1),
+                 count(*) FILTER (WHERE b.run_bin = 2),
+                 count(*) FILTER (WHERE b.run_bin = 3),
+                 count(*) FILTER (WHERE b.run_bin = 4),
+                 count(*) FILTER (WHERE b.run_bin = 5),
+                 count(*) FILTER (WHERE b.run_bin = 6),
+                 count(*) FILTER (WHERE b.run_bin = 7),
+                 count(*) FILTER (WHERE b.run_bin = 8),
+                 count(*) FILTER (WHERE b.run_bin = 9),
+                 count(*) FILTER (WHERE b.run_bin = 10),
+                 count(*) FILTER (WHERE b.run_bin = 11),
+                 count(*) FILTER (WHERE b.run_bin = 12),
+                 count(*) FILTER (WHERE b.run_bin = 13),
+                 count(*) FILTER (WHERE b.run_bin = 14),
+                 count(*) FILTER (WHERE b.run_bin = 15),
+                 count(*) FILTER (WHERE b.run_bin = 16)],
+           ARRAY[count(*) FILTER (WHERE b.wait_bin = 0),
+                 count(*) FILTER (WHERE b.wait_bin = 1),
+                 count(*) FILTER (WHERE b.wait_bin = 2),
+                 count(*) FILTER (WHERE b.wait_bin = 3),
+                 count(*) FILTER (WHERE b.wait_bin = 4),
+                 count(*) FILTER (WHERE b.wait_bin = 5),
+                 count(*) FILTER (WHERE b.wait_bin = 6),
+                 count(*) FILTER (WHERE b.wait_bin = 7),
+                 count(*) FILTER (WHERE b.wait_bin = 8),
+                 count(*) FILTER (WHERE b.wait_bin = 9),
+                 count(*) FILTER (WHERE b.wait_bin = 10),
+                 count(*) FILTER (WHERE b.wait_bin = 11),
+                 count(*) FILTER (WHERE b.wait_bin = 12),
+                 count(*) FILTER (WHERE b.wait_bin = 13),
+                 count(*) FILTER (WHERE b.wait_bin = 14),
+                 count(*) FILTER (WHERE b.wait_bin = 15),
+                 count(*) FILTER (WHERE b.wait_bin = 16)]
+      FROM (SELECT a.finished_at, a.outcome, left(j.handler, 200) AS handler,
+                   CASE WHEN a.outcome IN ('completed', 'failed', 'dead')
+                        THEN width_bucket(a.wall_seconds, bounds) END AS run_bin,
+                   CASE WHEN a.outcome IN ('completed', 'dead', 'cancelled')
+                             AND a.lease_token = j.lease_token
+                        THEN width_bucket(greatest(0, extract(epoch FROM a.started_at
+                                 - greatest(j.run_at, j.created_at)))::float8, bounds)
+                        END AS wait_bin
+              FROM @schema@.attempts a
+              JOIN @schema@.jobs j ON j.id = a.job_id
+             WHERE a.finished_at >= since AND a.finished_at < upto) AS b
      CROSS JOIN (VALUES (60), (3600)) AS g(grain)
-     WHERE a.finished_at >= since AND a.finished_at < upto
      GROUP BY 1, 2, 3
     ON CONFLICT (grain_seconds, bucket_start, handler) DO UPDATE
        SET completed = r.completed + EXCLUDED.completed,

@@ -224,7 +224,7 @@ def _count_label(value: float) -> str:
     return f"{value:g}" if value < 10000 else f"{value / 1000:g}k"
 
 
-def counts_chart(summary: Summary) -> Chart:
+def counts_chart(summary: Summary, chart_id: str = "chart-throughput") -> Chart:
     """Ended attempts per step: completed and failed (failed, dead, lease expired)."""
     count = len(summary.points)
     top = _nice_top(max((max(p.completed, p.failed) for p in summary.points), default=0))
@@ -247,7 +247,7 @@ def counts_chart(summary: Summary) -> Chart:
         series.append(Series(name, css, " ".join(f"{x},{yy}" for x, yy in coords), dots))
     ticks = [(y(top * k / 4), _count_label(top * k / 4)) for k in range(5)]
     return Chart(
-        "chart-throughput",
+        chart_id,
         f"Ended attempts per {step}",
         f"attempts per {step}",
         series,
@@ -321,3 +321,16 @@ def bound_text(value: float | None) -> str:
 
 def charts(summary: Summary) -> list[Chart]:
     return [counts_chart(summary), time_chart(summary, "wait"), time_chart(summary, "run")]
+
+
+def last_hour_chart(minutes: Sequence[dict[str, Any]]) -> Chart:
+    """The overview's chart: views.throughput's minutes (ended attempts per minute over
+    the last hour, read live from the attempts, not from the rollup), with the same axes
+    and legend as the Charts page's throughput chart."""
+    points = [Totals(completed=int(m["completed"]), failed=int(m["failed_total"])) for m in minutes]
+    whole = Totals()
+    for point in points:
+        whole.merge(point)
+    starts = [m["minute"].astimezone(UTC) for m in minutes]
+    summary = Summary(WINDOWS["1h"], [], starts, points, [], whole)
+    return counts_chart(summary, "chart-last-hour")

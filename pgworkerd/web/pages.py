@@ -37,7 +37,6 @@ def _overview_data() -> dict[str, Any]:
         limits = views.limits(conn, ctx.settings.schema)
         views.limits_held(conn, ctx.settings.schema, limits, cap=views.TAB_COUNT_CAP)
     hour = snap["throughput"]
-    peak = max((m["completed"] + m["failed_total"] for m in hour), default=0)
     totals = {
         "completed": sum(m["completed"] for m in hour),
         "failed": sum(m["failed_total"] for m in hour),
@@ -53,7 +52,7 @@ def _overview_data() -> dict[str, Any]:
     paused_queues = {p["name"]: p for p in snap["paused"] if p["kind"] == "queue"}
     return {
         "snap": snap,
-        "peak": max(peak, 1),
+        "last_hour": charts.last_hour_chart(hour),
         "totals": totals,
         "problems": found,
         "paused_queues": paused_queues,

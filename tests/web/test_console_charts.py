@@ -58,6 +58,18 @@ def test_the_charts_draw_what_the_daemons_rolled_up_with_axes_and_legends(
         what="the three completions in the rollup",
     )
     log_in(browser, dashboard)
+    # the overview's last hour (read live from the attempts) has the same axes and legend
+    wait_browser(
+        browser,
+        lambda d: d.find_elements("css selector", "#chart-last-hour line.axis"),
+        "the overview's chart",
+    )
+    last_hour = browser.find_element("css selector", "#chart-last-hour")
+    assert len(last_hour.find_elements("css selector", "text.y-tick")) == 5
+    assert len(last_hour.find_elements("css selector", "text.x-tick")) >= 4
+    assert "attempts per minute" in last_hour.find_element("css selector", "text.axis-unit").text
+    legend = last_hour.find_element("xpath", "following-sibling::p[@class='legend']").text
+    assert "completed" in legend and "failed" in legend
     browser.find_element("css selector", "#charts-link").click()
     wait_browser(browser, lambda d: text_of(d, "chart-handlers"), "the charts page")
     assert "the last 6 hours" in browser.find_element("css selector", "h1").text

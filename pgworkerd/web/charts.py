@@ -211,13 +211,16 @@ def _x_ticks(summary: Summary) -> list[tuple[float, str]]:
 
 
 def _nice_top(peak: float) -> float:
-    if peak <= 0:
-        return 1.0
-    magnitude = 10 ** math.floor(math.log10(peak))
+    """The top of a count axis of four equal steps, each 1, 2, 2.5 or 5 x 10^k and whole:
+    tick labels stay whole numbers (0, 2, 4, 6, 8 for a peak of 5)."""
+    need = max(peak, 1.0) / 4
+    magnitude = 10 ** math.floor(math.log10(need))
     for m in (1, 2, 2.5, 5, 10):
-        if peak <= m * magnitude:
-            return m * magnitude
-    return 10 * magnitude
+        if m == 2.5 and magnitude < 10:
+            continue  # 2.5 is not a whole step
+        if need <= m * magnitude:
+            return max(1.0, m * magnitude) * 4
+    return 40 * magnitude
 
 
 def _count_label(value: float) -> str:

@@ -75,3 +75,11 @@ def test_rows_land_in_their_points_and_handlers() -> None:
     assert [s.name for s in run.series] == ["p50", "p95"]
     assert wait.y_ticks[0][1] == "1 ms" and wait.y_ticks[-1][1] == "1 h"
     assert throughput.title == "Ended attempts per 5 minutes"
+
+
+@pytest.mark.parametrize(
+    ("peak", "top"), [(0, 4), (3, 4), (5, 8), (9, 20), (100, 100), (101, 200), (1234, 2000)]
+)
+def test_a_count_axis_has_four_whole_steps(peak: int, top: int) -> None:
+    assert charts._nice_top(peak) == top
+    assert (top / 4) == int(top / 4)

@@ -481,3 +481,13 @@ GRANT EXECUTE ON FUNCTION pgworkerd.enqueue_v4(text, jsonb, text, integer, times
                                                timestamptz, interval, interval, interval,
                                                text, interval, interval)
       TO pgworkerd_enqueuer;
+
+-- The charts' rollup (schema 38): the fleet counts ended attempts per handler and time
+-- bucket (attempt_rollups_advance, SECURITY DEFINER: it writes only the rollup and its
+-- cursor, from the attempts); the reader (and so the operator, the dashboard) reads them.
+GRANT EXECUTE ON FUNCTION pgworkerd.attempt_rollups_advance(integer, float8) TO pgworkerd_daemon;
+GRANT SELECT ON pgworkerd.attempt_rollups, pgworkerd.attempt_rollup_cursor TO pgworkerd_reader;
+-- A pause that names the person who asked (schema 38; `pgworkerd pause --reason --by`,
+-- the dashboard's pause): as pause() (the operator's, and the daemon role's as before).
+GRANT EXECUTE ON FUNCTION pgworkerd.paused_add(text, text, text, text)
+      TO pgworkerd_operator, pgworkerd_daemon;

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -143,10 +144,17 @@ def _warn_silent(stuck: list[dict[str, Any]]) -> None:
         )
 
 
+def _paused_by(p: dict[str, Any]) -> str:
+    """Who paused: the person who asked (schema 38) and the database role, or the role."""
+    person = p.get("requested_by")
+    role = printable(p["paused_by"])
+    return f"{printable(person)} (role {role})" if person else role
+
+
 def _paused_line(p: dict[str, Any]) -> str:
     line = (
         f"{p['kind']} {printable(p['name'])} since {_utc(p['paused_at'])} "
-        f"({age(p['paused_seconds'])} ago) by {printable(p['paused_by'])}"
+        f"({age(p['paused_seconds'])} ago) by {_paused_by(p)}"
     )
     return f"{line}: {printable(p['comment'])}" if p["comment"] else line
 
@@ -426,6 +434,16 @@ def _plain_drain(
     sys.exit(int(ExitCode.FAILURE))
 
 
+def _os_user() -> str:
+    """The OS user running the CLI: who asked for a pause when --by does not say."""
+    import getpass
+
+    try:
+        return getpass.getuser()[:128] or "unknown"
+    except (OSError, KeyError):  # no name for the uid (a container's arbitrary uid)
+        return f"uid {os.getuid()}"
+
+
 def _pause_target(queue: str | None, handler: str | None) -> tuple[str, str]:
     """(kind, name) of --queue or --handler; a bad name exits 3 before any connection."""
     from pgworkerd.bounds import name_problem
@@ -443,11 +461,25 @@ def _pause_target(queue: str | None, handler: str | None) -> tuple[str, str]:
 @main.command()
 @click.option("--queue", help="pause this queue: none of its jobs are claimed")
 @click.option("--handler", help="pause this handler: none of its jobs are claimed")
-@click.option("--comment", help="why, shown by `status` (at most 500 characters)")
+@click.option(
+    "--reason",
+    "--comment",
+    "reason",
+    help="why, shown by `status` and the dashboard (one line, at most 500 characters)",
+)
+@click.option(
+    "--by",
+    "by",
+    help="who asks, shown with the pause (at most 128 characters; default: your OS user name)",
+)
 @click.pass_obj
-def pause(ctx: Context, queue: str | None, handler: str | None, comment: str | None) -> None:
+def pause(
+    ctx: Context, queue: str | None, handler: str | None, reason: str | None, by: str | None
+) -> None:
     """Pause a queue or a handler on every daemon: its pending jobs stay pending, running
-    ones finish. `pgworkerd resume --queue/--handler` undoes it.
+    ones finish. `pgworkerd resume --queue/--handler` undoes it. The pause records the
+    reason and who asked (--by, else the OS user: the database role is shared by every
+    operator).
 
     Exit code 0, also when it was paused already (the first pause is kept).
     """
@@ -456,10 +488,18 @@ def pause(ctx: Context, queue: str | None, handler: str | None, comment: str | N
     if queue is None and handler is None:
         raise click.UsageError("give --queue or --handler")
     kind, name = _pause_target(queue, handler)
-    if comment is not None and len(comment) > 500:
-        fail(f"--comment must be at most 500 characters, not {len(comment)}", ExitCode.CONFIG)
+    if by is None:
+        by = _os_user()
+    for problem in (
+        fleet.pause_text_problem("--reason", reason, fleet.REASON_MAX, empty_ok=True),
+        fleet.pause_text_problem("--by", by, fleet.BY_MAX),
+    ):
+        if problem:
+            fail(problem, ExitCode.CONFIG)
     with database(ctx, needs="pause queues and handlers") as conn:
-        changed = fleet.set_paused(conn, ctx.schema, kind, name, pause=True, comment=comment)
+        changed = fleet.set_paused(
+            conn, ctx.schema, kind, name, pause=True, comment=reason, requested_by=by
+        )
         served = fleet.served(conn, ctx.schema, kind, name)
     shown = f"{kind} '{printable(name)}'"
     click.echo(f"paused {shown}" if changed else f"{shown} was already paused")

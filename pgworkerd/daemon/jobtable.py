@@ -261,7 +261,7 @@ class JobTable(Generic[ChildT]):
                 },
             )
             if not job.job.rescued:  # a rescued job's run_at predates its lost attempt
-                self.metrics.observe_job_start(job.job.run_at, job.job.created_at)
+                self.metrics.observe_job_start(job.job.run_at, job.job.created_at, job.job.handler)
         elif isinstance(message, Beat):
             job.last_beat = now
             for key in ("progress", "checkpoint"):

@@ -14,6 +14,7 @@ The parent is a set of components, each given what it needs when it is built:
 - StaleMarking: daemons silent past stale_after marked gone, one daemon at a time.
 - Sweep (EXPIRY): jobs past their expires_at ended as cancelled, served or not.
 - Sweep (WAIT_TIMEOUTS): suspended jobs past their wait's timeout made pending again.
+- RollupSweep: ended attempts counted per handler and minute or hour (the charts).
 
 Each has `tick(now)` and `next_deadline()`. One loop turn is the list of verbs in _tick,
 then one wait on a selector until the earliest deadline or a wake-up (a child's message,
@@ -52,7 +53,7 @@ from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.peers import Peers
 from pgworkerd.daemon.presence import Lifecycle, Presence
 from pgworkerd.daemon.queuedepth import QueueDepthCounter
-from pgworkerd.daemon.retention import Retention, StaleMarking
+from pgworkerd.daemon.retention import Retention, RollupSweep, StaleMarking
 from pgworkerd.daemon.scheduler import Scheduler
 from pgworkerd.daemon.statements import Statements
 from pgworkerd.daemon.states import DaemonState, OutcomeKind, StopReason
@@ -223,6 +224,8 @@ class Daemon:
         self.wait_timeouts = Sweep(
             WAIT_TIMEOUTS, self.statements.waits_expire, lambda: len(self.peers)
         )
+        # the charts' rollup of ended attempts (the dashboard's charts)
+        self.rollup = RollupSweep(self.statements.rollup_attempts, lambda: len(self.peers))
         # what the wake channel's notifications may cause (any role may NOTIFY)
         self.hints = WakeHints(
             self.claimer, self.presence.peers_changed, self.presence.drain_hinted
@@ -369,6 +372,7 @@ class Daemon:
         self.retention.tick(now)
         self.stale_marking.tick(now)  # after presence.tick: the live peers just read
         self.expiry.tick(now)
+        self.rollup.tick(now)
         self.wait_timeouts.tick(now)
         self.claimer.set_accepting(self._accepting())  # a drain requested just now
 
@@ -459,6 +463,7 @@ class Daemon:
             self.retention.next_deadline(),
             self.stale_marking.next_deadline(),
             self.expiry.next_deadline(),
+            self.rollup.next_deadline(),
             self.wait_timeouts.next_deadline(),
             self.admission.next_deadline(),
             self.supervisor.next_deadline(),

@@ -10,6 +10,8 @@ daemon of the fleet at a time.
   one lock.
 - `StaleMarking` marks gone the daemons silent past stale_after (worker_mark_stale_v2):
   `status` shows them gone and their peers drop them (the statement notifies).
+- `RollupSweep` counts ended attempts per handler and minute or hour for the dashboard's
+  charts (attempt_rollups_advance), spaced across the fleet like stale-marking.
   (The sweeps that move jobs when their time has come, expiry and waits' timeouts, are
   daemon/sweeps.py.)
 
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 import psycopg
 
 from pgworkerd.config import RetentionConfig
+from pgworkerd.queue.attempts import RollupStep
 from pgworkerd.queue.retention import PruneResult, prune_batch
 
 log = logging.getLogger("pgworkerd")
@@ -214,6 +217,49 @@ class StaleMarking:
         """Until this daemon looks again: a quarter of stale_after times the live daemons."""
         spread = self.rng.uniform(1.0 - STALE_JITTER, 1.0 + STALE_JITTER)
         return self.stale_after() * STALE_LOOK * max(1, self.fleet()) * spread
+
+
+# The fleet as a whole rolls up ended attempts for the charts about this often (seconds):
+# each daemon every ROLLUP_LOOK times the live daemons it knows, jittered like the expiry
+# sweep; a step that leaves attempts due behind it is followed by the next after
+# BATCH_PAUSE.
+ROLLUP_LOOK = 20.0
+ROLLUP_JITTER = 0.5
+
+
+class RollupSweep:
+    """The charts' rollup (attempt_rollups_advance): ended attempts counted per handler
+    and minute or hour, so the dashboard's charts read a bounded number of rows however
+    many jobs there are. Every daemon may step it, one at a time (the statement skips
+    the cursor row another holds), the fleet as a whole about every ROLLUP_LOOK
+    seconds; a step with more due behind it (a backlog, or a burst over its bound) is
+    followed by the next after BATCH_PAUSE."""
+
+    def __init__(
+        self,
+        advance: Callable[[], RollupStep | None],
+        fleet: Callable[[], int],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.advance = advance
+        self.fleet = fleet
+        self.rng = rng if rng is not None else random.Random()
+        self.due_at = clock() + self.rng.uniform(0.0, ROLLUP_LOOK)
+
+    def next_deadline(self) -> float:
+        return self.due_at
+
+    def tick(self, now: float) -> None:
+        if now < self.due_at:
+            return
+        step = self.advance()
+        if step is not None and step.behind:
+            self.due_at = now + BATCH_PAUSE
+        else:
+            spread = self.rng.uniform(1.0 - ROLLUP_JITTER, 1.0 + ROLLUP_JITTER)
+            self.due_at = now + ROLLUP_LOOK * max(1, self.fleet()) * spread
 
 
 def prune_to_end(

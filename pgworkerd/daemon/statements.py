@@ -295,6 +295,14 @@ class Statements:
             ),
         )
 
+    def rollup_attempts(self) -> attempts.RollupStep | None:
+        """One step of the charts' rollup (None: the call failed, or another daemon is
+        rolling up)."""
+        return self.link.run(
+            "rolling up ended attempts for the charts",
+            lambda c: attempts.rollup_advance(c, self.schema),
+        )
+
     def prune_finished(self, config: RetentionConfig) -> retention.PruneResult | None:
         """One batch of the fleet's retention (None: the call failed)."""
         return self.link.run(

@@ -114,3 +114,34 @@ def memory_peaks(
         },
     ).fetchall()
     return {name: MemoryPeak(None if peak is None else int(peak), int(n)) for name, peak, n in rows}
+
+
+# The rollup's bounds per step: attempts counted per statement at most (about), and how
+# long after its end an attempt is counted (its row may commit a little after its
+# finished_at, which is its transaction's start).
+ROLLUP_MAX_ATTEMPTS = 50_000
+ROLLUP_LAG_SECONDS = 30.0
+
+
+@dataclass(frozen=True)
+class RollupStep:
+    """Where one step of the charts' rollup left the cursor, and whether more is due."""
+
+    rolled_to: Any  # datetime
+    behind: bool
+
+
+def rollup_advance(
+    conn: psycopg.Connection[Any],
+    schema: str = DEFAULT_SCHEMA,
+    *,
+    max_attempts: int = ROLLUP_MAX_ATTEMPTS,
+    lag_seconds: float = ROLLUP_LAG_SECONDS,
+) -> RollupStep | None:
+    """One step of the charts' rollup (attempt_rollups_advance); None: another daemon
+    is rolling up."""
+    row = conn.execute(
+        query("attempt_rollups_advance", schema),
+        {"max_attempts": max_attempts, "lag_seconds": lag_seconds},
+    ).fetchone()
+    return None if row is None else RollupStep(row[0], bool(row[1]))

@@ -169,13 +169,18 @@ def _pending(
             _reason(
                 f"{p['kind']}_paused",
                 f"its {p['kind']} '{p['name']}' is paused since {p['paused_at']} by"
-                f" {p['paused_by']}"
+                + (
+                    f" {p['requested_by']} (role {p['paused_by']})"
+                    if p.get("requested_by")
+                    else f" {p['paused_by']}"
+                )
                 + (f": {p['comment']}" if p["comment"] else "")
                 + f" (pgworkerd resume --{p['kind']} {shlex.quote(p['name'])})",
                 name=p["name"],
                 paused_at=p["paused_at"],
                 paused_by=p["paused_by"],
                 comment=p["comment"],
+                requested_by=p.get("requested_by"),
             )
         )
     reasons += _capacity(job, f)

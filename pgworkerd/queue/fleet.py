@@ -104,14 +104,53 @@ def set_paused(
     *,
     pause: bool,
     comment: str | None = None,
+    requested_by: str | None = None,
 ) -> bool:
     """Pause (or with pause=False resume) a queue or handler fleet-wide; returns whether
     that changed anything (False: it was already paused, or was not paused). The claim
-    reads the paused table, so daemons need no restart or signal."""
-    [row] = _rows(
-        conn, "paused_set", schema, {"pause": pause, "kind": kind, "name": name, "comment": comment}
-    )
+    reads the paused table, so daemons need no restart or signal. `comment` is the
+    reason; `requested_by` the person who asked (schema 38: paused_add), checked by
+    pause_text_problem first (the database checks again)."""
+    if pause and requested_by is not None:
+        for problem in (
+            pause_text_problem("the reason", comment, REASON_MAX, empty_ok=True),
+            pause_text_problem("who asked", requested_by, BY_MAX),
+        ):
+            if problem:
+                raise ValueError(problem)
+    params = {
+        "pause": pause,
+        "kind": kind,
+        "name": name,
+        "comment": comment,
+        "requested_by": requested_by,
+    }
+    [row] = _rows(conn, "paused_set", schema, params)
     return bool(row["changed"])
+
+
+# A pause's reason and the name of who asked, at most (paused_add checks them too).
+REASON_MAX = 500
+BY_MAX = 128
+
+
+def pause_text_problem(
+    what: str, text: str | None, limit: int, *, empty_ok: bool = False
+) -> str | None:
+    """Why a pause's reason or person cannot be stored (None: it can, or it is None):
+    longer than `limit`, or with a control character (a NUL, which PostgreSQL text
+    cannot hold, a line break, an escape sequence)."""
+    if text is None:
+        return None
+    if not text and not empty_ok:
+        return f"{what} must not be empty"
+    if len(text) > limit:
+        return f"{what} must be at most {limit} characters, not {len(text)}"
+    if "\x00" in text:
+        return f"{what} contains a NUL character, which cannot be stored"
+    if any(ord(c) < 32 or 127 <= ord(c) < 160 for c in text):
+        return f"{what} must be one line without control characters"
+    return None
 
 
 def served(conn: psycopg.Connection, schema: str, kind: str, name: str) -> bool:

@@ -77,6 +77,7 @@ read-only, imports nothing else.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 from typing import Any
 
 import psycopg
@@ -230,6 +231,24 @@ def throughput(
     return out
 
 
+def rollup_rows(
+    conn: psycopg.Connection[Any], schema: str, *, grain: int, since: datetime
+) -> list[dict[str, Any]]:
+    """The charts' rollup (attempt_rollups, 0038): buckets of `grain` seconds (60 or
+    3600) from `since` on, per handler, oldest first (the histograms' bounds:
+    rollup_cursor)."""
+    if grain not in (60, 3600):
+        raise ValueError(f"grain must be 60 or 3600, not {grain}")
+    return _rows(conn, "view_attempt_rollups", schema, {"grain": grain, "since": since})
+
+
+def rollup_cursor(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
+    """How far the charts' rollup counted (rolled_to), the database's now, and the
+    histograms' bounds (attempt_rollup_bounds)."""
+    [row] = _rows(conn, "view_attempt_rollup_cursor", schema)
+    return row
+
+
 def unserved(conn: psycopg.Connection[Any], schema: str) -> list[dict[str, Any]]:
     return _rows(conn, "job_unserved_list", schema)
 
@@ -294,13 +313,16 @@ def jobs_page(
     limit: int = DEFAULT_PAGE_SIZE,
     text_timeout: float = TEXT_SEARCH_TIMEOUT,
     pending_when: str | None = None,
+    oldest_first: bool = False,
 ) -> dict[str, Any]:
     """One page of jobs, newest first: below id `before`, or just above id `after`, or
-    the newest. Every filter goes to the database as a bound value (hostile text is
-    just text); `text` is a case-insensitive substring of the payload's JSON or the last
-    error, which no index serves: that scan stops at the page size and at
-    `text_timeout` seconds (TextSearchTimeout). pending_when (one of PENDING_PARTS:
-    due, scheduled, retrying) keeps the pending jobs of that part only."""
+    the newest; with oldest_first, oldest first: above id `after` (or from the oldest),
+    or just below id `before` (the same statements and indexes, read the other way).
+    Every filter goes to the database as a bound value (hostile text is just text);
+    `text` is a case-insensitive substring of the payload's JSON or the last error, which
+    no index serves: that scan stops at the page size and at `text_timeout` seconds
+    (TextSearchTimeout). pending_when (one of PENDING_PARTS: due, scheduled, retrying)
+    keeps the pending jobs of that part only."""
     if pending_when is not None and pending_when not in PENDING_PARTS:
         raise ValueError(f"pending_when must be one of {', '.join(PENDING_PARTS)}")
     if not 1 <= limit <= MAX_PAGE_SIZE:
@@ -326,12 +348,16 @@ def jobs_page(
     # statuses and stops at the page; otherwise one branch per status, each through its
     # index (see both statements).
     by_id = bool(text) and "completed" in chosen
+    # ascending: ids above `after` (from the oldest: above 0), read upwards
+    ascending = after is not None or (oldest_first and before is None)
+    if ascending and after is None:
+        params["after"] = 0
     name = {
         (False, False): "view_job_page_older",
         (False, True): "view_job_page_newer",
         (True, False): "view_job_text_older",
         (True, True): "view_job_text_newer",
-    }[(by_id, after is not None)]
+    }[(by_id, ascending)]
     # Unprepared: the planner sees the values, so each filter not given folds away.
     try:
         with conn.transaction():
@@ -349,9 +375,18 @@ def jobs_page(
             f"the text search read jobs for {text_timeout:g} s without filling the page;"
             " narrow it by status, queue or handler"
         ) from None
+    full = len(rows) == limit
+    if oldest_first:
+        if not ascending:
+            rows.reverse()  # read downwards from `before`: shown oldest first
+            older = rows[0]["id"] if rows and full else None
+            newer = rows[-1]["id"] if rows else before - 1  # type: ignore[operator]
+        else:
+            newer = rows[-1]["id"] if rows and full else None
+            older = (rows[0]["id"] if rows else after + 1) if after else None
+        return {"jobs": rows, "limit": limit, "older": older, "newer": newer}
     if after is not None:
         rows.reverse()
-    full = len(rows) == limit
     if after is None:
         # newest first from `before` (or the top): more below when the page is full
         older = rows[-1]["id"] if rows and full else None

@@ -31,6 +31,7 @@ class Action:
     kind: str  # what the target is: job, daemon, queue or handler
     run: Callable[[psycopg.Connection[Any], str, str, str], str]  # conn, schema, target, who
     warning: str = ""
+    asks_reason: bool = False  # the confirmation page has a reason field (a pause)
 
 
 def _cancel(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
@@ -65,10 +66,23 @@ def _drain(drain: bool) -> Callable[[psycopg.Connection[Any], str, str, str], st
     return run
 
 
+def _reason() -> str:
+    """A pause's reason from the confirmation form (checked by _checked_action)."""
+    return request.form.get("reason", "").strip()
+
+
 def _pause(kind: str, pause: bool) -> Callable[[psycopg.Connection[Any], str, str, str], str]:
     def run(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
-        comment = f"from the web dashboard by {who}" if pause else None
-        changed = fleet.set_paused(conn, schema, kind, target, pause=pause, comment=comment)
+        # the person is the dashboard's user (schema 38: paused_add); the role is shared
+        changed = fleet.set_paused(
+            conn,
+            schema,
+            kind,
+            target,
+            pause=pause,
+            comment=(_reason() or None) if pause else None,
+            requested_by=f"{who} (web)" if pause else None,
+        )
         if pause:
             return "paused" if changed else "was already paused"
         return "resumed" if changed else "was not paused"
@@ -100,7 +114,11 @@ ACTIONS: dict[str, Action] = {
     ),
     "resume": Action("Resume daemon", "daemon", _drain(False)),
     "pause-queue": Action(
-        "Pause queue", "queue", _pause("queue", True), "No daemon claims its jobs until resumed."
+        "Pause queue",
+        "queue",
+        _pause("queue", True),
+        "No daemon claims its jobs until resumed.",
+        asks_reason=True,
     ),
     "resume-queue": Action("Resume queue", "queue", _pause("queue", False)),
     "pause-handler": Action(
@@ -108,6 +126,7 @@ ACTIONS: dict[str, Action] = {
         "handler",
         _pause("handler", True),
         "No daemon claims its jobs until resumed.",
+        asks_reason=True,
     ),
     "resume-handler": Action("Resume handler", "handler", _pause("handler", False)),
     "trigger-schedule": Action(
@@ -141,13 +160,21 @@ def _checked_action(name: str) -> tuple[Action, str]:
     problem = _target_problem(action.kind, target)
     if problem:
         abort(400, problem)
+    if action.asks_reason:
+        reason = source.get("reason", "")
+        problem = fleet.pause_text_problem(
+            "the reason", reason.strip(), fleet.REASON_MAX, empty_ok=True
+        )
+        if problem:
+            abort(400, problem)
     return action, target
 
 
 @actions.get("/confirm/<name>")
 def confirm(name: str) -> str:
     action, target = _checked_action(name)
-    return render_template("confirm.html", name=name, action=action, target=target)
+    reason = request.args.get("reason", "") if action.asks_reason else ""
+    return render_template("confirm.html", name=name, action=action, target=target, reason=reason)
 
 
 @actions.post("/act/<name>")

@@ -12,7 +12,7 @@ from werkzeug.wrappers import Response
 
 from pgworkerd.model import STATUSES
 from pgworkerd.queue import batchread, explain, joblogs, views
-from pgworkerd.web import logtail, problems, progress, schedule_view
+from pgworkerd.web import charts, logtail, problems, progress, schedule_view
 from pgworkerd.web.context import context
 from pgworkerd.web.filters import SHOWN_CHARS
 
@@ -37,7 +37,6 @@ def _overview_data() -> dict[str, Any]:
         limits = views.limits(conn, ctx.settings.schema)
         views.limits_held(conn, ctx.settings.schema, limits, cap=views.TAB_COUNT_CAP)
     hour = snap["throughput"]
-    peak = max((m["completed"] + m["failed_total"] for m in hour), default=0)
     totals = {
         "completed": sum(m["completed"] for m in hour),
         "failed": sum(m["failed_total"] for m in hour),
@@ -49,10 +48,11 @@ def _overview_data() -> dict[str, Any]:
         limits,
         url_for("pages.limits_page"),
     )
-    paused_queues = {p["name"] for p in snap["paused"] if p["kind"] == "queue"}
+    # each paused queue's pause (who asked, why), for its row
+    paused_queues = {p["name"]: p for p in snap["paused"] if p["kind"] == "queue"}
     return {
         "snap": snap,
-        "peak": max(peak, 1),
+        "last_hour": charts.last_hour_chart(hour),
         "totals": totals,
         "problems": found,
         "paused_queues": paused_queues,
@@ -260,8 +260,10 @@ def job_live(job_id: int) -> str:
 
 
 # The orders the jobs list offers: each one an index serves (keyset pagination by id
-# through the (status, id), (queue, status, id) and (handler, status, id) indexes).
-SORTS = ("newest",)
+# through the (status, id), (queue, status, id) and (handler, status, id) indexes, read
+# either way). Not offered: run_at, priority, started or finished across statuses (no
+# index orders them: a sort would read every matching job), refused with 400.
+SORTS = ("newest", "oldest")
 
 
 @pages.get("/jobs")
@@ -277,8 +279,8 @@ def jobs() -> str:
     if sort not in SORTS:
         abort(
             400,
-            "no index serves that order: the list sorts by id, newest first (narrow it by "
-            "tab, queue or handler instead)",
+            "no index serves that order: the list sorts by id, newest or oldest first "
+            "(sort=newest or sort=oldest; narrow it by tab, queue or handler instead)",
         )
     pending_when = filters["tab"] if filters["tab"] in views.PENDING_PARTS else None
     status = "pending" if pending_when else (filters["tab"] or filters["status"])
@@ -300,6 +302,7 @@ def jobs() -> str:
                 before=before,
                 after=after,
                 limit=PAGE_SIZE,
+                oldest_first=sort == "oldest",
             )
     except views.TextSearchTimeout as exc:
         page, error = {"jobs": [], "older": None, "newer": None}, str(exc)
@@ -313,6 +316,8 @@ def jobs() -> str:
             handler=filters["handler"] or None,
         )
     shown = {k: v for k, v in filters.items() if v}
+    if sort != "newest":
+        shown["sort"] = sort
     scope = {k: v for k, v in shown.items() if k in ("queue", "handler", "text")}
     return render_template(
         "jobs.html",
@@ -325,6 +330,8 @@ def jobs() -> str:
         tabs=views.TABS,
         counts=counts,
         count_cap=views.TAB_COUNT_CAP,
+        sort=sort,
+        sorts=SORTS,
     )
 
 
@@ -335,6 +342,34 @@ def _page_id(name: str) -> int | None:
     if not (value.isascii() and value.isdigit() and len(value) < 19):
         abort(400, f"{name} must be a job id")
     return int(value)
+
+
+@pages.get("/charts")
+def charts_page() -> str:
+    """Throughput, failures, wait time and runtime over one of charts.WINDOWS, from the
+    daemons' rollup: a bounded read, whatever the number of jobs."""
+    try:
+        window = charts.window_of(request.args.get("window"))
+    except charts.BadWindow as exc:
+        abort(400, str(exc))
+    ctx = context()
+    with ctx.database() as conn:
+        cursor = views.rollup_cursor(conn, ctx.settings.schema)
+        now = cursor["now"]
+        rows = views.rollup_rows(
+            conn, ctx.settings.schema, grain=window.grain, since=charts.first_start(window, now)
+        )
+    summary = charts.summarize(rows, window, now, cursor["bounds"])
+    return render_template(
+        "charts.html",
+        window=window,
+        windows=charts.WINDOWS,
+        summary=summary,
+        charts=charts.charts(summary),
+        rolled_to=cursor["rolled_to"],
+        percentile=charts.percentile,
+        bound_text=charts.bound_text,
+    )
 
 
 @pages.get("/schedules")

@@ -64,7 +64,7 @@ def problems(
         )
     paused = snap.get("paused", [])
     if paused:
-        names = [f"{p['kind']} {p['name']}" for p in paused]
+        names = [_paused_name(p) for p in paused]
         found.append(
             {
                 "kind": "paused",
@@ -102,3 +102,16 @@ def problems(
             }
         )
     return found
+
+
+# Characters of a pause's reason the banner shows (the Paused page shows it whole).
+BANNER_REASON_CHARS = 80
+
+
+def _paused_name(p: dict[str, Any]) -> str:
+    """A pause as the banner names it: what, by whom (the person, else the role), why."""
+    by = p.get("requested_by") or p.get("paused_by") or "?"
+    reason = p.get("comment") or ""
+    if len(reason) > BANNER_REASON_CHARS:
+        reason = reason[:BANNER_REASON_CHARS] + "…"
+    return f"{p['kind']} {p['name']} (by {by}{': ' + reason if reason else ''})"

@@ -1201,6 +1201,44 @@ def test_the_daemon_ends_only_jobs_past_their_deadline(
     ]
 
 
+def test_the_daemon_writes_the_charts_rollup_only_by_counting(
+    roles: dict[str, str], schema: str, conn: psycopg.Connection
+) -> None:
+    """It writes the charts' rollup (`attempt_rollups`, schema 38) only through
+    `attempt_rollups_advance`, which counts the attempts as they are: no INSERT, UPDATE or
+    DELETE on the rollup or its cursor, so it cannot forge a chart. The reader reads both."""
+    conn.execute(
+        render(
+            "UPDATE @schema@.attempt_rollup_cursor SET rolled_to = now() - interval '1h'", schema
+        )
+    )
+    with as_role(roles, schema, "daemon") as c:
+        [(rolled_to, behind)] = c.execute(
+            render("SELECT * FROM @schema@.attempt_rollups_advance(1000, 0)", schema)
+        ).fetchall()
+        assert rolled_to is not None and behind is False
+        forged = (
+            "INSERT INTO @schema@.attempt_rollups VALUES (60, now(), 'h', 1000, 0, '{}', '{}')",
+            "UPDATE @schema@.attempt_rollups SET completed = 1000",
+            "DELETE FROM @schema@.attempt_rollups",
+            "UPDATE @schema@.attempt_rollup_cursor SET rolled_to = now() - interval '30 days'",
+        )
+        assert runnable(c, schema, forged) == []
+    with as_role(roles, schema, "reader") as c:
+        c.execute(render("SELECT * FROM @schema@.attempt_rollups", schema)).fetchall()
+        c.execute(render("SELECT * FROM @schema@.attempt_rollup_cursor", schema)).fetchall()
+        assert (
+            runnable(
+                c,
+                schema,
+                [
+                    "SELECT * FROM @schema@.attempt_rollups_advance(1000, 0)",
+                ],
+            )
+            == []
+        )
+
+
 def test_the_operator_signals_any_job(
     roles: dict[str, str], schema: str, conn: psycopg.Connection
 ) -> None:

@@ -67,6 +67,35 @@ def test_pages_walk_every_job_newest_first_both_ways(conn: psycopg.Connection, s
     assert ids(views.jobs_page(conn, schema, after=top["newer"], limit=10)) == []
 
 
+def test_pages_walk_every_job_oldest_first_both_ways(conn: psycopg.Connection, schema: str):
+    """sort=oldest: the same statements and indexes read upwards from the oldest."""
+    all_ids = _enqueue(conn, schema, [client.JobSpec("h") for _ in range(23)])
+    _finish(conn, schema, "completed", all_ids[:7])
+    oldest_first = sorted(all_ids)
+    seen: list[int] = []
+    page = views.jobs_page(conn, schema, limit=10, oldest_first=True)
+    assert page["older"] is None
+    pages = [page]
+    while True:
+        seen += ids(page)
+        if page["newer"] is None:
+            break
+        page = views.jobs_page(conn, schema, after=page["newer"], limit=10, oldest_first=True)
+        pages.append(page)
+    assert seen == oldest_first
+    assert [len(p["jobs"]) for p in pages] == [10, 10, 3]
+    # and back down from the last page: the same pages, oldest first each
+    back = views.jobs_page(conn, schema, before=pages[-1]["older"], limit=10, oldest_first=True)
+    assert ids(back) == ids(pages[1])
+    first = views.jobs_page(conn, schema, before=back["older"], limit=10, oldest_first=True)
+    assert ids(first) == ids(pages[0])
+    before_first = views.jobs_page(conn, schema, before=first["older"], limit=10, oldest_first=True)
+    assert ids(before_first) == []
+    # with a status and a queue filter, through their indexes, still oldest first
+    done = views.jobs_page(conn, schema, statuses=["completed"], limit=5, oldest_first=True)
+    assert ids(done) == sorted(all_ids[:7])[:5]
+
+
 def test_filters_by_status_queue_handler_and_text(conn: psycopg.Connection, schema: str):
     a, b, c, d = _enqueue(
         conn,

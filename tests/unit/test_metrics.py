@@ -526,3 +526,30 @@ def test_silent_daemon_gauges_have_no_labels_and_start_at_zero(live: metrics.Met
     assert sample(text, "pgworkerd_silent_daemons") == 2
     assert not re.search(r"^pgworkerd_silent_\w+\{", text, re.M)
     metrics.NullMetrics().set_silent(1, 1)  # disabled: nothing, no error
+
+
+def test_wait_time_per_handler_behind_the_charts_is_bounded_by_the_configured_handlers() -> None:
+    """job_wait_seconds{handler}: the Charts page's wait time in Prometheus, labelled by
+    the configured handlers only (any other name a row holds is "other")."""
+    m = metrics.Metrics(MetricsConfig(listen=f"127.0.0.1:{free_port()}"), handlers=["mail"])
+    m.start()
+    try:
+        now = datetime.now(UTC)
+        m.observe_job_start(now - timedelta(seconds=3), now - timedelta(seconds=3), "mail")
+        for n in range(50):
+            m.observe_job_start(now, now, f"forged-{n}")
+        m.observe_job_start(now, now)  # no handler: the fleet-wide histogram only
+        text = scrape(m.port)
+    finally:
+        m.stop()
+    h = "pgworkerd_job_wait_seconds"
+    assert sample(text, h + "_count", handler="mail") == 1
+    assert sample(text, h + "_bucket", handler="mail", le="2.5") == 0
+    assert sample(text, h + "_bucket", handler="mail", le="5.0") == 1
+    assert sample(text, h + "_count", handler="other") == 50
+    assert {
+        line.split('handler="')[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith(h + "_count")
+    } == {"mail", "other"}
+    assert sample(text, "pgworkerd_job_start_latency_seconds_count") == 52

@@ -1,6 +1,6 @@
-"""Unit tier: when the maintenance components look (pgworkerd.daemon.retention: Retention
-and StaleMarking; the sweeps are test_sweeps_cadence.py), with a fake clock and a fake
-statement: no idle load that grows with the fleet."""
+"""Unit tier: when the maintenance components look (pgworkerd.daemon.retention: Retention,
+StaleMarking and RollupSweep; the sweeps are test_sweeps_cadence.py), with a fake clock and
+a fake statement: no idle load that grows with the fleet."""
 
 from __future__ import annotations
 
@@ -16,11 +16,15 @@ from pgworkerd.daemon.retention import (
     BATCH_PAUSE,
     JITTER,
     LOCK_WAIT,
+    ROLLUP_JITTER,
+    ROLLUP_LOOK,
     Pruned,
     Retention,
     RetentionBusy,
+    RollupSweep,
     StaleMarking,
 )
+from pgworkerd.queue.attempts import RollupStep
 from pgworkerd.queue.retention import PruneResult
 
 POLICY = RetentionConfig(interval=300.0, batch=500)
@@ -200,3 +204,47 @@ def test_each_daemon_marked_gone_is_logged_and_a_failed_look_waits_its_turn(
         looks(m, clock, 1)  # the statement failed: nothing logged, next look spaced
         assert caplog.records == []
     assert m.next_deadline() - clock() >= 15.0 * 3 * 0.5
+
+
+class Steps:
+    """A fake attempt_rollups_advance: the steps it returns, in turn (then one not behind)."""
+
+    def __init__(self, *answers: RollupStep | None) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+
+    def __call__(self) -> RollupStep | None:
+        self.calls += 1
+        return self.answers.pop(0) if self.answers else RollupStep(None, False)
+
+
+def test_the_rollup_is_spaced_across_the_fleet_and_catches_up_soon() -> None:
+    """The fleet steps the charts' rollup about every ROLLUP_LOOK seconds whatever its
+    size; a step left behind (a backlog) is followed by the next after BATCH_PAUSE; a
+    failed or skipped step (None: another daemon holds it) waits for the next look."""
+    clock = FakeClock()
+    steps = Steps()
+    sweep = RollupSweep(steps, lambda: 10, clock=clock, rng=random.Random(3))
+    assert clock() <= sweep.next_deadline() <= clock() + ROLLUP_LOOK
+    gaps = []
+    for _ in range(200):
+        before = clock()
+        clock.advance(max(0.0, sweep.next_deadline() - clock()))
+        sweep.tick(clock())
+        gaps.append(clock() - before)
+    lo, hi = ROLLUP_LOOK * 10 * (1 - ROLLUP_JITTER), ROLLUP_LOOK * 10 * (1 + ROLLUP_JITTER)
+    assert all(lo <= g <= hi for g in gaps[1:])
+    assert 0.9 * ROLLUP_LOOK * 10 <= sum(gaps[1:]) / len(gaps[1:]) <= 1.1 * ROLLUP_LOOK * 10
+    assert steps.calls == 200
+    sweep.tick(clock.advance(1.0))  # no statement between looks
+    assert steps.calls == 200
+
+    behind = Steps(RollupStep(None, True), RollupStep(None, True), None)
+    sweep = RollupSweep(behind, lambda: 1, clock=clock, rng=random.Random(4))
+    clock.advance(ROLLUP_LOOK)
+    sweep.tick(clock())
+    assert sweep.next_deadline() == clock() + BATCH_PAUSE
+    sweep.tick(clock.advance(BATCH_PAUSE))
+    assert sweep.next_deadline() == clock() + BATCH_PAUSE
+    sweep.tick(clock.advance(BATCH_PAUSE))  # None: skipped or failed, no retry storm
+    assert sweep.next_deadline() >= clock() + ROLLUP_LOOK * (1 - ROLLUP_JITTER)

@@ -56,6 +56,9 @@ def test_the_list_refuses_what_it_does_not_serve(http_client: Http) -> None:
         ("/jobs?tab=due&status=dead", "give a tab or a status, not both"),
         ("/jobs?sort=payload", "no index serves that order"),
         ("/jobs?sort=created_at", "no index serves that order"),
+        ("/jobs?sort=run_at", "sort=newest or sort=oldest"),
+        ("/jobs?sort=priority", "no index serves that order"),
+        ("/jobs?sort=" + "x" * 5000, "no index serves that order"),
     ):
         reply = http_client.get(path)
         assert reply.status == 400 and why in reply.body, path
@@ -68,3 +71,31 @@ def test_a_tab_count_stops_at_its_cap(conn: psycopg.Connection[Any], schema: str
     counts = views.tab_counts(conn, schema, cap=3)
     assert counts["scheduled"] == 4  # cap + 1: "more than 3"
     assert views.tab_counts(conn, schema, handler="other")["scheduled"] == 0
+
+
+def test_the_list_sorts_oldest_first_and_pages_that_way(
+    browser: Any, dashboard: RunningDashboard, db: Db
+) -> None:
+    """The order select offers what an index serves (newest, oldest by id); the pager
+    follows the order."""
+    from pgworkerd.web.pages import PAGE_SIZE
+
+    made = [db.enqueue("work", {}, delay=3600) for _ in range(PAGE_SIZE + 3)]
+    log_in(browser, dashboard)
+    browser.get(f"{dashboard.url}/jobs")
+    wait_browser(browser, lambda d: d.find_elements("css selector", "#jobs tr td"), "the list")
+    from selenium.webdriver.support.ui import Select
+
+    Select(browser.find_element("css selector", "#filter-sort")).select_by_value("oldest")
+    browser.find_element("css selector", "#filter").click()
+    wait_browser(browser, lambda d: "sort=oldest" in d.current_url, "the oldest-first list")
+
+    def listed() -> list[int]:
+        rows = browser.find_elements("css selector", "#jobs tr td:nth-child(2) a")
+        return [int(r.text) for r in rows]
+
+    assert listed() == sorted(made)[:PAGE_SIZE]
+    browser.find_element("css selector", "#newer").click()
+    wait_browser(browser, lambda d: "after=" in d.current_url, "the next page")
+    assert listed() == sorted(made)[PAGE_SIZE:]
+    assert "sort=oldest" in browser.current_url

@@ -1,6 +1,7 @@
 """Every page of the operations console against a real daemon, in real headless Chromium,
 with something on it: the overview with its problem banner, the jobs list with its tabs,
-a long job's page with its progress bar and live output, the schedules, the limits. Each
+a long job's page with its progress bar and live output, the schedules, the limits, the
+charts and a pause with its reason. Each
 page is photographed (tests/artifacts/web); `python tests/support/dashboard_screenshots.py`
 runs this test with DOCS_SCREENSHOTS set, which also writes the pictures the docs show
 (docs/images/dashboard/, docs/operations/dashboard.md)."""
@@ -14,6 +15,8 @@ from typing import Any
 
 from daemon_harness import Daemons, Db
 from dashboard_harness import RunningDashboard, log_in, screenshot, text_of, wait_browser
+
+from pgworkerd.queue import attempts
 
 DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images" / "dashboard"
 
@@ -66,6 +69,19 @@ def test_every_console_page_renders_with_its_parts(
     browser.get(f"{dashboard.url}/limits")
     wait_browser(browser, lambda d: "report" in text_of(d, "limits"), "the limits")
     shots["limits"] = screenshot(browser, "console-limits")
+    # the charts: what the daemon's rollup counted so far (it counts an attempt about 30 s
+    # after its end), stepped here at once so the picture has the failures above
+    attempts.rollup_advance(db.conn, db.schema, lag_seconds=0)
+    browser.get(f"{dashboard.url}/charts?window=1h")
+    wait_browser(browser, lambda d: "fail" in text_of(d, "chart-handlers"), "the charts")
+    browser.set_window_size(1400, 1500)
+    shots["charts"] = screenshot(browser, "console-charts")
+    browser.set_window_size(1400, 1000)
+    browser.get(f"{dashboard.url}/confirm/pause-queue?target=reports&reason=month-end+freeze")
+    wait_browser(browser, lambda d: text_of(d, "confirm-target"), "the pause's confirmation")
+    browser.find_element("css selector", "#confirm").click()
+    wait_browser(browser, lambda d: "month-end" in text_of(d, "paused"), "the paused page")
+    shots["paused"] = screenshot(browser, "console-paused")
     if os.environ.get("DOCS_SCREENSHOTS"):
         DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
         for name, path in shots.items():

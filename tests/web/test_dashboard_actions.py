@@ -47,11 +47,12 @@ def test_drain_resume_pause_and_resume_are_done_and_audited(
     wait_for(lambda: registry()["state"] == "running", what="the daemon running again")
 
     assert "paused" in act(client, "pause-handler", "work")
-    [paused] = db.rows("SELECT kind, name, comment FROM {schema}.paused")
+    [paused] = db.rows("SELECT kind, name, comment, requested_by FROM {schema}.paused")
     assert paused == {
         "kind": "handler",
         "name": "work",
-        "comment": f"from the web dashboard by {USER}",
+        "comment": None,  # no reason given
+        "requested_by": f"{USER} (web)",
     }
     held = db.enqueue("work", {})
     ran = db.enqueue("chatter", {})

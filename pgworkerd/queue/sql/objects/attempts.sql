@@ -65,3 +65,174 @@ REVOKE EXECUTE ON FUNCTION
     @schema@.attempt_account_v1(text, bigint[], bigint[], float8[], float8[], float8[],
                                 bigint[])
     FROM PUBLIC;
+
+-- The charts' rollup (0038, issue 27): ended attempts per handler and time bucket, kept by
+-- the daemons (attempt_rollups_advance) so that the dashboard's charts over up to 7 days
+-- read at most (points x handlers) rows, whatever the number of jobs. Two grains: minutes
+-- (kept a day: the 1 h and 6 h charts) and hours (kept 35 days: the 24 h and 7 d charts).
+-- run_counts and wait_counts are histograms over attempt_rollup_bounds(): element i counts
+-- the values in [bounds[i], bounds[i + 1]) (element 0: below bounds[1]; the last: at or
+-- above the last bound), as width_bucket numbers them from 0.
+CREATE TABLE @schema@.attempt_rollups (
+    grain_seconds integer NOT NULL
+                  CONSTRAINT attempt_rollups_grain_known CHECK (grain_seconds IN (60, 3600)),
+    bucket_start  timestamptz NOT NULL,
+    handler       text NOT NULL,
+    completed     bigint NOT NULL DEFAULT 0,
+    -- attempts that failed: 'failed', 'dead' and 'lease expired' (views.FAILED_OUTCOMES)
+    failed        bigint NOT NULL DEFAULT 0,
+    -- wall time of attempts that ran to an end (completed, failed, dead)
+    run_counts    bigint[] NOT NULL,
+    -- claim - due time (its run_at, or its enqueue if later) of each job's last attempt
+    -- ended completed, dead or cancelled: a retried attempt's run_at is overwritten by
+    -- its retry, so only the last attempt's wait is known
+    wait_counts   bigint[] NOT NULL,
+    PRIMARY KEY (grain_seconds, bucket_start, handler),
+    -- one element per bucket of attempt_rollup_bounds() (16 bounds: 17 buckets)
+    CONSTRAINT attempt_rollups_histograms_sized
+        CHECK (cardinality(run_counts) = 17 AND cardinality(wait_counts) = 17)
+);
+
+-- How far the rollup has counted: every attempt with finished_at before rolled_to is in
+-- attempt_rollups. One row.
+CREATE TABLE @schema@.attempt_rollup_cursor (
+    only_row  boolean PRIMARY KEY DEFAULT true
+              CONSTRAINT attempt_rollup_cursor_one_row CHECK (only_row),
+    rolled_to timestamptz NOT NULL
+);
+INSERT INTO @schema@.attempt_rollup_cursor (rolled_to) VALUES (now());
+
+-- The histograms' bucket bounds in seconds (as the Prometheus metrics' LATENCY_BUCKETS):
+-- from a few ms to an hour.
+CREATE FUNCTION @schema@.attempt_rollup_bounds()
+RETURNS float8[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT ARRAY[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900,
+                 3600]::float8[]
+$$;
+
+-- One step of the rollup (the daemons' sweep; any one daemon at a time: the cursor row is
+-- taken with SKIP LOCKED, so a second caller returns NULL at once). Counts the attempts
+-- that ended from the cursor on: at most about max_attempts of them (the rows after the
+-- cursor are read through attempts_finished_at_idx, a bounded range; the handler and due
+-- time by the jobs' primary key), and none that ended within lag_seconds of now(): an
+-- attempt's finished_at is its transaction's start, so a row may commit a little after
+-- it (a row that commits more than lag_seconds late is not counted). Then it drops
+-- buckets past their keeping (minutes after a day, hours after 35 days). Returns the new
+-- cursor and whether attempts past it are already due (the caller steps again soon).
+CREATE FUNCTION @schema@.attempt_rollups_advance(max_attempts integer, lag_seconds float8)
+RETURNS TABLE (rolled_to timestamptz, behind boolean)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    since timestamptz;
+    upto timestamptz;
+    newest timestamptz;
+    bounds float8[] := @schema@.attempt_rollup_bounds();
+BEGIN
+    IF (attempt_rollups_advance.max_attempts BETWEEN 1 AND 1000000) IS NOT TRUE THEN
+        PERFORM @schema@.fenced_refuse('rolling up attempts',
+            'max_attempts must be from 1 to 1000000, not '
+            || coalesce(attempt_rollups_advance.max_attempts::text, 'NULL'));
+    ELSIF (attempt_rollups_advance.lag_seconds BETWEEN 0 AND 3600) IS NOT TRUE THEN
+        PERFORM @schema@.fenced_refuse('rolling up attempts',
+            'lag_seconds must be from 0 to 3600, not '
+            || coalesce(attempt_rollups_advance.lag_seconds::text, 'NULL'));
+    END IF;
+    SELECT c.rolled_to INTO since
+      FROM @schema@.attempt_rollup_cursor c FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN;  -- another daemon is rolling up
+    END IF;
+    newest := now() - make_interval(secs => attempt_rollups_advance.lag_seconds);
+    IF since >= newest THEN
+        RETURN QUERY SELECT since, false;
+        RETURN;
+    END IF;
+    -- the finished_at of the max_attempts-th attempt after the cursor (index range scan)
+    SELECT a.finished_at INTO upto
+      FROM @schema@.attempts a
+     WHERE a.finished_at >= since AND a.finished_at < newest
+     ORDER BY a.finished_at
+    OFFSET attempt_rollups_advance.max_attempts LIMIT 1;
+    IF upto IS NULL THEN
+        upto := newest;
+    ELSIF upto = since THEN
+        -- more than max_attempts ended at one instant (one transaction): take them all
+        upto := since + interval '1 microsecond';
+    END IF;
+    INSERT INTO @schema@.attempt_rollups AS r
+        (grain_seconds, bucket_start, handler, completed, failed, run_counts, wait_counts)
+    -- one pass: each histogram element a filtered count (no work per group)
+    SELECT g.grain, date_bin(make_interval(secs => g.grain), b.finished_at,
+                             timestamptz '2000-01-01 00:00:00+00'),
+           b.handler,
+           count(*) FILTER (WHERE b.outcome = 'completed'),
+           count(*) FILTER (WHERE b.outcome IN ('failed', 'dead', 'lease expired')),
+           ARRAY[count(*) FILTER (WHERE b.run_bin = 0),
+                 count(*) FILTER (WHERE b.run_bin = 1),
+                 count(*) FILTER (WHERE b.run_bin = 2),
+                 count(*) FILTER (WHERE b.run_bin = 3),
+                 count(*) FILTER (WHERE b.run_bin = 4),
+                 count(*) FILTER (WHERE b.run_bin = 5),
+                 count(*) FILTER (WHERE b.run_bin = 6),
+                 count(*) FILTER (WHERE b.run_bin = 7),
+                 count(*) FILTER (WHERE b.run_bin = 8),
+                 count(*) FILTER (WHERE b.run_bin = 9),
+                 count(*) FILTER (WHERE b.run_bin = 10),
+                 count(*) FILTER (WHERE b.run_bin = 11),
+                 count(*) FILTER (WHERE b.run_bin = 12),
+                 count(*) FILTER (WHERE b.run_bin = 13),
+                 count(*) FILTER (WHERE b.run_bin = 14),
+                 count(*) FILTER (WHERE b.run_bin = 15),
+                 count(*) FILTER (WHERE b.run_bin = 16)],
+           ARRAY[count(*) FILTER (WHERE b.wait_bin = 0),
+                 count(*) FILTER (WHERE b.wait_bin = 1),
+                 count(*) FILTER (WHERE b.wait_bin = 2),
+                 count(*) FILTER (WHERE b.wait_bin = 3),
+                 count(*) FILTER (WHERE b.wait_bin = 4),
+                 count(*) FILTER (WHERE b.wait_bin = 5),
+                 count(*) FILTER (WHERE b.wait_bin = 6),
+                 count(*) FILTER (WHERE b.wait_bin = 7),
+                 count(*) FILTER (WHERE b.wait_bin = 8),
+                 count(*) FILTER (WHERE b.wait_bin = 9),
+                 count(*) FILTER (WHERE b.wait_bin = 10),
+                 count(*) FILTER (WHERE b.wait_bin = 11),
+                 count(*) FILTER (WHERE b.wait_bin = 12),
+                 count(*) FILTER (WHERE b.wait_bin = 13),
+                 count(*) FILTER (WHERE b.wait_bin = 14),
+                 count(*) FILTER (WHERE b.wait_bin = 15),
+                 count(*) FILTER (WHERE b.wait_bin = 16)]
+      FROM (SELECT a.finished_at, a.outcome, left(j.handler, 200) AS handler,
+                   CASE WHEN a.outcome IN ('completed', 'failed', 'dead')
+                        THEN width_bucket(a.wall_seconds, bounds) END AS run_bin,
+                   CASE WHEN a.outcome IN ('completed', 'dead', 'cancelled')
+                             AND a.lease_token = j.lease_token
+                        THEN width_bucket(greatest(0, extract(epoch FROM a.started_at
+                                 - greatest(j.run_at, j.created_at)))::float8, bounds)
+                        END AS wait_bin
+              FROM @schema@.attempts a
+              JOIN @schema@.jobs j ON j.id = a.job_id
+             WHERE a.finished_at >= since AND a.finished_at < upto) AS b
+     CROSS JOIN (VALUES (60), (3600)) AS g(grain)
+     GROUP BY 1, 2, 3
+    ON CONFLICT (grain_seconds, bucket_start, handler) DO UPDATE
+       SET completed = r.completed + EXCLUDED.completed,
+           failed = r.failed + EXCLUDED.failed,
+           run_counts = ARRAY(SELECT x + y FROM unnest(r.run_counts, EXCLUDED.run_counts)
+                                        WITH ORDINALITY AS u(x, y, i) ORDER BY i),
+           wait_counts = ARRAY(SELECT x + y FROM unnest(r.wait_counts, EXCLUDED.wait_counts)
+                                         WITH ORDINALITY AS u(x, y, i) ORDER BY i);
+    UPDATE @schema@.attempt_rollup_cursor SET rolled_to = upto;
+    DELETE FROM @schema@.attempt_rollups r
+     WHERE (r.grain_seconds = 60 AND r.bucket_start < now() - interval '1 day')
+        OR (r.grain_seconds = 3600 AND r.bucket_start < now() - interval '35 days');
+    RETURN QUERY SELECT upto, upto < newest;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.attempt_rollups_advance(integer, float8) FROM PUBLIC;

@@ -8,9 +8,12 @@ CREATE TABLE @schema@.paused (
     name      text NOT NULL,
     paused_at timestamptz NOT NULL DEFAULT now(),
     paused_by text NOT NULL DEFAULT session_user,
-    comment   text,
+    comment   text,  -- why: the reason the operator gave (at most 500 characters)
     PRIMARY KEY (kind, name),
-    CONSTRAINT paused_kind_known CHECK (kind IN ('queue', 'handler'))
+    CONSTRAINT paused_kind_known CHECK (kind IN ('queue', 'handler')),
+    -- The person who asked (0038, paused_add): the dashboard's user, the CLI's --by or OS
+    -- user; NULL for a pause through pause() (paused_by, the database role, says who).
+    requested_by text
 );
 
 -- Pause and resume. Idempotent: pausing what is paused keeps its first pause (time, role
@@ -91,3 +94,47 @@ RETURN @schema@.resume('handler', name);
 REVOKE EXECUTE ON FUNCTION @schema@.pause(text, text, text), @schema@.resume(text, text),
     @schema@.pause_queue(text, text), @schema@.resume_queue(text),
     @schema@.pause_handler(text, text), @schema@.resume_handler(text) FROM PUBLIC;
+
+-- Pause with the person who asked (0038, issue 27): what pause() does, with the reason
+-- (comment) and requested_by, the name of the person (the dashboard's user, the CLI's
+-- --by or OS user), which paused_by (the database role, shared by every operator) cannot
+-- tell. Both bounded and inert: the reason at most 500 characters, the name 1 to 128,
+-- neither with control characters (22023 through fenced_refuse). Idempotent like pause():
+-- a second pause keeps the first (its time, reason and person) and returns false.
+CREATE FUNCTION @schema@.paused_add(kind text, name text, reason text, requested_by text)
+RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_variable
+DECLARE
+    added integer;
+BEGIN
+    IF kind IS NULL OR kind NOT IN ('queue', 'handler') THEN
+        PERFORM @schema@.fenced_refuse('pausing', 'can pause a queue or a handler, not '
+            || coalesce(quote_literal(kind), 'NULL'));
+    ELSIF name IS NULL OR NOT @schema@.enqueue_name_ok(name) THEN
+        PERFORM @schema@.fenced_refuse('pausing', kind
+            || ' name must be a non-empty printable name of at most 128 characters');
+    ELSIF char_length(reason) > 500 THEN
+        PERFORM @schema@.fenced_refuse('pausing',
+            format('the reason must be at most 500 characters, not %s', char_length(reason)));
+    ELSIF reason ~ '[[:cntrl:]]' THEN
+        PERFORM @schema@.fenced_refuse('pausing',
+            'the reason must be one line without control characters');
+    ELSIF requested_by IS NULL OR char_length(requested_by) NOT BETWEEN 1 AND 128
+          OR requested_by ~ '[[:cntrl:]]' THEN
+        PERFORM @schema@.fenced_refuse('pausing', 'who asked (requested_by) must be a name of'
+            || ' 1 to 128 characters without control characters');
+    END IF;
+    INSERT INTO @schema@.paused AS p (kind, name, comment, requested_by)
+    VALUES (paused_add.kind, paused_add.name, nullif(paused_add.reason, ''),
+            paused_add.requested_by)
+    ON CONFLICT ON CONSTRAINT paused_pkey DO NOTHING;
+    GET DIAGNOSTICS added = ROW_COUNT;
+    RETURN added > 0;
+END;
+$$;
+
+REVOKE EXECUTE ON FUNCTION @schema@.paused_add(text, text, text, text) FROM PUBLIC;

@@ -50,3 +50,10 @@ SELECT h.handler, m.peak, m.attempts
                WHERE a.peak_memory IS NOT NULL
                ORDER BY a.finished_at DESC
                LIMIT %(last)s) r) m;
+
+-- name: attempt_rollups_advance
+-- One step of the charts' rollup (attempt_rollups_advance in objects/attempts.sql, 0038):
+-- counts at most about %(max_attempts)s ended attempts past the cursor, none that ended
+-- within %(lag_seconds)s s. No row: another daemon is rolling up.
+SELECT r.rolled_to, r.behind
+  FROM @schema@.attempt_rollups_advance(%(max_attempts)s::integer, %(lag_seconds)s::float8) r;

@@ -467,7 +467,8 @@ SELECT j.row_json AS job,
              LIMIT 100) d) AS daemons,
        (SELECT coalesce(jsonb_agg(jsonb_build_object(
                    'kind', p.kind, 'name', p.name, 'paused_at', p.paused_at,
-                   'paused_by', p.paused_by, 'comment', p.comment) ORDER BY p.kind), '[]')
+                   'paused_by', p.paused_by, 'comment', p.comment,
+                   'requested_by', p.requested_by) ORDER BY p.kind), '[]')
           FROM @schema@.paused p
          WHERE (p.kind = 'queue' AND p.name = j.queue)
             OR (p.kind = 'handler' AND p.name = j.handler)) AS paused,

@@ -9,10 +9,15 @@
 
 -- name: paused_set
 -- Pause (%(pause)s true) or resume a queue or handler; true when that changed something.
--- A resume also wakes the daemons of schema 13 on (resume() notifies the old channel).
+-- A pause that names who asked (%(requested_by)s not NULL) goes through paused_add (0038),
+-- with %(comment)s as its reason. A resume also wakes the daemons of schema 13 on
+-- (resume() notifies the old channel).
 SELECT c.changed FROM (
-    SELECT CASE WHEN %(pause)s THEN @schema@.pause(%(kind)s, %(name)s, %(comment)s)
-                ELSE @schema@.resume(%(kind)s, %(name)s) END AS changed) c
+    SELECT CASE WHEN NOT %(pause)s THEN @schema@.resume(%(kind)s, %(name)s)
+                WHEN %(requested_by)s::text IS NULL
+                THEN @schema@.pause(%(kind)s, %(name)s, %(comment)s)
+                ELSE @schema@.paused_add(%(kind)s, %(name)s, %(comment)s,
+                                         %(requested_by)s::text) END AS changed) c
   LEFT JOIN LATERAL (
     SELECT pg_notify(@schema_literal@ || '.wake', '{}') WHERE c.changed AND NOT %(pause)s
   ) AS sent ON true;
@@ -27,6 +32,7 @@ SELECT EXISTS (SELECT 1 FROM @schema@.workers w
 
 -- name: paused_list
 -- What is paused, oldest first, as `status` shows it.
-SELECT kind, name, paused_at, paused_by, comment,
+-- requested_by: the person who asked (0038; NULL: paused through pause(), by the role).
+SELECT kind, name, paused_at, paused_by, comment, requested_by,
        extract(epoch FROM now() - paused_at)::float8 AS paused_seconds
 FROM @schema@.paused ORDER BY paused_at, kind, name;

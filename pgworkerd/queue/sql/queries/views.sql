@@ -482,3 +482,18 @@ SELECT h.handler,
                        AND r.locked_until > now()) >= h.per_key
              LIMIT %(cap)s) c) END AS held_by_key
   FROM unnest(%(handlers)s::text[], %(per_key)s::bigint[]) AS h(handler, per_key);
+
+-- name: view_attempt_rollups
+-- The charts' rows (0038): the rollup's buckets of grain %(grain)s s from %(since)s on, per
+-- handler, oldest first. A range of the primary key: at most (window / grain) x handlers
+-- rows, whatever the number of jobs.
+SELECT r.bucket_start, r.handler, r.completed, r.failed, r.run_counts, r.wait_counts
+  FROM @schema@.attempt_rollups r
+ WHERE r.grain_seconds = %(grain)s::integer AND r.bucket_start >= %(since)s::timestamptz
+ ORDER BY r.bucket_start, r.handler;
+
+-- name: view_attempt_rollup_cursor
+-- How far the charts' rollup has counted (0038): attempts that ended before it are in the
+-- charts; with the database's now and the histograms' bounds.
+SELECT c.rolled_to, now() AS now, @schema@.attempt_rollup_bounds() AS bounds
+  FROM @schema@.attempt_rollup_cursor c;

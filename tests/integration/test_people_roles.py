@@ -185,8 +185,15 @@ STATEMENTS: dict[str, Statement] = {
     # the operator's actions, as the CLI runs them (sql/queries/)
     "cancel": ("query:job_cancel", IDS),
     "retry": ("query:job_retry", {"ids": [1], "queue": None, "handler": None}),
-    "pause": ("query:paused_set", {"pause": True, "kind": "queue", "name": "q", "comment": None}),
-    "resume": ("query:paused_set", {"pause": False, "kind": "queue", "name": "q", "comment": None}),
+    # (schema 38: a pause names who asked, through paused_add, as the CLI's does)
+    "pause": (
+        "query:paused_set",
+        {"pause": True, "kind": "queue", "name": "q", "comment": None, "requested_by": "ann"},
+    ),
+    "resume": (
+        "query:paused_set",
+        {"pause": False, "kind": "queue", "name": "q", "comment": None, "requested_by": None},
+    ),
     "drain": (
         "query:worker_request_drain",
         {

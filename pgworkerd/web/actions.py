@@ -1,4 +1,5 @@
-"""The dashboard's actions: cancel, retry, release, drain, resume, pause, trigger a schedule.
+"""The dashboard's actions: cancel, retry, release, signal, drain, resume, pause, trigger a
+schedule.
 
 They reuse the CLI's functions; each is a GET that shows a confirmation page and a POST
 (with the session's CSRF token, checked by login.guard) that does it, through the action
@@ -7,6 +8,7 @@ pool, logged as an audit line naming who, from where, what and on which target.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from typing import Any
 import psycopg
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
+from pgworkerd import signals
 from pgworkerd.bounds import name_problem
 from pgworkerd.describe import printable
 from pgworkerd.queue import admin, fleet
@@ -32,6 +35,7 @@ class Action:
     run: Callable[[psycopg.Connection[Any], str, str, str], str]  # conn, schema, target, who
     warning: str = ""
     asks_reason: bool = False  # the confirmation page has a reason field (a pause)
+    asks_signal: bool = False  # ... a signal's name and payload fields (a signal)
 
 
 def _cancel(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
@@ -54,6 +58,37 @@ def _release(conn: psycopg.Connection[Any], schema: str, target: str, who: str) 
     if status == "pending":
         return "released: pending"
     return "released: it runs when its unfinished parents have finished"
+
+
+def _signal_form() -> tuple[str, Any, str | None]:
+    """A signal's name and payload from the form: (name, payload value, the problem with
+    them or None), with `pgworkerd signal`'s checks and words (an empty payload: none)."""
+    source = request.form if request.method == "POST" else request.args
+    name = source.get("signal", "").strip()
+    text = source.get("payload", "").strip()
+    value: Any = None
+    if text:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return name, None, f"the payload is not valid JSON: {exc}"
+    problem, _ = signals.signal_problem(name, value)
+    return name, value, problem
+
+
+def _signal(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
+    """`pgworkerd signal ID NAME --payload ...`, through signal_send (the operator may
+    signal any job: it reads them all): a job waiting for NAME becomes pending at once."""
+    name, value, _ = _signal_form()  # (checked by _checked_action)
+    try:
+        sent = signals.signal(conn, int(target), name, value, schema=schema)
+    except signals.SignalRefused as exc:
+        return f"signal {name!r} not sent: {exc}"
+    if sent.outcome == "resumed":
+        return f"signal {name!r} sent: the job is {sent.status} again"
+    if sent.outcome == "kept":
+        return f"signal {name!r} kept: the job's wait for it returns at once"
+    return f"signal {name!r} ignored: the job had one of that name already (first one wins)"
 
 
 def _drain(drain: bool) -> Callable[[psycopg.Connection[Any], str, str, str], str]:
@@ -108,6 +143,14 @@ ACTIONS: dict[str, Action] = {
         _release,
         "It runs although a parent ended dead or cancelled: at once, or when its last "
         "unfinished parent finishes.",
+    ),
+    "signal": Action(
+        "Send signal",
+        "job",
+        _signal,
+        "A job waiting for this signal runs again at once and sees its payload; one not "
+        "waiting for it yet keeps it. The first signal of a name wins.",
+        asks_signal=True,
     ),
     "drain": Action(
         "Drain daemon", "daemon", _drain(True), "It finishes its jobs and claims no new ones."
@@ -167,6 +210,10 @@ def _checked_action(name: str) -> tuple[Action, str]:
         )
         if problem:
             abort(400, problem)
+    if action.asks_signal and request.method == "POST":
+        problem = _signal_form()[2]
+        if problem:
+            abort(400, problem)
     return action, target
 
 
@@ -174,7 +221,10 @@ def _checked_action(name: str) -> tuple[Action, str]:
 def confirm(name: str) -> str:
     action, target = _checked_action(name)
     reason = request.args.get("reason", "") if action.asks_reason else ""
-    return render_template("confirm.html", name=name, action=action, target=target, reason=reason)
+    signal = request.args.get("signal", "") if action.asks_signal else ""
+    return render_template(
+        "confirm.html", name=name, action=action, target=target, reason=reason, signal=signal
+    )
 
 
 @actions.post("/act/<name>")

@@ -67,6 +67,10 @@ class Runner:
     finish: Callable[[Job, Report, bool], None]  # send it (True: the session's last job)
     interrupted: Callable[[str], BaseException]  # JobInterrupted(reason)
     send: Callable[[Any], None]  # a message to the daemon
+    # [tracing]: the attempt's span, started in the job's own task (so current for its
+    # coroutine alone: contextvars) and ended with its report; no tracing: None, nothing
+    trace_start: Callable[[Job], Any] = lambda job: None
+    trace_end: Callable[[Any, Report], None] = lambda attempt, report: None
 
 
 def submit(channel: Any, job: Job) -> None:
@@ -154,12 +158,14 @@ class Session:
     async def _one(self, job: Job) -> None:
         CURRENT_JOB.set(job.id)
         ctx = self.runner.context(job)
+        attempt = None
         try:
             if job.id in self.stopped:  # stopped before it started
                 raise self.runner.interrupted(self.stopped[job.id])
             module_name, _, function = job.target.partition(":")
             func = getattr(importlib.import_module(module_name), function)
             self.runner.send(Started(job.id))
+            attempt = self.runner.trace_start(job)
             result = func(ctx)
             if inspect.isawaitable(result):
                 result = await result
@@ -172,6 +178,8 @@ class Session:
                 report = self.runner.raised(ctx, exc)
         except BaseException as exc:  # the handler's failure, whatever it is
             report = self.runner.raised(ctx, exc)
+        if attempt is not None:
+            self.runner.trace_end(attempt, report)  # in this task: its context is the span's
         self._end(job, report)
 
     def _end(self, job: Job, report: Report) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import importlib
 import inspect
 import os
@@ -554,10 +555,16 @@ def _say(line: str) -> None:
 
 
 def _run_concurrent(
-    channel: _Channel, first: Job, scratch_dir: str | None, capture: Capture | None
+    channel: _Channel,
+    first: Job,
+    scratch_dir: str | None,
+    capture: Capture | None,
+    spans: Any = None,
 ) -> int:
     """Run an async handler's jobs side by side, `first` and those the daemon hands over
-    meanwhile (pgworkerd.worker.aiosession); returns how many ran."""
+    meanwhile (pgworkerd.worker.aiosession); returns how many ran. With [tracing] each
+    job's attempt is a span of its own, current in its own task only (no resource
+    figures: the jobs share the process); the spans are flushed when the session ends."""
     channel.title = f"pgworkerd: async jobs of {first.handler}"
     channel.job_started = time.monotonic()
     channel.deadline = first.deadline  # (a job runs: the monitor fences if the daemon goes)
@@ -577,6 +584,12 @@ def _run_concurrent(
         interrupted=JobInterrupted,
         send=channel.send,
     )
+    if spans is not None:
+        runner = dataclasses.replace(
+            runner,
+            trace_start=lambda job: _trace_start(spans, job),
+            trace_end=lambda attempt, outcome: _trace_concurrent_end(spans, attempt, outcome),
+        )
     try:
         ran = aiosession.run(channel, first, runner)
     finally:
@@ -592,7 +605,18 @@ def _run_concurrent(
         signal.signal(signal.SIGTERM, _raise_interrupted)
         channel.title = "pgworkerd: idle child"
         setproctitle(channel.title)
+    if spans is not None:
+        spans.flush()  # after the outcomes: the export is off the jobs' path
     return ran
+
+
+def _trace_concurrent_end(spans: Any, attempt: Any, outcome: Report) -> None:
+    """End a concurrent job's attempt span (in its own task, which made it current)."""
+    try:
+        spans.leave(attempt)
+    except Exception as exc:
+        print(f"pgworkerd child: leaving the attempt's span failed: {exc!r}", file=sys.stderr)
+    _trace_end(spans, attempt, outcome, None)
 
 
 def _finish_concurrent(channel: _Channel, job: Job, outcome: Report, last: bool) -> None:
@@ -700,10 +724,9 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
             if job is None:
                 break
             if job.concurrency:  # an async handler's jobs, side by side
-                # (such a child runs at least that many: the daemon counts so too; their
-                # attempts have no spans of their own yet: docs/operations/tracing.md)
+                # (such a child runs at least that many: the daemon counts so too)
                 jobs = max(jobs, job.concurrency)
-                n += _run_concurrent(channel, job, scratch_dir, capture)
+                n += _run_concurrent(channel, job, scratch_dir, capture, spans)
             else:
                 _run_one(channel, job, scratch_dir, capture, spans)
                 n += 1

@@ -32,6 +32,7 @@ HANDLERS = {
     "always_fails": {"target": "tracehandlers:always_fails"},
     "sleeps": {"target": "tracehandlers:sleeps"},
     "enqueues_a_follow_up": {"target": "tracehandlers:enqueues_a_follow_up"},
+    "traced_async": {"target": "tracehandlers:traced_async", "concurrency": 2},
 }
 
 
@@ -162,6 +163,40 @@ def test_an_attempt_links_to_the_enqueuing_request_and_the_handlers_span_nests_u
         what="the outcome write's link",
     )
     assert written["attributes"]["pgworkerd.job.id"] == job_id
+
+
+def test_async_jobs_side_by_side_each_have_their_attempt_span_and_their_own_nesting(
+    db: Db,
+    daemons: Daemons,
+    span_dir: Path,
+    request_tracer: tuple[TracerProvider, InMemorySpanExporter],
+) -> None:
+    provider, _ = request_tracer
+    start(daemons)
+    with provider.get_tracer("app").start_as_current_span("POST /batch") as request:
+        ids = [db.enqueue("traced_async", {"n": n}) for n in range(2)]
+    request_ids = hex_ids(request)
+    for job_id in ids:
+        db.wait_status(job_id, "completed")
+
+    def handler_spans() -> list[dict[str, Any]]:
+        return [s for s in spans(span_dir) if s["name"] == "async handler work"]
+
+    wait_for(lambda: len(handler_spans()) >= 2, what="the handlers' spans")
+    work = {s["attributes"]["work.job"]: s for s in handler_spans()}
+    attempts = {job_id: attempt_spans(span_dir, job_id, 1)[0] for job_id in ids}
+    # they ran side by side (one child, concurrency = 2): every attempt began before any
+    # ended (Span.to_json's times are ISO 8601 UTC strings of one form: they sort)
+    assert max(a["start_time"] for a in attempts.values()) < min(
+        a["end_time"] for a in attempts.values()
+    ), attempts
+    for job_id, attempt in attempts.items():
+        assert attempt["attributes"]["pgworkerd.job.outcome"] == "completed"
+        assert len(linked_to(attempt, request_ids)) == 1
+        assert "pgworkerd.job.cpu_user_seconds" not in attempt["attributes"]  # shared process
+        # its own handler's span nests under its own attempt, not a neighbour's
+        assert work[job_id]["parent_id"] == attempt["context"]["span_id"]
+        assert work[job_id]["context"]["trace_id"] == attempt["context"]["trace_id"]
 
 
 def test_a_retried_job_has_one_span_per_attempt_and_a_failed_attempt_is_an_error(

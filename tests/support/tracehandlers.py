@@ -86,3 +86,14 @@ def enqueues_a_follow_up(job: Any) -> Any:
     import pgworkerd
 
     return pgworkerd.Done("parent done", then=[pgworkerd.JobSpec("traced")])
+
+
+async def traced_async(job: Any) -> int:
+    """An async handler run side by side with others (concurrency): its own span must nest
+    under its own job's attempt, never a neighbour's, while they overlap."""
+    import asyncio
+
+    with _tracer.start_as_current_span("async handler work") as span:
+        span.set_attribute("work.job", job.id)
+        await asyncio.sleep(0.3)  # its neighbours start and run meanwhile
+    return job.id

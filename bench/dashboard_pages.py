@@ -40,8 +40,9 @@ def fetch(port: int, path: str) -> tuple[int, int]:
 
 def rollup(conn: psycopg.Connection, schema: str) -> None:
     """The charts' rollup as the daemons keep it: the real step (attempt_rollups_advance,
-    timed) over the attempts of the last day, then every hour of the last 35 days for
-    every handler (what a steady fleet leaves: the charts read (window / bucket) x
+    timed) over the attempts of the last day, then every bucket of each grain the rollup
+    keeps (a day of minutes and 5 minutes, 35 days of hours and 3 hours) for every
+    handler (what a steady fleet leaves: the charts read (window / bucket) x
     handlers rows, whatever the number of jobs)."""
     s = sql.Identifier(schema)
     conn.execute(
@@ -68,10 +69,14 @@ def rollup(conn: psycopg.Connection, schema: str) -> None:
             """INSERT INTO {}.attempt_rollups
                    (grain_seconds, bucket_start, handler, completed, failed, run_counts,
                     wait_counts)
-               SELECT 3600, h, 'h' || n, 100, 3, array_fill(6::bigint, ARRAY[17]),
+               SELECT g.grain, h, 'h' || n, 100, 3, array_fill(6::bigint, ARRAY[17]),
                       array_fill(6::bigint, ARRAY[17])
-                 FROM generate_series(date_trunc('hour', now()) - interval '35 days',
-                                      date_trunc('hour', now()), interval '1 hour') h,
+                 FROM (VALUES (60, interval '1 day'), (300, interval '1 day'),
+                              (3600, interval '35 days'), (10800, interval '35 days'))
+                          AS g(grain, kept),
+                      generate_series(date_bin(make_interval(secs => g.grain), now() - g.kept,
+                                               timestamptz '2000-01-01 00:00:00+00'),
+                                      now(), make_interval(secs => g.grain)) h,
                       generate_series(0, 49) n
                ON CONFLICT DO NOTHING"""
         ).format(s)

@@ -231,14 +231,18 @@ def throughput(
     return out
 
 
+# The rollup's grains (attempt_rollups.grain_seconds), one per chart window.
+ROLLUP_GRAINS = (60, 300, 3600, 10800)
+
+
 def rollup_rows(
     conn: psycopg.Connection[Any], schema: str, *, grain: int, since: datetime
 ) -> list[dict[str, Any]]:
-    """The charts' rollup (attempt_rollups, 0038): buckets of `grain` seconds (60 or
-    3600) from `since` on, per handler, oldest first (the histograms' bounds:
+    """The charts' rollup (attempt_rollups, 0038): buckets of `grain` seconds (60, 300,
+    3600 or 10800) from `since` on, per handler, oldest first (the histograms' bounds:
     rollup_cursor)."""
-    if grain not in (60, 3600):
-        raise ValueError(f"grain must be 60 or 3600, not {grain}")
+    if grain not in ROLLUP_GRAINS:
+        raise ValueError(f"grain must be one of {ROLLUP_GRAINS}, not {grain}")
     return _rows(conn, "view_attempt_rollups", schema, {"grain": grain, "since": since})
 
 

@@ -36,9 +36,9 @@ WINDOWS: dict[str, Window] = {
     w.name: w
     for w in (
         Window("1h", 3600, 60, 60, "1 hour", "minute"),
-        Window("6h", 6 * 3600, 60, 300, "6 hours", "5 minutes"),
+        Window("6h", 6 * 3600, 300, 300, "6 hours", "5 minutes"),
         Window("24h", 24 * 3600, 3600, 3600, "24 hours", "hour"),
-        Window("7d", 7 * 86400, 3600, 3600, "7 days", "hour"),
+        Window("7d", 7 * 86400, 10800, 10800, "7 days", "3 hours"),
     )
 }
 DEFAULT_WINDOW = "6h"

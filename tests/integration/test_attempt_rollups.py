@@ -130,6 +130,16 @@ def test_the_rollup_counts_each_handler_per_minute_and_hour(
     assert (hours[(t0, "mail")]["completed"], hours[(t0, "mail")]["failed"]) == (2, 2)
     # the dashboard's percentiles read the same histograms
     assert charts.percentile(hours[(t0, "mail")]["run_counts"], charts_bounds(), 0.5) == 0.25
+    # the 5-minute and 3-hour grains (the 6 h and 7 d charts) hold the same attempts
+    five = _rollups(db, 300)
+    assert set(five) == {(t0, "mail"), (t0, "pdf")}
+    assert five[(t0, "mail")]["run_counts"] == hours[(t0, "mail")]["run_counts"]
+    three = _rollups(db, 10800)
+    [(start, _)] = {k for k in three if k[1] == "mail"}
+    assert start <= t0 < start + timedelta(hours=3) and (start - t0).total_seconds() % 3600 == 0
+    for grain_rows in (five, three):
+        assert sum(r["completed"] for r in grain_rows.values()) == 3
+        assert sum(r["failed"] for r in grain_rows.values()) == 2
 
 
 def test_a_step_is_bounded_and_the_next_goes_on_where_it_stopped(

@@ -1,5 +1,5 @@
-"""The dashboard's actions: cancel, retry, release, signal, drain, resume, pause, trigger a
-schedule.
+"""The dashboard's actions: enqueue, cancel, retry, release, signal, drain, resume, pause,
+trigger a schedule.
 
 They reuse the CLI's functions; each is a GET that shows a confirmation page and a POST
 (with the session's CSRF token, checked by login.guard) that does it, through the action
@@ -17,9 +17,10 @@ from typing import Any
 import psycopg
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 
-from pgworkerd import signals
+from pgworkerd import client, signals
 from pgworkerd.bounds import name_problem
 from pgworkerd.describe import printable
+from pgworkerd.durations import parse_duration
 from pgworkerd.queue import admin, fleet
 from pgworkerd.web import schedule_view
 from pgworkerd.web.context import context
@@ -36,6 +37,7 @@ class Action:
     warning: str = ""
     asks_reason: bool = False  # the confirmation page has a reason field (a pause)
     asks_signal: bool = False  # ... a signal's name and payload fields (a signal)
+    asks_job: bool = False  # ... a new job's payload, queue, priority and delay (an enqueue)
 
 
 def _cancel(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
@@ -74,6 +76,68 @@ def _signal_form() -> tuple[str, Any, str | None]:
             return name, None, f"the payload is not valid JSON: {exc}"
     problem, _ = signals.signal_problem(name, value)
     return name, value, problem
+
+
+@dataclass(frozen=True)
+class JobForm:
+    """A new job's fields from the enqueue form (`pgworkerd enqueue`'s options of the same
+    names); `problem` says what is wrong with them, None if nothing is."""
+
+    payload: dict[str, Any]
+    queue: str
+    priority: int
+    delay: float | None
+    problem: str | None = None
+
+
+def _job_form() -> JobForm:
+    source = request.form if request.method == "POST" else request.args
+    queue = source.get("queue", "").strip() or client.DEFAULT_QUEUE
+    text = source.get("payload", "").strip() or "{}"
+    priority_text = source.get("priority", "").strip() or "0"
+    delay_text = source.get("delay", "").strip()
+
+    def refused(problem: str) -> JobForm:
+        return JobForm({}, queue, 0, None, problem)
+
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return refused(f"the payload is not valid JSON: {exc}")
+    if not isinstance(payload, dict):
+        return refused(f"the payload must be a JSON object, not {client.json_type_name(payload)}")
+    try:
+        priority = int(priority_text)
+    except ValueError:
+        return refused(f"the priority must be a whole number, not {printable(priority_text)!r}")
+    try:
+        delay = parse_duration(delay_text) if delay_text else None
+    except ValueError as exc:
+        return refused(f"the delay: {exc}")
+    problem = name_problem("queue", queue)
+    return JobForm(payload, queue, priority, delay, problem)
+
+
+def _enqueue(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
+    """`pgworkerd enqueue HANDLER --payload ... --queue ... --priority ... --delay ...`,
+    through client.enqueue (its checks, the enqueue bounds of the action role)."""
+    form = _job_form()  # (checked by _checked_action)
+    try:
+        job_id = client.enqueue(
+            conn,
+            target,
+            form.payload,
+            queue=form.queue,
+            priority=form.priority,
+            delay=form.delay,
+            schema=schema,
+        )
+    except (client.InvalidJob, client.DuplicateJob, psycopg.DataError) as exc:
+        # refused by the client's checks or the database's (class 22: a value it cannot
+        # store, e.g. a NUL in the payload): said, nothing enqueued
+        conn.rollback()
+        return f"not enqueued: {str(exc).removeprefix('pgworkerd: ')}"
+    return f"enqueued job {job_id}"
 
 
 def _signal(conn: psycopg.Connection[Any], schema: str, target: str, who: str) -> str:
@@ -133,6 +197,13 @@ def _trigger_schedule(conn: psycopg.Connection[Any], schema: str, target: str, w
 
 
 ACTIONS: dict[str, Action] = {
+    "enqueue": Action(
+        "Enqueue job",
+        "handler",
+        _enqueue,
+        "A new job for this handler, as `pgworkerd enqueue` makes it.",
+        asks_job=True,
+    ),
     "cancel": Action(
         "Cancel job", "job", _cancel, "A running job is asked to stop; a pending one never runs."
     ),
@@ -212,6 +283,10 @@ def _checked_action(name: str) -> tuple[Action, str]:
             abort(400, problem)
     if action.asks_signal and request.method == "POST":
         problem = _signal_form()[2]
+        if problem:
+            abort(400, problem)
+    if action.asks_job and request.method == "POST":
+        problem = _job_form().problem
         if problem:
             abort(400, problem)
     return action, target

@@ -51,8 +51,10 @@ FORBIDDEN: dict[str, set[str]] = {
     # Nothing outside cli and devcluster imports devcluster; nothing imports cli.
     "daemon": {"client", "cli", "devcluster", "web"},
     # the dashboard reads through queue (views, explain, joblogs) and acts through the
-    # functions the CLI uses; only cli imports it (and config its password hashes)
-    "web": {"client", "daemon", "cli", "worker", "devcluster"},
+    # functions the CLI uses (queue's admin and fleet; the application API for an enqueue
+    # and a signal, as `pgworkerd enqueue` and `signal`); only cli imports it (and config
+    # its password hashes)
+    "web": {"daemon", "cli", "worker", "devcluster"},
     "devcluster": {"cli"},
     "face": {"daemon", "cli", "ops", "devcluster", "worker"},
     # framework helpers: the application API on the framework's connection, nothing else

@@ -71,6 +71,18 @@ class DuplicateJob(Exception):
         self.job_id = job_id
 
 
+def payload_from_json(text: str) -> dict[str, Any]:
+    """A payload given as JSON text (`pgworkerd enqueue --payload`, the dashboard's enqueue
+    form); raises ValueError saying why it is not one: not JSON, or not an object."""
+    try:
+        payload = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise ValueError(f"must be a JSON object, not {json_type_name(payload)}")
+    return payload
+
+
 def json_type_name(value: Any) -> str:
     """What `value` would be in JSON, named as jsonb_typeof names it (for messages that
     read the same from SQL, Python and the CLI)."""

@@ -22,14 +22,9 @@ from pgworkerd.sizes import format_size
 
 def _parse_payload(text: str) -> dict[str, Any]:
     try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
-    if not isinstance(payload, dict):
-        raise click.BadParameter(
-            f"must be a JSON object, not {client.json_type_name(payload)}", param_hint="--payload"
-        )
-    return payload
+        return client.payload_from_json(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--payload") from None
 
 
 @main.command()

@@ -101,11 +101,9 @@ def _job_form() -> JobForm:
         return JobForm({}, queue, 0, None, problem)
 
     try:
-        payload = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return refused(f"the payload is not valid JSON: {exc}")
-    if not isinstance(payload, dict):
-        return refused(f"the payload must be a JSON object, not {client.json_type_name(payload)}")
+        payload = client.payload_from_json(text)
+    except ValueError as exc:
+        return refused(f"the payload: {exc}")
     try:
         priority = int(priority_text)
     except ValueError:

@@ -72,6 +72,9 @@ def test_the_banner_names_the_fleets_problems_and_a_paused_queue_offers_resume(
     _click_row_action(browser, "default", "pause")
     wait_browser(browser, lambda d: "default" in text_of(d, "confirm-target"), "confirmation")
     by_id(browser, "confirm").click()
+    # the POST's answer first: navigating away at once can abort the submission
+    wait_browser(browser, lambda d: d.find_elements("css selector", ".flash"), "the outcome")
+    assert "paused" in browser.find_element("css selector", ".flash").text
     browser.get(dashboard.url + "/")
     wait_browser(browser, lambda d: "queue default" in text_of(d, "problem-paused"), "banner")
     wait_browser(browser, lambda d: _queue_row(d, "default"), "the default queue's row")

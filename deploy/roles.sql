@@ -491,3 +491,11 @@ GRANT SELECT ON pgworkerd.attempt_rollups, pgworkerd.attempt_rollup_cursor TO pg
 -- the dashboard's pause): as pause() (the operator's, and the daemon role's as before).
 GRANT EXECUTE ON FUNCTION pgworkerd.paused_add(text, text, text, text)
       TO pgworkerd_operator, pgworkerd_daemon;
+
+-- Wake-ups aimed at daemons (schema 40): a daemon says in its own row that it listens on
+-- its own channel, and hands a wake-up it cannot take on to the next daemons chosen for
+-- it (workers_wake, SECURITY DEFINER: it reads the registry; the trigger of new jobs calls
+-- it for whatever role inserted them).
+GRANT EXECUTE ON FUNCTION pgworkerd.worker_wake_channel_set(text, text, boolean),
+                          pgworkerd.workers_wake(text, text, bigint, bigint, integer, integer)
+      TO pgworkerd_daemon;

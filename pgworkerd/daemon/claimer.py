@@ -32,6 +32,7 @@ neither happened: the writer writes the completions alone, and the claim runs ag
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -95,6 +96,8 @@ class ClaimStatements(Protocol):
 
     def wake_send(self, payload: str) -> bool | None: ...
 
+    def wake_forward(self, wake: Wake) -> bool | None: ...
+
 
 class Claimer(Generic[ChildT]):
     def __init__(
@@ -121,7 +124,9 @@ class Claimer(Generic[ChildT]):
         self.peers = peers
         self.listening = listening
         self.rng = rng if rng is not None else random.Random()
-        self.forwards: list[str] = []  # wake-ups to hand on, sent at the next tick
+        # wake-ups to hand on, sent at the next tick: a payload for the fleet's channel, or
+        # a Wake for workers_wake (skip and hops already those of the next group)
+        self.forwards: list[str | Wake] = []
         self.forwarding = RateLimit(FORWARD_RATE, FORWARD_BURST, clock)
         self.forward_overflow = False  # some were not handed on: send a plain wake-up
         self.overflow_sent_at = -FORWARD_OVERFLOW_EVERY
@@ -163,16 +168,25 @@ class Claimer(Generic[ChildT]):
         """A NOTIFY arrived: claim soon, but at most once per NOTIFY_CLAIM_INTERVAL."""
         self.notified_at = self.notified_at or now
 
-    def woken(self, wake: Wake, now: float) -> None:
-        """New jobs (or jobs handed on by a peer): claim if they are this daemon's."""
+    def woken(self, wake: Wake, now: float, *, aimed: bool = False) -> None:
+        """New jobs (or jobs handed on by a peer): claim if they are this daemon's.
+        `aimed`: it came on this daemon's own channel, where the database sends the
+        wake-ups it chose this daemon for (workers_wake): this daemon's without ranking,
+        and what it cannot take goes on to the next group through workers_wake again."""
         if wake.queue is not None and wake.handler is not None:
             handler = self.config.handlers.get(wake.handler)
             if handler is None or wake.queue not in self.config.queues:
                 return  # not served here
-        if self.peers is None:
+        elif aimed:
+            self.notified(now)  # workers_wake always names them: not one of its own
+            return
+        if aimed:
+            mine, next_skip = True, wake.next
+        elif self.peers is None:
             self.notified(now)
             return
-        mine, next_skip = self.peers.group(wake)
+        else:
+            mine, next_skip = self.peers.group(wake)
         if not mine:
             return
         held = self.held_back is not None and self.held_back.targets(wake.queue, wake.handler)
@@ -180,7 +194,11 @@ class Claimer(Generic[ChildT]):
             self.notified(now)
         elif next_skip is not None and wake.hops < MAX_FORWARDS:
             if self.forwarding.allow():
-                self.forwards.append(wake.forwarded(next_skip))
+                self.forwards.append(
+                    dataclasses.replace(wake, skip=next_skip, hops=wake.hops + 1)
+                    if aimed
+                    else wake.forwarded(next_skip)
+                )
             else:
                 self.forward_overflow = True
         else:
@@ -259,16 +277,39 @@ class Claimer(Generic[ChildT]):
             self.forward_overflow, self.overflow_sent_at = False, now
             self.forwards.append(PLAIN_WAKE)
         while self.forwards and self.statements.ok:
-            self.statements.wake_send(self.forwards.pop(0))
+            forward = self.forwards.pop(0)
+            if isinstance(forward, Wake):  # aimed at the next group (workers_wake)
+                self.statements.wake_forward(forward)
+            else:
+                self.statements.wake_send(forward)
 
     def poll_period(self) -> float:
         """How long until the next poll (see the module's docstring)."""
         w = self.config.worker
-        if self.peers is None or not self.listening() or len(self.peers) <= FLEET_POLLERS:
+        if self.peers is None or not self.listening():
+            return w.poll_interval
+        sharing = self._sharing()
+        if sharing <= FLEET_POLLERS:
             return w.poll_interval
         longest = max(w.poll_interval, MAX_POLL_PERIOD)
-        period = min(longest, w.poll_interval * len(self.peers) / FLEET_POLLERS)
+        period = min(longest, w.poll_interval * sharing / FLEET_POLLERS)
         return period * self.rng.uniform(0.9, 1.1)
+
+    def _sharing(self) -> int:
+        """How many daemons share the poll of this daemon's least served pair of queue and
+        handler: its jobs wait for their poll when a wake-up is lost (its daemon died
+        before the registry says so), so the poll is stretched by those daemons, not by
+        the fleet (2 of 1,000 daemons serving a handler poll every poll_interval, not 100
+        times as seldom). 0 when the peers are not known (or not now): no stretch."""
+        assert self.peers is not None
+        if not self.peers.loaded:
+            return 0
+        fewest: int | None = None
+        for name, h in self.config.handlers.items():
+            for queue in h.queues or self.config.queues:
+                serving = self.peers.serving(queue, name)
+                fewest = serving if fewest is None else min(fewest, serving)
+        return fewest or 0
 
     def _claim_if_wanted(self, now: float) -> None:
         if not self._may_claim():

@@ -73,8 +73,13 @@ class DatabaseLink:
         max_lifetime: float = MAX_LIFETIME,
         escalate_after: float = ESCALATE_AFTER,
         rng: random.Random | None = None,
+        worker_id: str | None = None,
     ) -> None:
         self.config, self.dsn, self.schema, self.selector = config, dsn, schema, selector
+        # the daemon whose own wake channel the LISTEN connection listens on too (schema
+        # 40), and that channel while it does; None: only the fleet's channel
+        self.worker_id = worker_id
+        self.own_channel: str | None = None
         self.conn: psycopg.Connection | None = None
         self.listen_conn: psycopg.Connection | None = None
         self._listen_fd = -1  # kept: a lost connection can no longer tell its fileno()
@@ -314,16 +319,21 @@ class DatabaseLink:
             return
         self._use_listener(conn, time.monotonic())
 
-    def _open_listener(self) -> psycopg.Connection:
+    def _open_listener(self) -> tuple[psycopg.Connection, str | None]:
+        """A new LISTEN connection on the fleet's channel and this daemon's own."""
         conn = self.connect(self.config.listen_dsn or self.dsn)
         try:
             session.listen_wake(conn, schema=self.schema)
+            own = None
+            if self.worker_id is not None:
+                own = session.listen_own_wake(conn, self.worker_id, schema=self.schema)
         except BaseException:
             conn.close()
             raise
-        return conn
+        return conn, own
 
-    def _use_listener(self, conn: psycopg.Connection, now: float) -> None:
+    def _use_listener(self, opened: tuple[psycopg.Connection, str | None], now: float) -> None:
+        conn, self.own_channel = opened
         self.listen_conn = conn
         self._listen_fd = conn.fileno()
         self._listen_expires_at = self._expiry(now)
@@ -338,19 +348,22 @@ class DatabaseLink:
                 self.selector.unregister(self._listen_fd)
             self.listen_conn.close()
             self.listen_conn = None
+            self.own_channel = None
             self._listen_expires_at = float("inf")
 
     @property
     def listening(self) -> bool:
         return self.listen_conn is not None
 
-    def notifications(self) -> list[str]:
-        """Consume pending notifications; their payloads (NOTIFY is only a hint)."""
+    def notifications(self) -> list[tuple[bool, str]]:
+        """Consume pending notifications: (on this daemon's own channel, payload) each
+        (NOTIFY is only a hint, on whatever channel)."""
         conn = self.listen_conn
         if conn is None:
             return []
+        own = self.own_channel
         try:
-            return [n.payload for n in conn.notifies(timeout=0)]
+            return [(n.channel == own, n.payload) for n in conn.notifies(timeout=0)]
         except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
             log.warning(
                 "LISTEN connection lost (%s); polling until it is back",

@@ -80,15 +80,17 @@ class WakeHints:
         self.undecoded = 0  # not decoded since the last flood warning
         self.flood_logged_at = clock() - FLOOD_LOG_EVERY
 
-    def receive(self, payloads: Iterable[str], now: float) -> None:
+    def receive(self, notifications: Iterable[tuple[bool, str]], now: float) -> None:
+        """(on this daemon's own channel, payload) each: a wake-up on its own channel is
+        one workers_wake aimed at it (still a hint: any role may NOTIFY there too)."""
         undecoded = 0
-        for payload in payloads:
+        for own, payload in notifications:
             if not self.parsing.allow():
                 undecoded += 1
                 continue
             wake = parse(payload)
             if wake.kind == "jobs":
-                self.claimer.woken(wake, now)
+                self.claimer.woken(wake, now, aimed=own)
             elif wake.kind in ("up", "down"):
                 self.peers_changed(now)
             elif wake.kind == "drain":

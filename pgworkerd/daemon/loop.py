@@ -141,7 +141,9 @@ class Daemon:
             config.metrics, queues=config.queues, handlers=config.handlers
         )
 
-        self.link = DatabaseLink(config.database, self.dsn, self.schema, self.selector)
+        self.link = DatabaseLink(
+            config.database, self.dsn, self.schema, self.selector, worker_id=self.worker_id
+        )
         # [tracing] (pgworkerd.tracing): the spans of claims and outcome writes; a provider
         # that cannot be built stops the start (run) with its reason
         self.tracing_error = ""
@@ -489,9 +491,10 @@ class Daemon:
             elif kind == "listen":
                 self._on_notifications(self.link.notifications())
 
-    def _on_notifications(self, payloads: list[str]) -> None:
-        """The wake channel (see peers.py): hints, bounded by daemon/hints.py."""
-        self.hints.receive(payloads, time.monotonic())
+    def _on_notifications(self, notifications: list[tuple[bool, str]]) -> None:
+        """The wake channels, the fleet's and this daemon's own (see peers.py): hints,
+        bounded by daemon/hints.py."""
+        self.hints.receive(notifications, time.monotonic())
 
     def _sleep(self, seconds: float) -> None:
         """Wait that still wakes for signals (start-up only: no children yet)."""

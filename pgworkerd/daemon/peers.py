@@ -2,7 +2,9 @@
 picks, so that one enqueue wakes one daemon instead of all of them.
 
 The wake channel (schema 13) carries JSON notifications: new jobs from the jobs table's
-trigger ({"q": queue, "h": handler, "id": lowest new id, "n": how many}), peers coming
+trigger ({"q": queue, "h": handler, "id": lowest new id, "n": how many; since schema 40
+also "skip", "next" and "hops"}, when a daemon of the group it is for has no channel of
+its own: see below), peers coming
 and going ({"peer": "up"|"down", "id": ...}), drain requests ({"registry": "drain"}),
 wake-ups a daemon forwards because it cannot take them ({... "skip": k, "hops": h}), and
 rescue hints: a running job whose lease was not renewed on time, for its rescuers
@@ -14,6 +16,14 @@ notification is a hint, never authority (daemon/hints.py bounds what each kind m
 cause): the peers are the registry's live rows, which only the daemon role can write,
 and nothing else. A "peer up" or "down" only asks for an early, rate-limited registry
 read; it never adds or removes a peer by itself.
+
+Since schema 40 the database chooses (workers_wake, objects/workers.sql): a batch of new
+jobs goes to the group of daemons ranked first for it, each on its own channel, which
+every daemon LISTENs on beside the fleet's (DatabaseLink.own_channel). One enqueue then
+wakes one daemon process instead of the fleet's, and a daemon takes a wake-up on its own
+channel as its own (Claimer.woken, aimed) or hands it on through workers_wake. What
+follows is how a daemon ranks what still comes on the fleet's channel (a group with an
+older daemon, or one not listening: its row has no channel).
 
 Which daemon a batch of jobs is for is a consistent hash of its lowest job id over the
 peers that serve its queue and handler: every daemon computes the same answer from the
@@ -76,6 +86,7 @@ class Wake:
     count: int = 1
     skip: int = 0
     hops: int = 0
+    next: int | None = None  # workers_wake's: where the group after this one starts
     peer_id: str = ""  # an up's or down's: only ever a reason to read the registry
     holder: str = ""  # a rescue hint's: who holds the job
     expires_in: float = 0.0  # a rescue hint's: seconds until its lease runs out
@@ -132,6 +143,7 @@ def parse(payload: str) -> Wake:
         count=count,
         skip=_int(body.get("skip", 0), 0, MAX_PEERS) or 0,
         hops=_int(body.get("hops", 0), 0, 1000) or 0,
+        next=_int(body.get("next"), 1, MAX_PEERS),
     )
 
 

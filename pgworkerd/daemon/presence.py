@@ -88,6 +88,8 @@ class PresenceStatements(Protocol):
 
     def peers(self, stale_after: float) -> list[tuple[str, list[str], list[str], int]] | None: ...
 
+    def wake_channel_set(self, listening: bool) -> bool | None: ...
+
 
 class Presence:
     def __init__(
@@ -132,6 +134,8 @@ class Presence:
         self.peers_read_at = -PEERS_REFRESH_MAX  # the last registry read of the peers
         self.rng = rng if rng is not None else random.Random()
         self._sent: tuple[str, tuple[int, ...]] | None = None  # the last heartbeat's news
+        # whether the row says this daemon listens on its own wake channel (None: unknown)
+        self._wake_channel_said: bool | None = None
 
     def configure(self, config: Config) -> None:
         self.config = config
@@ -195,6 +199,7 @@ class Presence:
         return HEARTBEAT_BUSY if len(self.table) else HEARTBEAT_IDLE
 
     def register(self) -> None:
+        self._wake_channel_said = None  # a row registered anew has no channel
         self.statements.register(
             self._worker_info(), self.registry_state(), self.heartbeat_interval()
         )
@@ -245,8 +250,21 @@ class Presence:
             self._drain_requested(request)
         if self.link.listen_due(now):
             self.link.listen(self.config.worker.poll_interval)
+        self._say_wake_channel()
         if self.metrics.queue_depth_due():
             self.depth_counter.start()
+
+    def _say_wake_channel(self) -> None:
+        """Keep the row's wake_channel in step with the LISTEN connection, at the
+        heartbeat's pace: the database aims wake-ups only at daemons whose row says they
+        listen on their own channel (workers_wake, schema 40); the others hear the
+        fleet's channel."""
+        listening = self.link.own_channel is not None
+        if listening == self._wake_channel_said:
+            return
+        said = self.statements.wake_channel_set(listening)
+        if said is not None:
+            self._wake_channel_said = listening if said else None
 
     def _drain_requested(self, request: registry.DrainRequest) -> None:
         # An unfiltered hand-back stops every claim, whatever drain_requested says.

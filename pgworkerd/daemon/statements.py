@@ -18,6 +18,7 @@ from pgworkerd.config import RetentionConfig
 from pgworkerd.daemon import outcomes
 from pgworkerd.daemon.dblink import DatabaseLink
 from pgworkerd.daemon.outcomes import Outcome
+from pgworkerd.daemon.peers import Wake
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue import (
     attempts,
@@ -183,6 +184,30 @@ class Statements:
             return True
 
         return self.link.run("forwarding a wake-up", call)
+
+    def wake_forward(self, wake: Wake) -> bool | None:
+        """Hand a wake-up aimed at this daemon on (wake.skip: the next group's start)."""
+        if wake.queue is None or wake.handler is None:
+            return False
+        queue, handler = wake.queue, wake.handler
+
+        def call(c: Any) -> bool:
+            registry.wake_forward(
+                c, queue, handler, wake.job_id, wake.count, wake.skip, wake.hops, self.schema
+            )
+            return True
+
+        return self.link.run("forwarding a wake-up", call)
+
+    def wake_channel_set(self, listening: bool) -> bool | None:
+        """Say in this daemon's row whether it listens on its own wake channel; None: the
+        call failed, False: the row is not there."""
+        return self.link.run(
+            "recording the wake channel",
+            lambda c: registry.wake_channel_set(
+                c, self.worker_id, listening, self.schema, secret=self._registry_secret
+            ),
+        )
 
     def renew(self, leases: list[lease.Lease]) -> list[lease.RenewOutcome] | None:
         return self.link.run(

@@ -169,6 +169,42 @@ def peers(
     return [(r[0], list(r[1]), list(r[2]), int(r[3])) for r in rows]
 
 
+def wake_channel_set(
+    conn: psycopg.Connection, worker_id: str, listening: bool, schema: str, *, secret: str
+) -> bool:
+    """Say in the daemon's own row whether it listens on its own wake channel (schema
+    40); False when the row is not there."""
+    row = conn.execute(
+        query("worker_wake_channel_set", schema),
+        {"id": worker_id, "secret": secret, "listening": listening},
+    ).fetchone()
+    return bool(row and row[0])
+
+
+def wake_forward(
+    conn: psycopg.Connection,
+    queue: str,
+    handler: str,
+    job_id: int,
+    count: int,
+    skip: int,
+    hops: int,
+    schema: str,
+) -> int:
+    """Hand a wake-up aimed at this daemon on to the group ranked from `skip` (schema 40:
+    workers_wake); returns how many were notified on their own channel."""
+    params = {
+        "queue": queue,
+        "handler": handler,
+        "job_id": job_id,
+        "n": count,
+        "skip": skip,
+        "hops": hops,
+    }
+    row = conn.execute(query("wake_forward", schema), params).fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
 def wake_send(conn: psycopg.Connection, payload: str, schema: str) -> None:
     """NOTIFY the wake channel (a forwarded wake-up; see pgworkerd/daemon/peers.py)."""
     conn.execute(query("wake_send", schema), {"payload": payload})

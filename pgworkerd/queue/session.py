@@ -19,6 +19,15 @@ def listen_wake(conn: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA) 
     conn.execute(query("session_wake_listen", schema))
 
 
+def listen_own_wake(
+    conn: psycopg.Connection[Any], worker_id: str, *, schema: str = DEFAULT_SCHEMA
+) -> str:
+    """Receive the wake-ups aimed at daemon `worker_id` (schema 40); returns the channel."""
+    row = conn.execute(query("session_wake_listen_own", schema), {"worker": worker_id}).fetchone()
+    assert row is not None and isinstance(row[0], str)
+    return row[0]
+
+
 def set_local_statement_timeout(conn: psycopg.Connection[Any], seconds: float) -> None:
     """Bound every statement of the current transaction to `seconds` (whole milliseconds),
     whatever the connection's own statement_timeout is."""

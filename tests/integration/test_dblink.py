@@ -97,7 +97,7 @@ def test_both_connections_are_recycled_after_their_lifetime(
         keys = [k for k, _ in selector.select(10) if k.data[0] == "listen"]
         assert keys and link.listen_conn is not None
         assert keys[0].fd == link.listen_conn.fileno()
-        assert link.notifications() == ["x"]
+        assert link.notifications() == [(False, "x")]  # the fleet's channel, not its own
         assert len(selector.get_map()) == 1
     finally:
         link.close()

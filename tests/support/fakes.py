@@ -16,7 +16,7 @@ from pgworkerd.config import Config, parse_config
 from pgworkerd.daemon.claimer import Claimer
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.outcomes import Outcome
-from pgworkerd.daemon.peers import Peers
+from pgworkerd.daemon.peers import Peers, Wake
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue.lease import (
     ClaimedJob,
@@ -133,6 +133,7 @@ class FakeStatements:
         self.expiring: Expiring | None = None  # the running job whose lease ends first
         self.peer_rows: list[tuple[str, list[str], list[str], int]] = []
         self.sent_wakes: list[str] = []
+        self.forwarded_wakes: list[Wake] = []  # aimed wake-ups handed on (workers_wake)
         self.renewals: list[list[Lease]] = []
         self.renew_answer: dict[int, RenewOutcome] = {}
         self.renew_fails = 0  # this many renew calls return None (a failed statement)
@@ -177,6 +178,14 @@ class FakeStatements:
 
     def wake_send(self, payload: str) -> bool | None:
         self.sent_wakes.append(payload)
+        return True
+
+    def wake_forward(self, wake: Wake) -> bool | None:
+        self.forwarded_wakes.append(wake)
+        return True
+
+    def wake_channel_set(self, listening: bool) -> bool | None:
+        self.registry_calls.append(("wake_channel", "on" if listening else "off"))
         return True
 
     def renew(self, leases: list[Lease]) -> list[RenewOutcome] | None:

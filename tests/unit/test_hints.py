@@ -62,7 +62,7 @@ class Rig(ClaimerRig):
         self.drain_hints += 1
 
     def receive(self, payloads: list[str]) -> None:
-        self.hints.receive(payloads, self.clock())
+        self.hints.receive([(False, p) for p in payloads], self.clock())
 
     def claims(self) -> int:
         return len(self.statements.claim_calls)

@@ -231,26 +231,36 @@ CREATE TRIGGER jobs_notify_finished
 -- Targeted wake-ups (0013): a notification per inserted batch that names it.
 
 -- After every statement that inserted jobs (enqueue, enqueue_many, their _v2 versions,
--- schedule_fire, a direct INSERT by whatever role): NOTIFY '<schema>.wake' once per queue
--- and handler inserted, the payload a JSON object {"q": queue, "h": handler, "id": the
--- lowest new id, "n": how many}, sent on commit. A statement trigger, so a bulk enqueue
--- of 10,000 jobs of one handler sends one notification, not 10,000. Names longer than
+-- schedule_fire, a direct INSERT by whatever role): one wake-up per queue and handler
+-- inserted, {"q": queue, "h": handler, "id": the lowest new id, "n": how many, ...}, sent
+-- on commit. A statement trigger, so a bulk enqueue of 10,000 jobs of one handler sends
+-- one wake-up, not 10,000. Since 0040 it goes to the daemons chosen for it on their own
+-- channels (workers_wake, workers.sql; SECURITY DEFINER for it: the registry is not the
+-- inserting role's to read), else to '<schema>.wake' as before. Names longer than
 -- enqueue allows (a direct INSERT) are left out of the payload rather than failing the
 -- insert on NOTIFY's 8,000-byte limit: daemons treat a payload without names as a wake-up
 -- for every handler.
 CREATE FUNCTION @schema@.notify_wake()
 RETURNS trigger
 LANGUAGE plpgsql
+SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    batch record;
 BEGIN
-    PERFORM pg_notify(@schema_literal@ || '.wake',
-                      CASE WHEN octet_length(a.queue) + octet_length(a.handler) <= 2048
-                      THEN json_build_object('q', a.queue, 'h', a.handler,
-                                             'id', min(a.id), 'n', count(*))
-                      ELSE json_build_object('id', min(a.id), 'n', count(*)) END::text)
-       FROM added a
-      GROUP BY a.queue, a.handler;
+    FOR batch IN
+        SELECT a.queue, a.handler, min(a.id) AS id, count(*) AS n
+          FROM added a
+         GROUP BY a.queue, a.handler
+    LOOP
+        IF octet_length(batch.queue) + octet_length(batch.handler) <= 2048 THEN
+            PERFORM @schema@.workers_wake(batch.queue, batch.handler, batch.id, batch.n, 0, 0);
+        ELSE
+            PERFORM pg_notify(@schema_literal@ || '.wake',
+                              json_build_object('id', batch.id, 'n', batch.n)::text);
+        END IF;
+    END LOOP;
     RETURN NULL;
 END;
 $$;

@@ -17,6 +17,17 @@ LISTEN @notify_channel@;
 -- and going, drain requests, forwarded wake-ups): JSON payloads, see daemon/peers.py.
 LISTEN @wake_channel@;
 
+-- name: session_wake_listen_own
+-- Receive the wake-ups aimed at this daemon (workers_wake, schema 40) on its own channel,
+-- whose name this returns.
+SELECT @schema@.worker_wake_listen(%(worker)s::text);
+
+-- name: wake_forward
+-- Hand a wake-up aimed at this daemon on to the daemons ranked after its group (schema
+-- 40): their own channels, or the fleet's where one has none.
+SELECT @schema@.workers_wake(%(queue)s::text, %(handler)s::text, %(job_id)s::bigint,
+                            %(n)s::bigint, %(skip)s::integer, %(hops)s::integer);
+
 -- name: wake_send
 -- Send a notification on the wake channel (a daemon forwarding a wake-up it cannot take).
 SELECT 1 FROM (SELECT pg_notify(@schema_literal@ || '.wake', %(payload)s::text)) AS sent;

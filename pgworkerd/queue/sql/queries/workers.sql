@@ -97,6 +97,11 @@ SELECT w.id, w.host, w.pid, w.version, w.queues, w.handlers, w.slots, w.in_fligh
  WHERE w.state <> 'gone' OR w.stopped_at > now() - interval '1 hour'
  ORDER BY w.host, w.started_at;
 
+-- name: worker_wake_channel_set
+-- Say in this daemon's row whether it listens on its own wake channel (schema 40); false
+-- when the row is not there (register first).
+SELECT @schema@.worker_wake_channel_set(%(id)s::text, %(secret)s::text, %(listening)s::boolean);
+
 -- name: worker_schedules_set
 -- Record which schedules this daemon declares (shown by `pgworkerd schedules`).
 SELECT @schema@.worker_schedules_set_v2(%(id)s::text, %(secret)s::text,

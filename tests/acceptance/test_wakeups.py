@@ -117,3 +117,79 @@ def test_the_fleet_simulation_short_mode_runs(tmp_path: Path) -> None:
     assert size["daemons"] == 3 and size["load"]["jobs"] > 0
     assert {"statements_per_s", "server_cpu_pct", "by_kind"} <= set(size["idle"])
     assert figures["simulated"] and figures["simulated"][0]["hosts"] == 100
+
+
+def own_channels(db: Db) -> dict[str, str]:
+    """The daemons' rows that say they listen on a channel of their own: id -> channel."""
+    rows = db.rows("SELECT id, wake_channel FROM {schema}.workers WHERE state = 'running'")
+    return {r["id"]: r["wake_channel"] for r in rows if r["wake_channel"]}
+
+
+def test_new_jobs_wake_their_daemon_on_its_own_channel_and_the_fleets_hears_none(
+    db: Db, daemons: Daemons
+) -> None:
+    """Issue 26 (item 6): each daemon listens on a channel of its own and says so in its
+    row; an enqueue reaches the daemon chosen for it there, and nothing about it goes to
+    the fleet's channel, which every daemon process hears (before schema 40 each enqueue
+    woke every daemon of the fleet). Jobs still start at once, on more than one daemon,
+    with a poll of 120 s."""
+    fleet = [
+        daemons.start({"work": WORK}, {"poll_interval": "120s"}, tag=f"D{i}") for i in range(3)
+    ]
+    wait_for(lambda: len(own_channels(db)) == 3, what="three rows naming their channel")
+    assert len(set(own_channels(db).values())) == 3
+    fleet_channel = psycopg.connect(db.conn.info.dsn, autocommit=True)
+    try:
+        fleet_channel.execute(sql.SQL("LISTEN {}").format(sql.Identifier(f"{db.schema}.wake")))
+        jobs = []
+        for _ in range(12):
+            job_id = db.enqueue("work")
+            db.wait_started(job_id, timeout=10)  # a poll would be 120 s away
+            jobs.append(job_id)
+        heard = [json.loads(n.payload) for n in fleet_channel.notifies(timeout=1.0)]
+    finally:
+        fleet_channel.close()
+    about_jobs = [body for body in heard if "id" in body and "peer" not in body]
+    assert about_jobs == [], f"the fleet's channel carried wake-ups for jobs: {about_jobs}"
+    ran_on = {e["tag"] for e in db.executions()}
+    assert len(ran_on) >= 2, f"every job ran on {ran_on}: the wake-ups are not shared"
+    for daemon in fleet:
+        daemon.send(signal.SIGTERM)
+        assert daemon.wait_exit() == 0
+
+
+def test_a_job_aimed_at_a_frozen_daemon_waits_for_its_handlers_poll_not_the_fleets(
+    db: Db, daemons: Daemons
+) -> None:
+    """Issue 26 (item 6): a wake-up aimed at a daemon that died (here: frozen) before the
+    registry says so is lost; the other daemon serving the handler finds the job at its
+    poll. That poll is stretched by the daemons serving the handler (2 here), not by the
+    fleet: with 300 other daemons in the registry it came every 30 s (poll_interval x
+    fleet / 10) before, now every poll_interval (1 s)."""
+    db.rows(
+        "INSERT INTO {schema}.workers (id, host, pid, version, queues, handlers, slots, state)"
+        " SELECT 'other:' || i, 'other', i, 'test', '{{default}}', '{{other}}', 4, 'running'"
+        "   FROM generate_series(1, 300) AS i RETURNING id"
+    )
+    worker = {"poll_interval": "1s"}
+    frozen = daemons.start({"work": WORK}, worker, tag="frozen")
+    daemons.start({"work": WORK}, worker, tag="polling")
+    wait_for(lambda: len(own_channels(db)) == 2, what="both rows naming their channel")
+    time.sleep(2)  # each has read the registry (its peers) and claimed once
+    assert frozen.proc is not None
+    frozen.send(signal.SIGSTOP)
+    try:
+        # One at a time (a claim takes every job waiting: jobs enqueued together would
+        # ride along with the claims of the ones aimed at the polling daemon); about
+        # half of them are aimed at the frozen one.
+        waits = []
+        for _ in range(8):
+            job_id = db.enqueue("work")
+            at = time.monotonic()
+            db.wait_started(job_id, timeout=60)
+            waits.append(time.monotonic() - at)
+        print("enqueue to start, s:", [round(w, 2) for w in waits])
+        assert max(waits) <= 10, f"a job started {max(waits):.1f}s after its enqueue"
+        assert {e["tag"] for e in db.executions()} == {"polling"}
+    finally:
+        frozen.send(signal.SIGCONT)

@@ -174,9 +174,8 @@ BEGIN
          WHERE c.id = counted.callback_id AND c.status = 'waiting'
         RETURNING c.id, c.queue, c.handler INTO released;
         IF FOUND THEN
-            PERFORM pg_notify(@schema_literal@ || '.wake',
-                              json_build_object('q', released.queue, 'h', released.handler,
-                                                'id', released.id, 'n', 1)::text);
+            PERFORM @schema@.workers_wake(released.queue, released.handler, released.id, 1,
+                                          0, 0);
         END IF;
     END IF;
     RETURN NULL;

@@ -227,11 +227,8 @@ BEGIN
        AND j.lease_token = release_job.token AND j.status::text = 'running'
     RETURNING j.status::text AS status, j.queue, j.handler INTO released;
     IF released.status = 'pending' THEN
-        PERFORM pg_notify(@schema_literal@ || '.wake',
-            CASE WHEN octet_length(released.queue) + octet_length(released.handler) <= 2048
-                 THEN json_build_object('q', released.queue, 'h', released.handler,
-                                        'id', release_job.job_id, 'n', 1)
-                 ELSE json_build_object('id', release_job.job_id, 'n', 1) END::text);
+        PERFORM @schema@.workers_wake(released.queue, released.handler, release_job.job_id,
+                                      1, 0, 0);
     END IF;
     RETURN released.status;
 END;
@@ -615,11 +612,8 @@ BEGIN
         RETURN;
     END;
     IF suspended.status = 'pending' THEN
-        PERFORM pg_notify(@schema_literal@ || '.wake',
-            CASE WHEN octet_length(suspended.queue) + octet_length(suspended.handler) <= 2048
-                 THEN json_build_object('q', suspended.queue, 'h', suspended.handler,
-                                        'id', job_suspend.job_id, 'n', 1)
-                 ELSE json_build_object('id', job_suspend.job_id, 'n', 1) END::text);
+        PERFORM @schema@.workers_wake(suspended.queue, suspended.handler, job_suspend.job_id,
+                                      1, 0, 0);
     END IF;
     RETURN QUERY SELECT suspended.status, suspended.wait_until, NULL::text;
 END;

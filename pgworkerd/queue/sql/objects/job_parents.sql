@@ -82,9 +82,7 @@ BEGIN
         RETURNING c.id, c.queue, c.handler, c.status
     )
     SELECT count(*) INTO woken
-      FROM (SELECT pg_notify(@schema_literal@ || '.wake',
-                             json_build_object('q', ch.queue, 'h', ch.handler,
-                                               'id', min(ch.id), 'n', count(*))::text)
+      FROM (SELECT @schema@.workers_wake(ch.queue, ch.handler, min(ch.id), count(*), 0, 0)
               FROM changed ch
              WHERE ch.status = 'pending'
              GROUP BY ch.queue, ch.handler) AS sent;
@@ -180,9 +178,7 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     IF released.status = 'pending' THEN
-        PERFORM pg_notify(@schema_literal@ || '.wake',
-                          json_build_object('q', released.queue, 'h', released.handler,
-                                            'id', released.id, 'n', 1)::text);
+        PERFORM @schema@.workers_wake(released.queue, released.handler, released.id, 1, 0, 0);
     END IF;
     RETURN released.status;
 END;

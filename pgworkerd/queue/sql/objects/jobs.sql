@@ -246,21 +246,10 @@ LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-DECLARE
-    batch record;
 BEGIN
-    FOR batch IN
-        SELECT a.queue, a.handler, min(a.id) AS id, count(*) AS n
-          FROM added a
-         GROUP BY a.queue, a.handler
-    LOOP
-        IF octet_length(batch.queue) + octet_length(batch.handler) <= 2048 THEN
-            PERFORM @schema@.workers_wake(batch.queue, batch.handler, batch.id, batch.n, 0, 0);
-        ELSE
-            PERFORM pg_notify(@schema_literal@ || '.wake',
-                              json_build_object('id', batch.id, 'n', batch.n)::text);
-        END IF;
-    END LOOP;
+    PERFORM @schema@.workers_wake(a.queue, a.handler, min(a.id), count(*), 0, 0)
+       FROM added a
+      GROUP BY a.queue, a.handler;
     RETURN NULL;
 END;
 $$;

@@ -124,11 +124,7 @@ BEGIN
            SET status = 'pending', wait_ended = 'signal', run_at = now(), updated_at = now()
          WHERE j.id = signal_send.job_id
         RETURNING j.queue, j.handler INTO job;
-        PERFORM pg_notify(@schema_literal@ || '.wake',
-            CASE WHEN octet_length(job.queue) + octet_length(job.handler) <= 2048
-                 THEN json_build_object('q', job.queue, 'h', job.handler,
-                                        'id', signal_send.job_id, 'n', 1)
-                 ELSE json_build_object('id', signal_send.job_id, 'n', 1) END::text);
+        PERFORM @schema@.workers_wake(job.queue, job.handler, signal_send.job_id, 1, 0, 0);
         RETURN QUERY SELECT 'resumed'::text, 'pending'::text, now();
         RETURN;
     END IF;
@@ -319,11 +315,7 @@ BEGIN
         RETURNING j.id, j.queue, j.handler
     ), told AS (
         -- one wake-up per queue and handler, as notify_wake sends for an insert
-        SELECT pg_notify(@schema_literal@ || '.wake',
-                   CASE WHEN octet_length(w.queue) + octet_length(w.handler) <= 2048
-                        THEN json_build_object('q', w.queue, 'h', w.handler,
-                                               'id', min(w.id), 'n', count(*))
-                        ELSE json_build_object('id', min(w.id), 'n', count(*)) END::text)
+        SELECT @schema@.workers_wake(w.queue, w.handler, min(w.id), count(*), 0, 0)
           FROM woken w
          GROUP BY w.queue, w.handler
     )

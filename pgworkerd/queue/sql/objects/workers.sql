@@ -539,8 +539,13 @@ $$;
 -- The payload on a daemon's channel: {"q", "h", "id", "n", "skip", "next": where the next
 -- group starts, "hops"}; on the fleet's: {"q", "h", "id", "n"} (with "skip" and "hops"
 -- when handed on), as before 0040.
--- Called by the trigger of new jobs (notify_wake) and by daemons handing on a wake-up they
--- cannot take (skip = next, hops + 1). Returns the daemons notified on their own channel.
+-- Called wherever jobs become due: the trigger of new jobs (notify_wake), a release
+-- (release_job), a wait that ends (job_suspend, signal_send, job_waits_expire), parents
+-- that finished (job_children_resolve, job_held_release), a batch's callback
+-- (batch_member_count); and by daemons handing on a wake-up they cannot take (skip = next,
+-- hops + 1). Names longer than enqueue allows (a direct INSERT) are left out of the
+-- payload, which goes to the fleet's channel. Returns the daemons notified on their own
+-- channel.
 CREATE FUNCTION @schema@.workers_wake(queue text, handler text, job_id bigint, n bigint,
                                      skip integer, hops integer)
 RETURNS integer
@@ -561,6 +566,13 @@ BEGIN
         RAISE EXCEPTION 'pgworkerd: workers_wake needs a queue, a handler, a job id, n >= 1, '
                         'skip >= 0 and hops >= 0'
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF octet_length(queue) + octet_length(handler) > 2048 THEN
+        -- names longer than enqueue allows (a direct INSERT): left out of the payload
+        -- rather than failing on NOTIFY's 8,000-byte limit; a wake-up for every handler
+        PERFORM pg_notify(@schema_literal@ || '.wake',
+                          json_build_object('id', job_id, 'n', n)::text);
+        RETURN 0;
     END IF;
     FOR daemon IN
         SELECT w.wake_channel, greatest(w.slots, 1) AS slots

@@ -150,7 +150,7 @@ def run(ctx: Context, log_format: str | None) -> None:
     from pgworkerd.ops import logs
 
     config = ctx.config()
-    logs.setup(log_format or config.logging.format, config.logging.level)
+    logs.setup(log_format or config.logging.format, config.logging.level, config.logging.job_events)
     dsns = (ctx.dsn if ctx.dsn is not None else config.database.dsn, config.database.listen_dsn)
     logs.hide_passwords_of(*dsns)
     for warning in file_warnings(config):

@@ -46,11 +46,13 @@ from pgworkerd.daemon.hints import RateLimit
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.outcomes import Outcome, OutcomeWriter
 from pgworkerd.daemon.peers import FLEET_POLLERS, Peers, Wake, rescue_hint
+from pgworkerd.ops.logs import JOB_EVENTS
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue.lease import ClaimedJob, HandlerCapacity, NextWakeups, RefusedJob
 from pgworkerd.queue.registry import HandBack
 
 log = logging.getLogger("pgworkerd")
+job_events = logging.getLogger(JOB_EVENTS)  # claimed: [logging] job_events
 
 # Claims caused by NOTIFY are at most this frequent: any role may NOTIFY the channel, and
 # a flood of notifications must not become a flood of claims (20 ms: at most 50 a second,
@@ -389,7 +391,7 @@ class Claimer(Generic[ChildT]):
             self.metrics.claimed(job.handler, rescued=job.rescued)
             handler = self.config.handlers[job.handler]
             self.table.add(job, handler, self.config.lease_for(handler), sent_at)
-            log.info(
+            job_events.info(
                 "job %d %s attempt %d: claimed%s",
                 job.id,
                 job.handler,

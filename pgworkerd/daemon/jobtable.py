@@ -23,6 +23,7 @@ from pgworkerd.daemon.outcomes import InFlight, Outcome, decide, fence_margin
 from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.daemon.supervisor import describe_exit
 from pgworkerd.describe import short_error
+from pgworkerd.ops.logs import JOB_EVENTS
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue.lease import ClaimedJob, RefusedJob, encode_json
 from pgworkerd.worker import protocol
@@ -44,6 +45,7 @@ from pgworkerd.worker.protocol import (
 )
 
 log = logging.getLogger("pgworkerd")
+job_events = logging.getLogger(JOB_EVENTS)  # started: [logging] job_events
 
 # A claimed job that no child could take for this long, while none can be started (the
 # fork server is down), is handed back for another daemon to run.
@@ -245,7 +247,7 @@ class JobTable(Generic[ChildT]):
         now = self.clock()
         if isinstance(message, Started):
             job.started_at = job.last_beat = now
-            log.info(
+            job_events.info(
                 "%s: started in child %s (%.1f ms after the claim)",
                 job.name,
                 child.pid,

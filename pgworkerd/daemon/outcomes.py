@@ -19,6 +19,7 @@ from pgworkerd.config import HandlerConfig, WorkerConfig
 from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.durations import format_duration
 from pgworkerd.jsontext import storable_text
+from pgworkerd.ops.logs import JOB_EVENTS
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue import attempts, finish
 from pgworkerd.queue.lease import ClaimedJob, EncodedJson, RefusedJob
@@ -27,6 +28,7 @@ from pgworkerd.worker.outcomes import snooze_problem, wait_problem
 from pgworkerd.worker.protocol import Done, Failed, Interrupted, Report
 
 log = logging.getLogger("pgworkerd")
+job_events = logging.getLogger(JOB_EVENTS)  # completed: [logging] job_events
 
 # The child stops itself this long before its lease runs out in the database, leaving
 # room for the kill to land and for clock-rate differences.
@@ -323,7 +325,9 @@ def _report(metrics: NullMetrics | None, o: Outcome, ok: bool, message: str) -> 
             if o.kind is OutcomeKind.FAIL
             else logging.INFO
         )
-        log.log(level, "%s", message, extra=o.fields(o.kind))
+        (job_events if o.kind is OutcomeKind.COMPLETE else log).log(
+            level, "%s", message, extra=o.fields(o.kind)
+        )
     else:
         log.warning(
             "%s: outcome %s rejected: the lease was lost and the job re-claimed (fenced off)",

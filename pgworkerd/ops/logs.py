@@ -143,7 +143,15 @@ def _skip_unused_record_fields() -> None:
     setattr(logging, "_srcfile", None)  # noqa: B010  (no stub for the private name)
 
 
-def setup(fmt: str = "text", level: str = "info") -> None:
+# The logger of the lines of jobs that go well (claimed, started, completed): three a job,
+# which a daemon of short jobs writes thousands of a second. [logging] job_events decides
+# whether they are logged at info; failures and the rest go to "pgworkerd" as always.
+JOB_EVENTS = "pgworkerd.jobs"
+
+
+def setup(fmt: str = "text", level: str = "info", job_events: str = "problems") -> None:
+    """`job_events`: "all" logs the lines of jobs that go well (at info); "problems"
+    only at level debug."""
     _skip_unused_record_fields()
     handler = logging.StreamHandler(sys.stderr)
     journald = under_journald(sys.stderr)
@@ -152,3 +160,7 @@ def setup(fmt: str = "text", level: str = "info") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     root.propagate = False
+    # (NOTSET: the level above decides; WARNING: the jobs' info lines are dropped by the
+    # logger's first check, before any record is made)
+    shown = job_events == "all" or level.lower() == "debug"
+    logging.getLogger(JOB_EVENTS).setLevel(logging.NOTSET if shown else logging.WARNING)

@@ -551,16 +551,17 @@ def test_a_lost_listen_connection_comes_back(
     daemon = daemons.start({"work": WORK}, {"poll_interval": "60s"})
     first = db.enqueue("work", {"seconds": 0.1})
     db.wait_status(first, "completed")
-    listen = f'LISTEN "{schema}.wake"'  # the wake channel (schema 13)
+    # the LISTEN connection's last statement: LISTEN on its own channel (schema 40)
+    listen = "%worker_wake_listen%"
     killed = conn.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s", [listen]
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE %s", [listen]
     ).fetchall()
     assert killed, "no LISTEN backend found"
     daemon.wait_log("LISTEN connection lost")
 
     def listening_again() -> bool:
         rows = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = %s", [listen]
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s", [listen]
         ).fetchone()
         return bool(rows and rows[0] >= 1)
 

@@ -469,7 +469,8 @@ def test_status_text_follows_the_daemon(make_service: Callable[..., Service]) ->
             [DB],
         ).fetchall()
     assert any(b["addr"] == "127.0.0.1" for b in backends), backends
-    assert any(b["addr"] is None and b["query"].startswith("LISTEN") for b in backends), backends
+    # (the LISTEN connection's last statement: LISTEN on its own channel, schema 40)
+    assert any(b["addr"] is None and "worker_wake_listen" in b["query"] for b in backends), backends
     svc.wait(lambda: svc.job_status(job) == "completed", f"job {job} completed")
     svc.wait(lambda: svc.status() == "running: 0/4 busy", "STATUS=running: 0/4 busy")
 

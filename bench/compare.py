@@ -253,6 +253,23 @@ class Pgworkerd(Library):
             "one": {**base, "slots": 1, "warm_children": 1, "max_jobs_per_child": 1000},
             "sat": {**base, "slots": 8, "warm_children": 8, "max_jobs_per_child": 1000},
             "sat1": {**base, "slots": 8, "warm_children": 8, "max_jobs_per_child": 1},
+            # the same with 16 claimed jobs held ready for a slot ([worker] prefetch)
+            "satp": {
+                **base,
+                "slots": 8,
+                "warm_children": 8,
+                "max_jobs_per_child": 1000,
+                "prefetch": 16,
+            },
+            # an async def no-op, 8 side by side in each child (concurrency = 8)
+            "async": {**base, "slots": 8, "warm_children": 1, "max_jobs_per_child": 1000},
+            "asyncp": {
+                **base,
+                "slots": 8,
+                "warm_children": 1,
+                "max_jobs_per_child": 1000,
+                "prefetch": 16,
+            },
             # an idle daemon as a user gets it: defaults but for the lease and poll
             "latency": {"slots": 4, "warm_children": 2, "lease": "60s", "poll_interval": "5s"},
             "rescue": {
@@ -264,13 +281,17 @@ class Pgworkerd(Library):
         }[mode]
         self.settings[mode] = ", ".join(f"{k}={v}" for k, v in worker.items())
         handlers = {
-            "noop": "pgworkerd.examples:noop",
+            "noop": "compare_handlers:anoop"
+            if mode.startswith("async")
+            else "pgworkerd.examples:noop",
             "record": "compare_handlers:record",
             "hang": "compare_handlers:hang",
         }
         lines = ["[worker]"] + [f"{k} = {json.dumps(v)}" for k, v in worker.items()]
         for name, target in handlers.items():
             lines += [f"[handlers.{name}]", f'target = "{target}"']
+            if mode.startswith("async") and name == "noop":
+                lines.append("concurrency = 8")
         config = self.workdir / f"{self.name}-{tag}.toml"
         config.write_text("\n".join(lines) + "\n")
         return Worker(
@@ -729,6 +750,9 @@ def set_synchronous_commit(pg: LocalPostgres, value: str) -> None:
 SHORT_JOB_RUNS = (
     ("pgworkerd", "sat", "pgworkerd, 8 slots, children reused (max_jobs_per_child=1000)"),
     ("pgworkerd_base", "sat", "  the same, the --baseline code"),
+    ("pgworkerd", "satp", "pgworkerd, 8 slots, children reused, prefetch 16"),
+    ("pgworkerd", "async", "pgworkerd, 8 slots, async def no-op, concurrency 8, reused"),
+    ("pgworkerd", "asyncp", "  the same, prefetch 16"),
     ("pgworkerd", "sat1", "pgworkerd, 8 slots, a fresh process per job"),
     ("pgworkerd_base", "sat1", "  a fresh process per job, the --baseline code"),
     ("pgqueuer", "free", "PgQueuer, defaults (batch 10, no cap)"),

@@ -21,6 +21,10 @@ def note_start(token: str) -> None:
         log.write(f"{token} {started} {os.getpid()} {os.getppid()}\n")
 
 
+async def anoop(job: JobContext) -> None:
+    """An async def no-op: run side by side in a child's event loop (concurrency)."""
+
+
 def record(job: JobContext) -> None:
     note_start(str(job.payload["k"]))
 

@@ -135,6 +135,16 @@ class WorkerConfig:
         check=checks.integer(1),
         help="Jobs a child runs before it is replaced; 1 = a fresh process for every job.",
     )
+    prefetch: int = key(
+        0,
+        check=checks.integer(0, 1000),
+        help="Claimed jobs held ready beyond the slots, each handed to a child the moment "
+        "one is free, with no claim in between: for many short jobs (a claim is a round "
+        "trip to the database, which a child running jobs of a millisecond spends idle). A "
+        "held job is this daemon's (running in the database, its lease renewed, counted by "
+        "max_running) until it starts or is handed back (a drain hands it back at once); "
+        "claims wait until half of it is free. 0: claim only for free slots.",
+    )
     warm_children: int = key(
         2,
         check=checks.integer(0),

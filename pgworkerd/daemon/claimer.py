@@ -207,7 +207,7 @@ class Claimer(Generic[ChildT]):
             self.request()  # nobody else to ask: claim here when a slot frees
 
     def _can_take(self, handler: str | None) -> bool:
-        free = self.table.free_slots()
+        free = self.table.free_to_claim()
         if not self._may_claim() or free <= 0:
             return False
         if handler is None:
@@ -228,8 +228,19 @@ class Claimer(Generic[ChildT]):
                 h.max_running is not None or h.max_running_per_key is not None
                 for h in self.config.handlers.values()
             )
-        ):
+        ) and self._worth_a_claim():
             self.request()
+
+    def _worth_a_claim(self) -> bool:
+        """With [worker] prefetch, a claim waits until half of it is free, or nothing is
+        left waiting for a slot: one claim a job would cost a round trip a job, while
+        held jobs keep the children busy. Without, any free slot is."""
+        prefetch = self.config.worker.prefetch
+        return (
+            prefetch == 0
+            or self.table.free_to_claim() >= max(1, prefetch // 2)
+            or not self.table.waiting()
+        )
 
     def _admitting(self) -> bool:
         return self.admission is not None and self.admission.enabled
@@ -257,7 +268,7 @@ class Claimer(Generic[ChildT]):
     def next_deadline(self) -> float | None:
         # Claim timers only matter with a free slot and something to claim for; past
         # ones would spin the loop.
-        if not self._may_claim() or self.table.free_slots() <= 0 or not self.config.handlers:
+        if not self._may_claim() or self.table.free_to_claim() <= 0 or not self.config.handlers:
             return None
         times = [self.poll_at]
         if self.scheduled_at is not None:
@@ -328,7 +339,7 @@ class Claimer(Generic[ChildT]):
         if self.notified_at is not None and now >= self.notify_claim_at + NOTIFY_CLAIM_INTERVAL:
             self.notified_at, self.notify_claim_at = None, now
             self.wanted = True
-        free = self.table.free_slots()
+        free = self.table.free_to_claim()
         if not self.wanted or free <= 0 or not self.config.handlers:
             return
         self.wanted = False
@@ -501,7 +512,7 @@ class Claimer(Generic[ChildT]):
             return
         # (jobs that a child running their async handler's jobs side by side can take
         # need no child of their own)
-        waiting = max(0, len(self.table.waiting()) - self.table.room_beside())
+        waiting = max(0, self.table.slots_without_child() - self.table.room_beside())
         target = min(self.config.worker.warm_children, self.table.free_slots()) + waiting
         have = len(self.supervisor.idle()) + self.supervisor.starting()
         if target > have:

@@ -94,7 +94,19 @@ class JobTable(Generic[ChildT]):
         return job_id in self.jobs
 
     def free_slots(self) -> int:
+        """Slots without a job (held jobs waiting for a child count as theirs)."""
         return self.worker.slots - len(self.jobs)
+
+    def free_to_claim(self) -> int:
+        """How many jobs a claim may take now: the free slots and [worker] prefetch (jobs
+        held ready for a slot)."""
+        return self.worker.slots + self.worker.prefetch - len(self.jobs)
+
+    def slots_without_child(self) -> int:
+        """How many held jobs could get a child now: waiting ones, as far as slots are
+        free of running ones (with prefetch, more may wait than there are slots)."""
+        running = len(self.jobs) - len(self.waiting())
+        return max(0, min(len(self.waiting()), self.worker.slots - running))
 
     def busy_per_handler(self) -> dict[str, int]:
         busy: dict[str, int] = {}

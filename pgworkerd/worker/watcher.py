@@ -85,13 +85,21 @@ class Watcher:
     events: int  # write end: what the child tells the watcher (a job ended)
     send_lock: int  # a memfd: lockf()ed around every frame the child sends
     acks: int  # read end: the watcher's answer to job_ended (the attempt's cgroup is gone)
+    # whether attempts have cgroups of their own ([worker] job_cgroups): job_ended waits
+    # for the watcher only then
+    cgroups: bool = False
 
     def job_ended(self, job_id: int) -> None:
         """The job ended here (before its outcome is sent): no deadline or limit holds,
-        and the attempt's cgroup ([worker] job_cgroups) is killed and removed: this waits
-        for the watcher to say so (bounded), so nothing of the attempt runs on once the
-        daemon has its outcome."""
+        and the attempt's cgroup ([worker] job_cgroups) is killed and removed: with
+        cgroups this waits for the watcher to say so (bounded), so nothing of the attempt
+        runs on once the daemon has its outcome. Without, there is nothing to wait for: the
+        watcher reads this before the daemon's next message (it reads its events first,
+        and the daemon sends the next job only once it has this one's outcome), and a
+        wait would cost every short job a round trip to another process."""
         os.write(self.events, f"{job_id}\n".encode())
+        if not self.cgroups:
+            return
         poller = select.poll()
         poller.register(self.acks, select.POLLIN)
         with contextlib.suppress(OSError):
@@ -172,7 +180,7 @@ def start(sock_fd: int, tmp_root: str | None, cgroup_base: str | None = None) ->
     os.close(relay_w)
     os.close(events_r)
     os.close(acks_w)
-    return Watcher(pid, relay_r, events_w, send_lock, acks_r)
+    return Watcher(pid, relay_r, events_w, send_lock, acks_r, cgroups=cgroup_base is not None)
 
 
 class _Watch:
@@ -250,8 +258,9 @@ class _Watch:
             if not self.jobs:
                 self.limit = None
             self._end_cgroup()  # (none for a job run side by side with others)
-            with contextlib.suppress(OSError):
-                os.write(self.acks, b"k")
+            if self.cgroup_base is not None:  # (Watcher.job_ended waits only then)
+                with contextlib.suppress(OSError):
+                    os.write(self.acks, b"k")
 
     def _begin_cgroup(self, message: Job) -> None:
         """The attempt's own cgroup, the child in it (before the job reaches the child)."""

@@ -257,7 +257,9 @@ class ClaimerRig:
         self.config = config(text)
         self.clock = FakeClock()
         self.statements = FakeStatements()
-        self.supervisor = FakeSupervisor(idle, startable=startable)
+        self.supervisor = FakeSupervisor(
+            idle, startable=startable, max_jobs_per_child=self.config.worker.max_jobs_per_child
+        )
         self.outcomes: list[Outcome] = []
         self.table = JobTable(
             self.config.worker,

@@ -330,3 +330,39 @@ def test_a_filtered_hand_back_leaves_its_jobs_out_of_the_claim() -> None:
     s.tick()
     assert len(s.statements.claim_calls) == calls
     assert claimed_with(None) == {"h": None, "mailer": ["mail", "bulk"]}  # resumed
+
+
+PREFETCH = """
+[worker]
+slots = 2
+prefetch = 4
+max_jobs_per_child = 100
+poll_interval = "5s"
+warm_children = 1
+"""
+
+
+def test_prefetch_claims_beyond_the_slots_and_hands_held_jobs_on_as_slots_free() -> None:
+    """Issue 26 (item 5): [worker] prefetch = 4 with 2 slots: a claim takes 6 jobs, 2 go
+    to children, 4 wait in the table with no child of their own (no more children than
+    slots), and each freed slot takes a held job at once, with no claim in between; a
+    claim comes once half of the prefetch is free again."""
+    s = ClaimerRig(PREFETCH, idle=2)
+    s.statements.claims = [([claimed_job("h") for _ in range(6)], [])]
+    s.tick()
+    _, capacity, limit = s.statements.claim_calls[0]
+    assert limit == 6 and capacity["h"].free == 6
+    assert len(s.table) == 6 and len(s.table.waiting()) == 4
+    assert s.supervisor.spawned == 0  # the 2 idle children run 2; the rest wait for them
+    for left in (3, 2):
+        running = [j for j in s.table if s.table.child_of(j) is not None]
+        child = s.table.child_of(running[0])
+        assert child is not None
+        s.table.on_message(child, protocol.Done(running[0].job.id))
+        s.claimer.slot_freed()
+        s.tick()
+        assert len(s.table.waiting()) == left  # the freed child took a held job
+        if left == 3:
+            assert len(s.statements.claim_calls) == 1  # 1 free of 4: no claim yet
+    assert len(s.statements.claim_calls) == 2  # 2 free of 4: half, so a claim
+    assert s.statements.claim_calls[1][2] == 2

@@ -531,7 +531,7 @@ $$;
 -- share), from the `skip`-th on, as many as hold the n jobs by their slots. Each is
 -- notified on its own channel, so that one enqueue wakes one daemon process, not the
 -- fleet (PostgreSQL 15 still signals every listening backend of the database, which reads
--- the notification and passes it over: see docs/operations/fleet.md). A group with a
+-- the notification and passes it over: see docs/design/daemon.md, "Wake-ups"). A group with a
 -- daemon that has no channel (older, or not listening now), or no daemon at all for the
 -- first group, and the notification also goes to the fleet's channel as before: every
 -- daemon ranks it on its own ring (daemon/peers.py); a wake-up may be taken twice, never

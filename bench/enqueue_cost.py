@@ -84,6 +84,33 @@ def _side(root: Path, *args: str) -> str:
     return proc.stdout
 
 
+def _registry(dsn: str, schema: str, count: int) -> None:
+    """`count` running daemons serving every handler of the default queue, heartbeating
+    (an hour's interval: none goes silent during the run), listening on their own channel
+    where the schema has them (40)."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "INSERT INTO {}.workers (id, host, pid, version, queues, handlers, slots, state,"
+                " heartbeat_interval) SELECT 'bench:' || i, 'bench', i, 'bench', '{{default}}',"
+                " '{{noop}}', 8, 'running', '1 hour'"
+                " FROM generate_series(1, %s) AS i"
+            ).format(sql.Identifier(schema)),
+            (count,),
+        )
+        has_channels = conn.execute(
+            "SELECT 1 FROM information_schema.columns WHERE table_schema = %s"
+            " AND table_name = 'workers' AND column_name = 'wake_channel'",
+            (schema,),
+        ).fetchone()
+        if has_channels:
+            named = "UPDATE {0}.workers SET wake_channel = {0}.worker_wake_channel_name(id)"
+            conn.execute(sql.SQL(named).format(sql.Identifier(schema)))
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] in ("--child", "--install"):
         dsn, schema = sys.argv[2], sys.argv[3]
@@ -102,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--single", type=int, default=2000, help="single enqueues per run")
     parser.add_argument("--many", type=int, default=3, help="enqueue_many calls per run")
     parser.add_argument("--short", action="store_true", help="2 rounds of small runs")
+    parser.add_argument(
+        "--registry",
+        type=int,
+        default=0,
+        help="running daemons in each side's registry, serving the jobs' handler (schema "
+        "40: each enqueue ranks them to choose whose wake-up it is)",
+    )
     args = parser.parse_args(argv)
     if args.short:
         args.rounds, args.single, args.many = 2, 300, 1
@@ -120,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         dsn = pg.dsn()
         for root, schema in sides.values():
             _side(root, "--install", dsn, schema)
+            if args.registry:
+                _registry(dsn, schema, args.registry)
         for _ in range(args.rounds):
             for name in random.sample(list(sides), len(sides)):
                 root, schema = sides[name]

@@ -1,7 +1,8 @@
 """Where the daemon's parent spends its time per no-op job: the real `pgworkerd run` on a
 private PostgreSQL, a backlog of no-op jobs drained once, the parent profiled.
 
-    .venv/bin/python bench/parent_profile.py [--fresh] [--jobs N] [--slots N]
+    .venv/bin/python bench/parent_profile.py [--fresh] [--jobs N] [--slots N] [--prefetch N]
+        [--concurrency N]
         [--synchronous-commit on|off] [--py-spy OUT.txt] [--cprofile OUT.prof]
 
 --fresh runs a fresh process per job (max_jobs_per_child = 1), else children are reused
@@ -58,6 +59,13 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true", help="max_jobs_per_child = 1")
     ap.add_argument("--jobs", type=int, default=5000)
     ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--prefetch", type=int, default=0, help="[worker] prefetch")
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="above 1: an async def no-op, this many side by side in a child",
+    )
     ap.add_argument("--synchronous-commit", default="off", choices=("on", "off"))
     ap.add_argument("--cprofile", type=Path, help="write cProfile stats here")
     ap.add_argument("--py-spy", type=Path, help="write py-spy raw stacks here")
@@ -78,8 +86,14 @@ def main() -> None:
             "[worker]\n"
             f"slots = {args.slots}\nwarm_children = {args.slots}\n"
             f"max_jobs_per_child = {1 if args.fresh else 1000}\n"
+            f"prefetch = {args.prefetch}\n"
             'lease = "60s"\npoll_interval = "1s"\n'
-            '[handlers.noop]\ntarget = "pgworkerd.examples:noop"\n'
+            + (
+                '[handlers.noop]\ntarget = "pgworkerd.examples:noop"\n'
+                if args.concurrency <= 1
+                else '[handlers.noop]\ntarget = "compare_handlers:anoop"\n'
+                f"concurrency = {args.concurrency}\n"
+            )
         )
         log = Path(tmp) / "daemon.log"
         argv = ["--dsn", dsn, "--config", str(config), "run"]
@@ -89,6 +103,9 @@ def main() -> None:
         else:
             cmd = [sys.executable, "-c", main_cli, *argv]
         env = dict(os.environ)
+        # (compare_handlers: the async no-op, imported by the fork server)
+        here = str(Path(__file__).resolve().parent)
+        env["PYTHONPATH"] = f"{here}{os.pathsep}{env.get('PYTHONPATH', '')}"
         if args.code is not None:
             env["PYTHONPATH"] = f"{args.code.absolute()}{os.pathsep}{env.get('PYTHONPATH', '')}"
         with log.open("ab") as err:

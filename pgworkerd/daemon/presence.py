@@ -323,7 +323,9 @@ class Presence:
             return f"database unreachable{since}, retrying ({busy} jobs running)"
         state = self.registry_state()
         if state is RegistryState.RUNNING:
-            return f"running: {busy}/{slots} busy"
+            # ([worker] prefetch: jobs held ready beyond the slots are not busy slots)
+            held = max(0, busy - slots)
+            return f"running: {busy - held}/{slots} busy" + (f", {held} held" if held else "")
         if state in (RegistryState.DRAINING, RegistryState.STOPPING):
             return f"{state}: {busy} jobs left"
         return state.value

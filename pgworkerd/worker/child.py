@@ -730,8 +730,8 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
             else:
                 _run_one(channel, job, scratch_dir, capture, spans)
                 n += 1
-            tmpdirs.remove(scratch_dir)  # the outcome is sent: off the job's path
-            scratch_dir = tmpdirs.prepare(tmp_root) if n < jobs else None
+            # the outcome is sent: off the job's path (the same directory if it is empty)
+            scratch_dir = tmpdirs.renew(scratch_dir, tmp_root) if n < jobs else scratch_dir
         tmpdirs.remove(scratch_dir)
     except (BrokenPipeError, ConnectionResetError):
         # The daemon died while this child was telling it something: stop quietly, as

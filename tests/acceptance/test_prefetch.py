@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 from daemon_harness import Daemons, Db, wait_for
 
@@ -51,6 +52,12 @@ def test_a_drain_hands_held_jobs_back_at_once_and_the_running_one_finishes(
         what="five jobs claimed",
     )
     assert len(db.executions()) == 1
+    assert daemon.proc is not None
+    title = Path(f"/proc/{daemon.proc.pid}/cmdline")
+    wait_for(
+        lambda: "running: 1/1 busy, 4 held" in title.read_bytes().decode(errors="replace"),
+        what="the title telling held jobs from busy slots",
+    )
     daemon.send(signal.SIGTERM)
     asked = time.monotonic()
     held = [j for j in jobs if j != first]

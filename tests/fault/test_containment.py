@@ -306,13 +306,15 @@ def test_a_reused_child_kills_each_jobs_processes_when_that_job_ends(
     db: Db, daemons: Daemons, tmp_path: Path
 ) -> None:
     """max_jobs_per_child > 1: the child lives on, what its first job started does not,
-    and the second job gets a temp directory of its own."""
+    and the second job gets a temp directory of its own when the first left something in
+    its own (an empty one, as it was made, is given to the next job: a mkdir and an rmdir
+    cost a short job more than it runs)."""
     daemons.start({"tree": TREE}, {**WORKER, "slots": 1, "max_jobs_per_child": 5})
-    first = Tree(db, tmp_path, then="return")
+    first = Tree(db, tmp_path, then="return", litter=True)
     one = first.wait_running()
     assert db.wait_status(first.job_id, "completed")["status"] == "completed"
     first.wait_none_left()
-    second = Tree(db, tmp_path, then="return")
+    second = Tree(db, tmp_path, then="return", litter=True)
     two = second.wait_running()
     assert db.wait_status(second.job_id, "completed")["status"] == "completed"
     second.wait_none_left()
@@ -320,3 +322,9 @@ def test_a_reused_child_kills_each_jobs_processes_when_that_job_ends(
     assert one["handler"]["tmpdir"] != two["handler"]["tmpdir"]
     for scratch in (one["handler"]["tmpdir"], two["handler"]["tmpdir"]):
         wait_for(lambda s=scratch: not Path(s).exists(), what="the temp directory removed")
+    third = Tree(db, tmp_path, then="return")  # leaves its directory empty
+    three = third.wait_running()
+    assert db.wait_status(third.job_id, "completed")["status"] == "completed"
+    fourth = Tree(db, tmp_path, then="return")
+    four = fourth.wait_running()
+    assert three["handler"]["tmpdir"] == four["handler"]["tmpdir"]

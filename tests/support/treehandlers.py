@@ -98,6 +98,9 @@ def tree(job: JobContext) -> Any:
             raise RuntimeError("the subprocesses did not start")
         time.sleep(0.02)
     record(path, {"pid": os.getpid(), "how": "handler", "tmpdir": os.environ.get("TMPDIR")})
+    if p.get("litter"):  # a file left in the attempt's TMPDIR
+        with open(os.path.join(os.environ["TMPDIR"], "litter"), "w") as f:
+            f.write(str(job.id))
     then = p.get("then", "return")
     if then == "raise":
         raise RuntimeError("the handler fails")

@@ -122,7 +122,8 @@ BEGIN
            AND w.heartbeat_at <= now() + interval '5 seconds'
            AND workers_wake.queue = ANY (w.queues) AND workers_wake.handler = ANY (w.handlers)
          ORDER BY hashtextextended(w.id, workers_wake.job_id) DESC, w.id
-        OFFSET skip
+         -- (a daemon holds one job at least: n daemons at most, a top-n sort)
+         LIMIT least(n, 5000) OFFSET skip
     LOOP
         EXIT WHEN held >= n;
         held := held + daemon.slots;

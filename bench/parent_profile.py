@@ -75,9 +75,16 @@ def main() -> None:
         help="with --py-spy: sample the fork server and the children instead of the parent",
     )
     ap.add_argument("--top", type=int, default=35)
+    ap.add_argument(
+        "--functions",
+        action="store_true",
+        help="print PostgreSQL's own time per SQL function and job (track_functions = all)",
+    )
     ap.add_argument("--code", type=Path, help="run the pgworkerd/ of this checkout instead")
     args = ap.parse_args()
     settings = {"fsync": "on", "synchronous_commit": args.synchronous_commit}
+    if args.functions:
+        settings["track_functions"] = "all"
     with tempfile.TemporaryDirectory() as tmp, LocalPostgres(settings=settings) as pg:
         dsn = pg.dsn()
         migrate(dsn)
@@ -160,6 +167,16 @@ def main() -> None:
                 cpu = _cpu(proc.pid) - cpu0
                 reaped = _cpu(proc.pid, reaped=True) - reaped0
                 pg_cpu = _pg_cpu(pg) - pg0
+                if args.functions:
+                    time.sleep(1)  # (a backend reports its statistics when idle)
+                    rows = conn.execute(
+                        "SELECT funcname, calls, self_time, total_time"
+                        " FROM pg_stat_user_functions ORDER BY self_time DESC LIMIT 15"
+                    ).fetchall()
+                    print(f"{'function':32} {'calls':>8} {'self us/job':>12} {'total us/job':>12}")
+                    for name, calls, self_ms, total_ms in rows:
+                        per = 1000 / max(total, 1)
+                        print(f"{name:32} {calls:8} {self_ms * per:12.1f} {total_ms * per:12.1f}")
             print(
                 f"{'fresh' if args.fresh else 'reused'} sync={args.synchronous_commit}: "
                 f"{done} jobs in {elapsed:.2f}s = {done / elapsed:,.0f} jobs/s; parent CPU "

@@ -175,6 +175,23 @@ def test_each_handler_key_is_applied(conn: psycopg.Connection, schema: str) -> N
     assert free["handler"] == "export"
 
 
+def test_an_optional_key_given_as_null_is_one_left_out(
+    conn: psycopg.Connection, schema: str
+) -> None:
+    """docs/guide/other-languages.md: absent or null is "none" for the optional keys. A
+    worker in another language may send null (before schema 41 each such key failed the
+    claim: "cannot cast jsonb null to type integer"), also beside a handler that sets it."""
+    nulls = dict.fromkeys(
+        ("max_attempts", "queues", "max_running", "max_running_per_key", "fair", "weights",
+         "rate", "rate_per_key"),
+    )  # fmt: skip
+    jobs = [client.enqueue(conn, "h", schema=schema) for _ in range(2)]
+    other = client.enqueue(conn, "other", schema=schema)
+    limited = {"name": "other", "lease_seconds": 60, "free": 1, "max_running": 5, "rate": 100}
+    rows = claim_v3(conn, schema, [{**ONE, **nulls}, limited])
+    assert sorted(r["id"] for r in rows) == sorted([*jobs, other])
+
+
 # -- what comes with each claimed job ---------------------------------------------------------
 
 

@@ -1191,22 +1191,24 @@ BEGIN
          LIMIT 1;
     END IF;
     IF problem IS NULL THEN
+        -- (a key given as JSON null is as one left out, as the checks above say: a cast
+        -- of JSON null fails, hence nullif; 0041)
         SELECT array_agg(e.h ->> 'name' ORDER BY e.n),
                array_agg((e.h -> 'lease_seconds')::float8 ORDER BY e.n),
                array_agg((e.h -> 'free')::integer ORDER BY e.n),
-               array_agg((e.h -> 'max_attempts')::integer ORDER BY e.n),
+               array_agg(nullif(e.h -> 'max_attempts', 'null')::integer ORDER BY e.n),
                jsonb_agg(coalesce(e.h -> 'queues', 'null') ORDER BY e.n),
-               array_agg((e.h -> 'max_running')::integer ORDER BY e.n),
-               array_agg((e.h -> 'max_running_per_key')::integer ORDER BY e.n),
+               array_agg(nullif(e.h -> 'max_running', 'null')::integer ORDER BY e.n),
+               array_agg(nullif(e.h -> 'max_running_per_key', 'null')::integer ORDER BY e.n),
                -- NULL when no handler has one: claim_v3's cost for a claim without them
-               CASE WHEN bool_or((e.h -> 'fair')::boolean) THEN
-                   array_agg((e.h -> 'fair')::boolean ORDER BY e.n) END,
-               CASE WHEN bool_or((e.h -> 'fair')::boolean) THEN
+               CASE WHEN bool_or(nullif(e.h -> 'fair', 'null')::boolean) THEN
+                   array_agg(nullif(e.h -> 'fair', 'null')::boolean ORDER BY e.n) END,
+               CASE WHEN bool_or(nullif(e.h -> 'fair', 'null')::boolean) THEN
                    jsonb_agg(coalesce(e.h -> 'weights', 'null') ORDER BY e.n) END,
                CASE WHEN bool_or(jsonb_typeof(e.h -> 'rate') = 'number') THEN
-                   array_agg((e.h -> 'rate')::float8 ORDER BY e.n) END,
+                   array_agg(nullif(e.h -> 'rate', 'null')::float8 ORDER BY e.n) END,
                CASE WHEN bool_or(jsonb_typeof(e.h -> 'rate_per_key') = 'number') THEN
-                   array_agg((e.h -> 'rate_per_key')::float8 ORDER BY e.n) END
+                   array_agg(nullif(e.h -> 'rate_per_key', 'null')::float8 ORDER BY e.n) END
           INTO names, leases, free, attempts_over, their_queues, running, per_key,
                fair, weights, rate, rate_per_key
           FROM jsonb_array_elements(claim_jobs_v3.handlers) WITH ORDINALITY AS e(h, n);

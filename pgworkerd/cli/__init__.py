@@ -87,6 +87,8 @@ ROLES_WITH_RIGHT: dict[str, tuple[str, ...]] = {
     "delete jobs": ("pgworkerd_operator",),
     "change the daemons' registry": ("pgworkerd_operator",),
     "pause queues and handlers": ("pgworkerd_operator",),
+    "set handlers' defaults": ("pgworkerd_operator",),
+    "read handlers' defaults": ("pgworkerd_reader", "pgworkerd_operator"),
     # durable waits: an enqueuer signals the jobs its login enqueued, the operator any
     "signal jobs": ("pgworkerd_enqueuer", "pgworkerd_operator"),
     "create or upgrade the schema": (),  # the schema's owner only

@@ -543,3 +543,69 @@ def resume(
     click.echo(
         f"resumed {len(affected)} daemon(s): " + ", ".join(printable(a["id"]) for a in affected)
     )
+
+
+@main.command("handler-default")
+@click.argument("handler", required=False)
+@click.option(
+    "--dedupe-policy",
+    type=click.Choice(["existing", "reject", "debounce", "none"]),
+    help="set HANDLER's default: what an enqueue that names no --dedupe-policy does when "
+    "its --dedupe-key is held (see `enqueue`); none removes it (the holder's id again)",
+)
+@click.option("--debounce", type=DURATION, help="with --dedupe-policy debounce: e.g. 30s")
+@click.option(
+    "--debounce-max",
+    type=DURATION,
+    help="with --dedupe-policy debounce (required): the latest a job runs after its enqueue",
+)
+@click.pass_obj
+def handler_default(
+    ctx: Context,
+    handler: str | None,
+    dedupe_policy: str | None,
+    debounce: float | None,
+    debounce_max: float | None,
+) -> None:
+    """Show the handlers' default dedupe policies (HANDLER's, or every one), or set
+    HANDLER's with --dedupe-policy. The default lives in the database (the enqueuers do
+    not read the daemons' config): an enqueue that names a policy follows its own.
+
+    Exit code 0; 3 for a value the database refuses (nothing changes).
+    """
+    from pgworkerd.queue import fleet
+
+    if dedupe_policy is None:
+        if debounce is not None or debounce_max is not None:
+            raise click.UsageError("--debounce and --debounce-max go with --dedupe-policy")
+        with database(ctx, needs="read handlers' defaults") as conn:
+            rows = fleet.handler_defaults(conn, ctx.schema, handler)
+        for r in rows:
+            extra = ""
+            if r["dedupe_policy"] == "debounce":
+                extra = (
+                    f" {format_duration(r['debounce_seconds'])},"
+                    f" at most {format_duration(r['debounce_max_seconds'])}"
+                )
+            click.echo(
+                f"{printable(r['handler'])}: {r['dedupe_policy']}{extra}"
+                f" (set by {printable(r['set_by'])} at {r['set_at']:%Y-%m-%d %H:%M:%S %Z})"
+            )
+        if not rows:
+            click.echo(
+                "no handler has a default dedupe policy"
+                if handler is None
+                else f"handler '{printable(handler)}' has no default dedupe policy"
+            )
+        return
+    if handler is None:
+        raise click.UsageError("give the HANDLER whose default --dedupe-policy sets")
+    policy = None if dedupe_policy == "none" else dedupe_policy
+    with database(ctx, needs="set handlers' defaults") as conn:
+        fleet.set_handler_default(conn, ctx.schema, handler, policy, debounce, debounce_max)
+    shown = f"handler '{printable(handler)}'"
+    click.echo(
+        f"{shown}: default dedupe policy removed"
+        if policy is None
+        else f"{shown}: default dedupe policy {policy}"
+    )

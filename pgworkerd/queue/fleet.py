@@ -287,3 +287,32 @@ def _wait_for_daemons(
         if progress.drained or (deadline is not None and time.monotonic() >= deadline):
             return progress
         time.sleep(interval)
+
+
+def set_handler_default(
+    conn: psycopg.Connection,
+    schema: str,
+    handler: str,
+    policy: str | None,
+    debounce: float | None = None,
+    debounce_max: float | None = None,
+) -> bool:
+    """Set a handler's default dedupe policy (schema 37: what an enqueue that names none
+    does when its key is held), or remove it with `policy` None; returns whether the
+    handler has one now. The database checks every value (InvalidParameterValue) and who
+    may (the operator)."""
+    params = {
+        "handler": handler,
+        "policy": policy,
+        "debounce": debounce,
+        "debounce_max": debounce_max,
+    }
+    row = conn.execute(query("handler_default_set", schema), params).fetchone()
+    return bool(row and row[0])
+
+
+def handler_defaults(
+    conn: psycopg.Connection, schema: str, handler: str | None = None
+) -> list[dict[str, Any]]:
+    """The handlers' default dedupe policies (all, or `handler`'s)."""
+    return _rows(conn, "handler_default_list", schema, {"handler": handler})

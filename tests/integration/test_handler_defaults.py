@@ -8,6 +8,7 @@ plain `dedupe_key`; removing it restores "existing"; hostile values are refused 
 from __future__ import annotations
 
 import json
+import subprocess
 from datetime import timedelta
 from typing import Any
 
@@ -190,3 +191,51 @@ def test_only_the_operator_sets_handler_defaults(
             client.enqueue(mine, "h", dedupe_key="k", dedupe_policy="existing", schema=schema)
             == held
         )
+
+
+# -- pgworkerd handler-default (the CLI over handler_default_set) -----------------------------
+
+
+def test_the_cli_sets_shows_and_removes_a_default_as_the_operator_only(
+    conn: psycopg.Connection, schema: str, roles: dict[str, str]
+) -> None:
+    """`pgworkerd handler-default` as the operator: sets reject, then debounce (shown with
+    its figures), removes it (none); what the database refuses is exit 3 and changes
+    nothing; the reader shows them, the enqueuer gets the one-line permission error."""
+    from clirun import invoke
+
+    def cli(kind: str, *args: str) -> subprocess.CompletedProcess[str]:
+        dsn = roles[f"{schema}_{kind}"]
+        return invoke("--dsn", dsn, "--schema", schema, "handler-default", *args)
+
+    done = cli("operator", "sync_account", "--dedupe-policy", "reject")
+    assert (done.returncode, done.stdout) == (
+        0,
+        "handler 'sync_account': default dedupe policy reject\n",
+    ), done.stderr
+    assert defaults(conn, schema) == [("sync_account", "reject", None, None)]
+    debounce = ["--dedupe-policy", "debounce", "--debounce", "30s", "--debounce-max", "10m"]
+    assert cli("operator", "sync_account", *debounce).returncode == 0
+    assert defaults(conn, schema) == [("sync_account", "debounce", 30.0, 600.0)]
+    shown = cli("reader", "sync_account")
+    assert shown.returncode == 0 and shown.stdout.startswith(
+        "sync_account: debounce 30s, at most 10m (set by "
+    ), shown.stdout + shown.stderr
+    for hostile in (
+        ["sync_account", "--dedupe-policy", "debounce"],  # no --debounce
+        ["sync_account", "--dedupe-policy", "reject", "--debounce", "5s"],
+        ["bad\nname", "--dedupe-policy", "reject"],
+        ["x" * 200, "--dedupe-policy", "reject"],
+    ):
+        refused = cli("operator", *hostile)
+        assert refused.returncode == 3, (hostile, refused.stdout, refused.stderr)
+        assert refused.stderr.strip(), hostile
+    assert cli("operator", "sync_account", "--dedupe-policy", "sometimes").returncode == 2
+    assert cli("operator", "--dedupe-policy", "reject").returncode == 2  # no handler
+    assert defaults(conn, schema) == [("sync_account", "debounce", 30.0, 600.0)]
+    denied = cli("enqueuer", "sync_account", "--dedupe-policy", "reject")
+    assert denied.returncode != 0 and "pgworkerd_operator" in denied.stderr, denied.stderr
+    gone = cli("operator", "sync_account", "--dedupe-policy", "none")
+    assert gone.stdout == "handler 'sync_account': default dedupe policy removed\n"
+    assert defaults(conn, schema) == []
+    assert cli("reader").stdout == "no handler has a default dedupe policy\n"

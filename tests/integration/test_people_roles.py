@@ -549,6 +549,8 @@ NEEDS_COMMANDS: dict[str, Callable[[int], list[str]]] = {
     "change the daemons' registry": lambda job: ["resume", "--all"],
     "pause queues and handlers": lambda job: ["pause", "--queue", "q"],
     "signal jobs": lambda job: ["signal", str(job), "go"],
+    "set handlers' defaults": lambda job: ["handler-default", "h", "--dedupe-policy", "reject"],
+    "read handlers' defaults": lambda job: ["handler-default"],
 }
 
 

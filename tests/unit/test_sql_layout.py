@@ -149,6 +149,7 @@ STATEMENT_FILES = {
     "signal": "signals",
     "batch": "batches",
     "paused": "paused",
+    "handler_default": "handler_defaults",
     "view": "views",
     "schema": "schema",
     "session": "session",

@@ -513,7 +513,9 @@ class Claimer(Generic[ChildT]):
         # (jobs that a child running their async handler's jobs side by side can take
         # need no child of their own)
         waiting = max(0, self.table.slots_without_child() - self.table.room_beside())
-        target = min(self.config.worker.warm_children, self.table.free_slots()) + waiting
+        # (free_slots() is below 0 while prefetched jobs wait: then no warm child, but one
+        # for each waiting job a slot is free for)
+        target = min(self.config.worker.warm_children, max(0, self.table.free_slots())) + waiting
         have = len(self.supervisor.idle()) + self.supervisor.starting()
         if target > have:
             self.supervisor.spawn(target - have)  # one request for all of them

@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from daemon_harness import Daemons, Db, wait_for
 
 WORK = {"target": "jobhandlers:work"}
@@ -27,10 +28,13 @@ def overlapping(rows: list[dict]) -> int:
     return most
 
 
+@pytest.mark.parametrize("per_child", [100, 1])
 def test_held_jobs_run_as_slots_free_and_no_more_at_once_than_slots(
-    db: Db, daemons: Daemons
+    db: Db, daemons: Daemons, per_child: int
 ) -> None:
-    daemons.start({"work": WORK}, {"slots": 2, "prefetch": 6, "max_jobs_per_child": 100})
+    """Children reused, and a fresh process per job (each exiting child's slot gets a new
+    child for the next held job)."""
+    daemons.start({"work": WORK}, {"slots": 2, "prefetch": 6, "max_jobs_per_child": per_child})
     jobs = [db.enqueue("work", {"seconds": 0.05}) for _ in range(24)]
     for job_id in jobs:
         assert db.wait_status(job_id, "completed", "dead")["status"] == "completed"

@@ -366,3 +366,20 @@ def test_prefetch_claims_beyond_the_slots_and_hands_held_jobs_on_as_slots_free()
             assert len(s.statements.claim_calls) == 1  # 1 free of 4: no claim yet
     assert len(s.statements.claim_calls) == 2  # 2 free of 4: half, so a claim
     assert s.statements.claim_calls[1][2] == 2
+
+
+def test_with_prefetch_a_slot_freed_by_an_exiting_child_gets_a_new_child_for_a_held_job() -> None:
+    """A fresh process per job with prefetch: when a child exits, its slot gets a new
+    child for the next held job (before, the held jobs' count beyond the slots cancelled
+    it out and they waited for ever, their leases renewed)."""
+    s = ClaimerRig(PREFETCH.replace("max_jobs_per_child = 100", "max_jobs_per_child = 1"), idle=2)
+    s.statements.claims = [([claimed_job("h") for _ in range(6)], [])]
+    s.tick()
+    assert len(s.table.waiting()) == 4 and s.supervisor.spawned == 0
+    running = [j for j in s.table if s.table.child_of(j) is not None]
+    child = s.table.child_of(running[0])
+    assert child is not None and child.exiting  # one job per child
+    s.table.on_message(child, protocol.Done(running[0].job.id))
+    s.claimer.slot_freed()
+    s.tick()
+    assert s.supervisor.spawned == 1  # a child for the slot the exiting one frees

@@ -105,8 +105,8 @@ class JobTable(Generic[ChildT]):
     def slots_without_child(self) -> int:
         """How many held jobs could get a child now: waiting ones, as far as slots are
         free of running ones (with prefetch, more may wait than there are slots)."""
-        running = len(self.jobs) - len(self.waiting())
-        return max(0, min(len(self.waiting()), self.worker.slots - running))
+        waiting = len(self.waiting())
+        return max(0, min(waiting, self.worker.slots - (len(self.jobs) - waiting)))
 
     def busy_per_handler(self) -> dict[str, int]:
         busy: dict[str, int] = {}

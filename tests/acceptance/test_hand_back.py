@@ -223,7 +223,9 @@ def test_a_completion_racing_the_release_wins_or_loses_whole(
 
 def test_hostile_values_are_refused_and_change_nothing(db: Db, daemons: Daemons) -> None:
     a = daemons.start({"long": LONG}, tag="A")
-    before = worker_row(db, a)
+    # settled first: the daemon names its own wake channel at its first heartbeat after
+    # it listens (schema 40), a change of its own that a refused drain has nothing to do with
+    before = wait_for(lambda: (row := worker_row(db, a))["wake_channel"] and row, what="channel")
 
     def refused(*args: str) -> subprocess.CompletedProcess[str]:
         proc = daemons.cli("drain", *args)

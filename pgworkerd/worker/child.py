@@ -445,7 +445,7 @@ def _run_one(
         # the tree's last peak, before the sweep below ends it
         with contextlib.suppress(OSError):
             channel.meter.sample()
-    reaper.kill_descendants(keep=watcher_only)
+    killed = reaper.kill_descendants(keep=watcher_only)
     tmpdirs.leave(scratch)
     if capture is not None:
         # Before the outcome: once the daemon has it, it reads the log to its end.
@@ -459,18 +459,21 @@ def _run_one(
     meter = channel.meter  # (None if measuring failed)
     figures = None
     if meter is not None:
-        # what it cost, for the attempt's history: sampled again now that the tree is
-        # gone, so the killed descendants' CPU counts once (reaped: in RUSAGE_CHILDREN)
+        # what it cost, for the attempt's history: sampled again if the tree had more
+        # than this process, now that it is gone, so the killed descendants' CPU counts
+        # once (reaped: in RUSAGE_CHILDREN)
         with contextlib.suppress(OSError):
-            figures = meter.figures()
-            channel.send(_usage(job.id, figures))
+            figures = meter.figures(sample=killed > 0 or meter.live != 0)
+            # sent with the outcome, in one write (one wake-up of the daemon)
+            frame = protocol.encode(_usage(job.id, figures)) + frame
     channel.deadline = None
     channel.job_id = None
     channel.meter = None
     # Before the outcome: no fence for an ended job, and the attempt's cgroup killed and
     # gone ([worker] job_cgroups); then reap what that killed and was ours.
     channel.watcher.job_ended(job.id)
-    reaper.kill_descendants(keep=watcher_only)
+    if channel.watcher.cgroups:
+        reaper.kill_descendants(keep=watcher_only)
     if attempt is not None:
         _trace_end(spans, attempt, outcome, figures)  # ended before the outcome is sent
     channel.send_encoded(frame)

@@ -185,6 +185,7 @@ class JobTable(Generic[ChildT]):
         if not waiting:
             return
         idle = self.supervisor.idle()
+        handed: list[tuple[InFlight, ChildT]] = []
         for job in waiting:
             beside = self._beside(job.handler) if job.handler.concurrency > 1 else None
             if beside is None and not idle:
@@ -219,7 +220,11 @@ class JobTable(Generic[ChildT]):
                 continue
             child = beside if beside is not None else idle.pop(0)
             self._child_of[job.job.id] = child
-            if not self.supervisor.assign(child, job.job.id, frame, job.handler.concurrency):
+            self.supervisor.assign(child, job.job.id, frame, job.handler.concurrency)
+            handed.append((job, child))
+        unreachable = self.supervisor.send_assigned()
+        for job, child in handed:
+            if child in unreachable:
                 self._unlink(job)
             elif self.logs is not None and job.handler.concurrency > 1:
                 # its output comes as Output messages (the child's file is shared)

@@ -96,6 +96,7 @@ class Child:
     rusage: Any = None  # os.wait4's, once reaped (daemon.accounting)
     uid: int | None = None  # its own uid ([worker] job_uids), held until it is reaped
     cpu_reported: tuple[float, float] = (0.0, 0.0)  # (user, system) its settled jobs used
+    outbox: list[bytes] = field(default_factory=list)  # jobs assigned, not sent yet
 
     def send(self, message: ParentMessage) -> bool:
         """Best effort: a child that is gone cannot be told anything."""
@@ -290,17 +291,30 @@ class Supervisor:
         child.exiting = True
         child.send(Exit())
 
-    def assign(self, child: Child, job_id: int, frame: bytes, side_by_side: int = 1) -> bool:
+    def assign(self, child: Child, job_id: int, frame: bytes, side_by_side: int = 1) -> None:
         """Hand a job (its message, encoded already) to an idle child, or to one that runs
         up to `side_by_side` jobs of an async handler at once (child.job stays its first;
         such a child runs at least that many jobs before it is replaced, as the child
-        counts them too: pgworkerd.worker.child.main)."""
+        counts them too: pgworkerd.worker.child.main). The message waits in the child's
+        outbox for send_assigned."""
         if child.job is None:
             child.job = job_id
         child.jobs_run += 1
         if child.jobs_run >= max(side_by_side, int(self.settings.get("max_jobs_per_child", 1))):
             child.exiting = True
-        return child.send_encoded(frame)
+        child.outbox.append(frame)
+
+    def send_assigned(self) -> list[Child]:
+        """Send each child the jobs assigned to it since the last call, in one write (a
+        child handed several jobs of an async handler at once wakes once for them);
+        returns the children that could not be written to (gone)."""
+        failed = []
+        for child in self.children:
+            if child.outbox:
+                frames, child.outbox = b"".join(child.outbox), []
+                if not child.send_encoded(frames):
+                    failed.append(child)
+        return failed
 
     def readable(self, child: Child) -> None:
         data = self._receive(child)

@@ -3,8 +3,11 @@ one event loop in the child's main thread, one task per job.
 
 The daemon hands such a child up to N jobs of one handler at once (each its own Job
 message, lease, deadline and outcome). The first starts a session (run); the monitor
-thread hands the next ones to it (submit) while it runs; it ends when its last job has
-ended and no other is on its way, and the child is back to taking jobs one by one.
+thread hands the next ones to it (submit) while it runs; it ends LINGER after its last
+job has ended if no other came meanwhile (at once if a job to run alone or an Exit
+came: nudge), and the child is back to taking jobs one by one. (The linger keeps a
+stream of short jobs in one session: a session's start and end, with its event loop,
+watchdog thread and temp directory, cost more than a no-op job.)
 
 Per job, as for a child's single job: a JobContext (progress, checkpoint, cancel and stop
 requests by job id), Started, beats, the outcome (WaitFor, Done and follow-ups, Snooze,
@@ -55,6 +58,8 @@ CURRENT_JOB: contextvars.ContextVar[int | None] = contextvars.ContextVar(
 OUTPUT_CHUNK = 16 * 1024
 # Guards channel.session between the monitor (submit) and the main thread.
 _LOCK = threading.Lock()
+# How long a session with no job left waits for the next before it ends (seconds).
+LINGER = 0.1
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,16 @@ def submit(channel: Any, job: Job) -> None:
         channel.jobs.put(job)
 
 
+def nudge(channel: Any) -> None:
+    """(Monitor thread.) A job to run alone, or an Exit, was queued for the main thread:
+    a running session ends as soon as it has no job left, without lingering."""
+    session: Session | None = channel.session
+    if session is not None and not session.closed:
+        session.wanted = True
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+            session.loop.call_soon_threadsafe(session.close_if_idle)
+
+
 def stop(channel: Any, job_id: int) -> None:
     """(Monitor thread.) The daemon's Stop for one job of the session (ignored if it is
     not one of them: it ended meanwhile)."""
@@ -113,6 +128,8 @@ class Session:
         self.ran = 0
         self._done: asyncio.Event | None = None
         self._blocker: int | None = None  # the job the watchdog last saw block
+        self.wanted = False  # the main thread has something else to do (nudge)
+        self._linger: asyncio.TimerHandle | None = None  # its end, while it has no job
 
     def runs(self, job_id: int) -> bool:
         return job_id in self.tasks or job_id in self.submitted
@@ -129,13 +146,21 @@ class Session:
             self.start(job)
         watchdog = LoopWatchdog(self.loop, threading.get_ident(), self._blocked)
         watchdog.start()
+        coalesce = getattr(self.channel, "coalesce", None)
+        if coalesce is not None:
+            coalesce(self.loop)  # one write for what the jobs of a loop's turn send
         try:
             await self._done.wait()
         finally:
+            if coalesce is not None:
+                coalesce(None)  # what is held goes now
             watchdog.stop()
             signal.signal(signal.SIGTERM, previous)
 
     def start(self, job: Job) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
         self.submitted.discard(job.id)
         task = self.loop.create_task(self._one(job), context=contextvars.copy_context())
         self.tasks[job.id] = task
@@ -195,8 +220,15 @@ class Session:
         task = self.tasks.pop(job.id, None)
         self.job_of.pop(task, None)  # type: ignore[arg-type]
         self.stopped.pop(job.id, None)
+        if self.wanted:
+            self.close_if_idle()
+        elif not self.tasks and not self.submitted:
+            self._linger = self.loop.call_later(LINGER, self.close_if_idle)
+
+    def close_if_idle(self) -> None:
+        """End the session if it has no job running or on its way (loop thread)."""
         with _LOCK:
-            if not self.tasks and not self.submitted:
+            if not self.tasks and not self.submitted and not self.closed:
                 self.closed = True
                 self.channel.session = None
                 assert self._done is not None

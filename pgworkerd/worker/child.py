@@ -225,17 +225,48 @@ class _Channel:
         self.meter: Meter | None = None
         self.usage_sent_peak = 0  # the peak the parent was last told of
         self.jobs_run = 0
+        # (the event loop, its thread) while a concurrent session runs: see coalesce()
+        self._coalescing: tuple[Any, int] | None = None
+        self._held: list[bytes] = []  # frames the loop's thread sent, not written yet
 
     def send(self, message: protocol.ChildMessage) -> None:
         data = protocol.encode(message)
-        with self._lock, self.watcher.locked():
-            if isinstance(message, Beat):
+        if isinstance(message, Beat):
+            with self._lock:
                 self._pending_beats.pop(message.id, None)
-            self.sock.sendall(data)
+        self.send_encoded(data)
 
     def send_encoded(self, frame: bytes) -> None:
+        if self._coalescing is not None and threading.get_ident() == self._coalescing[1]:
+            # the event loop's thread: held until its callbacks so far have run
+            with self._lock:
+                self._held.append(frame)
+                if len(self._held) > 1:
+                    return  # its flush is scheduled already
+            self._coalescing[0].call_soon(self.send_held)
+            return
         with self._lock, self.watcher.locked():
-            self.sock.sendall(frame)
+            # (anything the loop's thread holds goes first: each job's messages keep
+            # their order)
+            self.sock.sendall(b"".join((*self._held, frame)))
+            self._held.clear()
+
+    def coalesce(self, loop: Any) -> None:
+        """While a concurrent session's event loop runs (`loop`; None: it has ended), what
+        its thread sends waits until the callbacks that the loop has ready have run, then
+        goes in one write: a child running many short jobs side by side wakes the daemon
+        once for their starts and outcomes, not once per message. A message from another
+        thread sends what is held first, so a loop held by a blocking call lets it go
+        when the watchdog reports the block (aiorun.BLOCKED_AFTER). Ending it sends what
+        is held."""
+        self.send_held()
+        self._coalescing = None if loop is None else (loop, threading.get_ident())
+
+    def send_held(self) -> None:
+        with self._lock, self.watcher.locked():
+            if self._held:
+                self.sock.sendall(b"".join(self._held))
+                self._held.clear()
 
     def is_current(self, job_id: int | None) -> bool:
         """Whether a message about job `job_id` is about the job running now (None:
@@ -307,6 +338,7 @@ def _monitor(channel: _Channel) -> None:
                         aiosession.submit(channel, message)
                     else:
                         channel.jobs.put(message)
+                        aiosession.nudge(channel)  # (a session running ends for it)
                 elif isinstance(message, Stop):
                     aiosession.stop(channel, message.id)
                 # (a lease or cancel sent for a job that has ended here meanwhile is
@@ -327,6 +359,7 @@ def _monitor(channel: _Channel) -> None:
                         channel.shutdown_jobs.add(message.id)
                 elif isinstance(message, Exit):
                     channel.jobs.put(None)
+                    aiosession.nudge(channel)
         except OSError:
             # An uncaught error here would end this thread: treated as the end.
             if channel.deadline is not None:

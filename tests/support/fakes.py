@@ -78,6 +78,7 @@ class FakeSupervisor:
         self.spawned = 0
         self.spawn_requests: list[int] = []  # the count of each spawn() call
         self.retired: list[FakeChild] = []
+        self.unreachable: list[FakeChild] = []  # send_assigned cannot write to these
         for _ in range(idle_children):
             self.children.append(FakeChild(next(self._pids)))
 
@@ -109,7 +110,7 @@ class FakeSupervisor:
         if child.job == job_id:
             child.job = None
 
-    def assign(self, child: FakeChild, job_id: int, frame: bytes, side_by_side: int = 1) -> bool:
+    def assign(self, child: FakeChild, job_id: int, frame: bytes, side_by_side: int = 1) -> None:
         if child.job is None:  # (a child running jobs side by side keeps its first)
             child.job = job_id
         child.jobs_run += 1
@@ -119,7 +120,9 @@ class FakeSupervisor:
         import json
 
         child.sent.append(protocol.decode(json.loads(frame[4:])))
-        return True
+
+    def send_assigned(self) -> list[FakeChild]:
+        return list(self.unreachable)  # (what a test made unreachable)
 
 
 class FakeStatements:

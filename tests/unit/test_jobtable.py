@@ -287,3 +287,11 @@ def test_a_resume_lifts_the_grace_and_a_later_self_stop_is_still_a_release() -> 
     assert job.stop_reason is None and child.signals == []
     t.table.on_message(child, protocol.Interrupted(job.job.id, "saw stop_requested"))
     assert [o.kind for o in t.outcomes] == [OutcomeKind.RELEASE]
+
+
+def test_jobs_handed_to_a_child_that_cannot_be_written_to_wait_for_another() -> None:
+    t = Table(idle=1)
+    t.supervisor.unreachable = list(t.supervisor.children)
+    job = t.add()
+    t.table.dispatch()
+    assert t.table.child_of(job) is None and t.table.waiting() == [job]

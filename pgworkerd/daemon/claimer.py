@@ -242,6 +242,12 @@ class Claimer(Generic[ChildT]):
             or not self.table.waiting()
         )
 
+    def claiming_soon(self) -> bool:
+        """Whether a claim that can carry completions is expected shortly: with [worker]
+        prefetch and a backlog, a claim waits until half the prefetch is free, and jobs
+        end meanwhile (their completions may wait for it: OutcomeWriter)."""
+        return self.backlog and self.config.worker.prefetch > 0 and self._may_claim()
+
     def _admitting(self) -> bool:
         return self.admission is not None and self.admission.enabled
 

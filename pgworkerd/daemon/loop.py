@@ -179,6 +179,7 @@ class Daemon:
             lambda: self.link.ok,
             lambda when: self.claimer.request_at(when),
             on_written=self._outcomes_written,
+            hold_completions=lambda: self.claimer.claiming_soon(),
         )
         # admission by measured memory ([worker] memory_budget; daemon.admission)
         self.admission = MemoryAdmission(

@@ -340,6 +340,11 @@ def _report(metrics: NullMetrics | None, o: Outcome, ok: bool, message: str) -> 
 # An outcome whose write fails this often (with the database up) is dropped; the job's
 # lease then expires and the claim rescues it.
 MAX_OUTCOME_WRITES = 3
+# While a claim is on its way (hold_completions), completions wait for it at most this
+# long (seconds) rather than pay a commit of their own: with [worker] prefetch a busy
+# daemon claims when half the prefetch is free, and writing each turn's completions alone
+# in between was half its commits.
+COMPLETION_LINGER = 0.01
 
 
 class OutcomeWriter:
@@ -354,15 +359,21 @@ class OutcomeWriter:
         on_retry_due: Callable[[float], None],
         clock: Callable[[], float] = time.monotonic,
         on_written: Callable[[list[Outcome]], None] = lambda batch: None,
+        hold_completions: Callable[[], bool] = lambda: False,
     ) -> None:
         self.write = write  # None: the write failed
         self.database_up = database_up
         self.on_retry_due = on_retry_due  # a failed job's retry is due at this time
         self.clock = clock
         self.on_written = on_written  # outcomes the database took (fenced ones too)
+        # a claim that will carry completions comes soon (Claimer.claiming_soon)
+        self.hold_completions = hold_completions
         self.pending: deque[Outcome] = deque()
+        self._oldest_held: float | None = None  # when the oldest completion waiting came
 
     def add(self, outcome: Outcome) -> None:
+        if not self.pending:
+            self._oldest_held = self.clock()
         self.pending.append(outcome)
 
     def __len__(self) -> int:
@@ -385,7 +396,21 @@ class OutcomeWriter:
         """`batch` (from completions()) was written along with a claim."""
         for o in batch:
             self.pending.remove(o)
+        self._oldest_held = self.clock() if self.pending else None
         self.on_written(batch)
+
+    def _lingering(self, now: float) -> bool:
+        """Whether the completions waiting (and nothing else) wait for the claim that is
+        coming, for at most COMPLETION_LINGER."""
+        return (
+            self._oldest_held is not None
+            and now < self._oldest_held + COMPLETION_LINGER
+            and all(
+                o.kind is OutcomeKind.COMPLETE and not o.follow_ups and not o.failed_writes
+                for o in self.pending
+            )
+            and self.hold_completions()
+        )
 
     def write_then_claim(self, now: float, claim: Callable[[float], None]) -> None:
         """One loop turn's writes and claim, in the order correctness needs.
@@ -406,6 +431,8 @@ class OutcomeWriter:
     def tick(self, now: float, *, completions_too: bool = True) -> None:
         """Write what waits. completions_too=False writes the other outcomes only (the
         loop does that before a claim, which carries the completions)."""
+        if completions_too and self._lingering(now):
+            return  # the claim carries them (next_deadline: written alone at the latest)
         while self.database_up():
             waiting = [
                 o for o in self.pending if completions_too or o.kind is not OutcomeKind.COMPLETE
@@ -436,9 +463,15 @@ class OutcomeWriter:
                 self.on_written(batch)
             for o in batch:
                 self.pending.remove(o)
+                if not self.pending:
+                    self._oldest_held = None
                 if o.retry_in is not None:
                     # Wake for the retry when it is due, not at the next poll.
                     self.on_retry_due(self.clock() + max(0.0, o.retry_in))
 
     def next_deadline(self) -> float | None:
-        return None  # written every tick while the database is up
+        # written every tick while the database is up, but completions that wait for a
+        # claim: at the end of their linger
+        if self._oldest_held is not None and self._lingering(self.clock()):
+            return self._oldest_held + COMPLETION_LINGER
+        return None

@@ -368,6 +368,24 @@ def test_prefetch_claims_beyond_the_slots_and_hands_held_jobs_on_as_slots_free()
     assert s.statements.claim_calls[1][2] == 2
 
 
+def test_a_claim_is_coming_only_with_prefetch_and_a_backlog() -> None:
+    """What lets completions wait for the claim (OutcomeWriter.hold_completions)."""
+    s = ClaimerRig(PREFETCH, idle=2)
+    s.statements.claims = [([claimed_job("h") for _ in range(6)], [])]
+    s.tick()
+    assert s.claimer.backlog and s.claimer.claiming_soon()  # the claim filled every slot
+    s.claimer.set_accepting(False)  # a drain: no claim comes
+    assert not s.claimer.claiming_soon()
+    s = ClaimerRig(PREFETCH, idle=2)
+    s.statements.claims = [([claimed_job("h")], [])]
+    s.tick()
+    assert not s.claimer.backlog and not s.claimer.claiming_soon()  # nothing more waits
+    s = ClaimerRig(PREFETCH.replace("prefetch = 4", "prefetch = 0"), idle=2)
+    s.statements.claims = [([claimed_job("h") for _ in range(2)], [])]
+    s.tick()
+    assert s.claimer.backlog and not s.claimer.claiming_soon()  # a freed slot claims at once
+
+
 def test_with_prefetch_a_slot_freed_by_an_exiting_child_gets_a_new_child_for_a_held_job() -> None:
     """A fresh process per job with prefetch: when a child exits, its slot gets a new
     child for the next held job (before, the held jobs' count beyond the slots cancelled

@@ -12,7 +12,13 @@ from fakes import FakeClock, FakeStatements, FakeSupervisor, claimed_job
 from pgworkerd.config import HandlerConfig, WorkerConfig
 from pgworkerd.daemon.jobtable import JobTable
 from pgworkerd.daemon.leases import PROGRESS_SAVE_INTERVAL, LeaseKeeper
-from pgworkerd.daemon.outcomes import MAX_OUTCOME_WRITES, Outcome, OutcomeWriter, fence_margin
+from pgworkerd.daemon.outcomes import (
+    COMPLETION_LINGER,
+    MAX_OUTCOME_WRITES,
+    Outcome,
+    OutcomeWriter,
+    fence_margin,
+)
 from pgworkerd.daemon.states import OutcomeKind, StopReason
 from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue.lease import RenewOutcome
@@ -220,6 +226,53 @@ def test_write_then_claim_writes_the_completions_a_claim_did_not_carry_after_it(
     claims: list[float] = []
     w.write_then_claim(clock(), claims.append)  # no claim was due: it carried nothing
     assert claims == [clock()] and statements.written == [[done]] and not w.pending
+
+
+def test_completions_wait_for_a_claim_that_is_coming_at_most_the_linger() -> None:
+    statements, clock = FakeStatements(), FakeClock()
+    coming = [True]
+    w = OutcomeWriter(
+        statements.write_outcomes,
+        lambda: statements.ok,
+        lambda when: None,
+        clock=clock,
+        hold_completions=lambda: coming[0],
+    )
+    first, second = outcome(OutcomeKind.COMPLETE), outcome(OutcomeKind.COMPLETE)
+    w.add(first)
+    no_claim: list[float] = []
+    w.write_then_claim(clock(), no_claim.append)  # not due yet: they wait for it
+    assert statements.written == [] and w.next_deadline() == clock() + COMPLETION_LINGER
+    clock.advance(COMPLETION_LINGER / 2)
+    w.add(second)
+    w.write_then_claim(clock(), no_claim.append)
+    assert statements.written == []  # the linger counts from the oldest
+    clock.advance(COMPLETION_LINGER / 2)
+    w.write_then_claim(clock(), no_claim.append)  # the linger is over: written alone
+    assert statements.written == [[first, second]] and not w.pending
+    assert w.next_deadline() is None
+
+
+def test_completions_are_written_at_once_when_no_claim_is_coming_or_other_outcomes_wait() -> None:
+    statements, clock = FakeStatements(), FakeClock()
+    coming = [False]
+    w = OutcomeWriter(
+        statements.write_outcomes,
+        lambda: statements.ok,
+        lambda when: None,
+        clock=clock,
+        hold_completions=lambda: coming[0],
+    )
+    done = outcome(OutcomeKind.COMPLETE)
+    w.add(done)
+    w.tick(clock())
+    assert statements.written == [[done]]
+    coming[0] = True
+    done, failed = outcome(OutcomeKind.COMPLETE), outcome(OutcomeKind.FAIL)
+    w.add(done)
+    w.add(failed)
+    w.tick(clock())  # a failure is never held, nor the completions beside it
+    assert statements.written[1:] == [[done], [failed]] and not w.pending
 
 
 def test_no_renewal_deadline_while_the_database_is_away() -> None:

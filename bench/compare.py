@@ -270,6 +270,14 @@ class Pgworkerd(Library):
                 "max_jobs_per_child": 1000,
                 "prefetch": 16,
             },
+            # as wide as PgQueuer's defaults (no cap): 32 side by side, 32 held ready
+            "asyncw": {
+                **base,
+                "slots": 32,
+                "warm_children": 1,
+                "max_jobs_per_child": 1000,
+                "prefetch": 32,
+            },
             # an idle daemon as a user gets it: defaults but for the lease and poll
             "latency": {"slots": 4, "warm_children": 2, "lease": "60s", "poll_interval": "5s"},
             "rescue": {
@@ -291,7 +299,7 @@ class Pgworkerd(Library):
         for name, target in handlers.items():
             lines += [f"[handlers.{name}]", f'target = "{target}"']
             if mode.startswith("async") and name == "noop":
-                lines.append("concurrency = 8")
+                lines.append(f"concurrency = {worker['slots']}")
         config = self.workdir / f"{self.name}-{tag}.toml"
         config.write_text("\n".join(lines) + "\n")
         return Worker(
@@ -753,6 +761,7 @@ SHORT_JOB_RUNS = (
     ("pgworkerd", "satp", "pgworkerd, 8 slots, children reused, prefetch 16"),
     ("pgworkerd", "async", "pgworkerd, 8 slots, async def no-op, concurrency 8, reused"),
     ("pgworkerd", "asyncp", "  the same, prefetch 16"),
+    ("pgworkerd", "asyncw", "pgworkerd, 32 slots, async def no-op, concurrency 32, prefetch 32"),
     ("pgworkerd", "sat1", "pgworkerd, 8 slots, a fresh process per job"),
     ("pgworkerd_base", "sat1", "  a fresh process per job, the --baseline code"),
     ("pgqueuer", "free", "PgQueuer, defaults (batch 10, no cap)"),

@@ -759,8 +759,10 @@ SHORT_JOB_RUNS = (
     ("pgworkerd", "sat", "pgworkerd, 8 slots, children reused (max_jobs_per_child=1000)"),
     ("pgworkerd_base", "sat", "  the same, the --baseline code"),
     ("pgworkerd", "satp", "pgworkerd, 8 slots, children reused, prefetch 16"),
+    ("pgworkerd_base", "satp", "  the same, the --baseline code"),
     ("pgworkerd", "async", "pgworkerd, 8 slots, async def no-op, concurrency 8, reused"),
     ("pgworkerd", "asyncp", "  the same, prefetch 16"),
+    ("pgworkerd_base", "asyncp", "  the same, the --baseline code"),
     ("pgworkerd", "asyncw", "pgworkerd, 32 slots, async def no-op, concurrency 32, prefetch 32"),
     ("pgworkerd", "sat1", "pgworkerd, 8 slots, a fresh process per job"),
     ("pgworkerd_base", "sat1", "  a fresh process per job, the --baseline code"),
@@ -791,6 +793,15 @@ def short_jobs(
     if baseline is not None:
         classes["pgworkerd_base"] = baseline_pgworkerd(baseline)
         only = [*only, "pgworkerd_base"]
+
+    def base_knows(mode: str) -> bool:
+        """Whether the baseline code has what the mode's config needs (prefetch came
+        with async handlers' concurrency): an older one runs sat and sat1 only."""
+        tables = baseline / "pgworkerd" / "config" / "tables.py" if baseline else None
+        return mode in ("sat", "sat1") or (
+            tables is not None and tables.exists() and "prefetch" in tables.read_text()
+        )
+
     libs: dict[str, Library] = {}
     out: dict[str, Any] = {"runs": {}, "floor": [], "settings": {}}
     try:
@@ -803,7 +814,7 @@ def short_jobs(
                 for rnd in range(rounds):
                     out["floor"].append(fork_exit_floor(2.0))
                     for name, mode, label in SHORT_JOB_RUNS:
-                        if name not in libs:
+                        if name not in libs or (name == "pgworkerd_base" and not base_knows(mode)):
                             continue
                         key = f"sync={value} workers={count} {label}"
                         r = throughput(libs[name], mode, n_jobs, cap, count)

@@ -348,6 +348,10 @@ class Daemon:
         self.supervisor.tick(now)  # a dead fork server comes back on its own schedule
         self._drain_timeout(now)
         self.table.tick(now, can_start=self.supervisor.can_start())
+        # Jobs held ready ([worker] prefetch) go to the children that freed before this
+        # turn's database work: a claim or a write blocks the loop for a round trip and a
+        # commit, which children of short jobs would otherwise spend idle.
+        self.table.dispatch()
         if self.link.reconnect_if_due():
             self._database_restored()
         self.leases.tick(now)

@@ -75,6 +75,10 @@ log = logging.getLogger("pgworkerd")
 
 # The loop wakes at least this often, whatever the deadlines say.
 MAX_WAIT = 1.0
+# While a claim's answer is on its way, children are served for at most this long
+# (seconds); a claim slower than that is then waited for (the loop's other work, signals
+# among it, waits as it always did during a claim).
+SERVE_WHILE_CLAIMING = MAX_WAIT
 
 
 def child_settings(config: Config) -> dict[str, Any]:
@@ -161,6 +165,7 @@ class Daemon:
             job_uids=config.worker.job_uids,
             job_cgroups=job_cgroups,
         )
+        self.statements.while_claiming = self._serve_while_claiming
         # what jobs print (daemon.joblogs)
         self.joblogs = JobLogs(
             config.logs,
@@ -513,6 +518,16 @@ class Daemon:
                 pass
 
     # -- children ------------------------------------------------------------------------
+
+    def _serve_while_claiming(self, fd: int) -> None:
+        """While a claim's answer is on its way (`fd` readable: it has come): read what
+        children say and hand held jobs ([worker] prefetch) to those that freed, rather
+        than leave them idle for the round trip and the commit. Nothing here touches the
+        database; a failure is logged and the claim is waited for as before."""
+        try:
+            self.supervisor.serve_until(fd, SERVE_WHILE_CLAIMING, self.table.dispatch)
+        except Exception:
+            log.exception("serving children while a claim runs failed; waiting for it")
 
     def _on_message(self, child: Child, message: ChildMessage) -> None:
         self.table.on_message(child, message)

@@ -23,6 +23,7 @@ from pgworkerd.ops.metrics import NullMetrics
 from pgworkerd.queue import (
     attempts,
     finish,
+    hotpath,
     joblogs,
     lease,
     registry,
@@ -67,6 +68,9 @@ class Statements:
         # what this daemon names in every write of its registry row (schema 24): no other
         # session can write the row, nor take the id over; never logged
         self._registry_secret = registry.new_secret()
+        # what the loop does while a claim's answer is on its way (hotpath.meanwhile: it
+        # reads its children and hands them held jobs); None: it waits
+        self.while_claiming: Callable[[int], None] | None = None
 
     @property
     def ok(self) -> bool:
@@ -124,18 +128,21 @@ class Statements:
         if completions:
             batch = list(completions)
             writes = [o.write() for o in batch]
-            result = self.link.run(
-                "recording outcomes and claiming jobs",
-                lambda c: finish.complete_and_claim(
-                    c,
-                    self.worker_id,
-                    writes,
-                    queues=queues,
-                    handlers=capacity,
-                    limit=limit,
-                    schema=self.schema,
-                ),
-            )
+
+
+            def call(c: Any) -> Any:
+                with hotpath.meanwhile(c, self.while_claiming):
+                    return finish.complete_and_claim(
+                        c,
+                        self.worker_id,
+                        writes,
+                        queues=queues,
+                        handlers=capacity,
+                        limit=limit,
+                        schema=self.schema,
+                    )
+
+            result = self.link.run("recording outcomes and claiming jobs", call)
             if result is None:
                 return None
             recorded, claimed, refused = result

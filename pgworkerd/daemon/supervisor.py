@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import selectors
 import signal
 import socket
@@ -315,6 +316,32 @@ class Supervisor:
                 if not child.send_encoded(frames):
                     failed.append(child)
         return failed
+
+    def serve_until(self, fd: int, limit: float, then: Callable[[], None]) -> None:
+        """Read what children say, calling `then` after each batch of messages, until
+        `fd` is readable (or `limit` seconds have passed): what the daemon does while a
+        claim's answer is on its way, instead of leaving children of short jobs idle for
+        the round trip and the commit (queue.hotpath.meanwhile)."""
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        by_fd = {c.sock.fileno(): c for c in self.children if not c.eof}
+        for child_fd in by_fd:
+            poller.register(child_fd, select.POLLIN)
+        give_up = time.monotonic() + limit
+        while True:
+            left = give_up - time.monotonic()
+            events = poller.poll(max(0, int(left * 1000))) if left > 0 else []
+            if not events or any(ready == fd for ready, _ in events):
+                return
+            for ready, _ in events:
+                child = by_fd.get(ready)
+                if child is None:
+                    continue
+                self.readable(child)
+                if child.eof:  # (its socket left the loop's selector, and is closed)
+                    poller.unregister(ready)
+                    del by_fd[ready]
+            then()
 
     def readable(self, child: Child) -> None:
         data = self._receive(child)

@@ -47,6 +47,7 @@ cached Transformer sees all of them.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -55,7 +56,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -195,6 +196,25 @@ def _state(conn: psycopg.Connection[Any]) -> _ConnectionState:
             if state is None:
                 state = conn._pgworkerd_hotpath = _ConnectionState(conn)  # type: ignore[attr-defined]
             return state
+
+
+@contextlib.contextmanager
+def meanwhile(
+    conn: psycopg.Connection[Any], serve: Callable[[int], None] | None
+) -> Iterator[None]:
+    """While in the block, a pipeline (run_together) that has sent its statements calls
+    `serve(fd)` before it waits for their results: the caller's other work (the daemon
+    reads its children and hands them held jobs) until the socket `fd` is readable, the
+    server's answer on its way. `serve` must not use the connection, nor raise.
+    None: wait as always."""
+    if serve is None:
+        yield
+        return
+    conn._pgworkerd_meanwhile = serve  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        conn._pgworkerd_meanwhile = None  # type: ignore[attr-defined]
 
 
 def _direct_ok(conn: psycopg.Connection[Any]) -> bool:
@@ -479,6 +499,9 @@ def _pipeline(
                 send()
             pgconn.pipeline_sync()
             conn.wait(generators.send(pgconn))
+            serve = getattr(conn, "_pgworkerd_meanwhile", None)
+            if serve is not None:
+                serve(pgconn.socket)  # (see meanwhile(): until the answer comes)
             results = [conn.wait(generators.fetch_many(pgconn)) for _ in sends]
             synced = conn.wait(generators.fetch_many(pgconn))
         except errors.Error as exc:  # psycopg's convention: no traceback into its internals

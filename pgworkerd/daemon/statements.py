@@ -129,7 +129,6 @@ class Statements:
             batch = list(completions)
             writes = [o.write() for o in batch]
 
-
             def call(c: Any) -> Any:
                 with hotpath.meanwhile(c, self.while_claiming):
                     return finish.complete_and_claim(

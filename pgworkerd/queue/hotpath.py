@@ -199,9 +199,7 @@ def _state(conn: psycopg.Connection[Any]) -> _ConnectionState:
 
 
 @contextlib.contextmanager
-def meanwhile(
-    conn: psycopg.Connection[Any], serve: Callable[[int], None] | None
-) -> Iterator[None]:
+def meanwhile(conn: psycopg.Connection[Any], serve: Callable[[int], None] | None) -> Iterator[None]:
     """While in the block, a pipeline (run_together) that has sent its statements calls
     `serve(fd)` before it waits for their results: the caller's other work (the daemon
     reads its children and hands them held jobs) until the socket `fd` is readable, the

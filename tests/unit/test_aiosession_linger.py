@@ -59,7 +59,7 @@ def test_a_job_handed_over_while_the_session_lingers_joins_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(aiosession, "LINGER", 0.5)
-    channel, finished = Channel(), []
+    channel, finished = Channel(), list[int]()
     seen: list[bool] = []
 
     def monitor() -> None:
@@ -76,7 +76,7 @@ def test_a_job_handed_over_while_the_session_lingers_joins_it(
 
 def test_a_nudge_ends_a_lingering_session_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(aiosession, "LINGER", 60.0)  # without the nudge: a minute
-    channel, finished = Channel(), []
+    channel, finished = Channel(), list[int]()
 
     def monitor() -> None:
         wait_for(lambda: finished == [1])
@@ -93,7 +93,7 @@ def test_a_nudge_before_the_last_job_ends_closes_the_session_with_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(aiosession, "LINGER", 60.0)
-    channel, finished = Channel(), []
+    channel, finished = Channel(), list[int]()
     slow = dataclasses.replace(runner(finished), context=lambda job: 0.3)  # sleep(0.3)
 
     def monitor() -> None:

@@ -80,6 +80,9 @@ class DatabaseLink:
         # 40), and that channel while it does; None: only the fleet's channel
         self.worker_id = worker_id
         self.own_channel: str | None = None
+        # called once a LISTEN connection is (again) in place: wake-ups sent while there
+        # was none were lost, so the daemon claims once (the loop sets it)
+        self.on_listening: Callable[[], None] = lambda: None
         self.conn: psycopg.Connection | None = None
         self.listen_conn: psycopg.Connection | None = None
         self._listen_fd = -1  # kept: a lost connection can no longer tell its fileno()
@@ -338,6 +341,7 @@ class DatabaseLink:
         self._listen_fd = conn.fileno()
         self._listen_expires_at = self._expiry(now)
         self.selector.register(self._listen_fd, selectors.EVENT_READ, ("listen", None))
+        self.on_listening()
 
     def listen_due(self, now: float) -> bool:
         return self.ok and self.listen_conn is None and now >= self.listen_retry_at

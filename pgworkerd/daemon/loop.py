@@ -204,6 +204,9 @@ class Daemon:
             writer=self.writer,
             admission=self.admission,
         )
+        # wake-ups sent while no LISTEN connection was in place were lost: claim once
+        # when one is (again), rather than wait for the poll
+        self.link.on_listening = self.claimer.request
         self.leases = LeaseKeeper(
             self.statements, self.table, self.metrics, config.worker.renew_interval
         )

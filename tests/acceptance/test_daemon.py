@@ -554,14 +554,18 @@ def test_a_lost_listen_connection_comes_back(
     # the LISTEN connection's last statement: LISTEN on its own channel (schema 40)
     listen = "%worker_wake_listen%"
     killed = conn.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE %s", [listen]
+        "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE %s",
+        [listen],
     ).fetchall()
     assert killed, "no LISTEN backend found"
     daemon.wait_log("LISTEN connection lost")
 
     def listening_again() -> bool:
+        # (a backend other than the one killed: that one may still be listed while it
+        # exits, after the daemon saw its socket close)
         rows = conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s", [listen]
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE %s AND pid <> ALL(%s)",
+            [listen, [pid for pid, _ in killed]],
         ).fetchone()
         return bool(rows and rows[0] >= 1)
 
@@ -570,6 +574,26 @@ def test_a_lost_listen_connection_comes_back(
     enqueued = time.monotonic()
     db.wait_status(job_id, "completed", timeout=20)
     assert time.monotonic() - enqueued < 15  # a NOTIFY woke it, not the 60 s poll
+
+
+def test_a_job_enqueued_while_not_listening_starts_once_listening_again(
+    db: Db, daemons: Daemons, conn: psycopg.Connection
+) -> None:
+    """Its wake-up went to a channel nobody listened on: the daemon claims once when its
+    LISTEN connection is back, rather than at the next poll (60 s here)."""
+    daemon = daemons.start({"work": WORK}, {"poll_interval": "60s"})
+    first = db.enqueue("work", {"seconds": 0.1})
+    db.wait_status(first, "completed")
+    killed = conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE %s",
+        ["%worker_wake_listen%"],
+    ).fetchall()
+    assert killed, "no LISTEN backend found"
+    daemon.wait_log("LISTEN connection lost")
+    job_id = db.enqueue("work", {"seconds": 0.1})  # before the daemon listens again
+    enqueued = time.monotonic()
+    db.wait_status(job_id, "completed", timeout=40)
+    assert time.monotonic() - enqueued < 40  # not the 60 s poll
 
 
 # -- start-up and secrets (issue 9) -----------------------------------------------------------

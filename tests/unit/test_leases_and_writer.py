@@ -228,16 +228,23 @@ def test_write_then_claim_writes_the_completions_a_claim_did_not_carry_after_it(
     assert claims == [clock()] and statements.written == [[done]] and not w.pending
 
 
-def test_completions_wait_for_a_claim_that_is_coming_at_most_the_linger() -> None:
-    statements, clock = FakeStatements(), FakeClock()
-    coming = [True]
-    w = OutcomeWriter(
+def lingering_writer(
+    statements: FakeStatements, clock: FakeClock, coming: list[bool]
+) -> OutcomeWriter:
+    """A writer whose completions wait for a claim while coming[0] says one is coming."""
+    return OutcomeWriter(
         statements.write_outcomes,
         lambda: statements.ok,
         lambda when: None,
         clock=clock,
         hold_completions=lambda: coming[0],
     )
+
+
+def test_completions_wait_for_a_claim_that_is_coming_at_most_the_linger() -> None:
+    statements, clock = FakeStatements(), FakeClock()
+    coming = [True]
+    w = lingering_writer(statements, clock, coming)
     first, second = outcome(OutcomeKind.COMPLETE), outcome(OutcomeKind.COMPLETE)
     w.add(first)
     no_claim: list[float] = []
@@ -256,13 +263,7 @@ def test_completions_wait_for_a_claim_that_is_coming_at_most_the_linger() -> Non
 def test_completions_are_written_at_once_when_no_claim_is_coming_or_other_outcomes_wait() -> None:
     statements, clock = FakeStatements(), FakeClock()
     coming = [False]
-    w = OutcomeWriter(
-        statements.write_outcomes,
-        lambda: statements.ok,
-        lambda when: None,
-        clock=clock,
-        hold_completions=lambda: coming[0],
-    )
+    w = lingering_writer(statements, clock, coming)
     done = outcome(OutcomeKind.COMPLETE)
     w.add(done)
     w.tick(clock())

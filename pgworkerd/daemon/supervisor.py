@@ -33,7 +33,7 @@ from pgworkerd.daemon.jobuids import UidPool
 from pgworkerd.describe import short_error
 from pgworkerd.worker import protocol, reaper, watcher
 from pgworkerd.worker.forkserver import MAX_BATCH, ForkServer
-from pgworkerd.worker.protocol import ChildMessage, Exit, Hello, ParentMessage
+from pgworkerd.worker.protocol import ChildMessage, Exit, Hello, LeaseExtended, ParentMessage
 from pgworkerd.worker.wire import FrameReader
 
 log = logging.getLogger("pgworkerd")
@@ -83,10 +83,17 @@ def _parent_of(pid: int) -> int | None:
 
 @dataclass(eq=False)
 class Child:
-    """One child process and its socket; `job` is the id it runs, if any."""
+    """One child process, its socket and its watcher's; `job` is the id it runs, if any.
+
+    The child reads its own socket; its watcher (pgworkerd.worker.watcher) reads a socket
+    of its own, which carries only what the fence needs (each job, with its lease
+    deadline and memory limit, and each renewal). A job therefore reaches the child
+    straight from the daemon, not relayed by another process: on an idle machine each
+    hop between processes is a wake-up, about a millisecond of a job's start."""
 
     sock: socket.socket
     spawned_at: float
+    watch: socket.socket | None = None  # the watcher's; None for a child without one
     pid: int | None = None  # known once the child says hello
     job: int | None = None
     jobs_run: int = 0
@@ -101,14 +108,23 @@ class Child:
 
     def send(self, message: ParentMessage) -> bool:
         """Best effort: a child that is gone cannot be told anything."""
-        return self.send_encoded(protocol.encode(message))
+        return self.send_encoded(protocol.encode(message), fence=isinstance(message, LeaseExtended))
 
-    def send_encoded(self, frame: bytes) -> bool:
+    def send_encoded(self, frame: bytes, fence: bool = False) -> bool:
+        """Write `frame` to the child and, if `fence` (jobs and renewals), to its watcher
+        too: the child first, whose job waits on it."""
         try:
             self.sock.sendall(frame)
+            if fence and self.watch is not None:
+                self.watch.sendall(frame)
             return True
         except OSError:
             return False
+
+    def close_sockets(self) -> None:
+        self.sock.close()
+        if self.watch is not None:
+            self.watch.close()
 
     def signal_group(self, sig: int) -> None:
         if self.pid is None:
@@ -245,7 +261,8 @@ class Supervisor:
             return 0
         assert self.forkserver is not None
         uids = self.uids.take(count) if self.uids is not None else None
-        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(count)]
+        # (the child's socket, then its watcher's)
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2 * count)]
         try:
             self.forkserver.spawn([theirs for _, theirs in pairs], uids)
         except OSError as exc:
@@ -261,9 +278,12 @@ class Supervisor:
             for _, theirs in pairs:
                 theirs.close()
         now = time.monotonic()
-        for i, (ours, _) in enumerate(pairs):
+        for i in range(count):
+            ours, watch = pairs[2 * i][0], pairs[2 * i + 1][0]
             ours.setblocking(False)
-            child = Child(sock=ours, spawned_at=now, uid=uids[i] if uids is not None else None)
+            watch.setblocking(False)
+            child_uid = uids[i] if uids is not None else None
+            child = Child(sock=ours, spawned_at=now, watch=watch, uid=child_uid)
             self.children.append(child)
             self.selector.register(ours, selectors.EVENT_READ, ("child", child))
         return count
@@ -313,7 +333,7 @@ class Supervisor:
         for child in self.children:
             if child.outbox:
                 frames, child.outbox = b"".join(child.outbox), []
-                if not child.send_encoded(frames):
+                if not child.send_encoded(frames, fence=True):
                     failed.append(child)
         return failed
 
@@ -483,7 +503,7 @@ class Supervisor:
                 child.eof = True
             elif data:
                 self._deliver(child, data)
-        child.sock.close()
+        child.close_sockets()
         oom = self.containment.child_exited(child.pid)
         if oom is not None and not child.broken:  # (the OOM killer in its attempt's cgroup)
             child.broken = oom
@@ -512,7 +532,7 @@ class Supervisor:
             if child.pid is None and (child.eof or now - child.spawned_at > timeout):
                 if not child.eof:
                     self.selector.unregister(child.sock)
-                child.sock.close()
+                child.close_sockets()
                 self.children.remove(child)
                 self._give_back(child.uid)
         self._forget_unmatched()

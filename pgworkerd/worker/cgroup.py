@@ -6,7 +6,8 @@ since cgroup v2 allows processes only in leaves once controllers are enabled bel
 attempt runs in a cgroup of its own, `<delegated>/job-ID-aATTEMPT-pPID`:
 
 - the job child's watcher (root, or the daemon's uid: never the job's) makes it and moves
-  the job child into it when the job's message arrives, before it relays that message, so
+  the job child into it when the job's message arrives (the watcher reads its own copy),
+  and the child waits for its word before it runs the job (Watcher.job_began), so
   before any handler code of the attempt runs; every process the attempt starts is born
   in it and cannot leave it (the directory is the watcher's: a job of a uid of its own
   cannot write any file in it, so cannot move out or raise its own limit);

@@ -1,8 +1,8 @@
 """A job child: runs handler code for the parent, one job at a time.
 
 The main thread runs the handler. A monitor thread reads the parent's messages (jobs,
-lease deadlines, cancel and shutdown requests) as the child's watcher relays them, and
-keeps the process title and the job's figures current. The watcher
+lease deadlines, cancel and shutdown requests) from the child's socket, and keeps the
+process title and the job's figures current. The watcher
 (pgworkerd.worker.watcher), a process of its own outside this interpreter, enforces the
 lease and the memory limit: if the deadline passes without a renewal, or the parent
 vanishes mid-job, it stops every process of the job, even while the handler holds the
@@ -194,8 +194,8 @@ class JobContext:
 
 
 class _Channel:
-    """The socket to the parent, shared by the handler thread and the monitor (which
-    writes to it; the watcher reads it and relays to the monitor)."""
+    """The socket to the parent, shared by the handler thread and the monitor (which reads
+    it; both write to it, as the watcher does, under the send lock)."""
 
     def __init__(self, sock: socket.socket, fence: watcher.Watcher) -> None:
         # Blocking, with no timeout: a frozen parent that reads nothing blocks a chatty
@@ -315,17 +315,26 @@ def _parent_died(signum: int, frame: Any) -> None:
     _fence("the daemon is gone")
 
 
-def _monitor(channel: _Channel) -> None:
+def _monitor(channel: _Channel, watcher_exit: int) -> None:
+    """Reads the daemon's messages; `watcher_exit` (a pidfd) is readable once the watcher
+    has died: without it no renewal reaches this child's fence."""
     reader = FrameReader()
-    relay = channel.watcher.relay
+    sock = channel.sock.fileno()
     poller = select.poll()
-    poller.register(relay, select.POLLIN)
+    poller.register(sock, select.POLLIN)
+    poller.register(watcher_exit, select.POLLIN)
     while True:
         try:
-            data = os.read(relay, 65536) if poller.poll(_MONITOR_TICK * 1000) else None
-            if data == b"":  # the watcher saw the daemon's socket end (or died)
-                if channel.deadline is not None:
+            ready = {fd for fd, _ in poller.poll(_MONITOR_TICK * 1000)}
+            if watcher_exit in ready:
+                poller.unregister(watcher_exit)
+                if channel.deadline is not None:  # a job runs unfenced: stop it
                     _watcher_gone(channel)
+                    _fence("the job child's watcher is gone")
+                # (idle: it left because the daemon did, whose end is read next)
+            data = os.read(sock, 65536) if sock in ready else None
+            if data == b"":  # the daemon is gone
+                if channel.deadline is not None:
                     _fence("the daemon is gone")
                 channel.watcher.stop()
                 os._exit(0)  # idle and orphaned: nothing to protect
@@ -378,16 +387,20 @@ def _monitor(channel: _Channel) -> None:
 
 
 def _watcher_gone(channel: _Channel) -> None:
-    """If the watcher was killed (by the handler: it is a child of this process), say so
-    in the attempt's report and stop: without it no renewal reaches this child."""
+    """The watcher died while a job runs (killed by the handler: it is a child of this
+    process): say so in the attempt's report and stop, since without it no renewal
+    reaches this child's fence."""
     killed_by = channel.watcher.killed_by()
     job_id = channel.job_id
-    if killed_by is None or job_id is None:
+    if job_id is None:
         return
-    error = (
-        f"the job child's watcher (pid {channel.watcher.pid}) was killed by {killed_by}: "
-        "a handler must not kill processes it did not start"
-    )
+    if killed_by is None:  # (it stops a job itself when the daemon goes: never this)
+        error = f"the job child's watcher (pid {channel.watcher.pid}) exited"
+    else:
+        error = (
+            f"the job child's watcher (pid {channel.watcher.pid}) was killed by {killed_by}: "
+            "a handler must not kill processes it did not start"
+        )
     with contextlib.suppress(OSError):
         channel.send(Failed(job_id, error))
     _fence(error)
@@ -437,6 +450,7 @@ def _run_one(
 ) -> None:
     # (cancel/shutdown flags are cleared after a job, not before: a shutdown message can
     # arrive right behind the job message and must not be lost)
+    channel.watcher.job_began()  # (with attempt cgroups: the child is in this one's)
     channel.title = f"pgworkerd: job {job.id} {job.handler} attempt {job.attempt}"
     channel.job_started = time.monotonic()
     channel.deadline = job.deadline
@@ -712,14 +726,16 @@ def _waiting(channel: _Channel, ctx: JobContext, exc: WaitFor) -> Failed:
     return Failed(ctx.id, storable_text(f"WaitFor: {exc}"), tb, wait=wait)
 
 
-def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
-    """Entry point in the freshly forked child; never returns."""
+def main(fd: int, daemon_pid: int, settings: dict[str, Any], watch_fd: int) -> None:
+    """Entry point in the freshly forked child, which talks to the daemon over `fd` (its
+    watcher over `watch_fd`); never returns."""
     status = 0
     fence: watcher.Watcher | None = None
     try:
         # Close-on-exec: no handler subprocess (close_fds=False, os.system, a shell)
         # may hold the daemon's socket, or the daemon would see no end when we exit.
         os.set_inheritable(fd, False)
+        os.set_inheritable(watch_fd, False)
         # the output file exists before the daemon learns our pid (pgworkerd.worker.capture);
         # made before the drop below: the daemon's directory is root's
         capture = Capture.open(settings.get("tmpdir")) if settings.get("capture_logs") else None
@@ -734,7 +750,8 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
         # The watcher (pgworkerd.worker.watcher) before any thread runs here, and before
         # the drop below: it keeps this process's uid, so a job of a uid of its own can
         # neither stop it nor escape it, and it may still signal the job's processes.
-        fence = watcher.start(fd, tmp_root, settings.get("cgroup"))
+        fence = watcher.start(fd, watch_fd, tmp_root, settings.get("cgroup"))
+        watcher_exit = os.pidfd_open(fence.pid)  # (before a drop of uid: ours to watch)
         if settings.get("job_uid") is not None:  # [worker] job_uids: before any handler code
             tmp_root = identity.become(int(settings["job_uid"]), tmp_root)
         else:
@@ -746,7 +763,7 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any]) -> None:
         _bind_to_daemon(daemon_pid)  # (after the drop: a change of uid clears PDEATHSIG)
         channel = _Channel(socket.socket(fileno=fd), fence)
         channel.send(Hello(os.getpid()))
-        threading.Thread(target=_monitor, args=(channel,), daemon=True).start()
+        threading.Thread(target=_monitor, args=(channel, watcher_exit), daemon=True).start()
         spans = None
         if settings.get("tracing"):  # pgworkerd.tracing: preloaded by the fork server
             from pgworkerd import tracing

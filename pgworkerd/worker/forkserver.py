@@ -27,8 +27,8 @@ from typing import Any
 
 # PR_SET_CHILD_SUBREAPER: orphaned descendants are re-parented to the caller.
 PR_SET_CHILD_SUBREAPER = 36
-# Children asked for in one message, forked by one middle process (the kernel passes at
-# most 253 descriptors in one message).
+# Children asked for in one message, forked by one middle process (two descriptors each:
+# the kernel passes at most 253 in one message).
 MAX_BATCH = 64
 
 
@@ -80,9 +80,10 @@ class ForkServer:
         return json.loads(data)
 
     def spawn(self, child_socks: list[socket.socket], uids: list[int] | None = None) -> None:
-        """Ask for one child per socket, each to talk over its own (passed by SCM_RIGHTS,
-        all in one message: at most MAX_BATCH); with `uids`, the child of each socket runs
-        as the uid at the same place ([worker] job_uids, pgworkerd.worker.identity)."""
+        """Ask for one child per two sockets (its own, then its watcher's: passed by
+        SCM_RIGHTS, all in one message: at most MAX_BATCH children); with `uids`, the
+        child of each pair runs as the uid at the same place ([worker] job_uids,
+        pgworkerd.worker.identity)."""
         message = b"f" if uids is None else b"u" + struct.pack(f"<{len(uids)}I", *uids)
         socket.send_fds(self.sock, [message], [s.fileno() for s in child_socks])
 
@@ -119,34 +120,39 @@ def _serve(sock: socket.socket, config: dict[str, Any]) -> None:
 
     while True:
         try:
-            msg, fds, _flags, _addr = socket.recv_fds(sock, 1 + 4 * MAX_BATCH, MAX_BATCH)
+            msg, fds, _flags, _addr = socket.recv_fds(sock, 1 + 4 * MAX_BATCH, 2 * MAX_BATCH)
         except InterruptedError:
             continue
         if not fds:
             return  # the daemon closed the socket (or died): nothing more to fork
-        uids: list[int | None] = [None] * len(fds)
+        pairs = list(zip(fds[0::2], fds[1::2], strict=False))
+        uids: list[int | None] = [None] * len(pairs)
         if msg[:1] == b"u":
-            if len(msg) != 1 + 4 * len(fds):  # never from our daemon: fork nothing, not guess
-                for fd in fds:
-                    os.close(fd)
-                continue
-            uids = list(struct.unpack(f"<{len(fds)}I", msg[1:]))
+            uids = (
+                list(struct.unpack(f"<{len(pairs)}I", msg[1:]))
+                if len(msg) == 1 + 4 * len(pairs)
+                else []
+            )
+        if len(fds) % 2 or len(uids) != len(pairs):  # never from our daemon: fork nothing
+            for fd in fds:
+                os.close(fd)
+            continue
         # One middle process for the whole batch: a fork and an exit of this whole
         # interpreter per batch, not per child (with a fresh process per job that was a
         # quarter of the CPU a job cost).
         middle = os.fork()
         if middle == 0:
             try:
-                for fd, uid in zip(fds, uids, strict=True):
+                for (fd, watch_fd), uid in zip(pairs, uids, strict=True):
                     if os.fork() == 0:
                         sock.close()
                         for other in fds:  # a sibling's socket held here would hide its EOF
-                            if other != fd:
+                            if other not in (fd, watch_fd):
                                 os.close(other)
                         settings = config["settings"]
                         if uid is not None:
                             settings = {**settings, "job_uid": uid}
-                        child.main(fd, config["daemon_pid"], settings)
+                        child.main(fd, config["daemon_pid"], settings, watch_fd)
             finally:
                 os._exit(0)
         for fd in fds:

@@ -3,13 +3,20 @@ hold even while a handler holds the GIL in C code for minutes (a huge `json.load
 backtracking regex, a C extension's loop), when no thread of the child can run.
 
 Each job child forks one watcher at its start, before it runs any thread (so the fork is
-safe): a small process of its own interpreter, so of its own GIL. The watcher is the only
-reader of the daemon's socket. It keeps what a fence needs from the daemon's messages
-(the running job, its lease deadline as last renewed, its memory limit) and relays every
-byte to the child through a pipe, which the child's monitor thread reads; the child writes
-its own messages to the socket as before. A renewal therefore reaches the fence whatever
-the child's interpreter is doing: the watcher never waits for the child (its relay pipe is
-non-blocking; what the child has not read yet waits in the watcher's memory).
+safe): a small process of its own interpreter, so of its own GIL. The daemon gives each
+child two sockets: the child's own, which its monitor thread reads and the child writes
+its messages to, and the watcher's, which only the watcher holds (the child closes its
+copy once the watcher is forked, before any handler code runs) and on which the daemon
+sends what a fence needs: each job (its lease deadline, its memory limit) and each
+renewal. A renewal therefore reaches the fence whatever the child's interpreter is
+doing, and a job's own code cannot forge one. The job reaches the child straight from
+the daemon: an earlier design had the watcher read the daemon's only socket and relay
+every byte to the child, which put a wake-up of a third process on every job's path
+(about 1 ms of an idle daemon's enqueue -> start, bench/idle_path.py).
+
+With attempt cgroups ([worker] job_cgroups) the child waits, before it runs a job, for
+the watcher to say that the attempt's cgroup holds it (Watcher.job_began), so that no
+process of the job starts outside it.
 
 Why a process and not a kernel timer: the deadline moves with every renewal, which a timer
 armed by the child can only follow with the child's GIL; and a timer's signal kills only
@@ -71,9 +78,6 @@ _LOCK_WAIT = 1.0
 _DEATH_WAIT = 2.0
 # How long a child that is exiting waits for its watcher to go (Watcher.stop).
 _STOP_WAIT = 2.0
-# What the watcher keeps for a child that reads slowly (it holds the GIL): frames for a
-# few jobs at most; past it the child is stopped as if the daemon were gone.
-_MAX_PENDING = 256 * 1024 * 1024
 
 
 @dataclass
@@ -81,13 +85,28 @@ class Watcher:
     """The child's handle on its watcher."""
 
     pid: int
-    relay: int  # read end: the daemon's bytes, as the watcher relays them
     events: int  # write end: what the child tells the watcher (a job ended)
     send_lock: int  # a memfd: lockf()ed around every frame the child sends
-    acks: int  # read end: the watcher's answer to job_ended (the attempt's cgroup is gone)
-    # whether attempts have cgroups of their own ([worker] job_cgroups): job_ended waits
-    # for the watcher only then
+    # read end: the watcher's answers to job_began (the attempt's cgroup holds the child)
+    # and job_ended (it is gone), one byte each, in that order
+    acks: int
+    # whether attempts have cgroups of their own ([worker] job_cgroups): job_began and
+    # job_ended wait for the watcher only then
     cgroups: bool = False
+
+    def job_began(self) -> None:
+        """Before a job of its own (not one run side by side with others) runs: with
+        cgroups, wait (bounded) until the watcher, which reads the same job on its socket,
+        has moved this child into the attempt's cgroup."""
+        if self.cgroups:
+            self._wait_ack()
+
+    def _wait_ack(self) -> None:
+        poller = select.poll()
+        poller.register(self.acks, select.POLLIN)
+        with contextlib.suppress(OSError):
+            if poller.poll(int((cgroup.KILL_WAIT + 1) * 1000)):
+                os.read(self.acks, 1)
 
     def job_ended(self, job_id: int) -> None:
         """The job ended here (before its outcome is sent): no deadline or limit holds,
@@ -98,13 +117,8 @@ class Watcher:
         and the daemon sends the next job only once it has this one's outcome), and a
         wait would cost every short job a round trip to another process."""
         os.write(self.events, f"{job_id}\n".encode())
-        if not self.cgroups:
-            return
-        poller = select.poll()
-        poller.register(self.acks, select.POLLIN)
-        with contextlib.suppress(OSError):
-            if poller.poll(int((cgroup.KILL_WAIT + 1) * 1000)):
-                os.read(self.acks, 64)
+        if self.cgroups:
+            self._wait_ack()
 
     def stop(self) -> None:
         """End and reap the watcher (the child's last act: not to leave it to the daemon).
@@ -160,12 +174,14 @@ class Watcher:
             fcntl.lockf(self.send_lock, fcntl.LOCK_UN)
 
 
-def start(sock_fd: int, tmp_root: str | None, cgroup_base: str | None = None) -> Watcher:
-    """Fork the watcher of this child, which talks to the daemon over `sock_fd`; the
-    child's temp directories are in `tmp_root`; `cgroup_base`: the daemon's delegated
-    cgroup, where each attempt gets a cgroup of its own (None: none). Call it before any
-    thread of the child runs."""
-    relay_r, relay_w = os.pipe()
+def start(
+    sock_fd: int, watch_fd: int, tmp_root: str | None, cgroup_base: str | None = None
+) -> Watcher:
+    """Fork the watcher of this child: it reads the daemon's `watch_fd` (closed here once
+    it is forked), and writes its reports to the child's `sock_fd`; the child's temp
+    directories are in `tmp_root`; `cgroup_base`: the daemon's delegated cgroup, where
+    each attempt gets a cgroup of its own (None: none). Call it before any thread of the
+    child runs."""
     events_r, events_w = os.pipe()
     acks_r, acks_w = os.pipe()
     send_lock = os.memfd_create("pgworkerd-send-lock")  # (close-on-exec)
@@ -174,10 +190,9 @@ def start(sock_fd: int, tmp_root: str | None, cgroup_base: str | None = None) ->
     if pid == 0:
         status = 70
         try:
-            os.close(relay_r)
             os.close(events_w)
             os.close(acks_r)
-            watch = _Watch(child_pid, sock_fd, relay_w, events_r, send_lock, tmp_root)
+            watch = _Watch(child_pid, watch_fd, sock_fd, events_r, send_lock, tmp_root)
             watch.acks, watch.cgroup_base = acks_w, cgroup_base
             watch.run()
             status = 0
@@ -187,22 +202,23 @@ def start(sock_fd: int, tmp_root: str | None, cgroup_base: str | None = None) ->
             traceback.print_exc()
         finally:
             os._exit(status)
-    os.close(relay_w)
+    os.close(watch_fd)  # (the job's code must not read the fence's socket, nor write to it)
     os.close(events_r)
     os.close(acks_w)
-    return Watcher(pid, relay_r, events_w, send_lock, acks_r, cgroups=cgroup_base is not None)
+    return Watcher(pid, events_w, send_lock, acks_r, cgroups=cgroup_base is not None)
 
 
 class _Watch:
     """The watcher's loop."""
 
     def __init__(
-        self, child: int, sock: int, relay: int, events: int, send_lock: int, tmp_root: str | None
+        self, child: int, sock: int, report: int, events: int, send_lock: int, tmp_root: str | None
     ) -> None:
-        self.child, self.sock, self.relay, self.events = child, sock, relay, events
+        # `sock`: the daemon's socket to this watcher; `report`: the child's to the daemon,
+        # written to only under the child's send lock (_over_limit)
+        self.child, self.sock, self.report, self.events = child, sock, report, events
         self.send_lock, self.tmp_root = send_lock, tmp_root
         self.me = os.getpid()
-        self.pending = bytearray()  # relayed bytes the child has not taken yet
         self.reader: FrameReader | None = FrameReader()
         # the running jobs (one, or an async handler's side by side: aiosession) and
         # each one's lease deadline as last renewed
@@ -225,26 +241,17 @@ class _Watch:
             signal.signal(sig, signal.SIG_IGN)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         setproctitle(f"pgworkerd: watcher of child {self.child}")
-        os.set_blocking(self.relay, False)
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         poller.register(self.events, select.POLLIN)
         while True:
-            poller.modify(self.sock, select.POLLIN if len(self.pending) < _MAX_PENDING else 0)
-            if self.pending:
-                with contextlib.suppress(KeyError):
-                    poller.unregister(self.relay)
-                poller.register(self.relay, select.POLLOUT)
-            else:
-                with contextlib.suppress(KeyError):
-                    poller.unregister(self.relay)
             ready = {fd for fd, _ in poller.poll(self._timeout_ms())}
-            if self.events in ready:  # first: a job's end is told before its outcome
+            # events first: the child tells a job's end before its outcome, and the daemon
+            # sends the next job only once it has read that outcome
+            if self.events in ready:
                 self._read_events()
             if self.sock in ready and not self._read_daemon():
                 return
-            if self.pending:
-                self._relay()
             self._check(time.monotonic())
 
     def _timeout_ms(self) -> int | None:
@@ -302,8 +309,8 @@ class _Watch:
         cgroup.remove(path)
 
     def _read_daemon(self) -> bool:
-        """Relay what the daemon sent and keep what the fence needs; False once the
-        daemon is gone (the child has been told, or stopped if a job runs)."""
+        """Keep what the fence needs of what the daemon sent; False once the daemon is
+        gone (then a running job is stopped)."""
         try:
             data = os.read(self.sock, 1 << 20)
         except BlockingIOError:
@@ -311,20 +318,16 @@ class _Watch:
         except OSError:
             data = b""
         if not data:
-            with contextlib.suppress(OSError):
-                self._relay()
-            # The child sees the end, as it would the socket's, and stops itself (its
-            # tree, its temp directory, then us); if it cannot (the GIL held), we do.
-            os.close(self.relay)
+            # The child sees the end of its own socket and stops itself (its tree, its
+            # temp directory, then us); if it cannot (the GIL held), we do.
             if self.jobs:
                 time.sleep(_DEATH_WAIT)
                 self._fence(LEASE_SIGNAL, "the daemon is gone")
             return False
-        self.pending += data
         if self.reader is not None:
             try:
                 frames = self.reader.feed(data)
-            except Exception as exc:  # the child's monitor sees it too; relay on
+            except Exception as exc:  # (the child's monitor judges its own copy)
                 print(f"pgworkerd watcher {self.me}: {exc}", file=sys.stderr)
                 self.reader = None
                 frames = []
@@ -341,20 +344,13 @@ class _Watch:
             self.limit = message.memory_limit
             if not message.concurrency:  # jobs side by side share the child: no cgroup each
                 self._begin_cgroup(message)
+                if self.cgroup_base is not None:  # (Watcher.job_began waits only then)
+                    with contextlib.suppress(OSError):
+                        os.write(self.acks, b"b")
         elif isinstance(message, LeaseExtended):  # (one for a job that ended is ignored)
             for job in self.jobs if message.id is None else (message.id,):
                 if job in self.jobs:
                     self.jobs[job] = message.deadline
-
-    def _relay(self) -> None:
-        try:
-            written = os.write(self.relay, self.pending[: 1 << 20])
-        except BlockingIOError:
-            return
-        except BrokenPipeError:  # the child is exiting: it kills us next
-            self.pending.clear()
-            return
-        del self.pending[:written]
 
     def _check(self, now: float) -> None:
         if not self.jobs:
@@ -410,7 +406,7 @@ class _Watch:
         if locked:
             os.kill(self.child, signal.SIGSTOP)  # it sends nothing more
             with contextlib.suppress(OSError):
-                _write_all(self.sock, frames)
+                _write_all(self.report, frames)
         self._fence(MEMORY_SIGNAL, error)
 
     def _lock(self) -> bool:

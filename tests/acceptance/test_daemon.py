@@ -511,18 +511,22 @@ def test_a_child_whose_daemon_is_gone_stops_without_a_traceback() -> None:
     first message; in the chaos soak, an outcome) stops quietly like one whose monitor saw
     the daemon go: a traceback in the daemon's log would read as a crash."""
     parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    parent_watch, watch_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     parent_end.close()  # the daemon is gone
+    parent_watch.close()
     code = (
         "import sys; from pgworkerd.worker import child;"
-        " child.main(int(sys.argv[1]), int(sys.argv[2]), {})"
+        " child.main(int(sys.argv[1]), int(sys.argv[2]), {}, int(sys.argv[3]))"
     )
+    ends = [child_end.fileno(), watch_end.fileno()]
     proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(child_end.fileno()), str(os.getpid())],
-        pass_fds=[child_end.fileno()],
+        [sys.executable, "-c", code, str(ends[0]), str(os.getpid()), str(ends[1])],
+        pass_fds=ends,
         stderr=subprocess.PIPE,
         text=True,
     )
     child_end.close()
+    watch_end.close()
     _, err = proc.communicate(timeout=DEADLINE)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and "the daemon is gone; stopping" in err, err

@@ -19,7 +19,7 @@ def test_a_lease_or_cancel_for_an_ended_job_is_not_about_the_next() -> None:
     ours, theirs = socket.socketpair()
     try:
         # (no watcher process: only the channel's bookkeeping is exercised)
-        channel = _Channel(ours, Watcher(pid=0, relay=-1, events=-1, send_lock=-1, acks=-1))
+        channel = _Channel(ours, Watcher(pid=0, events=-1, send_lock=-1, acks=-1))
         assert not channel.is_current(7)  # idle: a late message about job 7 is stale
         channel.job_id = 8
         assert channel.is_current(8) and not channel.is_current(7)
@@ -43,7 +43,7 @@ def test_a_concurrent_sessions_messages_go_in_one_write_per_turn_of_its_loop_in_
     ours, theirs = socket.socketpair()
     counted = CountingSocket(fileno=ours.detach())
     lock_fd = os.memfd_create("send-lock")
-    channel = _Channel(counted, Watcher(pid=0, relay=-1, events=-1, send_lock=lock_fd, acks=-1))
+    channel = _Channel(counted, Watcher(pid=0, events=-1, send_lock=lock_fd, acks=-1))
     writes_after_turn: list[int] = []
 
     async def session() -> None:

@@ -79,6 +79,11 @@ PR_SET_PDEATHSIG = 1
 PARENT_DEATH_SIGNAL = signal.SIGRTMIN + 5
 # How often the monitor wakes to check the lease and refresh the title.
 _MONITOR_TICK = 0.2
+# How long a child whose daemon is gone waits for its watcher to stop its job (at once, as
+# a rule: _daemon_gone) before it stops the job itself.
+_WATCHER_FENCE_WAIT = 5.0
+# The watcher's pidfd (readable once it has exited), for _daemon_gone; set in main.
+_watcher_exit: int | None = None
 # Progress-only heartbeats are coalesced to at most one message per this interval.
 _BEAT_INTERVAL = 0.25
 
@@ -312,6 +317,21 @@ def _fence(reason: str) -> None:
 def _parent_died(signum: int, frame: Any) -> None:
     # The monitor sees the socket's end first, as a rule; this covers a monitor thread
     # that is gone.
+    _daemon_gone()
+
+
+def _daemon_gone() -> None:
+    """The daemon is gone while a job may run. The watcher, which sees its own socket end
+    at the same moment, stops the job's tree: it freezes this process (every thread of
+    it) before it walks the tree, so no thread of the handler can fork past the walk, as
+    one could past a sweep made from here (the chaos soak saw such a process outlive its
+    job). This waits for it, and stops the job itself only if the watcher does not (it
+    had not read the job yet, or is gone)."""
+    if _watcher_exit is not None:
+        poller = select.poll()
+        poller.register(_watcher_exit, select.POLLIN)
+        with contextlib.suppress(OSError):
+            poller.poll(int(_WATCHER_FENCE_WAIT * 1000))
     _fence("the daemon is gone")
 
 
@@ -335,7 +355,7 @@ def _monitor(channel: _Channel, watcher_exit: int) -> None:
             data = os.read(sock, 65536) if sock in ready else None
             if data == b"":  # the daemon is gone
                 if channel.deadline is not None:
-                    _fence("the daemon is gone")
+                    _daemon_gone()
                 channel.watcher.stop()
                 os._exit(0)  # idle and orphaned: nothing to protect
             for frame in reader.feed(data or b""):
@@ -372,7 +392,7 @@ def _monitor(channel: _Channel, watcher_exit: int) -> None:
         except OSError:
             # An uncaught error here would end this thread: treated as the end.
             if channel.deadline is not None:
-                _fence("the daemon is gone")
+                _daemon_gone()
             channel.watcher.stop()
             os._exit(0)
         if channel.deadline is not None:
@@ -751,7 +771,8 @@ def main(fd: int, daemon_pid: int, settings: dict[str, Any], watch_fd: int) -> N
         # the drop below: it keeps this process's uid, so a job of a uid of its own can
         # neither stop it nor escape it, and it may still signal the job's processes.
         fence = watcher.start(fd, watch_fd, tmp_root, settings.get("cgroup"))
-        watcher_exit = os.pidfd_open(fence.pid)  # (before a drop of uid: ours to watch)
+        global _watcher_exit
+        watcher_exit = _watcher_exit = os.pidfd_open(fence.pid)  # (before a drop of uid)
         if settings.get("job_uid") is not None:  # [worker] job_uids: before any handler code
             tmp_root = identity.become(int(settings["job_uid"]), tmp_root)
         else:

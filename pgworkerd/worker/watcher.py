@@ -76,6 +76,9 @@ _LOCK_WAIT = 1.0
 # A child that outlives its fatal signal this long (a handler installed a handler for
 # it) is SIGKILLed.
 _DEATH_WAIT = 2.0
+# How long stop_tree waits, in all, for the processes it stops to stop and those it kills
+# to die (past it, it goes on regardless).
+_SETTLE_WAIT = 3.0
 # How long a child that is exiting waits for its watcher to go (Watcher.stop).
 _STOP_WAIT = 2.0
 
@@ -318,11 +321,17 @@ class _Watch:
         except OSError:
             data = b""
         if not data:
-            # The child sees the end of its own socket and stops itself (its tree, its
-            # temp directory, then us); if it cannot (the GIL held), we do.
+            # A job runs: its tree is stopped here, frozen first, at once. The child sees
+            # the end of its own socket too and leaves this to us (child._daemon_gone): a
+            # sweep by the child itself cannot stop a thread of the handler from forking
+            # after the sweep's last look, and that process would outlive the job with no
+            # daemon left to adopt it.
+            # SIGKILL for the child too, not LEASE_SIGNAL: a signal other than SIGKILL
+            # reaches a stopped process only once it is continued, when a thread of the
+            # handler that did not take it may run (and fork) for a moment; and no
+            # daemon is left to read why the child ended.
             if self.jobs:
-                time.sleep(_DEATH_WAIT)
-                self._fence(LEASE_SIGNAL, "the daemon is gone")
+                self._fence(signal.SIGKILL, "the daemon is gone")
             return False
         if self.reader is not None:
             try:
@@ -443,10 +452,26 @@ def stop_tree(
 ) -> None:
     """Freeze `root` and every descendant (but `skip`), SIGKILL the descendants, call
     `before_end` (the tree is still), end `root` with the fatal signal `sig` (SIGKILL if
-    it outlives it)."""
-    _signal(root, signal.SIGSTOP)
+    it outlives it).
+
+    A single walk can miss processes, so it is repeated until one finds nothing new while
+    `root` stays stopped, after everything found before is dead:
+    - SIGSTOP takes effect a moment after kill() returns, and a thread inside fork() then
+      finishes it first: a process's children are listed only once it has stopped
+      (_settle);
+    - `root` has been found running again after a walk's kills (a handler whose threads
+      fork without a pause, its daemon dead: tests/fault/test_containment.py; what
+      continued it is not established): it is stopped again before each walk, and the
+      last walk must begin and end with it stopped;
+    - the kernel's list of a process's children (/proc/PID/task/TID/children) may skip
+      entries while other children exit, which the killed ones do: only once they are all
+      dead (zombies: `root` is stopped and reaps none) is the list still, and a walk then
+      sees every process that was re-parented to `root` meanwhile."""
+    give_up = time.monotonic() + _SETTLE_WAIT
     stopped = {root}
-    while True:  # again until a walk finds nothing new (an orphan re-parented meanwhile)
+    while True:
+        _signal(root, signal.SIGSTOP)
+        _settle(root, give_up)
         new: list[int] = []
         level = [root]
         while level:
@@ -460,11 +485,14 @@ def stop_tree(
                         stopped.add(kid)
                         new.append(kid)
                     below.append(kid)
+            for kid in below:
+                _settle(kid, give_up)
             level = below
-        if not new:
+        if not new and (_is_stopped(root) or time.monotonic() > give_up):
             break
-    for pid in stopped - {root}:
-        _signal(pid, signal.SIGKILL)
+        for pid in new:
+            _signal(pid, signal.SIGKILL)
+        _wait_dead(new, give_up)
     if before_end is not None:
         with contextlib.suppress(Exception):
             before_end()
@@ -478,14 +506,41 @@ def stop_tree(
         time.sleep(0.01)
 
 
+def _wait_dead(pids: list[int], give_up: float) -> None:
+    """Wait (until `give_up`) until each of `pids`, SIGKILLed, has exited."""
+    left = list(pids)
+    while left and time.monotonic() < give_up:
+        left = [p for p in left if _state(p) not in ("Z", "X", None)]
+        if left:
+            time.sleep(0.0005)
+
+
+def _settle(pid: int, give_up: float) -> None:
+    """Wait (until `give_up`) until `pid`, just sent SIGSTOP, has stopped."""
+    while time.monotonic() < give_up and not _is_stopped(pid):
+        time.sleep(0.0005)
+
+
+def _is_stopped(pid: int) -> bool:
+    """Whether no thread of `pid` may run its own code: each is stopped, dead, or blocked
+    in the kernel (`D`: in vfork() until its child execs, which the walk stops first, or
+    in I/O; it stops before it returns). True if the process is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return True
+    return all(_state(pid, int(tid)) in ("T", "t", "D", "Z", "X", None) for tid in tasks)
+
+
 def _signal(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, sig)
 
 
-def _state(pid: int) -> str | None:
+def _state(pid: int, tid: int | None = None) -> str | None:
+    path = f"/proc/{pid}/stat" if tid is None else f"/proc/{pid}/task/{tid}/stat"
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(path, "rb") as f:
             return f.read().rpartition(b")")[2].split()[0].decode()
     except (OSError, IndexError):
         return None

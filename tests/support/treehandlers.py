@@ -85,6 +85,15 @@ def kill_my_children(job: JobContext) -> Any:
     time.sleep(60)
 
 
+def _spawn_forever(marker: str) -> None:
+    """Start marked processes one after another, each stopped and reaped by the next turn
+    (`; :` keeps the shell from exec'ing sleep, which would drop the marker from argv)."""
+    while True:
+        proc = subprocess.Popen(["sh", "-c", "sleep 300; :", marker])
+        proc.kill()
+        proc.wait()
+
+
 def tree(job: JobContext) -> Any:
     p = job.payload
     marker, path = p["marker"], p["file"]
@@ -108,6 +117,12 @@ def tree(job: JobContext) -> Any:
         time.sleep(float(p.get("seconds", 1000)))
     elif then == "hold_gil":  # in C with the GIL held: no thread of the child runs
         hold_gil(int(p.get("seconds", 1000)))
+    elif then == "spawn":  # three threads start processes without a pause, until stopped
+        import threading
+
+        for _ in range(2):
+            threading.Thread(target=_spawn_forever, args=(marker,), daemon=True).start()
+        _spawn_forever(marker)
     elif then == "compute":  # busy in Python, never sleeping
         end = time.monotonic() + float(p.get("seconds", 1000))
         n = 0

@@ -1,7 +1,8 @@
-"""bench/idle_path.py --short --statements (this checkout against itself, on a private
-cluster): it runs through and prints the median enqueue, claim and completion of an idle
-job for both sides, and pg_stat_statements' view of each; the figures are printed (shown
-with -rP), never asserted."""
+"""bench/idle_path.py --short --statements --starts (this checkout against itself, on a
+private cluster): it runs through and prints the median enqueue, claim and completion of
+an idle job for both sides, pg_stat_statements' view of each, and an idle daemon's
+enqueue -> start for each side; the figures are printed (shown with -rP), never
+asserted."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench" / "idle_path.py"
 
 def test_idle_path_short() -> None:
     proc = subprocess.run(
-        [sys.executable, str(BENCH), "--short", "--statements"],
+        [sys.executable, str(BENCH), "--short", "--statements", "--starts"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -26,3 +27,5 @@ def test_idle_path_short() -> None:
     for step in ("enqueue", "claim", "complete"):
         assert re.search(rf"^{step} +[0-9.]+ +[0-9.]+ ", proc.stdout, re.MULTILINE), step
     assert re.search(r"calls +\d+ plans .*claim_v4", proc.stdout), "no statement view"
+    for side in ("this", "baseline"):
+        assert re.search(rf"^{side} +p50 +[0-9.]+ +p90 +[0-9.]+ ", proc.stdout, re.MULTILINE), side

@@ -324,9 +324,9 @@ def _daemon_gone() -> None:
     """The daemon is gone while a job may run. The watcher, which sees its own socket end
     at the same moment, stops the job's tree: it freezes this process (every thread of
     it) before it walks the tree, so no thread of the handler can fork past the walk, as
-    one could past a sweep made from here (the chaos soak saw such a process outlive its
-    job). This waits for it, and stops the job itself only if the watcher does not (it
-    had not read the job yet, or is gone)."""
+    one could past a sweep made from here (the suspect of the chaos soak's rare process
+    left behind). This waits for it, and stops the job itself only if the watcher does
+    not (it had not read the job yet, or is gone)."""
     if _watcher_exit is not None:
         poller = select.poll()
         poller.register(_watcher_exit, select.POLLIN)
@@ -414,7 +414,7 @@ def _watcher_gone(channel: _Channel) -> None:
     job_id = channel.job_id
     if job_id is None:
         return
-    if killed_by is None:  # (it stops a job itself when the daemon goes: never this)
+    if killed_by is None:  # (a crash; or the daemon went before it had read the job)
         error = f"the job child's watcher (pid {channel.watcher.pid}) exited"
     else:
         error = (

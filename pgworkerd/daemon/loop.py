@@ -491,8 +491,13 @@ class Daemon:
         if self.signals:
             return
         timeout = max(0.0, self._next_deadline() - time.monotonic())
-        for key, _ in self.selector.select(timeout):
+        self.supervisor.flush_writes()  # (and watches for writability where some is left)
+        for key, events in self.selector.select(timeout):
             kind, obj = key.data
+            if events & selectors.EVENT_WRITE:  # a child's socket or its watcher's drained
+                self.supervisor.flush_writes(obj)
+                if kind == "watch" or not events & selectors.EVENT_READ:
+                    continue
             if kind == "wake":
                 try:
                     while os.read(self._wake_r, 512):

@@ -81,6 +81,20 @@ def _parent_of(pid: int) -> int | None:
     return int(stat.rpartition(")")[2].split()[1])
 
 
+def _write(sock: socket.socket, unsent: bytearray, frame: bytes) -> bool:
+    """Send `frame` after what `unsent` holds, as far as the non-blocking `sock` takes it
+    now; the rest joins `unsent`. False if the socket is broken."""
+    try:
+        if not unsent:
+            frame = frame[sock.send(frame) :]
+    except BlockingIOError:
+        pass
+    except OSError:
+        return False
+    unsent += frame
+    return True
+
+
 @dataclass(eq=False)
 class Child:
     """One child process, its socket and its watcher's; `job` is the id it runs, if any.
@@ -105,6 +119,14 @@ class Child:
     uid: int | None = None  # its own uid ([worker] job_uids), held until it is reaped
     cpu_reported: tuple[float, float] = (0.0, 0.0)  # (user, system) its settled jobs used
     outbox: list[bytes] = field(default_factory=list)  # jobs assigned, not sent yet
+    # what its socket and its watcher's did not take yet (a frame larger than a socket's
+    # buffer: a job's payload may be up to 64 MiB); Supervisor.flush_writes sends it as
+    # they drain, and later frames wait behind it
+    unsent: bytearray = field(default_factory=bytearray)
+    watch_unsent: bytearray = field(default_factory=bytearray)
+    writing: tuple[bool, bool] = (False, False)  # registered for writability: sock, watch
+    # told when something is left unsent (the supervisor's note of whom to flush)
+    on_unsent: Callable[[Child], None] | None = None
 
     def send(self, message: ParentMessage) -> bool:
         """Best effort: a child that is gone cannot be told anything."""
@@ -112,14 +134,14 @@ class Child:
 
     def send_encoded(self, frame: bytes, fence: bool = False) -> bool:
         """Write `frame` to the child and, if `fence` (jobs and renewals), to its watcher
-        too: the child first, whose job waits on it."""
-        try:
-            self.sock.sendall(frame)
-            if fence and self.watch is not None:
-                self.watch.sendall(frame)
-            return True
-        except OSError:
-            return False
+        too: the child first, whose job waits on it. What a socket does not take now
+        waits (never the loop); False if the child or its watcher is gone."""
+        sent = _write(self.sock, self.unsent, frame)
+        if fence and self.watch is not None:
+            sent = _write(self.watch, self.watch_unsent, frame) and sent
+        if (self.unsent or self.watch_unsent) and self.on_unsent is not None:
+            self.on_unsent(self)
+        return sent
 
     def close_sockets(self) -> None:
         self.sock.close()
@@ -151,6 +173,7 @@ class Supervisor:
         job_cgroups: JobCgroups | None = None,
     ) -> None:
         self.selector = selector
+        self._unsent: set[Child] = set()  # children with something left to send (flush_writes)
         self.on_message = on_message
         self.on_exit = on_exit
         self.forkserver: ForkServer | None = None
@@ -284,6 +307,7 @@ class Supervisor:
             watch.setblocking(False)
             child_uid = uids[i] if uids is not None else None
             child = Child(sock=ours, spawned_at=now, watch=watch, uid=child_uid)
+            child.on_unsent = self._unsent.add
             self.children.append(child)
             self.selector.register(ours, selectors.EVENT_READ, ("child", child))
         return count
@@ -363,6 +387,48 @@ class Supervisor:
                     del by_fd[ready]
             then()
 
+    def flush_writes(self, child: Child | None = None) -> None:
+        """Send what waits for `child`'s sockets (None: every child's) as far as they take
+        it, and keep the loop's selector watching for writability exactly where some is
+        left. The loop calls it before each wait, and when a socket is writable."""
+        for one in list(self._unsent) if child is None else [child]:
+            if one.eof:
+                one.unsent.clear()
+            for unsent, sock in ((one.unsent, one.sock), (one.watch_unsent, one.watch)):
+                if unsent and sock is not None:
+                    try:
+                        del unsent[: sock.send(unsent)]
+                    except BlockingIOError:
+                        pass
+                    except OSError:  # gone: its end is read (or reaped) as usual
+                        unsent.clear()
+            self._watch_writes(one)
+            if not one.writing[0] and not one.writing[1]:
+                self._unsent.discard(one)
+
+    def _watch_writes(self, child: Child) -> None:
+        wanted = (bool(child.unsent) and not child.eof, bool(child.watch_unsent))
+        if wanted == child.writing:
+            return
+        if wanted[0] != child.writing[0]:
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if wanted[0] else 0)
+            self.selector.modify(child.sock, events, ("child", child))
+        if wanted[1] != child.writing[1] and child.watch is not None:
+            if wanted[1]:
+                self.selector.register(child.watch, selectors.EVENT_WRITE, ("watch", child))
+            else:
+                self.selector.unregister(child.watch)
+        child.writing = wanted
+
+    def _stop_watching_writes(self, child: Child) -> None:
+        """Before a child's sockets are closed or its own leaves the selector."""
+        child.unsent.clear()
+        child.watch_unsent.clear()
+        if child.writing[1] and child.watch is not None:
+            self.selector.unregister(child.watch)
+        child.writing = (False, False)
+        self._unsent.discard(child)
+
     def readable(self, child: Child) -> None:
         data = self._receive(child)
         if not data:
@@ -382,6 +448,7 @@ class Supervisor:
         except OSError:
             data = b""
         if not data:
+            self._stop_watching_writes(child)
             child.eof = True
             self.selector.unregister(child.sock)
         return data
@@ -499,6 +566,7 @@ class Supervisor:
         while not child.eof:
             data = self._receive(child)
             if data is None:
+                self._stop_watching_writes(child)
                 self.selector.unregister(child.sock)
                 child.eof = True
             elif data:
@@ -530,6 +598,7 @@ class Supervisor:
         now = time.monotonic()
         for child in list(self.children):
             if child.pid is None and (child.eof or now - child.spawned_at > timeout):
+                self._stop_watching_writes(child)
                 if not child.eof:
                     self.selector.unregister(child.sock)
                 child.close_sockets()

@@ -18,9 +18,9 @@ class CountingSocket(socket.socket):
 
     writes = 0
 
-    def sendall(self, data: Any, flags: int = 0) -> None:
+    def send(self, data: Any, flags: int = 0) -> int:
         self.writes += 1
-        super().sendall(data, flags)
+        return super().send(data, flags)
 
 
 def job(job_id: int) -> bytes:
@@ -61,3 +61,38 @@ def test_a_child_that_cannot_be_written_to_is_returned() -> None:
     assert sup.send_assigned() == [child]
     assert child.outbox == []
     ours.close()
+
+
+def test_what_a_socket_does_not_take_waits_and_goes_as_it_drains() -> None:
+    """A job larger than the socket's buffer: the part that fits is written, the rest
+    waits (the loop does not), the socket is watched for writability exactly while some
+    is left, a later message waits behind it, and the child reads every frame whole."""
+    ours, theirs = socket.socketpair()
+    ours.setblocking(False)
+    selector = selectors.DefaultSelector()
+    sup = Supervisor(selector, lambda c, m: None, lambda c, s: None)
+    sup.settings = {"max_jobs_per_child": 1000}
+    child = Child(sock=ours, spawned_at=0.0, pid=125)
+    child.on_unsent = sup._unsent.add
+    selector.register(ours, selectors.EVENT_READ, ("child", child))
+    sup.children.append(child)
+    big = protocol.encode(
+        protocol.Job(9, "h", "m:f", "default", {"pad": "x" * (4 << 20)}, 1, 3, None, 99.0)
+    )
+    sup.assign(child, 9, big)
+    assert sup.send_assigned() == []  # not a failure: the rest waits
+    assert 0 < len(child.unsent) < len(big)
+    assert child.send(protocol.Exit())  # behind the job, never inside it
+    sup.flush_writes()
+    assert selector.get_key(ours).events == selectors.EVENT_READ | selectors.EVENT_WRITE
+    reader, got = FrameReader(), list[protocol.Message]()
+    theirs.settimeout(5)
+    while len(got) < 2:
+        got += [protocol.decode(f) for f in reader.feed(theirs.recv(1 << 20))]
+        sup.flush_writes(child)  # (what the loop does when the socket is writable)
+    assert isinstance(got[0], protocol.Job) and got[0].payload == {"pad": "x" * (4 << 20)}
+    assert isinstance(got[1], protocol.Exit)
+    assert not child.unsent and child not in sup._unsent
+    assert selector.get_key(ours).events == selectors.EVENT_READ
+    ours.close()
+    theirs.close()

@@ -392,8 +392,9 @@ class Supervisor:
         it, and keep the loop's selector watching for writability exactly where some is
         left. The loop calls it before each wait, and when a socket is writable."""
         for one in list(self._unsent) if child is None else [child]:
-            if one.eof:
+            if one.eof:  # (it has exited, or is exiting: nothing more reaches it)
                 one.unsent.clear()
+                one.watch_unsent.clear()
             for unsent, sock in ((one.unsent, one.sock), (one.watch_unsent, one.watch)):
                 if unsent and sock is not None:
                     try:
@@ -571,6 +572,7 @@ class Supervisor:
                 child.eof = True
             elif data:
                 self._deliver(child, data)
+        self._stop_watching_writes(child)
         child.close_sockets()
         oom = self.containment.child_exited(child.pid)
         if oom is not None and not child.broken:  # (the OOM killer in its attempt's cgroup)

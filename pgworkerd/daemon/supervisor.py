@@ -103,7 +103,8 @@ class Child:
     of its own, which carries only what the fence needs (each job, with its lease
     deadline and memory limit, and each renewal). A job therefore reaches the child
     straight from the daemon, not relayed by another process: on an idle machine each
-    hop between processes is a wake-up, about a millisecond of a job's start."""
+    hop between processes is a wake-up, which costs a job's start a good part of a
+    millisecond (docs/benchmarks/2026-11-27-job-straight-to-child.md)."""
 
     sock: socket.socket
     spawned_at: float

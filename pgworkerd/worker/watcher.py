@@ -9,10 +9,11 @@ its messages to, and the watcher's, which only the watcher holds (the child clos
 copy once the watcher is forked, before any handler code runs) and on which the daemon
 sends what a fence needs: each job (its lease deadline, its memory limit) and each
 renewal. A renewal therefore reaches the fence whatever the child's interpreter is
-doing, and a job's own code cannot forge one. The job reaches the child straight from
-the daemon: an earlier design had the watcher read the daemon's only socket and relay
-every byte to the child, which put a wake-up of a third process on every job's path
-(about 1 ms of an idle daemon's enqueue -> start, bench/idle_path.py).
+doing, and a job's own code cannot forge one (only the daemon holds the other end).
+The job reaches the child straight from the daemon: an earlier design had the watcher
+read the daemon's only socket and relay every byte to the child, which put a wake-up of
+a third process on every job's path (0.45 ms of an idle daemon's median enqueue -> start,
+bench/idle_path.py --starts).
 
 With attempt cgroups ([worker] job_cgroups) the child waits, before it runs a job, for
 the watcher to say that the attempt's cgroup holds it (Watcher.job_began), so that no
@@ -205,7 +206,7 @@ def start(
             traceback.print_exc()
         finally:
             os._exit(status)
-    os.close(watch_fd)  # (the job's code must not read the fence's socket, nor write to it)
+    os.close(watch_fd)  # (the job's code must not read the renewals meant for the fence)
     os.close(events_r)
     os.close(acks_w)
     return Watcher(pid, events_w, send_lock, acks_r, cgroups=cgroup_base is not None)

@@ -288,6 +288,34 @@ def test_a_handler_holding_the_gil_is_stopped_at_its_lease_deadline_with_its_tre
     assert "lease" in error and "SIGKILL" not in error, error
 
 
+def test_a_handler_that_forges_renewals_is_stopped_at_its_lease_deadline(
+    db: Db, daemons: Daemons, tmp_path: Path
+) -> None:
+    """A job cannot move its own deadline: the watcher learns each renewal on a socket of
+    its own whose other end only the daemon holds. Here the handler writes a renewal a
+    century away to every socket it holds once the daemon is frozen; its tree is stopped
+    by the lease's end all the same."""
+    config = daemons.config({"tree": TREE}, {**WORKER, "lease": "4s", "renew_interval": "1s"})
+    daemon = daemons.start(config)
+    go = tmp_path / "go"
+    tree = Tree(db, tmp_path, then="forge_renewals", go=str(go))
+    handler_pid = tree.wait_running()["handler"]["pid"]
+    daemon.send(signal.SIGSTOP)
+    try:
+        time.sleep(0.5)  # (a renewal sent just before the stop commits)
+        lease_end = db.job(tree.job_id)["locked_until"].timestamp()
+        go.touch()
+        wait_for(
+            lambda: process_state(handler_pid) in (None, "Z") and not marked(tree.marker),
+            timeout=30,
+            what="the job's child and its processes stopped",
+        )
+        stopped_at = time.time()
+    finally:
+        daemon.send(signal.SIGCONT)
+    assert stopped_at < lease_end + 1.0, (stopped_at, lease_end)
+
+
 def test_a_handler_holding_the_gil_past_its_lease_runs_on_while_the_lease_is_renewed(
     db: Db, daemons: Daemons, tmp_path: Path
 ) -> None:

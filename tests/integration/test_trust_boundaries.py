@@ -88,11 +88,16 @@ ELSEWHERE: dict[str, list[str]] = {
         "tests/acceptance/test_daemon.py::test_a_dsn_password_is_masked_in_the_process_title_at_once",
     ],
     "Holding the GIL in C code does not keep it running: a watcher process outside its"
-    " interpreter stops its whole tree at its lease deadline and at its memory limit.": [
+    " interpreter stops its whole tree at its lease deadline and at its memory limit. The"
+    " watcher learns each renewal on a socket of its own whose other end only the daemon"
+    " holds, so a job cannot move its own deadline (nor read the watcher's renewals: the"
+    " child closes its copy of the watcher's end before any handler code runs).": [
         "tests/fault/test_containment.py"
         "::test_a_handler_holding_the_gil_is_stopped_at_its_lease_deadline_with_its_tree",
         "tests/acceptance/test_accounting.py"
         "::test_a_handler_holding_the_gil_is_stopped_near_its_memory_limit",
+        "tests/fault/test_containment.py"
+        "::test_a_handler_that_forges_renewals_is_stopped_at_its_lease_deadline",
     ],
     "It changes a job only through fenced functions that check its worker, lease token and"
     " `running`: no UPDATE of status, attempts, checkpoint or result, no other worker's logs"

@@ -444,7 +444,15 @@ class _Watch:
                 tmpdirs.remove_child_dirs(self.tmp_root, self.child)
 
         stop_tree(self.child, sig, skip={self.me}, before_end=remove_temp_dirs)
-        signal.pause()  # the child is dying: its death kills us (PR_SET_PDEATHSIG)
+        # The child is dying (stop_tree SIGKILLs it if it outlives its signal): go once it
+        # has. PR_SET_PDEATHSIG should end us with it, but one watcher was left behind
+        # after its child, which had dropped to a job's uid, was stopped at its memory
+        # limit: its own end is not left to that signal.
+        with contextlib.suppress(OSError):
+            pidfd = os.pidfd_open(self.child)
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            poller.poll(int((_DEATH_WAIT + 1) * 1000))
         os._exit(0)
 
 

@@ -260,6 +260,31 @@ def test_an_attempt_whose_lease_could_not_be_renewed_says_so(
     assert "lease" in daemon.log()
 
 
+def _stopped_while_frozen(
+    db: Db,
+    daemon: DaemonProcess,
+    tree: Tree,
+    handler_pid: int,
+    then: Callable[[], None] = lambda: None,
+) -> tuple[float, float]:
+    """Freeze the daemon (no renewal, no kill from it), call `then`, and wait until the
+    job's child and its processes are gone; returns when (time.time()) and the lease's
+    end as the database last had it. The daemon is thawed whatever happens."""
+    daemon.send(signal.SIGSTOP)
+    try:
+        time.sleep(0.5)  # (a renewal sent just before the stop commits)
+        lease_end = db.job(tree.job_id)["locked_until"].timestamp()
+        then()
+        wait_for(
+            lambda: process_state(handler_pid) in (None, "Z") and not marked(tree.marker),
+            timeout=30,
+            what="the job's child and its processes stopped",
+        )
+        return time.time(), lease_end
+    finally:
+        daemon.send(signal.SIGCONT)
+
+
 def test_a_handler_holding_the_gil_is_stopped_at_its_lease_deadline_with_its_tree(
     db: Db, daemons: Daemons, tmp_path: Path
 ) -> None:
@@ -271,18 +296,7 @@ def test_a_handler_holding_the_gil_is_stopped_at_its_lease_deadline_with_its_tre
     tree = Tree(db, tmp_path, then="hold_gil", seconds=600)
     handler_pid = tree.wait_running()["handler"]["pid"]
     time.sleep(2)  # renewed meanwhile: the deadline that counts is the last renewal's
-    daemon.send(signal.SIGSTOP)
-    try:
-        time.sleep(0.5)  # (a renewal sent just before the stop commits)
-        lease_end = db.job(tree.job_id)["locked_until"].timestamp()
-        wait_for(
-            lambda: process_state(handler_pid) in (None, "Z") and not marked(tree.marker),
-            timeout=30,
-            what="the job's child and its processes stopped",
-        )
-        stopped_at = time.time()
-    finally:
-        daemon.send(signal.SIGCONT)
+    stopped_at, lease_end = _stopped_while_frozen(db, daemon, tree, handler_pid)
     assert stopped_at < lease_end + 1.0, (stopped_at, lease_end)
     error = db.wait_status(tree.job_id, "dead")["last_error"]
     assert "lease" in error and "SIGKILL" not in error, error
@@ -300,19 +314,7 @@ def test_a_handler_that_forges_renewals_is_stopped_at_its_lease_deadline(
     go = tmp_path / "go"
     tree = Tree(db, tmp_path, then="forge_renewals", go=str(go))
     handler_pid = tree.wait_running()["handler"]["pid"]
-    daemon.send(signal.SIGSTOP)
-    try:
-        time.sleep(0.5)  # (a renewal sent just before the stop commits)
-        lease_end = db.job(tree.job_id)["locked_until"].timestamp()
-        go.touch()
-        wait_for(
-            lambda: process_state(handler_pid) in (None, "Z") and not marked(tree.marker),
-            timeout=30,
-            what="the job's child and its processes stopped",
-        )
-        stopped_at = time.time()
-    finally:
-        daemon.send(signal.SIGCONT)
+    stopped_at, lease_end = _stopped_while_frozen(db, daemon, tree, handler_pid, go.touch)
     assert stopped_at < lease_end + 1.0, (stopped_at, lease_end)
 
 

@@ -1,6 +1,7 @@
 """What the benchmarks share, written once: their command line (--short, --json), the
 machine and load line every figure is printed with, a private PostgreSQL with the schema
-migrated, percentiles of latency samples, and the handlers' start stamps.
+migrated, percentiles of latency samples, the handlers' start stamps, and a statement's
+time on the server alone.
 
 A bench imports it by name (a bench runs as `python bench/NAME.py`, so bench/ is on
 sys.path). Figures are printed, never asserted.
@@ -109,3 +110,19 @@ def write_json(path: Path | None, results: Mapping[str, Any]) -> None:
     if path is not None:
         figures = {"machine": machine(), **results}
         path.write_text(json.dumps(figures, indent=2, default=str) + "\n")
+
+
+def server_us_per_call(conn: Any, statement: str, calls: int) -> float:
+    """Microseconds per run of `statement` (PL/pgSQL, e.g. a PERFORM) on the server alone:
+    a DO block runs it `calls` times in a loop, so neither the client nor the network is
+    in the figure."""
+    conn.execute(
+        f"""DO $$ DECLARE t timestamptz := clock_timestamp(); BEGIN
+              FOR i IN 1..{calls} LOOP {statement} END LOOP;
+              PERFORM set_config('bench.us',
+                  (extract(epoch FROM clock_timestamp() - t) * 1e6 / {calls})::text, false);
+            END $$"""
+    )
+    row = conn.execute("SELECT current_setting('bench.us')").fetchone()
+    assert row is not None
+    return float(row[0])

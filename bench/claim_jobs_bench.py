@@ -17,6 +17,7 @@ import os
 import statistics
 
 import psycopg
+from _measure import server_us_per_call
 
 from pgworkerd.devcluster.localpg import LocalPostgres
 from pgworkerd.queue.migrate import migrate
@@ -29,16 +30,7 @@ FUNCTIONS = ("claim_v3", "claim_jobs")
 
 
 def per_call_us(conn: psycopg.Connection, function: str, calls: int) -> float:
-    conn.execute(
-        f"""DO $$ DECLARE t timestamptz := clock_timestamp(); BEGIN
-              FOR i IN 1..{calls} LOOP PERFORM * FROM pgworkerd.{function}{ARGS}; END LOOP;
-              PERFORM set_config('bench.us',
-                  (extract(epoch FROM clock_timestamp() - t) * 1e6 / {calls})::text, false);
-            END $$"""
-    )
-    row = conn.execute("SELECT current_setting('bench.us')").fetchone()
-    assert row is not None
-    return float(row[0])
+    return server_us_per_call(conn, f"PERFORM * FROM pgworkerd.{function}{ARGS};", calls)
 
 
 def main() -> None:

@@ -115,6 +115,26 @@ BAD: list[tuple[str, dict[str, Any], str]] = [
         '"max_running_per_key" must be',
     ),
     ("a name twice", {"handlers": [ONE, ONE]}, "handlers must name each handler once, not h, h"),
+    # What a jsonpath test in lax mode would take for a good value, were it not written
+    # against it (0043: the claim tests well-formed handlers with one jsonpath first):
+    # an array where a number, a string or an object is wanted, a handler in an array.
+    ("a handler in an array", {"handlers": [ONE, [ONE]]}, "each handler must be a JSON object"),
+    ("free in an array", {"handlers": [{**ONE, "free": [5]}]}, '"free" must be'),
+    ("lease in an array", {"handlers": [{**ONE, "lease_seconds": [60]}]}, '"lease_seconds"'),
+    ("name in an array", {"handlers": [{**ONE, "name": ["h"]}]}, '"name" must be'),
+    ("max_attempts []", {"handlers": [{**ONE, "max_attempts": []}]}, '"max_attempts" must'),
+    ("queues [null]", {"handlers": [{**ONE, "queues": [None]}]}, '"queues" must be null'),
+    ("queues nested", {"handlers": [{**ONE, "queues": [["a"]]}]}, '"queues" must be null'),
+    ("fair in an array", {"handlers": [{**ONE, "fair": [True]}]}, '"fair" must be null'),
+    ("weights an array", {"handlers": [{**ONE, "weights": [{"a": 1}]}]}, '"weights" must be'),
+    ("rate in an array", {"handlers": [{**ONE, "rate": [1]}]}, '"rate" must be null'),
+    ("rate 0", {"handlers": [{**ONE, "rate": 0}]}, '"rate" must be null'),
+    ("rate per key > 1e6", {"handlers": [{**ONE, "rate_per_key": 1e7}]}, '"rate_per_key" must'),
+    (
+        "a misspelt key among good ones",
+        {"handlers": [ONE, {**ONE, "name": "h2", "max_attempts": 3, "fiar": True}]},
+        "unknown key(s) 'fiar'",
+    ),
 ]
 
 
@@ -147,6 +167,35 @@ def test_nothing_to_claim_for_is_not_an_error(conn: psycopg.Connection, schema: 
     assert claim_v3(conn, schema, [ONE], queues=[]) == []
     assert claim_v3(conn, schema, [{**ONE, "free": 0}]) == []
     assert claim_v3(conn, schema, [ONE], max_jobs=0) == []
+
+
+@pytest.mark.parametrize("handler", [ONE, {**ONE, "rate": 1000}], ids=["plain", "rate-limited"])
+@pytest.mark.parametrize("kind", ["pending", "running"])
+def test_an_expired_job_ends_before_the_claim_and_is_never_started(
+    conn: psycopg.Connection, schema: str, handler: dict[str, Any], kind: str
+) -> None:
+    """Since 0043 the claim ends expired jobs only when it finds one: it must find each
+    kind alone (a pending job past its deadline; a running one whose lease ran out after
+    it), whichever claim follows (claim_v3, or claim_v4 for a rate-limited handler)."""
+    expired = client.enqueue(conn, "h", schema=schema)
+    past = "expires_at = now() - interval '1 s'"
+    if kind == "running":
+        [claimed] = claim_v3(conn, schema, [ONE])
+        assert claimed["id"] == expired
+        past += ", locked_until = now() - interval '1 s'"
+    conn.execute(render(f"UPDATE @schema@.jobs SET {past} WHERE id = %s", schema), (expired,))
+    due = client.enqueue(conn, "h", schema=schema)
+    assert [r["id"] for r in claim_v3(conn, schema, [handler])] == [due]
+    row = conn.execute(
+        render("SELECT status::text, last_error FROM @schema@.jobs WHERE id = %s", schema),
+        (expired,),
+    ).fetchone()
+    assert row is not None and row[0] == "cancelled"
+    assert row[1].startswith(
+        "expired: its lease ran out after its expires_at"
+        if kind == "running"
+        else "expired: not started by its expires_at "
+    )
 
 
 # -- each key does what claim_jobs' argument of that name does -------------------------------

@@ -238,7 +238,9 @@ REVOKE EXECUTE ON FUNCTION @schema@.prune_finished_v2(float8, float8, float8, fl
 -- last_error ("expired: ..."), so that a job whose handler no daemon serves, or a queue
 -- nobody claims from, ends at its deadline too: pending ones, and running ones whose
 -- lease ran out (a rescue would start a new attempt). The one text of that transition:
--- claim_jobs_v2 and claim_jobs_v3 call it (with 1000) before they claim (0039). At most
+-- claim_jobs_v2 and claim_jobs_v3 call it (with 1000) before they claim (0039);
+-- claim_jobs_v3 only when a probe of its two WHERE conditions finds a job (0043: change
+-- them there too). At most
 -- `max_jobs` of each per call, oldest deadline (or lease) first; rows
 -- another transaction holds (a claim, a cancel) are skipped, never waited for. Returns
 -- how many ended. Their end counts for their batches and children as any cancel does.

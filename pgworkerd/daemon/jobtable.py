@@ -191,28 +191,25 @@ class JobTable(Generic[ChildT]):
             if beside is None and not idle:
                 continue  # (a later job may join a child running its handler's jobs)
             try:
-                frame = protocol.encode(
-                    protocol.Job(
-                        id=job.job.id,
-                        handler=job.job.handler,
-                        target=job.handler.target,
-                        queue=job.job.queue,
-                        payload=job.job.payload,
-                        attempt=job.job.attempt,
-                        max_attempts=job.job.max_attempts,
-                        checkpoint=job.job.checkpoint,
-                        deadline=job.deadline,
-                        memory_limit=job.handler.memory_limit or self.worker.memory_limit,
-                        parents=job.job.parents,
-                        woken=job.job.woken,
-                        lease_token=job.job.token,
-                        batch=job.job.batch,
-                        concurrency=job.handler.concurrency
-                        if job.handler.concurrency > 1
-                        else None,
-                        trace=job.job.trace,
-                    )
+                message = protocol.Job(
+                    id=job.job.id,
+                    handler=job.job.handler,
+                    target=job.handler.target,
+                    queue=job.job.queue,
+                    payload=job.job.payload,
+                    attempt=job.job.attempt,
+                    max_attempts=job.job.max_attempts,
+                    checkpoint=job.job.checkpoint,
+                    deadline=job.deadline,
+                    memory_limit=job.handler.memory_limit or self.worker.memory_limit,
+                    parents=job.job.parents,
+                    woken=job.job.woken,
+                    lease_token=job.job.token,
+                    batch=job.job.batch,
+                    concurrency=job.handler.concurrency if job.handler.concurrency > 1 else None,
+                    trace=job.job.trace,
                 )
+                frame = protocol.encode(message)
             except Exception as exc:  # this job's data: too big, too deep, not JSON
                 self.refuse(
                     job.job, job.handler, f"cannot be handed to a child: {short_error(exc)}"
@@ -220,7 +217,13 @@ class JobTable(Generic[ChildT]):
                 continue
             child = beside if beside is not None else idle.pop(0)
             self._child_of[job.job.id] = child
-            self.supervisor.assign(child, job.job.id, frame, job.handler.concurrency)
+            self.supervisor.assign(
+                child,
+                job.job.id,
+                frame,
+                protocol.encode(protocol.Watch.of(message)),
+                job.handler.concurrency,
+            )
             handed.append((job, child))
         unreachable = self.supervisor.send_assigned()
         for job, child in handed:

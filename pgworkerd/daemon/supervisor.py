@@ -120,6 +120,7 @@ class Child:
     uid: int | None = None  # its own uid ([worker] job_uids), held until it is reaped
     cpu_reported: tuple[float, float] = (0.0, 0.0)  # (user, system) its settled jobs used
     outbox: list[bytes] = field(default_factory=list)  # jobs assigned, not sent yet
+    watch_outbox: list[bytes] = field(default_factory=list)  # their Watch frames, as outbox
     # what its socket and its watcher's did not take yet (a frame larger than a socket's
     # buffer: a job's payload may be up to 64 MiB); Supervisor.flush_writes sends it as
     # they drain, and later frames wait behind it
@@ -131,15 +132,17 @@ class Child:
 
     def send(self, message: ParentMessage) -> bool:
         """Best effort: a child that is gone cannot be told anything."""
-        return self.send_encoded(protocol.encode(message), fence=isinstance(message, LeaseExtended))
+        frame = protocol.encode(message)
+        return self.send_encoded(frame, frame if isinstance(message, LeaseExtended) else b"")
 
-    def send_encoded(self, frame: bytes, fence: bool = False) -> bool:
-        """Write `frame` to the child and, if `fence` (jobs and renewals), to its watcher
-        too: the child first, whose job waits on it. What a socket does not take now
-        waits (never the loop); False if the child or its watcher is gone."""
+    def send_encoded(self, frame: bytes, watch_frame: bytes = b"") -> bool:
+        """Write `frame` to the child and `watch_frame` (what the fence needs of jobs and
+        renewals), if any, to its watcher: the child first, whose job waits on it. What a
+        socket does not take now waits (never the loop); False if the child or its
+        watcher is gone."""
         sent = _write(self.sock, self.unsent, frame)
-        if fence and self.watch is not None:
-            sent = _write(self.watch, self.watch_unsent, frame) and sent
+        if watch_frame and self.watch is not None:
+            sent = _write(self.watch, self.watch_unsent, watch_frame) and sent
         if (self.unsent or self.watch_unsent) and self.on_unsent is not None:
             self.on_unsent(self)
         return sent
@@ -337,28 +340,33 @@ class Supervisor:
         child.exiting = True
         child.send(Exit())
 
-    def assign(self, child: Child, job_id: int, frame: bytes, side_by_side: int = 1) -> None:
-        """Hand a job (its message, encoded already) to an idle child, or to one that runs
-        up to `side_by_side` jobs of an async handler at once (child.job stays its first;
-        such a child runs at least that many jobs before it is replaced, as the child
-        counts them too: pgworkerd.worker.child.main). The message waits in the child's
-        outbox for send_assigned."""
+    def assign(
+        self, child: Child, job_id: int, frame: bytes, watch_frame: bytes, side_by_side: int = 1
+    ) -> None:
+        """Hand a job (its Job message and its Watch, encoded already) to an idle child, or
+        to one that runs up to `side_by_side` jobs of an async handler at once (child.job
+        stays its first; such a child runs at least that many jobs before it is replaced,
+        as the child counts them too: pgworkerd.worker.child.main). The messages wait in
+        the child's outboxes for send_assigned."""
         if child.job is None:
             child.job = job_id
         child.jobs_run += 1
         if child.jobs_run >= max(side_by_side, int(self.settings.get("max_jobs_per_child", 1))):
             child.exiting = True
         child.outbox.append(frame)
+        child.watch_outbox.append(watch_frame)
 
     def send_assigned(self) -> list[Child]:
         """Send each child the jobs assigned to it since the last call, in one write (a
-        child handed several jobs of an async handler at once wakes once for them);
-        returns the children that could not be written to (gone)."""
+        child handed several jobs of an async handler at once wakes once for them), and
+        its watcher their Watch frames likewise; returns the children that could not be
+        written to (gone)."""
         failed = []
         for child in self.children:
             if child.outbox:
                 frames, child.outbox = b"".join(child.outbox), []
-                if not child.send_encoded(frames, fence=True):
+                watch_frames, child.watch_outbox = b"".join(child.watch_outbox), []
+                if not child.send_encoded(frames, watch_frames):
                     failed.append(child)
         return failed
 
@@ -487,7 +495,7 @@ class Supervisor:
             return []
         try:
             messages = [protocol.decode(frame) for frame in child.reader.feed(data)]
-            if any(isinstance(m, protocol.ParentMessage) for m in messages):
+            if any(isinstance(m, protocol.ParentMessage | protocol.Watch) for m in messages):
                 raise protocol.ProtocolError("a parent's message kind")
             return messages  # type: ignore[return-value]
         except Exception as exc:

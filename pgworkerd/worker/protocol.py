@@ -7,7 +7,8 @@ Dependency-free (the child imports it; it must not load database code). A frame 
 Child -> parent: Hello (once, first), then per job Started, any number of Beat and Usage,
 and one report: Done, Failed or Interrupted.
 Parent -> child: Job, LeaseExtended, Cancel, Shutdown (finish or stop the current job,
-then exit), Exit (exit when idle).
+then exit), Exit (exit when idle). Parent -> the child's watcher (its own socket): Watch
+(what the fence needs of each job) and LeaseExtended.
 
 decode() checks what it is given: the parent reads children that run arbitrary handler
 code, so a message of an unknown kind, with a missing field or a field of the wrong type
@@ -39,6 +40,7 @@ class Kind(StrEnum):
     EXIT = "exit"
     OUTPUT = "output"
     STOP = "stop"
+    WATCH = "watch"
 
 
 class ProtocolError(ValueError):
@@ -209,9 +211,32 @@ class Stop:
     id: int
 
 
+# -- parent -> the child's watcher (pgworkerd.worker.watcher) -----------------------------
+
+
+@dataclass(frozen=True)
+class Watch:
+    """What the fence needs of a job handed to the watcher's child, sent beside its Job:
+    never the payload or anything else the enqueuer wrote, which the watcher (root's, if
+    the daemon is) then neither receives nor parses, and a large job is not written
+    twice."""
+
+    kind: ClassVar[Kind] = Kind.WATCH
+    id: int
+    attempt: int
+    deadline: float  # as Job.deadline
+    memory_limit: int | None = None  # as Job.memory_limit
+    concurrency: int | None = None  # as Job.concurrency: side by side, no cgroup each
+
+    @classmethod
+    def of(cls, job: Job) -> Watch:
+        return cls(job.id, job.attempt, job.deadline, job.memory_limit, job.concurrency)
+
+
 ChildMessage = Hello | Started | Beat | Done | Failed | Interrupted | Usage | Output
 ParentMessage = Job | LeaseExtended | Cancel | Shutdown | Exit | Stop
-Message = ChildMessage | ParentMessage
+WatcherMessage = Watch | LeaseExtended
+Message = ChildMessage | ParentMessage | WatcherMessage
 
 _CLASSES: dict[str, type[Any]] = {
     cls.kind.value: cls
@@ -230,6 +255,7 @@ _CLASSES: dict[str, type[Any]] = {
         Exit,
         Output,
         Stop,
+        Watch,
     )
 }
 # Fields that hold any JSON value; every other field's type is checked.

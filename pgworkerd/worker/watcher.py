@@ -7,9 +7,11 @@ safe): a small process of its own interpreter, so of its own GIL. The daemon giv
 child two sockets: the child's own, which its monitor thread reads and the child writes
 its messages to, and the watcher's, which only the watcher holds (the child closes its
 copy once the watcher is forked, before any handler code runs) and on which the daemon
-sends what a fence needs: each job (its lease deadline, its memory limit) and each
-renewal. A renewal therefore reaches the fence whatever the child's interpreter is
-doing, and a job's own code cannot forge one (only the daemon holds the other end).
+sends what a fence needs: each job's Watch (its id, attempt, lease deadline and memory
+limit: never its payload or anything else the enqueuer wrote, so this process, root's if
+the daemon is, parses nothing of a job's data) and each renewal. A renewal therefore
+reaches the fence whatever the child's interpreter is doing, and a job's own code cannot
+forge one (only the daemon holds the other end).
 The job reaches the child straight from the daemon: an earlier design had the watcher
 read the daemon's only socket and relay every byte to the child, which put a wake-up of
 a third process on every job's path (0.45 ms of an idle daemon's median enqueue -> start,
@@ -60,7 +62,7 @@ from typing import Any
 from setproctitle import setproctitle
 
 from pgworkerd.worker import cgroup, protocol, tmpdirs
-from pgworkerd.worker.protocol import Failed, Job, LeaseExtended, Usage
+from pgworkerd.worker.protocol import Failed, LeaseExtended, Usage, Watch
 from pgworkerd.worker.resources import SAMPLE_INTERVAL, children_of, cpu_of, limit_message, rss
 from pgworkerd.worker.wire import FrameReader
 
@@ -283,7 +285,7 @@ class _Watch:
                 with contextlib.suppress(OSError):
                     os.write(self.acks, b"k")
 
-    def _begin_cgroup(self, message: Job) -> None:
+    def _begin_cgroup(self, message: Watch) -> None:
         """The attempt's own cgroup, the child in it (before the job reaches the child)."""
         self._end_cgroup()  # (an earlier attempt's that was never ended: not to leak it)
         if self.cgroup_base is None:
@@ -347,7 +349,7 @@ class _Watch:
         return True
 
     def _note(self, message: protocol.Message) -> None:
-        if isinstance(message, Job):
+        if isinstance(message, Watch):
             if not self.jobs:
                 self.next_sample, self.peak = 0.0, 0
             self.jobs[message.id] = message.deadline

@@ -55,6 +55,7 @@ class FakeChild:
     rusage: Any = None  # as Supervisor's Child: os.wait4's once reaped
     cpu_reported: tuple[float, float] = (0.0, 0.0)
     sent: list[Any] = field(default_factory=list)  # protocol messages, decoded
+    watched: list[Any] = field(default_factory=list)  # what its watcher was sent, decoded
     signals: list[int] = field(default_factory=list)
 
     def send(self, message: Any) -> bool:
@@ -110,7 +111,9 @@ class FakeSupervisor:
         if child.job == job_id:
             child.job = None
 
-    def assign(self, child: FakeChild, job_id: int, frame: bytes, side_by_side: int = 1) -> None:
+    def assign(
+        self, child: FakeChild, job_id: int, frame: bytes, watch_frame: bytes, side_by_side: int = 1
+    ) -> None:
         if child.job is None:  # (a child running jobs side by side keeps its first)
             child.job = job_id
         child.jobs_run += 1
@@ -120,6 +123,7 @@ class FakeSupervisor:
         import json
 
         child.sent.append(protocol.decode(json.loads(frame[4:])))
+        child.watched.append(protocol.decode(json.loads(watch_frame[4:])))
 
     def send_assigned(self) -> list[FakeChild]:
         return list(self.unreachable)  # (what a test made unreachable)

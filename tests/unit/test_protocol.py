@@ -28,6 +28,8 @@ EVERY_MESSAGE: list[protocol.Message] = [
     protocol.Shutdown(),
     protocol.Shutdown(7),
     protocol.Exit(),
+    protocol.Watch(7, 1, 1234.5),
+    protocol.Watch(7, 2, 1234.5, 1 << 30, 8),
 ]
 
 

@@ -29,6 +29,10 @@ def job(job_id: int) -> bytes:
     )
 
 
+def watch(job_id: int) -> bytes:
+    return protocol.encode(protocol.Watch(job_id, 1, 99.0, None, 8))
+
+
 def test_the_jobs_of_one_dispatch_reach_a_child_in_one_write_in_order() -> None:
     ours, theirs = socket.socketpair()
     counted = CountingSocket(fileno=ours.detach())
@@ -37,7 +41,7 @@ def test_the_jobs_of_one_dispatch_reach_a_child_in_one_write_in_order() -> None:
     child = Child(sock=counted, spawned_at=0.0, pid=123)
     sup.children.append(child)
     for job_id in (1, 2, 3):
-        sup.assign(child, job_id, job(job_id), side_by_side=8)
+        sup.assign(child, job_id, job(job_id), watch(job_id), side_by_side=8)
     assert counted.writes == 0  # nothing is sent before send_assigned
     assert sup.send_assigned() == []
     assert counted.writes == 1 and child.outbox == [] and child.job == 1
@@ -57,7 +61,7 @@ def test_a_child_that_cannot_be_written_to_is_returned() -> None:
     sup = Supervisor(selectors.DefaultSelector(), lambda c, m: None, lambda c, s: None)
     child = Child(sock=ours, spawned_at=0.0, pid=124)
     sup.children.append(child)
-    sup.assign(child, 7, job(7))
+    sup.assign(child, 7, job(7), watch(7))
     assert sup.send_assigned() == [child]
     assert child.outbox == []
     ours.close()
@@ -79,7 +83,7 @@ def test_what_a_socket_does_not_take_waits_and_goes_as_it_drains() -> None:
     big = protocol.encode(
         protocol.Job(9, "h", "m:f", "default", {"pad": "x" * (4 << 20)}, 1, 3, None, 99.0)
     )
-    sup.assign(child, 9, big)
+    sup.assign(child, 9, big, watch(9))
     assert sup.send_assigned() == []  # not a failure: the rest waits
     assert 0 < len(child.unsent) < len(big)
     assert child.send(protocol.Exit())  # behind the job, never inside it
@@ -96,3 +100,31 @@ def test_what_a_socket_does_not_take_waits_and_goes_as_it_drains() -> None:
     assert selector.get_key(ours).events == selectors.EVENT_READ
     ours.close()
     theirs.close()
+
+
+def test_the_watcher_is_sent_what_the_fence_needs_never_the_job_s_data() -> None:
+    """A child's watcher socket carries each job's Watch (id, attempt, deadline, memory
+    limit, concurrency) and each renewal; the Job with its payload goes to the child
+    alone, so the watcher neither receives nor parses what the enqueuer wrote."""
+    ours, theirs = socket.socketpair()
+    watch_ours, watch_theirs = socket.socketpair()
+    sup = Supervisor(selectors.DefaultSelector(), lambda c, m: None, lambda c, s: None)
+    sup.settings = {"max_jobs_per_child": 1000}
+    child = Child(sock=ours, spawned_at=0.0, pid=126, watch=watch_ours)
+    sup.children.append(child)
+    secret = "enqueuer-data-" + "x" * 1000
+    message = protocol.Job(5, "h", "m:f", "default", {"s": secret}, 2, 3, None, 42.5, 1 << 20)
+    sup.assign(child, 5, protocol.encode(message), protocol.encode(protocol.Watch.of(message)))
+    assert sup.send_assigned() == []
+    assert child.send(protocol.LeaseExtended(50.0, 5))
+    assert child.send(protocol.Cancel(5))  # the child's alone
+    theirs.settimeout(5)
+    watch_theirs.settimeout(5)
+    raw = watch_theirs.recv(1 << 16)
+    assert b"enqueuer-data" not in raw
+    watched = [protocol.decode(f) for f in FrameReader().feed(raw)]
+    assert watched == [protocol.Watch(5, 2, 42.5, 1 << 20, None), protocol.LeaseExtended(50.0, 5)]
+    told = [protocol.decode(f) for f in FrameReader().feed(theirs.recv(1 << 16))]
+    assert told == [message, protocol.LeaseExtended(50.0, 5), protocol.Cancel(5)]
+    for sock in (ours, theirs, watch_ours, watch_theirs):
+        sock.close()

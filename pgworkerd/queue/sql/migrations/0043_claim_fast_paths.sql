@@ -8,11 +8,721 @@
 --     expired job;
 --   * claim_v4's fair and rate passes: claim_v3 when no handler is fair or rate-limited
 --     (claim_v4 then behaves as claim_v3 does).
+-- And plans that hold whatever the statistics: a daemon that started on an empty queue
+-- (its plans made then, and kept: 0042) read every job at every claim once a backlog
+-- came, in seq scans, and in claim_v3's and claim_v4's `buried` (a join now made by
+-- primary key from the expired jobs, as their UPDATE is): a claim of 40 jobs took 33 ms
+-- where it takes 3. claim_jobs_v3 runs with enable_seqscan off.
 -- compatible-with-code-of-schema: 5
 --
--- An expand migration: claim_jobs_v3 replaced (same signature, result and behaviour:
--- grants kept; its SET clauses as 0042 left them). The declaration is objects/claim.sql;
--- this is the same text.
+-- An expand migration: claim_v3, claim_v4 and claim_jobs_v3 replaced (same signatures,
+-- results and behaviour: grants kept; claim_jobs_v3's SET clauses as 0042 left them, and
+-- one more). The declaration is objects/claim.sql; this is the same text.
+
+CREATE OR REPLACE FUNCTION @schema@.claim_v3(
+    worker text,
+    queues text[],
+    handlers text[],
+    lease_seconds float8[],         -- per handler: the lease a claimed job gets
+    free integer[],                 -- per handler: how many more jobs it may take here
+    max_jobs integer,               -- in all
+    handler_max_attempts integer[] DEFAULT NULL,  -- per handler: overrides the job's own
+    -- per handler: a JSON array of the queues (among `queues`) it claims from, or null
+    -- for all of them; the whole argument NULL: every handler claims from all of them
+    handler_queues jsonb DEFAULT NULL,
+    max_running integer[] DEFAULT NULL,          -- per handler: fleet-wide, or NULL
+    max_running_per_key integer[] DEFAULT NULL   -- per handler: per key, or NULL
+)
+RETURNS TABLE (
+    id bigint, queue text, handler text, payload jsonb, priority integer, attempts integer,
+    max_attempts integer, lease_token bigint, checkpoint jsonb, run_at timestamptz,
+    created_at timestamptz, locked_until timestamptz, rescued boolean
+)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+-- SECURITY INVOKER: a caller needs UPDATE on the jobs table and SELECT on paused, so
+-- EXECUTE can stay granted to everyone. claim_jobs (SECURITY DEFINER) has both; the
+-- daemon role has no UPDATE on jobs since roles.sql of schema 22, so it claims through
+-- claim_jobs.
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    limited text;
+    -- handlers with a per-key limit in this call: they may need a second pass
+    keyed text[] := ARRAY(SELECT s.h FROM unnest(claim_v3.handlers, claim_v3.max_running_per_key)
+                                            AS s(h, k) WHERE s.k IS NOT NULL);
+    taken text[] := '{}';  -- the handler of each job claimed by the passes so far
+    jobs_left integer := claim_v3.max_jobs;
+    got bigint;
+    pass integer := 0;
+BEGIN
+    -- The locks: one statement, before the one that counts (see above). FOR ... LOOP
+    -- takes them one by one in the order of the sorted query.
+    FOR limited IN
+        SELECT DISTINCT s.h COLLATE "C"
+          FROM unnest(claim_v3.handlers, claim_v3.max_running, claim_v3.max_running_per_key)
+               AS s(h, m, k)
+         WHERE (s.m IS NOT NULL OR s.k IS NOT NULL)
+         ORDER BY 1
+    LOOP
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            -- one snapshot for the whole transaction: the count could not see the claims
+            -- committed while this one waited for the lock
+            RAISE EXCEPTION 'pgworkerd: claim_v3 with limits needs READ COMMITTED, not %',
+                current_setting('transaction_isolation')
+                USING ERRCODE = 'invalid_transaction_state';
+        END IF;
+        PERFORM pg_advisory_xact_lock(hashtext(@schema_literal@ || '.max_running'),
+                                      hashtext(limited));
+    END LOOP;
+
+    -- claim_v2's statement (see 0006 for its plan), plus: `room` per handler (its free
+    -- slots here, capped by what its fleet-wide limit leaves), the keys that are full
+    -- (filtered out of the candidates, so a full key's backlog never takes the place of
+    -- other keys' jobs in a batch), the per-key ranking that keeps one batch within what
+    -- each key has left, and the paused queues and handlers left out altogether.
+    --
+    -- Why more than one pass: the candidates of a handler are its best `room` pending
+    -- jobs that are not of a full key, and the per-key ranking then keeps at most what
+    -- each key has left. When the best jobs are mostly of one key that has room for
+    -- only some of them, the batch comes out short although jobs of other keys wait.
+    -- The keys it filled are full for the next pass (this transaction sees its own
+    -- claims), which then takes the others. Only handlers with a per-key limit ever
+    -- need it, and only while a pass still claims something.
+    LOOP
+    pass := pass + 1;
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT s.handler, s.lease_seconds,
+               -- what earlier passes took of this daemon's free slots
+               s.free - coalesce(cardinality(array_positions(taken, s.handler)), 0) AS free,
+               s.max_attempts,
+               s.max_running, s.per_key,
+               CASE WHEN jsonb_typeof((SELECT claim_v3.handler_queues) -> (s.n::integer - 1))
+                         = 'array'
+                    THEN ARRAY(SELECT jsonb_array_elements_text(
+                                   (SELECT claim_v3.handler_queues) -> (s.n::integer - 1)))
+               END AS queues
+        FROM unnest((SELECT claim_v3.handlers), (SELECT claim_v3.lease_seconds),
+                    (SELECT claim_v3.free), (SELECT claim_v3.handler_max_attempts),
+                    (SELECT claim_v3.max_running), (SELECT claim_v3.max_running_per_key))
+             WITH ORDINALITY AS s(handler, lease_seconds, free, max_attempts, max_running,
+                                  per_key, n)
+        WHERE NOT EXISTS (SELECT 1 FROM @schema@.paused p
+                           WHERE p.kind = 'handler' AND p.name = s.handler)
+    ), open_queues AS (
+        SELECT ARRAY(SELECT q FROM unnest((SELECT claim_v3.queues)::text[]) AS q
+                      WHERE NOT EXISTS (SELECT 1 FROM @schema@.paused p
+                                         WHERE p.kind = 'queue' AND p.name = q)) AS queues
+    ), key_used AS (
+        -- current leases per key of the handlers with a per-key limit
+        SELECT s.handler, k.concurrency_key, k.n
+        FROM wanted s CROSS JOIN LATERAL (
+            SELECT r.concurrency_key, count(*) AS n FROM @schema@.jobs r
+            WHERE r.status = 'running' AND r.handler = s.handler
+              AND r.concurrency_key IS NOT NULL AND r.locked_until > now()
+            GROUP BY r.concurrency_key) k
+        WHERE s.per_key IS NOT NULL
+    ), served AS (
+        SELECT s.handler, s.lease_seconds, s.max_attempts, s.queues, s.per_key,
+               CASE WHEN s.max_running IS NULL THEN s.free
+                    ELSE least(s.free, s.max_running - (
+                        SELECT count(*) FROM @schema@.jobs r
+                        WHERE r.status = 'running' AND r.handler = s.handler
+                          AND r.locked_until > now())::integer) END AS room,
+               CASE WHEN s.per_key IS NOT NULL
+                    THEN ARRAY(SELECT k.concurrency_key FROM key_used k
+                                WHERE k.handler = s.handler AND k.n >= s.per_key) END
+                   AS full_keys
+        FROM wanted s
+        -- a drain takes effect at once, even before the daemon's next heartbeat reads it
+        WHERE NOT EXISTS (SELECT 1 FROM @schema@.workers w
+                           WHERE w.id = (SELECT claim_v3.worker) AND w.drain_requested)
+    ), due AS (
+        -- per handler, so a capped handler's backlog cannot hide another handler's jobs;
+        -- a handler at its limit has no room and is not looked at
+        SELECT d.id, d.priority, d.run_at, d.concurrency_key, s.handler
+        FROM served s CROSS JOIN LATERAL (
+            SELECT j.id, j.priority, j.run_at, j.concurrency_key FROM @schema@.jobs j
+            WHERE j.status = 'pending' AND j.run_at <= now() AND j.handler = s.handler
+              AND j.queue = ANY((SELECT o.queues FROM open_queues o)::text[])
+              AND (s.queues IS NULL OR j.queue = ANY(s.queues))
+              AND (s.full_keys IS NULL OR j.concurrency_key IS NULL
+                   OR j.concurrency_key <> ALL(s.full_keys))
+            ORDER BY j.priority, j.run_at, j.id
+            LIMIT greatest(0, least(s.room, (SELECT jobs_left)))
+            FOR UPDATE SKIP LOCKED) d
+        WHERE s.room > 0
+    ), expired AS (
+        -- Paused queues and handlers are left out here too: their expired jobs are neither
+        -- run again nor buried while paused (they stop counting against limits, their
+        -- leases being over), and the first claim after the resume rescues them.
+        SELECT j.id, j.priority, j.run_at, j.handler, j.concurrency_key,
+               (j.attempts >= j.max_attempts OR j.cancel_requested) AS finished
+        FROM @schema@.jobs j
+        WHERE j.status = 'running' AND j.locked_until < now()
+          AND j.queue = ANY((SELECT o.queues FROM open_queues o)::text[])
+          AND EXISTS (SELECT 1 FROM served s
+                       WHERE s.handler = j.handler AND s.room > 0
+                         AND (s.queues IS NULL OR j.queue = ANY(s.queues))
+                         AND (s.full_keys IS NULL OR j.concurrency_key IS NULL
+                              OR j.concurrency_key <> ALL(s.full_keys)))
+        ORDER BY j.locked_until
+        LIMIT (SELECT jobs_left)
+        FOR UPDATE SKIP LOCKED
+    ), buried AS (
+        UPDATE @schema@.jobs j
+           SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                             ELSE 'dead' END::@schema@.job_status,
+               last_error = 'lease of ' || j.locked_by || ' expired during attempt '
+                            || j.attempts || ' of ' || j.max_attempts || ': the worker was lost',
+               locked_by = NULL, locked_until = NULL, finished_at = now(), updated_at = now(),
+               -- a fencing event like a claim: the lost holder's token no longer matches
+               lease_token = j.lease_token + 1
+          FROM expired e
+         -- (0043) by primary key from `expired`, as the claim's UPDATE below: planned
+         -- while the jobs table was empty, a join read every job at every claim
+         WHERE j.id = ANY(ARRAY(SELECT x.id FROM expired x WHERE x.finished))
+           AND j.id = e.id AND e.finished
+        RETURNING j.id
+    ), candidates AS (
+        SELECT id, priority, run_at, handler, concurrency_key, false AS rescued FROM due
+        UNION ALL
+        SELECT id, priority, run_at, handler, concurrency_key, true FROM expired
+        WHERE NOT finished
+    ), within_keys AS (
+        -- at most what each key has left (per_key minus its current leases), the best
+        -- first; jobs without a key and handlers without a per-key limit all pass
+        SELECT c.id, c.priority, c.run_at, c.handler, c.rescued FROM (
+            SELECT c.*, s.per_key,
+                   row_number() OVER (PARTITION BY c.handler, c.concurrency_key
+                                      ORDER BY c.priority, c.run_at, c.id) AS nk
+            FROM candidates c JOIN served s USING (handler)) c
+        WHERE c.per_key IS NULL OR c.concurrency_key IS NULL
+           OR c.nk <= c.per_key - coalesce((SELECT k.n FROM key_used k
+                                             WHERE k.handler = c.handler
+                                               AND k.concurrency_key = c.concurrency_key), 0)
+    ), chosen AS (
+        -- at most `room` per handler, the best first; due and expired jobs carry what the
+        -- ranking needs, so the table is not read again here
+        SELECT id, rescued, lease_seconds, max_attempts FROM (
+            SELECT c.id, c.priority, c.run_at, c.rescued, s.room, s.lease_seconds,
+                   s.max_attempts,
+                   row_number() OVER (PARTITION BY c.handler
+                                      ORDER BY c.priority, c.run_at, c.id) AS n
+            FROM within_keys c JOIN served s USING (handler)) ranked
+        WHERE n <= room
+        ORDER BY priority, run_at, id
+        LIMIT (SELECT jobs_left)
+    )
+    UPDATE @schema@.jobs j
+       SET status = 'running',
+           locked_by = claim_v3.worker,
+           locked_until = now() + make_interval(secs => c.lease_seconds),
+           attempts = j.attempts + 1,
+           -- a handler's configured max_attempts overrides the job's own
+           max_attempts = greatest(j.attempts + 1, coalesce(c.max_attempts, j.max_attempts)),
+           lease_token = j.lease_token + 1,
+           last_error = CASE WHEN j.status = 'running'
+                             THEN 'lease of ' || j.locked_by || ' expired during attempt '
+                                  || j.attempts || ': the worker was lost'
+                             ELSE j.last_error END,
+           started_at = now(),
+           updated_at = now()
+      FROM chosen c
+     -- by primary key, however many rows a generic plan expects
+     WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.id = c.id
+    RETURNING j.id, j.queue, j.handler, j.payload, j.priority, j.attempts, j.max_attempts,
+              j.lease_token, j.checkpoint, j.run_at, j.created_at, j.locked_until,
+              c.rescued AS rescued;
+    GET DIAGNOSTICS got = ROW_COUNT;
+    jobs_left := jobs_left - got::integer;
+    EXIT WHEN got = 0 OR jobs_left <= 0 OR cardinality(keyed) = 0 OR pass >= 4;
+    -- Which handlers this transaction's passes claimed for: its own claims (this
+    -- worker's, started at this transaction's now()).
+    taken := ARRAY(SELECT j.handler FROM @schema@.jobs j
+                    WHERE j.status = 'running' AND j.handler = ANY(claim_v3.handlers)
+                      AND j.locked_by = claim_v3.worker AND j.started_at = now());
+    END LOOP;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION @schema@.claim_v4(
+    worker text,
+    queues text[],
+    handlers text[],
+    lease_seconds float8[],
+    free integer[],
+    max_jobs integer,
+    handler_max_attempts integer[] DEFAULT NULL,
+    handler_queues jsonb DEFAULT NULL,
+    max_running integer[] DEFAULT NULL,
+    max_running_per_key integer[] DEFAULT NULL,
+    fair boolean[] DEFAULT NULL,      -- per handler: served in turns by key
+    fair_weights jsonb DEFAULT NULL,  -- per handler: null or {key: turn size 1..1000}
+    rate float8[] DEFAULT NULL,       -- per handler: starts per second, or NULL
+    rate_per_key float8[] DEFAULT NULL  -- per handler: starts per second per key, or NULL
+)
+RETURNS TABLE (
+    id bigint, queue text, handler text, payload jsonb, priority integer, attempts integer,
+    max_attempts integer, lease_token bigint, checkpoint jsonb, run_at timestamptz,
+    created_at timestamptz, locked_until timestamptz, rescued boolean
+)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+-- SECURITY INVOKER, as claim_v3; its caller (claim_jobs_v3, SECURITY DEFINER) also
+-- writes rate_buckets and fair_cursors.
+SET jit = off
+AS $$
+#variable_conflict use_column
+DECLARE
+    n integer := coalesce(cardinality(claim_v4.handlers), 0);
+    limited text;
+    -- handlers with a per-key limit or rate in this call: they may need a second pass
+    keyed text[] := ARRAY(SELECT s.h FROM unnest(claim_v4.handlers, claim_v4.max_running_per_key,
+                                                 claim_v4.rate_per_key) AS s(h, k, r)
+                           WHERE s.k IS NOT NULL OR s.r IS NOT NULL);
+    taken text[] := '{}';  -- the handler of each job claimed by the passes so far
+    jobs_left integer := claim_v4.max_jobs;
+    got bigint;
+    pass integer := 0;
+    problem text;
+    -- the fair picks of a pass: their ids, and per handler how many jobs claim_v3's
+    -- order may add (NULL: as many as its room; a fair handler: what its turns left)
+    fair_ids bigint[];
+    fill integer[];
+    i integer;
+    h text;
+    open_q text[];
+    h_queues text[];
+    room integer;
+    picked integer;
+    probes integer;
+    budget integer;
+    level integer;
+    cur_key text;
+    cur_used integer;
+    k text;
+    weight integer;
+    take integer;
+    ids bigint[];
+    round_got integer;
+    round_start text;
+    staying boolean;
+    wrapped boolean;
+BEGIN
+    -- The new arguments are checked here (claim_v3's are checked by claim_jobs and
+    -- claim_jobs_v3): plain expressions, no executor for a claim without them.
+    problem := CASE
+        WHEN claim_v4.fair IS NOT NULL
+             AND (array_ndims(claim_v4.fair) > 1 OR cardinality(claim_v4.fair) <> n) THEN
+            'fair must be NULL, or one per handler in the order of handlers, not '
+            || left(claim_v4.fair::text, 200)
+        WHEN claim_v4.fair_weights IS NOT NULL
+             AND (jsonb_typeof(claim_v4.fair_weights) <> 'array'
+                  OR jsonb_array_length(claim_v4.fair_weights) <> n
+                  OR jsonb_path_exists(claim_v4.fair_weights,
+                                       'strict $[*] ? (@.type() != "null" && @.type() != "object")')
+                  OR jsonb_path_exists(claim_v4.fair_weights,
+                                       'strict $[*] ? (@.type() == "object").* ? (@.type() != "number" || @ < 1 || @ > 1000 || @ != @.floor())'))
+             THEN
+            'fair_weights must be NULL, or a JSON array with one element per handler in the '
+            || 'order of handlers, each null or an object of concurrency keys and whole '
+            || 'numbers from 1 to 1000 (jobs per turn), not '
+            || left(claim_v4.fair_weights::text, 200)
+        WHEN claim_v4.rate IS NOT NULL
+             AND (array_ndims(claim_v4.rate) > 1 OR cardinality(claim_v4.rate) <> n
+                  -- NaN is above every number: refused by the second test
+                  OR (0 < ALL(claim_v4.rate) AND 1000000 >= ALL(claim_v4.rate)) IS FALSE) THEN
+            'rate must be NULL, or one per handler in the order of handlers, each NULL (no '
+            || 'limit) or starts per second above 0 and at most 1000000, not '
+            || left(claim_v4.rate::text, 200)
+        WHEN claim_v4.rate_per_key IS NOT NULL
+             AND (array_ndims(claim_v4.rate_per_key) > 1
+                  OR cardinality(claim_v4.rate_per_key) <> n
+                  OR (0 < ALL(claim_v4.rate_per_key)
+                      AND 1000000 >= ALL(claim_v4.rate_per_key)) IS FALSE) THEN
+            'rate_per_key must be NULL, or one per handler in the order of handlers, each '
+            || 'NULL (no limit) or starts per second above 0 and at most 1000000, not '
+            || left(claim_v4.rate_per_key::text, 200)
+    END;
+    IF problem IS NOT NULL THEN
+        RAISE EXCEPTION 'pgworkerd: claim_v4: %', problem
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    -- The locks, as claim_v3's (see its header), for fair and rate-limited handlers too:
+    -- their cursors and buckets are read, then written, by one claim at a time.
+    FOR limited IN
+        SELECT DISTINCT s.h COLLATE "C"
+          FROM unnest(claim_v4.handlers, claim_v4.max_running, claim_v4.max_running_per_key,
+                      claim_v4.fair, claim_v4.rate, claim_v4.rate_per_key)
+               AS s(h, m, k, f, r, rk)
+         WHERE (s.m IS NOT NULL OR s.k IS NOT NULL OR s.f OR s.r IS NOT NULL
+                OR s.rk IS NOT NULL)
+         ORDER BY 1
+    LOOP
+        IF current_setting('transaction_isolation') <> 'read committed' THEN
+            RAISE EXCEPTION 'pgworkerd: claim_v4 with limits needs READ COMMITTED, not %',
+                current_setting('transaction_isolation')
+                USING ERRCODE = 'invalid_transaction_state';
+        END IF;
+        PERFORM pg_advisory_xact_lock(hashtext(@schema_literal@ || '.max_running'),
+                                      hashtext(limited));
+    END LOOP;
+
+    IF claim_v4.rate IS NOT NULL OR claim_v4.rate_per_key IS NOT NULL THEN
+        -- Buckets whose token is due mean what no row means: forget some (this claim
+        -- holds the locks of their handlers), so the table stays the size of the recent
+        -- starts whatever the number of keys.
+        DELETE FROM @schema@.rate_buckets b
+         WHERE b.ctid = ANY(ARRAY(
+                   SELECT o.ctid FROM @schema@.rate_buckets o
+                    WHERE o.handler = ANY(ARRAY(
+                              SELECT s.h FROM unnest(claim_v4.handlers, claim_v4.rate,
+                                                     claim_v4.rate_per_key) AS s(h, r, rk)
+                               WHERE s.r IS NOT NULL OR s.rk IS NOT NULL))
+                      AND o.next_at <= now()
+                    LIMIT 100))
+           AND b.next_at <= now();
+    END IF;
+
+    LOOP
+    pass := pass + 1;
+    fair_ids := '{}';
+    fill := NULL;
+    IF true = ANY(claim_v4.fair) THEN
+        open_q := ARRAY(SELECT q FROM unnest(claim_v4.queues) AS q
+                         WHERE NOT EXISTS (SELECT 1 FROM @schema@.paused p
+                                            WHERE p.kind = 'queue' AND p.name = q));
+        fill := array_fill(NULL::integer, ARRAY[n]);
+        FOR i IN 1 .. n LOOP
+            CONTINUE WHEN claim_v4.fair[i] IS NOT TRUE;
+            h := claim_v4.handlers[i];
+            fill[i] := 0;
+            -- the room of claim_v3's `served`, computed here for the turns
+            room := least(jobs_left,
+                          claim_v4.free[i] - coalesce(cardinality(array_positions(taken, h)), 0));
+            IF claim_v4.max_running[i] IS NOT NULL THEN
+                room := least(room, claim_v4.max_running[i] - (
+                    SELECT count(*) FROM @schema@.jobs r
+                     WHERE r.status = 'running' AND r.handler = h
+                       AND r.locked_until > now())::integer);
+            END IF;
+            IF claim_v4.rate[i] IS NOT NULL THEN
+                room := least(room, CASE WHEN EXISTS (
+                    SELECT 1 FROM @schema@.rate_buckets b
+                     WHERE b.handler = h AND b.concurrency_key = ''
+                       AND b.next_at > now()) THEN 0 ELSE 1 END);
+            END IF;
+            CONTINUE WHEN room <= 0
+                OR EXISTS (SELECT 1 FROM @schema@.paused p
+                            WHERE p.kind = 'handler' AND p.name = h)
+                OR EXISTS (SELECT 1 FROM @schema@.workers w
+                            WHERE w.id = claim_v4.worker AND w.drain_requested);
+            h_queues := CASE WHEN jsonb_typeof(claim_v4.handler_queues -> (i - 1)) = 'array'
+                             THEN ARRAY(SELECT jsonb_array_elements_text(
+                                            claim_v4.handler_queues -> (i - 1)))
+                        END;
+            SELECT c.concurrency_key, c.used INTO cur_key, cur_used
+              FROM @schema@.fair_cursors c WHERE c.handler = h;
+            picked := 0;
+            probes := 0;
+            budget := 4 * room + 32;
+            level := NULL;
+            -- the priority levels with due jobs, most urgent first (each probe a
+            -- statement of its own, so that its plan uses the index whatever the values)
+            <<levels>>
+            LOOP
+                IF level IS NULL THEN
+                    SELECT j.priority INTO level FROM @schema@.jobs j
+                     WHERE j.status = 'pending' AND j.handler = h AND j.run_at <= now()
+                     ORDER BY j.priority LIMIT 1;
+                ELSE
+                    SELECT j.priority INTO level FROM @schema@.jobs j
+                     WHERE j.status = 'pending' AND j.handler = h AND j.run_at <= now()
+                       AND j.priority > level
+                     ORDER BY j.priority LIMIT 1;
+                END IF;
+                EXIT levels WHEN NOT FOUND;
+                probes := probes + 1;
+                -- The turns at this level: the cursor's key finishes its turn, then each
+                -- next key in order has one, round after round while a round finds jobs.
+                k := cur_key;
+                staying := cur_key IS NOT NULL;
+                round_start := NULL;
+                wrapped := false;
+                round_got := 0;
+                LOOP
+                    EXIT levels WHEN picked >= room OR probes >= budget;
+                    weight := coalesce((claim_v4.fair_weights -> (i - 1) ->> k)::integer, 1);
+                    IF NOT (staying AND cur_used < weight) THEN
+                        staying := false;
+                        cur_used := 0;
+                        IF k IS NULL THEN
+                            SELECT coalesce(j.concurrency_key, '') INTO k FROM @schema@.jobs j
+                             WHERE j.status = 'pending' AND j.handler = h AND j.priority = level
+                             ORDER BY coalesce(j.concurrency_key, '') LIMIT 1;
+                            probes := probes + 1;
+                            EXIT WHEN NOT FOUND;  -- no key left at this level
+                        ELSE
+                            SELECT coalesce(j.concurrency_key, '') INTO k FROM @schema@.jobs j
+                             WHERE j.status = 'pending' AND j.handler = h AND j.priority = level
+                               AND coalesce(j.concurrency_key, '') > k
+                             ORDER BY coalesce(j.concurrency_key, '') LIMIT 1;
+                            probes := probes + 1;
+                            IF NOT FOUND THEN
+                                wrapped := true;  -- past the last key: on from the first
+                                CONTINUE;  -- k is NULL now
+                            END IF;
+                        END IF;
+                        IF round_start IS NULL THEN
+                            round_start := k;
+                        ELSIF wrapped AND k >= round_start THEN
+                            -- a whole round: another one only if this one found jobs
+                            EXIT WHEN round_got = 0;
+                            round_got := 0;
+                            wrapped := false;
+                            round_start := k;
+                        END IF;
+                        weight := coalesce((claim_v4.fair_weights -> (i - 1) ->> k)::integer, 1);
+                    END IF;
+                    staying := false;
+                    take := least(weight - cur_used, room - picked);
+                    IF k <> '' AND claim_v4.max_running_per_key[i] IS NOT NULL THEN
+                        take := least(take, claim_v4.max_running_per_key[i] - (
+                            SELECT count(*) FROM @schema@.jobs r
+                             WHERE r.status = 'running' AND r.handler = h
+                               AND r.concurrency_key = k AND r.locked_until > now())::integer);
+                    END IF;
+                    IF k <> '' AND claim_v4.rate_per_key[i] IS NOT NULL THEN
+                        take := least(take, CASE WHEN EXISTS (
+                            SELECT 1 FROM @schema@.rate_buckets b
+                             WHERE b.handler = h AND b.concurrency_key = k
+                               AND b.next_at > now()) THEN 0 ELSE 1 END);
+                    END IF;
+                    ids := '{}';
+                    IF take > 0 THEN
+                        ids := ARRAY(
+                            SELECT j.id FROM @schema@.jobs j
+                             WHERE j.status = 'pending' AND j.handler = h
+                               AND j.priority = level AND coalesce(j.concurrency_key, '') = k
+                               AND j.run_at <= now() AND j.queue = ANY(open_q)
+                               AND (h_queues IS NULL OR j.queue = ANY(h_queues))
+                               -- this claim's picks, still pending, are locked by itself
+                               AND j.id <> ALL(fair_ids)
+                             ORDER BY j.run_at, j.id
+                             LIMIT take
+                               FOR UPDATE SKIP LOCKED);
+                        probes := probes + 1;
+                    END IF;
+                    fair_ids := fair_ids || ids;
+                    picked := picked + cardinality(ids);
+                    round_got := round_got + cardinality(ids);
+                    cur_key := k;
+                    -- a key that had less than the rest of its turn has had its turn (a
+                    -- pick cut short by the room keeps the rest for the next claim)
+                    cur_used := CASE WHEN cardinality(ids) < weight - cur_used
+                                          AND picked < room THEN weight
+                                     ELSE cur_used + cardinality(ids) END;
+                END LOOP;
+            END LOOP;
+            IF picked > 0 THEN  -- a claim that took nothing writes nothing
+                INSERT INTO @schema@.fair_cursors AS c (handler, concurrency_key, used)
+                VALUES (h, cur_key, cur_used)
+                ON CONFLICT (handler) DO UPDATE
+                    SET concurrency_key = excluded.concurrency_key, used = excluded.used;
+            END IF;
+            -- out of probes: the rest of the room in claim_v3's order (work-conserving)
+            IF probes >= budget THEN
+                fill[i] := room - picked;
+            END IF;
+        END LOOP;
+    END IF;
+
+    RETURN QUERY
+    WITH wanted AS (
+        SELECT s.handler, s.lease_seconds,
+               s.free - coalesce(cardinality(array_positions(taken, s.handler)), 0) AS free,
+               s.max_attempts,
+               s.max_running, s.per_key, s.fair IS TRUE AS fair, s.fill, s.rate, s.rate_per_key,
+               CASE WHEN jsonb_typeof((SELECT claim_v4.handler_queues) -> (s.n::integer - 1))
+                         = 'array'
+                    THEN ARRAY(SELECT jsonb_array_elements_text(
+                                   (SELECT claim_v4.handler_queues) -> (s.n::integer - 1)))
+               END AS queues
+        FROM unnest((SELECT claim_v4.handlers), (SELECT claim_v4.lease_seconds),
+                    (SELECT claim_v4.free), (SELECT claim_v4.handler_max_attempts),
+                    (SELECT claim_v4.max_running), (SELECT claim_v4.max_running_per_key),
+                    (SELECT claim_v4.fair), (SELECT fill), (SELECT claim_v4.rate),
+                    (SELECT claim_v4.rate_per_key))
+             WITH ORDINALITY AS s(handler, lease_seconds, free, max_attempts, max_running,
+                                  per_key, fair, fill, rate, rate_per_key, n)
+        WHERE NOT EXISTS (SELECT 1 FROM @schema@.paused p
+                           WHERE p.kind = 'handler' AND p.name = s.handler)
+    ), open_queues AS (
+        SELECT ARRAY(SELECT q FROM unnest((SELECT claim_v4.queues)::text[]) AS q
+                      WHERE NOT EXISTS (SELECT 1 FROM @schema@.paused p
+                                         WHERE p.kind = 'queue' AND p.name = q)) AS queues
+    ), key_used AS (
+        SELECT s.handler, k.concurrency_key, k.n
+        FROM wanted s CROSS JOIN LATERAL (
+            SELECT r.concurrency_key, count(*) AS n FROM @schema@.jobs r
+            WHERE r.status = 'running' AND r.handler = s.handler
+              AND r.concurrency_key IS NOT NULL AND r.locked_until > now()
+            GROUP BY r.concurrency_key) k
+        WHERE s.per_key IS NOT NULL
+    ), served AS (
+        SELECT s.handler, s.lease_seconds, s.max_attempts, s.queues, s.per_key, s.fair,
+               s.fill, s.rate, s.rate_per_key,
+               CASE WHEN s.rate IS NOT NULL AND EXISTS (
+                        SELECT 1 FROM @schema@.rate_buckets b
+                         WHERE b.handler = s.handler AND b.concurrency_key = ''
+                           AND b.next_at > now()) THEN 0
+                    WHEN s.max_running IS NULL THEN
+                        CASE WHEN s.rate IS NULL THEN s.free ELSE least(s.free, 1) END
+                    ELSE least(s.free, CASE WHEN s.rate IS NULL THEN s.free ELSE 1 END,
+                               s.max_running - (
+                        SELECT count(*) FROM @schema@.jobs r
+                        WHERE r.status = 'running' AND r.handler = s.handler
+                          AND r.locked_until > now())::integer) END AS room,
+               -- keys that are full, or whose rate token is not due: left out
+               CASE WHEN s.per_key IS NOT NULL OR s.rate_per_key IS NOT NULL
+                    THEN ARRAY(SELECT k.concurrency_key FROM key_used k
+                                WHERE k.handler = s.handler AND k.n >= s.per_key
+                               UNION ALL
+                               SELECT b.concurrency_key FROM @schema@.rate_buckets b
+                                WHERE s.rate_per_key IS NOT NULL
+                                  AND b.handler = s.handler AND b.concurrency_key <> ''
+                                  AND b.next_at > now()) END
+                   AS full_keys
+        FROM wanted s
+        WHERE NOT EXISTS (SELECT 1 FROM @schema@.workers w
+                           WHERE w.id = (SELECT claim_v4.worker) AND w.drain_requested)
+    ), due AS (
+        SELECT d.id, d.priority, d.run_at, d.concurrency_key, s.handler
+        FROM served s CROSS JOIN LATERAL (
+            SELECT j.id, j.priority, j.run_at, j.concurrency_key FROM @schema@.jobs j
+            WHERE j.status = 'pending' AND j.run_at <= now() AND j.handler = s.handler
+              AND j.queue = ANY((SELECT o.queues FROM open_queues o)::text[])
+              AND (s.queues IS NULL OR j.queue = ANY(s.queues))
+              AND (s.full_keys IS NULL OR j.concurrency_key IS NULL
+                   OR j.concurrency_key <> ALL(s.full_keys))
+              AND j.id <> ALL((SELECT fair_ids)::bigint[])
+            ORDER BY j.priority, j.run_at, j.id
+            LIMIT greatest(0, least(s.room, (SELECT jobs_left), coalesce(s.fill, s.room)))
+            FOR UPDATE SKIP LOCKED) d
+        WHERE s.room > 0
+        UNION ALL
+        -- the fair turns' picks (locked by their statements above)
+        SELECT j.id, j.priority, j.run_at, j.concurrency_key, j.handler
+        FROM @schema@.jobs j
+        WHERE j.id = ANY((SELECT fair_ids)::bigint[]) AND j.status = 'pending'
+    ), expired AS (
+        SELECT j.id, j.priority, j.run_at, j.handler, j.concurrency_key,
+               (j.attempts >= j.max_attempts OR j.cancel_requested) AS finished
+        FROM @schema@.jobs j
+        WHERE j.status = 'running' AND j.locked_until < now()
+          AND j.queue = ANY((SELECT o.queues FROM open_queues o)::text[])
+          AND EXISTS (SELECT 1 FROM served s
+                       WHERE s.handler = j.handler AND s.room > 0
+                         AND (s.queues IS NULL OR j.queue = ANY(s.queues))
+                         AND (s.full_keys IS NULL OR j.concurrency_key IS NULL
+                              OR j.concurrency_key <> ALL(s.full_keys)))
+        ORDER BY j.locked_until
+        LIMIT (SELECT jobs_left)
+        FOR UPDATE SKIP LOCKED
+    ), buried AS (
+        UPDATE @schema@.jobs j
+           SET status = CASE WHEN j.cancel_requested THEN 'cancelled'
+                             ELSE 'dead' END::@schema@.job_status,
+               last_error = 'lease of ' || j.locked_by || ' expired during attempt '
+                            || j.attempts || ' of ' || j.max_attempts || ': the worker was lost',
+               locked_by = NULL, locked_until = NULL, finished_at = now(), updated_at = now(),
+               lease_token = j.lease_token + 1
+          FROM expired e
+         -- (0043) by primary key from `expired`, as the claim's UPDATE below: planned
+         -- while the jobs table was empty, a join read every job at every claim
+         WHERE j.id = ANY(ARRAY(SELECT x.id FROM expired x WHERE x.finished))
+           AND j.id = e.id AND e.finished
+        RETURNING j.id
+    ), candidates AS (
+        SELECT id, priority, run_at, handler, concurrency_key, false AS rescued FROM due
+        UNION ALL
+        SELECT id, priority, run_at, handler, concurrency_key, true FROM expired
+        WHERE NOT finished
+    ), within_keys AS (
+        -- at most what each key has left (per_key minus its current leases; one start
+        -- per key with a rate), the best first
+        SELECT c.id, c.priority, c.run_at, c.handler, c.concurrency_key, c.rescued, c.fair
+        FROM (
+            SELECT c.*, s.per_key, s.rate_per_key, s.fair,
+                   row_number() OVER (PARTITION BY c.handler, c.concurrency_key
+                                      ORDER BY c.priority, c.run_at, c.id) AS nk
+            FROM candidates c JOIN served s USING (handler)) c
+        WHERE c.concurrency_key IS NULL
+           OR ((c.per_key IS NULL
+                OR c.nk <= c.per_key - coalesce((SELECT k.n FROM key_used k
+                                                 WHERE k.handler = c.handler
+                                                   AND k.concurrency_key = c.concurrency_key), 0))
+               AND (c.rate_per_key IS NULL OR c.nk <= 1))
+    ), chosen AS (
+        SELECT id, handler, concurrency_key, rescued, lease_seconds, max_attempts, rate,
+               rate_per_key FROM (
+            SELECT c.id, c.handler, c.concurrency_key, c.priority, c.run_at, c.rescued,
+                   s.room, s.lease_seconds, s.max_attempts, s.rate, s.rate_per_key,
+                   -- a fair handler's turns first, then claim_v3's order
+                   row_number() OVER (PARTITION BY c.handler
+                                      ORDER BY CASE WHEN c.fair AND c.id = ANY((SELECT fair_ids)::bigint[])
+                                                    THEN 0 ELSE 1 END,
+                                               c.priority, c.run_at, c.id) AS n
+            FROM within_keys c JOIN served s USING (handler)) ranked
+        WHERE n <= room
+        ORDER BY priority, run_at, id
+        LIMIT (SELECT jobs_left)
+    ), debited AS (
+        -- the starts' tokens, in the claiming statement: they commit with the claim
+        INSERT INTO @schema@.rate_buckets AS b (handler, concurrency_key, next_at)
+        SELECT c.handler, '', now() + make_interval(secs => count(*) / min(c.rate))
+          FROM chosen c WHERE c.rate IS NOT NULL GROUP BY c.handler
+        UNION ALL
+        SELECT c.handler, c.concurrency_key,
+               now() + make_interval(secs => count(*) / min(c.rate_per_key))
+          FROM chosen c WHERE c.rate_per_key IS NOT NULL AND c.concurrency_key IS NOT NULL
+         GROUP BY c.handler, c.concurrency_key
+        ON CONFLICT (handler, concurrency_key) DO UPDATE
+            SET next_at = greatest(b.next_at, now()) + (excluded.next_at - now())
+    )
+    UPDATE @schema@.jobs j
+       SET status = 'running',
+           locked_by = claim_v4.worker,
+           locked_until = now() + make_interval(secs => c.lease_seconds),
+           attempts = j.attempts + 1,
+           max_attempts = greatest(j.attempts + 1, coalesce(c.max_attempts, j.max_attempts)),
+           lease_token = j.lease_token + 1,
+           last_error = CASE WHEN j.status = 'running'
+                             THEN 'lease of ' || j.locked_by || ' expired during attempt '
+                                  || j.attempts || ': the worker was lost'
+                             ELSE j.last_error END,
+           started_at = now(),
+           updated_at = now()
+      FROM chosen c
+     WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.id = c.id
+    RETURNING j.id, j.queue, j.handler, j.payload, j.priority, j.attempts, j.max_attempts,
+              j.lease_token, j.checkpoint, j.run_at, j.created_at, j.locked_until,
+              c.rescued AS rescued;
+    GET DIAGNOSTICS got = ROW_COUNT;
+    jobs_left := jobs_left - got::integer;
+    EXIT WHEN got = 0 OR jobs_left <= 0
+              OR (cardinality(keyed) = 0 AND NOT coalesce(true = ANY(claim_v4.fair), false))
+              OR pass >= 4;
+    taken := ARRAY(SELECT j.handler FROM @schema@.jobs j
+                    WHERE j.status = 'running' AND j.handler = ANY(claim_v4.handlers)
+                      AND j.locked_by = claim_v4.worker AND j.started_at = now());
+    END LOOP;
+END;
+$$;
 
 CREATE OR REPLACE FUNCTION @schema@.claim_jobs_v3(
     worker text,      -- this worker's name; the finishing functions take it back
@@ -37,6 +747,11 @@ SET jit = off
 -- plan_cache_mode = auto it was planned anew at every call, 0.45 ms of an idle claim's
 -- 1.2 ms; the generic plan is the same join by primary key
 SET plan_cache_mode = force_generic_plan
+-- (0043) each of its reads of jobs (and claim_v3's and claim_v4's) has an index made for
+-- it; but a plan made while the table was empty (a daemon's first claims, after a
+-- vacuum of an empty queue), and kept as above, read every job at every claim once a
+-- backlog came: a claim of 40 jobs took 33 ms instead of 3 (bench/claim_cost.py)
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -258,14 +973,19 @@ BEGIN
     -- A durable commit (see the 0019 header: SET LOCAL here, never a SET clause).
     PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     -- Expired jobs end before the claim can see them, as claim_jobs_v2 ends them. (0043)
-    -- The call only when some job has expired (the two conditions of job_expired_cancel's
-    -- statements, each an index probe): most claims find none, and the call with its
-    -- two UPDATEs was a sixth of a claim's time on an empty queue.
-    IF EXISTS (SELECT FROM @schema@.jobs e
-                WHERE e.status = 'pending' AND e.expires_at <= now())
-       OR EXISTS (SELECT FROM @schema@.jobs e
-                   WHERE e.status = 'running' AND e.locked_until < now()
-                     AND e.expires_at <= now()) THEN
+    -- The call only when some job has expired (the first row of each of
+    -- job_expired_cancel's two statements): most claims find none, and the call with its
+    -- two UPDATEs was a sixth of a claim's time on an empty queue. Each probe keeps its
+    -- statement's ORDER BY (not EXISTS, which drops it), so that its plan reads the index
+    -- of that order whatever the statistics: planned while the jobs table was empty (a
+    -- daemon's first claims), an EXISTS read every pending job through another index.
+    IF (SELECT e.expires_at FROM @schema@.jobs e
+         WHERE e.status = 'pending' AND e.expires_at <= now()
+         ORDER BY e.expires_at LIMIT 1) IS NOT NULL
+       OR (SELECT e.locked_until FROM @schema@.jobs e
+            WHERE e.status = 'running' AND e.locked_until < now()
+              AND e.expires_at <= now()
+            ORDER BY e.locked_until LIMIT 1) IS NOT NULL THEN
         PERFORM @schema@.job_expired_cancel(1000);
     END IF;
     -- (0043) claim_v3 when no handler is fair or rate-limited: claim_v4 then behaves as

@@ -191,7 +191,10 @@ BEGIN
                -- a fencing event like a claim: the lost holder's token no longer matches
                lease_token = j.lease_token + 1
           FROM expired e
-         WHERE j.id = e.id AND e.finished
+         -- (0043) by primary key from `expired`, as the claim's UPDATE below: planned
+         -- while the jobs table was empty, a join read every job at every claim
+         WHERE j.id = ANY(ARRAY(SELECT x.id FROM expired x WHERE x.finished))
+           AND j.id = e.id AND e.finished
         RETURNING j.id
     ), candidates AS (
         SELECT id, priority, run_at, handler, concurrency_key, false AS rescued FROM due
@@ -679,7 +682,10 @@ BEGIN
                locked_by = NULL, locked_until = NULL, finished_at = now(), updated_at = now(),
                lease_token = j.lease_token + 1
           FROM expired e
-         WHERE j.id = e.id AND e.finished
+         -- (0043) by primary key from `expired`, as the claim's UPDATE below: planned
+         -- while the jobs table was empty, a join read every job at every claim
+         WHERE j.id = ANY(ARRAY(SELECT x.id FROM expired x WHERE x.finished))
+           AND j.id = e.id AND e.finished
         RETURNING j.id
     ), candidates AS (
         SELECT id, priority, run_at, handler, concurrency_key, false AS rescued FROM due
@@ -1061,6 +1067,11 @@ SET jit = off
 -- plan_cache_mode = auto it was planned anew at every call, 0.45 ms of an idle claim's
 -- 1.2 ms; the generic plan is the same join by primary key
 SET plan_cache_mode = force_generic_plan
+-- (0043) each of its reads of jobs (and claim_v3's and claim_v4's) has an index made for
+-- it; but a plan made while the table was empty (a daemon's first claims, after a
+-- vacuum of an empty queue), and kept as above, read every job at every claim once a
+-- backlog came: a claim of 40 jobs took 33 ms instead of 3 (bench/claim_cost.py)
+SET enable_seqscan = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -1282,14 +1293,19 @@ BEGIN
     -- A durable commit (see the 0019 header: SET LOCAL here, never a SET clause).
     PERFORM pg_catalog.set_config('synchronous_commit', 'on', true);
     -- Expired jobs end before the claim can see them, as claim_jobs_v2 ends them. (0043)
-    -- The call only when some job has expired (the two conditions of job_expired_cancel's
-    -- statements, each an index probe): most claims find none, and the call with its
-    -- two UPDATEs was a sixth of a claim's time on an empty queue.
-    IF EXISTS (SELECT FROM @schema@.jobs e
-                WHERE e.status = 'pending' AND e.expires_at <= now())
-       OR EXISTS (SELECT FROM @schema@.jobs e
-                   WHERE e.status = 'running' AND e.locked_until < now()
-                     AND e.expires_at <= now()) THEN
+    -- The call only when some job has expired (the first row of each of
+    -- job_expired_cancel's two statements): most claims find none, and the call with its
+    -- two UPDATEs was a sixth of a claim's time on an empty queue. Each probe keeps its
+    -- statement's ORDER BY (not EXISTS, which drops it), so that its plan reads the index
+    -- of that order whatever the statistics: planned while the jobs table was empty (a
+    -- daemon's first claims), an EXISTS read every pending job through another index.
+    IF (SELECT e.expires_at FROM @schema@.jobs e
+         WHERE e.status = 'pending' AND e.expires_at <= now()
+         ORDER BY e.expires_at LIMIT 1) IS NOT NULL
+       OR (SELECT e.locked_until FROM @schema@.jobs e
+            WHERE e.status = 'running' AND e.locked_until < now()
+              AND e.expires_at <= now()
+            ORDER BY e.locked_until LIMIT 1) IS NOT NULL THEN
         PERFORM @schema@.job_expired_cancel(1000);
     END IF;
     -- (0043) claim_v3 when no handler is fair or rate-limited: claim_v4 then behaves as

@@ -1,6 +1,7 @@
 """What one claim costs the server: claim_jobs_v3 (the daemon's claim) called as a daemon
 calls it, on an empty queue and with one due job, optionally against another checkout's
-schema in the same run.
+schema in the same run; and what a claim of 40 costs from a backlog that came after the
+session's plans were made on an empty queue (a daemon's first claims).
 
     .venv/bin/python bench/claim_cost.py [--short] [--baseline DIR]
 
@@ -11,6 +12,11 @@ rows pile up. --baseline DIR (a source tree holding its pgworkerd/ package, e.g.
 `git worktree add --detach /tmp/base REF`) migrates a second database with that tree's
 schema; the two alternate round by round. The median over rounds is the figure; the
 minimum is the one least disturbed by other work on the machine.
+
+The backlog cases time claims from the client (each its own transaction, as a daemon's):
+a new database and session per round and side, six claims on its empty jobs table
+(vacuumed and analyzed, as autovacuum leaves a queue that has been empty, or never
+vacuumed, as a new one), then 3,000 due jobs, then claims of 40.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psycopg
@@ -60,6 +67,33 @@ def per_call_us(conn: psycopg.Connection, handlers: list, with_job: bool, calls:
             " EXCEPTION WHEN too_many_rows THEN NULL; END;"
         )
     return server_us_per_call(conn, claim, calls)
+
+
+BACKLOG_CASES = {
+    "a backlog after plans made on an empty, vacuumed queue": True,
+    "a backlog after plans made on a new queue (never vacuumed)": False,
+}
+
+
+def backlog_claim_ms(dsn: str, vacuumed: bool, claims: int) -> float:
+    """The median of `claims` claims of 40, in ms (see the module's docstring)."""
+    handlers = json.dumps([{"name": "h1", "lease_seconds": 60, "free": 40}])
+    claim = "SELECT count(*) FROM pgworkerd.claim_jobs_v3('bench-worker', '{default}', 40, %s)"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if vacuumed:
+            conn.execute("VACUUM ANALYZE pgworkerd.jobs")
+        for _ in range(6):
+            conn.execute(claim, (handlers,)).fetchone()
+        conn.execute(
+            "INSERT INTO pgworkerd.jobs (queue, handler, payload)"
+            " SELECT 'default', 'h1', '{}' FROM generate_series(1, 3000)"
+        )
+        times = []
+        for _ in range(claims):
+            started = time.perf_counter()
+            conn.execute(claim, (handlers,)).fetchone()
+            times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
 
 
 def migrate_with(tree: Path, dsn: str) -> None:
@@ -104,6 +138,24 @@ def main() -> None:
                     )
         for conn in conns.values():
             conn.close()
+        trees = {
+            "this checkout": None,
+            **({f"--baseline {args.baseline}": args.baseline} if args.baseline else {}),
+        }
+        backlog: dict[tuple[str, str], list[float]] = {}
+        for case, vacuumed in BACKLOG_CASES.items():
+            for n in range(2 if args.short else 4):
+                order = list(trees.items())
+                for side, tree in order if n % 2 == 0 else order[::-1]:
+                    database = f"backlog_{sum(map(len, backlog.values())) + 1}"
+                    pg.create_database(database)
+                    if tree is None:
+                        migrate(pg.dsn(database))
+                    else:
+                        migrate_with(tree.resolve(), pg.dsn(database))
+                    backlog.setdefault((case, side), []).append(
+                        backlog_claim_ms(pg.dsn(database), vacuumed, 10 if args.short else 50)
+                    )
     headline("claim cost", args.short, f"{rounds} rounds of {calls} calls, sides alternating")
     for case in CASES:
         print(case)
@@ -115,6 +167,17 @@ def main() -> None:
                 f"  {side:<40} median {medians[side]:7.0f} us   min {min(values):7.0f} us per claim"
             )
         if len(sides) == 2:
+            this, base = medians.values()
+            print(f"  this checkout / baseline: {this / base:.2f}")
+    for case in BACKLOG_CASES:
+        print(f"{case}, claims of 40 from the client, median ms per claim (each round)")
+        medians = {}
+        for side in trees:
+            values = backlog[(case, side)]
+            medians[side] = statistics.median(values)
+            rounds_text = ", ".join(f"{v:.1f}" for v in values)
+            print(f"  {side:<40} median {medians[side]:7.1f} ms   ({rounds_text})")
+        if len(trees) == 2:
             this, base = medians.values()
             print(f"  this checkout / baseline: {this / base:.2f}")
 

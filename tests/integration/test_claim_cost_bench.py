@@ -1,6 +1,7 @@
 """bench/claim_cost.py --short --baseline <this checkout> (on a private cluster): it runs
 through, migrating the baseline's database with that tree's own code, and prints both
-sides' server time per claim for each case and their ratio; the figures are printed
+sides' server time per claim for each case, and a claim of 40 from a backlog that came
+after the plans were made on an empty queue, and their ratios; the figures are printed
 (shown with -rP), never asserted."""
 
 from __future__ import annotations
@@ -28,3 +29,7 @@ def test_claim_cost_short() -> None:
         for side in ("this checkout", "--baseline"):
             assert re.search(rf"{side}.* median +\d+ us +min +\d+ us per claim", block), side
         assert re.search(r"this checkout / baseline: [0-9.]+", block), case
+    for case in ("an empty, vacuumed queue", "a new queue (never vacuumed)"):
+        block = proc.stdout.split(case, 1)[1]
+        for side in ("this checkout", "--baseline"):
+            assert re.search(rf"{side}.* median +[0-9.]+ ms +\(", block), side

@@ -71,6 +71,9 @@ class Statements:
         # what the loop does while a claim's answer is on its way (hotpath.meanwhile: it
         # reads its children and hands them held jobs); None: it waits
         self.while_claiming: Callable[[int], None] | None = None
+        # The connection whose plans were made again at its first claim that filled every
+        # slot (see _replan_for_backlog); another one (a reconnect) gets its own.
+        self._replanned_on: object | None = None
 
     @property
     def ok(self) -> bool:
@@ -100,6 +103,7 @@ class Statements:
             result = self._claim(queues, capacity, limit, completions)
             if result is None:
                 return None
+            self._replan_for_backlog(len(result[0]) + len(result[1]), limit)
             return [_untraced(j) for j in result[0]], result[1]
         with self.spans.span(
             "pgworkerd claim",
@@ -110,6 +114,7 @@ class Statements:
                 span.set_status(tracing_error("the claim failed (the daemon's log says why)"))
                 return None
             claimed = result[0]
+            self._replan_for_backlog(len(claimed) + len(result[1]), limit)
             span.set_attribute("pgworkerd.claim.jobs", len(claimed))
             self.spans.link_jobs(
                 span,
@@ -117,6 +122,20 @@ class Statements:
                 + [(o.job, outcome_link(o)) for o in completions],
             )
             return claimed, result[1]
+
+    def _replan_for_backlog(self, taken: int, limit: int) -> None:
+        """At a connection's first claim that filled every slot (of at least two), make its
+        plans again. The session keeps the claim's plans (schema 42); made at a daemon's
+        first claims, on an empty queue, they read a backlog through the wrong indexes (a
+        scan of an index per claimed job: docs/benchmarks/2026-11-27-claim-cost.md) until
+        autovacuum's ANALYZE, minutes later, has them made again."""
+        conn = self.link.conn
+        if taken < limit or limit < 2 or conn is None or conn is self._replanned_on:
+            return
+        self._replanned_on = conn
+        self.link.run(
+            "making the claim's plans again", lambda c: session.plans_discard(c, schema=self.schema)
+        )
 
     def _claim(
         self,

@@ -1,5 +1,6 @@
 """Statements about the session itself rather than about jobs: subscribing to the wake
-channel's notifications and bounding the current transaction's statements and lock waits."""
+channel's notifications, bounding the current transaction's statements and lock waits,
+and dropping the session's cached plans."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ def listen_own_wake(
     row = conn.execute(query("session_wake_listen_own", schema), {"worker": worker_id}).fetchone()
     assert row is not None and isinstance(row[0], str)
     return row[0]
+
+
+def plans_discard(conn: psycopg.Connection[Any], *, schema: str = DEFAULT_SCHEMA) -> None:
+    """Drop this session's cached plans: each statement is planned again at its next use,
+    with the tables as they are then."""
+    conn.execute(query("session_plans_discard", schema))
 
 
 def set_local_statement_timeout(conn: psycopg.Connection[Any], seconds: float) -> None:

@@ -40,6 +40,12 @@ SELECT 1 FROM (SELECT pg_notify(@schema_literal@ || '.wake', %(payload)s::text))
 -- the branches of statuses not asked (a gating filter that is false).
 SELECT set_config('jit', 'off', true), set_config('max_parallel_workers_per_gather', '0', true);
 
+-- name: session_plans_discard
+-- Make this session's plans again at their next use, the claim's among them: plans made
+-- while the jobs table was empty read a backlog badly (the daemon, at its first claim
+-- that fills every slot: docs/benchmarks/2026-11-27-claim-cost.md).
+DISCARD PLANS;
+
 -- name: session_statement_timeout_set_local
 -- Bound the statements of the current transaction only (PgBouncer may not forward the
 -- connection's own statement_timeout startup option).

@@ -137,7 +137,10 @@ def runs_pgworkerd(pid: int) -> bool:
             command = f.read(4096)
     except OSError:
         return False  # exited meanwhile
-    return command.startswith(b"pgworkerd") or b"pgworkerd.worker.forkserver" in command
+    # "pgworkerd: ", not "pgworkerd": a handler's process named "pgworkerd-..." (the chaos
+    # soak's leftovers are) was spared, and outlived a daemon killed before its full sweep.
+    # (A handler can still take a title of ours; the full sweep, by pid, kills it.)
+    return command.startswith(b"pgworkerd: ") or b"pgworkerd.worker.forkserver" in command
 
 
 def kill_adopted(keep: set[int], spare: Callable[[int], bool] | None = None) -> list[int]:

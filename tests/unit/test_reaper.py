@@ -66,7 +66,10 @@ def test_a_subreaper_kills_and_reaps_its_whole_tree() -> None:
 
 # In a subprocess, the daemon's position: a subreaper with a job child still starting
 # (pgworkerd's code, its pid not yet known: no hello) and a process a dead job child left
-# behind (re-parented to us). The sweep must not wait for the hello to kill the orphan.
+# behind (re-parented to us). The sweep must not wait for the hello to kill the orphan,
+# even one whose name starts like pgworkerd's (the chaos soak's leftovers are named
+# "pgworkerd-chaos-leftover-..."; spared, they outlived a daemon killed before its full
+# sweep). Only pgworkerd's own titles ("pgworkerd: ...") and the fork server are spared.
 EARLY_SWEEP_SCRIPT = """
 import os, signal, subprocess, time
 from pgworkerd.daemon.containment import Containment
@@ -85,7 +88,9 @@ starting = subprocess.Popen(["bash", "-c", 'exec -a "pgworkerd: idle child" slee
 orphan = None
 try:
     left = subprocess.run(
-        ["bash", "-c", "sleep 1000 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True
+        ["bash", "-c", 'exec -a pgworkerd-lookalike sleep 1000 >/dev/null 2>&1 & echo $!'],
+        capture_output=True,
+        text=True,
     )
     orphan = int(left.stdout)
     deadline = time.monotonic() + 30

@@ -128,3 +128,15 @@ def test_the_watcher_is_sent_what_the_fence_needs_never_the_job_s_data() -> None
     assert told == [message, protocol.LeaseExtended(50.0, 5), protocol.Cancel(5)]
     for sock in (ours, theirs, watch_ours, watch_theirs):
         sock.close()
+
+
+def test_a_child_that_sends_a_watch_is_stopped_as_one_that_broke_the_protocol() -> None:
+    """A Watch goes from the daemon to a watcher only: a child that sends one (a handler
+    writing to its socket) is stopped as any child sending a parent's message kind."""
+    ours, theirs = socket.socketpair()
+    sup = Supervisor(selectors.DefaultSelector(), lambda c, m: None, lambda c, s: None)
+    child = Child(sock=ours, spawned_at=0.0, pid=None)  # (no pid: no signal is sent)
+    assert sup._messages(child, protocol.encode(protocol.Watch(5, 1, 1.0))) == []
+    assert "a parent's message kind" in child.broken
+    ours.close()
+    theirs.close()
